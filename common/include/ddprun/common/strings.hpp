@@ -1,0 +1,24 @@
+#pragma once
+// Small string utilities shared across folders (no I/O).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun {
+
+std::vector<std::string> split(std::string_view text, char sep);
+std::string_view trim(std::string_view text);
+std::string to_lower(std::string_view text);
+bool starts_with(std::string_view text, std::string_view prefix);
+// Strict decimal integer parse of the whole string (optional leading '-'); nullopt otherwise.
+std::optional<std::int64_t> parse_int(std::string_view text);
+// Strict non-negative decimal double ("1", "0.5", "30s" is rejected); nullopt otherwise.
+std::optional<double> parse_seconds(std::string_view text);
+// Lowercase hex of bytes.
+std::string to_hex(std::string_view bytes);
+// Inverse of to_hex; nullopt on odd length or non-hex characters.
+std::optional<std::string> from_hex(std::string_view hex);
+
+}  // namespace ddprun

@@ -1,0 +1,64 @@
+#include "ddprun/common/endpoint.hpp"
+
+#include <string>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun {
+
+std::string bracket_host(std::string_view host) {
+  if (host.find(':') != std::string_view::npos && !starts_with(host, "[")) {
+    return "[" + std::string(host) + "]";
+  }
+  return std::string(host);
+}
+
+std::string Endpoint::to_string() const { return bracket_host(host) + ":" + std::to_string(port); }
+
+std::optional<std::uint16_t> parse_port(std::string_view text) {
+  auto v = parse_int(text);
+  if (!v || *v < 0 || *v > 65535 || text.front() == '-' || text.front() == '+') return std::nullopt;
+  return static_cast<std::uint16_t>(*v);
+}
+
+Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::string_view what) {
+  const std::string forms = "accepted forms: HOST, HOST:PORT, [IPV6], [IPV6]:PORT with PORT in 0..65535";
+  auto fail = [&](const std::string& why) -> Endpoint {
+    throw UsageError(std::string(what) + "='" + std::string(text) + "': " + why, forms);
+  };
+  const std::string_view t = trim(text);
+  if (t.empty()) return fail("empty endpoint");
+  Endpoint ep;
+  ep.port = default_port;
+  if (t.front() == '[') {
+    const auto close = t.find(']');
+    if (close == std::string_view::npos) return fail("missing ']' after IPv6 address");
+    ep.host = std::string(t.substr(1, close - 1));
+    std::string_view rest = t.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return fail("unexpected text after ']'");
+      auto p = parse_port(rest.substr(1));
+      if (!p) return fail("invalid port '" + std::string(rest.substr(1)) + "'");
+      ep.port = *p;
+    }
+  } else {
+    const auto first = t.find(':');
+    const auto last = t.rfind(':');
+    if (first != last) {
+      // Bare IPv6 literal without port.
+      ep.host = std::string(t);
+    } else if (first != std::string_view::npos) {
+      ep.host = std::string(t.substr(0, first));
+      auto p = parse_port(t.substr(first + 1));
+      if (!p) return fail("invalid port '" + std::string(t.substr(first + 1)) + "'");
+      ep.port = *p;
+    } else {
+      ep.host = std::string(t);
+    }
+  }
+  if (ep.host.empty()) return fail("empty host");
+  return ep;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,77 @@
+#pragma once
+// StoreServer: a key/value server byte-compatible with PyTorch's c10d TCPStore.
+//
+// Runs on a caller-owned boost::asio::io_context; every member must be called from the
+// thread running that io_context (or before it runs). No internal locking: one thread owns
+// all state (docs/architecture.md, "Concurrency").
+//
+// Each connection is parsed incrementally and independently; the protocol generation
+// (legacy 1.13 numbering, or modern with VALIDATE) is detected per connection from its
+// first bytes. A malformed frame or a limit violation closes that one connection and logs
+// the peer; the server keeps running. WAITs are registrations woken by the write that
+// satisfies them; nothing polls.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ddprun/rendezvous/protocol.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::rendezvous {
+
+struct StoreServerOptions {
+  std::string host = "0.0.0.0";  // address to bind; "::" for dual stack
+  std::uint16_t port = 0;        // 0 = pick a free port, read it back with port()
+  StoreLimits limits;
+  int backlog = 4096;            // listen backlog (clamped by net.core.somaxconn)
+  bool reuse_address = true;
+  // Accept legacy (1.13) and modern connections on the same port. When false, a connection
+  // that does not open with VALIDATE is closed (modern-only, like the 2.x legacy backend).
+  bool accept_legacy = true;
+};
+
+struct StoreStats {
+  std::size_t connections = 0;        // open now
+  std::size_t connections_total = 0;  // accepted since start
+  std::size_t connections_rejected = 0;  // closed for a protocol error or limit
+  std::size_t keys = 0;
+  std::size_t bytes = 0;              // keys + values held
+  std::size_t pending_waits = 0;      // connections blocked in WAIT/BARRIER
+  std::uint64_t requests = 0;
+};
+
+class StoreServer {
+ public:
+  // Binds and listens immediately, so port() is valid on return. Throws ddprun::NetworkError
+  // naming host:port when the address cannot be bound.
+  StoreServer(boost::asio::io_context& io, StoreServerOptions options);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  std::uint16_t port() const;
+  const std::string& host() const;
+
+  // Starts accepting connections (asynchronously, on the io_context).
+  void start();
+  // Closes the acceptor and every connection. Idempotent.
+  void stop();
+  // A fresh, empty key space: drops every key, queue and wait registration and closes every
+  // client connection. Used by the agent between restarts.
+  void reset();
+
+  StoreStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,1 @@
+namespace ddprun { void placeholder_rendezvous() {} }

@@ -1,0 +1,29 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/common/endpoint.hpp"
+#include "ddprun/common/error.hpp"
+
+using ddprun::parse_endpoint;
+
+TEST_CASE("endpoint forms") {
+  CHECK(parse_endpoint("head", 29400, "--x") == ddprun::Endpoint{"head", 29400});
+  CHECK(parse_endpoint("head:1234", 29400, "--x") == ddprun::Endpoint{"head", 1234});
+  CHECK(parse_endpoint("127.0.0.1:0", 29400, "--x") == ddprun::Endpoint{"127.0.0.1", 0});
+  CHECK(parse_endpoint("[::1]:5", 29400, "--x") == ddprun::Endpoint{"::1", 5});
+  CHECK(parse_endpoint("[fe80::1]", 7, "--x") == ddprun::Endpoint{"fe80::1", 7});
+  CHECK(parse_endpoint("fe80::1", 7, "--x") == ddprun::Endpoint{"fe80::1", 7});
+  CHECK(ddprun::Endpoint{"::1", 5}.to_string() == "[::1]:5");
+  CHECK(ddprun::Endpoint{"h", 5}.to_string() == "h:5");
+}
+
+TEST_CASE("bad endpoints name the flag and the forms") {
+  for (const char* bad : {"", "head:", "head:99999", "head:-1", "[::1", "[::1]x", ":80", "h:8a"}) {
+    try {
+      parse_endpoint(bad, 1, "--rdzv-endpoint");
+      FAIL("accepted '" << bad << "'");
+    } catch (const ddprun::UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("--rdzv-endpoint"));
+      CHECK_THAT(e.what(), Catch::Contains("accepted forms"));
+    }
+  }
+}
