@@ -1,0 +1,61 @@
+#pragma once
+// AgentConfig: everything the per-node agent needs, already validated by the launcher
+// (launcher/ turns flags, PET_* variables and defaults into this). The agent never parses
+// user text itself.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+// torchrun's Std: which streams of a worker go to files (redirects) or to files and console (tee).
+enum class Streams : std::uint8_t { none = 0, out = 1, err = 2, both = 3 };
+
+struct AgentConfig {
+  // The worker command, fully resolved: e.g. {"/usr/bin/python3", "-u", "train.py", "--lr", "1"}
+  // or {"/abs/path/train", "--x"}. argv[0] is an absolute path or a name found on PATH.
+  std::vector<std::string> worker_argv;
+  bool python_worker = false;   // the worker is a Python interpreter (PYTHONUNBUFFERED=1)
+  // Legacy torch.distributed.launch behaviour (--use-env off): append --local-rank=N /
+  // --local_rank=N to each worker's arguments.
+  enum class LocalRankArg : std::uint8_t { none, dash, underscore } local_rank_arg = LocalRankArg::none;
+  std::optional<std::filesystem::path> working_dir;  // default: the agent's cwd
+
+  int nproc_per_node = 1;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = 0;
+  std::string role = "default";
+  std::string rdzv_backend = "static";  // static | c10d
+  std::string rdzv_endpoint;            // host[:port]
+  std::string run_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  bool standalone = false;
+  int max_restarts = 0;
+
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 29500;  // 0 = bind any free port (standalone)
+  std::optional<std::string> local_addr;
+
+  // Output. Empty maps mean "same for all local ranks" via the *_all fields.
+  std::optional<std::filesystem::path> log_dir;  // default: a fresh dir under $TMPDIR
+  Streams redirects_all = Streams::none;
+  std::map<int, Streams> redirects;  // per local rank overrides
+  Streams tee_all = Streams::none;
+  std::map<int, Streams> tee;
+  std::optional<std::set<int>> local_ranks_filter;  // console only; nullopt = all
+  std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+
+  std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  bool virtual_local_rank = false;
+
+  bool dry_run = false;  // print each rank's argv/env/cwd and exit 0
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,54 @@
+#pragma once
+// The worker environment contract (docs/worker-env.md): what every worker process gets on top
+// of the agent's own environment. Pure: builds name/value pairs from an assignment, no I/O.
+//
+// torchrun-compatible names (RANK, LOCAL_RANK, WORLD_SIZE, …, TORCHELASTIC_*), plus ddprun's
+// own (DDPRUN_*) and cheap aliases other frameworks read (LOCAL_SIZE, CROSS_RANK, CROSS_SIZE).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddprun::worker_env {
+
+// What the agent knows about this node's place in the job for one round (attempt).
+struct Assignment {
+  std::string role = "default";
+  int local_world_size = 1;   // workers on this node (--nproc-per-node)
+  int group_rank = 0;         // this node's rank among nodes
+  int group_world_size = 1;   // number of nodes
+  int rank_offset = 0;        // global rank of this node's local rank 0
+  int world_size = 1;         // total workers
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 29500;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id = "none";
+  bool use_agent_store = true;                  // TORCHELASTIC_USE_AGENT_STORE
+  std::optional<std::string> nccl_unique_id_hex;  // DDPRUN_NCCL_UNIQUE_ID (256 hex chars)
+};
+
+struct EnvOptions {
+  bool python_worker = false;   // adds PYTHONUNBUFFERED=1
+  // Directory for per-worker error files: <dir>/<local_rank>/error.json (TORCHELASTIC_ERROR_FILE).
+  std::optional<std::string> error_file_dir;
+  bool virtual_local_rank = false;  // LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its one device>
+};
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;  // ordered, name -> value
+using EnvMap = std::map<std::string, std::string>;
+
+// The variables worker `local_rank` gets on top of `parent` (the agent's environment).
+// Variables whose torchrun semantics are "only when unset" (OMP_NUM_THREADS,
+// *NCCL_ASYNC_ERROR_HANDLING) consult `parent`.
+EnvList build_worker_env(const Assignment& a, int local_rank, const EnvOptions& opts, const EnvMap& parent);
+
+// `parent` with `additions` applied (additions win), as a KEY=VALUE list for execve.
+std::vector<std::string> merge_env(const EnvMap& parent, const EnvList& additions);
+
+// The current process environment as a map.
+EnvMap current_environment();
+
+}  // namespace ddprun::worker_env
