@@ -1,1 +1,137 @@
-int main() { return 1; }
+// ddprun-rdzvd: a standalone store/rendezvous daemon speaking the c10d TCPStore protocol.
+//
+//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [limits...] [--log-level L]
+//
+// Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
+// the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
+// --port-file is given the file holds the bound port number and a newline, written atomically
+// (temporary file + rename). SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
+// failure prints an error naming host:port and exits 1; a bad flag exits 2.
+// GCC 12: -Wnull-dereference false positives from inlined Asio scheduler code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+#endif
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <iostream>
+#include <string>
+
+#include "ddprun/common/endpoint.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/logging.hpp"
+#include "ddprun/common/version.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+
+namespace {
+
+// Many agents and workers may connect at once; the default soft limit (1024) is too small.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      spdlog::warn("cannot raise the open-files limit to {}: {}", rl.rlim_max, std::strerror(errno));
+    }
+  }
+}
+
+void write_port_file(const std::string& path, std::uint16_t port) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << '\n';
+    out.flush();
+    if (!out) {
+      throw ddprun::Error("cannot write the port file '" + tmp + "': " + std::strerror(errno),
+                          "check that the directory of --port-file exists and is writable");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw ddprun::Error("cannot rename '" + tmp + "' to the port file '" + path + "': " + why,
+                        "check that --port-file names a writable location");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace rdzv = ddprun::rendezvous;
+  CLI::App app{"ddprun-rdzvd: TCPStore-compatible store and rendezvous daemon"};
+  std::string host = "0.0.0.0";
+  int port = 29400;
+  std::string port_file;
+  std::string log_level;  // empty: DDPRUN_LOG_LEVEL / LOGLEVEL, else info
+  rdzv::StoreServerOptions options;
+  app.add_option("--host", host, "Address to listen on (0.0.0.0, :: for dual stack, or a local address)")
+      ->capture_default_str();
+  app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
+  app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
+  app.add_option("--max-key-bytes", options.limits.max_key_bytes, "Largest key accepted")->capture_default_str();
+  app.add_option("--max-value-bytes", options.limits.max_value_bytes, "Largest value accepted")->capture_default_str();
+  app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
+                 "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
+      ->capture_default_str();
+  app.add_option("--max-connections", options.limits.max_connections, "Most open client connections")
+      ->capture_default_str();
+  app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
+  app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help/version, or the error
+    return code == 0 ? 0 : 2;
+  }
+  const auto level = log_level.empty() ? std::optional(ddprun::log_level_from_env(spdlog::level::info))
+                                       : ddprun::parse_log_level(log_level);
+  if (!level) {
+    std::cerr << "ddprun-rdzvd: error: --log-level '" << log_level
+              << "' is not one of trace|debug|info|warning|error|critical|off\n";
+    return 2;
+  }
+  ddprun::setup_logging("ddprun-rdzvd", *level);
+  raise_fd_limit();
+
+  boost::asio::io_context io(1);
+  options.host = host;
+  options.port = static_cast<std::uint16_t>(port);
+  try {
+    rdzv::StoreServer server(io, options);
+    server.start();
+    if (!port_file.empty()) write_port_file(port_file, server.port());
+    std::cout << "listening on " << ddprun::bracket_host(host) << ":" << server.port() << std::endl;
+
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+      if (ec) return;
+      spdlog::info("received {}, shutting down", signo == SIGINT ? "SIGINT" : "SIGTERM");
+      server.stop();
+      io.stop();
+    });
+    io.run();
+    return 0;
+  } catch (const ddprun::Error& e) {
+    std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+    return 1;
+  }
+}

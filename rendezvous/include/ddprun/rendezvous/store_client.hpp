@@ -8,7 +8,13 @@
 //
 // Errors: NetworkError (cannot connect / connection lost, names host:port), TimeoutError
 // (a wait, get or barrier ran past its deadline; the connection stays usable in the modern
-// generation thanks to CANCEL_WAIT, and is reconnected in the legacy one).
+// generation thanks to CANCEL_WAIT, and is reconnected in the legacy one), ddprun::Error
+// (a key/value over `limits`, checked before anything is sent; a modern-only op in the
+// legacy generation).
+//
+// Cost model: every request is encoded into one buffer and written with one send(); replies
+// are read through a receive buffer, so a reply normally costs one recv(). After an I/O
+// error the connection is closed and the next call reconnects (connect_timeout applies).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -29,7 +35,28 @@ struct StoreClientOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // default for get/wait/barrier
   std::string key_prefix = "/";
   StoreLimits limits;
+  // Count this client in the raw `init/` key on connect (ADD "init/" +1), as torch's
+  // TCPStore(world_size=N) does; nothing waits on it.
+  bool add_init_key = false;
+  // get() in one round trip: CHECK + GET sent together; when the key is missing the GET's
+  // reply is discarded and get() falls back to WAIT + GET. Needs a server that answers GET
+  // on a missing key with an empty value instead of closing (ddprun-rdzvd, torch >= 2.4's
+  // libuv server), so it is modern-generation only and off by default.
+  bool pipelined_get = false;
 };
+
+// What a server speaks, as far as probing can tell (protocol §2.3).
+enum class DetectedGeneration : std::uint8_t {
+  legacy,          // 1.13 / 2.0 numbering, no handshake
+  modern_no_ping,  // VALIDATE but no PING (2.2 - 2.4)
+  modern,          // VALIDATE + PING (2.5+, ddprun-rdzvd)
+};
+
+// Probes host:port (a few short connections) and reports the generation. Throws
+// NetworkError when nothing answers within `timeout`. Prefer configuring the generation;
+// probing costs up to three connections and makes a 1.13 server log errors.
+DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
+                                     std::chrono::milliseconds timeout);
 
 class StoreClient {
  public:
@@ -47,6 +74,8 @@ class StoreClient {
   std::string get(std::string_view key);
   std::string get(std::string_view key, std::chrono::milliseconds timeout);
   std::int64_t add(std::string_view key, std::int64_t delta);
+  // ADD on a key sent as is, without key_prefix (torch's `init/` counter).
+  std::int64_t add_raw(std::string_view raw_key, std::int64_t delta);
   // Returns the value now held (see protocol §4.4: `expected` when the key is missing and
   // `expected` is non-empty).
   std::string compare_set(std::string_view key, std::string_view expected, std::string_view desired);
@@ -70,6 +99,11 @@ class StoreClient {
   std::vector<std::string> list_keys();
   void barrier(std::string_view key, std::int64_t world_size, std::chrono::milliseconds timeout);
   std::uint32_t ping(std::uint32_t nonce);
+
+  // Diagnostics: TCP connect attempts made so far (all connects, including retries), and
+  // how many times the connection was re-established after the first.
+  std::uint64_t connect_attempts() const;
+  std::uint64_t reconnects() const;
 
   struct Impl;
 

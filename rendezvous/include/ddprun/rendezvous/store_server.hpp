@@ -16,8 +16,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "ddprun/rendezvous/protocol.hpp"
+#include "ddprun/rendezvous/store_extension.hpp"
+#include "ddprun/rendezvous/store_state.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -34,6 +37,9 @@ struct StoreServerOptions {
   // Accept legacy (1.13) and modern connections on the same port. When false, a connection
   // that does not open with VALIDATE is closed (modern-only, like the 2.x legacy backend).
   bool accept_legacy = true;
+  // Handler for frames with opcode bytes >= extension_opcode_base (native rendezvous ops on the
+  // same port); null = such frames close the connection. See store_extension.hpp.
+  std::shared_ptr<StoreExtension> extension;
 };
 
 struct StoreStats {
@@ -67,6 +73,12 @@ class StoreServer {
   void reset();
 
   StoreStats stats() const;
+
+  // For extensions that push data later (e.g. an assignment when a round closes): queue
+  // `bytes` on connection `conn` and start writing; a no-op if it is gone.
+  void send(ConnectionId conn, std::string_view bytes);
+  // Closes one connection, logging `reason` with the peer address.
+  void close_connection(ConnectionId conn, std::string_view reason);
 
   struct Impl;
 

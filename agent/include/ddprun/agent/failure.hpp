@@ -1,0 +1,47 @@
+#pragma once
+// Failure reporting: reading a worker's TORCHELASTIC_ERROR_FILE (the JSON written by torch's
+// @record, tcpstore-protocol.md §8.1) and formatting the root-cause summary ddprun prints when
+// the restart budget is spent. Pure functions: the caller reads the file and writes the text.
+//
+// A file that is not valid JSON or lacks the expected fields never throws: the summary says
+// what was wrong with it instead.
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddprun/agent/worker_group.hpp"
+
+namespace ddprun::agent {
+
+struct ErrorFileContents {
+  std::string message;                 // message.message, or the message string itself
+  std::string traceback;               // message.extraInfo.py_callstack (may be empty)
+  std::optional<std::int64_t> timestamp;  // unix seconds, when present
+};
+
+// Parses the error file text. On failure returns nullopt and sets `problem` (if given) to a
+// short reason ("not valid JSON: ...", "no \"message\" field").
+std::optional<ErrorFileContents> parse_error_file(std::string_view json, std::string* problem = nullptr);
+
+struct FailureReport {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = 0;
+  ExitStatus status;
+  std::chrono::system_clock::time_point time;
+  std::string error_file;              // path given to the worker; empty = none
+  std::optional<ErrorFileContents> error;  // parsed contents, when the worker wrote one
+  std::string note;                    // e.g. why the error file could not be used, spawn error
+};
+
+// The bordered root-cause block (torchrun's ChildFailedError layout, with the exit code or the
+// signal name spelled out). `others` lists further failures of the same attempt.
+std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
+                                   const std::vector<FailureReport>& others);
+
+}  // namespace ddprun::agent

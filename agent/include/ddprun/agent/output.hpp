@@ -1,0 +1,104 @@
+#pragma once
+// Worker output: where each stream of each local rank goes, and the pumps that copy piped
+// streams to log files and the console in whole lines.
+//
+// Routes (plan_routes, pure):
+//   inherit - the worker writes to the agent's own stdout/stderr: zero copies, the default.
+//   file    - the worker writes straight into <attempt>/<local_rank>/std{out,err}.log
+//             (--redirects, or a stream of a rank that --local-ranks-filter keeps off the console:
+//             it is kept in its file rather than thrown away).
+//   tee     - a pipe the agent reads on its io_context; each line goes to the log file as is and
+//             to the console with the prefix (--tee).
+//
+// LineBuffer (pure) holds a partial line until its newline arrives or the buffer is full (a line
+// longer than the capacity is cut there and ended with a newline on the console), so lines of
+// different ranks never interleave mid-line on the console. OutputPump (shell) drives one
+// LineBuffer from a pipe on the io_context; it is done only at EOF ("exited" is not "drained").
+// Single-threaded: everything runs on the agent's io_context thread.
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddprun/agent/config.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::agent {
+
+enum class Route : std::uint8_t { inherit, file, tee };
+
+struct RankRoutes {
+  Route out = Route::inherit;
+  Route err = Route::inherit;
+  bool needs_files() const { return out != Route::inherit || err != Route::inherit; }
+};
+
+// Which route each stream of `local_rank` takes under `config` (tee, redirects, filter).
+RankRoutes plan_routes(const AgentConfig& config, int local_rank);
+
+// Expands ${role_name}, ${local_rank} and ${rank} in a TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+// Unknown ${...} placeholders stay as written.
+std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank);
+
+// A fixed-capacity buffer that releases output in whole lines.
+class LineBuffer {
+ public:
+  explicit LineBuffer(std::size_t capacity);
+
+  // Space to read into, and how much of it was filled.
+  char* write_ptr() { return data_.data() + size_; }
+  std::size_t write_space() const { return data_.size() - size_; }
+  void commit(std::size_t n) { size_ += n; }
+
+  // Calls sink(block, complete) with the releasable bytes: complete == true for a run of whole
+  // lines (ends with '\n'); complete == false for a partial line released because the buffer is
+  // full or `eof` is set. What is left (a partial line) moves to the front.
+  void release(const std::function<void(std::string_view, bool)>& sink, bool eof);
+
+  std::size_t pending() const { return size_; }
+
+ private:
+  std::vector<char> data_;
+  std::size_t size_ = 0;
+};
+
+// Writes all of `data` to fd (retrying on EINTR, short writes, and EAGAIN via poll). Returns
+// false when the fd is gone (EPIPE, EBADF): console output is then dropped, never fatal.
+bool write_all(int fd, std::string_view data);
+
+// Writes a block of whole lines to `fd` with `prefix` before each line in as few writev calls as
+// possible; `complete == false` appends a newline to the last (partial) line.
+bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view block, bool complete,
+                          std::vector<iovec>& scratch);
+
+class OutputPump {
+ public:
+  // Takes ownership of `read_fd` and `file_fd` (-1 = no file). `console_fd` is borrowed (-1 = no
+  // console). `on_done` runs once, on the io_context, after EOF (or finish_now) when every byte
+  // read has been written.
+  OutputPump(boost::asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix,
+             std::function<void()> on_done, std::size_t capacity = 64 * 1024);
+  ~OutputPump();
+  OutputPump(const OutputPump&) = delete;
+  OutputPump& operator=(const OutputPump&) = delete;
+
+  void start();
+  // Stops waiting for EOF (a grandchild may hold the pipe open): reads what is buffered in the
+  // pipe now, writes it, and completes.
+  void finish_now();
+  bool done() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

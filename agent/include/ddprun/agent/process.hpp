@@ -1,0 +1,67 @@
+#pragma once
+// Process primitives of the agent: spawn a worker in its own process group, observe its exit
+// through a pidfd without reaping it, signal its group, reap it.
+//
+// Why not Boost.Process v2's launchers: in Boost 1.81 both default_launcher (plain fork of a
+// parent that may be large) and vfork_launcher (calls io_context::notify_fork(fork_child) in the
+// vfork child, which rebuilds the epoll reactor inside the parent's shared memory, then ::exit)
+// are unsuitable. spawn_worker() is a posix_spawn-style launcher: clone(CLONE_VM|CLONE_VFORK|
+// CLONE_PIDFD) on a private stack, only async-signal-safe calls in the child, the pidfd obtained
+// atomically with the child. The pidfd is then watched on the io_context (readable = exited).
+//
+// Child setup, in order: signal dispositions that are handlers in the agent go back to SIG_DFL,
+// SIGPIPE to SIG_DFL, signal mask cleared; setpgid(0, 0) (own process group, so the agent's
+// killpg reaches the worker and its children but a terminal Ctrl-C does not go around the
+// agent); prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
+// worker, even if the agent died during the spawn); dup2 of the requested stdout/stderr; every
+// other descriptor above 2 closed (close_range; the agent's sockets never leak into workers);
+// chdir; execve.
+//
+// Not thread-safe: call from the agent's io_context thread (the clone stack is shared).
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/worker_group.hpp"
+
+namespace ddprun::agent {
+
+struct SpawnRequest {
+  std::string path;                // executable, already resolved (see resolve_executable)
+  std::vector<std::string> argv;   // argv[0] included
+  std::vector<std::string> envp;   // complete environment, KEY=VALUE
+  std::string cwd;                 // empty = inherit
+  int stdout_fd = -1;              // -1 = inherit the agent's
+  int stderr_fd = -1;
+};
+
+struct SpawnResult {
+  pid_t pid = -1;
+  int pidfd = -1;      // owned by the caller (close after reap)
+  int error = 0;       // errno of the failed step when pid == -1 or the child failed before exec
+  const char* failed_step = nullptr;  // "clone", "setpgid", "prctl", "dup2", "chdir", "execve", ...
+  bool ok() const { return pid > 0 && error == 0; }
+};
+
+// Starts the process. When the child fails before exec (e.g. chdir or execve fails), the child
+// has already exited with 127; the result carries its pid, pidfd, error and step, and the
+// caller still reaps it.
+SpawnResult spawn_worker(const SpawnRequest& request);
+
+// Non-blocking: the exit status when the process has exited, without reaping it (the zombie
+// keeps the pid and process-group id from being reused until reap()). nullopt while running.
+std::optional<ExitStatus> peek_exit(pid_t pid);
+
+// Reaps an exited process (blocks if it has not exited) and closes its pidfd.
+void reap(pid_t pid, int pidfd);
+
+// killpg(pgid, sig), ignoring ESRCH (an empty group). Returns false on another error.
+bool signal_group(pid_t pgid, int sig);
+
+// The absolute path execve should run for `name`: names containing '/' are taken as is
+// (relative to `cwd` when set); other names are searched in `path_var` (PATH). Throws
+// ddprun::Error naming the command when nothing executable is found.
+std::string resolve_executable(const std::string& name, const std::string& path_var, const std::string& cwd);
+
+}  // namespace ddprun::agent

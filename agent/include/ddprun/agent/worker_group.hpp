@@ -1,0 +1,129 @@
+#pragma once
+// WorkerGroupMachine: the decisions of the per-node agent, as a pure state machine.
+//
+// The shell (agent.cpp) feeds it events (a worker exited, a worker's output is drained, a
+// handled signal arrived, the shutdown grace expired) and applies the actions it returns
+// (signal every worker process group, arm/cancel the grace timer, start an attempt, finish
+// with an exit code). No I/O, no clock, no processes: tests drive it directly. Not
+// thread-safe; owned by the io_context thread.
+//
+// A worker is "done" once it has exited AND its output pipes reached EOF ("exited" is not
+// "exited and drained"); the group only ends when every worker is done.
+//
+// Transition table (state × event → next state, actions):
+//
+//   state        event                      condition                 next          actions
+//   ----------   ------------------------   -----------------------   -----------   ---------------------------------
+//   init         start                                                healthy       start_attempt(0)
+//   healthy      exited(ok)                 not all done              healthy       -
+//   healthy      exited(ok)/drained         all done                  succeeded     finish(0)
+//   healthy      exited(failed)                                       stopping[F]   record failure, signal_groups(SIGTERM),
+//                                                                                   arm_grace
+//   healthy      signal(s)                                            stopping[S]   signal_groups(s), arm_grace
+//   stopping     exited(any)/drained        not all done              stopping      -
+//   stopping     grace_expired                                        stopping      signal_groups(SIGKILL)
+//   stopping[F]  signal(s)                                            stopping[S]   signal_groups(s) (grace keeps running)
+//   stopping[S]  signal(any)                                          stopping[S]   signal_groups(SIGKILL) (second signal)
+//   stopping[F]  all done                   restarts left             healthy       cancel_grace, signal_groups(SIGKILL)
+//                                                                                   (sweep leftovers), start_attempt(n+1)
+//   stopping[F]  all done                   budget spent              failed        cancel_grace, signal_groups(SIGKILL),
+//                                                                                   finish(first failure's code)
+//   stopping[S]  all done                                             interrupted   cancel_grace, signal_groups(SIGKILL),
+//                                                                                   finish(128 + s)
+//   succeeded/failed/interrupted   any                                (same)        - (terminal)
+//
+// [F] = stopping because a worker failed, [S] = stopping because ddprun got a signal.
+// A worker exiting 0 while others run keeps the group running (torchrun semantics).
+// Only exits observed while healthy count as failures: exits caused by our own SIGTERM are not.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+// How a worker ended. `signal` != 0 means killed by that signal (exit_code is then unused).
+struct ExitStatus {
+  int exit_code = 0;
+  int signal = 0;
+
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  // The shell convention: the code itself, or 128 + signal.
+  int shell_code() const { return signal != 0 ? 128 + signal : exit_code; }
+  static ExitStatus exited(int code) { return {code, 0}; }
+  static ExitStatus killed(int sig) { return {0, sig}; }
+  friend bool operator==(const ExitStatus&, const ExitStatus&) = default;
+};
+
+// "SIGSEGV (signal 11)" or "exit code 7".
+std::string describe(const ExitStatus& status);
+// "SIGSEGV", or "SIG<n>" for numbers without a name.
+std::string signal_name(int sig);
+
+enum class GroupState : std::uint8_t { init, healthy, stopping, succeeded, failed, interrupted };
+enum class StopCause : std::uint8_t { none, worker_failure, signal };
+
+const char* to_string(GroupState state);
+
+struct Action {
+  enum class Kind : std::uint8_t {
+    start_attempt,   // value = restart count (0 for the first attempt); reset store, spawn all
+    signal_groups,   // value = signal to send to every worker process group of the attempt
+    arm_grace,       // start the shutdown grace timer (shutdown_timeout)
+    cancel_grace,
+    finish,          // value = ddprun's exit code; the run is over
+  };
+  Kind kind;
+  int value = 0;
+  friend bool operator==(const Action&, const Action&) = default;
+};
+using Actions = std::vector<Action>;
+
+struct RecordedFailure {
+  int attempt = 0;
+  int local_rank = 0;
+  ExitStatus status;
+};
+
+class WorkerGroupMachine {
+ public:
+  // `nproc`: workers per attempt (> 0). `max_restarts`: group restarts allowed (>= 0).
+  WorkerGroupMachine(int nproc, int max_restarts);
+
+  Actions start();
+  Actions on_exited(int local_rank, ExitStatus status);
+  Actions on_drained(int local_rank);
+  Actions on_signal(int sig);
+  Actions on_grace_expired();
+
+  GroupState state() const { return state_; }
+  StopCause stop_cause() const { return cause_; }
+  int attempt() const { return attempt_; }  // restart count of the current attempt
+  int max_restarts() const { return max_restarts_; }
+  int restarts_left() const { return max_restarts_ - attempt_; }
+  bool is_terminal() const;
+  bool worker_exited(int local_rank) const;
+  // Failures of every attempt in the order observed; the root cause of a run that failed is
+  // the first failure of its last attempt (root_cause()).
+  const std::vector<RecordedFailure>& failures() const { return failures_; }
+  std::optional<RecordedFailure> root_cause() const;
+
+ private:
+  struct Worker {
+    bool exited = false;
+    bool drained = false;
+  };
+  Actions maybe_complete();
+  void check_rank(int local_rank) const;
+
+  int nproc_;
+  int max_restarts_;
+  GroupState state_ = GroupState::init;
+  StopCause cause_ = StopCause::none;
+  int stop_signal_ = 0;
+  int attempt_ = 0;
+  std::vector<Worker> workers_;
+  std::vector<RecordedFailure> failures_;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,652 @@
+// The single-node agent shell: owns the io_context, the worker store, the workers, their
+// pumps and timers, and applies the decisions of WorkerGroupMachine (worker_group.hpp).
+//
+// One thread (the caller's) runs the io_context; every callback below runs on it. Nothing
+// polls: worker exits arrive through pidfds, output through pipes, signals through a
+// signal_set, deadlines through steady_timers.
+#include "ddprun/agent/agent.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/agent/failure.hpp"
+#include "ddprun/agent/output.hpp"
+#include "ddprun/agent/process.hpp"
+#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/worker_env/worker_env.hpp"
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace ddprun::agent {
+
+namespace {
+
+// How long a worker's pipes may stay open after the worker exited (a grandchild holding them)
+// before the agent stops waiting for EOF.
+constexpr std::chrono::milliseconds kDrainTimeout{1000};
+
+std::vector<int> handled_signals(const AgentConfig& config) {
+  if (!config.signals_to_handle.empty()) {
+    return config.signals_to_handle;
+  }
+  return {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+}
+
+void validate(const AgentConfig& config) {
+  if (config.worker_argv.empty()) {
+    throw UsageError("no worker command given", "pass the training script or program after the ddprun options");
+  }
+  if (config.max_nodes > 1 || config.min_nodes > 1) {
+    throw Error("multi-node rendezvous is not supported yet (--nnodes " + std::to_string(config.min_nodes) + ":" +
+                    std::to_string(config.max_nodes) + ")",
+                "run with --nnodes 1 (the default) for now");
+  }
+  if (config.nproc_per_node <= 0) {
+    throw UsageError("--nproc-per-node must be > 0, got " + std::to_string(config.nproc_per_node));
+  }
+  if (config.node_rank != 0) {
+    throw UsageError("--node-rank " + std::to_string(config.node_rank) + " is out of range for a single-node job",
+                     "use --node-rank 0 with --nnodes 1");
+  }
+  if (config.max_restarts < 0) {
+    throw UsageError("--max-restarts must be >= 0, got " + std::to_string(config.max_restarts));
+  }
+}
+
+std::string sanitize(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    out += (std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.') ? c : '_';
+  }
+  return out.empty() ? std::string("none") : out;
+}
+
+std::string temp_base() {
+  const char* t = std::getenv("TMPDIR");
+  return (t != nullptr && *t != '\0') ? std::string(t) : std::string("/tmp");
+}
+
+// <log_dir>/<run_id>_<random> or $TMPDIR/ddprun-<run_id>_<random>, created fresh.
+std::string make_job_dir(const AgentConfig& config) {
+  std::string templ;
+  if (config.log_dir) {
+    std::error_code ec;
+    fs::create_directories(*config.log_dir, ec);
+    if (ec) {
+      throw Error("cannot create --log-dir " + config.log_dir->string() + ": " + ec.message(),
+                  "pick a writable directory");
+    }
+    templ = config.log_dir->string() + "/" + sanitize(config.run_id) + "_XXXXXX";
+  } else {
+    templ = temp_base() + "/ddprun-" + sanitize(config.run_id) + "_XXXXXX";
+  }
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    throw Error("cannot create the log directory " + templ + ": " + std::strerror(errno),
+                config.log_dir ? "pick a writable --log-dir" : "set TMPDIR to a writable directory or pass --log-dir");
+  }
+  return std::string(buf.data());
+}
+
+void make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw Error("cannot create directory " + path + ": " + std::strerror(errno));
+  }
+}
+
+int open_log_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error("cannot open log file " + path + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) {
+    return "localhost";
+  }
+  return buf;
+}
+
+std::vector<std::string> worker_args(const AgentConfig& config, int local_rank) {
+  std::vector<std::string> argv = config.worker_argv;
+  switch (config.local_rank_arg) {
+    case AgentConfig::LocalRankArg::dash: argv.push_back("--local-rank=" + std::to_string(local_rank)); break;
+    case AgentConfig::LocalRankArg::underscore: argv.push_back("--local_rank=" + std::to_string(local_rank)); break;
+    case AgentConfig::LocalRankArg::none: break;
+  }
+  return argv;
+}
+
+worker_env::Assignment base_assignment(const AgentConfig& config) {
+  worker_env::Assignment a;
+  a.role = config.role;
+  a.local_world_size = config.nproc_per_node;
+  a.group_rank = 0;
+  a.group_world_size = 1;
+  a.rank_offset = 0;
+  a.world_size = config.nproc_per_node;
+  a.master_addr = config.master_addr;
+  a.master_port = config.master_port;
+  a.max_restarts = config.max_restarts;
+  a.run_id = config.run_id;
+  a.use_agent_store = true;
+  return a;
+}
+
+// The worker store binds the master address itself when it is numeric, else every interface
+// (a name like "localhost" may resolve to several addresses).
+std::string bind_host(const std::string& master_addr) {
+  boost::system::error_code ec;
+  std::string host = master_addr;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  asio::ip::make_address(host, ec);
+  return ec ? std::string("0.0.0.0") : host;
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
+                        std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+struct WorkerProc {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  std::unique_ptr<asio::posix::stream_descriptor> exit_watch;  // owns the pidfd
+  std::vector<std::unique_ptr<OutputPump>> pumps;
+  int pumps_open = 0;
+  bool exited = false;
+  bool drained_reported = false;
+  bool reaped = false;
+  ExitStatus status;
+  std::chrono::system_clock::time_point exit_time;
+  std::string error_file;
+  std::string note;  // spawn error, if any
+  std::unique_ptr<asio::steady_timer> drain_timer;
+};
+
+class Agent {
+ public:
+  explicit Agent(const AgentConfig& config)
+      : config_(config),
+        machine_(config.nproc_per_node, config.max_restarts),
+        signals_(io_),
+        grace_timer_(io_),
+        parent_env_(worker_env::current_environment()) {}
+
+  ~Agent() { kill_and_reap_all(); }
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  int run() {
+    const std::string cwd = config_.working_dir ? config_.working_dir->string() : std::string();
+    const auto path_it = parent_env_.find("PATH");
+    executable_ = resolve_executable(config_.worker_argv.front(),
+                                     path_it == parent_env_.end() ? std::string() : path_it->second, cwd);
+    if (config_.nproc_per_node > 1 && parent_env_.count("OMP_NUM_THREADS") == 0) {
+      spdlog::warn(
+          "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
+          "being overloaded; tune it for optimal performance in your application as needed");
+    }
+    for (int r = 0; r < config_.nproc_per_node; ++r) {
+      routes_.push_back(plan_routes(config_, r));
+      any_files_ = any_files_ || routes_.back().needs_files();
+    }
+    job_dir_ = make_job_dir(config_);
+    if (config_.log_dir || any_files_) {
+      spdlog::info("log directory set to: {}", job_dir_);
+    }
+    start_store();
+    assignment_ = base_assignment(config_);
+    assignment_.master_port = store_->port();
+
+    for (int sig : handled_signals(config_)) {
+      boost::system::error_code ec;
+      signals_.add(sig, ec);
+      if (ec) {
+        throw UsageError("cannot handle signal " + signal_name(sig) + ": " + ec.message(),
+                         "remove it from --signals-to-handle");
+      }
+    }
+    wait_signal();
+    // Console writes to a closed pipe (ddprun ... | head) must not kill the agent: EPIPE is
+    // handled where we write. Workers get SIGPIPE back to default in the child.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;  // NOLINT
+    ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
+    restore_sigpipe_ = true;
+
+    apply(machine_.start());
+    if (!finished_) {
+      io_.run();
+    }
+    if (restore_sigpipe_) {
+      ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
+    }
+    if (exit_code_ == 0 && !config_.log_dir && !any_files_) {
+      std::error_code ec;
+      fs::remove_all(job_dir_, ec);  // only error files could be there, and nobody failed
+    }
+    return exit_code_;
+  }
+
+ private:
+  void start_store() {
+    rendezvous::StoreServerOptions opts;
+    opts.host = bind_host(config_.master_addr);
+    opts.port = config_.standalone ? 0 : config_.master_port;
+    try {
+      store_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+    } catch (const Error& e) {
+      throw NetworkError("cannot host the worker store on " + opts.host + ":" + std::to_string(opts.port) + ": " +
+                             e.message(),
+                         "the master port is probably in use by another job: pass --master-port 0 (any free port) "
+                         "or --standalone, or pick another --master-port");
+    }
+    store_->start();
+    spdlog::debug("worker store listening on {}:{}", store_->host(), store_->port());
+  }
+
+  void wait_signal() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec || finished_) {
+        return;
+      }
+      spdlog::warn("received {}: forwarding it to the workers", signal_name(sig));
+      apply(machine_.on_signal(sig));
+      wait_signal();
+    });
+  }
+
+  void apply(const Actions& actions) {
+    for (const auto& a : actions) {
+      switch (a.kind) {
+        case Action::Kind::start_attempt: start_attempt(a.value); break;
+        case Action::Kind::signal_groups: signal_groups(a.value); break;
+        case Action::Kind::arm_grace: arm_grace(); break;
+        case Action::Kind::cancel_grace: grace_timer_.cancel(); break;
+        case Action::Kind::finish: finish(a.value); break;
+      }
+    }
+  }
+
+  void start_attempt(int restart_count) {
+    if (restart_count > 0) {
+      const auto root = machine_.failures().back();
+      spdlog::warn("restarting worker group (attempt {} of {}): local rank {} ended with {}", restart_count,
+                   config_.max_restarts, root.local_rank, describe(root.status));
+      store_->reset();  // a fresh, empty key space for the new attempt
+    }
+    kill_and_reap_all();
+    workers_.clear();
+    ++generation_;
+    assignment_.restart_count = restart_count;
+    attempt_dir_ = job_dir_ + "/attempt_" + std::to_string(restart_count);
+    make_dir(attempt_dir_);
+    workers_.resize(static_cast<std::size_t>(config_.nproc_per_node));
+    for (int r = 0; r < config_.nproc_per_node; ++r) {
+      spawn_one(r);
+    }
+  }
+
+  void spawn_one(int local_rank) {
+    auto& w = workers_[static_cast<std::size_t>(local_rank)];
+    w.local_rank = local_rank;
+    w.rank = assignment_.rank_offset + local_rank;
+    const std::string rank_dir = attempt_dir_ + "/" + std::to_string(local_rank);
+    make_dir(rank_dir);
+
+    worker_env::EnvOptions opts;
+    opts.python_worker = config_.python_worker;
+    opts.error_file_dir = attempt_dir_;
+    opts.virtual_local_rank = config_.virtual_local_rank;
+    const auto additions = worker_env::build_worker_env(assignment_, local_rank, opts, parent_env_);
+    for (const auto& [k, v] : additions) {
+      if (k == "TORCHELASTIC_ERROR_FILE") {
+        w.error_file = v;
+      }
+    }
+
+    SpawnRequest req;
+    req.path = executable_;
+    req.argv = worker_args(config_, local_rank);
+    req.envp = worker_env::merge_env(parent_env_, additions);
+    if (config_.working_dir) {
+      req.cwd = config_.working_dir->string();
+    }
+
+    // Output plumbing: child ends are closed here after the spawn, pump ends kept.
+    const RankRoutes& routes = routes_[static_cast<std::size_t>(local_rank)];
+    int child_fds[2] = {-1, -1};
+    int pump_fds[2] = {-1, -1};
+    int file_fds[2] = {-1, -1};
+    const Route route[2] = {routes.out, routes.err};
+    const char* names[2] = {"stdout.log", "stderr.log"};
+    for (int s = 0; s < 2; ++s) {
+      if (route[s] == Route::inherit) {
+        continue;
+      }
+      file_fds[s] = open_log_file(rank_dir + "/" + names[s]);
+      if (route[s] == Route::file) {
+        child_fds[s] = file_fds[s];
+        file_fds[s] = -1;
+        continue;
+      }
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) {
+        throw Error(std::string("pipe2 failed: ") + std::strerror(errno));
+      }
+      pump_fds[s] = p[0];
+      child_fds[s] = p[1];
+    }
+    req.stdout_fd = child_fds[0];
+    req.stderr_fd = child_fds[1];
+
+    const SpawnResult res = spawn_worker(req);
+    for (int fd : child_fds) {
+      if (fd >= 0) {
+        ::close(fd);
+      }
+    }
+    w.pid = res.pid;
+    if (!res.ok()) {
+      w.note = "cannot start " + executable_ + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
+               std::strerror(res.error);
+      spdlog::error("local rank {}: {}", local_rank, w.note);
+    }
+    const std::string prefix = expand_prefix(config_.log_line_prefix_template, config_.role, local_rank, w.rank);
+    const unsigned gen = generation_;
+    for (int s = 0; s < 2; ++s) {
+      if (pump_fds[s] < 0) {
+        continue;
+      }
+      ++w.pumps_open;
+      w.pumps.push_back(std::make_unique<OutputPump>(io_, pump_fds[s], file_fds[s], s == 0 ? STDOUT_FILENO : STDERR_FILENO,
+                                                     prefix, [this, gen, local_rank] { on_pump_done(gen, local_rank); }));
+      w.pumps.back()->start();
+    }
+    if (res.pid < 0) {
+      // Never started: report it as exit 127 (the shell's "cannot execute"), after this spawn loop.
+      asio::post(io_, [this, gen, local_rank] {
+        if (gen != generation_) {
+          return;
+        }
+        auto& wk = workers_[static_cast<std::size_t>(local_rank)];
+        wk.reaped = true;
+        on_exit_status(local_rank, ExitStatus::exited(127));
+      });
+      return;
+    }
+    w.exit_watch = std::make_unique<asio::posix::stream_descriptor>(io_, res.pidfd);
+    watch_exit(gen, local_rank);
+  }
+
+  void watch_exit(unsigned gen, int local_rank) {
+    auto& w = workers_[static_cast<std::size_t>(local_rank)];
+    w.exit_watch->async_wait(asio::posix::stream_descriptor::wait_read,
+                             [this, gen, local_rank](const boost::system::error_code& ec) {
+                               if (ec || gen != generation_) {
+                                 return;
+                               }
+                               auto& wk = workers_[static_cast<std::size_t>(local_rank)];
+                               const auto status = peek_exit(wk.pid);
+                               if (!status) {
+                                 watch_exit(gen, local_rank);  // spurious wake-up
+                                 return;
+                               }
+                               on_exit_status(local_rank, *status);
+                             });
+  }
+
+  void on_exit_status(int local_rank, ExitStatus status) {
+    auto& w = workers_[static_cast<std::size_t>(local_rank)];
+    w.exited = true;
+    w.status = status;
+    w.exit_time = std::chrono::system_clock::now();
+    if (!status.ok()) {
+      spdlog::log(machine_.state() == GroupState::healthy ? spdlog::level::err : spdlog::level::debug,
+                  "local rank {} (rank {}, pid {}) ended with {}", local_rank, w.rank, w.pid, describe(status));
+    }
+    apply(machine_.on_exited(local_rank, status));
+    if (finished_ || w.drained_reported) {
+      return;
+    }
+    if (w.pumps_open == 0) {
+      report_drained(local_rank);
+      return;
+    }
+    // Usually EOF follows right away; a grandchild holding the pipe must not hold the agent.
+    const unsigned gen = generation_;
+    w.drain_timer = std::make_unique<asio::steady_timer>(io_, kDrainTimeout);
+    w.drain_timer->async_wait([this, gen, local_rank](const boost::system::error_code& ec) {
+      if (ec || gen != generation_) {
+        return;
+      }
+      auto& wk = workers_[static_cast<std::size_t>(local_rank)];
+      spdlog::debug("local rank {}: output still open {} ms after exit; closing it", local_rank,
+                    kDrainTimeout.count());
+      for (auto& p : wk.pumps) {
+        p->finish_now();
+      }
+    });
+  }
+
+  void on_pump_done(unsigned gen, int local_rank) {
+    if (gen != generation_) {
+      return;
+    }
+    auto& w = workers_[static_cast<std::size_t>(local_rank)];
+    --w.pumps_open;
+    if (w.pumps_open == 0 && w.exited) {
+      if (w.drain_timer) {
+        w.drain_timer->cancel();
+      }
+      report_drained(local_rank);
+    }
+  }
+
+  void report_drained(int local_rank) {
+    auto& w = workers_[static_cast<std::size_t>(local_rank)];
+    if (w.drained_reported || finished_) {
+      return;
+    }
+    w.drained_reported = true;
+    apply(machine_.on_drained(local_rank));
+  }
+
+  void signal_groups(int sig) {
+    if (sig == SIGKILL && machine_.state() == GroupState::stopping) {
+      for (const auto& w : workers_) {
+        if (w.pid > 0 && !w.exited) {
+          spdlog::warn("local rank {} (pid {}) did not stop within {} ms: sending SIGKILL", w.local_rank, w.pid,
+                       config_.shutdown_timeout.count());
+        }
+      }
+    }
+    for (const auto& w : workers_) {
+      // Exited workers are zombies until reaped, so their process-group id cannot have been
+      // reused: signalling it reaches only what is left of that worker's group.
+      if (w.pid > 0 && !w.reaped) {
+        signal_group(w.pid, sig);
+      }
+    }
+  }
+
+  void arm_grace() {
+    grace_timer_.expires_after(config_.shutdown_timeout);
+    grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || finished_) {
+        return;
+      }
+      apply(machine_.on_grace_expired());
+    });
+  }
+
+  void finish(int code) {
+    finished_ = true;
+    exit_code_ = code;
+    if (machine_.state() == GroupState::failed) {
+      print_summary();
+    } else if (machine_.state() == GroupState::interrupted) {
+      spdlog::warn("workers stopped after a signal; exiting with {}", code);
+    }
+    kill_and_reap_all();
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    signals_.clear(ignored);
+    grace_timer_.cancel();
+    if (store_) {
+      store_->stop();
+    }
+    io_.stop();
+  }
+
+  void print_summary() {
+    const auto root = machine_.root_cause();
+    if (!root) {
+      return;
+    }
+    const auto& w = workers_[static_cast<std::size_t>(root->local_rank)];
+    FailureReport report;
+    report.local_rank = w.local_rank;
+    report.rank = w.rank;
+    report.pid = w.pid;
+    report.status = root->status;
+    report.time = w.exit_time;
+    report.error_file = w.error_file;
+    report.note = w.note;
+    if (!w.error_file.empty()) {
+      std::ifstream in(w.error_file, std::ios::binary);
+      if (in) {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        std::string problem;
+        report.error = parse_error_file(ss.str(), &problem);
+        if (!report.error) {
+          report.note += (report.note.empty() ? "" : "; ") + std::string("error file ") + w.error_file +
+                         " could not be used: " + problem;
+        }
+      }
+    }
+    const std::string text = format_failure_summary(config_.worker_argv.front(), hostname(), report, {});
+    write_all(STDERR_FILENO, text);
+  }
+
+  void kill_and_reap_all() {
+    for (auto& w : workers_) {
+      if (w.pid <= 0 || w.reaped) {
+        continue;
+      }
+      if (!w.exited) {
+        // Only on an exception path or an unexpected end: never leave a worker behind.
+        signal_group(w.pid, SIGKILL);
+      }
+      reap(w.pid, -1);  // the pidfd belongs to exit_watch
+      w.reaped = true;
+    }
+  }
+
+  const AgentConfig& config_;
+  asio::io_context io_{1};
+  WorkerGroupMachine machine_;
+  asio::signal_set signals_;
+  asio::steady_timer grace_timer_;
+  worker_env::EnvMap parent_env_;
+  worker_env::Assignment assignment_;
+  std::unique_ptr<rendezvous::StoreServer> store_;
+  std::string executable_;
+  std::string job_dir_;
+  std::string attempt_dir_;
+  std::vector<RankRoutes> routes_;
+  bool any_files_ = false;
+  std::vector<WorkerProc> workers_;
+  unsigned generation_ = 0;
+  bool finished_ = false;
+  int exit_code_ = 1;
+  struct sigaction old_sigpipe_ {};
+  bool restore_sigpipe_ = false;
+};
+
+}  // namespace
+
+int run_agent(const AgentConfig& config) {
+  validate(config);
+  Agent agent(config);
+  return agent.run();
+}
+
+void print_dry_run(const AgentConfig& config, std::ostream& out) {
+  validate(config);
+  const auto parent = worker_env::current_environment();
+  auto assignment = base_assignment(config);
+  const bool port_at_launch = config.standalone || config.master_port == 0;
+  const std::string job_dir = config.log_dir ? config.log_dir->string() + "/" + sanitize(config.run_id) + "_<random>"
+                                             : temp_base() + "/ddprun-" + sanitize(config.run_id) + "_<random>";
+  worker_env::EnvOptions opts;
+  opts.python_worker = config.python_worker;
+  opts.error_file_dir = job_dir + "/attempt_0";
+  opts.virtual_local_rank = config.virtual_local_rank;
+  const std::string cwd = config.working_dir ? config.working_dir->string() : fs::current_path().string();
+  out << "ddprun dry run: " << config.nproc_per_node << " worker(s) on this node; nothing is started\n";
+  for (int r = 0; r < config.nproc_per_node; ++r) {
+    out << "local rank " << r << ":\n  argv:";
+    for (const auto& a : worker_args(config, r)) {
+      out << ' ' << shell_quote(a);
+    }
+    out << "\n  cwd: " << cwd << "\n  env:\n";
+    for (const auto& [k, v] : worker_env::build_worker_env(assignment, r, opts, parent)) {
+      out << "    " << k << '=' << ((k == "MASTER_PORT" && port_at_launch) ? std::string("<chosen at launch>") : v)
+          << '\n';
+    }
+    const auto routes = plan_routes(config, r);
+    auto describe_route = [](Route route) {
+      switch (route) {
+        case Route::inherit: return "console";
+        case Route::file: return "file only";
+        case Route::tee: return "file and console (prefixed)";
+      }
+      return "?";
+    };
+    out << "  stdout: " << describe_route(routes.out) << "\n  stderr: " << describe_route(routes.err) << '\n';
+  }
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,170 @@
+// Error-file parsing and the root-cause summary; see failure.hpp.
+#include "ddprun/agent/failure.hpp"
+
+#include <boost/json.hpp>
+#include <ctime>
+
+namespace json = boost::json;
+
+namespace ddprun::agent {
+
+namespace {
+
+std::optional<std::int64_t> as_int(const json::value& v) {
+  if (v.is_int64()) {
+    return v.as_int64();
+  }
+  if (v.is_uint64()) {
+    return static_cast<std::int64_t>(v.as_uint64());
+  }
+  if (v.is_string()) {
+    const auto& s = v.as_string();
+    std::int64_t out = 0;
+    if (s.empty()) {
+      return std::nullopt;
+    }
+    for (char c : s) {
+      if (c < '0' || c > '9') {
+        return std::nullopt;
+      }
+      out = out * 10 + (c - '0');
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::localtime_r(&tt, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+void append_indented(std::string& out, std::string_view text, std::string_view indent) {
+  std::size_t pos = 0;
+  bool first = true;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) {
+      nl = text.size();
+    }
+    if (!first) {
+      out += indent;
+    }
+    out += text.substr(pos, nl - pos);
+    out += '\n';
+    first = false;
+    pos = nl + 1;
+  }
+  if (first) {
+    out += '\n';
+  }
+}
+
+void append_report(std::string& out, std::size_t index, std::string_view host, const FailureReport& r) {
+  const std::string indent(15, ' ');
+  out += "[" + std::to_string(index) + "]:\n";
+  out += "  time       : " + format_time(r.time) + "\n";
+  out += "  host       : " + std::string(host) + "\n";
+  out += "  rank       : " + std::to_string(r.rank) + " (local_rank: " + std::to_string(r.local_rank) + ")\n";
+  if (r.status.signal != 0) {
+    out += "  signal     : " + describe(r.status) + " (pid: " + std::to_string(r.pid) +
+           ", exit code " + std::to_string(r.status.shell_code()) + ")\n";
+  } else {
+    out += "  exitcode   : " + std::to_string(r.status.exit_code) + " (pid: " + std::to_string(r.pid) + ")\n";
+  }
+  if (r.error) {
+    out += "  error_file : " + r.error_file + "\n";
+    out += "  message    : ";
+    append_indented(out, r.error->message, indent);
+    out += "  traceback  : ";
+    append_indented(out, r.error->traceback.empty() ? std::string("<not recorded>") : r.error->traceback, indent);
+  } else {
+    out += "  error_file : <N/A>\n";
+    out += "  traceback  : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n";
+  }
+  if (!r.note.empty()) {
+    out += "  note       : ";
+    append_indented(out, r.note, indent);
+  }
+}
+
+}  // namespace
+
+std::optional<ErrorFileContents> parse_error_file(std::string_view text, std::string* problem) {
+  auto fail = [problem](std::string why) -> std::optional<ErrorFileContents> {
+    if (problem != nullptr) {
+      *problem = std::move(why);
+    }
+    return std::nullopt;
+  };
+  boost::system::error_code ec;
+  const json::value root = json::parse(json::string_view(text.data(), text.size()), ec);
+  if (ec) {
+    return fail("not valid JSON: " + ec.message());
+  }
+  if (!root.is_object()) {
+    return fail("not a JSON object");
+  }
+  const auto& obj = root.as_object();
+  const auto* message = obj.if_contains("message");
+  if (message == nullptr) {
+    return fail("no \"message\" field");
+  }
+  ErrorFileContents out;
+  if (message->is_string()) {
+    out.message = json::value_to<std::string>(*message);
+    if (const auto* ts = obj.if_contains("timestamp")) {
+      out.timestamp = as_int(*ts);
+    }
+    return out;
+  }
+  if (!message->is_object()) {
+    return fail("\"message\" is neither a string nor an object");
+  }
+  const auto& m = message->as_object();
+  if (const auto* inner = m.if_contains("message"); inner != nullptr && inner->is_string()) {
+    out.message = json::value_to<std::string>(*inner);
+  } else {
+    return fail("no \"message.message\" string");
+  }
+  if (const auto* extra = m.if_contains("extraInfo"); extra != nullptr && extra->is_object()) {
+    const auto& e = extra->as_object();
+    if (const auto* cs = e.if_contains("py_callstack"); cs != nullptr && cs->is_string()) {
+      out.traceback = json::value_to<std::string>(*cs);
+    }
+    if (const auto* ts = e.if_contains("timestamp")) {
+      out.timestamp = as_int(*ts);
+    }
+  }
+  return out;
+}
+
+std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
+                                   const std::vector<FailureReport>& others) {
+  const std::string rule(60, '=');
+  const std::string thin(60, '-');
+  std::string out;
+  out += rule + "\n";
+  out += std::string(command) + " FAILED\n";
+  out += thin + "\n";
+  out += "Failures:\n";
+  if (others.empty()) {
+    out += "  <NO_OTHER_FAILURES>\n";
+  } else {
+    std::size_t i = 1;
+    for (const auto& r : others) {
+      append_report(out, i++, host, r);
+    }
+  }
+  out += thin + "\n";
+  out += "Root Cause (first observed failure):\n";
+  append_report(out, 0, host, root);
+  out += rule + "\n";
+  return out;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,301 @@
+// Output routes, whole-line buffering and the pipe pumps; see output.hpp.
+#include "ddprun/agent/output.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+namespace asio = boost::asio;
+
+namespace ddprun::agent {
+
+namespace {
+
+bool has(Streams set, Streams stream) {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
+}
+
+Streams lookup(const std::map<int, Streams>& per_rank, Streams all, int local_rank) {
+  const auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? all : it->second;
+}
+
+Route route_for(Streams tee, Streams redirects, bool on_console, Streams stream) {
+  if (has(tee, stream)) {
+    return on_console ? Route::tee : Route::file;
+  }
+  if (has(redirects, stream)) {
+    return Route::file;
+  }
+  return on_console ? Route::inherit : Route::file;
+}
+
+}  // namespace
+
+RankRoutes plan_routes(const AgentConfig& config, int local_rank) {
+  const Streams tee = lookup(config.tee, config.tee_all, local_rank);
+  const Streams redirects = lookup(config.redirects, config.redirects_all, local_rank);
+  const bool on_console = !config.local_ranks_filter || config.local_ranks_filter->count(local_rank) != 0;
+  return {route_for(tee, redirects, on_console, Streams::out), route_for(tee, redirects, on_console, Streams::err)};
+}
+
+std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank) {
+  std::string out;
+  out.reserve(templ.size() + 16);
+  std::size_t i = 0;
+  while (i < templ.size()) {
+    if (templ[i] == '$' && i + 1 < templ.size() && templ[i + 1] == '{') {
+      const auto close = templ.find('}', i + 2);
+      if (close != std::string_view::npos) {
+        const auto name = templ.substr(i + 2, close - i - 2);
+        if (name == "role_name") {
+          out += role_name;
+          i = close + 1;
+          continue;
+        }
+        if (name == "local_rank") {
+          out += std::to_string(local_rank);
+          i = close + 1;
+          continue;
+        }
+        if (name == "rank") {
+          out += std::to_string(rank);
+          i = close + 1;
+          continue;
+        }
+      }
+    }
+    out += templ[i];
+    ++i;
+  }
+  return out;
+}
+
+LineBuffer::LineBuffer(std::size_t capacity) : data_(std::max<std::size_t>(capacity, 2)) {}
+
+void LineBuffer::release(const std::function<void(std::string_view, bool)>& sink, bool eof) {
+  if (size_ == 0) {
+    return;
+  }
+  const std::string_view view(data_.data(), size_);
+  const auto last_nl = view.rfind('\n');
+  std::size_t used = 0;
+  if (last_nl != std::string_view::npos) {
+    used = last_nl + 1;
+    sink(view.substr(0, used), true);
+  }
+  if (used < size_ && (eof || (used == 0 && size_ == data_.size()))) {
+    // A partial line: the stream ended, or a single line filled the whole buffer.
+    sink(view.substr(used), false);
+    used = size_;
+  }
+  if (used > 0) {
+    std::memmove(data_.data(), data_.data() + used, size_ - used);
+    size_ -= used;
+  }
+}
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n >= 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (errno == EINTR) {
+      continue;
+    }
+    if (errno == EAGAIN) {
+      // Someone made the console non-blocking: wait until it takes more (not a polling loop:
+      // poll blocks until writable).
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view block, bool complete,
+                          std::vector<iovec>& scratch) {
+  static const char newline = '\n';
+  if (prefix.empty() && complete) {
+    return write_all(fd, block);
+  }
+  constexpr std::size_t max_iov = 1024;  // IOV_MAX on Linux
+  auto iov = [](const void* p, std::size_t n) { return iovec{const_cast<void*>(p), n}; };  // NOLINT
+  std::size_t pos = 0;
+  while (pos < block.size()) {
+    scratch.clear();
+    // Build up to max_iov entries, always ending on a line boundary.
+    while (pos < block.size() && scratch.size() + 3 <= max_iov) {
+      auto nl = block.find('\n', pos);
+      const bool has_nl = nl != std::string_view::npos;
+      const std::size_t end = has_nl ? nl + 1 : block.size();
+      if (!prefix.empty()) {
+        scratch.push_back(iov(prefix.data(), prefix.size()));
+      }
+      scratch.push_back(iov(block.data() + pos, end - pos));
+      if (!has_nl) {
+        // Only the last line of an incomplete block lacks its newline.
+        scratch.push_back(iov(&newline, 1));
+      }
+      pos = end;
+    }
+    // writev may write short: finish the rest with write_all, entry by entry.
+    std::size_t total = 0;
+    for (const auto& v : scratch) {
+      total += v.iov_len;
+    }
+    ssize_t n;
+    do {
+      n = ::writev(fd, scratch.data(), static_cast<int>(scratch.size()));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno != EAGAIN) {
+      return false;
+    }
+    auto written = static_cast<std::size_t>(std::max<ssize_t>(n, 0));
+    if (written < total) {
+      for (const auto& v : scratch) {
+        if (written >= v.iov_len) {
+          written -= v.iov_len;
+          continue;
+        }
+        if (!write_all(fd, std::string_view(static_cast<const char*>(v.iov_base) + written, v.iov_len - written))) {
+          return false;
+        }
+        written = 0;
+      }
+    }
+  }
+  return true;
+}
+
+struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
+  Impl(asio::io_context& io, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
+       std::size_t capacity)
+      : pipe(io, read_fd), file_fd(file), console_fd(console), prefix(std::move(pfx)), on_done(std::move(done)),
+        buffer(capacity) {}
+
+  ~Impl() {
+    if (file_fd >= 0) {
+      ::close(file_fd);
+    }
+  }
+
+  void read_more() {
+    if (finished) {
+      return;
+    }
+    auto self = shared_from_this();
+    pipe.async_read_some(asio::buffer(buffer.write_ptr(), buffer.write_space()),
+                         [self](const boost::system::error_code& ec, std::size_t n) { self->on_read(ec, n); });
+  }
+
+  void on_read(const boost::system::error_code& ec, std::size_t n) {
+    if (finished) {
+      return;
+    }
+    buffer.commit(n);
+    const bool eof = static_cast<bool>(ec);
+    flush(eof);
+    if (eof) {
+      complete();
+      return;
+    }
+    read_more();
+  }
+
+  void flush(bool eof) {
+    buffer.release(
+        [this](std::string_view block, bool whole) {
+          if (file_fd >= 0) {
+            write_all(file_fd, block);
+          }
+          if (console_fd >= 0 && console_ok) {
+            console_ok = write_prefixed_lines(console_fd, prefix, block, whole, iov_scratch);
+          }
+        },
+        eof);
+  }
+
+  void finish_now() {
+    if (finished) {
+      return;
+    }
+    // Take what the pipe holds right now without blocking (asio made the fd non-blocking).
+    const int fd = pipe.native_handle();
+    for (;;) {
+      if (buffer.write_space() == 0) {
+        flush(false);
+      }
+      const ssize_t n = ::read(fd, buffer.write_ptr(), buffer.write_space());
+      if (n > 0) {
+        buffer.commit(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      break;
+    }
+    flush(true);
+    complete();
+  }
+
+  void complete() {
+    if (finished) {
+      return;
+    }
+    finished = true;
+    boost::system::error_code ignored;
+    pipe.close(ignored);
+    if (file_fd >= 0) {
+      ::close(file_fd);
+      file_fd = -1;
+    }
+    if (on_done) {
+      auto cb = std::move(on_done);
+      on_done = nullptr;
+      cb();
+    }
+  }
+
+  asio::posix::stream_descriptor pipe;
+  int file_fd;
+  int console_fd;
+  bool console_ok = true;
+  bool finished = false;
+  std::string prefix;
+  std::function<void()> on_done;
+  LineBuffer buffer;
+  std::vector<iovec> iov_scratch;
+};
+
+OutputPump::OutputPump(asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix,
+                       std::function<void()> on_done, std::size_t capacity)
+    : impl_(std::make_shared<Impl>(io, read_fd, file_fd, console_fd, std::move(prefix), std::move(on_done),
+                                   capacity)) {}
+
+OutputPump::~OutputPump() {
+  if (impl_ && !impl_->finished) {
+    impl_->finished = true;
+    impl_->on_done = nullptr;
+    boost::system::error_code ignored;
+    impl_->pipe.close(ignored);
+  }
+}
+
+void OutputPump::start() { impl_->read_more(); }
+void OutputPump::finish_now() { impl_->finish_now(); }
+bool OutputPump::done() const { return impl_->finished; }
+
+}  // namespace ddprun::agent

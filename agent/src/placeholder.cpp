@@ -1,1 +1,0 @@
-namespace ddprun { void placeholder_agent() {} }

@@ -1,0 +1,230 @@
+// posix_spawn-style launcher; see process.hpp for why not Boost.Process v2's launchers.
+#include "ddprun/agent/process.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::agent {
+
+namespace {
+
+// Everything the child reads, prepared by the parent before clone: the child must not
+// allocate (it shares the parent's heap and the parent's malloc lock state).
+struct ChildArgs {
+  const char* path = nullptr;
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
+  const char* cwd = nullptr;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  pid_t parent_pid = 0;
+  // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
+  // suspension ends (exec or _exit).
+  volatile int error = 0;
+  const char* volatile failed_step = nullptr;
+};
+
+[[noreturn]] void child_fail(ChildArgs* args, const char* step) {
+  args->error = errno;
+  args->failed_step = step;
+  ::_exit(127);
+}
+
+bool move_fd(int from, int to) {
+  if (from < 0) {
+    return true;
+  }
+  if (from == to) {
+    // dup2 would be a no-op and leave O_CLOEXEC set: clear it instead.
+    const int flags = ::fcntl(to, F_GETFD);
+    return flags >= 0 && ::fcntl(to, F_SETFD, flags & ~FD_CLOEXEC) == 0;
+  }
+  return ::dup2(from, to) == to;
+}
+
+int child_main(void* raw) {
+  auto* args = static_cast<ChildArgs*>(raw);
+  // Handlers installed by the agent (asio's signal_set) must not run in the worker; ignored
+  // signals stay ignored (nohup semantics) except SIGPIPE, which the agent ignores for itself.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) {
+      continue;
+    }
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) {
+      continue;  // glibc-reserved real-time signals
+    }
+    const bool is_handler = (old.sa_flags & SA_SIGINFO) != 0 ||
+                            (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);  // NOLINT
+    if (is_handler || sig == SIGPIPE) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;  // NOLINT
+      ::sigaction(sig, &dfl, nullptr);
+    }
+  }
+  sigset_t empty;
+  ::sigemptyset(&empty);
+  ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+
+  if (::setpgid(0, 0) != 0) {
+    child_fail(args, "setpgid");
+  }
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
+    child_fail(args, "prctl(PR_SET_PDEATHSIG)");
+  }
+  if (::getppid() != args->parent_pid) {
+    ::_exit(127);  // the agent died before the death signal was armed
+  }
+  if (!move_fd(args->stdout_fd, STDOUT_FILENO) || !move_fd(args->stderr_fd, STDERR_FILENO)) {
+    child_fail(args, "dup2");
+  }
+  // Asio does not open every descriptor with O_CLOEXEC (e.g. accepted sockets): close them all.
+  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+    // Kernel < 5.9: mark them close-on-exec one by one up to the limit.
+    const long max_fd = ::sysconf(_SC_OPEN_MAX);
+    for (int fd = 3; fd < max_fd && fd < 65536; ++fd) {
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  }
+  if (args->cwd != nullptr && ::chdir(args->cwd) != 0) {
+    child_fail(args, "chdir");
+  }
+  ::execve(args->path, args->argv, args->envp);
+  child_fail(args, "execve");
+}
+
+std::vector<char*> c_array(const std::vector<std::string>& items) {
+  std::vector<char*> out;
+  out.reserve(items.size() + 1);
+  for (const auto& s : items) {
+    out.push_back(const_cast<char*>(s.c_str()));  // NOLINT: execve's signature
+  }
+  out.push_back(nullptr);
+  return out;
+}
+
+// The child's stack. CLONE_VFORK suspends the parent until exec/_exit, so one stack serves
+// every spawn of the (single) agent thread.
+alignas(64) char g_child_stack[64 * 1024];
+
+}  // namespace
+
+SpawnResult spawn_worker(const SpawnRequest& request) {
+  auto argv = c_array(request.argv);
+  auto envp = c_array(request.envp);
+  ChildArgs args;
+  args.path = request.path.c_str();
+  args.argv = argv.data();
+  args.envp = envp.data();
+  args.cwd = request.cwd.empty() ? nullptr : request.cwd.c_str();
+  args.stdout_fd = request.stdout_fd;
+  args.stderr_fd = request.stderr_fd;
+  args.parent_pid = ::getpid();
+
+  // No signal handler may run in the child while it still shares our memory.
+  sigset_t all;
+  sigset_t saved;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+  int pidfd = -1;
+  const pid_t pid = ::clone(child_main, g_child_stack + sizeof(g_child_stack),
+                            CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &args, &pidfd);
+  const int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+
+  SpawnResult result;
+  if (pid < 0) {
+    result.error = clone_errno;
+    result.failed_step = "clone";
+    return result;
+  }
+  result.pid = pid;
+  result.pidfd = pidfd;
+  result.error = args.error;
+  result.failed_step = args.failed_step;
+  return result;
+}
+
+std::optional<ExitStatus> peek_exit(pid_t pid) {
+  siginfo_t info{};
+  for (;;) {
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0) {
+      break;
+    }
+    if (errno != EINTR) {
+      throw Error("waitid(" + std::to_string(pid) + ") failed: " + std::strerror(errno));
+    }
+  }
+  if (info.si_pid == 0) {
+    return std::nullopt;
+  }
+  if (info.si_code == CLD_EXITED) {
+    return ExitStatus::exited(info.si_status);
+  }
+  return ExitStatus::killed(info.si_status);
+}
+
+void reap(pid_t pid, int pidfd) {
+  siginfo_t info{};
+  while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED) != 0 && errno == EINTR) {
+  }
+  if (pidfd >= 0) {
+    ::close(pidfd);
+  }
+}
+
+bool signal_group(pid_t pgid, int sig) {
+  if (pgid <= 0) {
+    return true;
+  }
+  return ::killpg(pgid, sig) == 0 || errno == ESRCH || errno == EPERM;
+}
+
+std::string resolve_executable(const std::string& name, const std::string& path_var, const std::string& cwd) {
+  if (name.empty()) {
+    throw UsageError("no worker command given", "pass the training script or program after the ddprun options");
+  }
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    const std::string full = (name.front() == '/' || cwd.empty()) ? name : cwd + "/" + name;
+    if (!executable(full)) {
+      throw UsageError("worker command '" + name + "' is not an executable file" +
+                           (cwd.empty() ? std::string() : " (relative to working dir " + cwd + ")"),
+                       "check the path and its execute permission");
+    }
+    return name;  // execve runs after chdir, so a relative name stays relative to cwd
+  }
+  const std::string dirs = path_var.empty() ? std::string("/usr/local/bin:/usr/bin:/bin") : path_var;
+  for (const auto& dir : split(dirs, ':')) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (executable(candidate)) {
+      if (candidate.front() != '/') {
+        // A relative PATH entry means the agent's directory, not the worker's working dir.
+        char here[4096];
+        if (::getcwd(here, sizeof(here)) != nullptr) {
+          return std::string(here) + "/" + candidate;
+        }
+      }
+      return candidate;
+    }
+  }
+  throw UsageError("worker command '" + name + "' was not found on PATH",
+                   "give its path, or pass --no-python for binaries; PATH=" + dirs);
+}
+
+}  // namespace ddprun::agent

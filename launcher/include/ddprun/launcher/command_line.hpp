@@ -1,0 +1,50 @@
+#pragma once
+// The ddprun command line: torchrun's flags (each in the dash and the underscore spelling, each
+// with its PET_<NAME> environment form, torchrun's defaults) plus ddprun's extras, turned into a
+// validated agent::AgentConfig.
+//
+// Precedence for every value: the flag on the command line, then PET_<NAME> (an empty PET value
+// counts as unset), then the default. Parsing stops at the training program: the first
+// positional argument and everything after it belong to the program, untouched.
+//
+// parse_command_line is pure apart from stat()-ing the filesystem to find the program: the
+// environment, working directory and CPU count come in through ParseContext, so tests drive it
+// without processes. Throws ddprun::UsageError (exit code 2) for bad input, naming the flag (or
+// PET_* variable) and the accepted forms. Thread-compatible; no global state.
+#include <spdlog/common.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/config.hpp"
+
+namespace ddprun::launcher {
+
+// What the parse may look at besides argv.
+struct ParseContext {
+  std::map<std::string, std::string> env;  // the process environment
+  std::filesystem::path cwd;               // relative program paths are resolved here
+  int online_cpus = 1;                     // for --nproc-per-node=cpu|auto
+
+  // The running process's environment, working directory and online CPU count.
+  static ParseContext from_process();
+};
+
+enum class Action { run, help, version };
+
+struct LaunchOptions {
+  Action action = Action::run;
+  std::string text;  // what to print for Action::help / Action::version
+  agent::AgentConfig config;
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  // Informational lines for the log once logging is set up (ignored values, no-op flags).
+  std::vector<std::string> notes;
+};
+
+// `args` excludes the program name (argv[0]).
+LaunchOptions parse_command_line(const std::vector<std::string>& args, const ParseContext& context);
+LaunchOptions parse_command_line(int argc, const char* const* argv, const ParseContext& context);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,70 @@
+#pragma once
+// Parsers for the values of ddprun's command-line flags (torchrun's syntax for each). Pure
+// functions of their arguments: no environment, no filesystem, no processes. Each throws
+// ddprun::UsageError whose message names `what` (the flag, e.g. "--nnodes", or the PET_*
+// variable the value came from) and whose hint lists the accepted forms.
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddprun/agent/config.hpp"
+
+namespace ddprun::launcher {
+
+struct NodeRange {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  bool operator==(const NodeRange&) const = default;
+};
+
+// "N" or "MIN:MAX" with 0 < MIN <= MAX.
+NodeRange parse_nnodes(std::string_view text, std::string_view what);
+
+// Number of devices CUDA would enumerate for a CUDA_VISIBLE_DEVICES value: entries are
+// non-negative indices, GPU-<uuid> or MIG-<...>; the list ends at the first invalid entry
+// ("0,-1,1" -> 1); "" -> 0. nullopt when the variable is unset.
+std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd);
+
+// --nproc-per-node: a positive integer, "cpu" (online CPUs), "gpu" (devices named by
+// CUDA_VISIBLE_DEVICES; counting without it is not supported yet) or "auto" (the GPU count when
+// CUDA_VISIBLE_DEVICES names at least one device, else the CPU count).
+int parse_nproc_per_node(std::string_view text, std::string_view what,
+                         const std::optional<std::string>& cuda_visible_devices, int online_cpus);
+
+// -r/--redirects and -t/--tee: "0".."3" for all local ranks, or "LOCAL_RANK:0..3,..." per rank.
+struct StreamSpec {
+  agent::Streams all = agent::Streams::none;
+  std::map<int, agent::Streams> per_rank;
+  bool operator==(const StreamSpec&) const = default;
+};
+StreamSpec parse_streams(std::string_view text, std::string_view what);
+
+// --rdzv-conf: "k1=v1,k2=v2"; "" -> empty. Keys and values are trimmed and must be non-empty.
+std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what);
+
+// --local-ranks-filter: comma list of non-negative local ranks; "" -> nullopt (all ranks).
+std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what);
+
+// --signals-to-handle: comma list of names (SIGTERM or TERM, any case) or numbers. Signals
+// that cannot be caught (SIGKILL, SIGSTOP) or that the agent itself relies on (SIGCHLD) are
+// rejected. Duplicates are dropped, order is kept.
+std::vector<int> parse_signals(std::string_view text, std::string_view what);
+// "SIGTERM" for 15, "SIGRTMIN+2" for real-time signals, the number otherwise.
+std::string signal_name(int signo);
+// Names accepted by parse_signals, for messages and --help.
+std::string accepted_signal_names();
+
+// Seconds as a non-negative decimal ("30", "0.5").
+double parse_seconds_value(std::string_view text, std::string_view what);
+// A decimal integer in [min, max].
+int parse_int_value(std::string_view text, std::string_view what, int min, int max);
+// "1"/"0" style booleans of the PET_* variables: any integer, non-zero = on (torchrun: bool(int(x))).
+bool parse_env_bool(std::string_view text, std::string_view what);
+
+// A random version-4 UUID in the canonical 8-4-4-4-12 lowercase hex form (--standalone run id).
+std::string random_uuid4();
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,151 @@
+#include "ddprun/launcher/program.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <regex>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::launcher {
+namespace fs = std::filesystem;
+namespace {
+
+bool is_plain_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+bool is_executable_file(const fs::path& p) {
+  return is_plain_file(p) && ::access(p.c_str(), X_OK) == 0;
+}
+
+std::string lookup(const std::map<std::string, std::string>& env, const std::string& key) {
+  const auto it = env.find(key);
+  return it == env.end() ? std::string() : it->second;
+}
+
+fs::path absolute_from(const fs::path& p, const fs::path& cwd) {
+  return (p.is_absolute() ? p : cwd / p).lexically_normal();
+}
+
+bool looks_like_python(std::string_view argv0) {
+  static const std::regex python_name(R"(python[0-9.]*)");
+  return std::regex_match(fs::path(argv0).filename().string(), python_name);
+}
+
+std::string searched_dirs(std::string_view path_env) {
+  return path_env.empty() ? std::string("PATH is empty") : "searched PATH=" + std::string(path_env);
+}
+
+}  // namespace
+
+std::optional<fs::path> find_on_path(std::string_view name, std::string_view path_env, const fs::path& cwd) {
+  if (name.empty() || name.find('/') != std::string_view::npos) return std::nullopt;
+  for (const auto& dir : split(path_env, ':')) {
+    const fs::path candidate = absolute_from(fs::path(dir.empty() ? "." : dir) / name, cwd);
+    if (is_executable_file(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::string resolve_python(const std::map<std::string, std::string>& env, const fs::path& cwd) {
+  const std::string path_env = lookup(env, "PATH");
+  const std::string exec = std::string(trim(lookup(env, "PYTHON_EXEC")));
+  if (!exec.empty()) {
+    if (exec.find('/') != std::string::npos) {
+      const fs::path p = absolute_from(exec, cwd);
+      if (!is_executable_file(p)) {
+        throw UsageError("PYTHON_EXEC=" + exec + ": not an executable file",
+                         "point PYTHON_EXEC at a Python interpreter, or unset it to use python3 from PATH");
+      }
+      return p.string();
+    }
+    if (auto p = find_on_path(exec, path_env, cwd)) return p->string();
+    throw UsageError("PYTHON_EXEC=" + exec + ": not found on PATH (" + searched_dirs(path_env) + ")",
+                     "point PYTHON_EXEC at a Python interpreter, or unset it to use python3 from PATH");
+  }
+  if (auto p = find_on_path("python3", path_env, cwd)) return p->string();
+  throw UsageError("python3 not found (" + searched_dirs(path_env) + ")",
+                   "install Python 3, add it to PATH, or set PYTHON_EXEC to the interpreter");
+}
+
+ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<std::string, std::string>& env,
+                                const fs::path& cwd) {
+  const std::string& program = request.program;
+  const std::string path_env = lookup(env, "PATH");
+  ResolvedProgram out;
+  auto with_args = [&](std::vector<std::string> head) {
+    head.insert(head.end(), request.args.begin(), request.args.end());
+    return head;
+  };
+  if (program.empty()) throw UsageError("the training program is empty", "name a script, module or executable");
+
+  if (request.module) {
+    if (request.no_python) {
+      throw UsageError("--no-python cannot be combined with -m/--module",
+                       "drop --no-python to run the module under Python, or drop -m to run an executable");
+    }
+    out.argv = with_args({resolve_python(env, cwd), "-u", "-m", program});
+    out.python_worker = true;
+    return out;
+  }
+
+  const fs::path as_file = absolute_from(program, cwd);
+  if (request.run_path) {
+    // torchrun: --run-path takes precedence over --no-python.
+    if (!is_plain_file(as_file)) {
+      throw UsageError("--run-path: training script '" + program + "' not found (looked for " + as_file.string() + ")",
+                       "pass the path of a Python file");
+    }
+    out.argv = with_args({resolve_python(env, cwd), "-u", "-c", std::string(run_path_code), as_file.string()});
+    out.python_worker = true;
+    return out;
+  }
+
+  const bool has_slash = program.find('/') != std::string::npos;
+  const bool python_suffix = as_file.extension() == ".py";
+  if (!request.no_python && python_suffix) {
+    if (!is_plain_file(as_file)) {
+      throw UsageError("training script '" + program + "' not found (looked for " + as_file.string() + ")",
+                       "check the path; relative paths are taken from the current directory");
+    }
+    // Passed as written, like torchrun: the worker runs in the same directory, so sys.argv[0]
+    // and __file__ look the same as under torchrun.
+    out.argv = with_args({resolve_python(env, cwd), "-u", program});
+    out.python_worker = true;
+    return out;
+  }
+
+  // Anything else is an executable: a path (contains '/'), a file in the current directory, or
+  // a name on PATH.
+  std::optional<fs::path> exe;
+  if (has_slash || is_plain_file(as_file)) {
+    if (is_executable_file(as_file)) {
+      exe = as_file;
+    } else if (is_plain_file(as_file) && !request.no_python) {
+      // A non-executable file without --no-python: torchrun runs every program under Python.
+      out.argv = with_args({resolve_python(env, cwd), "-u", program});
+      out.python_worker = true;
+      return out;
+    } else if (is_plain_file(as_file)) {
+      throw UsageError("training program '" + program + "' is not executable (" + as_file.string() + ")",
+                       "chmod +x it, or drop --no-python to run it under Python");
+    } else if (has_slash) {
+      throw UsageError("training program '" + program + "' not found (looked for " + as_file.string() + ")",
+                       "check the path; relative paths are taken from the current directory");
+    }
+  }
+  if (!exe) exe = find_on_path(program, path_env, cwd);
+  if (!exe) {
+    throw UsageError("training program '" + program + "' not found: not a file in " + cwd.string() +
+                         " and not an executable on PATH (" + searched_dirs(path_env) + ")",
+                     "give the path of a script or executable, or a command on PATH");
+  }
+  out.argv = with_args({exe->string()});
+  out.python_worker = looks_like_python(exe->string());
+  return out;
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,270 @@
+#include "ddprun/launcher/values.hpp"
+
+#include <algorithm>
+#include <array>
+#include <csignal>
+#include <random>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+[[noreturn]] void fail(std::string_view what, std::string_view text, const std::string& why,
+                       const std::string& forms) {
+  throw UsageError(std::string(what) + "=" + std::string(text) + ": " + why,
+                   "accepted forms: " + forms);
+}
+
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+agent::Streams parse_stream_digit(std::string_view digit, std::string_view what, std::string_view text,
+                                  const std::string& forms) {
+  const auto v = parse_int(trim(digit));
+  if (!v || *v < 0 || *v > 3 || !is_digits(trim(digit))) {
+    fail(what, text, "'" + std::string(digit) + "' is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)",
+         forms);
+  }
+  return static_cast<agent::Streams>(*v);
+}
+
+struct NamedSignal {
+  const char* name;
+  int signo;
+};
+
+// Signals a launcher can sensibly catch and forward. SIGKILL/SIGSTOP cannot be caught and
+// SIGCHLD is how the agent learns about its workers, so none of them is listed.
+const std::array<NamedSignal, 17>& signal_table() {
+  static const std::array<NamedSignal, 17> table{{
+      {"SIGHUP", SIGHUP},     {"SIGINT", SIGINT},       {"SIGQUIT", SIGQUIT}, {"SIGABRT", SIGABRT},
+      {"SIGUSR1", SIGUSR1},   {"SIGUSR2", SIGUSR2},     {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM},
+      {"SIGTERM", SIGTERM},   {"SIGCONT", SIGCONT},     {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
+      {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF},   {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},
+      {"SIGPWR", SIGPWR},
+  }};
+  return table;
+}
+
+}  // namespace
+
+NodeRange parse_nnodes(std::string_view text, std::string_view what) {
+  const std::string forms = "N or MIN:MAX with 0 < MIN <= MAX";
+  const auto parts = split(trim(text), ':');
+  auto number = [&](const std::string& s) {
+    const auto v = parse_int(trim(s));
+    if (!v || !is_digits(trim(s))) fail(what, text, "'" + s + "' is not a number", forms);
+    if (*v <= 0) fail(what, text, "node counts must be > 0", forms);
+    if (*v > 1'000'000) fail(what, text, "node count too large", forms);
+    return static_cast<int>(*v);
+  };
+  NodeRange range;
+  if (parts.size() == 1) {
+    range.min_nodes = range.max_nodes = number(parts[0]);
+  } else if (parts.size() == 2) {
+    range.min_nodes = number(parts[0]);
+    range.max_nodes = number(parts[1]);
+    if (range.min_nodes > range.max_nodes) fail(what, text, "MIN must be <= MAX", forms);
+  } else {
+    fail(what, text, "not in N or MIN:MAX format", forms);
+  }
+  return range;
+}
+
+std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd) {
+  if (!cvd) return std::nullopt;
+  if (trim(*cvd).empty()) return 0;
+  int count = 0;
+  for (const auto& raw : split(*cvd, ',')) {
+    const std::string_view entry = trim(raw);
+    const bool index = is_digits(entry);
+    const bool uuid = (starts_with(entry, "GPU-") || starts_with(entry, "MIG-")) && entry.size() > 4;
+    if (!index && !uuid) break;  // CUDA stops enumerating at the first invalid entry
+    ++count;
+  }
+  return count;
+}
+
+int parse_nproc_per_node(std::string_view text, std::string_view what,
+                         const std::optional<std::string>& cuda_visible_devices, int online_cpus) {
+  const std::string forms = "a positive integer, gpu, cpu or auto";
+  const std::string t = to_lower(trim(text));
+  if (t == "cpu") return std::max(online_cpus, 1);
+  if (t == "gpu") {
+    const auto gpus = count_cuda_visible_devices(cuda_visible_devices);
+    if (!gpus) {
+      throw UsageError(std::string(what) + "=gpu: counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet",
+                       "set CUDA_VISIBLE_DEVICES (e.g. 0,1,2,3) or pass the number of processes");
+    }
+    if (*gpus == 0) {
+      throw UsageError(std::string(what) + "=gpu: CUDA_VISIBLE_DEVICES='" + *cuda_visible_devices +
+                           "' names no usable GPU",
+                       "set CUDA_VISIBLE_DEVICES to device indices or GPU-/MIG- UUIDs, or pass a number");
+    }
+    return *gpus;
+  }
+  if (t == "auto") {
+    const auto gpus = count_cuda_visible_devices(cuda_visible_devices);
+    if (gpus && *gpus > 0) return *gpus;
+    return std::max(online_cpus, 1);
+  }
+  if (t == "xpu") {
+    throw UsageError(std::string(what) + "=xpu: XPU devices are not supported yet", "accepted forms: " + forms);
+  }
+  const auto v = parse_int(t);
+  if (!v || !is_digits(t)) fail(what, text, "not a number or a device kind", forms);
+  if (*v <= 0) fail(what, text, "must be > 0", forms);
+  if (*v > 65536) fail(what, text, "too many processes for one node", forms);
+  return static_cast<int>(*v);
+}
+
+StreamSpec parse_streams(std::string_view text, std::string_view what) {
+  const std::string forms = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or LOCAL_RANK:VALUE,... e.g. 0:1,1:2";
+  StreamSpec spec;
+  const std::string_view t = trim(text);
+  if (t.empty()) return spec;
+  if (t.find(':') == std::string_view::npos) {
+    spec.all = parse_stream_digit(t, what, text, forms);
+    return spec;
+  }
+  for (const auto& item : split(t, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) fail(what, text, "'" + item + "' is not LOCAL_RANK:VALUE", forms);
+    const std::string_view rank_text = trim(std::string_view(item).substr(0, colon));
+    const auto rank = parse_int(rank_text);
+    if (!rank || !is_digits(rank_text) || *rank > 65535) {
+      fail(what, text, "'" + std::string(rank_text) + "' is not a local rank", forms);
+    }
+    const int r = static_cast<int>(*rank);
+    if (spec.per_rank.contains(r)) fail(what, text, "local rank " + std::to_string(r) + " given twice", forms);
+    spec.per_rank[r] = parse_stream_digit(std::string_view(item).substr(colon + 1), what, text, forms);
+  }
+  return spec;
+}
+
+std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what) {
+  const std::string forms = "KEY=VALUE,KEY=VALUE (e.g. join_timeout=900,read_timeout=60)";
+  std::map<std::string, std::string> conf;
+  const std::string_view t = trim(text);
+  if (t.empty()) return conf;
+  for (const auto& item : split(t, ',')) {
+    const auto eq = item.find('=');
+    const std::string key(trim(std::string_view(item).substr(0, eq)));
+    if (eq == std::string::npos) fail(what, text, "'" + item + "' has no '='", forms);
+    if (key.empty()) fail(what, text, "'" + item + "' has an empty key", forms);
+    const std::string value(trim(std::string_view(item).substr(eq + 1)));
+    if (value.empty()) fail(what, text, "key '" + key + "' has no value", forms);
+    conf[key] = value;
+  }
+  return conf;
+}
+
+std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what) {
+  const std::string_view t = trim(text);
+  if (t.empty()) return std::nullopt;
+  std::set<int> ranks;
+  for (const auto& item : split(t, ',')) {
+    const std::string_view s = trim(item);
+    const auto v = parse_int(s);
+    if (!v || !is_digits(s) || *v > 65535) {
+      fail(what, text, "'" + item + "' is not a local rank", "comma list of local ranks, e.g. 0,2");
+    }
+    ranks.insert(static_cast<int>(*v));
+  }
+  return ranks;
+}
+
+std::string signal_name(int signo) {
+  for (const auto& s : signal_table()) {
+    if (s.signo == signo) return s.name;
+  }
+  if (signo >= SIGRTMIN && signo <= SIGRTMAX) {
+    return signo == SIGRTMIN ? "SIGRTMIN" : "SIGRTMIN+" + std::to_string(signo - SIGRTMIN);
+  }
+  return std::to_string(signo);
+}
+
+std::string accepted_signal_names() {
+  std::string out;
+  for (const auto& s : signal_table()) {
+    if (!out.empty()) out += ",";
+    out += s.name;
+  }
+  return out + " (with or without SIG, any case), SIGRTMIN+N, or their numbers";
+}
+
+std::vector<int> parse_signals(std::string_view text, std::string_view what) {
+  const std::string forms = accepted_signal_names();
+  std::vector<int> out;
+  if (trim(text).empty()) fail(what, text, "no signals given", forms);
+  for (const auto& raw : split(trim(text), ',')) {
+    const std::string_view item = trim(raw);
+    int signo = 0;
+    if (is_digits(item)) {
+      const auto v = parse_int(item);
+      signo = (v && *v < 1000) ? static_cast<int>(*v) : -1;
+      if (signo <= 0 || signal_name(signo) == std::to_string(signo)) {
+        if (signo == SIGKILL || signo == SIGSTOP) fail(what, text, "signal " + std::string(item) + " cannot be caught", forms);
+        fail(what, text, "signal number " + std::string(item) + " is not handled", forms);
+      }
+    } else {
+      std::string name;
+      for (char c : item) name.push_back(static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c));
+      if (!starts_with(name, "SIG")) name = "SIG" + name;
+      for (const auto& s : signal_table()) {
+        if (name == s.name) signo = s.signo;
+      }
+      if (signo == 0 && starts_with(name, "SIGRTMIN")) {
+        const std::string_view rest = std::string_view(name).substr(8);
+        const auto off = rest.empty() ? std::optional<std::int64_t>(0)
+                                      : (starts_with(rest, "+") && is_digits(rest.substr(1)) ? parse_int(rest.substr(1))
+                                                                                             : std::nullopt);
+        if (off && *off <= SIGRTMAX - SIGRTMIN) signo = SIGRTMIN + static_cast<int>(*off);
+      }
+      if (signo == 0) {
+        if (name == "SIGKILL" || name == "SIGSTOP") fail(what, text, name + " cannot be caught", forms);
+        if (name == "SIGCHLD") fail(what, text, "SIGCHLD is used by ddprun to watch its workers", forms);
+        fail(what, text, "unknown signal '" + std::string(item) + "'", forms);
+      }
+    }
+    if (std::find(out.begin(), out.end(), signo) == out.end()) out.push_back(signo);
+  }
+  return out;
+}
+
+double parse_seconds_value(std::string_view text, std::string_view what) {
+  const auto v = parse_seconds(trim(text));
+  if (!v || *v > 1e9) fail(what, text, "not a number of seconds", "a non-negative number of seconds, e.g. 30 or 0.5");
+  return *v;
+}
+
+int parse_int_value(std::string_view text, std::string_view what, int min, int max) {
+  const std::string forms = "an integer in " + std::to_string(min) + ".." + std::to_string(max);
+  const auto v = parse_int(trim(text));
+  if (!v) fail(what, text, "not an integer", forms);
+  if (*v < min || *v > max) fail(what, text, "out of range", forms);
+  return static_cast<int>(*v);
+}
+
+bool parse_env_bool(std::string_view text, std::string_view what) {
+  const auto v = parse_int(trim(text));
+  if (!v) fail(what, text, "not an integer", "1 (on) or 0 (off)");
+  return *v != 0;
+}
+
+std::string random_uuid4() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  std::array<unsigned char, 16> b{};
+  for (auto& x : b) x = static_cast<unsigned char>(gen() & 0xFF);
+  b[6] = static_cast<unsigned char>((b[6] & 0x0F) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3F) | 0x80);  // RFC 4122 variant
+  const std::string hex = to_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
+         hex.substr(20);
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,114 @@
+#pragma once
+// StoreState: the TCPStore key space and its wait/watch registrations, without sockets.
+//
+// apply() executes one decoded request for connection `conn` and expresses everything that
+// must go on the wire as effects on an Outbox (bytes appended to a connection's outgoing
+// stream, in order). A returned error means "close this connection" (the protocol has no error
+// replies); the caller closes it and then calls disconnect(). Because all replies and wake-ups
+// of one connection are appended to the same ordered stream, a STOP_WAITING produced before a
+// CANCEL_WAIT always precedes its WAIT_CANCELED on the wire.
+//
+// Not thread-safe: owned by the one thread that runs the server's io_context. Connection ids are
+// chosen by the caller and never reused while registrations for them exist.
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ddprun/rendezvous/codec.hpp"
+#include "ddprun/rendezvous/protocol.hpp"
+
+namespace ddprun::rendezvous {
+
+using ConnectionId = std::uint64_t;
+
+// Where the state machine puts the bytes it wants sent. buffer(conn) returns the outgoing
+// byte stream of `conn`; the state only appends to it.
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  virtual std::string& buffer(ConnectionId conn) = 0;
+};
+
+// Outbox for tests and tools: one string per connection.
+class RecordingOutbox final : public Outbox {
+ public:
+  std::string& buffer(ConnectionId conn) override { return out[conn]; }
+  // Returns and clears what was queued for `conn`.
+  std::string take(ConnectionId conn) {
+    std::string s = std::move(out[conn]);
+    out[conn].clear();
+    return s;
+  }
+  std::unordered_map<ConnectionId, std::string> out;
+};
+
+// std::stoll-compatible lenient parse (leading whitespace, optional sign, digits, anything
+// after them ignored). nullopt for empty / non-numeric / out-of-range text, where stoll throws.
+std::optional<std::int64_t> parse_counter(std::string_view text);
+
+struct ApplyResult {
+  bool ok = true;
+  std::string reason;  // when !ok: why the connection must be closed
+};
+
+class StoreState {
+ public:
+  explicit StoreState(StoreLimits limits = {});
+
+  ApplyResult apply(ConnectionId conn, const Request& req, Outbox& outbox);
+  // Forgets every wait and watch registration of `conn` (connection closed).
+  void disconnect(ConnectionId conn);
+  // Drops every key, queue and registration.
+  void clear();
+
+  std::size_t num_keys() const { return kv_.size(); }
+  std::size_t bytes() const { return bytes_; }
+  std::size_t pending_waits() const { return awaited_.size(); }
+  std::optional<std::string_view> value(std::string_view key) const;
+  const StoreLimits& limits() const { return limits_; }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  using KeyMap = std::unordered_map<std::string, std::string, Hash, std::equal_to<>>;
+  using QueueMap = std::unordered_map<std::string, std::deque<std::string>, Hash, std::equal_to<>>;
+  using ConnList = std::unordered_map<std::string, std::vector<ConnectionId>, Hash, std::equal_to<>>;
+
+  struct Awaiting {
+    std::int64_t missing = 0;        // registrations still to be satisfied
+    std::vector<std::string> keys;   // keys this connection is registered on (with duplicates)
+  };
+
+  bool exists(std::string_view key) const;
+  // Writes key=value (creating or replacing). Returns false if the total-bytes limit forbids it.
+  bool store(ApplyResult& res, std::string_view key, std::string_view value, Outbox& outbox);
+  void wake_all(std::string_view key, Outbox& outbox);
+  void wake_one(std::string_view key, Outbox& outbox);
+  void satisfy(ConnectionId conn, Outbox& outbox);
+  void drop_waits(ConnectionId conn);
+  void register_wait(ConnectionId conn, std::string_view key);
+  void notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value,
+                       std::string_view new_value, Outbox& outbox);
+  ApplyResult too_big(std::string_view key, std::size_t extra) const;
+  ApplyResult add(ConnectionId conn, std::string_view key, std::int64_t delta, std::int64_t& result,
+                  Outbox& outbox, bool wake);
+
+  StoreLimits limits_;
+  KeyMap kv_;
+  QueueMap queues_;
+  ConnList waiters_;   // key -> connections registered on it (one entry per registration)
+  std::unordered_map<ConnectionId, Awaiting> awaited_;
+  ConnList watchers_;  // key -> connections watching it (1.13 WATCH_KEY)
+  std::unordered_map<ConnectionId, std::vector<std::string>> watched_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace ddprun::rendezvous

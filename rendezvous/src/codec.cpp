@@ -1,0 +1,302 @@
+// TCPStore frame codec: see codec.hpp for the contract and docs/protocol.md for the layouts.
+#include "ddprun/rendezvous/codec.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ddprun/rendezvous/wire.hpp"
+
+namespace ddprun::rendezvous {
+namespace {
+
+constexpr unsigned char magic_bytes[4] = {0xCE, 0xF7, 0x85, 0x3C};
+
+std::string_view generation_name(Generation g) { return g == Generation::legacy ? "legacy (1.13)" : "modern"; }
+
+// Field reader over one request. Every read either succeeds or fills `res` (need_more with the
+// minimum total length, or error) and returns false; the caller then returns `res` unchanged.
+class FieldParser {
+ public:
+  FieldParser(std::string_view buf, std::size_t pos, DecodeResult& res, Op op)
+      : buf_(buf), pos_(pos), res_(res), op_(op) {}
+
+  std::size_t pos() const { return pos_; }
+
+  bool u64(std::uint64_t& v) {
+    if (!need(8)) return false;
+    v = load(8);
+    return true;
+  }
+  bool i64(std::int64_t& v) {
+    std::uint64_t u = 0;
+    if (!u64(u)) return false;
+    v = static_cast<std::int64_t>(u);
+    return true;
+  }
+  bool u32(std::uint32_t& v) {
+    if (!need(4)) return false;
+    v = static_cast<std::uint32_t>(load(4));
+    return true;
+  }
+  // Length-prefixed string; the limit is checked as soon as the length is readable.
+  bool str(std::string_view& out, std::size_t max_len, const char* what, const char* flag) {
+    if (!need(8)) return false;
+    const std::uint64_t len = load(8);
+    if (len > max_len) {
+      res_.status = DecodeStatus::error;
+      res_.reason = fmt::format("{} {} length {} exceeds the limit of {} bytes ({})", op_name(op_), what,
+                                len, max_len, flag);
+      return false;
+    }
+    const auto n = static_cast<std::size_t>(len);
+    if (buf_.size() - pos_ < n) {
+      res_.status = DecodeStatus::need_more;
+      res_.min_total = pos_ + n;
+      return false;
+    }
+    out = buf_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool count(std::uint64_t& n, std::size_t max_count) {
+    if (!u64(n)) return false;
+    if (n > max_count) {
+      res_.status = DecodeStatus::error;
+      res_.reason = fmt::format("{} key count {} exceeds the limit of {} (--max-keys-per-request)",
+                                op_name(op_), n, max_count);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  bool need(std::size_t n) {
+    if (buf_.size() - pos_ < n) {
+      res_.status = DecodeStatus::need_more;
+      res_.min_total = pos_ + n;
+      return false;
+    }
+    return true;
+  }
+  std::uint64_t load(std::size_t n) {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      v |= static_cast<std::uint64_t>(static_cast<unsigned char>(buf_[pos_ + i])) << (8 * i);
+    }
+    pos_ += n;
+    return v;
+  }
+
+  std::string_view buf_;
+  std::size_t pos_;
+  DecodeResult& res_;
+  Op op_;
+};
+
+DecodeResult error(std::string reason) {
+  DecodeResult r;
+  r.status = DecodeStatus::error;
+  r.reason = std::move(reason);
+  return r;
+}
+
+}  // namespace
+
+DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits,
+                            Request& out) {
+  DecodeResult res;
+  if (buffer.empty()) {
+    res.min_total = 1;
+    return res;
+  }
+  const auto b0 = static_cast<std::uint8_t>(buffer[0]);
+  if (b0 >= extension_opcode_base) {
+    res.status = DecodeStatus::extension;
+    return res;
+  }
+
+  Generation gen{};
+  if (state.generation) {
+    gen = *state.generation;
+  } else if (b0 == 0) {
+    // VALIDATE or a legacy SET: decide on the four bytes after the 00 (as far as present).
+    const std::size_t have = std::min<std::size_t>(buffer.size() - 1, 4);
+    bool prefix_matches = true;
+    for (std::size_t i = 0; i < have; ++i) {
+      if (static_cast<unsigned char>(buffer[1 + i]) != magic_bytes[i]) prefix_matches = false;
+    }
+    if (prefix_matches && have < 4) {
+      res.min_total = 5;
+      return res;
+    }
+    gen = prefix_matches ? Generation::modern : Generation::legacy;
+  } else if (b0 <= 8) {
+    gen = Generation::legacy;
+  } else {
+    return error(fmt::format("first byte 0x{:02x} is neither VALIDATE nor a 1.13 query", b0));
+  }
+  if (!state.generation && gen == Generation::legacy && !state.accept_legacy) {
+    return error("connection does not open with VALIDATE and legacy (1.13) clients are not accepted");
+  }
+
+  const auto op_opt = decode_op(gen, b0);
+  if (!op_opt) {
+    return error(fmt::format("unknown opcode 0x{:02x} on a {} connection", b0, generation_name(gen)));
+  }
+  const Op op = *op_opt;
+  if (op == Op::validate && state.generation) {
+    return error("repeated VALIDATE (it must be the first and only handshake of a connection)");
+  }
+
+  out.op = op;
+  out.key = {};
+  out.value = {};
+  out.desired = {};
+  out.number = 0;
+  out.u32 = 0;
+  out.keys.clear();
+  out.values.clear();
+
+  FieldParser p(buffer, 1, res, op);
+  const std::size_t kmax = limits.max_key_bytes;
+  const std::size_t vmax = limits.max_value_bytes;
+  constexpr const char* kflag = "--max-key-bytes";
+  constexpr const char* vflag = "--max-value-bytes";
+  bool ok = true;
+  switch (op) {
+    case Op::validate:
+      ok = p.u32(out.u32);
+      if (ok && out.u32 != validation_magic) return error("bad VALIDATE magic");
+      break;
+    case Op::ping:
+      ok = p.u32(out.u32);
+      break;
+    case Op::set:
+    case Op::append:
+    case Op::queue_push:
+      ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "value", vflag);
+      break;
+    case Op::compare_set:
+      ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "expected value", vflag) &&
+           p.str(out.desired, vmax, "desired value", vflag);
+      break;
+    case Op::get:
+    case Op::delete_key:
+    case Op::watch_key:
+    case Op::queue_pop:
+    case Op::queue_len:
+      ok = p.str(out.key, kmax, "key", kflag);
+      break;
+    case Op::add:
+    case Op::barrier:
+      ok = p.str(out.key, kmax, "key", kflag) && p.i64(out.number);
+      break;
+    case Op::check:
+    case Op::wait:
+    case Op::multi_get: {
+      std::uint64_t n = 0;
+      ok = p.count(n, limits.max_keys_per_request);
+      for (std::uint64_t i = 0; ok && i < n; ++i) {
+        std::string_view k;
+        ok = p.str(k, kmax, "key", kflag);
+        if (ok) out.keys.push_back(k);
+      }
+      break;
+    }
+    case Op::multi_set: {
+      std::uint64_t n = 0;
+      ok = p.count(n, limits.max_keys_per_request);
+      for (std::uint64_t i = 0; ok && i < n; ++i) {
+        std::string_view k;
+        std::string_view v;
+        ok = p.str(k, kmax, "key", kflag) && p.str(v, vmax, "value", vflag);
+        if (ok) {
+          out.keys.push_back(k);
+          out.values.push_back(v);
+        }
+      }
+      break;
+    }
+    case Op::get_num_keys:
+    case Op::cancel_wait:
+    case Op::list_keys:
+      break;
+  }
+  if (!ok) return res;
+  res.status = DecodeStatus::ok;
+  res.consumed = p.pos();
+  state.generation = gen;
+  return res;
+}
+
+bool encode_request(std::string& out, Generation gen, const Request& req) {
+  const auto byte = encode_op(gen, req.op);
+  if (!byte) return false;
+  wire::put_u8(out, *byte);
+  switch (req.op) {
+    case Op::validate:
+    case Op::ping:
+      wire::put_u32(out, req.u32);
+      break;
+    case Op::set:
+    case Op::append:
+    case Op::queue_push:
+      wire::put_str(out, req.key);
+      wire::put_str(out, req.value);
+      break;
+    case Op::compare_set:
+      wire::put_str(out, req.key);
+      wire::put_str(out, req.value);
+      wire::put_str(out, req.desired);
+      break;
+    case Op::get:
+    case Op::delete_key:
+    case Op::watch_key:
+    case Op::queue_pop:
+    case Op::queue_len:
+      wire::put_str(out, req.key);
+      break;
+    case Op::add:
+    case Op::barrier:
+      wire::put_str(out, req.key);
+      wire::put_i64(out, req.number);
+      break;
+    case Op::check:
+    case Op::wait:
+    case Op::multi_get:
+      wire::put_u64(out, req.keys.size());
+      for (auto k : req.keys) wire::put_str(out, k);
+      break;
+    case Op::multi_set:
+      wire::put_u64(out, req.keys.size());
+      for (std::size_t i = 0; i < req.keys.size(); ++i) {
+        wire::put_str(out, req.keys[i]);
+        wire::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
+      }
+      break;
+    case Op::get_num_keys:
+    case Op::cancel_wait:
+    case Op::list_keys:
+      break;
+  }
+  return true;
+}
+
+namespace reply {
+void u8(std::string& out, std::uint8_t v) { wire::put_u8(out, v); }
+void i64(std::string& out, std::int64_t v) { wire::put_i64(out, v); }
+void u32(std::string& out, std::uint32_t v) { wire::put_u32(out, v); }
+void str(std::string& out, std::string_view s) { wire::put_str(out, s); }
+void check(std::string& out, CheckResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
+void wait(std::string& out, WaitResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
+void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
+                 std::string_view new_value) {
+  wire::put_u8(out, static_cast<std::uint8_t>(type));
+  wire::put_str(out, key);
+  wire::put_str(out, old_value);
+  wire::put_str(out, new_value);
+}
+}  // namespace reply
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,418 @@
+// StoreState: TCPStore semantics (docs/protocol.md §"Operations"); see store_state.hpp.
+#include "ddprun/rendezvous/store_state.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+namespace ddprun::rendezvous {
+namespace {
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+
+// Keys are opaque bytes: show at most 80 of them, escaping what is not printable ASCII.
+std::string printable(std::string_view key) {
+  std::string s;
+  const std::size_t n = std::min<std::size_t>(key.size(), 80);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      s.push_back(static_cast<char>(c));
+    } else {
+      s += fmt::format("\\x{:02x}", c);
+    }
+  }
+  if (key.size() > n) s += "...";
+  return s;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> parse_counter(std::string_view text) {
+  // Like strtoll on the C string: stops at an embedded NUL as well as at any non-digit.
+  std::size_t i = 0;
+  while (i < text.size() && is_space(text[i])) ++i;
+  bool negative = false;
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) {
+    negative = text[i] == '-';
+    ++i;
+  }
+  const std::uint64_t limit = negative ? std::uint64_t{1} << 63 : (std::uint64_t{1} << 63) - 1;
+  std::uint64_t magnitude = 0;
+  std::size_t digits = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, ++digits) {
+    const auto d = static_cast<std::uint64_t>(text[i] - '0');
+    if (magnitude > (limit - d) / 10) return std::nullopt;  // out of range: stoll throws
+    magnitude = magnitude * 10 + d;
+  }
+  if (digits == 0) return std::nullopt;
+  if (negative) return static_cast<std::int64_t>(~magnitude + 1);
+  return static_cast<std::int64_t>(magnitude);
+}
+
+StoreState::StoreState(StoreLimits limits) : limits_(limits) {}
+
+std::optional<std::string_view> StoreState::value(std::string_view key) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return std::nullopt;
+  return std::string_view(it->second);
+}
+
+bool StoreState::exists(std::string_view key) const {
+  if (kv_.find(key) != kv_.end()) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+ApplyResult StoreState::too_big(std::string_view key, std::size_t extra) const {
+  return {false, fmt::format("writing {} bytes to key '{}' would exceed the store's total of {} bytes "
+                             "(--max-total-bytes; {} bytes held now)",
+                             extra, printable(key), limits_.max_total_bytes, bytes_)};
+}
+
+bool StoreState::store(ApplyResult& res, std::string_view key, std::string_view value, Outbox& outbox) {
+  auto it = kv_.find(key);
+  if (it != kv_.end()) {
+    const std::size_t after = bytes_ - it->second.size() + value.size();
+    if (value.size() > it->second.size() && after > limits_.max_total_bytes) {
+      res = too_big(key, value.size());
+      return false;
+    }
+    if (!watchers_.empty() && watchers_.count(key)) {
+      const std::string old = it->second;
+      it->second.assign(value);
+      notify_watchers(key, WatchResponse::key_updated, old, value, outbox);
+    } else {
+      it->second.assign(value);
+    }
+    bytes_ = after;
+  } else {
+    const std::size_t extra = key.size() + value.size();
+    if (bytes_ + extra > limits_.max_total_bytes) {
+      res = too_big(key, extra);
+      return false;
+    }
+    kv_.emplace(std::string(key), std::string(value));
+    bytes_ += extra;
+    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_created, {}, value, outbox);
+  }
+  wake_all(key, outbox);
+  return true;
+}
+
+void StoreState::notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value,
+                                 std::string_view new_value, Outbox& outbox) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  for (ConnectionId c : it->second) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+}
+
+void StoreState::register_wait(ConnectionId conn, std::string_view key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) it = waiters_.emplace(std::string(key), std::vector<ConnectionId>{}).first;
+  it->second.push_back(conn);
+  awaited_[conn].keys.emplace_back(key);
+}
+
+void StoreState::satisfy(ConnectionId conn, Outbox& outbox) {
+  reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
+  drop_waits(conn);
+}
+
+void StoreState::wake_all(std::string_view key, Outbox& outbox) {
+  if (waiters_.empty()) return;
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<ConnectionId> conns = std::move(it->second);
+  waiters_.erase(it);
+  for (ConnectionId c : conns) {
+    auto a = awaited_.find(c);
+    if (a == awaited_.end()) continue;  // already satisfied by an earlier registration
+    if (--a->second.missing <= 0) satisfy(c, outbox);
+  }
+}
+
+void StoreState::wake_one(std::string_view key, Outbox& outbox) {
+  auto it = waiters_.find(key);
+  while (it != waiters_.end() && !it->second.empty()) {
+    const ConnectionId c = it->second.front();
+    it->second.erase(it->second.begin());
+    auto a = awaited_.find(c);
+    if (a == awaited_.end()) continue;
+    if (it->second.empty()) waiters_.erase(it);
+    if (--a->second.missing <= 0) satisfy(c, outbox);
+    return;
+  }
+  if (it != waiters_.end() && it->second.empty()) waiters_.erase(it);
+}
+
+void StoreState::drop_waits(ConnectionId conn) {
+  auto a = awaited_.find(conn);
+  if (a == awaited_.end()) return;
+  for (const std::string& k : a->second.keys) {
+    auto it = waiters_.find(k);
+    if (it == waiters_.end()) continue;
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), conn), v.end());
+    if (v.empty()) waiters_.erase(it);
+  }
+  awaited_.erase(a);
+}
+
+ApplyResult StoreState::add(ConnectionId conn, std::string_view key, std::int64_t delta, std::int64_t& result,
+                            Outbox& outbox, bool wake) {
+  (void)conn;
+  std::int64_t old = 0;
+  auto it = kv_.find(key);
+  if (it != kv_.end()) {
+    auto parsed = parse_counter(it->second);
+    if (!parsed) {
+      return {false, fmt::format("ADD on key '{}' whose value '{}' is not a decimal integer", printable(key),
+                                 printable(it->second))};
+    }
+    old = *parsed;
+  }
+  // Overflow wraps (two's complement), as the reference servers do in practice.
+  result = static_cast<std::int64_t>(static_cast<std::uint64_t>(old) + static_cast<std::uint64_t>(delta));
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, result);
+  (void)ec;
+  const std::string_view text(buf, static_cast<std::size_t>(end - buf));
+  if (wake) {
+    ApplyResult res;
+    store(res, key, text, outbox);
+    return res;
+  }
+  // BARRIER's increment: same write, but waiters are woken by the barrier logic itself.
+  if (it != kv_.end()) {
+    const std::size_t after = bytes_ - it->second.size() + text.size();
+    if (text.size() > it->second.size() && after > limits_.max_total_bytes) return too_big(key, text.size());
+    const std::string old_text = it->second;
+    it->second.assign(text);
+    bytes_ = after;
+    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_updated, old_text, text, outbox);
+  } else {
+    if (bytes_ + key.size() + text.size() > limits_.max_total_bytes) return too_big(key, key.size() + text.size());
+    kv_.emplace(std::string(key), std::string(text));
+    bytes_ += key.size() + text.size();
+    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_created, {}, text, outbox);
+  }
+  return {};
+}
+
+ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& outbox) {
+  ApplyResult res;
+  switch (req.op) {
+    case Op::validate:
+      break;
+    case Op::ping:
+      reply::u32(outbox.buffer(conn), req.u32);
+      break;
+    case Op::set:
+      store(res, req.key, req.value, outbox);
+      break;
+    case Op::compare_set: {
+      auto it = kv_.find(req.key);
+      if (it == kv_.end()) {
+        if (req.value.empty()) {
+          if (!store(res, req.key, req.desired, outbox)) break;
+          reply::str(outbox.buffer(conn), req.desired);
+        } else {
+          reply::str(outbox.buffer(conn), req.value);  // the reference servers reply `expected`
+          wake_all(req.key, outbox);
+        }
+      } else if (it->second == req.value) {
+        if (!store(res, req.key, req.desired, outbox)) break;
+        reply::str(outbox.buffer(conn), req.desired);
+      } else {
+        reply::str(outbox.buffer(conn), it->second);
+        wake_all(req.key, outbox);
+      }
+      break;
+    }
+    case Op::get: {
+      auto it = kv_.find(req.key);
+      reply::str(outbox.buffer(conn), it == kv_.end() ? std::string_view{} : std::string_view(it->second));
+      break;
+    }
+    case Op::add: {
+      std::int64_t result = 0;
+      res = add(conn, req.key, req.number, result, outbox, true);
+      if (res.ok) reply::i64(outbox.buffer(conn), result);
+      break;
+    }
+    case Op::check: {
+      bool all = true;
+      for (auto k : req.keys) {
+        if (!exists(k)) {
+          all = false;
+          break;
+        }
+      }
+      reply::check(outbox.buffer(conn), all ? CheckResponse::ready : CheckResponse::not_ready);
+      break;
+    }
+    case Op::wait: {
+      std::int64_t missing = 0;
+      for (auto k : req.keys) missing += exists(k) ? 0 : 1;
+      if (missing == 0) {
+        reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
+        break;
+      }
+      // A new WAIT replaces the count (as the reference servers do); older registrations of a
+      // 1.13 client that timed out locally stay and may still wake it.
+      awaited_[conn].missing = missing;
+      for (auto k : req.keys) {
+        if (!exists(k)) register_wait(conn, k);
+      }
+      break;
+    }
+    case Op::get_num_keys:
+      reply::i64(outbox.buffer(conn), static_cast<std::int64_t>(kv_.size()));
+      break;
+    case Op::watch_key: {
+      reply::u8(outbox.buffer(conn), static_cast<std::uint8_t>(WatchResponse::key_callback_registered));
+      auto it = watchers_.find(req.key);
+      if (it == watchers_.end()) it = watchers_.emplace(std::string(req.key), std::vector<ConnectionId>{}).first;
+      it->second.push_back(conn);
+      watched_[conn].emplace_back(req.key);
+      break;
+    }
+    case Op::delete_key: {
+      auto it = kv_.find(req.key);
+      if (it == kv_.end()) {
+        reply::i64(outbox.buffer(conn), 0);
+        break;
+      }
+      bytes_ -= it->first.size() + it->second.size();
+      if (!watchers_.empty() && watchers_.count(req.key)) {
+        const std::string old = std::move(it->second);
+        kv_.erase(it);
+        notify_watchers(req.key, WatchResponse::key_deleted, old, {}, outbox);
+      } else {
+        kv_.erase(it);
+      }
+      reply::i64(outbox.buffer(conn), 1);
+      break;
+    }
+    case Op::append: {
+      auto it = kv_.find(req.key);
+      if (it == kv_.end()) {
+        store(res, req.key, req.value, outbox);
+        break;
+      }
+      if (bytes_ + req.value.size() > limits_.max_total_bytes) {
+        res = too_big(req.key, req.value.size());
+        break;
+      }
+      if (!watchers_.empty() && watchers_.count(req.key)) {
+        const std::string old = it->second;
+        it->second.append(req.value);
+        notify_watchers(req.key, WatchResponse::key_updated, old, it->second, outbox);
+      } else {
+        it->second.append(req.value);
+      }
+      bytes_ += req.value.size();
+      wake_all(req.key, outbox);
+      break;
+    }
+    case Op::multi_get: {
+      std::string& out = outbox.buffer(conn);
+      for (auto k : req.keys) {
+        auto it = kv_.find(k);
+        reply::str(out, it == kv_.end() ? std::string_view{} : std::string_view(it->second));
+      }
+      break;
+    }
+    case Op::multi_set:
+      for (std::size_t i = 0; i < req.keys.size() && res.ok; ++i) store(res, req.keys[i], req.values[i], outbox);
+      break;
+    case Op::cancel_wait:
+      drop_waits(conn);
+      reply::wait(outbox.buffer(conn), WaitResponse::wait_canceled);
+      break;
+    case Op::queue_push: {
+      auto it = queues_.find(req.key);
+      const std::size_t extra = req.value.size() + (it == queues_.end() ? req.key.size() : 0);
+      if (bytes_ + extra > limits_.max_total_bytes) {
+        res = too_big(req.key, extra);
+        break;
+      }
+      if (it == queues_.end()) it = queues_.emplace(std::string(req.key), std::deque<std::string>{}).first;
+      it->second.emplace_back(req.value);
+      bytes_ += extra;
+      wake_one(req.key, outbox);
+      break;
+    }
+    case Op::queue_pop: {
+      auto it = queues_.find(req.key);
+      std::string& out = outbox.buffer(conn);
+      if (it == queues_.end() || it->second.empty()) {
+        reply::i64(out, 0);
+        break;
+      }
+      reply::i64(out, static_cast<std::int64_t>(it->second.size()));
+      reply::str(out, it->second.front());
+      bytes_ -= it->second.front().size();
+      it->second.pop_front();
+      if (it->second.empty()) {
+        bytes_ -= it->first.size();
+        queues_.erase(it);
+      }
+      break;
+    }
+    case Op::queue_len: {
+      auto it = queues_.find(req.key);
+      reply::i64(outbox.buffer(conn), it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size()));
+      break;
+    }
+    case Op::list_keys: {
+      std::string& out = outbox.buffer(conn);
+      reply::i64(out, static_cast<std::int64_t>(kv_.size()));
+      for (const auto& kv : kv_) reply::str(out, kv.first);
+      break;
+    }
+    case Op::barrier: {
+      std::int64_t count = 0;
+      res = add(conn, req.key, 1, count, outbox, false);
+      if (!res.ok) break;
+      if (count >= req.number) {
+        reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
+        wake_all(req.key, outbox);
+      } else {
+        awaited_[conn].missing = 1;
+        register_wait(conn, req.key);
+      }
+      break;
+    }
+  }
+  return res;
+}
+
+void StoreState::disconnect(ConnectionId conn) {
+  drop_waits(conn);
+  auto w = watched_.find(conn);
+  if (w == watched_.end()) return;
+  for (const std::string& k : w->second) {
+    auto it = watchers_.find(k);
+    if (it == watchers_.end()) continue;
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), conn), v.end());
+    if (v.empty()) watchers_.erase(it);
+  }
+  watched_.erase(w);
+}
+
+void StoreState::clear() {
+  kv_.clear();
+  queues_.clear();
+  waiters_.clear();
+  awaited_.clear();
+  watchers_.clear();
+  watched_.clear();
+  bytes_ = 0;
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,90 @@
+// Error-file parsing (both torch formats, broken files) and the root-cause summary text.
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+#include "ddprun/agent/failure.hpp"
+
+using namespace ddprun::agent;
+
+namespace {
+
+std::string read_capture() {
+  // The real file torch 1.13's @record wrote (shared/design/captures-torch-1.13/).
+  std::ifstream in(DDPRUN_ERROR_FILE_EXAMPLE);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("parses the captured torch 1.13 error file") {
+  const auto text = read_capture();
+  REQUIRE_FALSE(text.empty());
+  const auto parsed = parse_error_file(text);
+  REQUIRE(parsed);
+  CHECK(parsed->message == "ValueError: intentional failure for error-file capture");
+  CHECK_THAT(parsed->traceback, Catch::StartsWith("Traceback (most recent call last):"));
+  CHECK(parsed->timestamp == 1795329129);
+}
+
+TEST_CASE("message as a plain string with a top-level timestamp") {
+  const auto parsed = parse_error_file(R"({"message": "RuntimeError: x", "timestamp": 12})");
+  REQUIRE(parsed);
+  CHECK(parsed->message == "RuntimeError: x");
+  CHECK(parsed->traceback.empty());
+  CHECK(parsed->timestamp == 12);
+}
+
+TEST_CASE("broken error files never throw and say why") {
+  std::string why;
+  CHECK_FALSE(parse_error_file("not json {", &why));
+  CHECK_THAT(why, Catch::Contains("not valid JSON"));
+  CHECK_FALSE(parse_error_file("[1,2]", &why));
+  CHECK_THAT(why, Catch::Contains("not a JSON object"));
+  CHECK_FALSE(parse_error_file(R"({"other": 1})", &why));
+  CHECK_THAT(why, Catch::Contains("no \"message\""));
+  CHECK_FALSE(parse_error_file(R"({"message": {"extraInfo": {}}})", &why));
+  CHECK_THAT(why, Catch::Contains("message.message"));
+  CHECK_FALSE(parse_error_file(R"({"message": 5})", &why));
+  CHECK_FALSE(parse_error_file("", &why));
+  // Odd but tolerated: a non-numeric timestamp is just absent.
+  const auto p = parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": "soon"}}})");
+  REQUIRE(p);
+  CHECK_FALSE(p->timestamp);
+}
+
+TEST_CASE("summary names time, host, ranks, pid, code, message and traceback") {
+  FailureReport r;
+  r.local_rank = 1;
+  r.rank = 5;
+  r.pid = 4242;
+  r.status = ExitStatus::exited(7);
+  r.time = std::chrono::system_clock::now();
+  r.error_file = "/logs/x/attempt_0/1/error.json";
+  r.error = ErrorFileContents{"ValueError: boom", "Traceback (most recent call last):\n  line 1\nValueError: boom\n", 1};
+  const auto text = format_failure_summary("train.py", "node7", r, {});
+  CHECK_THAT(text, Catch::Contains("train.py FAILED"));
+  CHECK_THAT(text, Catch::Contains("Root Cause (first observed failure)"));
+  CHECK_THAT(text, Catch::Contains("host       : node7"));
+  CHECK_THAT(text, Catch::Contains("rank       : 5 (local_rank: 1)"));
+  CHECK_THAT(text, Catch::Contains("exitcode   : 7 (pid: 4242)"));
+  CHECK_THAT(text, Catch::Contains("error_file : /logs/x/attempt_0/1/error.json"));
+  CHECK_THAT(text, Catch::Contains("message    : ValueError: boom"));
+  CHECK_THAT(text, Catch::Contains("                 line 1"));  // traceback lines indented
+  CHECK_THAT(text, Catch::Contains("<NO_OTHER_FAILURES>"));
+}
+
+TEST_CASE("summary spells out signals and missing error files") {
+  FailureReport r;
+  r.pid = 9;
+  r.status = ExitStatus::killed(SIGSEGV);
+  r.note = "error file could not be used: not valid JSON";
+  const auto text = format_failure_summary("./train", "h", r, {r});
+  CHECK_THAT(text, Catch::Contains("signal     : SIGSEGV (signal 11) (pid: 9, exit code 139)"));
+  CHECK_THAT(text, Catch::Contains("error_file : <N/A>"));
+  CHECK_THAT(text, Catch::Contains("note       : error file could not be used"));
+  CHECK_THAT(text, Catch::Contains("[1]:"));  // the "other failures" list
+}

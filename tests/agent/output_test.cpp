@@ -1,0 +1,160 @@
+// Output routes, prefix templates, whole-line buffering and prefixed writes (pure parts).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <string>
+
+#include "ddprun/agent/output.hpp"
+
+using namespace ddprun::agent;
+
+namespace {
+
+struct Chunk {
+  std::string bytes;
+  bool complete;
+};
+
+std::vector<Chunk> feed(LineBuffer& b, std::string_view input, bool eof) {
+  std::vector<Chunk> out;
+  while (!input.empty()) {
+    const auto n = std::min(input.size(), b.write_space());
+    std::copy_n(input.data(), n, b.write_ptr());
+    b.commit(n);
+    input.remove_prefix(n);
+    b.release([&](std::string_view s, bool c) { out.push_back({std::string(s), c}); }, false);
+  }
+  if (eof) {
+    b.release([&](std::string_view s, bool c) { out.push_back({std::string(s), c}); }, true);
+  }
+  return out;
+}
+
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) {
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("routes: default inherits, redirect goes to file, tee pumps") {
+  ddprun::agent::AgentConfig c;
+  c.nproc_per_node = 3;
+  auto r = plan_routes(c, 0);
+  CHECK(r.out == Route::inherit);
+  CHECK(r.err == Route::inherit);
+  CHECK_FALSE(r.needs_files());
+
+  c.redirects_all = Streams::err;
+  c.tee[1] = Streams::out;
+  r = plan_routes(c, 0);
+  CHECK(r.out == Route::inherit);
+  CHECK(r.err == Route::file);
+  r = plan_routes(c, 1);
+  CHECK(r.out == Route::tee);   // per-rank tee
+  CHECK(r.err == Route::file);  // redirect_all still applies to the other stream
+  c.redirects[2] = Streams::none;
+  r = plan_routes(c, 2);
+  CHECK(r.out == Route::inherit);
+  CHECK(r.err == Route::inherit);
+}
+
+TEST_CASE("routes: the console filter keeps filtered ranks in files, never drops them") {
+  ddprun::agent::AgentConfig c;
+  c.nproc_per_node = 2;
+  c.local_ranks_filter = std::set<int>{1};
+  c.tee_all = Streams::both;
+  CHECK(plan_routes(c, 0).out == Route::file);
+  CHECK(plan_routes(c, 0).err == Route::file);
+  CHECK(plan_routes(c, 1).out == Route::tee);
+  c.tee_all = Streams::none;
+  CHECK(plan_routes(c, 0).out == Route::file);
+  CHECK(plan_routes(c, 1).out == Route::inherit);
+}
+
+TEST_CASE("prefix template placeholders") {
+  CHECK(expand_prefix("[${role_name}${local_rank}]:", "default", 3, 11) == "[default3]:");
+  CHECK(expand_prefix("${rank}|${local_rank}|${role_name} ", "r", 1, 9) == "9|1|r ");
+  CHECK(expand_prefix("${unknown}$x${", "r", 1, 9) == "${unknown}$x${");
+  CHECK(expand_prefix("", "r", 0, 0).empty());
+}
+
+TEST_CASE("LineBuffer releases whole lines, holds partials until newline or EOF") {
+  LineBuffer b(64);
+  auto chunks = feed(b, "abc", false);
+  CHECK(chunks.empty());
+  CHECK(b.pending() == 3);
+  chunks = feed(b, "def\ngh\nij", false);
+  REQUIRE(chunks.size() == 1);
+  CHECK(chunks[0].bytes == "abcdef\ngh\n");
+  CHECK(chunks[0].complete);
+  CHECK(b.pending() == 2);
+  chunks = feed(b, "", true);
+  REQUIRE(chunks.size() == 1);
+  CHECK(chunks[0].bytes == "ij");
+  CHECK_FALSE(chunks[0].complete);
+  CHECK(b.pending() == 0);
+}
+
+TEST_CASE("LineBuffer cuts a line longer than its capacity") {
+  LineBuffer b(8);
+  const auto chunks = feed(b, "0123456789AB\n", true);
+  std::string joined;
+  for (const auto& c : chunks) {
+    joined += c.bytes;
+  }
+  CHECK(joined == "0123456789AB\n");  // nothing lost, nothing added
+  REQUIRE(chunks.size() >= 2);
+  CHECK(chunks[0].bytes == "01234567");
+  CHECK_FALSE(chunks[0].complete);
+}
+
+TEST_CASE("write_prefixed_lines prefixes each line and ends partials") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  std::vector<iovec> scratch;
+  REQUIRE(write_prefixed_lines(p[1], "[r0]:", "a\nbb\n", true, scratch));
+  REQUIRE(write_prefixed_lines(p[1], "[r0]:", "tail", false, scratch));
+  REQUIRE(write_prefixed_lines(p[1], "", "raw\n", true, scratch));
+  ::close(p[1]);
+  CHECK(read_all(p[0]) == "[r0]:a\n[r0]:bb\n[r0]:tail\nraw\n");
+  ::close(p[0]);
+}
+
+TEST_CASE("write_prefixed_lines handles more lines than IOV_MAX in one block") {
+  std::string block;
+  for (int i = 0; i < 3000; ++i) {
+    block += std::to_string(i) + "\n";
+  }
+  char path[] = "/tmp/ddprun_prefix_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::vector<iovec> scratch;
+  REQUIRE(write_prefixed_lines(fd, "> ", block, true, scratch));
+  ::lseek(fd, 0, SEEK_SET);
+  const auto text = read_all(fd);
+  ::close(fd);
+  ::unlink(path);
+  std::string expected;
+  for (int i = 0; i < 3000; ++i) {
+    expected += "> " + std::to_string(i) + "\n";
+  }
+  CHECK(text == expected);
+}
+
+TEST_CASE("write_all reports a closed pipe instead of dying") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  ::close(p[0]);
+  ::signal(SIGPIPE, SIG_IGN);
+  CHECK_FALSE(write_all(p[1], "x"));
+  ::signal(SIGPIPE, SIG_DFL);
+  ::close(p[1]);
+}

@@ -1,0 +1,191 @@
+// WorkerGroupMachine: every row of the transition table in worker_group.hpp.
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/common/error.hpp"
+
+using namespace ddprun::agent;
+using K = Action::Kind;
+
+namespace {
+
+bool contains(const Actions& actions, Action a) {
+  for (const auto& x : actions) {
+    if (x == a) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Exit + drain for one worker; returns the actions of both events.
+Actions done(WorkerGroupMachine& m, int rank, ExitStatus s) {
+  auto a = m.on_exited(rank, s);
+  auto b = m.on_drained(rank);
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("start begins attempt 0") {
+  WorkerGroupMachine m(2, 1);
+  CHECK(m.state() == GroupState::init);
+  CHECK(m.start() == Actions{{K::start_attempt, 0}});
+  CHECK(m.state() == GroupState::healthy);
+  CHECK(m.start().empty());  // idempotent
+}
+
+TEST_CASE("all workers exit 0 and drain: succeeded, exit code 0") {
+  WorkerGroupMachine m(3, 0);
+  m.start();
+  CHECK(done(m, 0, ExitStatus::exited(0)).empty());
+  CHECK(m.state() == GroupState::healthy);  // a worker exiting 0 keeps the group running
+  CHECK(done(m, 2, ExitStatus::exited(0)).empty());
+  CHECK(m.on_exited(1, ExitStatus::exited(0)).empty());  // exited but not drained yet
+  CHECK(m.state() == GroupState::healthy);
+  CHECK(m.on_drained(1) == Actions{{K::finish, 0}});
+  CHECK(m.state() == GroupState::succeeded);
+  CHECK(m.is_terminal());
+}
+
+TEST_CASE("drained before exit also completes on the exit") {
+  WorkerGroupMachine m(1, 0);
+  m.start();
+  CHECK(m.on_drained(0).empty());
+  CHECK(m.on_exited(0, ExitStatus::exited(0)) == Actions{{K::finish, 0}});
+}
+
+TEST_CASE("a failure stops the group; budget spent → failed with the worker's code") {
+  WorkerGroupMachine m(2, 0);
+  m.start();
+  const auto a = m.on_exited(1, ExitStatus::exited(7));
+  CHECK(a == Actions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}});
+  CHECK(m.state() == GroupState::stopping);
+  CHECK(m.stop_cause() == StopCause::worker_failure);
+  CHECK(m.on_drained(1).empty());
+  // Rank 0 dies from our SIGTERM: not a failure of its own.
+  const auto b = done(m, 0, ExitStatus::killed(SIGTERM));
+  CHECK(b == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 7}});
+  CHECK(m.state() == GroupState::failed);
+  REQUIRE(m.failures().size() == 1);
+  CHECK(m.root_cause()->local_rank == 1);
+  CHECK(m.root_cause()->status == ExitStatus::exited(7));
+}
+
+TEST_CASE("a signal death maps to 128 + signal") {
+  WorkerGroupMachine m(1, 0);
+  m.start();
+  const auto a = done(m, 0, ExitStatus::killed(SIGSEGV));
+  CHECK(contains(a, {K::finish, 128 + SIGSEGV}));
+  CHECK(m.state() == GroupState::failed);
+}
+
+TEST_CASE("restarts while the budget lasts, then fails with the last attempt's root cause") {
+  WorkerGroupMachine m(2, 2);
+  m.start();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    CHECK(m.attempt() == attempt);
+    m.on_exited(0, ExitStatus::exited(3 + attempt));
+    m.on_drained(0);
+    const auto a = done(m, 1, ExitStatus::killed(SIGTERM));
+    CHECK(a == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::start_attempt, attempt + 1}});
+    CHECK(m.state() == GroupState::healthy);
+    CHECK(m.restarts_left() == 2 - (attempt + 1));
+    CHECK_FALSE(m.worker_exited(0));  // fresh worker state for the new attempt
+  }
+  m.on_exited(1, ExitStatus::exited(9));
+  m.on_drained(1);
+  const auto last = done(m, 0, ExitStatus::exited(0));
+  CHECK(contains(last, {K::finish, 9}));
+  CHECK(m.failures().size() == 3);
+  CHECK(m.root_cause()->attempt == 2);
+  CHECK(m.root_cause()->local_rank == 1);
+}
+
+TEST_CASE("success after a restart ends with 0") {
+  WorkerGroupMachine m(1, 1);
+  m.start();
+  CHECK(contains(done(m, 0, ExitStatus::exited(1)), {K::start_attempt, 1}));
+  CHECK(done(m, 0, ExitStatus::exited(0)) == Actions{{K::finish, 0}});
+  CHECK(m.state() == GroupState::succeeded);
+}
+
+TEST_CASE("grace expiry sends SIGKILL only while stopping") {
+  WorkerGroupMachine m(2, 0);
+  m.start();
+  CHECK(m.on_grace_expired().empty());  // healthy: a stale timer does nothing
+  m.on_exited(0, ExitStatus::exited(1));
+  CHECK(m.on_grace_expired() == Actions{{K::signal_groups, SIGKILL}});
+  CHECK(m.state() == GroupState::stopping);
+}
+
+TEST_CASE("a handled signal is forwarded; the run ends with 128 + signal") {
+  WorkerGroupMachine m(2, 5);
+  m.start();
+  CHECK(m.on_signal(SIGINT) == Actions{{K::signal_groups, SIGINT}, {K::arm_grace, 0}});
+  CHECK(m.stop_cause() == StopCause::signal);
+  // Exits caused by the forwarded signal are not failures and do not restart.
+  m.on_drained(0);
+  m.on_drained(1);
+  CHECK(m.on_exited(0, ExitStatus::killed(SIGINT)).empty());
+  const auto a = m.on_exited(1, ExitStatus::exited(1));
+  CHECK(a == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
+  CHECK(m.state() == GroupState::interrupted);
+  CHECK(m.failures().empty());
+}
+
+TEST_CASE("a second signal escalates to SIGKILL") {
+  WorkerGroupMachine m(1, 0);
+  m.start();
+  m.on_signal(SIGTERM);
+  CHECK(m.on_signal(SIGINT) == Actions{{K::signal_groups, SIGKILL}});
+  CHECK(contains(done(m, 0, ExitStatus::killed(SIGKILL)), {K::finish, 128 + SIGTERM}));
+}
+
+TEST_CASE("a signal during a failure stop wins over the pending restart") {
+  WorkerGroupMachine m(2, 3);
+  m.start();
+  m.on_exited(0, ExitStatus::exited(2));
+  CHECK(m.on_signal(SIGHUP) == Actions{{K::signal_groups, SIGHUP}});
+  m.on_drained(0);
+  const auto a = done(m, 1, ExitStatus::killed(SIGHUP));
+  CHECK(contains(a, {K::finish, 128 + SIGHUP}));
+  CHECK_FALSE(contains(a, {K::start_attempt, 1}));
+  CHECK(m.state() == GroupState::interrupted);
+}
+
+TEST_CASE("a signal before start finishes at once") {
+  WorkerGroupMachine m(1, 0);
+  CHECK(m.on_signal(SIGTERM) == Actions{{K::finish, 128 + SIGTERM}});
+  CHECK(m.is_terminal());
+}
+
+TEST_CASE("terminal states ignore events; duplicates are ignored") {
+  WorkerGroupMachine m(1, 0);
+  m.start();
+  CHECK(m.on_exited(0, ExitStatus::exited(0)).empty());
+  CHECK(m.on_exited(0, ExitStatus::exited(5)).empty());  // duplicate exit report
+  CHECK(m.on_drained(0) == Actions{{K::finish, 0}});
+  CHECK(m.on_signal(SIGINT).empty());
+  CHECK(m.on_exited(0, ExitStatus::exited(1)).empty());
+  CHECK(m.on_grace_expired().empty());
+  CHECK(m.state() == GroupState::succeeded);
+}
+
+TEST_CASE("bad arguments") {
+  CHECK_THROWS_AS(WorkerGroupMachine(0, 0), ddprun::Error);
+  CHECK_THROWS_AS(WorkerGroupMachine(1, -1), ddprun::Error);
+  WorkerGroupMachine m(2, 0);
+  m.start();
+  CHECK_THROWS_AS(m.on_exited(2, ExitStatus::exited(0)), ddprun::Error);
+}
+
+TEST_CASE("describe and signal names") {
+  CHECK(describe(ExitStatus::killed(SIGSEGV)) == "SIGSEGV (signal 11)");
+  CHECK(describe(ExitStatus::exited(7)) == "exit code 7");
+  CHECK(ExitStatus::killed(SIGKILL).shell_code() == 137);
+  CHECK(signal_name(SIGINT) == "SIGINT");
+  CHECK(signal_name(200) == "SIG200");
+}

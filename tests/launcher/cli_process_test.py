@@ -1,0 +1,130 @@
+"""Process-level tests of the ddprun binary: --version, --help, --dry-run output, exit codes.
+
+Run by ctest (ddprun_add_python_test) with DDPRUN_BIN_DIR, DDPRUN_SOURCE_DIR and PYTHON_EXEC set.
+Nothing here starts a worker: --dry-run must not run the program (checked with a marker file).
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+BIN = os.path.abspath(os.path.join(os.environ["DDPRUN_BIN_DIR"], "ddprun"))
+SOURCE = os.environ["DDPRUN_SOURCE_DIR"]
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+
+def ddprun(args, cwd=None, env_extra=None, timeout=60):
+    env = dict(os.environ)
+    env["PYTHON_EXEC"] = PYTHON
+    env.update(env_extra or {})
+    return subprocess.run([BIN] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def project_version():
+    with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+        m = re.search(r"project\(ddprun VERSION ([0-9.]+)", f.read())
+    return m.group(1)
+
+
+class VersionAndHelp(unittest.TestCase):
+    def test_version(self):
+        r = ddprun(["--version"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "ddprun %s\n" % project_version())
+
+    def test_help_lists_both_spellings_and_pet_forms(self):
+        r = ddprun(["--help"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for text in ["--nproc-per-node", "--nproc_per_node", "PET_NPROC_PER_NODE", "--standalone",
+                     "--max-restarts", "--local-rank-arg", "--dry-run", "Exit codes"]:
+            self.assertIn(text, r.stdout)
+
+
+class DryRun(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun-cli-")
+        self.dir = self.tmp.name
+        self.marker = os.path.join(self.dir, "ran")
+        with open(os.path.join(self.dir, "train.py"), "w") as f:
+            f.write("open(%r, 'w').write('x')\n" % self.marker)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def sections(self, out):
+        """Splits dry-run output into {local_rank: text}."""
+        parts = re.split(r"^local rank (\d+):\n", out, flags=re.M)
+        return {int(parts[i]): parts[i + 1] for i in range(1, len(parts), 2)}
+
+    def test_every_rank_has_its_env_and_argv(self):
+        r = ddprun(["--nproc-per-node", "3", "--dry-run", "--max-restarts", "2", "train.py", "--lr", "0.1",
+                    "--nproc-per-node", "9"], cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ranks = self.sections(r.stdout)
+        self.assertEqual(sorted(ranks), [0, 1, 2], r.stdout)
+        for rank, text in ranks.items():
+            env = dict(re.findall(r"^    ([A-Z_][A-Z0-9_]*)=(.*)$", text, flags=re.M))
+            self.assertEqual(env.get("RANK"), str(rank), text)
+            self.assertEqual(env.get("LOCAL_RANK"), str(rank), text)
+            self.assertEqual(env.get("WORLD_SIZE"), "3", text)
+            self.assertEqual(env.get("LOCAL_WORLD_SIZE"), "3", text)
+            self.assertEqual(env.get("TORCHELASTIC_MAX_RESTARTS"), "2", text)
+            argv = re.search(r"^  argv: (.*)$", text, flags=re.M).group(1)
+            self.assertEqual(argv, "%s -u train.py --lr 0.1 --nproc-per-node 9" % PYTHON)
+        self.assertFalse(os.path.exists(self.marker), "--dry-run started the program")
+
+    def test_local_rank_arg(self):
+        r = ddprun(["--nproc_per_node=2", "--dry_run", "--local-rank-arg", "underscore", "train.py", "x"],
+                   cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ranks = self.sections(r.stdout)
+        for rank, text in ranks.items():
+            self.assertIn("--local_rank=%d" % rank, re.search(r"^  argv: (.*)$", text, flags=re.M).group(1))
+
+    def test_pet_environment(self):
+        r = ddprun(["--dry-run", "train.py"], cwd=self.dir, env_extra={"PET_NPROC_PER_NODE": "2"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(self.sections(r.stdout)), [0, 1])
+
+
+class ExitCodes(unittest.TestCase):
+    def check_usage_error(self, args, text):
+        with tempfile.TemporaryDirectory(prefix="ddprun-cli-") as d:
+            open(os.path.join(d, "train.py"), "w").close()
+            r = ddprun(args, cwd=d)
+        self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
+        self.assertEqual(r.stdout, "")
+        first = r.stderr.splitlines()[0]
+        self.assertTrue(first.startswith("ddprun: error: "), r.stderr)
+        self.assertIn(text, first)
+        self.assertIn("--help", r.stderr)
+        self.assertLessEqual(len(r.stderr.splitlines()), 2, r.stderr)
+
+    def test_bad_nnodes(self):
+        self.check_usage_error(["--nnodes=2:1", "train.py"], "--nnodes=2:1: MIN must be <= MAX")
+
+    def test_no_program(self):
+        self.check_usage_error(["--nproc-per-node", "2"], "no training program")
+
+    def test_unknown_option(self):
+        self.check_usage_error(["--nproc-per-nodes", "2", "train.py"], "unknown option --nproc-per-nodes")
+
+    def test_missing_program(self):
+        self.check_usage_error(["does_not_exist.py"], "does_not_exist.py")
+
+    def test_missing_value(self):
+        self.check_usage_error(["--nnodes"], "--nnodes")
+
+    def test_gpu_without_cvd(self):
+        env = dict(os.environ)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        r = subprocess.run([BIN, "--nproc-per-node", "gpu", "x.py"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,412 @@
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <functional>
+#include <regex>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/version.hpp"
+#include "ddprun/launcher/command_line.hpp"
+#include "ddprun/launcher/values.hpp"
+#include "sandbox.hpp"
+
+using namespace ddprun::launcher;
+using ddprun::UsageError;
+using ddprun::agent::AgentConfig;
+using ddprun::agent::Streams;
+using ddprun::test::Sandbox;
+using Catch::Matchers::Contains;
+using Strings = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+std::string underscore(std::string s) {
+  for (auto& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+
+std::string pet(const std::string& dash) {
+  std::string s = "PET_" + underscore(dash);
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool has_note(const LaunchOptions& o, const std::string& text) {
+  for (const auto& n : o.notes) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("defaults equal torchrun's") {
+  Sandbox sb;
+  const auto o = sb.parse({"train.py"});
+  const AgentConfig& c = o.config;
+  CHECK(o.action == Action::run);
+  CHECK(c.nproc_per_node == 1);
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(c.node_rank == 0);
+  CHECK(c.role == "default");
+  CHECK(c.rdzv_backend == "static");
+  CHECK(c.rdzv_endpoint.empty());
+  CHECK(c.run_id == "none");
+  CHECK(c.rdzv_conf.empty());
+  CHECK_FALSE(c.standalone);
+  CHECK(c.max_restarts == 0);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+  CHECK_FALSE(c.local_addr.has_value());
+  CHECK_FALSE(c.log_dir.has_value());
+  CHECK(c.redirects_all == Streams::none);
+  CHECK(c.redirects.empty());
+  CHECK(c.tee_all == Streams::none);
+  CHECK(c.tee.empty());
+  CHECK_FALSE(c.local_ranks_filter.has_value());
+  CHECK(c.log_line_prefix_template == "[${role_name}${local_rank}]:");
+  CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(c.shutdown_timeout == std::chrono::seconds(30));
+  CHECK_FALSE(c.virtual_local_rank);
+  CHECK_FALSE(c.dry_run);
+  CHECK(c.local_rank_arg == AgentConfig::LocalRankArg::none);
+  CHECK(c.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py"});
+  CHECK(c.python_worker);
+  CHECK(c.working_dir == sb.dir());
+  CHECK(o.log_level == spdlog::level::info);
+  CHECK(o.notes.empty());
+}
+
+TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*") {
+  struct Case {
+    std::string dash;
+    std::string value;
+    std::function<bool(const LaunchOptions&, const Sandbox&)> check;
+    Strings extra = {};
+    bool has_pet = true;
+    std::string short_name = {};
+  };
+  const std::vector<Case> cases = {
+      {"nnodes", "1:3", [](auto& o, auto&) { return o.config.min_nodes == 1 && o.config.max_nodes == 3; }},
+      {"nproc-per-node", "3", [](auto& o, auto&) { return o.config.nproc_per_node == 3; }},
+      {"rdzv-backend", "c10d", [](auto& o, auto&) { return o.config.rdzv_backend == "c10d"; },
+       {"--rdzv-endpoint", "h:1"}},
+      {"rdzv-endpoint", "node1:1234", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:1234"; }},
+      {"rdzv-endpoint", "node1", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:29400"; }},
+      {"rdzv-endpoint", "[::1]:7", [](auto& o, auto&) { return o.config.rdzv_endpoint == "[::1]:7"; }},
+      {"rdzv-id", "job7", [](auto& o, auto&) { return o.config.run_id == "job7"; }},
+      {"rdzv-conf", "join_timeout=5,is_host=1",
+       [](auto& o, auto&) { return o.config.rdzv_conf == Env{{"join_timeout", "5"}, {"is_host", "1"}}; }},
+      {"max-restarts", "2", [](auto& o, auto&) { return o.config.max_restarts == 2; }},
+      {"monitor-interval", "0.5", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
+      {"start-method", "fork", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
+      {"role", "trainer", [](auto& o, auto&) { return o.config.role == "trainer"; }},
+      {"log-dir", "logs", [](auto& o, auto& sb) { return o.config.log_dir == sb.dir() / "logs"; }},
+      {"log-dir", "/var/tmp/x", [](auto& o, auto&) { return o.config.log_dir == "/var/tmp/x"; }},
+      {"redirects", "3", [](auto& o, auto&) { return o.config.redirects_all == Streams::both; }, {}, true, "r"},
+      {"redirects", "0:1,1:2",
+       [](auto& o, auto&) {
+         return o.config.redirects == std::map<int, Streams>{{0, Streams::out}, {1, Streams::err}};
+       },
+       {}, true, "r"},
+      {"tee", "2", [](auto& o, auto&) { return o.config.tee_all == Streams::err; }, {}, true, "t"},
+      {"tee", "1:3", [](auto& o, auto&) { return o.config.tee == std::map<int, Streams>{{1, Streams::both}}; },
+       {}, true, "t"},
+      {"local-ranks-filter", "0,2", [](auto& o, auto&) { return o.config.local_ranks_filter == std::set<int>{0, 2}; }},
+      {"node-rank", "1", [](auto& o, auto&) { return o.config.node_rank == 1; }, {"--nnodes", "2"}},
+      {"master-addr", "10.1.2.3", [](auto& o, auto&) { return o.config.master_addr == "10.1.2.3"; }},
+      {"master-addr", "[::1]", [](auto& o, auto&) { return o.config.master_addr == "::1"; }},
+      {"master-port", "1234", [](auto& o, auto&) { return o.config.master_port == 1234; }},
+      {"local-addr", "10.0.0.2", [](auto& o, auto&) { return o.config.local_addr == "10.0.0.2"; }},
+      {"signals-to-handle", "SIGUSR1,TERM",
+       [](auto& o, auto&) { return o.config.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}; }},
+      {"shutdown-timeout", "2.5",
+       [](auto& o, auto&) { return o.config.shutdown_timeout == std::chrono::milliseconds(2500); }},
+      {"local-rank-arg", "underscore",
+       [](auto& o, auto&) { return o.config.local_rank_arg == AgentConfig::LocalRankArg::underscore; }},
+      {"local-rank-arg", "dash",
+       [](auto& o, auto&) { return o.config.local_rank_arg == AgentConfig::LocalRankArg::dash; }},
+      {"log-level", "debug", [](auto& o, auto&) { return o.log_level == spdlog::level::debug; }, {}, false},
+  };
+  Sandbox sb;
+  for (const auto& c : cases) {
+    const std::string dash = "--" + c.dash;
+    const std::string under = "--" + underscore(c.dash);
+    std::vector<Strings> spellings = {{dash, c.value}, {dash + "=" + c.value}, {under, c.value},
+                                      {under + "=" + c.value}};
+    if (!c.short_name.empty()) spellings.push_back({"-" + c.short_name, c.value});
+    for (const auto& spelled : spellings) {
+      Strings args = c.extra;
+      args.insert(args.end(), spelled.begin(), spelled.end());
+      args.push_back("train.py");
+      INFO("args: " << Catch::StringMaker<Strings>::convert(args));
+      const auto o = sb.parse(args);
+      CHECK(c.check(o, sb));
+      CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py"});
+    }
+    if (c.has_pet) {
+      Strings args = c.extra;
+      args.push_back("train.py");
+      INFO("env: " << pet(c.dash) << "=" << c.value);
+      CHECK(c.check(sb.parse(args, {{pet(c.dash), c.value}}), sb));
+    }
+  }
+}
+
+TEST_CASE("every boolean flag in both spellings and as PET_*=1/0") {
+  Sandbox sb;
+  Sandbox::write(sb.dir() / "exe.py", "#!/bin/sh\n", true);
+  // A file named like the module, so that without -m the program still resolves (to a script).
+  Sandbox::write(sb.dir() / "pkg.mod", "", false);
+  struct Case {
+    std::string dash;
+    std::function<bool(const LaunchOptions&)> on;
+    std::string program = "train.py";
+    std::string short_name = {};
+  };
+  const std::string python = sb.path("bin/python3");
+  const std::vector<Case> cases = {
+      {"standalone", [](auto& o) { return o.config.standalone; }},
+      {"virtual-local-rank", [](auto& o) { return o.config.virtual_local_rank; }},
+      {"module", [&](auto& o) { return o.config.worker_argv == Strings{python, "-u", "-m", "pkg.mod"}; }, "pkg.mod",
+       "m"},
+      {"no-python", [&](auto& o) { return o.config.worker_argv == Strings{sb.path("exe.py")}; }, "exe.py"},
+      {"run-path", [&](auto& o) { return o.config.worker_argv.size() == 5 && o.config.worker_argv[2] == "-c"; }},
+      {"use-env", [](auto& o) { return has_note(o, "--use-env has no effect"); }},
+      {"dry-run", [](auto& o) { return o.config.dry_run; }},
+  };
+  for (const auto& c : cases) {
+    INFO("flag " << c.dash);
+    Strings spellings = {"--" + c.dash, "--" + underscore(c.dash)};
+    if (!c.short_name.empty()) spellings.push_back("-" + c.short_name);
+    for (const auto& s : spellings) {
+      INFO("spelled " << s);
+      CHECK(c.on(sb.parse({s, c.program})));
+      CHECK(c.on(sb.parse({s, c.program}, {{pet(c.dash), "0"}})));  // flag wins over PET_X=0
+    }
+    CHECK_FALSE(c.on(sb.parse({c.program})));
+    if (c.dash == "dry-run") {
+      CHECK_FALSE(c.on(sb.parse({c.program}, {{pet(c.dash), "1"}})));  // a ddprun extra: no PET form
+      continue;
+    }
+    CHECK(c.on(sb.parse({c.program}, {{pet(c.dash), "1"}})));
+    CHECK_FALSE(c.on(sb.parse({c.program}, {{pet(c.dash), "0"}})));
+    CHECK_THROWS_WITH(sb.parse({c.program}, {{pet(c.dash), "yes"}}), Contains(pet(c.dash) + "=yes"));
+  }
+}
+
+TEST_CASE("precedence: flag over PET_* over default") {
+  Sandbox sb;
+  const Env env = {{"PET_NPROC_PER_NODE", "5"}, {"PET_NNODES", "2:4"},  {"PET_MASTER_PORT", "4000"},
+                   {"PET_RDZV_ID", "fromenv"},   {"PET_MAX_RESTARTS", "7"}, {"PET_ROLE", "envrole"}};
+  const auto from_env = sb.parse({"train.py"}, env);
+  CHECK(from_env.config.nproc_per_node == 5);
+  CHECK(from_env.config.min_nodes == 2);
+  CHECK(from_env.config.max_nodes == 4);
+  CHECK(from_env.config.master_port == 4000);
+  CHECK(from_env.config.run_id == "fromenv");
+  CHECK(from_env.config.max_restarts == 7);
+  CHECK(from_env.config.role == "envrole");
+
+  const auto from_flags = sb.parse({"--nproc-per-node", "3", "--nnodes", "1", "--master_port", "4001", "--rdzv-id",
+                                    "flag", "--max-restarts=1", "--role", "r", "train.py"},
+                                   env);
+  CHECK(from_flags.config.nproc_per_node == 3);
+  CHECK(from_flags.config.min_nodes == 1);
+  CHECK(from_flags.config.max_nodes == 1);
+  CHECK(from_flags.config.master_port == 4001);
+  CHECK(from_flags.config.run_id == "flag");
+  CHECK(from_flags.config.max_restarts == 1);
+  CHECK(from_flags.config.role == "r");
+
+  // An empty PET value counts as unset.
+  CHECK(sb.parse({"train.py"}, {{"PET_NPROC_PER_NODE", ""}}).config.nproc_per_node == 1);
+  // Repeated flags: the last one wins, as with argparse.
+  CHECK(sb.parse({"--nproc-per-node", "2", "--nproc_per_node", "6", "train.py"}).config.nproc_per_node == 6);
+}
+
+TEST_CASE("errors from PET_* values name the variable") {
+  Sandbox sb;
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"PET_NNODES", "3:1"}}), Contains("PET_NNODES=3:1: MIN must be <= MAX"));
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"PET_MASTER_PORT", "99999"}}), Contains("PET_MASTER_PORT=99999"));
+}
+
+TEST_CASE("nproc-per-node gpu/cpu/auto read CUDA_VISIBLE_DEVICES and the CPU count") {
+  Sandbox sb;
+  CHECK(sb.parse({"--nproc-per-node", "cpu", "train.py"}).config.nproc_per_node == 7);
+  CHECK(sb.parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,1"}}).config.nproc_per_node == 2);
+  CHECK(sb.parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,-1,1"}}).config.nproc_per_node ==
+        1);
+  CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "MIG-x"}}).config.nproc_per_node ==
+        1);
+  CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}, {{"CUDA_VISIBLE_DEVICES", ""}}).config.nproc_per_node == 7);
+  CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 7);
+  CHECK_THROWS_WITH(sb.parse({"--nproc-per-node", "gpu", "train.py"}),
+                    Contains("--nproc-per-node=gpu") &&
+                        Contains("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet"));
+}
+
+TEST_CASE("parsing stops at the program: the rest is passed untouched") {
+  Sandbox sb;
+  const auto o = sb.parse({"--nproc-per-node", "2", "train.py", "--nproc-per-node", "5", "-m", "x"});
+  CHECK(o.config.nproc_per_node == 2);
+  CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "--nproc-per-node", "5", "-m", "x"});
+
+  const auto help_after = sb.parse({"train.py", "--help", "--version", "--", "-h"});
+  CHECK(help_after.action == Action::run);
+  CHECK(help_after.config.worker_argv ==
+        Strings{sb.path("bin/python3"), "-u", "train.py", "--help", "--version", "--", "-h"});
+
+  const auto module = sb.parse({"-m", "pkg.train", "--standalone", "--lr=3"});
+  CHECK_FALSE(module.config.standalone);
+  CHECK(module.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "-m", "pkg.train", "--standalone", "--lr=3"});
+
+  const auto exe = sb.parse({"--no-python", "tool", "-r", "3", "--nnodes=9"});
+  CHECK(exe.config.redirects_all == Streams::none);
+  CHECK(exe.config.max_nodes == 1);
+  CHECK(exe.config.worker_argv == Strings{sb.path("bin/tool"), "-r", "3", "--nnodes=9"});
+
+  // "--" ends ddprun's options explicitly.
+  CHECK(sb.parse({"--nproc-per-node", "2", "--", "train.py", "x"}).config.worker_argv ==
+        Strings{sb.path("bin/python3"), "-u", "train.py", "x"});
+  // Arguments with spaces and empty arguments survive.
+  CHECK(sb.parse({"train.py", "a b", ""}).config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "a b", ""});
+}
+
+TEST_CASE("usage errors: no program, unknown options, missing values") {
+  Sandbox sb;
+  CHECK_THROWS_WITH(sb.parse({}), Contains("no training program"));
+  CHECK_THROWS_WITH(sb.parse({"--nproc-per-node", "2"}), Contains("no training program"));
+  CHECK_THROWS_WITH(sb.parse({"--bogus", "train.py"}), Contains("unknown option --bogus"));
+  CHECK_THROWS_WITH(sb.parse({"--nnodes"}), Contains("--nnodes"));
+  CHECK_THROWS_AS(sb.parse({"--nnodes"}), UsageError);
+  CHECK_THROWS_WITH(sb.parse({"missing.py"}), Contains("'missing.py' not found"));
+  CHECK_THROWS_WITH(sb.parse({"--no-python", "-m", "pkg"}), Contains("--no-python") && Contains("-m/--module"));
+}
+
+TEST_CASE("bad values name the flag") {
+  Sandbox sb;
+  const std::vector<std::pair<Strings, std::string>> cases = {
+      {{"--nnodes=2:1"}, "--nnodes=2:1: MIN must be <= MAX"},
+      {{"--nproc_per_node", "x"}, "--nproc-per-node=x"},
+      {{"--rdzv-backend", "etcd"}, "--rdzv-backend=etcd"},
+      {{"--rdzv-backend", "zk"}, "--rdzv-backend=zk"},
+      {{"--rdzv-backend", "c10d"}, "--rdzv-endpoint"},
+      {{"--rdzv-endpoint", "h:99999"}, "--rdzv-endpoint"},
+      {{"--rdzv-conf", "novalue"}, "--rdzv-conf=novalue"},
+      {{"--max-restarts", "-1"}, "--max-restarts=-1"},
+      {{"--monitor-interval", "fast"}, "--monitor-interval=fast"},
+      {{"--start-method", "thread"}, "--start-method=thread"},
+      {{"--redirects", "5"}, "--redirects=5"},
+      {{"-t", "0:9"}, "--tee=0:9"},
+      {{"--local-ranks-filter", "a"}, "--local-ranks-filter=a"},
+      {{"--node-rank", "x"}, "--node-rank=x"},
+      {{"--nnodes", "2", "--node-rank", "2"}, "--node-rank=2 is not below --nnodes=2"},
+      {{"--master-port", "70000"}, "--master-port=70000"},
+      {{"--master-addr", "[::1"}, "--master-addr"},
+      {{"--signals-to-handle", "SIGNOPE"}, "--signals-to-handle=SIGNOPE"},
+      {{"--shutdown-timeout", "-3"}, "--shutdown-timeout=-3"},
+      {{"--local-rank-arg", "both"}, "--local-rank-arg=both"},
+      {{"--log-level", "loud"}, "--log-level=loud"},
+      {{"--numa-binding", "node"}, "--numa-binding is not supported yet"},
+      {{"--logs-specs", "x"}, "--logs-specs is not supported yet"},
+      {{"--use-env", "--local-rank-arg", "dash"}, "--use-env and --local-rank-arg"},
+      {{"--role", ""}, "--role"},
+      {{"--standalone", "--nnodes", "2"}, "--standalone"},
+  };
+  for (const auto& [args, text] : cases) {
+    Strings full = args;
+    full.push_back("train.py");
+    INFO("args: " << Catch::StringMaker<Strings>::convert(full));
+    CHECK_THROWS_AS(sb.parse(full), UsageError);
+    CHECK_THROWS_WITH(sb.parse(full), Contains(text));
+  }
+  // No PET form for --numa-binding / --logs-specs: the variables are ignored.
+  CHECK_NOTHROW(sb.parse({"train.py"}, {{"PET_NUMA_BINDING", "node"}, {"PET_LOGS_SPECS", "x"}}));
+}
+
+TEST_CASE("--standalone overrides the rendezvous settings") {
+  Sandbox sb;
+  const auto o = sb.parse(
+      {"--standalone", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "--rdzv-id", "x", "--master-port", "5",
+       "train.py"});
+  const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+  CHECK(o.config.standalone);
+  CHECK(o.config.rdzv_backend == "c10d");
+  CHECK(o.config.rdzv_endpoint == "localhost:0");
+  CHECK(std::regex_match(o.config.run_id, uuid4));
+  CHECK(o.config.master_port == 0);
+  CHECK(has_note(o, "--standalone: ignoring --rdzv-backend=static, --rdzv-endpoint=h:1, --rdzv-id=x"));
+  // Without explicit values there is nothing to note, and each run gets its own id.
+  const auto a = sb.parse({"--standalone", "train.py"});
+  const auto b = sb.parse({"--standalone", "train.py"});
+  CHECK(a.notes.empty());
+  CHECK(a.config.run_id != b.config.run_id);
+  // A bad rdzv value is ignored rather than rejected, as torchrun ignores it.
+  CHECK_NOTHROW(sb.parse({"--standalone", "--rdzv-backend", "etcd", "train.py"}));
+}
+
+TEST_CASE("shutdown timeout: flag, PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s") {
+  Sandbox sb;
+  using ms = std::chrono::milliseconds;
+  CHECK(sb.parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}}).config.shutdown_timeout == ms(7000));
+  CHECK(sb.parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}, {"PET_SHUTDOWN_TIMEOUT", "3"}})
+            .config.shutdown_timeout == ms(3000));
+  CHECK(sb.parse({"--shutdown-timeout", "0", "train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}})
+            .config.shutdown_timeout == ms(0));
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon"}}),
+                    Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
+}
+
+TEST_CASE("log level: flag, DDPRUN_LOG_LEVEL, LOGLEVEL, info") {
+  Sandbox sb;
+  CHECK(sb.parse({"train.py"}, {{"LOGLEVEL", "WARNING"}}).log_level == spdlog::level::warn);
+  CHECK(sb.parse({"train.py"}, {{"LOGLEVEL", "WARNING"}, {"DDPRUN_LOG_LEVEL", "trace"}}).log_level ==
+        spdlog::level::trace);
+  CHECK(sb.parse({"--log-level", "error", "train.py"}, {{"DDPRUN_LOG_LEVEL", "trace"}}).log_level ==
+        spdlog::level::err);
+  const auto bad_env = sb.parse({"train.py"}, {{"LOGLEVEL", "20"}});
+  CHECK(bad_env.log_level == spdlog::level::info);
+  CHECK(has_note(bad_env, "LOGLEVEL=20"));
+}
+
+TEST_CASE("log line prefix template comes from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") {
+  Sandbox sb;
+  CHECK(sb.parse({"train.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}}).config.log_line_prefix_template ==
+        "${rank}|");
+}
+
+TEST_CASE("--help and --version") {
+  Sandbox sb;
+  for (const char* h : {"--help", "-h"}) {
+    const auto o = sb.parse({"--nproc-per-node", "2", h});
+    CHECK(o.action == Action::help);
+    CHECK_THAT(o.text, Contains("--nproc-per-node") && Contains("--nproc_per_node") &&
+                           Contains("PET_NPROC_PER_NODE") && Contains("--monitor-interval") &&
+                           Contains("event") && Contains("--local-rank-arg") && Contains("Exit codes"));
+  }
+  const auto v = sb.parse({"--version"});
+  CHECK(v.action == Action::version);
+  CHECK(v.text == std::string("ddprun ") + ddprun::version_string + "\n");
+  // --version needs no program, and wins over a missing one.
+  CHECK(sb.parse({"--version", "--nnodes", "1"}).action == Action::version);
+}
+
+TEST_CASE("argc/argv overload skips argv[0]") {
+  Sandbox sb;
+  const char* argv[] = {"ddprun", "--nproc-per-node", "4", "train.py", "z"};
+  const auto o = parse_command_line(5, argv, sb.context());
+  CHECK(o.config.nproc_per_node == 4);
+  CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "z"});
+}
+
+TEST_CASE("ParseContext::from_process reads the real environment") {
+  const auto ctx = ParseContext::from_process();
+  CHECK(ctx.online_cpus >= 1);
+  CHECK(ctx.cwd == std::filesystem::current_path());
+  CHECK(ctx.env.contains("PATH"));
+}

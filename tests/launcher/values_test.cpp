@@ -1,0 +1,135 @@
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <regex>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/launcher/values.hpp"
+
+using namespace ddprun::launcher;
+using ddprun::UsageError;
+using ddprun::agent::Streams;
+using Catch::Matchers::Contains;
+
+TEST_CASE("nnodes: N and MIN:MAX") {
+  CHECK(parse_nnodes("1", "--nnodes") == NodeRange{1, 1});
+  CHECK(parse_nnodes("4", "--nnodes") == NodeRange{4, 4});
+  CHECK(parse_nnodes("1:4", "--nnodes") == NodeRange{1, 4});
+  CHECK(parse_nnodes("3:3", "--nnodes") == NodeRange{3, 3});
+}
+
+TEST_CASE("nnodes: errors name the flag and the accepted forms") {
+  CHECK_THROWS_WITH(parse_nnodes("2:1", "--nnodes"),
+                    Contains("--nnodes=2:1: MIN must be <= MAX") &&
+                        Contains("accepted forms: N or MIN:MAX with 0 < MIN <= MAX"));
+  CHECK_THROWS_WITH(parse_nnodes("0", "--nnodes"), Contains("--nnodes=0") && Contains("> 0"));
+  CHECK_THROWS_WITH(parse_nnodes("0:2", "--nnodes"), Contains("> 0"));
+  CHECK_THROWS_WITH(parse_nnodes("-1", "--nnodes"), Contains("--nnodes=-1"));
+  CHECK_THROWS_WITH(parse_nnodes("1:2:3", "--nnodes"), Contains("MIN:MAX"));
+  CHECK_THROWS_WITH(parse_nnodes("two", "PET_NNODES"), Contains("PET_NNODES=two"));
+  CHECK_THROWS_AS(parse_nnodes("", "--nnodes"), UsageError);
+  CHECK_THROWS_AS(parse_nnodes("1:", "--nnodes"), UsageError);
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES counting follows CUDA's rules") {
+  using Opt = std::optional<std::string>;
+  CHECK(count_cuda_visible_devices(Opt("0,1")) == 2);
+  CHECK(count_cuda_visible_devices(Opt("GPU-abc,1")) == 2);
+  CHECK(count_cuda_visible_devices(Opt("MIG-x")) == 1);
+  CHECK(count_cuda_visible_devices(Opt("MIG-GPU-1234/1/0,MIG-GPU-1234/2/0")) == 2);
+  CHECK(count_cuda_visible_devices(Opt("")) == 0);
+  CHECK(count_cuda_visible_devices(Opt("0,-1,1")) == 1);  // an invalid entry ends the list
+  CHECK(count_cuda_visible_devices(Opt("0,2,-1,1")) == 2);
+  CHECK(count_cuda_visible_devices(Opt("-1")) == 0);
+  CHECK(count_cuda_visible_devices(Opt("3,2,1,0")) == 4);
+  CHECK(count_cuda_visible_devices(Opt("0,,1")) == 1);
+  CHECK_FALSE(count_cuda_visible_devices(std::nullopt).has_value());
+}
+
+TEST_CASE("nproc-per-node forms") {
+  using Opt = std::optional<std::string>;
+  CHECK(parse_nproc_per_node("4", "--nproc-per-node", std::nullopt, 8) == 4);
+  CHECK(parse_nproc_per_node("cpu", "--nproc-per-node", Opt("0"), 8) == 8);
+  CHECK(parse_nproc_per_node("gpu", "--nproc-per-node", Opt("0,1,2"), 8) == 3);
+  CHECK(parse_nproc_per_node("gpu", "--nproc-per-node", Opt("GPU-abc,1"), 8) == 2);
+  CHECK(parse_nproc_per_node("auto", "--nproc-per-node", Opt("0,1"), 8) == 2);
+  CHECK(parse_nproc_per_node("auto", "--nproc-per-node", Opt(""), 8) == 8);
+  CHECK(parse_nproc_per_node("auto", "--nproc-per-node", std::nullopt, 8) == 8);
+  CHECK(parse_nproc_per_node("auto", "--nproc-per-node", Opt("-1"), 5) == 5);
+  CHECK_THROWS_WITH(parse_nproc_per_node("gpu", "--nproc-per-node", std::nullopt, 8),
+                    Contains("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet"));
+  CHECK_THROWS_WITH(parse_nproc_per_node("gpu", "--nproc-per-node", Opt(""), 8), Contains("no usable GPU"));
+  CHECK_THROWS_WITH(parse_nproc_per_node("0", "--nproc-per-node", std::nullopt, 8),
+                    Contains("--nproc-per-node=0") && Contains("gpu, cpu or auto"));
+  CHECK_THROWS_WITH(parse_nproc_per_node("many", "PET_NPROC_PER_NODE", std::nullopt, 8),
+                    Contains("PET_NPROC_PER_NODE=many"));
+  CHECK_THROWS_AS(parse_nproc_per_node("-2", "--nproc-per-node", std::nullopt, 8), UsageError);
+}
+
+TEST_CASE("redirects/tee: one value or a per-local-rank map") {
+  CHECK(parse_streams("0", "-r") == StreamSpec{Streams::none, {}});
+  CHECK(parse_streams("3", "-r") == StreamSpec{Streams::both, {}});
+  CHECK(parse_streams("0:1,1:2", "-r") == StreamSpec{Streams::none, {{0, Streams::out}, {1, Streams::err}}});
+  CHECK(parse_streams("2:3", "--tee") == StreamSpec{Streams::none, {{2, Streams::both}}});
+  CHECK_THROWS_WITH(parse_streams("4", "--redirects"), Contains("--redirects=4") && Contains("0 (none)"));
+  CHECK_THROWS_WITH(parse_streams("0:1,x:2", "--tee"), Contains("--tee=0:1,x:2") && Contains("'x'"));
+  CHECK_THROWS_WITH(parse_streams("0:1,0:2", "--tee"), Contains("given twice"));
+  CHECK_THROWS_AS(parse_streams("0:", "--tee"), UsageError);
+  CHECK_THROWS_AS(parse_streams("1,2", "--tee"), UsageError);
+}
+
+TEST_CASE("rdzv-conf: k=v pairs") {
+  CHECK(parse_rdzv_conf("", "--rdzv-conf").empty());
+  const auto conf = parse_rdzv_conf("join_timeout=900, read_timeout = 60", "--rdzv-conf");
+  CHECK(conf == std::map<std::string, std::string>{{"join_timeout", "900"}, {"read_timeout", "60"}});
+  CHECK_THROWS_WITH(parse_rdzv_conf("join_timeout", "--rdzv-conf"), Contains("--rdzv-conf=join_timeout") && Contains("no '='"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("=3", "--rdzv-conf"), Contains("empty key"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("a=", "--rdzv-conf"), Contains("key 'a' has no value"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("a=1,,b=2", "PET_RDZV_CONF"), Contains("PET_RDZV_CONF"));
+}
+
+TEST_CASE("local-ranks-filter") {
+  CHECK_FALSE(parse_local_ranks_filter("", "--local-ranks-filter").has_value());
+  CHECK(parse_local_ranks_filter("0", "--local-ranks-filter") == std::set<int>{0});
+  CHECK(parse_local_ranks_filter("3,0,3", "--local-ranks-filter") == std::set<int>{0, 3});
+  CHECK_THROWS_WITH(parse_local_ranks_filter("0,-1", "--local-ranks-filter"), Contains("--local-ranks-filter=0,-1"));
+  CHECK_THROWS_AS(parse_local_ranks_filter("a", "--local-ranks-filter"), UsageError);
+}
+
+TEST_CASE("signals: names with or without SIG, numbers, errors list accepted names") {
+  CHECK(parse_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT", "x") == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(parse_signals("term,Usr1, SIGUSR2", "x") == std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2});
+  CHECK(parse_signals("15,10", "x") == std::vector<int>{SIGTERM, SIGUSR1});
+  CHECK(parse_signals("TERM,15,SIGTERM", "x") == std::vector<int>{SIGTERM});
+  CHECK(parse_signals("SIGRTMIN+1", "x") == std::vector<int>{SIGRTMIN + 1});
+  CHECK_THROWS_WITH(parse_signals("SIGFOO", "--signals-to-handle"),
+                    Contains("--signals-to-handle=SIGFOO") && Contains("unknown signal 'SIGFOO'") &&
+                        Contains("SIGTERM") && Contains("SIGUSR1"));
+  CHECK_THROWS_WITH(parse_signals("SIGKILL", "--signals-to-handle"), Contains("cannot be caught"));
+  CHECK_THROWS_WITH(parse_signals("9", "--signals-to-handle"), Contains("cannot be caught"));
+  CHECK_THROWS_WITH(parse_signals("SIGCHLD", "--signals-to-handle"), Contains("SIGCHLD"));
+  CHECK_THROWS_AS(parse_signals("", "--signals-to-handle"), UsageError);
+  CHECK_THROWS_AS(parse_signals("0", "--signals-to-handle"), UsageError);
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+  CHECK(signal_name(SIGRTMIN + 2) == "SIGRTMIN+2");
+}
+
+TEST_CASE("scalar values") {
+  CHECK(parse_seconds_value("0.5", "--shutdown-timeout") == 0.5);
+  CHECK_THROWS_WITH(parse_seconds_value("30s", "--shutdown-timeout"), Contains("--shutdown-timeout=30s"));
+  CHECK(parse_int_value("3", "--max-restarts", 0, 10) == 3);
+  CHECK_THROWS_WITH(parse_int_value("-1", "--max-restarts", 0, 10), Contains("--max-restarts=-1") && Contains("0..10"));
+  CHECK(parse_env_bool("1", "PET_X"));
+  CHECK(parse_env_bool("2", "PET_X"));
+  CHECK_FALSE(parse_env_bool("0", "PET_X"));
+  CHECK_THROWS_WITH(parse_env_bool("yes", "PET_STANDALONE"), Contains("PET_STANDALONE=yes"));
+}
+
+TEST_CASE("standalone run ids are random version-4 UUIDs") {
+  const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+  const auto a = random_uuid4();
+  const auto b = random_uuid4();
+  CHECK(std::regex_match(a, uuid4));
+  CHECK(std::regex_match(b, uuid4));
+  CHECK(a != b);
+}

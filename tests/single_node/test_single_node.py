@@ -1,0 +1,215 @@
+"""End-to-end single-node tests of `ddprun` (launcher + agent) with real processes.
+
+Runs $DDPRUN_BIN_DIR/ddprun with the helper worker (ddprun_test_worker) and with real torch
+workers. Every wait is bounded; readiness is a file written by the worker, never a sleep.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("DDPRUN_BIN_DIR", "")
+DDPRUN = os.path.join(BIN, "ddprun")
+WORKER = os.path.join(BIN, "ddprun_test_worker")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+
+def run(args, timeout=60, env=None, **kw):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, **kw)
+
+
+def read_ready(proc, count, timeout):
+    """Pids from the workers' "ready <rank> <pid>" stdout lines (select-bounded, no sleeps)."""
+    import select
+    deadline = time.monotonic() + timeout
+    pids = {}
+    buf = b""
+    fd = proc.stdout.fileno()
+    while len(pids) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"workers not ready after {timeout}s: {pids}")
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError("ddprun closed stdout before the workers were ready")
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            parts = line.decode().split()
+            if len(parts) == 3 and parts[0] == "ready":
+                pids[int(parts[1])] = int(parts[2])
+    return list(pids.values())
+
+
+def gone(pid, timeout):
+    """True once `pid` no longer exists (pidfd when available)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        import select
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        return bool(p.poll(int(timeout * 1000)))
+    finally:
+        os.close(fd)
+
+
+class SingleNode(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_single_node_")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def p(self, name):
+        return os.path.join(self.dir, name)
+
+    def test_env_per_rank_and_store(self):
+        r = run(["--standalone", "--nproc-per-node", "3", "--log-dir", self.p("logs"), "--rdzv-id", "job7",
+                 "--no-python", WORKER, "--dump-env", self.p("env_%r.json"), "--store-check"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ports = set()
+        for lr in range(3):
+            with open(self.p(f"env_{lr}.json")) as f:
+                env = json.load(f)
+            self.assertEqual(env["RANK"], str(lr))
+            self.assertEqual(env["LOCAL_RANK"], str(lr))
+            self.assertEqual(env["WORLD_SIZE"], "3")
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(env["TORCHELASTIC_RESTART_COUNT"], "0")
+            self.assertTrue(env["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{lr}/error.json"))
+            self.assertTrue(env["TORCHELASTIC_ERROR_FILE"].startswith(self.p("logs") + "/"))
+            ports.add(env["MASTER_PORT"])
+        self.assertEqual(len(ports), 1)
+        self.assertNotIn("0", ports)
+        for n in (1, 2, 3):
+            self.assertIn(f"store-check ok {n}", r.stdout)
+
+    def test_exit_code_and_summary(self):
+        r = run(["--nproc-per-node", "2", "--master-port", "0", "--no-python", WORKER, "--only-rank", "1",
+                 "--exit", "7"])
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn("Root Cause (first observed failure)", r.stderr)
+        self.assertIn("rank       : 1 (local_rank: 1)", r.stderr)
+
+    def test_sigsegv(self):
+        r = run(["--standalone", "--no-python", WORKER, "--signal-self", "11"])
+        self.assertEqual(r.returncode, 139, r.stderr)
+        self.assertIn("SIGSEGV (signal 11)", r.stderr)
+
+    def test_restarts(self):
+        r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", WORKER,
+                 "--dump-env", self.p("env_%r_%a.json"), "--fail-on-attempt", "0", "--only-rank", "0",
+                 "--exit", "5"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("restarting worker group (attempt 1 of 2)", r.stderr)
+        with open(self.p("env_1_1.json")) as f:
+            self.assertEqual(json.load(f)["TORCHELASTIC_RESTART_COUNT"], "1")
+        self.assertFalse(os.path.exists(self.p("env_0_2.json")))
+
+    def test_sigint_forwarded(self):
+        proc = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", "--no-python", WORKER,
+                                 "--ready-file", "-", "--sleep-ms", "60000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            pids = read_ready(proc, 2, 20)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=20)
+            self.assertEqual(proc.returncode, 130)
+            for pid in pids:
+                self.assertTrue(gone(pid, 5), pid)
+        finally:
+            proc.kill()
+            proc.communicate()
+            proc.stdout.close()
+
+    def test_kill9_leaves_no_orphans(self):
+        proc = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", "--no-python", WORKER,
+                                 "--ready-file", "-", "--sleep-ms", "60000", "--ignore-sigterm"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            pids = read_ready(proc, 2, 20)
+            proc.kill()
+            proc.wait(timeout=10)
+            for pid in pids:
+                self.assertTrue(gone(pid, 5), f"worker {pid} survived kill -9 of ddprun")
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+    def test_tee_prefix_and_log_layout(self):
+        r = run(["--standalone", "--nproc-per-node", "2", "--tee", "3", "--log-dir", self.p("logs"),
+                 "--rdzv-id", "job9", "--no-python", WORKER, "--print-lines", "2"],
+                env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${role_name}:${rank}]"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[default:1]rank 1 line 1 stdout\n", r.stdout)
+        self.assertIn("[default:0]rank 0 line 0 stderr\n", r.stderr)
+        # The job dir is <log_dir>/<run_id>_<random>; standalone picks its own run id.
+        jobs = os.listdir(self.p("logs"))
+        self.assertEqual(len(jobs), 1)
+        with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "1", "stdout.log")) as f:
+            self.assertEqual(f.read(), "rank 1 line 0 stdout\nrank 1 line 1 stdout\n")
+
+    def test_redirects_and_filter(self):
+        r = run(["--standalone", "--nproc-per-node", "3", "--redirects", "0:3", "--local-ranks-filter", "1",
+                 "--log-dir", self.p("logs"), "--no-python", WORKER, "--print-lines", "1"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("rank 1 line 0 stdout", r.stdout)
+        self.assertNotIn("rank 0 line 0 stdout", r.stdout)
+        self.assertNotIn("rank 2 line 0 stdout", r.stdout)
+
+    def test_error_file_summary(self):
+        r = run(["--standalone", "--no-python", WORKER, "--write-error-file", "ValueError: boom", "--exit", "1"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("message    : ValueError: boom", r.stderr)
+        self.assertIn("Traceback (most recent call last):", r.stderr)
+
+    def test_port_in_use(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        try:
+            r = run(["--master-port", str(port), "--no-python", WORKER])
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(f"127.0.0.1:{port}", r.stderr)
+            self.assertIn("--master-port 0", r.stderr)
+        finally:
+            s.close()
+
+    def test_torch_gloo_allreduce_over_agent_store(self):
+        r = run(["--standalone", "--nproc-per-node", "2", os.path.join(HERE, "ddp_gloo_worker.py")],
+                timeout=120, env={"PYTHON_EXEC": PYTHON})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("allreduce ok rank=0 attempt=0 sum=3", r.stdout)
+        self.assertIn("allreduce ok rank=1 attempt=0 sum=3", r.stdout)
+
+    def test_torch_restart_reinitialises_over_fresh_store(self):
+        r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                 os.path.join(HERE, "ddp_gloo_worker.py"), "fail-first"],
+                timeout=120, env={"PYTHON_EXEC": PYTHON})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("allreduce ok rank=0 attempt=1 sum=3", r.stdout)
+        self.assertIn("allreduce ok rank=1 attempt=1 sum=3", r.stdout)
+
+
+if __name__ == "__main__":
+    if not os.path.exists(DDPRUN):
+        print(f"{DDPRUN} not built", file=sys.stderr)
+        sys.exit(1)
+    unittest.main(verbosity=2)
