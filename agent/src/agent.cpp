@@ -16,6 +16,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -134,11 +135,15 @@ std::string hostname() {
 
 std::vector<std::string> worker_args(const AgentConfig& config, int local_rank) {
   std::vector<std::string> argv = config.worker_argv;
+  std::string arg;
   switch (config.local_rank_arg) {
-    case AgentConfig::LocalRankArg::dash: argv.push_back("--local-rank=" + std::to_string(local_rank)); break;
-    case AgentConfig::LocalRankArg::underscore: argv.push_back("--local_rank=" + std::to_string(local_rank)); break;
-    case AgentConfig::LocalRankArg::none: break;
+    case AgentConfig::LocalRankArg::dash: arg = "--local-rank=" + std::to_string(local_rank); break;
+    case AgentConfig::LocalRankArg::underscore: arg = "--local_rank=" + std::to_string(local_rank); break;
+    case AgentConfig::LocalRankArg::none: return argv;
   }
+  // Before the script's own arguments, as torch.distributed.launch puts it.
+  const std::size_t at = std::min(config.user_args_index, argv.size());
+  argv.insert(argv.begin() + static_cast<std::ptrdiff_t>(at), std::move(arg));
   return argv;
 }
 

@@ -40,25 +40,31 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 import torch.distributed as dist
 s = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=120),
                   wait_for_workers=False)
-print(s.port, flush=True)
+import torch
+print(s.port, torch.__version__, flush=True)
 sys.stdin.read()
 """
 
 TORCH_CLIENT = r"""
 import datetime, json, sys, time
 import torch.distributed as dist
-port, op, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-c = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=60))
-c.set("py_key", "v" * 16)
-f = (lambda: c.get("py_key")) if op == "get" else (lambda: c.add("py_key_ctr", 1))
-for _ in range(500): f()
-lat = []
-pc = time.perf_counter_ns
-for _ in range(n):
-    t = pc(); f(); lat.append(pc() - t)
-lat.sort()
-print(json.dumps({"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(0.99 * (len(lat) - 1))] / 1e3,
-                  "mean_us": sum(lat) / len(lat) / 1e3}))
+n = int(sys.argv[1])
+out = {}
+for spec in sys.argv[2:]:  # PORT:OP ...
+    port, op = spec.split(":")
+    c = dist.TCPStore("127.0.0.1", int(port), None, False, timeout=datetime.timedelta(seconds=60))
+    c.set("py_key", "v" * 16)
+    f = (lambda: c.get("py_key")) if op == "get" else (lambda: c.add("py_key_ctr", 1))
+    for _ in range(500): f()
+    lat = []
+    pc = time.perf_counter_ns
+    for _ in range(n):
+        t = pc(); f(); lat.append(pc() - t)
+    lat.sort()
+    out[spec] = {"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(0.99 * (len(lat) - 1))] / 1e3,
+                 "mean_us": sum(lat) / len(lat) / 1e3}
+    del c
+print(json.dumps(out))
 """
 
 children = []
@@ -87,11 +93,16 @@ def start_ours(bin_dir):
     return p, int(line.rsplit(":", 1)[1])
 
 
-def start_torch():
+def spawn_torch():
     p = subprocess.Popen([sys.executable, "-c", TORCH_SERVER], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)
     children.append(p)
-    return p, int(readline(p, 60))
+    return p
+
+
+def await_torch(p):
+    port, version = readline(p, 60).split()
+    return int(port), version
 
 
 def run_json(cmd, timeout):
@@ -99,6 +110,30 @@ def run_json(cmd, timeout):
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def git_revision():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev or "unknown") + ("+local changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_type(bin_dir):
+    """CMAKE_BUILD_TYPE of the build that produced bin_dir (its CMakeCache.txt is one up)."""
+    try:
+        with open(os.path.join(bin_dir, "..", "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def summary(values):
@@ -130,8 +165,9 @@ def main():
 
     t_start = time.monotonic()
     load_before = os.getloadavg()
+    torch_srv = spawn_torch()  # starts while ddprun-rdzvd starts (import torch takes ~1 s)
     ours, ours_port = start_ours(args.bin_dir)
-    torch_srv, torch_port = start_torch()
+    torch_port, torch_version = await_torch(torch_srv)
     servers = {"ddprun-rdzvd": ours_port, "torch-1.13": torch_port}
     # (label, server, client, generation)
     serial_cfgs = [("ddprun-rdzvd", "C++ modern"), ("ddprun-rdzvd", "C++ modern pipelined-get"),
@@ -145,17 +181,20 @@ def main():
 
     try:
         for rep in range(reps):
+            # torch's Python client: one interpreter (one `import torch`) for all its configs
+            specs = [f"{servers[s]}:{op}" for s, c in serial_cfgs if c == "Python torch"
+                     for op in ("get", "add")]
+            py = run_json([sys.executable, "-c", TORCH_CLIENT, str(n_py), *specs], 300)
             for server, client in serial_cfgs:
                 port = servers[server]
                 for op in ("get", "add"):
-                    if client.startswith("C++"):
+                    if not client.startswith("C++"):
+                        r = py[f"{port}:{op}"]
+                    else:
                         gen = client.split()[1]
                         piped = "1" if "pipelined" in client else "0"
                         r = run_json([bench, "serial", "--port", str(port), "--generation", gen,
                                       "--op", op, "--n", str(n_cpp), "--pipelined-get", piped], 120)
-                    else:
-                        r = run_json([sys.executable, "-c", TORCH_CLIENT, str(port), op,
-                                      str(n_py)], 120)
                     add(("serial", server, client, op, "p50_us"), r["p50_us"])
                     add(("serial", server, client, op, "p99_us"), r["p99_us"])
             for server, gen in (("ddprun-rdzvd", "modern"), ("torch-1.13", "legacy")):
@@ -183,7 +222,6 @@ def main():
     elapsed = time.monotonic() - t_start
     load_after = os.getloadavg()
 
-    import torch  # only for its version string
     results = []
     for key, values in raw.items():
         kind, server, client, what, unit = key
@@ -191,11 +229,13 @@ def main():
                         "unit": unit, **summary(values)})
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join(([f"nice -n {os.nice(0)}"] if os.nice(0) else []) + [sys.executable] + sys.argv),
+        "build_type": build_type(args.bin_dir),
+        "ddprun_revision": git_revision(),
         "quick": quick, "reps": reps, "serial_ops_cpp": n_cpp, "serial_ops_python": n_py,
         "throughput_seconds": tp_secs, "cpus": os.cpu_count(), "machine": platform.machine(),
         "kernel": platform.release(), "python": platform.python_version(),
-        "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
+        "torch": torch_version, "loadavg_before": load_before, "loadavg_after": load_after,
         "elapsed_s": round(elapsed, 1), "goals": GOALS,
     }
     doc = {"meta": meta, "results": results}
@@ -236,7 +276,9 @@ def fmt(r, digits=1):
 def markdown(doc):
     m, res = doc["meta"], doc["results"]
     idx = {(r["kind"], r["server"], r["client"], r["what"], r["unit"]): r for r in res}
-    out = [f"Measured {m['date']} with `{m['command']}`: {m['cpus']} vCPU, kernel {m['kernel']}, "
+    out = [f"Measured {m['date']} with `{m['command']}` ({m['build_type']} build of ddprun "
+           f"{m['ddprun_revision']}): "
+           f"{m['cpus']} vCPU, kernel {m['kernel']}, "
            f"Python {m['python']}, torch {m['torch']}; {m['reps']} run(s) per figure, median "
            f"(min–max); {m['serial_ops_cpp']} serial ops per C++ run, {m['serial_ops_python']} per "
            f"Python run; load average {m['loadavg_before'][0]:.1f} before, "

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <optional>
+#include <set>
 
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
@@ -139,6 +140,8 @@ class Parsed {
     app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app_.footer(std::string(kFooter));
     app_.get_formatter()->column_width(40);
+    // The usage line is "Usage: ddprun [" + label + "]": name the program part there too.
+    app_.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
     for (const auto& spec : kFlags) {
       std::string names;
       if (!spec.short_name.empty()) names += "-" + std::string(spec.short_name) + ",";
@@ -390,9 +393,54 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
   req.no_python = p.flag("no-python");
   req.run_path = p.flag("run-path");
   ResolvedProgram prog = resolve_program(req, ctx.env, ctx.cwd);
+  cfg.user_args_index = prog.argv.size() - req.args.size();
   cfg.worker_argv = std::move(prog.argv);
   cfg.python_worker = prog.python_worker;
   cfg.working_dir = ctx.cwd;
+}
+
+// argparse (and so torchrun) accepts unambiguous abbreviations of long options: --nproc 4 is
+// --nproc_per_node 4. CLI11 does not, so expand them here, in ddprun's part of the command line
+// only (up to the program or "--").
+std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args) {
+  std::vector<std::string> out = args;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::string& arg = out[i];
+    if (arg == "--" || arg.empty() || arg.front() != '-' || arg == "-") break;  // the program starts here
+    if (!starts_with(arg, "--")) {
+      // Short options: -r/-t take a value unless it is attached (-r3); -m and -h take none.
+      if (arg.size() == 2 && (arg[1] == 'r' || arg[1] == 't')) ++i;
+      continue;
+    }
+    const auto eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const FlagSpec* match = nullptr;
+    bool exact = name == "help";
+    std::set<const FlagSpec*> prefixed;  // dash and underscore spellings of one flag count once
+    std::string first_spelling;
+    std::string candidates;
+    for (const auto& spec : kFlags) {
+      for (const std::string& spelled : {std::string(spec.dash), underscore(spec.dash)}) {
+        if (spelled == name) {
+          exact = true;
+          match = &spec;
+        } else if (!name.empty() && starts_with(spelled, name) && !prefixed.contains(&spec)) {
+          prefixed.insert(&spec);
+          if (first_spelling.empty()) first_spelling = spelled;
+          candidates += (candidates.empty() ? "--" : ", --") + spelled;
+        }
+      }
+    }
+    if (!exact && prefixed.size() > 1) {
+      throw UsageError("ambiguous option --" + name + " could match " + candidates, "spell the option out");
+    }
+    if (!exact && prefixed.size() == 1) {
+      match = *prefixed.begin();
+      out[i] = "--" + first_spelling + (eq == std::string::npos ? std::string() : arg.substr(eq));
+    }
+    if (match != nullptr && match->kind == Kind::value && eq == std::string::npos) ++i;  // skip its value
+  }
+  return out;
 }
 
 }  // namespace
@@ -421,7 +469,8 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, const Par
   p.define();
   LaunchOptions out;
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    const std::vector<std::string> expanded = expand_abbreviations(args);
+    std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
     p.app().parse(reversed);
   } catch (const CLI::CallForHelp&) {
     out.action = Action::help;

@@ -815,6 +815,10 @@ std::uint64_t StoreClient::reconnects() const {
 DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
                                      std::chrono::milliseconds timeout) {
   const SteadyTime deadline = now() + timeout;
+  // A 1.13 server reads our VALIDATE as a SET with a ~2^40-byte key and sits in a blocking
+  // recv() for it, stalling all its clients until we close (protocol §2.5, §10.14). So each
+  // probe waits only briefly for its answer; a modern server answers within a round trip.
+  const milliseconds probe_wait = std::max(milliseconds(250), timeout / 8);
   const std::string where = endpoint_text(host, port);
   std::string err;
   auto open = [&]() {
@@ -831,13 +835,14 @@ DetectedGeneration detect_generation(const std::string& host, std::uint16_t port
           backoff.next_delay(), deadline - now()));
     }
   };
+  auto probe_deadline = [&]() { return std::min(deadline, now() + probe_wait); };
   {
     const int fd = open();
     const std::uint32_t nonce = handshake_nonce();
     const std::string hello = validate_and_ping_bytes(nonce);
     std::array<char, 4> echo{};
     const bool ok = send_all_raw(fd, hello.data(), hello.size(), err) &&
-                    recv_exact_raw(fd, echo.data(), echo.size(), deadline, err);
+                    recv_exact_raw(fd, echo.data(), echo.size(), probe_deadline(), err);
     ::close(fd);
     if (ok) {
       wire::WireReader r(std::string_view(echo.data(), echo.size()));
@@ -853,7 +858,7 @@ DetectedGeneration detect_generation(const std::string& host, std::uint16_t port
     for (int i = 0; i < 4; ++i) wire::put_u8(probe, numkeys);
     std::array<char, 32> replies{};
     const bool ok = send_all_raw(fd, probe.data(), probe.size(), err) &&
-                    recv_exact_raw(fd, replies.data(), replies.size(), deadline, err);
+                    recv_exact_raw(fd, replies.data(), replies.size(), probe_deadline(), err);
     ::close(fd);
     return ok ? DetectedGeneration::modern_no_ping : DetectedGeneration::legacy;
   }

@@ -65,7 +65,6 @@ struct Connection {
   std::size_t end = 0;     // one past the last received byte
   std::size_t need = 1;    // do not parse before this many unparsed bytes are buffered
   DecoderState decoder;
-  bool extension_mode = false;
   std::string pending;     // produced, not yet handed to async_write
   std::string writing;     // owned by the async_write in flight
   bool write_in_flight = false;
@@ -260,9 +259,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     current = c;
     while (!c->closed && c->end - c->begin >= c->need) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
-      DecodeResult r;
-      if (!c->extension_mode) r = decode_request(view, c->decoder, options.limits, request);
-      if (c->extension_mode || r.status == DecodeStatus::extension) {
+      DecodeResult r = decode_request(view, c->decoder, options.limits, request);
+      if (r.status == DecodeStatus::extension) {
         if (!options.extension) {
           close(c, fmt::format("opcode 0x{:02x} is in the extension range and no extension is installed",
                                static_cast<unsigned char>(view[0])), true);

@@ -497,12 +497,13 @@ TEST_CASE("dry run prints argv, env and cwd per rank without starting anything")
   TempDir dir;
   auto c = make_config(dir, 2, {"--exit", "1"});
   c.local_rank_arg = AgentConfig::LocalRankArg::dash;
+  c.user_args_index = 1;  // after the program, before its own arguments (torch.distributed.launch)
   c.working_dir = dir.path;
   std::ostringstream out;
   print_dry_run(c, out);
   const auto text = out.str();
   CHECK_THAT(text, Catch::Contains("local rank 1:"));
-  CHECK_THAT(text, Catch::Contains(std::string(DDPRUN_TEST_WORKER) + " --exit 1 --local-rank=1"));
+  CHECK_THAT(text, Catch::Contains(std::string(DDPRUN_TEST_WORKER) + " --local-rank=1 --exit 1"));
   CHECK_THAT(text, Catch::Contains("    RANK=1\n"));
   CHECK_THAT(text, Catch::Contains("MASTER_PORT=<chosen at launch>"));
   CHECK_THAT(text, Catch::Contains("cwd: " + dir.path));

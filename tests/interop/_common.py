@@ -228,3 +228,13 @@ def main(fn):
         fn()
     finally:
         kill_all()
+
+
+def detect(port, timeout_ms=2000):
+    """detect_generation() through the driver; returns "legacy" / "modern_no_ping" / "modern"."""
+    r = subprocess.run([binary("store_client_driver"), "--host", HOST, "--port", str(port),
+                        "--detect-ms", str(timeout_ms)], capture_output=True, timeout=60)
+    reply = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    if not reply["ok"]:
+        raise DriverError(reply["error"], reply["message"])
+    return reply["result"]

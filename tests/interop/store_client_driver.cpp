@@ -16,7 +16,8 @@
 // Replies: {"ok":true,"result":R} with R null, an integer, true/false, "h..." or a list of
 // those; {"ok":false,"error":"TimeoutError|NetworkError|Error|UsageError","message":"..."}.
 // The first line is the connect result: {"ok":true,"result":"connected"} or an error (then
-// exit status 2).
+// exit status 2). With --detect-ms N the driver instead prints the probed generation
+// (detect_generation: "legacy", "modern_no_ping" or "modern") and exits.
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -142,6 +143,7 @@ bool guarded(F&& f) {
 
 int main(int argc, char** argv) {
   StoreClientOptions opt;
+  long detect_ms = -1;
   opt.connect_timeout = std::chrono::seconds(10);
   opt.timeout = std::chrono::seconds(30);
   for (int i = 1; i < argc; ++i) {
@@ -159,7 +161,20 @@ int main(int argc, char** argv) {
     } else if (a == "--timeout-ms") opt.timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(30000));
     else if (a == "--connect-timeout-ms") opt.connect_timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(10000));
     else if (a == "--prefix") opt.key_prefix = v;
+    else if (a == "--detect-ms") detect_ms = ddprun::parse_int(v).value_or(1000);
     else { std::cerr << "store_client_driver: unknown option " << a << "\n"; return 2; }
+  }
+  if (detect_ms >= 0) {
+    return guarded([&] {
+             const auto g = ddprun::rendezvous::detect_generation(
+                 opt.host, opt.port, std::chrono::milliseconds(detect_ms));
+             using D = ddprun::rendezvous::DetectedGeneration;
+             return std::string(g == D::modern           ? "\"modern\""
+                                : g == D::modern_no_ping ? "\"modern_no_ping\""
+                                                         : "\"legacy\"");
+           })
+               ? 0
+               : 2;
   }
   std::optional<StoreClient> client;
   if (!guarded([&] { client.emplace(opt); return std::string("\"connected\""); })) return 2;

@@ -6,7 +6,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import Checker, Driver, DriverError, main, start_torch_server, torch_client  # noqa: E402
+from _common import (Checker, Driver, DriverError, detect, main, start_torch_server,  # noqa: E402
+                     torch_client)
 
 
 def test():
@@ -69,6 +70,10 @@ def test():
         ck.true("modern op refused in legacy: " + e.message,
                 e.kind == "Error" and "1.13 protocol generation" in e.message)
     ck.eq("connection still fine", d.call("get", "k2"), b"\x00binary\xff")
+    # Probing: torch 1.13 is detected as legacy, and the probe does not break the server.
+    ck.eq("detect_generation", detect(port), "legacy")
+    ck.eq("server fine after the probe", d.call("get", "k2"), b"\x00binary\xff")
+    ck.eq("torch client fine after the probe", t.get("k2"), b"\x00binary\xff")
     d.close()
     d2.close()
     ck.finish("ddprun client vs torch server")

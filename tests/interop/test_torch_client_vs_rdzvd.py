@@ -7,7 +7,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import Checker, Driver, main, start_rdzvd, torch_client  # noqa: E402
+from _common import Checker, Driver, detect, main, start_rdzvd, torch_client  # noqa: E402
 
 
 def test():
@@ -81,6 +81,7 @@ def test():
     ck.eq("num_keys unchanged by second world_size client", w2.num_keys(), 5)
     ck.eq("ddprun list_keys hides init/",
           drv.call("list_keys"), [b"cas", b"cnt", b"fromcpp", b"late"])
+    ck.eq("detect_generation on ddprun-rdzvd", detect(port), "modern")
     del w1, w2
     drv.close()
     ck.finish("torch client vs ddprun-rdzvd")

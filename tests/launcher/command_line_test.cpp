@@ -255,6 +255,7 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   const auto o = sb.parse({"--nproc-per-node", "2", "train.py", "--nproc-per-node", "5", "-m", "x"});
   CHECK(o.config.nproc_per_node == 2);
   CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "--nproc-per-node", "5", "-m", "x"});
+  CHECK(o.config.user_args_index == 3);  // where a legacy --local-rank argument goes
 
   const auto help_after = sb.parse({"train.py", "--help", "--version", "--", "-h"});
   CHECK(help_after.action == Action::run);
@@ -264,11 +265,13 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   const auto module = sb.parse({"-m", "pkg.train", "--standalone", "--lr=3"});
   CHECK_FALSE(module.config.standalone);
   CHECK(module.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "-m", "pkg.train", "--standalone", "--lr=3"});
+  CHECK(module.config.user_args_index == 4);
 
   const auto exe = sb.parse({"--no-python", "tool", "-r", "3", "--nnodes=9"});
   CHECK(exe.config.redirects_all == Streams::none);
   CHECK(exe.config.max_nodes == 1);
   CHECK(exe.config.worker_argv == Strings{sb.path("bin/tool"), "-r", "3", "--nnodes=9"});
+  CHECK(exe.config.user_args_index == 1);
 
   // "--" ends ddprun's options explicitly.
   CHECK(sb.parse({"--nproc-per-node", "2", "--", "train.py", "x"}).config.worker_argv ==
@@ -409,4 +412,23 @@ TEST_CASE("ParseContext::from_process reads the real environment") {
   CHECK(ctx.online_cpus >= 1);
   CHECK(ctx.cwd == std::filesystem::current_path());
   CHECK(ctx.env.contains("PATH"));
+}
+
+TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
+  Sandbox sb;
+  const auto o = sb.parse({"--nproc", "3", "--max_re=2", "--stand", "--master-a", "10.0.0.1", "train.py", "--nproc", "9"});
+  CHECK(o.config.nproc_per_node == 3);
+  CHECK(o.config.max_restarts == 2);
+  CHECK(o.config.standalone);
+  CHECK(o.config.master_addr == "10.0.0.1");
+  CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "--nproc", "9"});
+  // A value that looks like an abbreviation is left alone.
+  CHECK(sb.parse({"--role", "--nproc", "train.py"}).config.role == "--nproc");
+  CHECK_THROWS_WITH(sb.parse({"--n", "2", "train.py"}),
+                    Contains("ambiguous option --n") && Contains("--nnodes") && Contains("--nproc-per-node"));
+  CHECK_THROWS_WITH(sb.parse({"--master", "h", "train.py"}), Contains("--master-addr") && Contains("--master-port"));
+  // Short options with attached values.
+  const auto s = sb.parse({"-r3", "-t", "0:1", "train.py"});
+  CHECK(s.config.redirects_all == Streams::both);
+  CHECK(s.config.tee == std::map<int, Streams>{{0, Streams::out}});
 }

@@ -1,6 +1,7 @@
 // StoreServer over real loopback sockets, driven with hand-written bytes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -311,9 +312,68 @@ TEST_CASE("a client that does not read its replies is paused, then served comple
   });
   const std::string expected = test::str(value);
   std::size_t good = 0;
-  for (int i = 0; i < n; ++i) good += c.recv(expected.size(), std::chrono::seconds(30)) == expected ? 1 : 0;
+  for (int i = 0; i < n; ++i) good += c.recv(expected.size(), std::chrono::seconds(30)) == expected ? 1u : 0u;
   sender.join();
-  CHECK(good == n);
+  CHECK(good == static_cast<std::size_t>(n));
   c.send(hex("07"));
   CHECK(c.recv(8) == test::i64(1));
+}
+
+namespace {
+
+// A toy extension: 0x40 <u8 n> <n bytes> -> replies the bytes reversed; 0x41 -> error.
+class EchoExtension : public StoreExtension {
+ public:
+  DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override {
+    DecodeResult r;
+    if (static_cast<unsigned char>(buffer[0]) != 0x40) {
+      r.status = DecodeStatus::error;
+      r.reason = "toy extension knows only 0x40";
+      return r;
+    }
+    if (buffer.size() < 2) {
+      r.min_total = 2;
+      return r;
+    }
+    const auto n = static_cast<unsigned char>(buffer[1]);
+    if (buffer.size() < 2u + n) {
+      r.min_total = 2u + n;
+      return r;
+    }
+    std::string body(buffer.substr(2, n));
+    std::reverse(body.begin(), body.end());
+    outbox.buffer(conn) += body;
+    ++frames;
+    keys_seen = state.num_keys();
+    r.status = DecodeStatus::ok;
+    r.consumed = 2u + n;
+    return r;
+  }
+  void on_disconnect(ConnectionId) override { ++disconnects; }
+  int frames = 0;
+  int disconnects = 0;
+  std::size_t keys_seen = 0;
+};
+
+}  // namespace
+
+TEST_CASE("extension frames reach the installed StoreExtension, mixed with torch ops", "[server]") {
+  auto ext = std::make_shared<EchoExtension>();
+  StoreServerOptions opts;
+  opts.extension = ext;
+  {
+    ServerThread server(opts);
+    RawClient c(server.port());
+    c.send(hex("40 03") + "abc");  // an extension frame may open a connection
+    CHECK(c.recv(3) == "cba");
+    c.send(test::validate_bytes + hex("01") + test::str("/k") + test::str("v") + hex("40 02"));
+    c.send("xy" + (hex("03") + test::str("/k")));  // split extension frame, then a GET
+    CHECK(c.recv(2 + 9) == "yx" + test::str("v"));
+    RawClient bad(server.port());
+    bad.send(hex("41"));
+    CHECK(bad.closed_by_peer());
+    CHECK(server.on_io([&] { return ext->frames; }) == 2);
+    CHECK(server.on_io([&] { return ext->keys_seen; }) == 1u);
+  }
+  CHECK(ext->disconnects == 2);
 }

@@ -3,6 +3,7 @@
 // (launcher/ turns flags, PET_* variables and defaults into this). The agent never parses
 // user text itself.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -24,6 +25,10 @@ struct AgentConfig {
   // Legacy torch.distributed.launch behaviour (--use-env off): append --local-rank=N /
   // --local_rank=N to each worker's arguments.
   enum class LocalRankArg : std::uint8_t { none, dash, underscore } local_rank_arg = LocalRankArg::none;
+  // Index in worker_argv where the user's own arguments begin (after interpreter, -u, script):
+  // the legacy --local-rank argument is inserted there, as torch.distributed.launch does.
+  // Values past the end mean "append".
+  std::size_t user_args_index = static_cast<std::size_t>(-1);
   std::optional<std::filesystem::path> working_dir;  // default: the agent's cwd
 
   int nproc_per_node = 1;

@@ -52,9 +52,10 @@ enum class DetectedGeneration : std::uint8_t {
   modern,          // VALIDATE + PING (2.5+, ddprun-rdzvd)
 };
 
-// Probes host:port (a few short connections) and reports the generation. Throws
-// NetworkError when nothing answers within `timeout`. Prefer configuring the generation;
-// probing costs up to three connections and makes a 1.13 server log errors.
+// Probes host:port (two short connections, protocol §2.3) and reports the generation.
+// Throws NetworkError when nothing accepts a connection within `timeout`. Prefer
+// configuring the generation: against a 1.13 server each probe waits max(250 ms,
+// timeout/8) for an answer that never comes, and that server serves nobody else meanwhile.
 DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
                                      std::chrono::milliseconds timeout);
 

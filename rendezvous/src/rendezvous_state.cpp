@@ -1,0 +1,887 @@
+// Rendezvous decisions: see rendezvous_state.hpp for the contract and the transition table.
+#include "ddprun/rendezvous/rendezvous_state.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace ddprun::rendezvous {
+
+namespace {
+
+std::string node_label(const NodeInfo& info) {
+  return info.addr.empty() ? info.id.to_string() : info.addr + " (" + info.id.to_string() + ")";
+}
+
+std::string nnodes(int min_nodes, int max_nodes) {
+  return min_nodes == max_nodes ? std::to_string(min_nodes)
+                                : fmt::format("{}:{}", min_nodes, max_nodes);
+}
+
+Duration until(TimePoint deadline, TimePoint now) {
+  return deadline > now ? deadline - now : Duration::zero();
+}
+
+}  // namespace
+
+std::string format_seconds(Duration d) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  if (ms % 1000 == 0) return fmt::format("{} s", ms / 1000);
+  std::string text = fmt::format("{:.3f}", static_cast<double>(ms) / 1000.0);
+  while (text.back() == '0') text.pop_back();
+  return text + " s";
+}
+
+std::string NodeId::to_string() const { return fmt::format("{}:{}/{}", addr, pid, instance); }
+
+std::string JobConfig::validate() const {
+  if (min_nodes < 1) return fmt::format("min_nodes must be >= 1, got {}", min_nodes);
+  if (max_nodes < min_nodes)
+    return fmt::format("max_nodes ({}) must be >= min_nodes ({})", max_nodes, min_nodes);
+  if (max_restarts < 0) return fmt::format("max_restarts must be >= 0, got {}", max_restarts);
+  if (missed_heartbeats < 1)
+    return fmt::format("missed_heartbeats must be >= 1, got {}", missed_heartbeats);
+  const std::pair<const char*, Duration> positive[] = {
+      {"join_timeout", join_timeout},           {"last_call_timeout", last_call_timeout},
+      {"close_timeout", close_timeout},         {"heartbeat_interval", heartbeat_interval},
+      {"exit_barrier_timeout", exit_barrier_timeout}, {"rebuild_grace", rebuild_grace}};
+  for (const auto& [name, value] : positive) {
+    if (value <= Duration::zero())
+      return fmt::format("{} must be > 0, got {}", name, format_seconds(value));
+  }
+  return {};
+}
+
+int WorkerFailure::ddprun_exit_code() const {
+  if (signal) return 128 + *signal;
+  if (exit_code && *exit_code != 0) return *exit_code;
+  return 1;
+}
+
+std::string RootCause::describe() const {
+  std::string text = fmt::format("rank {} (local rank {} on node {}, group rank {})",
+                                 failure.global_rank, failure.local_rank,
+                                 node_addr.empty() ? failure.node.to_string() : node_addr,
+                                 group_rank);
+  if (failure.signal) {
+    text += fmt::format(" was killed by signal {}", *failure.signal);
+  } else if (failure.exit_code) {
+    text += fmt::format(" exited with code {}", *failure.exit_code);
+  } else {
+    text += " failed";
+  }
+  if (!failure.message.empty()) text += ": " + failure.message;
+  return text;
+}
+
+const char* to_string(JobState state) {
+  switch (state) {
+    case JobState::waiting: return "waiting";
+    case JobState::running: return "running";
+    case JobState::completed: return "completed";
+    case JobState::failed: return "failed";
+  }
+  return "?";
+}
+
+const char* to_string(MemberRole role) {
+  switch (role) {
+    case MemberRole::joined: return "joined";
+    case MemberRole::expected: return "expected";
+    case MemberRole::participant: return "participant";
+    case MemberRole::late: return "late";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// RendezvousJob
+
+RendezvousJob::RendezvousJob(std::string run_id, JobConfig config, TimePoint now)
+    : run_id_(std::move(run_id)),
+      config_(config),
+      round_started_(now),
+      join_deadline_(now + config.join_timeout) {}
+
+RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& request,
+                                     TimePoint now, Actions& out) {
+  const Assignment& a = *request.assignment;
+  RendezvousJob job(std::move(run_id), request.config, now);
+  job.state_ = JobState::running;
+  job.round_ = a.round;
+  job.restarts_used_ = a.restart_count;
+  Member& m = job.add_member(request.node, MemberRole::participant, now);
+  m.group_rank = a.group_rank;
+  m.assignment = a;
+  for (int r = 0; r < a.group_world_size; ++r) {
+    if (r != a.group_rank) job.absent_ranks_.insert(r);
+  }
+  if (!job.absent_ranks_.empty()) job.rebuild_deadline_ = now + job.config_.rebuild_grace;
+  job.rebuilt_template_ = a;
+  out.push_back(Progress{job.run_id_, request.node.id,
+                         fmt::format("re-registered with rendezvous '{}' in round {} "
+                                     "(rebuilt after a daemon restart)",
+                                     job.run_id_, a.round)});
+  return job;
+}
+
+RendezvousJob::Member* RendezvousJob::find(const NodeId& id) {
+  auto it = members_.find(id);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRole role,
+                                                 TimePoint now) {
+  Member m;
+  m.info = info;
+  m.role = role;
+  m.join_seq = next_join_seq_++;
+  refresh(m, now);
+  return members_.insert_or_assign(info.id, std::move(m)).first->second;
+}
+
+void RendezvousJob::refresh(Member& m, TimePoint now) const {
+  m.last_heartbeat = now;
+  m.lease_deadline = now + config_.lease();
+  m.disconnected = false;
+}
+
+int RendezvousJob::count(MemberRole role) const {
+  return static_cast<int>(std::count_if(members_.begin(), members_.end(),
+                                        [role](const auto& kv) { return kv.second.role == role; }));
+}
+
+std::string RendezvousJob::config_mismatch(const JobConfig& requested) const {
+  std::string diffs;
+  auto add = [&diffs](const std::string& text) {
+    diffs += diffs.empty() ? text : "; " + text;
+  };
+  if (requested.min_nodes != config_.min_nodes || requested.max_nodes != config_.max_nodes) {
+    add(fmt::format("--nnodes: the job has {}, this node asked for {}",
+                    nnodes(config_.min_nodes, config_.max_nodes),
+                    nnodes(requested.min_nodes, requested.max_nodes)));
+  }
+  if (requested.max_restarts != config_.max_restarts) {
+    add(fmt::format("--max-restarts: the job has {}, this node asked for {}",
+                    config_.max_restarts, requested.max_restarts));
+  }
+  if (diffs.empty()) return {};
+  return fmt::format("configuration mismatch for rendezvous '{}': {} (start every node with the "
+                     "same values)",
+                     run_id_, diffs);
+}
+
+Actions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) const {
+  if (state_ == JobState::completed) {
+    if (members_.count(node) != 0) return {SendJobCompleted{run_id_, node}};
+    return {Refuse{run_id_, node,
+                   fmt::format("rendezvous '{}' already completed; its id can be reused in {} "
+                               "(close_timeout) or pick a new --rdzv-id",
+                               run_id_,
+                               format_seconds(gc_deadline_ ? until(*gc_deadline_, now)
+                                                           : Duration::zero()))}};
+  }
+  if (members_.count(node) != 0)
+    return {SendJobFailed{run_id_, node, result_reason_, root_cause_, result_exit_code_}};
+  return {Refuse{run_id_, node,
+                 fmt::format("rendezvous '{}' already failed ({}); pick a new --rdzv-id or retry "
+                             "in {}",
+                             run_id_, result_reason_,
+                             format_seconds(gc_deadline_ ? until(*gc_deadline_, now)
+                                                         : Duration::zero()))}};
+}
+
+std::string RendezvousJob::progress_text(TimePoint now) const {
+  switch (state_) {
+    case JobState::waiting: {
+      const int joined = count(MemberRole::joined);
+      const int expected = count(MemberRole::expected);
+      const int target = std::max(config_.min_nodes, joined + expected);
+      std::string text =
+          fmt::format("waiting for nodes: {}/{} joined (min {}, max {})", joined, target,
+                      config_.min_nodes, config_.max_nodes);
+      if (joined >= config_.min_nodes && last_call_) {
+        text += ", last call in " + format_seconds(until(*last_call_, now));
+      } else {
+        text += ", join timeout in " + format_seconds(until(join_deadline_, now));
+      }
+      return text;
+    }
+    case JobState::running: {
+      const int participants = count(MemberRole::participant);
+      if (exit_barrier_) {
+        int done = 0;
+        for (const auto& [id, m] : members_) done += (m.succeeded ? 1 : 0);
+        return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", done,
+                           participants + static_cast<int>(absent_ranks_.size()),
+                           format_seconds(until(*exit_barrier_, now)));
+      }
+      return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants,
+                         restarts_used_, config_.max_restarts);
+    }
+    case JobState::completed: return "completed";
+    case JobState::failed: return "failed: " + result_reason_;
+  }
+  return {};
+}
+
+void RendezvousJob::send_progress(Actions& out, TimePoint now) const {
+  if (state_ != JobState::waiting) return;
+  const std::string text = progress_text(now);
+  for (const auto& [id, m] : members_) {
+    if (m.role == MemberRole::joined) out.push_back(Progress{run_id_, id, text});
+  }
+}
+
+void RendezvousJob::evaluate_waiting(Actions& out, TimePoint now) {
+  if (state_ != JobState::waiting) return;
+  const int joined = count(MemberRole::joined);
+  const int expected = count(MemberRole::expected);
+  if (joined >= config_.max_nodes) {
+    close_round(out);
+  } else if (joined >= config_.min_nodes) {
+    if (roster_round_ && expected == 0) {
+      close_round(out);
+      return;
+    }
+    if (!last_call_) last_call_ = now + config_.last_call_timeout;
+    if (now >= *last_call_) close_round(out);
+  } else {
+    last_call_.reset();
+    if (now >= join_deadline_) {
+      std::string reason = fmt::format(
+          "rendezvous '{}' timed out after {} waiting for nodes: {}/{} joined (min {})", run_id_,
+          format_seconds(config_.join_timeout), joined, config_.min_nodes, config_.min_nodes);
+      if (!last_end_reason_.empty()) reason += "; the last round ended because " + last_end_reason_;
+      fail_job(out, reason, std::nullopt, kRendezvousFailureExitCode, now);
+    }
+  }
+}
+
+void RendezvousJob::close_round(Actions& out) {
+  std::vector<Member*> roster;
+  for (auto& [id, m] : members_) {
+    if (m.role == MemberRole::joined) roster.push_back(&m);
+  }
+  const int n = static_cast<int>(roster.size());
+  std::sort(roster.begin(), roster.end(),
+            [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
+  // Stable ranks: keep the previous rank when it still fits and is free, then fill the gaps in
+  // join order.
+  std::vector<Member*> by_rank(static_cast<std::size_t>(n), nullptr);
+  std::vector<Member*> unplaced;
+  for (Member* m : roster) {
+    if (m->prev_rank && *m->prev_rank >= 0 && *m->prev_rank < n &&
+        by_rank[static_cast<std::size_t>(*m->prev_rank)] == nullptr) {
+      by_rank[static_cast<std::size_t>(*m->prev_rank)] = m;
+    } else {
+      unplaced.push_back(m);
+    }
+  }
+  auto next = unplaced.begin();
+  for (auto& slot : by_rank) {
+    if (slot == nullptr) slot = *next++;
+  }
+
+  Member& master = *by_rank.front();
+  const std::string master_addr =
+      master.info.store_host.empty() ? master.info.addr : master.info.store_host;
+  int world_size = 0;
+  for (const Member* m : by_rank) world_size += m->info.local_world_size;
+
+  state_ = JobState::running;
+  last_call_.reset();
+  exit_barrier_.reset();
+  int offset = 0;
+  for (int rank = 0; rank < n; ++rank) {
+    Member& m = *by_rank[static_cast<std::size_t>(rank)];
+    m.role = MemberRole::participant;
+    m.group_rank = rank;
+    m.succeeded = false;
+    Assignment a;
+    a.round = round_;
+    a.group_rank = rank;
+    a.group_world_size = n;
+    a.local_world_size = m.info.local_world_size;
+    a.rank_offset = offset;
+    a.world_size = world_size;
+    a.master_addr = master_addr;
+    a.master_port = master.info.store_port;
+    a.restart_count = restarts_used_;
+    a.max_restarts = config_.max_restarts;
+    offset += m.info.local_world_size;
+    m.assignment = a;
+    out.push_back(SendAssignment{run_id_, m.info.id, a});
+  }
+  // Survivors that did not make it back in time: their next join is a scale-up.
+  // Their old rank belongs to an older round now, so it no longer claims a slot.
+  for (auto& [id, m] : members_) {
+    if (m.role == MemberRole::expected) {
+      m.role = MemberRole::late;
+      m.prev_rank.reset();
+    }
+  }
+}
+
+void RendezvousJob::end_round(Actions& out, RoundEnd kind, const std::string& reason,
+                              TimePoint now) {
+  const std::uint64_t ended = round_;
+  ++round_;
+  state_ = JobState::waiting;
+  round_started_ = now;
+  join_deadline_ = now + config_.join_timeout;
+  last_call_.reset();
+  exit_barrier_.reset();
+  absent_ranks_.clear();
+  rebuild_deadline_.reset();
+  rebuilt_template_.reset();
+  roster_round_ = true;
+  last_end_reason_ = reason;
+  for (auto& [id, m] : members_) {
+    if (m.role == MemberRole::participant) {
+      m.prev_rank = m.group_rank;
+      m.group_rank = -1;
+      m.succeeded = false;
+      m.assignment.reset();
+      m.role = MemberRole::expected;
+      out.push_back(SendRestart{run_id_, id, ended, kind, restarts_used_, reason});
+    } else if (m.role == MemberRole::late) {
+      // Already told to restart when its own round ended; it is on its way back.
+      m.role = MemberRole::expected;
+    }
+  }
+  evaluate_waiting(out, now);
+  send_progress(out, now);
+}
+
+void RendezvousJob::fail_job(Actions& out, const std::string& reason,
+                             std::optional<RootCause> cause, int exit_code, TimePoint now) {
+  state_ = JobState::failed;
+  result_reason_ = reason;
+  root_cause_ = std::move(cause);
+  result_exit_code_ = exit_code;
+  gc_deadline_ = now + config_.close_timeout;
+  last_call_.reset();
+  exit_barrier_.reset();
+  rebuild_deadline_.reset();
+  for (const auto& [id, m] : members_) {
+    out.push_back(SendJobFailed{run_id_, id, reason, root_cause_, exit_code});
+  }
+}
+
+void RendezvousJob::complete_job(Actions& out, TimePoint now) {
+  state_ = JobState::completed;
+  result_exit_code_ = 0;
+  gc_deadline_ = now + config_.close_timeout;
+  exit_barrier_.reset();
+  rebuild_deadline_.reset();
+  for (const auto& [id, m] : members_) out.push_back(SendJobCompleted{run_id_, id});
+}
+
+void RendezvousJob::check_completion(Actions& out, TimePoint now) {
+  if (state_ != JobState::running || !exit_barrier_ || !absent_ranks_.empty()) return;
+  for (const auto& [id, m] : members_) {
+    if (m.role == MemberRole::participant && !m.succeeded) return;
+  }
+  complete_job(out, now);
+}
+
+void RendezvousJob::mark_gc_if_empty(TimePoint now) {
+  if (closed_ && members_.empty() && !gc_deadline_) gc_deadline_ = now + config_.close_timeout;
+}
+
+void RendezvousJob::remove_members(Actions& out, const std::vector<NodeId>& ids,
+                                   const std::string& reason, TimePoint now) {
+  bool running_participant_lost = false;
+  for (const NodeId& id : ids) {
+    auto it = members_.find(id);
+    if (it == members_.end()) continue;
+    // A participant that already succeeded has done its part: losing it ends nothing.
+    if (it->second.role == MemberRole::participant && !it->second.succeeded)
+      running_participant_lost = true;
+    members_.erase(it);
+  }
+  mark_gc_if_empty(now);
+  if (state_ == JobState::waiting) {
+    evaluate_waiting(out, now);
+    send_progress(out, now);
+  } else if (state_ == JobState::running) {
+    if (running_participant_lost) {
+      const int remaining = count(MemberRole::participant) + count(MemberRole::joined);
+      std::string text = reason;
+      if (remaining < config_.min_nodes) {
+        text += fmt::format("; {} nodes remain (min {}), waiting up to {} for replacements",
+                            remaining, config_.min_nodes, format_seconds(config_.join_timeout));
+      }
+      end_round(out, RoundEnd::membership_change, text, now);
+    } else {
+      check_completion(out, now);
+    }
+  }
+}
+
+Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, TimePoint now) {
+  if (finished()) return final_result_for(node.id, now);
+  Actions out;
+  if (std::string why = config_mismatch(requested); !why.empty()) {
+    out.push_back(Refuse{run_id_, node.id, why});
+    return out;
+  }
+  Member* m = find(node.id);
+  if (m == nullptr && closed_) {
+    out.push_back(Refuse{run_id_, node.id,
+                         fmt::format("rendezvous '{}' is closed: it accepts no new nodes "
+                                     "(pick a new --rdzv-id)",
+                                     run_id_)});
+    return out;
+  }
+  const int capacity_used =
+      state_ == JobState::waiting
+          ? count(MemberRole::joined) + count(MemberRole::expected)
+          : count(MemberRole::participant) + count(MemberRole::joined);
+  auto refuse_full = [&] {
+    out.push_back(Refuse{run_id_, node.id,
+                         fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking "
+                                     "part; spare nodes are not supported (raise the maximum "
+                                     "of --nnodes)",
+                                     run_id_, capacity_used, config_.max_nodes)});
+  };
+  if (m != nullptr) {
+    m->info = node;
+    refresh(*m, now);
+    if (state_ == JobState::waiting) {
+      if (m->role == MemberRole::expected) m->role = MemberRole::joined;
+      evaluate_waiting(out, now);
+      send_progress(out, now);
+    } else if (m->role == MemberRole::participant) {
+      // The node wants a new round (its agent restarted its group): a membership change.
+      m->prev_rank = m->group_rank;
+      m->group_rank = -1;
+      m->succeeded = false;
+      m->assignment.reset();
+      m->role = MemberRole::joined;
+      end_round(out, RoundEnd::membership_change,
+                fmt::format("node {} re-joined while round {} was running", node_label(node),
+                            round_),
+                now);
+    } else if (m->role == MemberRole::late) {
+      if (capacity_used >= config_.max_nodes) {
+        refuse_full();
+        members_.erase(node.id);
+        return out;
+      }
+      m->role = MemberRole::joined;
+      end_round(out, RoundEnd::membership_change,
+                fmt::format("node {} joined late", node_label(node)), now);
+    }
+    // joined while running: already on the wait list, nothing changes.
+    return out;
+  }
+  if (capacity_used >= config_.max_nodes) {
+    refuse_full();
+    return out;
+  }
+  add_member(node, MemberRole::joined, now);
+  if (state_ == JobState::waiting) {
+    evaluate_waiting(out, now);
+    send_progress(out, now);
+  } else {
+    end_round(out, RoundEnd::membership_change,
+              fmt::format("new node {} joined", node_label(node)), now);
+  }
+  return out;
+}
+
+Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
+  const NodeId& id = request.node.id;
+  if (finished()) return final_result_for(id, now);
+  if (std::string why = config_mismatch(request.config); !why.empty())
+    return {Refuse{run_id_, id, why}};
+  const std::optional<Assignment>& a = request.assignment;
+  auto restart_stale = [&](std::uint64_t old_round) -> Actions {
+    return {SendRestart{run_id_, id, old_round, RoundEnd::membership_change, restarts_used_,
+                        fmt::format("round {} of rendezvous '{}' is over (now at round {}); "
+                                    "stop the workers and join again",
+                                    old_round, run_id_, round_)}};
+  };
+  Member* m = find(id);
+  if (m != nullptr) {
+    refresh(*m, now);
+    if (state_ == JobState::running && m->role == MemberRole::participant) {
+      if (a && a->round == round_) {
+        return {Progress{run_id_, id,
+                         fmt::format("re-registered with rendezvous '{}' in round {}", run_id_,
+                                     round_)}};
+      }
+      return {SendAssignment{run_id_, id, *m->assignment}};  // it missed the push
+    }
+    if (a && a->round < round_ &&
+        (m->role == MemberRole::expected || m->role == MemberRole::late)) {
+      return restart_stale(a->round);  // it missed the SendRestart
+    }
+    if (m->role == MemberRole::joined) {
+      Actions out;
+      send_progress(out, now);
+      if (out.empty()) {
+        out.push_back(Progress{run_id_, id, "on the wait list of the running round"});
+      }
+      return out;
+    }
+    return join(request.node, request.config, now);
+  }
+  if (!a) return join(request.node, request.config, now);
+  if (state_ == JobState::running && a->round == round_ && rebuilt_template_ &&
+      absent_ranks_.count(a->group_rank) != 0 &&
+      a->group_world_size == rebuilt_template_->group_world_size &&
+      a->world_size == rebuilt_template_->world_size &&
+      a->restart_count == rebuilt_template_->restart_count &&
+      a->master_addr == rebuilt_template_->master_addr &&
+      a->master_port == rebuilt_template_->master_port) {
+    Member& added = add_member(request.node, MemberRole::participant, now);
+    added.group_rank = a->group_rank;
+    added.assignment = *a;
+    absent_ranks_.erase(a->group_rank);
+    if (absent_ranks_.empty()) rebuild_deadline_.reset();
+    return {Progress{run_id_, id,
+                     fmt::format("re-registered with rendezvous '{}' in round {} (rebuilt after "
+                                 "a daemon restart)",
+                                 run_id_, round_)}};
+  }
+  return restart_stale(a->round);
+}
+
+Actions RendezvousJob::heartbeat(const NodeId& node, TimePoint now) {
+  if (finished()) return final_result_for(node, now);
+  Member* m = find(node);
+  if (m == nullptr) {
+    return {AskRejoin{run_id_, node,
+                      fmt::format("node {} is not a member of rendezvous '{}' (its lease expired "
+                                  "or the daemon restarted); send rejoin",
+                                  node.to_string(), run_id_)}};
+  }
+  refresh(*m, now);
+  return {};
+}
+
+Actions RendezvousJob::disconnected(const NodeId& node, TimePoint now) {
+  Member* m = find(node);
+  if (m == nullptr || finished()) return {};
+  m->lease_deadline = std::min(m->lease_deadline, now + config_.heartbeat_interval);
+  m->disconnected = true;
+  return {};
+}
+
+Actions RendezvousJob::leave(const NodeId& node, TimePoint now) {
+  if (finished()) return {};
+  Actions out;
+  Member* m = find(node);
+  if (m == nullptr) return out;
+  remove_members(out, {node}, fmt::format("node {} left", node_label(m->info)), now);
+  return out;
+}
+
+Actions RendezvousJob::worker_failed(const WorkerFailure& failure, TimePoint now) {
+  Actions out;
+  if (state_ != JobState::running || failure.round != round_) return out;  // stale
+  Member* m = find(failure.node);
+  if (m == nullptr || m->role != MemberRole::participant) return out;
+  RootCause cause{failure, m->info.addr, m->group_rank};
+  last_failure_ = cause;
+  refresh(*m, now);
+  if (restarts_used_ < config_.max_restarts) {
+    ++restarts_used_;
+    end_round(out, RoundEnd::worker_failure,
+              fmt::format("{} (restart {}/{})", cause.describe(), restarts_used_,
+                          config_.max_restarts),
+              now);
+  } else {
+    const std::string reason =
+        fmt::format("{}; the restart budget is spent ({}/{} restarts used)", cause.describe(),
+                    restarts_used_, config_.max_restarts);
+    fail_job(out, reason, cause, failure.ddprun_exit_code(), now);
+  }
+  return out;
+}
+
+Actions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, TimePoint now) {
+  Actions out;
+  if (finished()) return final_result_for(node, now);
+  if (state_ != JobState::running || round != round_) return out;  // stale
+  Member* m = find(node);
+  if (m == nullptr || m->role != MemberRole::participant) return out;
+  refresh(*m, now);
+  m->succeeded = true;
+  if (!exit_barrier_) exit_barrier_ = now + config_.exit_barrier_timeout;
+  check_completion(out, now);
+  if (state_ == JobState::running) out.push_back(Progress{run_id_, node, progress_text(now)});
+  return out;
+}
+
+Actions RendezvousJob::close(TimePoint now) {
+  closed_ = true;
+  mark_gc_if_empty(now);
+  return {};
+}
+
+Actions RendezvousJob::on_tick(TimePoint now) {
+  Actions out;
+  if (finished()) return out;
+  std::vector<NodeId> lost;
+  std::string reason;
+  for (const auto& [id, m] : members_) {
+    if (m.lease_deadline > now) continue;
+    lost.push_back(id);
+    const std::string why =
+        m.disconnected
+            ? fmt::format("node {} lost: connection closed and not re-registered within {}",
+                          node_label(m.info), format_seconds(config_.heartbeat_interval))
+            : fmt::format("node {} lost: no heartbeat for {}", node_label(m.info),
+                          format_seconds(now - m.last_heartbeat));
+    reason += reason.empty() ? why : "; " + why;
+  }
+  if (!lost.empty()) remove_members(out, lost, reason, now);
+  if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ &&
+      !absent_ranks_.empty()) {
+    std::string ranks;
+    for (int r : absent_ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    end_round(out, RoundEnd::membership_change,
+              fmt::format("group ranks {} of round {} did not re-register within {} after the "
+                          "daemon restarted",
+                          ranks, round_, format_seconds(config_.rebuild_grace)),
+              now);
+  }
+  if (state_ == JobState::running && exit_barrier_ && now >= *exit_barrier_) {
+    int done = 0;
+    std::string pending;
+    for (const auto& [id, m] : members_) {
+      if (m.role != MemberRole::participant) continue;
+      if (m.succeeded) {
+        ++done;
+      } else {
+        pending += fmt::format("{}group rank {} on {}", pending.empty() ? "" : ", ", m.group_rank,
+                               m.info.addr);
+      }
+    }
+    for (int r : absent_ranks_) {
+      pending += fmt::format("{}group rank {} (not re-registered)", pending.empty() ? "" : ", ", r);
+    }
+    const int total = count(MemberRole::participant) + static_cast<int>(absent_ranks_.size());
+    fail_job(out,
+             fmt::format("rendezvous '{}': exit barrier timed out after {}: {}/{} nodes "
+                         "finished; still running: {}",
+                         run_id_, format_seconds(config_.exit_barrier_timeout), done, total,
+                         pending),
+             std::nullopt, kRendezvousFailureExitCode, now);
+  }
+  evaluate_waiting(out, now);
+  return out;
+}
+
+std::optional<TimePoint> RendezvousJob::next_deadline() const {
+  std::optional<TimePoint> best;
+  auto consider = [&best](std::optional<TimePoint> t) {
+    if (t && (!best || *t < *best)) best = t;
+  };
+  consider(gc_deadline_);
+  if (finished()) return best;
+  for (const auto& [id, m] : members_) consider(m.lease_deadline);
+  if (state_ == JobState::waiting) {
+    if (count(MemberRole::joined) >= config_.min_nodes) {
+      consider(last_call_);
+    } else {
+      consider(join_deadline_);
+    }
+  } else {
+    consider(exit_barrier_);
+    if (!absent_ranks_.empty()) consider(rebuild_deadline_);
+  }
+  return best;
+}
+
+bool RendezvousJob::collectable(TimePoint now) const {
+  return gc_deadline_ && now >= *gc_deadline_ && (finished() || members_.empty());
+}
+
+JobStatus RendezvousJob::status(TimePoint now) const {
+  JobStatus s;
+  s.run_id = run_id_;
+  s.state = state_;
+  s.closed = closed_;
+  s.round = round_;
+  s.min_nodes = config_.min_nodes;
+  s.max_nodes = config_.max_nodes;
+  s.restarts_used = restarts_used_;
+  s.max_restarts = config_.max_restarts;
+  std::vector<const Member*> ordered;
+  for (const auto& [id, m] : members_) ordered.push_back(&m);
+  std::sort(ordered.begin(), ordered.end(), [](const Member* a, const Member* b) {
+    const bool ra = a->group_rank >= 0;
+    const bool rb = b->group_rank >= 0;
+    if (ra != rb) return ra;
+    if (ra) return a->group_rank < b->group_rank;
+    return a->join_seq < b->join_seq;
+  });
+  for (const Member* m : ordered) {
+    MemberStatus ms;
+    ms.id = m->info.id;
+    ms.addr = m->info.addr;
+    ms.local_world_size = m->info.local_world_size;
+    ms.role = m->role;
+    ms.group_rank = m->group_rank;
+    ms.succeeded = m->succeeded;
+    ms.disconnected = m->disconnected;
+    ms.last_heartbeat_age = now > m->last_heartbeat ? now - m->last_heartbeat : Duration::zero();
+    ms.lease_left = until(m->lease_deadline, now);
+    s.members.push_back(ms);
+  }
+  if (state_ == JobState::waiting) {
+    if (count(MemberRole::joined) >= config_.min_nodes && last_call_) {
+      s.last_call_in = until(*last_call_, now);
+    } else {
+      s.join_timeout_in = until(join_deadline_, now);
+    }
+  }
+  if (state_ == JobState::running) {
+    if (exit_barrier_) s.exit_barrier_in = until(*exit_barrier_, now);
+    if (rebuild_deadline_ && !absent_ranks_.empty()) s.rebuild_in = until(*rebuild_deadline_, now);
+  }
+  if (gc_deadline_) s.gc_in = until(*gc_deadline_, now);
+  s.progress = progress_text(now);
+  s.result = state_ == JobState::failed ? result_reason_ : std::string{};
+  s.last_failure = last_failure_;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RendezvousRegistry
+
+std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token,
+                                              const NodeInfo& node,
+                                              const JobConfig& config) const {
+  if (!token_.empty() && token != token_) {
+    return "token mismatch: the daemon requires --rdzv-conf token=... or DDPRUN_RDZV_TOKEN "
+           "with the value it was started with";
+  }
+  if (run_id.empty()) return "empty rendezvous id: pass --rdzv-id";
+  if (node.local_world_size < 1) {
+    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1",
+                       node.id.to_string(), node.local_world_size);
+  }
+  if (std::string why = config.validate(); !why.empty())
+    return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
+  return {};
+}
+
+Actions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request,
+                                 TimePoint now) {
+  if (std::string why = check_request(run_id, request.token, request.node, request.config);
+      !why.empty()) {
+    return {Refuse{run_id, request.node.id, why}};
+  }
+  auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
+  return it->second.join(request.node, request.config, now);
+}
+
+Actions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request,
+                                   TimePoint now) {
+  if (std::string why = check_request(run_id, request.token, request.node, request.config);
+      !why.empty()) {
+    return {Refuse{run_id, request.node.id, why}};
+  }
+  auto it = jobs_.find(run_id);
+  if (it != jobs_.end()) return it->second.rejoin(request, now);
+  if (!request.assignment) {
+    it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
+    return it->second.join(request.node, request.config, now);
+  }
+  const Assignment& a = *request.assignment;
+  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size ||
+      a.restart_count < 0) {
+    return {Refuse{run_id, request.node.id,
+                   fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
+                               "(group rank {} of {}, restart count {})",
+                               run_id, a.group_rank, a.group_world_size, a.restart_count)}};
+  }
+  Actions out;
+  jobs_.emplace(run_id, RendezvousJob::rebuild(run_id, request, now, out));
+  return out;
+}
+
+Actions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId& node,
+                                      TimePoint now) {
+  auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) {
+    return {AskRejoin{run_id, node,
+                      fmt::format("rendezvous '{}' is not known to this daemon (restarted?); "
+                                  "send rejoin with the current assignment",
+                                  run_id)}};
+  }
+  return it->second.heartbeat(node, now);
+}
+
+Actions RendezvousRegistry::disconnected(const std::string& run_id, const NodeId& node,
+                                         TimePoint now) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? Actions{} : it->second.disconnected(node, now);
+}
+
+Actions RendezvousRegistry::leave(const std::string& run_id, const NodeId& node, TimePoint now) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? Actions{} : it->second.leave(node, now);
+}
+
+Actions RendezvousRegistry::worker_failed(const std::string& run_id, const WorkerFailure& failure,
+                                          TimePoint now) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? Actions{} : it->second.worker_failed(failure, now);
+}
+
+Actions RendezvousRegistry::succeeded(const std::string& run_id, const NodeId& node,
+                                      std::uint64_t round, TimePoint now) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? Actions{} : it->second.succeeded(node, round, now);
+}
+
+Actions RendezvousRegistry::close(const std::string& run_id, TimePoint now) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? Actions{} : it->second.close(now);
+}
+
+Actions RendezvousRegistry::on_tick(TimePoint now) {
+  Actions out;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Actions job_actions = it->second.on_tick(now);
+    out.insert(out.end(), std::make_move_iterator(job_actions.begin()),
+               std::make_move_iterator(job_actions.end()));
+    if (it->second.collectable(now)) {
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::optional<TimePoint> RendezvousRegistry::next_deadline() const {
+  std::optional<TimePoint> best;
+  for (const auto& [id, job] : jobs_) {
+    const auto t = job.next_deadline();
+    if (t && (!best || *t < *best)) best = t;
+  }
+  return best;
+}
+
+RegistryStatus RendezvousRegistry::status(TimePoint now) const {
+  RegistryStatus s;
+  for (const auto& [id, job] : jobs_) s.jobs.push_back(job.status(now));
+  return s;
+}
+
+const RendezvousJob* RendezvousRegistry::find(const std::string& run_id) const {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+}  // namespace ddprun::rendezvous
