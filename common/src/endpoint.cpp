@@ -9,7 +9,12 @@ namespace ddprun {
 
 std::string bracket_host(std::string_view host) {
   if (host.find(':') != std::string_view::npos && !starts_with(host, "[")) {
-    return "[" + std::string(host) + "]";
+    std::string out;
+    out.reserve(host.size() + 2);
+    out.push_back('[');
+    out.append(host);
+    out.push_back(']');
+    return out;
   }
   return std::string(host);
 }

@@ -62,7 +62,8 @@ std::string to_hex(std::string_view bytes) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
+  for (const char ch : bytes) {
+    const auto c = static_cast<unsigned char>(ch);
     out.push_back(digits[c >> 4]);
     out.push_back(digits[c & 0xF]);
   }

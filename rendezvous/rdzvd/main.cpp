@@ -7,10 +7,6 @@
 // --port-file is given the file holds the bound port number and a newline, written atomically
 // (temporary file + rename). SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
 // failure prints an error naming host:port and exits 1; a bad flag exits 2.
-// GCC 12: -Wnull-dereference false positives from inlined Asio scheduler code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wnull-dereference"
-#endif
 
 #include <sys/resource.h>
 #include <unistd.h>

@@ -6,11 +6,6 @@
 // produced while handling one read are written with one async_write.
 #include "ddprun/rendezvous/store_server.hpp"
 
-// GCC 12 reports -Wnull-dereference inside Asio's scheduler after inlining (false positive in a
-// system header that the pragma in the header cannot reach).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wnull-dereference"
-#endif
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
