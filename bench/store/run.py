@@ -105,6 +105,15 @@ def await_torch(p):
     return int(port), version
 
 
+def pin(pid, cpus):
+    """Sets the CPU affinity of every thread of `pid` (torch's server runs in a thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
 def run_json(cmd, timeout):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
@@ -151,6 +160,8 @@ def main():
     ap.add_argument("--update-doc", default=None, metavar="MD",
                     help="replace the block between the store-bench markers in this file "
                          "(docs/performance.md) with the generated table")
+    ap.add_argument("--no-pin-serial", dest="pin_serial", action="store_false",
+                    help="do not pin the serial-latency runs (servers and client) to one vCPU")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -180,11 +191,19 @@ def main():
         raw.setdefault(key, []).append(value)
 
     try:
+        all_cpus = os.sched_getaffinity(0)
         for rep in range(reps):
+            # Serial latency: servers and client on one vCPU. On this VM a wake-up across idle
+            # vCPUs costs ~100 us (haltpoll), which would swamp a ~15 us round trip and vary
+            # with whatever else runs; on one vCPU both servers are measured the same way.
+            serial_pin = ["taskset", "-c", str(min(all_cpus))] if args.pin_serial else []
+            if args.pin_serial:
+                for srv in (ours, torch_srv):
+                    pin(srv.pid, {min(all_cpus)})
             # torch's Python client: one interpreter (one `import torch`) for all its configs
             specs = [f"{servers[s]}:{op}" for s, c in serial_cfgs if c == "Python torch"
                      for op in ("get", "add")]
-            py = run_json([sys.executable, "-c", TORCH_CLIENT, str(n_py), *specs], 300)
+            py = run_json([*serial_pin, sys.executable, "-c", TORCH_CLIENT, str(n_py), *specs], 300)
             for server, client in serial_cfgs:
                 port = servers[server]
                 for op in ("get", "add"):
@@ -193,10 +212,12 @@ def main():
                     else:
                         gen = client.split()[1]
                         piped = "1" if "pipelined" in client else "0"
-                        r = run_json([bench, "serial", "--port", str(port), "--generation", gen,
+                        r = run_json([*serial_pin, bench, "serial", "--port", str(port), "--generation", gen,
                                       "--op", op, "--n", str(n_cpp), "--pipelined-get", piped], 120)
                     add(("serial", server, client, op, "p50_us"), r["p50_us"])
                     add(("serial", server, client, op, "p99_us"), r["p99_us"])
+            for srv in (ours, torch_srv):
+                pin(srv.pid, all_cpus)
             for server, gen in (("ddprun-rdzvd", "modern"), ("torch-1.13", "legacy")):
                 for op in ("add", "get"):
                     r = run_json([bench, "throughput", "--port", str(servers[server]),
@@ -233,7 +254,7 @@ def main():
         "build_type": build_type(args.bin_dir),
         "ddprun_revision": git_revision(),
         "quick": quick, "reps": reps, "serial_ops_cpp": n_cpp, "serial_ops_python": n_py,
-        "throughput_seconds": tp_secs, "cpus": os.cpu_count(), "machine": platform.machine(),
+        "throughput_seconds": tp_secs, "serial_pinned_to_one_cpu": args.pin_serial, "cpus": os.cpu_count(), "machine": platform.machine(),
         "kernel": platform.release(), "python": platform.python_version(),
         "torch": torch_version, "loadavg_before": load_before, "loadavg_after": load_after,
         "elapsed_s": round(elapsed, 1), "goals": GOALS,
@@ -283,7 +304,10 @@ def markdown(doc):
            f"(min–max); {m['serial_ops_cpp']} serial ops per C++ run, {m['serial_ops_python']} per "
            f"Python run; load average {m['loadavg_before'][0]:.1f} before, "
            f"{m['loadavg_after'][0]:.1f} after; whole run {m['elapsed_s']} s.", ""]
-    out += ["**Serial latency** (one client, one connection; `get` = WAIT + GET, two round trips)", "",
+    pinned = (" Servers and client pinned to one vCPU: on this VM a wake-up across idle vCPUs costs"
+              " ~100 µs, which would swamp the round trip for both servers alike."
+              if m.get("serial_pinned_to_one_cpu") else "")
+    out += ["**Serial latency** (one client, one connection; `get` = WAIT + GET, two round trips)." + pinned, "",
             "| server | client | get p50 µs | get p99 µs | add p50 µs | add p99 µs |",
             "|---|---|---|---|---|---|"]
     seen = []
