@@ -2,7 +2,8 @@
 """Single-node launcher benchmark: ddprun vs torchrun 1.13, measured side by side in one run.
 
 Measures (each repeated, median with min-max):
-  * whole-command time of `--nproc-per-node N /bin/true`;
+  * whole-command time of `--nproc-per-node N /bin/true`, next to the floor: a C program that
+    posix_spawns N /bin/true and reaps them, timed by the same harness;
   * first worker started after command start (a shell worker logs `date +%s.%N` on entry);
   * crash -> group restarted: rank 0 exits 1 on attempt 0 while 7 peers block; time from the
     failure to the first worker of attempt 1;
@@ -37,6 +38,8 @@ def launcher_cmd(kind, nproc, extra=(), worker=WORKER):
     """argv for a single-node standalone launch of `nproc` workers of `worker`."""
     if kind == "ddprun":
         return [ARGS.ddprun, "--standalone", f"--nproc-per-node={nproc}", *extra, worker]
+    if kind == "floor":
+        return [ARGS.floor, str(nproc), worker]
     mi = {"torchrun_mi5": "5", "torchrun_mi0.1": "0.1"}[kind]
     return [TORCH_PY, TORCHRUN, "--standalone", f"--nproc_per_node={nproc}",
             f"--monitor_interval={mi}", *extra, "--no_python", worker]
@@ -73,6 +76,12 @@ def run_once(cmd, env_extra, timeout=120):
 def bench_launch(kinds, nprocs, reps):
     res = {}
     for n in nprocs:
+        for _ in range(reps["ddprun"]):  # the floor: N bare posix_spawn + wait, same harness
+            t0 = time.time()
+            subprocess.run(launcher_cmd("floor", n, worker="/bin/true"), check=True, timeout=60)
+            res.setdefault(f"floor/{n}", []).append((time.time() - t0) * 1e3)
+        res[f"floor/{n}"] = {"total_ms": summary(res[f"floor/{n}"])}
+        print(f"launch {'floor':15s} N={n:3d}: total {res[f'floor/{n}']['total_ms']['median']:8.1f} ms", flush=True)
         for kind in kinds:
             total, first = [], []
             for _ in range(reps[kind]):
@@ -161,6 +170,9 @@ def markdown(r):
     for key, v in r["launch"].items():
         kind, n = key.split("/")
         ratio = ""
+        if kind == "floor":
+            lines.append(f"| {n} | floor: {n} × posix_spawn + wait | {fmt(v['total_ms'])} | – | |")
+            continue
         if kind != "ddprun":
             base = r["launch"][f"ddprun/{n}"]["total_ms"]["median"]
             ratio = f"{v['total_ms']['median'] / base:.0f}×"
@@ -184,6 +196,7 @@ def main():
     global ARGS
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--floor", help="spawn_floor binary (default: next to --ddprun)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--markdown")
@@ -191,6 +204,7 @@ def main():
                     help="replace the launch-bench block of this file (docs/performance.md)")
     ARGS = ap.parse_args()
     ARGS.ddprun = os.path.abspath(ARGS.ddprun)
+    ARGS.floor = ARGS.floor or os.path.join(os.path.dirname(ARGS.ddprun), "spawn_floor")
 
     kinds = ["ddprun", "torchrun_mi0.1", "torchrun_mi5"]
     if ARGS.quick:
