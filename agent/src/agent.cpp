@@ -1,5 +1,14 @@
-// The single-node agent shell: owns the io_context, the worker store, the workers, their
-// pumps and timers, and applies the decisions of WorkerGroupMachine (worker_group.hpp).
+// The agent shell: owns the io_context, the worker store, the workers, their pumps and timers,
+// and applies the decisions of WorkerGroupMachine (worker_group.hpp).
+//
+// Two paths share the worker code:
+//  * single node (--standalone, or static with one node): the machine's own restart budget.
+//  * elastic (elastic.hpp: uses_elastic_path): the rendezvous decides. Each round the agent gets
+//    an Assignment, runs its workers under a machine with no local restarts, reports the first
+//    local failure (or success) to the rendezvous and obeys what it pushes: restart (stop the
+//    workers, reset the worker store, join again), job failed (stop, print the root cause,
+//    exit with its code), job completed (exit 0), refused / unreachable (stop, exit 1).
+//    Heartbeats and reconnects are the RendezvousClient's job.
 //
 // One thread (the caller's) runs the io_context; every callback below runs on it. Nothing
 // polls: worker exits arrive through pidfds, output through pipes, signals through a
@@ -26,13 +35,19 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string_view>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/elastic_machine.hpp"
 #include "ddprun/agent/failure.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/process.hpp"
 #include "ddprun/agent/worker_group.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/rendezvous/rendezvous_client.hpp"
+#include "ddprun/rendezvous/rendezvous_service.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
@@ -58,15 +73,24 @@ void validate(const AgentConfig& config) {
   if (config.worker_argv.empty()) {
     throw UsageError("no worker command given", "pass the training script or program after the ddprun options");
   }
-  if (config.max_nodes > 1 || config.min_nodes > 1) {
-    throw Error("multi-node rendezvous is not supported yet (--nnodes " + std::to_string(config.min_nodes) + ":" +
-                    std::to_string(config.max_nodes) + ")",
-                "run with --nnodes 1 (the default) for now");
-  }
   if (config.nproc_per_node <= 0) {
     throw UsageError("--nproc-per-node must be > 0, got " + std::to_string(config.nproc_per_node));
   }
-  if (config.node_rank != 0) {
+  if (config.min_nodes < 1 || config.max_nodes < config.min_nodes) {
+    throw UsageError("--nnodes " + std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
+                     " is not a valid range", "use N or MIN:MAX with 0 < MIN <= MAX");
+  }
+  if (uses_elastic_path(config)) {
+    rendezvous_endpoint(config);  // throws when missing
+    const auto problem = job_config(config).validate();
+    if (!problem.empty()) {
+      throw UsageError("invalid rendezvous settings: " + problem, "check --nnodes, --max-restarts and --rdzv-conf");
+    }
+  } else if (config.max_nodes > 1) {
+    throw UsageError("--standalone runs a single-node job but --nnodes allows " + std::to_string(config.max_nodes) +
+                         " nodes",
+                     "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
+  } else if (config.node_rank != 0) {
     throw UsageError("--node-rank " + std::to_string(config.node_rank) + " is out of range for a single-node job",
                      "use --node-rank 0 with --nnodes 1");
   }
@@ -175,6 +199,20 @@ std::string bind_host(const std::string& master_addr) {
   return ec ? std::string("0.0.0.0") : host;
 }
 
+std::string read_error_message(const std::string& path) {
+  if (path.empty()) {
+    return {};
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return {};
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto parsed = parse_error_file(ss.str());
+  return parsed ? parsed->message : std::string();
+}
+
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
                         std::string::npos) {
@@ -212,12 +250,20 @@ class Agent {
  public:
   explicit Agent(const AgentConfig& config)
       : config_(config),
-        machine_(config.nproc_per_node, config.max_restarts),
+        elastic_(uses_elastic_path(config)),
+        machine_(config.nproc_per_node, elastic_ ? 0 : config.max_restarts),
         signals_(io_),
         grace_timer_(io_),
+        linger_timer_(io_),
         parent_env_(worker_env::current_environment()) {}
 
-  ~Agent() { kill_and_reap_all(); }
+  ~Agent() {
+    kill_and_reap_all();
+    client_.reset();
+    if (host_service_) {
+      host_service_->detach();
+    }
+  }
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
@@ -239,9 +285,11 @@ class Agent {
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
     }
-    start_store();
-    assignment_ = base_assignment(config_);
-    assignment_.master_port = store_->port();
+    if (!elastic_) {
+      start_store();
+      assignment_ = base_assignment(config_);
+      assignment_.master_port = store_->port();
+    }
 
     for (int sig : handled_signals(config_)) {
       boost::system::error_code ec;
@@ -259,7 +307,11 @@ class Agent {
     ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
     restore_sigpipe_ = true;
 
-    apply(machine_.start());
+    if (elastic_) {
+      start_elastic();
+    } else {
+      apply(machine_.start());
+    }
     if (!finished_) {
       io_.run();
     }
@@ -296,6 +348,11 @@ class Agent {
         return;
       }
       spdlog::warn("received {}: forwarding it to the workers", signal_name(sig));
+      if (elastic_) {
+        on_elastic_signal(sig);
+        wait_signal();
+        return;
+      }
       apply(machine_.on_signal(sig));
       wait_signal();
     });
@@ -308,12 +365,30 @@ class Agent {
         case Action::Kind::signal_groups: signal_groups(a.value); break;
         case Action::Kind::arm_grace: arm_grace(); break;
         case Action::Kind::cancel_grace: grace_timer_.cancel(); break;
-        case Action::Kind::finish: finish(a.value); break;
+        case Action::Kind::finish:
+          if (elastic_) {
+            on_group_done(a.value);
+          } else {
+            finish(a.value);
+          }
+          break;
       }
     }
   }
 
   void start_attempt(int restart_count) {
+    if (elastic_) {
+      kill_and_reap_all();
+      workers_.clear();
+      ++generation_;
+      attempt_dir_ = job_dir_ + "/round_" + std::to_string(round_);
+      make_dir(attempt_dir_);
+      workers_.resize(static_cast<std::size_t>(config_.nproc_per_node));
+      for (int r = 0; r < config_.nproc_per_node; ++r) {
+        spawn_one(r);
+      }
+      return;
+    }
     if (restart_count > 0) {
       const auto root = machine_.failures().back();
       spdlog::warn("restarting worker group (attempt {} of {}): local rank {} ended with {}", restart_count,
@@ -450,7 +525,14 @@ class Agent {
       spdlog::log(machine_.state() == GroupState::healthy ? spdlog::level::err : spdlog::level::debug,
                   "local rank {} (rank {}, pid {}) ended with {}", local_rank, w.rank, w.pid, describe(status));
     }
+    const bool was_healthy = machine_.state() == GroupState::healthy;
     apply(machine_.on_exited(local_rank, status));
+    if (elastic_ && was_healthy && !status.ok() && !finished_) {
+      // The first local failure ends the round for every node: the rendezvous decides whether
+      // that is a restart or the end of the job.
+      pending_failure_ = make_failure(round_, node_id_, w.rank, local_rank, status, read_error_message(w.error_file));
+      apply_elastic(emachine_.on_local_failure());
+    }
     if (finished_ || w.drained_reported) {
       return;
     }
@@ -526,9 +608,14 @@ class Agent {
   }
 
   void finish(int code) {
+    if (finished_) {
+      return;
+    }
     finished_ = true;
     exit_code_ = code;
-    if (machine_.state() == GroupState::failed) {
+    if (elastic_) {
+      // Print nothing here: the rendezvous' result (job failed) was printed when it arrived.
+    } else if (machine_.state() == GroupState::failed) {
       print_summary();
     } else if (machine_.state() == GroupState::interrupted) {
       spdlog::warn("workers stopped after a signal; exiting with {}", code);
@@ -541,7 +628,263 @@ class Agent {
     if (store_) {
       store_->stop();
     }
+    if (client_) {
+      client_->stop();
+    }
+    if (host_server_) {
+      linger_host(std::chrono::steady_clock::now() + kHostLinger);
+      return;
+    }
     io_.stop();
+  }
+
+  // ---- elastic path ----
+
+  // An agent that hosts the rendezvous keeps serving for a moment after its own result so the
+  // pushes to the other agents are written and they can disconnect; bounded by kHostLinger.
+  // StoreServer has no "last connection closed" notification, so this checks its connection
+  // count every kLingerCheck: the one bounded poll of the agent, only at exit.
+  static constexpr std::chrono::milliseconds kHostLinger{3000};
+  static constexpr std::chrono::milliseconds kLingerCheck{50};
+
+  void linger_host(std::chrono::steady_clock::time_point until) {
+    if (host_server_->stats().connections == 0 || std::chrono::steady_clock::now() >= until) {
+      host_server_->stop();
+      io_.stop();
+      return;
+    }
+    linger_timer_.expires_after(kLingerCheck);
+    linger_timer_.async_wait([this, until](const boost::system::error_code& ec) {
+      if (ec) {
+        io_.stop();
+        return;
+      }
+      linger_host(until);
+    });
+  }
+
+  void start_elastic() {
+    const Endpoint endpoint = rendezvous_endpoint(config_);
+    const std::string addr = advertised_address(config_, endpoint);
+    node_id_ = rendezvous::NodeId{addr, static_cast<std::int64_t>(::getpid()), random_instance_id()};
+
+    // This node's worker store: MASTER_ADDR/PORT for every worker when this node gets group rank 0.
+    rendezvous::StoreServerOptions store_opts;
+    store_opts.host = bind_host(addr);
+    store_opts.port = 0;
+    try {
+      store_ = std::make_unique<rendezvous::StoreServer>(io_, store_opts);
+    } catch (const Error& e) {
+      throw NetworkError("cannot host the worker store on " + store_opts.host + ": " + e.message(),
+                         "pass --local-addr with an address of this machine");
+    }
+    store_->start();
+
+    if (is_static_multi_node(config_)) {
+      if (may_host(config_, endpoint, addr)) {
+        try_host(endpoint);
+      }
+    } else if (may_host(config_, endpoint, addr) && !tcp_connects(endpoint, kProbeTimeout)) {
+      try_host(endpoint);
+    }
+
+    rendezvous::RendezvousClientOptions opts;
+    opts.server = endpoint;
+    opts.run_id = config_.run_id;
+    opts.token = config_.rdzv.token;
+    opts.node.id = node_id_;
+    opts.node.addr = addr;
+    opts.node.local_world_size = config_.nproc_per_node;
+    opts.node.store_host = addr;
+    opts.node.store_port = store_->port();
+    opts.config = job_config(config_);
+    // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
+    opts.give_up_after = is_static_multi_node(config_) ? std::max(config_.rdzv.read_timeout, config_.rdzv.join_timeout)
+                                                       : config_.rdzv.read_timeout;
+
+    rendezvous::RendezvousEvents ev;
+    ev.on_assignment = [this](const rendezvous::Assignment& a) { on_assignment(a); };
+    ev.on_restart = [this](const rendezvous::SendRestart& r) { on_restart(r); };
+    ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) { on_job_failed(f); };
+    ev.on_job_completed = [this] { on_job_completed(); };
+    ev.on_refused = [this, endpoint](const std::string& reason) {
+      write_all(STDERR_FILENO, "ddprun: error: the rendezvous at " + endpoint.to_string() + " refused this node: " +
+                                   reason + "\n");
+      exit_elastic(1);
+    };
+    ev.on_progress = [this](const std::string& text) {
+      if (text != last_progress_) {
+        last_progress_ = text;
+        spdlog::info("{}", text);
+      }
+    };
+    ev.on_unreachable = [this](const std::string& error) {
+      write_all(STDERR_FILENO, "ddprun: error: " + error + "\n");
+      exit_elastic(1);
+    };
+    spdlog::info("node {} joining rendezvous '{}' at {} ({} worker(s), nnodes {}:{})", addr, config_.run_id,
+                 endpoint.to_string(), config_.nproc_per_node, config_.min_nodes, config_.max_nodes);
+    client_ = std::make_unique<rendezvous::RendezvousClient>(io_, std::move(opts), std::move(ev));
+    client_->join();
+  }
+
+  // How long to wait for an answer before deciding that nobody serves the endpoint yet.
+  static constexpr std::chrono::milliseconds kProbeTimeout{500};
+
+  void try_host(const Endpoint& endpoint) {
+    rendezvous::RendezvousServiceOptions sopts;
+    sopts.token = config_.rdzv.token;
+    auto service = std::make_shared<rendezvous::RendezvousService>(io_, sopts);
+    rendezvous::StoreServerOptions opts;
+    opts.host = bind_host(endpoint.host);
+    opts.port = endpoint.port;
+    opts.extension = service;
+    try {
+      host_server_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+    } catch (const Error& e) {
+      // Another agent on this machine may have just bound it: join that one.
+      spdlog::info("not hosting the rendezvous at {} ({}); joining it as a client", endpoint.to_string(), e.message());
+      return;
+    }
+    service->attach(*host_server_);
+    host_service_ = std::move(service);
+    host_server_->start();
+    spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint.to_string());
+  }
+
+  void on_assignment(const rendezvous::Assignment& a) {
+    if (finished_ || emachine_.state() == ElasticState::done) {
+      return;
+    }
+    if (is_static_multi_node(config_)) {
+      // torchrun's static backend: the group rank is --node-rank and every node runs nproc workers.
+      const int expected = config_.max_nodes * config_.nproc_per_node;
+      if (a.world_size != expected || a.group_world_size != config_.max_nodes) {
+        write_all(STDERR_FILENO, "ddprun: error: static rendezvous: the nodes disagree on the world size (" +
+                                     std::to_string(a.world_size) + " workers on " + std::to_string(a.group_world_size) +
+                                     " nodes, this node expects " + std::to_string(expected) +
+                                     "); use the same --nproc-per-node and --nnodes on every node\n");
+        apply_elastic(emachine_.on_result(1));
+        return;
+      }
+    }
+    latest_assignment_ = a;
+    apply_elastic(emachine_.on_assignment());
+  }
+
+  // Applies the elastic machine's decisions (elastic_machine.hpp).
+  void apply_elastic(const ElasticActions& actions) {
+    for (const auto& a : actions) {
+      switch (a.kind) {
+        case ElasticAction::Kind::start_workers: begin_round(*latest_assignment_); break;
+        case ElasticAction::Kind::stop_workers: stop_group(); break;
+        case ElasticAction::Kind::forward_signal: apply(machine_.on_signal(a.value)); break;
+        case ElasticAction::Kind::report_failure:
+          if (pending_failure_) {
+            client_->report_failure(*pending_failure_);
+          }
+          break;
+        case ElasticAction::Kind::report_success:
+          spdlog::info("all {} local worker(s) succeeded; waiting for the other nodes (exit barrier, at most {} s)",
+                       config_.nproc_per_node,
+                       std::chrono::duration<double>(config_.rdzv.exit_barrier_timeout).count());
+          client_->report_success(round_);
+          break;
+        case ElasticAction::Kind::rejoin:
+          store_->reset();  // a fresh key space for the next round's workers
+          client_->join();
+          break;
+        case ElasticAction::Kind::leave:
+          spdlog::warn("workers stopped after a signal; leaving the rendezvous");
+          client_->leave();
+          break;
+        case ElasticAction::Kind::exit: finish(a.value); break;
+      }
+    }
+  }
+
+  void begin_round(const rendezvous::Assignment& a) {
+    round_ = a.round;
+    assignment_ = base_assignment(config_);
+    assignment_.local_world_size = a.local_world_size;
+    assignment_.group_rank = a.group_rank;
+    assignment_.group_world_size = a.group_world_size;
+    assignment_.rank_offset = a.rank_offset;
+    assignment_.world_size = a.world_size;
+    assignment_.master_addr = a.master_addr;
+    assignment_.master_port = a.master_port;
+    assignment_.restart_count = a.restart_count;
+    assignment_.max_restarts = a.max_restarts;
+    if (is_static_multi_node(config_)) {
+      assignment_.group_rank = config_.node_rank;
+      assignment_.rank_offset = config_.node_rank * config_.nproc_per_node;
+    }
+    if (!a.nccl_id.empty()) {
+      assignment_.nccl_unique_id_hex =
+          to_hex(std::string_view(reinterpret_cast<const char*>(a.nccl_id.data()), a.nccl_id.size()));  // NOLINT
+    } else {
+      assignment_.nccl_unique_id_hex.reset();
+    }
+    spdlog::info("round {}: group rank {} of {} nodes, ranks {}..{} of {}, master {}:{}, restart count {}/{}", a.round,
+                 assignment_.group_rank, a.group_world_size, assignment_.rank_offset,
+                 assignment_.rank_offset + a.local_world_size - 1, a.world_size, a.master_addr, a.master_port,
+                 a.restart_count, a.max_restarts);
+    last_progress_.clear();
+    pending_failure_.reset();
+    machine_ = WorkerGroupMachine(config_.nproc_per_node, 0);
+    apply(machine_.start());
+  }
+
+  void on_restart(const rendezvous::SendRestart& r) {
+    if (finished_ || emachine_.state() == ElasticState::done) {
+      return;
+    }
+    spdlog::warn("round {} ended ({}): {}; all nodes restart together (restarts used {}/{})", r.ended_round,
+                 r.kind == rendezvous::RoundEnd::worker_failure ? "worker failure" : "membership change", r.reason,
+                 r.restart_count, config_.max_restarts);
+    apply_elastic(emachine_.on_restart());
+  }
+
+  void on_job_failed(const rendezvous::SendJobFailed& f) {
+    if (finished_ || emachine_.state() == ElasticState::done) {
+      return;
+    }
+    write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
+    apply_elastic(emachine_.on_result(f.exit_code));
+  }
+
+  void on_job_completed() {
+    if (finished_ || emachine_.state() == ElasticState::done) {
+      return;
+    }
+    spdlog::info("job '{}' completed on every node", config_.run_id);
+    apply_elastic(emachine_.on_result(0));
+  }
+
+  void on_elastic_signal(int sig) { apply_elastic(emachine_.on_signal(sig)); }
+
+  // Refused / unreachable: stop the workers (if any) and exit 1 once they are gone.
+  void exit_elastic(int code) {
+    if (finished_ || emachine_.state() == ElasticState::done) {
+      return;
+    }
+    apply_elastic(emachine_.on_result(code));
+  }
+
+  void stop_group() {
+    if (machine_.state() == GroupState::healthy) {
+      apply(machine_.on_signal(SIGTERM));
+    }
+  }
+
+  // The worker group machine reached a terminal state: every local worker is done.
+  void on_group_done(int code) {
+    kill_and_reap_all();
+    const bool ok = machine_.state() == GroupState::succeeded;
+    if (!ok && emachine_.state() == ElasticState::running) {
+      spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", code);
+    }
+    apply_elastic(emachine_.on_group_done(ok));
   }
 
   void print_summary() {
@@ -590,10 +933,12 @@ class Agent {
   }
 
   const AgentConfig& config_;
+  const bool elastic_;
   asio::io_context io_{1};
   WorkerGroupMachine machine_;
   asio::signal_set signals_;
   asio::steady_timer grace_timer_;
+  asio::steady_timer linger_timer_;
   worker_env::EnvMap parent_env_;
   worker_env::Assignment assignment_;
   std::unique_ptr<rendezvous::StoreServer> store_;
@@ -606,6 +951,16 @@ class Agent {
   unsigned generation_ = 0;
   bool finished_ = false;
   int exit_code_ = 1;
+  // elastic path
+  rendezvous::NodeId node_id_;
+  std::shared_ptr<rendezvous::RendezvousService> host_service_;
+  std::unique_ptr<rendezvous::StoreServer> host_server_;
+  std::unique_ptr<rendezvous::RendezvousClient> client_;
+  std::uint64_t round_ = 0;
+  ElasticMachine emachine_;
+  std::optional<rendezvous::Assignment> latest_assignment_;
+  std::optional<rendezvous::WorkerFailure> pending_failure_;
+  std::string last_progress_;
   struct sigaction old_sigpipe_ {};
   bool restore_sigpipe_ = false;
 };
@@ -631,6 +986,11 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
   opts.virtual_local_rank = config.virtual_local_rank;
   const std::string cwd = config.working_dir ? config.working_dir->string() : fs::current_path().string();
   out << "ddprun dry run: " << config.nproc_per_node << " worker(s) on this node; nothing is started\n";
+  if (uses_elastic_path(config)) {
+    out << "elastic job '" << config.run_id << "': rendezvous at " << config.rdzv_endpoint << ", nnodes "
+        << config.min_nodes << ":" << config.max_nodes
+        << "; RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT below are placeholders assigned per round\n";
+  }
   for (int r = 0; r < config.nproc_per_node; ++r) {
     out << "local rank " << r << ":\n  argv:";
     for (const auto& a : worker_args(config, r)) {

@@ -70,11 +70,13 @@ void append_report(std::string& out, std::size_t index, std::string_view host, c
   out += "  time       : " + format_time(r.time) + "\n";
   out += "  host       : " + std::string(host) + "\n";
   out += "  rank       : " + std::to_string(r.rank) + " (local_rank: " + std::to_string(r.local_rank) + ")\n";
+  // pid 0: the failure happened on another node (multi-node summary); its pid is not known here.
+  const std::string pid = r.pid > 0 ? "pid: " + std::to_string(r.pid) : std::string("pid: on that node");
   if (r.status.signal != 0) {
-    out += "  signal     : " + describe(r.status) + " (pid: " + std::to_string(r.pid) +
-           ", exit code " + std::to_string(r.status.shell_code()) + ")\n";
+    out += "  signal     : " + describe(r.status) + " (" + pid + ", exit code " + std::to_string(r.status.shell_code()) +
+           ")\n";
   } else {
-    out += "  exitcode   : " + std::to_string(r.status.exit_code) + " (pid: " + std::to_string(r.pid) + ")\n";
+    out += "  exitcode   : " + std::to_string(r.status.exit_code) + " (" + pid + ")\n";
   }
   if (r.error) {
     out += "  error_file : " + r.error_file + "\n";

@@ -297,7 +297,14 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
       cfg.run_id = std::string(trim(g->text));
     }
   }
-  if (auto g = p.given("rdzv-conf")) cfg.rdzv_conf = parse_rdzv_conf(g->text, g->what);
+  {
+    std::string conf_what = "--rdzv-conf";
+    if (auto g = p.given("rdzv-conf")) {
+      cfg.rdzv_conf = parse_rdzv_conf(g->text, g->what);
+      conf_what = g->what;
+    }
+    cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
+  }
 
   if (auto g = p.given("node-rank")) cfg.node_rank = parse_int_value(g->text, g->what, 0, 1'000'000);
   if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {

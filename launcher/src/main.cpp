@@ -4,11 +4,15 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/launcher/command_line.hpp"
+#include "ddprun/launcher/status_command.hpp"
 
 namespace {
 
@@ -17,6 +21,17 @@ constexpr int kExitError = 1;
 
 int run(int argc, char** argv) {
   const auto context = ddprun::launcher::ParseContext::from_process();
+  if (argc >= 2 && std::string_view(argv[1]) == "status") {
+    // `ddprun status ...` (a training program literally named "status" needs ./status).
+    const std::vector<std::string> args(argv + 2, argv + argc);
+    const auto request = ddprun::launcher::parse_status_args(args, context.env);
+    if (request.help) {
+      std::cout << ddprun::launcher::status_usage();
+      return 0;
+    }
+    ddprun::setup_logging("ddprun", spdlog::level::warn);
+    return ddprun::launcher::run_status(request, std::cout);
+  }
   const auto options = ddprun::launcher::parse_command_line(argc, argv, context);
   if (options.action != ddprun::launcher::Action::run) {
     std::cout << options.text;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <random>
 
@@ -160,6 +162,60 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
     conf[key] = value;
   }
   return conf;
+}
+
+agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
+                                              const std::optional<std::string>& env_token) {
+  static constexpr std::string_view kKeys =
+      "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval, missed_heartbeats, "
+      "exit_barrier_timeout, is_host, token, timeout (alias of join_timeout)";
+  agent::RendezvousSettings s;
+  auto seconds = [&](const std::string& key, const std::string& value) {
+    const std::string where = std::string(what) + " key " + key;
+    const auto v = parse_seconds(trim(value));
+    if (!v || *v <= 0.0 || *v > 1e8) {
+      fail(where, value, "not a positive number of seconds", "a number of seconds > 0, e.g. 30 or 0.5");
+    }
+    return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::llround(*v * 1000.0))));
+  };
+  bool token_given = false;
+  for (const auto& [key, value] : conf) {
+    if (key == "join_timeout" || key == "timeout") {
+      s.join_timeout = seconds(key, value);
+    } else if (key == "last_call_timeout") {
+      s.last_call_timeout = seconds(key, value);
+    } else if (key == "close_timeout") {
+      s.close_timeout = seconds(key, value);
+    } else if (key == "read_timeout") {
+      s.read_timeout = seconds(key, value);
+    } else if (key == "heartbeat_interval") {
+      s.heartbeat_interval = seconds(key, value);
+    } else if (key == "exit_barrier_timeout") {
+      s.exit_barrier_timeout = seconds(key, value);
+    } else if (key == "missed_heartbeats") {
+      s.missed_heartbeats = parse_int_value(value, std::string(what) + " key " + key, 1, 1000);
+    } else if (key == "is_host") {
+      const std::string v = to_lower(trim(value));
+      if (v == "1" || v == "true" || v == "yes") {
+        s.is_host = true;
+      } else if (v == "0" || v == "false" || v == "no") {
+        s.is_host = false;
+      } else {
+        fail(std::string(what) + " key is_host", value, "not a boolean", "1, 0, true, false");
+      }
+    } else if (key == "token") {
+      s.token = value;
+      token_given = true;
+    } else {
+      throw UsageError(std::string(what) + ": unknown key '" + key + "'", "accepted keys: " + std::string(kKeys));
+    }
+  }
+  if (!token_given && env_token) s.token = std::string(trim(*env_token));
+  if (conf.count("timeout") != 0 && conf.count("join_timeout") != 0) {
+    throw UsageError(std::string(what) + ": both timeout and join_timeout given",
+                     "timeout is torchrun's alias of join_timeout; give only one");
+  }
+  return s;
 }
 
 std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what) {

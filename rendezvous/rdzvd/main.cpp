@@ -1,6 +1,7 @@
-// ddprun-rdzvd: a standalone store/rendezvous daemon speaking the c10d TCPStore protocol.
+// ddprun-rdzvd: a standalone store/rendezvous daemon speaking the c10d TCPStore protocol and
+// ddprun's native rendezvous operations on the same port (docs/daemon.md).
 //
-//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [limits...] [--log-level L]
+//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T] [limits...] [--log-level L]
 //
 // Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -27,6 +29,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/common/version.hpp"
+#include "ddprun/rendezvous/rendezvous_service.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 
 namespace {
@@ -72,6 +75,8 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string log_level;  // empty: DDPRUN_LOG_LEVEL / LOGLEVEL, else info
   rdzv::StoreServerOptions options;
+  std::string token;
+  std::size_t max_rdzv_payload = rdzv::WireLimits{}.max_payload_bytes;
   app.add_option("--host", host, "Address to listen on (0.0.0.0, :: for dual stack, or a local address)")
       ->capture_default_str();
   app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
@@ -84,6 +89,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections", options.limits.max_connections, "Most open client connections")
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
+      ->capture_default_str();
+  app.add_option("--token", token,
+                 "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  app.add_option("--max-rdzv-payload-bytes", max_rdzv_payload, "Largest native rendezvous message accepted")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
@@ -105,12 +114,23 @@ int main(int argc, char** argv) {
   ddprun::setup_logging("ddprun-rdzvd", *level);
   raise_fd_limit();
 
+  if (token.empty()) {
+    if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) token = env;
+  }
+
   boost::asio::io_context io(1);
   options.host = host;
   options.port = static_cast<std::uint16_t>(port);
+  rdzv::RendezvousServiceOptions service_options;
+  service_options.token = token;
+  service_options.limits.max_payload_bytes = max_rdzv_payload;
+  auto service = std::make_shared<rdzv::RendezvousService>(io, service_options);
+  options.extension = service;
   try {
     rdzv::StoreServer server(io, options);
+    service->attach(server);
     server.start();
+    if (!token.empty()) spdlog::info("rendezvous joins must carry the token (--token / DDPRUN_RDZV_TOKEN)");
     if (!port_file.empty()) write_port_file(port_file, server.port());
     std::cout << "listening on " << ddprun::bracket_host(host) << ":" << server.port() << std::endl;
 
@@ -118,6 +138,7 @@ int main(int argc, char** argv) {
     signals.async_wait([&](const boost::system::error_code& ec, int signo) {
       if (ec) return;
       spdlog::info("received {}, shutting down", signo == SIGINT ? "SIGINT" : "SIGTERM");
+      service->detach();
       server.stop();
       io.stop();
     });

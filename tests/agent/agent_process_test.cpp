@@ -465,10 +465,33 @@ TEST_CASE("a worker exiting 0 early keeps the group running") {
 
 TEST_CASE("configuration errors are thrown before anything starts") {
   TempDir dir;
-  SECTION("multi-node") {
+  SECTION("multi-node with --standalone") {
     auto c = make_config(dir, 1, {});
+    c.standalone = true;
     c.max_nodes = 2;
-    CHECK_THROWS_WITH(run_agent(c), Catch::Contains("multi-node rendezvous is not supported yet"));
+    CHECK_THROWS_WITH(run_agent(c), Catch::Contains("--standalone runs a single-node job"));
+  }
+  SECTION("c10d without an endpoint") {
+    auto c = make_config(dir, 1, {});
+    c.standalone = false;
+    c.rdzv_backend = "c10d";
+    c.max_nodes = 2;
+    CHECK_THROWS_WITH(run_agent(c), Catch::Contains("--rdzv-endpoint"));
+  }
+  SECTION("static multi-node without a fixed master port") {
+    auto c = make_config(dir, 1, {});
+    c.standalone = false;
+    c.max_nodes = 2;
+    c.master_port = 0;
+    CHECK_THROWS_WITH(run_agent(c), Catch::Contains("--master-port"));
+  }
+  SECTION("invalid rendezvous timers") {
+    auto c = make_config(dir, 1, {});
+    c.standalone = false;
+    c.rdzv_backend = "c10d";
+    c.rdzv_endpoint = "127.0.0.1:1";
+    c.rdzv.missed_heartbeats = 0;
+    CHECK_THROWS_WITH(run_agent(c), Catch::Contains("missed_heartbeats"));
   }
   SECTION("missing worker program") {
     auto c = make_config(dir, 1, {});

@@ -125,6 +125,37 @@ class ExitCodes(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet", r.stderr)
 
+    def test_unknown_rdzv_conf_key(self):
+        self.check_usage_error(["--rdzv-conf", "join_timeot=5", "train.py"], "unknown key 'join_timeot'")
+
+    def test_bad_rdzv_conf_value(self):
+        self.check_usage_error(["--rdzv-conf", "heartbeat_interval=0", "train.py"], "heartbeat_interval")
+
+
+class Status(unittest.TestCase):
+    def test_help(self):
+        r = ddprun(["status", "--help"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ddprun status --rdzv-endpoint", r.stdout)
+
+    def test_usage_errors(self):
+        r = ddprun(["status"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--rdzv-endpoint", r.stderr)
+        r = ddprun(["status", "--rdzv-endpoint", "127.0.0.1:1", "--bogus"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("'--bogus'", r.stderr)
+
+    def test_unreachable_server_is_named(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        r = ddprun(["status", "--rdzv-endpoint", "127.0.0.1:%d" % port, "--timeout", "2"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("127.0.0.1:%d" % port, r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

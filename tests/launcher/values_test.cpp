@@ -133,3 +133,49 @@ TEST_CASE("standalone run ids are random version-4 UUIDs") {
   CHECK(std::regex_match(b, uuid4));
   CHECK(a != b);
 }
+
+TEST_CASE("rdzv-conf keys become typed settings") {
+  const auto d = parse_rdzv_settings({}, "--rdzv-conf", std::nullopt);
+  CHECK(d.join_timeout == std::chrono::seconds(600));
+  CHECK(d.last_call_timeout == std::chrono::seconds(30));
+  CHECK(d.close_timeout == std::chrono::seconds(30));
+  CHECK(d.read_timeout == std::chrono::seconds(60));
+  CHECK(d.heartbeat_interval == std::chrono::seconds(1));
+  CHECK(d.missed_heartbeats == 3);
+  CHECK(d.exit_barrier_timeout == std::chrono::seconds(300));
+  CHECK_FALSE(d.is_host);
+  CHECK(d.token.empty());
+
+  const auto s = parse_rdzv_settings(
+      parse_rdzv_conf("join_timeout=20,last_call_timeout=0.5,heartbeat_interval=0.2,missed_heartbeats=4,"
+                      "close_timeout=2,read_timeout=9,exit_barrier_timeout=11,is_host=1,token=s3cret",
+                      "--rdzv-conf"),
+      "--rdzv-conf", std::string("from-env"));
+  CHECK(s.join_timeout == std::chrono::seconds(20));
+  CHECK(s.last_call_timeout == std::chrono::milliseconds(500));
+  CHECK(s.heartbeat_interval == std::chrono::milliseconds(200));
+  CHECK(s.missed_heartbeats == 4);
+  CHECK(s.close_timeout == std::chrono::seconds(2));
+  CHECK(s.read_timeout == std::chrono::seconds(9));
+  CHECK(s.exit_barrier_timeout == std::chrono::seconds(11));
+  CHECK(s.is_host == true);
+  CHECK(s.token == "s3cret");  // the key wins over DDPRUN_RDZV_TOKEN
+
+  CHECK(parse_rdzv_settings({}, "--rdzv-conf", std::string("envtok")).token == "envtok");
+  CHECK(parse_rdzv_settings({{"timeout", "900"}}, "--rdzv-conf", std::nullopt).join_timeout == std::chrono::seconds(900));
+  CHECK(parse_rdzv_settings({{"is_host", "false"}}, "--rdzv-conf", std::nullopt).is_host == false);
+}
+
+TEST_CASE("rdzv-conf: bad keys and values are named") {
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"join_timeot", "5"}}, "--rdzv-conf", std::nullopt),
+                    Contains("unknown key 'join_timeot'") && Contains("last_call_timeout"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"join_timeout", "-1"}}, "PET_RDZV_CONF", std::nullopt),
+                    Contains("PET_RDZV_CONF key join_timeout=-1"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"heartbeat_interval", "0"}}, "--rdzv-conf", std::nullopt),
+                    Contains("heartbeat_interval"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"missed_heartbeats", "0"}}, "--rdzv-conf", std::nullopt),
+                    Contains("missed_heartbeats"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"is_host", "maybe"}}, "--rdzv-conf", std::nullopt), Contains("is_host"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"timeout", "5"}, {"join_timeout", "6"}}, "--rdzv-conf", std::nullopt),
+                    Contains("both timeout and join_timeout"));
+}

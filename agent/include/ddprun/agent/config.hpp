@@ -14,6 +14,20 @@
 
 namespace ddprun::agent {
 
+// Rendezvous settings for elastic multi-node jobs (from --rdzv-conf and DDPRUN_RDZV_TOKEN; see
+// docs/cli.md "Rendezvous settings"). Durations are exact milliseconds; all are > 0.
+struct RendezvousSettings {
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // connect/reconnect budget
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+  int missed_heartbeats = 3;
+  std::chrono::milliseconds exit_barrier_timeout{std::chrono::seconds(300)};
+  std::optional<bool> is_host;  // nullopt = guess from the endpoint address
+  std::string token;            // "" = none
+};
+
 // torchrun's Std: which streams of a worker go to files (redirects) or to files and console (tee).
 enum class Streams : std::uint8_t { none = 0, out = 1, err = 2, both = 3 };
 
@@ -39,7 +53,8 @@ struct AgentConfig {
   std::string rdzv_backend = "static";  // static | c10d
   std::string rdzv_endpoint;            // host[:port]
   std::string run_id = "none";
-  std::map<std::string, std::string> rdzv_conf;
+  std::map<std::string, std::string> rdzv_conf;  // as given (for messages)
+  RendezvousSettings rdzv;                        // rdzv_conf translated and validated
   bool standalone = false;
   int max_restarts = 0;
 

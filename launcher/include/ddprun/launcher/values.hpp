@@ -46,6 +46,14 @@ StreamSpec parse_streams(std::string_view text, std::string_view what);
 std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what);
 
 // --local-ranks-filter: comma list of non-negative local ranks; "" -> nullopt (all ranks).
+// --rdzv-conf keys -> typed settings: join_timeout, last_call_timeout, close_timeout,
+// read_timeout, heartbeat_interval, exit_barrier_timeout (seconds, > 0, floats ok),
+// missed_heartbeats (1..1000), is_host (1/0/true/false), token; torchrun's `timeout` is the
+// alias of join_timeout. `env_token` (DDPRUN_RDZV_TOKEN) is used when no token key is given.
+// An unknown key or bad value throws UsageError naming `what`, the key and the accepted keys.
+agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
+                                              const std::optional<std::string>& env_token);
+
 std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what);
 
 // --signals-to-handle: comma list of names (SIGTERM or TERM, any case) or numbers. Signals

@@ -1,0 +1,64 @@
+#pragma once
+// Pure (or nearly pure) pieces of the elastic multi-node agent (agent.cpp, "elastic path"):
+// which path a config takes, the rendezvous JobConfig it asks for, the address it advertises,
+// whether it may host an embedded rendezvous, and the failure / summary texts it exchanges
+// with the rendezvous. Stateless free functions; safe from any thread.
+//
+// advertised_address() and is_local_address() ask the kernel (a UDP socket's connect() +
+// getsockname(), which sends nothing; getifaddrs()) and never do reverse DNS or FQDN lookups:
+// torchrun's FQDN habit is a top user complaint.
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "ddprun/agent/config.hpp"
+#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/common/endpoint.hpp"
+#include "ddprun/rendezvous/rendezvous_state.hpp"
+
+namespace ddprun::agent {
+
+// True when the job goes through the elastic rendezvous: --nnodes allows more than one node, or
+// --rdzv-backend=c10d without --standalone. Everything else takes the single-node fast path.
+bool uses_elastic_path(const AgentConfig& config);
+
+// The static backend with more than one node: node rank 0 hosts the rendezvous at
+// --master-addr:--master-port, min = max = nnodes, and each node's ranks come from --node-rank.
+bool is_static_multi_node(const AgentConfig& config);
+
+// The rendezvous endpoint of an elastic job (c10d: --rdzv-endpoint, default port 29400;
+// static: --master-addr:--master-port). Throws UsageError when it is missing.
+Endpoint rendezvous_endpoint(const AgentConfig& config);
+
+// min/max nodes, the global restart budget and the --rdzv-conf timers.
+rendezvous::JobConfig job_config(const AgentConfig& config);
+
+// --local-addr when given, else the local address the kernel picks to reach `peer`.
+// Throws NetworkError naming the peer when no route exists.
+std::string advertised_address(const AgentConfig& config, const Endpoint& peer);
+
+// `host` (a numeric address, or a name resolved without reverse lookups) is loopback or an
+// address of one of this machine's interfaces.
+bool is_local_address(const std::string& host);
+
+// Whether this agent may host an embedded rendezvous at `endpoint` when no server answers there:
+// static: node rank 0 only. c10d: is_host from --rdzv-conf when given; else, with --local-addr, only when the endpoint host is
+// exactly that address; without it, when the endpoint host is one of this machine's addresses.
+bool may_host(const AgentConfig& config, const Endpoint& endpoint, const std::string& advertised);
+
+// Whether a TCP connection to `endpoint` succeeds within `timeout` (blocking; used once at start
+// to decide between joining a running rendezvous server and hosting one).
+bool tcp_connects(const Endpoint& endpoint, std::chrono::milliseconds timeout);
+
+// A random hex string identifying this agent instance (NodeId::instance).
+std::string random_instance_id();
+
+// The report for a local worker's failure. `message`: from its error file, may be empty.
+rendezvous::WorkerFailure make_failure(std::uint64_t round, const rendezvous::NodeId& node, int rank, int local_rank,
+                                       const ExitStatus& status, const std::string& message);
+
+// The text every agent prints when the job fails: the reason, then the bordered root-cause block
+// naming the failing node and rank (when a worker failure caused it).
+std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command);
+
+}  // namespace ddprun::agent

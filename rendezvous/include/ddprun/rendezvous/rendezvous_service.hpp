@@ -1,0 +1,106 @@
+#pragma once
+// RendezvousService: the server side of the native rendezvous, installed as the StoreServer's
+// extension (StoreServerOptions::extension) so it shares the store port.
+//
+// It owns a RendezvousRegistry (many jobs, isolated by run id), decodes the native frames of
+// rendezvous_wire.hpp, feeds them to the registry with the current time and pushes every
+// resulting action, encoded, to the connection of the node it names. It maps connections to
+// (run id, node): the newest connection of a node wins, and the close of a connection that
+// still speaks for a node reports `disconnected` (a reconnect within one heartbeat interval
+// keeps the node). Progress lines are throttled per job: the node whose message caused them
+// always gets its line, the other waiting nodes at most one per progress_interval (a round of
+// N joins would otherwise push N^2/2 lines). One asio::steady_timer is armed at registry.next_deadline() after every
+// event and tick; nothing polls. STATUS frames get a STATUS_REPLY snapshot.
+//
+// Lifetime: create it with std::make_shared, put it in StoreServerOptions::extension, build the
+// StoreServer, then call attach(server) so that timer-driven pushes reach the sockets; call
+// detach() (or let the server go) before destroying the server. Not thread-safe: everything
+// runs on the io_context thread that runs the server.
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "ddprun/common/clock.hpp"
+#include "ddprun/rendezvous/rendezvous_state.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+#include "ddprun/rendezvous/store_extension.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::rendezvous {
+
+class StoreServer;
+
+struct RendezvousServiceOptions {
+  std::string token;  // "" = joins need no token
+  WireLimits limits;
+  Duration progress_interval = std::chrono::seconds(1);
+};
+
+struct RendezvousServiceStats {
+  std::size_t jobs = 0;
+  std::size_t nodes = 0;  // nodes with a live connection
+  std::uint64_t frames = 0;
+  std::uint64_t pushes = 0;
+  std::uint64_t progress_dropped = 0;  // throttled Progress lines
+};
+
+class RendezvousService final : public StoreExtension, public std::enable_shared_from_this<RendezvousService> {
+ public:
+  RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
+                    const Clock& clock = SteadyClock::instance());
+  ~RendezvousService() override;
+  RendezvousService(const RendezvousService&) = delete;
+  RendezvousService& operator=(const RendezvousService&) = delete;
+
+  // The server that carries timer-driven pushes. Pushes produced while a frame is handled go
+  // through the server's outbox and need no attach.
+  void attach(StoreServer& server);
+  void detach();
+
+  DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override;
+  void on_disconnect(ConnectionId conn) override;
+  void on_reset() override;
+
+  const RendezvousRegistry& registry() const { return registry_; }
+  RendezvousServiceStats stats() const;
+
+  struct Timer;
+
+ private:
+  struct NodeKey {
+    std::string run_id;
+    NodeId node;
+    auto operator<=>(const NodeKey&) const = default;
+  };
+
+  void handle(ConnectionId conn, ClientMessage& message);
+  void bind(ConnectionId conn, const std::string& run_id, const NodeId& node);
+  // `origin`: the node whose message produced the actions (null for timer ticks).
+  void apply(const Actions& actions, const NodeId* origin = nullptr);
+  void emit(ConnectionId conn, std::string_view bytes);
+  void rearm();
+  void on_timer();
+
+  boost::asio::io_context& io_;
+  RendezvousServiceOptions options_;
+  const Clock& clock_;
+  RendezvousRegistry registry_;
+  StoreServer* server_ = nullptr;
+  Outbox* outbox_ = nullptr;  // set while a frame is handled
+  std::unique_ptr<Timer> timer_;
+  std::optional<TimePoint> armed_;
+  std::map<NodeKey, ConnectionId> conn_of_;
+  std::unordered_map<ConnectionId, NodeKey> node_of_;
+  std::unordered_map<std::string, TimePoint> last_broadcast_;  // per run id: Progress to everyone
+  std::string scratch_;
+  ClientMessage message_;
+  RendezvousServiceStats counters_;
+};
+
+}  // namespace ddprun::rendezvous

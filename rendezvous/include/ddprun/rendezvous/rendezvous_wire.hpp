@@ -1,0 +1,112 @@
+#pragma once
+// The native rendezvous frames (docs/protocol.md, "Native rendezvous operations"): a pure codec
+// between bytes and the plain structs of rendezvous_state.hpp. No I/O, no clock.
+//
+// Frame = u8 op | u32 LE payload length | payload, where the payload is one UTF-8 JSON object.
+// Client -> server ops are 0x40..0x47, server -> client (pushed) ops 0x60..0x67; both lie in the
+// store's extension range (>= extension_opcode_base), so they share the TCPStore port.
+//
+// Decoding is incremental like the store codec: given the bytes buffered for a connection
+// (starting at a frame boundary) decode_*() answers need_more (with the minimum total frame
+// length), ok (one message decoded, `consumed` bytes) or error (reason names the op and field;
+// the connection must be closed). The payload limit is checked as soon as the header is read,
+// before the body arrives; JSON nesting depth is bounded; a field of the wrong type, a missing
+// required field or an out-of-range number is an error, never an exception.
+//
+// Thread-safe (no shared state).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "ddprun/rendezvous/codec.hpp"
+#include "ddprun/rendezvous/rendezvous_state.hpp"
+
+namespace ddprun::rendezvous {
+
+enum class NativeOp : std::uint8_t {
+  // client -> server
+  join = 0x40,
+  rejoin = 0x41,
+  heartbeat = 0x42,
+  leave = 0x43,
+  worker_failed = 0x44,
+  succeeded = 0x45,
+  close = 0x46,
+  status = 0x47,
+  // server -> client (pushed)
+  assignment = 0x60,
+  restart = 0x61,
+  job_failed = 0x62,
+  job_completed = 0x63,
+  refused = 0x64,
+  ask_rejoin = 0x65,
+  progress = 0x66,
+  status_reply = 0x67,
+};
+
+const char* native_op_name(std::uint8_t op);  // "JOIN", ..., "0x4f" style for unknown
+
+inline constexpr std::size_t native_header_bytes = 5;
+
+struct WireLimits {
+  std::size_t max_payload_bytes = std::size_t{1} << 20;  // 1 MiB
+  int max_json_depth = 16;
+};
+
+// ---- client -> server messages ----
+struct JoinMessage {
+  std::string run_id;
+  JoinRequest request;
+};
+struct RejoinMessage {
+  std::string run_id;
+  RejoinRequest request;
+};
+struct HeartbeatMessage {
+  std::string run_id;
+  NodeId node;
+};
+struct LeaveMessage {
+  std::string run_id;
+  NodeId node;
+};
+struct WorkerFailedMessage {
+  std::string run_id;
+  WorkerFailure failure;
+};
+struct SucceededMessage {
+  std::string run_id;
+  NodeId node;
+  std::uint64_t round = 0;
+};
+struct CloseMessage {
+  std::string run_id;
+};
+struct StatusMessage {
+  std::string run_id;  // "" = every job
+};
+
+using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage,
+                                   WorkerFailedMessage, SucceededMessage, CloseMessage,
+                                   StatusMessage>;
+
+// ---- server -> client messages: the registry's actions plus the STATUS reply ----
+using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted,
+                                   Refuse, AskRejoin, Progress, RegistryStatus>;
+
+// Appends one frame. Throws ddprun::Error only if the payload exceeds 4 GiB (never in practice).
+void encode_client(std::string& out, const ClientMessage& message);
+void encode_server(std::string& out, const ServerMessage& message);
+void encode_action(std::string& out, const Action& action);
+
+// Decodes one frame at the start of `buffer`. A server->client op on the server side (and the
+// reverse) is an error.
+DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, ClientMessage& out);
+DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, ServerMessage& out);
+
+// `ddprun status` text for a registry snapshot (one block per job, members in group-rank order).
+std::string format_status(const RegistryStatus& status);
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,478 @@
+#include "ddprun/rendezvous/rendezvous_client.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <vector>
+#include <type_traits>
+
+#include "ddprun/common/backoff.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+
+namespace ddprun::rendezvous {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+// One connect attempt may not hang longer than this (a SYN to a dead host); the overall budget
+// is options.give_up_after.
+constexpr auto connect_attempt_limit = std::chrono::seconds(5);
+
+std::string seconds_text(Duration d) { return format_seconds(d); }
+
+}  // namespace
+
+struct ClientCore : std::enable_shared_from_this<ClientCore> {
+  ClientCore(asio::io_context& io_, RendezvousClientOptions opts, RendezvousEvents ev)
+      : io(io_),
+        options(std::move(opts)),
+        events(std::move(ev)),
+        socket(io_),
+        resolver(io_),
+        heartbeat_timer(io_),
+        retry_timer(io_),
+        connect_timer(io_),
+        backoff(Backoff::Options{std::chrono::milliseconds(50), std::chrono::seconds(2), 2.0, 0.5}) {}
+
+  asio::io_context& io;
+  RendezvousClientOptions options;
+  RendezvousEvents events;
+  tcp::socket socket;
+  tcp::resolver resolver;
+  asio::steady_timer heartbeat_timer;
+  asio::steady_timer retry_timer;
+  asio::steady_timer connect_timer;
+  Backoff backoff;
+  WireLimits limits;
+
+  // The connection generation: handlers of an older connection ignore their completions.
+  std::uint64_t generation = 0;
+  bool is_connected = false;
+  bool connecting = false;
+  bool stopped = false;
+  bool leaving = false;   // LEAVE queued: stop once it is written
+  bool registered = false;  // a JOIN/REJOIN was sent once: reconnects send REJOIN
+  bool want_join = false;   // join() called and not yet sent
+  std::optional<Assignment> assignment;
+  std::optional<TimePoint> unreachable_since;
+  std::string last_error;
+
+  std::string in;
+  std::size_t in_begin = 0;
+  std::string pending;   // frames queued for the current connection
+  std::string writing;   // owned by the async_write in flight
+  bool write_in_flight = false;
+  // Success/failure reports of the current round, re-sent after every REJOIN: a report written
+  // just before the daemon died may never have been read, and the registry ignores duplicates.
+  std::vector<std::string> reports;
+
+  std::string endpoint_text() const { return options.server.to_string(); }
+
+  // ---- outgoing ----
+
+  void send_frame(const ClientMessage& m) {
+    encode_client(pending, m);
+    start_write();
+  }
+
+  void start_write() {
+    if (!is_connected || write_in_flight || pending.empty()) return;
+    writing.swap(pending);
+    pending.clear();
+    write_in_flight = true;
+    asio::async_write(socket, asio::buffer(writing),
+                      [self = shared_from_this(), gen = generation](boost::system::error_code ec, std::size_t) {
+                        self->write_in_flight = false;
+                        self->writing.clear();
+                        if (gen != self->generation || self->stopped) return;
+                        if (ec) {
+                          self->connection_lost(fmt::format("write failed: {}", ec.message()));
+                          return;
+                        }
+                        self->start_write();
+                        if (self->leaving && !self->write_in_flight) self->stop();
+                      });
+  }
+
+  void send_join_or_rejoin() {
+    if (!registered && want_join) {
+      reports.clear();
+      send_frame(JoinMessage{options.run_id, JoinRequest{options.node, options.config, options.token}});
+    } else {
+      send_frame(RejoinMessage{options.run_id, RejoinRequest{options.node, options.config, options.token, assignment}});
+      for (const auto& frame : reports) pending.append(frame);
+    }
+    registered = true;
+    want_join = false;
+    start_write();
+  }
+
+  // A report: sent now if registered, else after the next (re)registration.
+  void report(const ClientMessage& m) {
+    if (stopped || leaving) return;
+    std::string frame;
+    encode_client(frame, m);
+    if (is_connected && registered) {
+      pending.append(frame);
+      start_write();
+    } else {
+      ensure_connecting();
+    }
+    reports.push_back(std::move(frame));
+  }
+
+  // ---- connection management ----
+
+  void ensure_connecting() {
+    if (stopped || is_connected || connecting || retry_timer.expiry() > std::chrono::steady_clock::now()) return;
+    connect();
+  }
+
+  void connect() {
+    if (stopped) return;
+    connecting = true;
+    const std::uint64_t gen = ++generation;
+    resolver.async_resolve(
+        options.server.host, std::to_string(options.server.port),
+        [self = shared_from_this(), gen](boost::system::error_code ec, tcp::resolver::results_type results) {
+          if (gen != self->generation || self->stopped) return;
+          if (ec) {
+            self->connect_failed(fmt::format("cannot resolve '{}': {}", self->options.server.host, ec.message()));
+            return;
+          }
+          self->connect_timer.expires_after(connect_attempt_limit);
+          self->connect_timer.async_wait([weak = std::weak_ptr<ClientCore>(self), gen](boost::system::error_code tec) {
+            auto s = weak.lock();
+            if (tec || !s || gen != s->generation || !s->connecting) return;
+            boost::system::error_code ignored;
+            s->socket.close(ignored);  // the pending connect completes with operation_aborted
+          });
+          asio::async_connect(self->socket, results,
+                              [self, gen](boost::system::error_code cec, const tcp::endpoint&) {
+                                self->connect_timer.cancel();
+                                if (gen != self->generation || self->stopped) return;
+                                if (cec) {
+                                  self->connect_failed(cec == asio::error::operation_aborted
+                                                           ? std::string("connect timed out")
+                                                           : fmt::format("connect failed: {}", cec.message()));
+                                  return;
+                                }
+                                self->on_connected();
+                              });
+        });
+  }
+
+  void on_connected() {
+    connecting = false;
+    is_connected = true;
+    unreachable_since.reset();
+    backoff.reset();
+    boost::system::error_code ec;
+    socket.set_option(tcp::no_delay(true), ec);
+    in.clear();
+    in_begin = 0;
+    pending.clear();
+    spdlog::debug("rendezvous: connected to {}", endpoint_text());
+    if (registered || want_join) send_join_or_rejoin();
+    start_read();
+    arm_heartbeat();
+  }
+
+  void connect_failed(std::string why) {
+    connecting = false;
+    boost::system::error_code ec;
+    socket.close(ec);
+    last_error = std::move(why);
+    schedule_reconnect();
+  }
+
+  void connection_lost(std::string why) {
+    if (stopped) return;
+    if (leaving) {
+      stop();
+      return;
+    }
+    spdlog::warn("rendezvous: connection to {} lost ({}); reconnecting", endpoint_text(), why);
+    is_connected = false;
+    ++generation;
+    boost::system::error_code ec;
+    socket.close(ec);
+    heartbeat_timer.cancel();
+    write_in_flight = false;
+    pending.clear();
+    last_error = std::move(why);
+    schedule_reconnect();
+  }
+
+  void schedule_reconnect() {
+    if (stopped) return;
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (!unreachable_since) unreachable_since = now;
+    const Duration down = now - *unreachable_since;
+    if (down >= options.give_up_after) {
+      give_up();
+      return;
+    }
+    Duration delay = std::chrono::duration_cast<Duration>(backoff.next_delay());
+    delay = std::min(delay, options.give_up_after - down);
+    retry_timer.expires_after(delay);
+    retry_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      self->connect();
+    });
+  }
+
+  void give_up() {
+    const std::string msg = fmt::format(
+        "rendezvous server {} unreachable for {} (last error: {}); is ddprun-rdzvd running there? "
+        "Check --rdzv-endpoint and that the port is open",
+        endpoint_text(), seconds_text(options.give_up_after), last_error.empty() ? "none" : last_error);
+    stop();
+    if (events.on_unreachable) events.on_unreachable(msg);
+  }
+
+  void arm_heartbeat() {
+    if (stopped || !is_connected) return;
+    heartbeat_timer.expires_after(options.config.heartbeat_interval);
+    heartbeat_timer.async_wait([self = shared_from_this(), gen = generation](boost::system::error_code ec) {
+      if (ec || self->stopped || gen != self->generation || !self->is_connected) return;
+      if (self->registered) self->send_frame(HeartbeatMessage{self->options.run_id, self->options.node.id});
+      self->arm_heartbeat();
+    });
+  }
+
+  // ---- incoming ----
+
+  void start_read() {
+    if (in_begin > 0 && in_begin == in.size()) {
+      in.clear();
+      in_begin = 0;
+    }
+    const std::size_t old = in.size();
+    in.resize(old + 64 * 1024);
+    socket.async_read_some(asio::buffer(in.data() + old, in.size() - old),
+                           [self = shared_from_this(), gen = generation, old](boost::system::error_code ec,
+                                                                              std::size_t n) {
+                             if (gen != self->generation || self->stopped) return;
+                             self->in.resize(old + n);
+                             if (ec) {
+                               self->connection_lost(ec == asio::error::eof ? std::string("closed by the server")
+                                                                            : ec.message());
+                               return;
+                             }
+                             self->process();
+                             if (gen != self->generation || self->stopped) return;
+                             self->start_read();
+                           });
+  }
+
+  void process() {
+    // Keep ourselves alive: a callback may destroy the RendezvousClient.
+    auto keep = shared_from_this();
+    const std::uint64_t gen = generation;
+    while (!stopped && gen == generation) {
+      ServerMessage msg;
+      DecodeResult r = decode_server(std::string_view(in).substr(in_begin), limits, msg);
+      if (r.status == DecodeStatus::need_more) break;
+      if (r.status != DecodeStatus::ok) {
+        connection_lost(fmt::format("protocol error from the server: {}", r.reason));
+        return;
+      }
+      in_begin += r.consumed;
+      dispatch(msg);
+    }
+    if (in_begin > 0 && !stopped && gen == generation) {
+      in.erase(0, in_begin);
+      in_begin = 0;
+    }
+  }
+
+  void dispatch(ServerMessage& msg) {
+    std::visit(
+        [&](auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, SendAssignment>) {
+            assignment = m.assignment;
+            if (events.on_assignment) events.on_assignment(m.assignment);
+          } else if constexpr (std::is_same_v<T, SendRestart>) {
+            assignment.reset();
+            reports.clear();
+            if (events.on_restart) events.on_restart(m);
+          } else if constexpr (std::is_same_v<T, SendJobFailed>) {
+            stop();
+            if (events.on_job_failed) events.on_job_failed(m);
+          } else if constexpr (std::is_same_v<T, SendJobCompleted>) {
+            stop();
+            if (events.on_job_completed) events.on_job_completed();
+          } else if constexpr (std::is_same_v<T, Refuse>) {
+            stop();
+            if (events.on_refused) events.on_refused(m.reason);
+          } else if constexpr (std::is_same_v<T, AskRejoin>) {
+            spdlog::info("rendezvous {}: {}; re-registering", endpoint_text(), m.reason);
+            send_join_or_rejoin();
+          } else if constexpr (std::is_same_v<T, Progress>) {
+            if (events.on_progress) events.on_progress(m.text);
+          } else {
+            spdlog::debug("rendezvous: ignoring an unexpected STATUS_REPLY");
+          }
+        },
+        msg);
+  }
+
+  void stop() {
+    if (stopped) return;
+    stopped = true;
+    ++generation;
+    is_connected = false;
+    connecting = false;
+    boost::system::error_code ec;
+    resolver.cancel();
+    heartbeat_timer.cancel();
+    retry_timer.cancel();
+    connect_timer.cancel();
+    if (socket.is_open()) {
+      socket.shutdown(tcp::socket::shutdown_both, ec);
+      socket.close(ec);
+    }
+  }
+};
+
+struct RendezvousClient::Impl {
+  std::shared_ptr<ClientCore> core;
+  ClientCore* operator->() const { return core.get(); }
+  ClientCore& operator*() const { return *core; }
+};
+
+RendezvousClient::RendezvousClient(asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events)
+    : impl_(std::make_unique<Impl>(Impl{std::make_shared<ClientCore>(io, std::move(options), std::move(events))})) {}
+
+RendezvousClient::~RendezvousClient() {
+  if (impl_) impl_->core->stop();
+}
+
+void RendezvousClient::join() {
+  auto& s = *impl_->core;
+  if (s.stopped || s.leaving) return;
+  s.assignment.reset();
+  s.reports.clear();
+  if (s.is_connected) {
+    s.want_join = true;
+    if (s.registered) {
+      // A known node joining again: the server treats a JOIN from a member as "next round".
+      s.send_frame(JoinMessage{s.options.run_id, JoinRequest{s.options.node, s.options.config, s.options.token}});
+    } else {
+      s.send_join_or_rejoin();
+    }
+    s.want_join = false;
+  } else {
+    s.want_join = true;
+    s.ensure_connecting();
+  }
+}
+
+void RendezvousClient::report_failure(const WorkerFailure& failure) {
+  WorkerFailure f = failure;
+  f.node = impl_->core->options.node.id;
+  impl_->core->report(WorkerFailedMessage{impl_->core->options.run_id, std::move(f)});
+}
+
+void RendezvousClient::report_success(std::uint64_t round) {
+  impl_->core->report(SucceededMessage{impl_->core->options.run_id, impl_->core->options.node.id, round});
+}
+
+void RendezvousClient::leave() {
+  auto& s = *impl_->core;
+  if (s.stopped || s.leaving) return;
+  if (!s.is_connected || !s.registered) {
+    s.stop();
+    return;
+  }
+  // Send LEAVE after whatever is queued, then stop once it is written (or the write fails).
+  s.leaving = true;
+  s.heartbeat_timer.cancel();
+  s.retry_timer.cancel();
+  s.send_frame(LeaveMessage{s.options.run_id, s.options.node.id});
+}
+
+void RendezvousClient::stop() { impl_->core->stop(); }
+
+const std::optional<Assignment>& RendezvousClient::current_assignment() const { return impl_->core->assignment; }
+
+bool RendezvousClient::connected() const { return impl_->core->is_connected; }
+
+RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout) {
+  asio::io_context io(1);
+  tcp::socket socket(io);
+  tcp::resolver resolver(io);
+  std::optional<RegistryStatus> result;
+  std::string error;
+  std::string out;
+  encode_client(out, StatusMessage{run_id});
+  std::string in;
+  const WireLimits limits{std::size_t{64} << 20, 16};  // a status of many jobs can be large
+  std::function<void()> read_more;
+  read_more = [&] {
+    const std::size_t old = in.size();
+    in.resize(old + 64 * 1024);
+    socket.async_read_some(asio::buffer(in.data() + old, in.size() - old),
+                           [&, old](boost::system::error_code ec, std::size_t n) {
+                             in.resize(old + n);
+                             if (ec) {
+                               error = ec == asio::error::eof ? "the server closed the connection" : ec.message();
+                               return;
+                             }
+                             ServerMessage msg;
+                             DecodeResult r = decode_server(in, limits, msg);
+                             if (r.status == DecodeStatus::need_more) {
+                               read_more();
+                               return;
+                             }
+                             if (r.status == DecodeStatus::error) {
+                               error = r.reason;
+                               return;
+                             }
+                             if (auto* s = std::get_if<RegistryStatus>(&msg)) {
+                               result = std::move(*s);
+                               return;
+                             }
+                             in.erase(0, r.consumed);  // not ours (cannot happen on a fresh connection)
+                             read_more();
+                           });
+  };
+  resolver.async_resolve(server.host, std::to_string(server.port),
+                         [&](boost::system::error_code ec, tcp::resolver::results_type results) {
+                           if (ec) {
+                             error = fmt::format("cannot resolve '{}': {}", server.host, ec.message());
+                             return;
+                           }
+                           asio::async_connect(socket, results, [&](boost::system::error_code cec, const tcp::endpoint&) {
+                             if (cec) {
+                               error = cec.message();
+                               return;
+                             }
+                             asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
+                               if (wec) {
+                                 error = wec.message();
+                                 return;
+                               }
+                               read_more();
+                             });
+                           });
+                         });
+  io.run_for(timeout);
+  if (result) return std::move(*result);
+  if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());
+  throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
+                     "check --rdzv-endpoint and that ddprun-rdzvd is running there");
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,204 @@
+#include "ddprun/rendezvous/rendezvous_service.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <type_traits>
+
+#include "ddprun/rendezvous/store_server.hpp"
+
+namespace ddprun::rendezvous {
+
+struct RendezvousService::Timer {
+  explicit Timer(boost::asio::io_context& io) : timer(io) {}
+  boost::asio::steady_timer timer;
+};
+
+RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
+                                     const Clock& clock)
+    : io_(io),
+      options_(std::move(options)),
+      clock_(clock),
+      registry_(options_.token),
+      timer_(std::make_unique<Timer>(io)) {}
+
+RendezvousService::~RendezvousService() { timer_->timer.cancel(); }
+
+void RendezvousService::attach(StoreServer& server) { server_ = &server; }
+void RendezvousService::detach() {
+  server_ = nullptr;
+  timer_->timer.cancel();
+  armed_.reset();
+}
+
+RendezvousServiceStats RendezvousService::stats() const {
+  RendezvousServiceStats s = counters_;
+  s.jobs = registry_.job_count();
+  s.nodes = node_of_.size();
+  return s;
+}
+
+DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buffer, StoreState& state,
+                                         Outbox& outbox) {
+  (void)state;
+  DecodeResult r = decode_client(buffer, options_.limits, message_);
+  if (r.status != DecodeStatus::ok) return r;
+  ++counters_.frames;
+  outbox_ = &outbox;
+  // Replies of this frame go through the server's outbox: flushed after the batch of frames.
+  struct Reset {
+    Outbox*& p;
+    ~Reset() { p = nullptr; }
+  } reset{outbox_};
+  if (std::holds_alternative<StatusMessage>(message_)) {
+    const std::string& run_id = std::get<StatusMessage>(message_).run_id;
+    RegistryStatus status = registry_.status(clock_.now());
+    if (!run_id.empty()) std::erase_if(status.jobs, [&](const JobStatus& j) { return j.run_id != run_id; });
+    scratch_.clear();
+    encode_server(scratch_, status);
+    emit(conn, scratch_);
+    return r;
+  }
+  handle(conn, message_);
+  rearm();
+  return r;
+}
+
+void RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
+  const TimePoint now = clock_.now();
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, JoinMessage>) {
+          bind(conn, m.run_id, m.request.node.id);
+          apply(registry_.join(m.run_id, m.request, now), &m.request.node.id);
+        } else if constexpr (std::is_same_v<T, RejoinMessage>) {
+          bind(conn, m.run_id, m.request.node.id);
+          apply(registry_.rejoin(m.run_id, m.request, now), &m.request.node.id);
+        } else if constexpr (std::is_same_v<T, HeartbeatMessage>) {
+          bind(conn, m.run_id, m.node);
+          apply(registry_.heartbeat(m.run_id, m.node, now), &m.node);
+        } else if constexpr (std::is_same_v<T, LeaveMessage>) {
+          apply(registry_.leave(m.run_id, m.node, now), &m.node);
+          // A node that left no longer speaks through this connection.
+          auto it = conn_of_.find(NodeKey{m.run_id, m.node});
+          if (it != conn_of_.end() && it->second == conn) {
+            conn_of_.erase(it);
+            node_of_.erase(conn);
+          }
+        } else if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
+          bind(conn, m.run_id, m.failure.node);
+          apply(registry_.worker_failed(m.run_id, m.failure, now), &m.failure.node);
+        } else if constexpr (std::is_same_v<T, SucceededMessage>) {
+          bind(conn, m.run_id, m.node);
+          apply(registry_.succeeded(m.run_id, m.node, m.round, now), &m.node);
+        } else if constexpr (std::is_same_v<T, CloseMessage>) {
+          apply(registry_.close(m.run_id, now));
+        }
+      },
+      message);
+}
+
+void RendezvousService::bind(ConnectionId conn, const std::string& run_id, const NodeId& node) {
+  auto cur = node_of_.find(conn);
+  if (cur != node_of_.end()) {
+    if (cur->second.run_id == run_id && cur->second.node == node) return;  // the common case
+    auto old = conn_of_.find(cur->second);
+    if (old != conn_of_.end() && old->second == conn) conn_of_.erase(old);
+    node_of_.erase(cur);
+  }
+  NodeKey key{run_id, node};
+  auto [it, inserted] = conn_of_.try_emplace(key, conn);
+  if (!inserted && it->second != conn) {
+    // The newest connection speaks for the node; the old one (if still open) is forgotten.
+    node_of_.erase(it->second);
+    it->second = conn;
+  }
+  node_of_.emplace(conn, std::move(key));
+}
+
+void RendezvousService::on_disconnect(ConnectionId conn) {
+  auto it = node_of_.find(conn);
+  if (it == node_of_.end()) return;
+  NodeKey key = std::move(it->second);
+  node_of_.erase(it);
+  auto c = conn_of_.find(key);
+  if (c == conn_of_.end() || c->second != conn) return;
+  conn_of_.erase(c);
+  apply(registry_.disconnected(key.run_id, key.node, clock_.now()));
+  rearm();
+}
+
+void RendezvousService::on_reset() {
+  // The server closes every connection right after this (on_disconnect follows for each); the
+  // jobs themselves survive a key-space reset.
+}
+
+void RendezvousService::apply(const Actions& actions, const NodeId* origin) {
+  // Progress to nodes other than the origin: all of one batch or none (see the header).
+  std::optional<bool> broadcast;
+  TimePoint now{};
+  for (const Action& action : actions) {
+    const auto& [run_id, node] = std::visit(
+        [](const auto& a) { return std::pair<const std::string&, const NodeId&>(a.run_id, a.node); }, action);
+    if (std::holds_alternative<Progress>(action) && (origin == nullptr || node != *origin)) {
+      if (!broadcast) {
+        now = clock_.now();
+        auto [it, inserted] = last_broadcast_.try_emplace(run_id, now);
+        broadcast = inserted || now - it->second >= options_.progress_interval;
+        if (*broadcast) it->second = now;
+        if (last_broadcast_.size() > 2 * registry_.job_count() + 16) {
+          std::erase_if(last_broadcast_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
+        }
+      }
+      if (!*broadcast) {
+        ++counters_.progress_dropped;
+        continue;
+      }
+    }
+    auto it = conn_of_.find(NodeKey{run_id, node});
+    if (it == conn_of_.end()) {
+      spdlog::debug("rendezvous '{}': node {} has no connection; it learns the news when it rejoins", run_id,
+                    node.to_string());
+      continue;
+    }
+    scratch_.clear();
+    encode_action(scratch_, action);
+    emit(it->second, scratch_);
+  }
+}
+
+void RendezvousService::emit(ConnectionId conn, std::string_view bytes) {
+  ++counters_.pushes;
+  if (outbox_ != nullptr) {
+    outbox_->buffer(conn).append(bytes);
+  } else if (server_ != nullptr) {
+    server_->send(conn, bytes);
+  }
+}
+
+void RendezvousService::rearm() {
+  const std::optional<TimePoint> next = registry_.next_deadline();
+  if (next == armed_) return;
+  armed_ = next;
+  if (!next) {
+    timer_->timer.cancel();
+    return;
+  }
+  timer_->timer.expires_at(*next);
+  timer_->timer.async_wait([weak = weak_from_this(), at = *next](const boost::system::error_code& ec) {
+    if (ec) return;
+    auto self = weak.lock();
+    if (!self || self->armed_ != at) return;
+    self->armed_.reset();
+    self->on_timer();
+  });
+}
+
+void RendezvousService::on_timer() {
+  apply(registry_.on_tick(clock_.now()));
+  rearm();
+}
+
+}  // namespace ddprun::rendezvous

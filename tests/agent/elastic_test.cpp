@@ -1,0 +1,177 @@
+// The pure pieces of the elastic agent: path selection, JobConfig translation, address choice,
+// hosting decision, failure reports and the job-failed summary.
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "ddprun/agent/elastic.hpp"
+#include "ddprun/common/error.hpp"
+
+using namespace ddprun::agent;
+namespace rdzv = ddprun::rendezvous;
+using Catch::Matchers::Contains;
+
+namespace {
+AgentConfig base() {
+  AgentConfig c;
+  c.worker_argv = {"/bin/true"};
+  return c;
+}
+}  // namespace
+
+TEST_CASE("elastic path: multi-node or c10d without standalone") {
+  AgentConfig c = base();
+  CHECK_FALSE(uses_elastic_path(c));
+  c.max_nodes = 2;
+  CHECK(uses_elastic_path(c));
+  c = base();
+  c.rdzv_backend = "c10d";
+  CHECK(uses_elastic_path(c));
+  c.standalone = true;
+  CHECK_FALSE(uses_elastic_path(c));
+}
+
+TEST_CASE("static multi-node: node 0 serves at the master address, the world is max nodes") {
+  AgentConfig c = base();
+  c.min_nodes = 2;
+  c.max_nodes = 3;
+  c.master_addr = "127.0.0.2";
+  c.master_port = 4000;
+  CHECK(is_static_multi_node(c));
+  CHECK(rendezvous_endpoint(c) == ddprun::Endpoint{"127.0.0.2", 4000});
+  CHECK(job_config(c).min_nodes == 3);
+  CHECK(job_config(c).max_nodes == 3);
+  c.local_addr = "127.0.0.3";
+  c.node_rank = 0;
+  CHECK(may_host(c, {"127.0.0.2", 4000}, "127.0.0.3"));
+  c.node_rank = 1;
+  CHECK_FALSE(may_host(c, {"127.0.0.2", 4000}, "127.0.0.2"));
+  c.master_port = 0;
+  CHECK_THROWS_WITH(rendezvous_endpoint(c), Contains("--master-port"));
+  c.rdzv_backend = "c10d";
+  CHECK_FALSE(is_static_multi_node(c));
+}
+
+TEST_CASE("job config carries nnodes, the global budget and the rdzv-conf timers") {
+  AgentConfig c = base();
+  c.rdzv_backend = "c10d";
+  c.min_nodes = 2;
+  c.max_nodes = 4;
+  c.max_restarts = 3;
+  c.rdzv.join_timeout = std::chrono::milliseconds(20000);
+  c.rdzv.last_call_timeout = std::chrono::milliseconds(500);
+  c.rdzv.heartbeat_interval = std::chrono::milliseconds(200);
+  c.rdzv.missed_heartbeats = 5;
+  c.rdzv.exit_barrier_timeout = std::chrono::milliseconds(7000);
+  const auto j = job_config(c);
+  CHECK(j.min_nodes == 2);
+  CHECK(j.max_nodes == 4);
+  CHECK(j.max_restarts == 3);
+  CHECK(j.join_timeout == std::chrono::milliseconds(20000));
+  CHECK(j.last_call_timeout == std::chrono::milliseconds(500));
+  CHECK(j.heartbeat_interval == std::chrono::milliseconds(200));
+  CHECK(j.missed_heartbeats == 5);
+  CHECK(j.lease() == std::chrono::milliseconds(1000));
+  CHECK(j.exit_barrier_timeout == std::chrono::milliseconds(7000));
+  CHECK(j.validate().empty());
+}
+
+TEST_CASE("rendezvous endpoint: default port, missing endpoint named") {
+  AgentConfig c = base();
+  c.rdzv_backend = "c10d";
+  CHECK_THROWS_WITH(rendezvous_endpoint(c), Contains("--rdzv-endpoint"));
+  c.rdzv_endpoint = "10.1.2.3";
+  CHECK(rendezvous_endpoint(c) == ddprun::Endpoint{"10.1.2.3", 29400});
+  c.rdzv_endpoint = "127.0.0.2:5000";
+  CHECK(rendezvous_endpoint(c) == ddprun::Endpoint{"127.0.0.2", 5000});
+}
+
+TEST_CASE("advertised address: --local-addr, else the route's source address (no DNS)") {
+  AgentConfig c = base();
+  c.local_addr = "127.0.0.3";
+  CHECK(advertised_address(c, {"127.0.0.2", 29400}) == "127.0.0.3");
+  c.local_addr.reset();
+  CHECK(advertised_address(c, {"127.0.0.1", 29400}) == "127.0.0.1");
+  CHECK(advertised_address(c, {"127.0.0.5", 29400}) == "127.0.0.1");  // the kernel's source for 127/8
+}
+
+TEST_CASE("local addresses: loopback range and interfaces") {
+  CHECK(is_local_address("127.0.0.1"));
+  CHECK(is_local_address("127.0.0.4"));
+  CHECK(is_local_address("::1"));
+  CHECK_FALSE(is_local_address("192.0.2.77"));  // TEST-NET-1, never assigned
+}
+
+TEST_CASE("hosting decision") {
+  AgentConfig c = base();
+  const ddprun::Endpoint ep{"127.0.0.2", 29400};
+  c.local_addr = "127.0.0.2";
+  CHECK(may_host(c, ep, "127.0.0.2"));
+  c.local_addr = "127.0.0.3";
+  CHECK_FALSE(may_host(c, ep, "127.0.0.3"));  // with --local-addr only an exact match hosts
+  c.rdzv.is_host = true;
+  CHECK(may_host(c, ep, "127.0.0.3"));
+  c.rdzv.is_host = false;
+  c.local_addr = "127.0.0.2";
+  CHECK_FALSE(may_host(c, ep, "127.0.0.2"));  // is_host=0 never hosts
+  c.rdzv.is_host.reset();
+  c.local_addr.reset();
+  CHECK(may_host(c, ep, "127.0.0.1"));  // a loopback endpoint is this machine
+  CHECK_FALSE(may_host(c, {"192.0.2.77", 29400}, "10.0.0.1"));
+}
+
+TEST_CASE("tcp probe: a listening socket answers, a closed port does not") {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acc(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  const auto port = acc.local_endpoint().port();
+  CHECK(tcp_connects({"127.0.0.1", port}, std::chrono::milliseconds(500)));
+  acc.close();
+  CHECK_FALSE(tcp_connects({"127.0.0.1", port}, std::chrono::milliseconds(500)));
+}
+
+TEST_CASE("instance ids are random hex") {
+  const auto a = random_instance_id();
+  const auto b = random_instance_id();
+  CHECK(a.size() == 12);
+  CHECK(a != b);
+  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+}
+
+TEST_CASE("failure reports carry exit code or signal") {
+  const rdzv::NodeId node{"127.0.0.3", 42, "abc"};
+  const auto f = make_failure(3, node, 5, 1, ExitStatus::exited(7), "boom");
+  CHECK(f.round == 3);
+  CHECK(f.node == node);
+  CHECK(f.global_rank == 5);
+  CHECK(f.local_rank == 1);
+  CHECK(f.exit_code == 7);
+  CHECK_FALSE(f.signal);
+  CHECK(f.ddprun_exit_code() == 7);
+  const auto k = make_failure(0, node, 2, 0, ExitStatus::killed(SIGKILL), "");
+  CHECK(k.signal == SIGKILL);
+  CHECK_FALSE(k.exit_code);
+  CHECK(k.ddprun_exit_code() == 128 + SIGKILL);
+}
+
+TEST_CASE("job-failed summary names the node and the rank") {
+  rdzv::SendJobFailed failed;
+  failed.run_id = "job7";
+  failed.reason = "worker failure with no restarts left";
+  failed.exit_code = 3;
+  rdzv::RootCause rc;
+  rc.failure = make_failure(1, {"127.0.0.3", 42, "abc"}, 5, 1, ExitStatus::exited(3), "ValueError: bad");
+  rc.node_addr = "127.0.0.3";
+  rc.group_rank = 2;
+  failed.root_cause = rc;
+  const auto text = format_job_failed(failed, "train.py");
+  CHECK_THAT(text, Contains("job 'job7' failed: worker failure with no restarts left"));
+  CHECK_THAT(text, Contains("host       : 127.0.0.3"));
+  CHECK_THAT(text, Contains("rank       : 5 (local_rank: 1)"));
+  CHECK_THAT(text, Contains("exitcode   : 3"));
+  CHECK_THAT(text, Contains("ValueError: bad"));
+  CHECK_THAT(text, Contains("group rank 2"));
+  failed.root_cause.reset();
+  CHECK(format_job_failed(failed, "train.py") == "ddprun: job 'job7' failed: worker failure with no restarts left\n");
+}

@@ -1,0 +1,227 @@
+// GPU selection (docs/gpus.md): CUDA_VISIBLE_DEVICES with CUDA's rules, the fake NVML loaded
+// through DDPRUN_NVML_LIBRARY, --gpus resolution, isolation, virtual local rank, sharing errors.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/worker_env/gpus.hpp"
+
+using namespace ddprun::worker_env;
+
+namespace {
+
+std::vector<std::string> texts(const std::vector<CvdEntry>& v) {
+  std::vector<std::string> out;
+  for (const auto& e : v) out.push_back(e.text);
+  return out;
+}
+
+std::vector<std::string> tokens(const std::vector<VisibleDevice>& v) {
+  std::vector<std::string> out;
+  for (const auto& e : v) out.push_back(e.token);
+  return out;
+}
+
+GpuInventory fake_inventory(int count) {
+  setenv("FAKE_NVML_COUNT", std::to_string(count).c_str(), 1);
+  EnvMap env{{"DDPRUN_NVML_LIBRARY", FAKE_NVML_PATH}, {"DDPRUN_CUDA_LIBRARY", "none"}};
+  auto inv = probe_gpus(env);
+  unsetenv("FAKE_NVML_COUNT");
+  return inv;
+}
+
+std::string env_of(const EnvList& env, const std::string& name) {
+  for (const auto& [k, v] : env) {
+    if (k == name) return v;
+  }
+  return "<unset>";
+}
+
+}  // namespace
+
+TEST_CASE("CUDA_VISIBLE_DEVICES is parsed as CUDA does", "[gpus]") {
+  using V = std::vector<std::string>;
+  CHECK(texts(parse_cuda_visible_devices("0,1,2,3")) == V{"0", "1", "2", "3"});
+  CHECK(texts(parse_cuda_visible_devices(" 2 , 1 ")) == V{"2", "1"});
+  CHECK(texts(parse_cuda_visible_devices("")).empty());
+  CHECK(texts(parse_cuda_visible_devices("  ")).empty());
+  CHECK(texts(parse_cuda_visible_devices("0,2,-1,1")) == V{"0", "2"});  // invalid entry truncates
+  CHECK(texts(parse_cuda_visible_devices("1,x,2")) == V{"1"});
+  CHECK(texts(parse_cuda_visible_devices("-1")).empty());
+  CHECK(texts(parse_cuda_visible_devices("0,0,1")) == V{"0"});  // a repeat ends the list
+  CHECK(texts(parse_cuda_visible_devices("GPU-8f2a,1")) == V{"GPU-8f2a", "1"});
+  CHECK(texts(parse_cuda_visible_devices("GPU-,1")).empty());
+  CHECK(texts(parse_cuda_visible_devices("GPU-zz")).empty());
+  const auto mig = parse_cuda_visible_devices("MIG-GPU-8f2a/1/0,MIG-4b1d");
+  REQUIRE(mig.size() == 2);
+  CHECK(mig[0].kind == CvdEntry::Kind::mig);
+  const auto idx = parse_cuda_visible_devices("7");
+  REQUIRE(idx.size() == 1);
+  CHECK(idx[0].kind == CvdEntry::Kind::index);
+  CHECK(idx[0].index == 7);
+}
+
+TEST_CASE("the fake NVML is loaded through DDPRUN_NVML_LIBRARY", "[gpus][nvml]") {
+  const auto inv = fake_inventory(4);
+  REQUIRE(inv.devices.size() == 4);
+  CHECK(inv.source == std::string("nvml:") + FAKE_NVML_PATH);
+  CHECK(inv.devices[2].index == 2);
+  CHECK(inv.devices[2].uuid == "GPU-dead0002-0000-4000-8000-000000000002");
+  CHECK(inv.devices[2].pci_bus_id == "0000:3a:00.0");
+  CHECK(inv.devices[2].name == "Fake GPU 2");
+  CHECK(fake_inventory(2).devices.size() == 2);
+
+  SECTION("counting: CVD wins, NVML otherwise") {
+    CHECK(count_visible_gpus(std::nullopt, inv) == 4);
+    CHECK(count_visible_gpus(std::string("1,3"), inv) == 2);
+    CHECK(count_visible_gpus(std::string(""), inv) == 0);
+    CHECK(count_visible_gpus(std::string("1,7,2"), inv) == 1);  // 7 does not exist: CUDA stops
+    CHECK(count_visible_gpus(std::string("GPU-dead0003,0"), inv) == 2);
+    CHECK(count_visible_gpus(std::string("GPU-dead,0"), inv) == 0);  // ambiguous prefix
+    CHECK(count_visible_gpus(std::string("3,GPU-dead0003"), inv) == 1);  // same device twice
+    CHECK(nproc_for_device_kind("gpu", "--nproc-per-node", std::nullopt, inv, 16) == 4);
+    CHECK(nproc_for_device_kind("auto", "--nproc-per-node", std::string("2"), inv, 16) == 1);
+    CHECK_FALSE(nproc_for_device_kind("8", "--nproc-per-node", std::nullopt, inv, 16));
+  }
+}
+
+TEST_CASE("no GPU: auto falls back to CPUs, gpu is a clear error", "[gpus][nvml]") {
+  setenv("FAKE_NVML_FAIL", "init", 1);
+  const auto failing = probe_gpus({{"DDPRUN_NVML_LIBRARY", FAKE_NVML_PATH}, {"DDPRUN_CUDA_LIBRARY", "none"}});
+  unsetenv("FAKE_NVML_FAIL");
+  CHECK(failing.devices.empty());
+  CHECK_THAT(failing.diagnostic, Catch::Contains("Driver Not Loaded"));
+
+  const auto missing =
+      probe_gpus({{"DDPRUN_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}, {"DDPRUN_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"}});
+  CHECK(missing.devices.empty());
+  CHECK(missing.source == "none");
+  CHECK_THAT(missing.diagnostic, Catch::Contains("/nonexistent/libnvidia-ml.so.1"));
+  CHECK_THAT(missing.diagnostic, Catch::Contains("/nonexistent/libcuda.so.1"));
+
+  CHECK(nproc_for_device_kind("auto", "--nproc-per-node", std::nullopt, missing, 6) == 6);
+  CHECK(nproc_for_device_kind("AUTO", "--nproc-per-node", std::string(""), missing, 6) == 6);
+  CHECK_THROWS_WITH(nproc_for_device_kind("gpu", "--nproc-per-node", std::nullopt, missing, 6),
+                    Catch::Contains("--nproc-per-node=gpu: no GPU found") && Catch::Contains("libnvidia-ml"));
+  CHECK_THROWS_WITH(nproc_for_device_kind("gpu", "--nproc-per-node", std::string("-1"), missing, 6),
+                    Catch::Contains("CUDA_VISIBLE_DEVICES='-1' names no usable GPU"));
+  // Without any inventory the syntax of CUDA_VISIBLE_DEVICES still counts.
+  CHECK(nproc_for_device_kind("gpu", "--nproc-per-node", std::string("0,2,-1,1"), missing, 6) == 2);
+}
+
+TEST_CASE("plan_gpus: shared mode is torchrun's default", "[gpus][plan]") {
+  GpuRequest r;
+  r.inventory = fake_inventory(4);
+  r.nproc = 4;
+  const auto plan = plan_gpus(r);
+  REQUIRE(plan.per_rank_env.size() == 4);
+  CHECK(tokens(plan.selected) == std::vector<std::string>{"0", "1", "2", "3"});
+  // CVD inherited unchanged, device order pinned, worker uses LOCAL_RANK.
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "<unset>");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+  CHECK(env_of(plan.per_rank_env[3], "DDPRUN_CUDA_DEVICE") == "3");
+  CHECK_THAT(plan.per_rank_device[2], Catch::Contains("cuda:2 = GPU 2") && Catch::Contains("0000:3a:00.0"));
+
+  r.parent_device_order = "FASTEST_FIRST";  // the user's choice is kept
+  CHECK(env_of(plan_gpus(r).per_rank_env[0], "CUDA_DEVICE_ORDER") == "<unset>");
+  // torchrun allows more workers than GPUs when nothing was selected.
+  r.nproc = 6;
+  CHECK(env_of(plan_gpus(r).per_rank_env[5], "DDPRUN_CUDA_DEVICE") == "1");
+}
+
+TEST_CASE("plan_gpus: --gpus selects among the visible devices", "[gpus][plan]") {
+  GpuRequest r;
+  r.inventory = fake_inventory(4);
+  r.nproc = 2;
+  r.gpus = "1,3";
+  auto plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "1,3");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "1,3");
+  CHECK(env_of(plan.per_rank_env[1], "DDPRUN_CUDA_DEVICE") == "1");
+
+  // Ordinals are relative to the parent's CUDA_VISIBLE_DEVICES (cuda:N as the user sees it).
+  r.parent_cvd = "3,2,1";
+  r.gpus = "2,0";
+  plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "1,3");
+  REQUIRE(plan.selected.size() == 2);
+  REQUIRE(plan.selected[0].device);
+  CHECK(plan.selected[0].device->uuid == "GPU-dead0001-0000-4000-8000-000000000001");
+}
+
+TEST_CASE("plan_gpus: --gpus errors name the flag", "[gpus][plan]") {
+  GpuRequest r;
+  r.inventory = fake_inventory(4);
+  r.nproc = 2;
+  r.gpus = "1,3";
+  r.parent_cvd = "3,2,1";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--gpus: device 3 does not exist") &&
+                                      Catch::Contains("CUDA_VISIBLE_DEVICES='3,2,1'"));
+  r.parent_cvd.reset();
+  r.gpus = "GPU-dead";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--gpus: GPU-dead is ambiguous (matches 4 GPUs)"));
+  r.gpus = "GPU-beef";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("matches no visible GPU"));
+  r.gpus = "0,0";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--gpus names device 0 twice"));
+  r.gpus = "zero";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--gpus: 'zero' is not a device ordinal or UUID"));
+  r.gpus = " ";
+  CHECK_THROWS_AS(plan_gpus(r), ddprun::UsageError);
+  r.gpus = "GPU-dead0002";
+  r.nproc = 3;
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--nproc-per-node=3 workers but only 1 GPU(s) selected"));
+  r.allow_sharing = true;
+  const auto plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[2], "CUDA_VISIBLE_DEVICES") == "GPU-dead0002-0000-4000-8000-000000000002");
+}
+
+TEST_CASE("plan_gpus: isolation and virtual local rank", "[gpus][plan]") {
+  GpuRequest r;
+  r.inventory = fake_inventory(4);
+  r.nproc = 2;
+  r.mode = GpuMode::isolate;
+  r.gpus = "GPU-dead0003,GPU-dead0001";
+  auto plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "GPU-dead0003-0000-4000-8000-000000000003");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "GPU-dead0001-0000-4000-8000-000000000001");
+  CHECK(env_of(plan.per_rank_env[1], "DDPRUN_CUDA_DEVICE") == "0");
+  CHECK(env_of(plan.per_rank_env[1], "LOCAL_RANK") == "<unset>");
+  CHECK_THAT(plan.per_rank_device[0], Catch::Contains("cuda:0 = GPU 3"));
+
+  r.mode = GpuMode::virtual_local_rank;
+  r.gpus.reset();
+  r.parent_cvd = "2,3";
+  plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "2");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "3");
+  CHECK(env_of(plan.per_rank_env[1], "LOCAL_RANK") == "0");
+
+  r.nproc = 3;
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--nproc-per-node=3 workers but only 2 GPU(s)"));
+  r.allow_sharing = true;
+  CHECK(env_of(plan_gpus(r).per_rank_env[2], "CUDA_VISIBLE_DEVICES") == "2");
+
+  // Isolation without GPUs is an error; a CPU job in shared mode is not.
+  GpuRequest cpu;
+  cpu.nproc = 2;
+  cpu.parent_cvd = "";
+  const auto cpu_plan = plan_gpus(cpu);
+  CHECK(cpu_plan.per_rank_env[0].empty());
+  CHECK(cpu_plan.per_rank_device[1] == "cpu");
+  cpu.mode = GpuMode::isolate;
+  CHECK_THROWS_WITH(plan_gpus(cpu), Catch::Contains("GPU isolation needs GPUs but none is visible"));
+  CHECK_THROWS_WITH(parse_gpu_mode("exclusive", "--gpu-mode"), Catch::Contains("--gpu-mode='exclusive'"));
+  CHECK(parse_gpu_mode("isolate", "--gpu-mode") == GpuMode::isolate);
+}
+
+TEST_CASE("plan_gpus without NVML trusts the parent's CUDA_VISIBLE_DEVICES", "[gpus][plan]") {
+  GpuRequest r;
+  r.parent_cvd = "4,5,6,7";
+  r.nproc = 2;
+  r.gpus = "1,3";
+  r.mode = GpuMode::isolate;
+  const auto plan = plan_gpus(r);
+  CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "5");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "7");
+}

@@ -1,0 +1,64 @@
+// `ddprun status`: argument parsing and the table, from plain RegistryStatus data.
+#include <catch2/catch.hpp>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/launcher/status_command.hpp"
+
+using namespace ddprun::launcher;
+namespace rdzv = ddprun::rendezvous;
+using Catch::Matchers::Contains;
+
+TEST_CASE("status arguments") {
+  auto r = parse_status_args({"--rdzv-endpoint", "127.0.0.1:5000", "--rdzv-id", "job7"}, {});
+  CHECK(r.server == ddprun::Endpoint{"127.0.0.1", 5000});
+  CHECK(r.run_id == "job7");
+  r = parse_status_args({"--rdzv_endpoint=head", "--timeout", "0.5"}, {});
+  CHECK(r.server == ddprun::Endpoint{"head", 29400});
+  CHECK(r.run_id.empty());
+  CHECK(r.timeout == std::chrono::milliseconds(500));
+  r = parse_status_args({}, {{"PET_RDZV_ENDPOINT", "h:7"}, {"PET_RDZV_ID", "j"}});
+  CHECK(r.server == ddprun::Endpoint{"h", 7});
+  CHECK(r.run_id == "j");
+  CHECK(parse_status_args({"--help"}, {}).help);
+  CHECK_THROWS_WITH(parse_status_args({}, {}), Contains("--rdzv-endpoint"));
+  CHECK_THROWS_WITH(parse_status_args({"--bogus"}, {}), Contains("'--bogus'"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint"}, {}), Contains("needs a value"));
+  CHECK_THROWS_AS(parse_status_args({"--rdzv-endpoint", "h:99999"}, {}), ddprun::UsageError);
+}
+
+TEST_CASE("status table lists jobs, timers and members") {
+  rdzv::RegistryStatus st;
+  CHECK_THAT(format_status(st, "127.0.0.1:5000", ""), Contains("no jobs"));
+  CHECK_THAT(format_status(st, "127.0.0.1:5000", "x"), Contains("no job 'x'"));
+  rdzv::JobStatus job;
+  job.run_id = "job7";
+  job.state = rdzv::JobState::running;
+  job.round = 2;
+  job.min_nodes = 2;
+  job.max_nodes = 4;
+  job.restarts_used = 1;
+  job.max_restarts = 3;
+  job.exit_barrier_in = std::chrono::seconds(12);
+  rdzv::MemberStatus m;
+  m.id = {"127.0.0.2", 100, "aa"};
+  m.addr = "127.0.0.2";
+  m.local_world_size = 2;
+  m.role = rdzv::MemberRole::participant;
+  m.group_rank = 0;
+  m.succeeded = true;
+  job.members.push_back(m);
+  m.id = {"127.0.0.3", 101, "bb"};
+  m.addr = "127.0.0.3";
+  m.group_rank = -1;
+  m.role = rdzv::MemberRole::joined;
+  m.succeeded = false;
+  job.members.push_back(m);
+  st.jobs.push_back(job);
+  const auto text = format_status(st, "127.0.0.1:5000", "");
+  CHECK_THAT(text, Contains("job 'job7': running, round 2, nodes 2:4, restarts 1/3"));
+  CHECK_THAT(text, Contains("exit barrier in 12 s"));
+  CHECK_THAT(text, Contains("participant"));
+  CHECK_THAT(text, Contains("127.0.0.2"));
+  CHECK_THAT(text, Contains("succeeded"));
+  CHECK_THAT(text, Contains("127.0.0.3:101/bb"));
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Controllable worker for the multi-node tests (no torch import: starts fast).
+
+    mn_worker.py MARKER --out DIR [--fail-rank R --fail-attempt A --exit N]
+                 [--exit-when-world W] [--wait-file PATH] [--sleep S] [--slow-rank R --slow-sleep S]
+
+At start it writes DIR/env_<RANK>_a<RESTART_COUNT>_w<WORLD_SIZE>_<pid>.json with the
+distributed variables and its agent's pid (its parent). Then, in this order:
+  * RANK == R and TORCHELASTIC_RESTART_COUNT == A: write $TORCHELASTIC_ERROR_FILE, exit N at once;
+  * WORLD_SIZE == W: exit 0 at once;
+  * --wait-file: exit 0 once PATH exists (checked every 20 ms, at most --sleep seconds);
+  * sleep --sleep seconds (default 60; RANK == --slow-rank: --slow-sleep) and exit 0.
+MARKER is ignored: it makes every process of one test findable in /proc.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("marker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-attempt", type=int, default=0)
+    p.add_argument("--exit", type=int, default=1)
+    p.add_argument("--exit-when-world", type=int, default=-1)
+    p.add_argument("--wait-file")
+    p.add_argument("--sleep", type=float, default=60.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-sleep", type=float, default=30.0)
+    a = p.parse_args()
+    env = {k: os.environ.get(k) for k in KEYS}
+    env["pid"] = os.getpid()
+    env["agent_pid"] = os.getppid()
+    rank = int(env["RANK"])
+    attempt = int(env["TORCHELASTIC_RESTART_COUNT"])
+    world = int(env["WORLD_SIZE"])
+    name = "env_%d_a%d_w%d_%d.json" % (rank, attempt, world, os.getpid())
+    tmp = os.path.join(a.out, "." + name)
+    with open(tmp, "w") as f:
+        json.dump(env, f)
+    os.rename(tmp, os.path.join(a.out, name))
+    if rank == a.fail_rank and attempt == a.fail_attempt:
+        # torch's @record format, so the agent can report the message to every node.
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path:
+            with open(path, "w") as f:
+                json.dump({"message": {"message": "MnWorkerError: rank %d failed on purpose" % rank,
+                                       "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}}, f)
+        sys.exit(a.exit)
+    if world == a.exit_when_world:
+        sys.exit(0)
+    deadline = time.monotonic() + (a.slow_sleep if rank == a.slow_rank else a.sleep)
+    if a.wait_file:
+        while time.monotonic() < deadline:
+            if os.path.exists(a.wait_file):
+                sys.exit(0)
+            time.sleep(0.02)
+        sys.exit(4)
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Elastic multi-node jobs on one machine: agents bound to 127.0.0.2/.3/.4 (--local-addr), each
+with --nproc-per-node 2, against a ddprun-rdzvd daemon or a rendezvous embedded in one agent.
+
+    test_multinode.py SCENARIO
+
+Every scenario is bounded (internal deadlines below the ctest TIMEOUT), kills everything it
+started in `finally`, and then asserts that no process carrying the scenario's unique marker
+(in the workers' argv, the agents' --rdzv-id, the daemon's --port-file) is left: no orphans.
+"""
+import glob
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+BIN = os.environ["DDPRUN_BIN_DIR"]
+SRC = os.environ["DDPRUN_SOURCE_DIR"]
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+DDPRUN = os.path.join(BIN, "ddprun")
+RDZVD = os.path.join(BIN, "ddprun-rdzvd")
+WORKER = os.path.join(SRC, "tests", "multinode", "mn_worker.py")
+DDP_TRAIN = os.path.join(SRC, "examples", "ddp_train.py")
+ADDRS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+# Fast timers: a lost node is noticed within 0.2 s x 3 = 0.6 s.
+FAST_CONF = "last_call_timeout=0.5,heartbeat_interval=0.2,missed_heartbeats=3,join_timeout=20,read_timeout=20"
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+class Cluster:
+    def __init__(self, name):
+        self.marker = "ddprun-mn-%s-%s" % (name, uuid.uuid4().hex[:10])
+        self.dir = tempfile.mkdtemp(prefix=self.marker + "_")
+        self.out = os.path.join(self.dir, "out")
+        os.mkdir(self.out)
+        self.agents = {}  # addr -> (Popen, log path)
+        self.daemon = None
+        self.daemon_port = None
+        self.env = dict(os.environ)
+        self.env["PYTHON_EXEC"] = PYTHON
+        self.env.pop("DDPRUN_RDZV_TOKEN", None)
+        self.env["DDPRUN_LOG_LEVEL"] = "info"
+        self.env["TMPDIR"] = self.dir  # the agents' log directories land here and go with it
+
+    # ---- processes ----
+
+    def start_daemon(self, port=0, token=None):
+        args = [RDZVD, "--host", "127.0.0.1", "--port", str(port), "--port-file",
+                os.path.join(self.dir, "port-" + self.marker)]
+        if token:
+            args += ["--token", token]
+        log = open(os.path.join(self.dir, "daemon.log"), "ab")
+        self.daemon = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=self.env)
+        line = self._read_line(self.daemon, 10)
+        check(line.startswith("listening on "), "daemon did not start: %r" % line)
+        self.daemon_port = int(line.strip().rsplit(":", 1)[1])
+        return self.daemon_port
+
+    @staticmethod
+    def _read_line(proc, timeout):
+        fd = proc.stdout.fileno()
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            check(left > 0, "timed out waiting for a line from pid %d" % proc.pid)
+            r, _, _ = select.select([fd], [], [], left)
+            if r:
+                chunk = os.read(fd, 1)
+                if not chunk:
+                    break
+                buf += chunk
+        return buf.decode()
+
+    def start_agent(self, addr, endpoint, nnodes="3:3", max_restarts=0, conf=FAST_CONF, worker_args=(),
+                    program=None, extra=(), env=None):
+        log_path = os.path.join(self.dir, "agent-%s.log" % addr)
+        log = open(log_path, "ab")
+        args = [DDPRUN, "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", self.marker, "--local-addr", addr,
+                "--max-restarts", str(max_restarts), "--rdzv-conf", conf, "--shutdown-timeout", "3"]
+        args += list(extra)
+        if program is None:
+            args += [WORKER, self.marker, "--out", self.out] + list(worker_args)
+        else:
+            args += list(program)
+        e = dict(self.env)
+        if env:
+            e.update(env)
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=self.dir)
+        self.agents[addr] = (p, log_path)
+        return p
+
+    def log(self, addr):
+        with open(self.agents[addr][1], errors="replace") as f:
+            return f.read()
+
+    def wait_agents(self, timeout, addrs=None):
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for addr in (addrs or list(self.agents)):
+            p = self.agents[addr][0]
+            try:
+                codes[addr] = p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise Failure("agent %s did not exit within %s s; log:\n%s" % (addr, timeout, self.log(addr)))
+        return codes
+
+    # ---- worker env files ----
+
+    def envs(self):
+        out = []
+        for path in glob.glob(os.path.join(self.out, "env_*.json")):
+            with open(path) as f:
+                out.append(json.load(f))
+        return out
+
+    def wait_envs(self, pred, count, timeout, what):
+        deadline = time.monotonic() + timeout
+        while True:
+            got = [e for e in self.envs() if pred(e)]
+            if len(got) >= count:
+                return got
+            if time.monotonic() > deadline:
+                raise Failure("timed out waiting for %s: %d/%d worker env files; logs:\n%s" %
+                              (what, len(got), count, self.all_logs()))
+            time.sleep(0.05)
+
+    def all_logs(self):
+        return "\n".join("--- %s ---\n%s" % (a, self.log(a)[-3000:]) for a in self.agents)
+
+    # ---- cleanup ----
+
+    def kill_all(self):
+        for p, _ in self.agents.values():
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p, _ in self.agents.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.kill()
+            self.daemon.wait(10)
+
+    def marker_processes(self):
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    cmd = f.read()
+                with open("/proc/%s/stat" % d) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if self.marker.encode() in cmd and state != "Z":
+                found.append((int(d), cmd.replace(b"\0", b" ").decode(errors="replace")))
+        return found
+
+    def assert_no_orphans(self):
+        # Workers die with their agent (PDEATHSIG); give the kernel a moment to deliver it.
+        deadline = time.monotonic() + 5
+        left = self.marker_processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self.marker_processes()
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        check(not left, "orphan processes left behind: %s" % left)
+
+
+def free_port(host):
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def check_world(envs, world, nodes):
+    ranks = sorted(int(e["RANK"]) for e in envs)
+    check(ranks == list(range(world)), "ranks %s != 0..%d" % (ranks, world - 1))
+    check({e["WORLD_SIZE"] for e in envs} == {str(world)}, "WORLD_SIZE %s" % {e["WORLD_SIZE"] for e in envs})
+    check({e["GROUP_WORLD_SIZE"] for e in envs} == {str(nodes)}, "GROUP_WORLD_SIZE")
+    masters = {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}
+    check(len(masters) == 1, "MASTER differs between workers: %s" % masters)
+    check({e["TORCHELASTIC_USE_AGENT_STORE"] for e in envs} == {"True"}, "TORCHELASTIC_USE_AGENT_STORE")
+    check(sorted({e["GROUP_RANK"] for e in envs}) == [str(i) for i in range(nodes)], "GROUP_RANK")
+    for e in envs:
+        check(int(e["RANK"]) == int(e["GROUP_RANK"]) * 2 + int(e["LOCAL_RANK"]), "RANK/GROUP_RANK mismatch %s" % e)
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def env_daemon(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS:
+        c.start_agent(a, ep, worker_args=["--wait-file", go, "--sleep", "30"])
+    envs = c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    check_world(envs, 6, 3)
+    check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "restart count")
+    check({e["TORCHELASTIC_RUN_ID"] for e in envs} == {c.marker}, "run id")
+    # ddprun status shows the running job and its members.
+    st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker],
+                        capture_output=True, text=True, timeout=20)
+    check(st.returncode == 0, "ddprun status failed: %s %s" % (st.stdout, st.stderr))
+    check("job '%s': running" % c.marker in st.stdout, "status output: %s" % st.stdout)
+    for a in ADDRS:
+        check(a in st.stdout, "status lacks %s: %s" % (a, st.stdout))
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+
+
+def env_embedded(c):
+    # The endpoint is the first agent's own address. Port 0 cannot be shared by name in
+    # advance, so the test binds and releases a free port on 127.0.0.2 (nobody else binds that
+    # address); the other agents (--local-addr differs, so they never host) retry until it serves.
+    port = free_port("127.0.0.2")
+    ep = "127.0.0.2:%d" % port
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS:
+        c.start_agent(a, ep, worker_args=["--wait-file", go, "--sleep", "30"])
+    envs = c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    check_world(envs, 6, 3)
+    check("this agent hosts it" in c.log("127.0.0.2"), "127.0.0.2 did not host:\n" + c.all_logs())
+    st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep], capture_output=True, text=True, timeout=20)
+    check(st.returncode == 0 and c.marker in st.stdout, "status: %s %s" % (st.stdout, st.stderr))
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+
+
+def ddp(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, program=[DDP_TRAIN, "--epochs", "1"], extra=["--tee", "3"])
+    codes = c.wait_agents(150)
+    logs = c.all_logs()
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, logs))
+    check("all_reduce check passed: sum=21 expected=21 world_size=6" in logs, "no DDP check line:\n" + logs)
+
+
+def worker_failure_restart(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=1,
+                      worker_args=["--fail-rank", "3", "--fail-attempt", "0", "--exit", "3", "--sleep", "1"])
+    codes = c.wait_agents(60)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    second = [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    check_world(second, 6, 3)
+    check(not [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] not in ("0", "1")], "unexpected attempts")
+
+
+def budget_spent(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=0,
+                      worker_args=["--fail-rank", "3", "--fail-attempt", "0", "--exit", "7", "--sleep", "30"])
+    t0 = time.monotonic()
+    codes = c.wait_agents(40)
+    check(set(codes.values()) == {7}, "exit codes %s (want 7 everywhere)\n%s" % (codes, c.all_logs()))
+    failing = [e for e in c.envs() if e["RANK"] == "3"]
+    check(len(failing) == 1, "rank 3 ran %d times" % len(failing))
+    agent_pid = failing[0]["agent_pid"]
+    node = [a for a, (p, _) in c.agents.items() if p.pid == agent_pid]
+    check(len(node) == 1, "cannot map rank 3 to its agent")
+    for a in ADDRS:
+        log = c.log(a)
+        check("host       : %s" % node[0] in log, "summary on %s lacks the node %s:\n%s" % (a, node[0], log))
+        check("rank       : 3 (local_rank: 1)" in log, "summary on %s lacks rank 3:\n%s" % (a, log))
+        check("MnWorkerError: rank 3 failed on purpose" in log, "summary on %s lacks the error file message" % a)
+    check(time.monotonic() - t0 < 20, "stopping took too long")
+
+
+def shrink(c, how):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, nnodes="2:3", worker_args=["--exit-when-world", "4", "--sleep", "60"])
+    c.wait_envs(lambda e: e["WORLD_SIZE"] == "6", 6, 30, "the 3-node round")
+    victim = c.agents["127.0.0.4"][0]
+    t0 = time.monotonic()
+    victim.send_signal(how)
+    envs = c.wait_envs(lambda e: e["WORLD_SIZE"] == "4", 4, 20, "the 2-node round")
+    elapsed = time.monotonic() - t0
+    check_world(envs, 4, 2)
+    check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "membership change used a restart")
+    codes = c.wait_agents(30, ["127.0.0.2", "127.0.0.3"])
+    check(set(codes.values()) == {0}, "survivors' exit codes %s\n%s" % (codes, c.all_logs()))
+    # lease = 0.2 s x 3 plus one last call (0.5 s) and worker start: well under 5 s.
+    check(elapsed < 5, "shrink took %.1f s" % elapsed)
+    if how == signal.SIGSTOP:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+    victim.wait(10)
+
+
+def agent_kill(c):
+    shrink(c, signal.SIGKILL)
+
+
+def agent_stop(c):
+    shrink(c, signal.SIGSTOP)
+
+
+def grow(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:3", worker_args=["--exit-when-world", "6", "--sleep", "60"])
+    c.wait_envs(lambda e: e["WORLD_SIZE"] == "4", 4, 30, "the 2-node round")
+    progress = "waiting for nodes: 2/2 joined (min 2, max 3), last call in"
+    check(any(progress in c.log(a) for a in ADDRS[:2]), "no progress line %r:\n%s" % (progress, c.all_logs()))
+    c.start_agent(ADDRS[2], ep, nnodes="2:3", worker_args=["--exit-when-world", "6", "--sleep", "60"])
+    envs = c.wait_envs(lambda e: e["WORLD_SIZE"] == "6", 6, 30, "the 3-node round")
+    check_world(envs, 6, 3)
+    check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "membership change used a restart")
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+
+
+def daemon_restart(c):
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS:
+        c.start_agent(a, ep, worker_args=["--wait-file", go, "--sleep", "40"])
+    c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    c.daemon.kill()
+    c.daemon.wait(10)
+    time.sleep(1.0)  # the daemon stays away for a while (longer than the 0.6 s lease)
+    c.start_daemon(port=port)
+    # The job goes on: the agents re-register; the workers were never stopped.
+    deadline = time.monotonic() + 20
+    while True:
+        st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker],
+                            capture_output=True, text=True, timeout=20)
+        if st.returncode == 0 and "running" in st.stdout and all(a in st.stdout for a in ADDRS):
+            break
+        check(time.monotonic() < deadline, "the job was not rebuilt: %s %s\n%s" % (st.stdout, st.stderr, c.all_logs()))
+        time.sleep(0.2)
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(len(envs) == 6, "workers were restarted: %d env files" % len(envs))
+
+
+def token(c):
+    port = c.start_daemon(token="s3cret")
+    ep = "127.0.0.1:%d" % port
+    c.start_agent(ADDRS[0], ep, nnodes="1:2", conf=FAST_CONF + ",token=wrong", worker_args=["--sleep", "0"])
+    c.start_agent(ADDRS[1], ep, nnodes="1:2", worker_args=["--sleep", "0"])
+    codes = c.wait_agents(20)
+    for a in ADDRS[:2]:
+        check(codes[a] == 1, "agent %s exit %s, want 1\n%s" % (a, codes[a], c.log(a)))
+        log = c.log(a)
+        check("refused" in log and "token" in log, "no clear token error on %s:\n%s" % (a, log))
+    check(not c.envs(), "a refused agent started workers")
+    # With the right token (DDPRUN_RDZV_TOKEN) the job runs.
+    c.agents.clear()
+    c.start_agent(ADDRS[2], ep, nnodes="1:1", worker_args=["--sleep", "0"], env={"DDPRUN_RDZV_TOKEN": "s3cret"})
+    codes = c.wait_agents(20)
+    check(codes[ADDRS[2]] == 0, "agent with the right token: %s\n%s" % (codes, c.all_logs()))
+
+
+def static_backend(c):
+    # torchrun's static backend across 3 nodes: node rank 0 hosts at --master-addr:--master-port,
+    # GROUP_RANK = --node-rank, and a worker failure still restarts every node.
+    port = free_port("127.0.0.2")
+    procs = []
+    # Start the non-zero ranks first: they wait for node rank 0 to serve.
+    for rank in (2, 1, 0):
+        a = ADDRS[rank]
+        log = open(os.path.join(c.dir, "agent-%s.log" % a), "ab")
+        args = [DDPRUN, "--nnodes", "3", "--nproc-per-node", "2", "--node-rank", str(rank), "--master-addr",
+                "127.0.0.2", "--master-port", str(port), "--local-addr", a, "--rdzv-id", c.marker,
+                "--max-restarts", "1", "--rdzv-conf", FAST_CONF, "--shutdown-timeout", "3",
+                WORKER, c.marker, "--out", c.out, "--fail-rank", "5", "--fail-attempt", "0", "--exit", "2",
+                "--sleep", "1"]
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=c.env, cwd=c.dir)
+        c.agents[a] = (p, log.name)
+    codes = c.wait_agents(60)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    envs = [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    check_world(envs, 6, 3)
+    for e in envs:
+        node = [a for a, (p, _) in c.agents.items() if p.pid == e["agent_pid"]][0]
+        check(e["GROUP_RANK"] == str(ADDRS.index(node)), "GROUP_RANK %s on node %s" % (e["GROUP_RANK"], node))
+
+
+def exit_barrier(c):
+    # One node's worker outlives exit_barrier_timeout after the others succeeded: the job fails
+    # on every node with a named exit-barrier error and exit code 1.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    conf = FAST_CONF + ",exit_barrier_timeout=1"
+    for a in ADDRS:
+        c.start_agent(a, ep, conf=conf, worker_args=["--sleep", "0", "--slow-rank", "5", "--slow-sleep", "30"])
+    codes = c.wait_agents(20)
+    check(set(codes.values()) == {1}, "exit codes %s, want 1\n%s" % (codes, c.all_logs()))
+    for a in ADDRS:
+        check("exit barrier timed out" in c.log(a), "no exit-barrier error on %s:\n%s" % (a, c.log(a)))
+
+
+def daemon_gone(c):
+    # The daemon dies and stays away longer than read_timeout: every agent stops its workers and
+    # exits 1 naming the endpoint.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    conf = FAST_CONF.replace("read_timeout=20", "read_timeout=2")
+    for a in ADDRS:
+        c.start_agent(a, ep, conf=conf, worker_args=["--sleep", "60"])
+    c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    c.daemon.kill()
+    c.daemon.wait(10)
+    t0 = time.monotonic()
+    codes = c.wait_agents(20)
+    check(set(codes.values()) == {1}, "exit codes %s, want 1\n%s" % (codes, c.all_logs()))
+    check(time.monotonic() - t0 < 10, "giving up took %.1f s" % (time.monotonic() - t0))
+    for a in ADDRS:
+        log = c.log(a)
+        check("ddprun: error:" in log and ep in log, "no error naming %s on %s:\n%s" % (ep, a, log))
+
+
+def below_min(c):
+    # A lost node leaves fewer than min: the survivors wait for a replacement up to join_timeout,
+    # then fail with a named error.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    conf = FAST_CONF.replace("join_timeout=20", "join_timeout=2")
+    for a in ADDRS:
+        c.start_agent(a, ep, nnodes="3:3", conf=conf, worker_args=["--sleep", "60"])
+    c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    c.agents["127.0.0.4"][0].kill()
+    codes = c.wait_agents(20, ["127.0.0.2", "127.0.0.3"])
+    check(set(codes.values()) == {1}, "exit codes %s, want 1\n%s" % (codes, c.all_logs()))
+    for a in ["127.0.0.2", "127.0.0.3"]:
+        log = c.log(a)
+        check("timed out" in log and "127.0.0.4" in log, "no named join-timeout error on %s:\n%s" % (a, log))
+
+
+def agent_sigterm(c):
+    # SIGTERM to one agent: it stops its workers, leaves, exits 143; the others go on smaller.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, nnodes="2:3", worker_args=["--exit-when-world", "4", "--sleep", "60"])
+    c.wait_envs(lambda e: e["WORLD_SIZE"] == "6", 6, 30, "the 3-node round")
+    c.agents["127.0.0.4"][0].send_signal(signal.SIGTERM)
+    codes = c.wait_agents(20, ["127.0.0.4"])
+    check(codes["127.0.0.4"] == 128 + signal.SIGTERM, "SIGTERMed agent exit %s\n%s" % (codes, c.log("127.0.0.4")))
+    envs = c.wait_envs(lambda e: e["WORLD_SIZE"] == "4", 4, 20, "the 2-node round")
+    check_world(envs, 4, 2)
+    codes = c.wait_agents(30, ["127.0.0.2", "127.0.0.3"])
+    check(set(codes.values()) == {0}, "survivors' exit codes %s\n%s" % (codes, c.all_logs()))
+
+
+def embedded_failure_restart(c):
+    # Worker failure with the rendezvous embedded in one agent: all nodes restart, then succeed.
+    port = free_port("127.0.0.2")
+    ep = "127.0.0.2:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=2,
+                      worker_args=["--fail-rank", "0", "--fail-attempt", "0", "--exit", "5", "--sleep", "1"])
+    codes = c.wait_agents(60)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    check_world([e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "1"], 6, 3)
+    check(not [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "2"], "a second restart happened")
+
+
+SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
+                                      agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
+                                      below_min, agent_sigterm, embedded_failure_restart, static_backend,
+                                      exit_barrier]}
+
+
+def main():
+    name = sys.argv[1]
+    c = Cluster(name)
+    ok = False
+    try:
+        SCENARIOS[name](c)
+        ok = True
+    finally:
+        c.kill_all()
+        try:
+            c.assert_no_orphans()
+        finally:
+            if ok and not os.environ.get("DDPRUN_MN_KEEP"):
+                shutil.rmtree(c.dir, ignore_errors=True)
+            if not ok or os.environ.get("DDPRUN_MN_KEEP"):
+                print("test directory kept: " + c.dir, file=sys.stderr)
+    print("%s: ok" % name)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Failure as e:
+        print("FAIL: %s" % e, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,296 @@
+// Native rendezvous frame codec (rendezvous_wire.hpp): round trips of every message, truncation
+// at every byte, limits enforced from the header, and malformed payloads.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+
+namespace rdzv = ddprun::rendezvous;
+using namespace std::chrono_literals;
+
+namespace {
+
+rdzv::NodeId node(int i) { return rdzv::NodeId{"10.0.0." + std::to_string(i), 1000 + i, "inst-" + std::to_string(i)}; }
+
+rdzv::NodeInfo info(int i) {
+  rdzv::NodeInfo n;
+  n.id = node(i);
+  n.addr = n.id.addr;
+  n.local_world_size = i + 1;
+  n.store_host = "store-" + std::to_string(i);
+  n.store_port = static_cast<std::uint16_t>(40000 + i);
+  return n;
+}
+
+rdzv::JobConfig config() {
+  rdzv::JobConfig c;
+  c.min_nodes = 2;
+  c.max_nodes = 4;
+  c.max_restarts = 3;
+  c.join_timeout = 7s;
+  c.last_call_timeout = 250ms;
+  c.heartbeat_interval = 100ms;
+  c.missed_heartbeats = 5;
+  return c;
+}
+
+rdzv::Assignment assignment() {
+  rdzv::Assignment a;
+  a.round = 3;
+  a.group_rank = 1;
+  a.group_world_size = 2;
+  a.local_world_size = 4;
+  a.rank_offset = 4;
+  a.world_size = 8;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29500;
+  a.restart_count = 2;
+  a.max_restarts = 3;
+  a.nccl_id = {0x00, 0xab, 0xff, 0x10};
+  return a;
+}
+
+rdzv::WorkerFailure failure() {
+  rdzv::WorkerFailure f;
+  f.round = 3;
+  f.node = node(2);
+  f.global_rank = 5;
+  f.local_rank = 1;
+  f.exit_code = 7;
+  f.message = "boom \"quoted\" \n unicode \xc3\xa9";
+  return f;
+}
+
+std::vector<rdzv::ClientMessage> client_messages() {
+  rdzv::RejoinRequest with{info(1), config(), "tok", assignment()};
+  rdzv::RejoinRequest without{info(2), config(), "", std::nullopt};
+  rdzv::WorkerFailure sig = failure();
+  sig.exit_code.reset();
+  sig.signal = 9;
+  return {rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), "secret"}},
+          rdzv::RejoinMessage{"job-a", with},
+          rdzv::RejoinMessage{"job-b", without},
+          rdzv::HeartbeatMessage{"job-a", node(3)},
+          rdzv::LeaveMessage{"job-a", node(3)},
+          rdzv::WorkerFailedMessage{"job-a", failure()},
+          rdzv::WorkerFailedMessage{"job-a", sig},
+          rdzv::SucceededMessage{"job-a", node(1), 42},
+          rdzv::CloseMessage{"job-a"},
+          rdzv::StatusMessage{""},
+          rdzv::StatusMessage{"job-a"}};
+}
+
+std::vector<rdzv::ServerMessage> server_messages() {
+  rdzv::RootCause cause{failure(), "10.0.0.2", 1};
+  rdzv::RegistryStatus status;
+  rdzv::JobStatus j;
+  j.run_id = "job-a";
+  j.state = rdzv::JobState::running;
+  j.round = 3;
+  j.min_nodes = 2;
+  j.max_nodes = 4;
+  j.restarts_used = 1;
+  j.max_restarts = 3;
+  j.members.push_back(rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, true, false,
+                                         250ms, 2750ms});
+  j.members.push_back(rdzv::MemberStatus{node(2), "10.0.0.2", 2, rdzv::MemberRole::late, -1, false, true, 1s, 0ms});
+  j.exit_barrier_in = 299s;
+  j.progress = "running round 3";
+  j.last_failure = cause;
+  status.jobs.push_back(j);
+  status.jobs.push_back(rdzv::JobStatus{});
+  return {rdzv::SendAssignment{"job-a", node(1), assignment()},
+          rdzv::SendRestart{"job-a", node(1), 2, rdzv::RoundEnd::worker_failure, 1, "rank 5 failed"},
+          rdzv::SendRestart{"job-a", node(1), 2, rdzv::RoundEnd::membership_change, 0, "node lost"},
+          rdzv::SendJobFailed{"job-a", node(1), "budget spent", cause, 7},
+          rdzv::SendJobFailed{"job-a", node(1), "timed out", std::nullopt, 1},
+          rdzv::SendJobCompleted{"job-a", node(2)},
+          rdzv::Refuse{"job-a", node(2), "token mismatch"},
+          rdzv::AskRejoin{"job-a", node(2), "unknown node"},
+          rdzv::Progress{"job-a", node(2), "waiting for nodes: 1/2"},
+          status};
+}
+
+std::string encoded(const rdzv::ClientMessage& m) {
+  std::string s;
+  rdzv::encode_client(s, m);
+  return s;
+}
+std::string encoded(const rdzv::ServerMessage& m) {
+  std::string s;
+  rdzv::encode_server(s, m);
+  return s;
+}
+
+std::string frame(std::uint8_t op, const std::string& payload) {
+  std::string s(1, static_cast<char>(op));
+  const auto n = static_cast<std::uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((n >> (8 * i)) & 0xFFu));
+  return s + payload;
+}
+
+rdzv::DecodeResult decode_c(const std::string& bytes, rdzv::WireLimits limits = {}) {
+  rdzv::ClientMessage m;
+  return rdzv::decode_client(bytes, limits, m);
+}
+
+}  // namespace
+
+TEST_CASE("every client message survives a round trip", "[wire]") {
+  for (const auto& m : client_messages()) {
+    const std::string bytes = encoded(m);
+    CAPTURE(bytes);
+    CHECK(static_cast<std::uint8_t>(bytes[0]) >= 0x40);
+    CHECK(static_cast<std::uint8_t>(bytes[0]) <= 0x47);
+    rdzv::ClientMessage back;
+    const auto r = rdzv::decode_client(bytes + "trailing", {}, back);
+    REQUIRE(r.status == rdzv::DecodeStatus::ok);
+    CHECK(r.consumed == bytes.size());
+    CHECK(back.index() == m.index());
+    CHECK(encoded(back) == bytes);
+  }
+}
+
+TEST_CASE("client message fields decode to the values sent", "[wire]") {
+  rdzv::ClientMessage back;
+  REQUIRE(rdzv::decode_client(encoded(client_messages()[1]), {}, back).status == rdzv::DecodeStatus::ok);
+  const auto& rejoin = std::get<rdzv::RejoinMessage>(back);
+  CHECK(rejoin.run_id == "job-a");
+  CHECK(rejoin.request.node.id == node(1));
+  CHECK(rejoin.request.node.local_world_size == 2);
+  CHECK(rejoin.request.node.store_port == 40001);
+  CHECK(rejoin.request.token == "tok");
+  CHECK(rejoin.request.config.last_call_timeout == std::chrono::milliseconds(250));
+  CHECK(rejoin.request.config.max_nodes == 4);
+  REQUIRE(rejoin.request.assignment);
+  CHECK(*rejoin.request.assignment == assignment());
+
+  REQUIRE(rdzv::decode_client(encoded(client_messages()[6]), {}, back).status == rdzv::DecodeStatus::ok);
+  const auto& failed = std::get<rdzv::WorkerFailedMessage>(back);
+  CHECK_FALSE(failed.failure.exit_code);
+  CHECK(failed.failure.signal == 9);
+  CHECK(failed.failure.message == failure().message);
+}
+
+TEST_CASE("every server message survives a round trip", "[wire]") {
+  for (const auto& m : server_messages()) {
+    const std::string bytes = encoded(m);
+    CAPTURE(bytes);
+    CHECK(static_cast<std::uint8_t>(bytes[0]) >= 0x60);
+    rdzv::ServerMessage back;
+    const auto r = rdzv::decode_server(bytes, {}, back);
+    REQUIRE(r.status == rdzv::DecodeStatus::ok);
+    CHECK(back.index() == m.index());
+    CHECK(encoded(back) == bytes);
+  }
+  rdzv::ServerMessage back;
+  REQUIRE(rdzv::decode_server(encoded(server_messages().back()), {}, back).status == rdzv::DecodeStatus::ok);
+  const auto& status = std::get<rdzv::RegistryStatus>(back);
+  REQUIRE(status.jobs.size() == 2);
+  CHECK(status.jobs[0].members.at(1).role == rdzv::MemberRole::late);
+  CHECK(status.jobs[0].members.at(0).lease_left == std::chrono::milliseconds(2750));
+  CHECK(status.jobs[0].exit_barrier_in == std::chrono::seconds(299));
+  CHECK_FALSE(status.jobs[0].last_call_in);
+  REQUIRE(status.jobs[0].last_failure);
+  CHECK(status.jobs[0].last_failure->failure.global_rank == 5);
+  const std::string text = rdzv::format_status(status);
+  CHECK(text.find("job 'job-a': running, round 3") != std::string::npos);
+  CHECK(text.find("participant") != std::string::npos);
+  CHECK(text.find("disconnected") != std::string::npos);
+}
+
+TEST_CASE("truncation at every byte asks for more, never errors", "[wire]") {
+  for (const auto& m : client_messages()) {
+    const std::string bytes = encoded(m);
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      const auto r = decode_c(bytes.substr(0, n));
+      INFO("prefix " << n << " of " << bytes.size());
+      REQUIRE(r.status == rdzv::DecodeStatus::need_more);
+      CHECK(r.min_total > n);
+      CHECK(r.min_total == (n < 5 ? 5 : bytes.size()));
+    }
+  }
+  for (const auto& m : server_messages()) {
+    const std::string bytes = encoded(m);
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      rdzv::ServerMessage back;
+      REQUIRE(rdzv::decode_server(bytes.substr(0, n), {}, back).status == rdzv::DecodeStatus::need_more);
+    }
+  }
+}
+
+TEST_CASE("the payload limit is enforced from the header, before the body arrives", "[wire]") {
+  rdzv::WireLimits limits;
+  limits.max_payload_bytes = 100;
+  std::string header = frame(0x42, "").substr(0, 1);
+  const std::uint32_t n = 101;
+  for (int i = 0; i < 4; ++i) header.push_back(static_cast<char>((n >> (8 * i)) & 0xFFu));
+  const auto r = decode_c(header, limits);
+  REQUIRE(r.status == rdzv::DecodeStatus::error);
+  CHECK(r.reason.find("HEARTBEAT payload of 101 bytes exceeds the limit of 100") != std::string::npos);
+  // A 4 GiB announcement with the default 1 MiB limit.
+  const auto huge = decode_c(std::string("\x40\xff\xff\xff\xff", 5));
+  REQUIRE(huge.status == rdzv::DecodeStatus::error);
+  CHECK(huge.reason.find("JOIN payload") != std::string::npos);
+  // Exactly at the limit is fine as far as the limit goes.
+  const std::string at_limit = frame(0x47, R"({"run_id":")" + std::string(100 - 13, 'x') + R"("})");
+  REQUIRE(at_limit.size() == 105);
+  CHECK(decode_c(at_limit, limits).status == rdzv::DecodeStatus::ok);
+}
+
+TEST_CASE("malformed payloads are errors naming the op and field", "[wire]") {
+  struct Case {
+    std::uint8_t op;
+    std::string payload;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {0x42, "not json", "HEARTBEAT message: payload is not valid JSON"},
+      {0x42, "[1,2]", "payload must be a JSON object"},
+      {0x42, R"({"run_id":"j"})", "missing field 'node'"},
+      {0x42, R"({"run_id":5,"node":{}})", "field 'run_id' must be a string"},
+      {0x42, R"({"run_id":"j","node":{"addr":"a","pid":"x","instance":"i"}})", "field 'node.pid' must be an integer"},
+      {0x40,
+       R"({"run_id":"j","node":{"id":{"addr":"a","pid":1,"instance":"i"},"addr":"a","local_world_size":1,"store_port":70000},"config":{}})",
+       "field 'node.store_port' = 70000 is out of range"},
+      {0x40,
+       R"({"run_id":"j","node":{"id":{"addr":"a","pid":1,"instance":"i"},"addr":"a","local_world_size":1},"config":{"min_nodes":1}})",
+       "missing field 'config.max_nodes'"},
+      {0x45, R"({"run_id":"j","node":{"addr":"a","pid":1,"instance":"i"},"round":-1})",
+       "field 'round' must be a non-negative integer"},
+      {0x60, R"({"run_id":"j"})", "opcode 0x60 is not a client-to-server rendezvous operation"},
+      {0x4f, R"({"run_id":"j"})", "is not a client-to-server rendezvous operation"},
+      {0x47, std::string(40, '[') + std::string(40, ']'), "not valid JSON"},
+  };
+  for (const auto& c : cases) {
+    const auto r = decode_c(frame(c.op, c.payload));
+    INFO(c.payload);
+    REQUIRE(r.status == rdzv::DecodeStatus::error);
+    CHECK_THAT(r.reason, Catch::Contains(c.expect));
+  }
+  rdzv::ServerMessage back;
+  const auto wrong_dir = rdzv::decode_server(frame(0x40, "{}"), {}, back);
+  REQUIRE(wrong_dir.status == rdzv::DecodeStatus::error);
+  CHECK_THAT(wrong_dir.reason, Catch::Contains("not a server-to-client"));
+  const auto bad_kind = rdzv::decode_server(
+      frame(0x61, R"({"run_id":"j","node":{"addr":"a","pid":1,"instance":"i"},"ended_round":1,"kind":"x","restart_count":0})"),
+      {}, back);
+  REQUIRE(bad_kind.status == rdzv::DecodeStatus::error);
+  CHECK_THAT(bad_kind.reason, Catch::Contains("field 'kind' must be worker_failure or membership_change"));
+}
+
+TEST_CASE("pipelined frames decode one at a time", "[wire]") {
+  const std::string a = encoded(client_messages()[3]);
+  const std::string b = encoded(client_messages()[7]);
+  const std::string both = a + b;
+  rdzv::ClientMessage m;
+  auto r = rdzv::decode_client(both, {}, m);
+  REQUIRE(r.status == rdzv::DecodeStatus::ok);
+  CHECK(r.consumed == a.size());
+  CHECK(std::holds_alternative<rdzv::HeartbeatMessage>(m));
+  r = rdzv::decode_client(std::string_view(both).substr(r.consumed), {}, m);
+  REQUIRE(r.status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::SucceededMessage>(m).round == 42);
+}

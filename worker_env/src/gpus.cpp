@@ -1,0 +1,279 @@
+// GPU selection, pure part (docs/gpus.md): CUDA_VISIBLE_DEVICES with CUDA's rules, --gpus
+// resolution, per-rank environment. The dlopen probing lives in gpu_probe.cpp.
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/worker_env/gpus.hpp"
+
+namespace ddprun::worker_env {
+
+namespace {
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool uuid_chars(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == '-';
+  });
+}
+
+// Syntax of one entry; nullopt when CUDA would stop here.
+std::optional<CvdEntry> parse_entry(std::string_view raw) {
+  const std::string_view t = trim(raw);
+  CvdEntry e;
+  e.text = std::string(t);
+  if (all_digits(t)) {
+    const auto v = parse_int(t);
+    if (!v || *v > 1'000'000) return std::nullopt;
+    e.kind = CvdEntry::Kind::index;
+    e.index = static_cast<int>(*v);
+    return e;
+  }
+  if (t.size() > 4 && (starts_with(t, "GPU-") || starts_with(t, "gpu-")) && uuid_chars(t.substr(4))) {
+    e.kind = CvdEntry::Kind::gpu_uuid;
+    return e;
+  }
+  if (t.size() > 4 && starts_with(t, "MIG-")) {
+    e.kind = CvdEntry::Kind::mig;
+    return e;
+  }
+  return std::nullopt;
+}
+
+std::string lower(std::string_view s) { return to_lower(s); }
+
+// Inventory devices whose UUID starts with `prefix` (case-insensitive, "GPU-" included).
+std::vector<const GpuDevice*> uuid_matches(std::string_view prefix, const GpuInventory& inv) {
+  std::vector<const GpuDevice*> out;
+  const std::string p = lower(prefix);
+  for (const auto& d : inv.devices) {
+    if (!d.uuid.empty() && starts_with(lower(d.uuid), p)) out.push_back(&d);
+  }
+  return out;
+}
+
+std::string describe(const VisibleDevice& v) {
+  if (!v.device) return v.token;
+  std::string s = "GPU " + std::to_string(v.device->index);
+  std::string extra;
+  if (!v.device->uuid.empty()) extra += v.device->uuid;
+  if (!v.device->pci_bus_id.empty()) extra += (extra.empty() ? "" : ", ") + v.device->pci_bus_id;
+  if (!extra.empty()) s += " (" + extra + ")";
+  return s;
+}
+
+std::string join_tokens(const std::vector<VisibleDevice>& devs) {
+  std::string s;
+  for (const auto& d : devs) s += (s.empty() ? "" : ",") + d.token;
+  return s;
+}
+
+}  // namespace
+
+std::vector<CvdEntry> parse_cuda_visible_devices(std::string_view value) {
+  std::vector<CvdEntry> out;
+  if (trim(value).empty()) return out;
+  std::set<std::string> seen;
+  for (const auto& raw : split(value, ',')) {
+    auto e = parse_entry(raw);
+    if (!e) break;
+    if (!seen.insert(lower(e->text)).second) break;  // CUDA rejects a repeated device
+    out.push_back(std::move(*e));
+  }
+  return out;
+}
+
+std::vector<VisibleDevice> visible_devices(const std::optional<std::string>& cvd, const GpuInventory& inventory) {
+  std::vector<VisibleDevice> out;
+  if (!cvd) {
+    for (const auto& d : inventory.devices) out.push_back(VisibleDevice{std::to_string(d.index), d});
+    return out;
+  }
+  const auto entries = parse_cuda_visible_devices(*cvd);
+  if (inventory.devices.empty()) {
+    for (const auto& e : entries) out.push_back(VisibleDevice{e.text, std::nullopt});
+    return out;
+  }
+  std::set<int> used;
+  for (const auto& e : entries) {
+    const GpuDevice* dev = nullptr;
+    if (e.kind == CvdEntry::Kind::index) {
+      if (e.index < 0 || static_cast<std::size_t>(e.index) >= inventory.devices.size()) break;
+      dev = &inventory.devices[static_cast<std::size_t>(e.index)];
+    } else if (e.kind == CvdEntry::Kind::gpu_uuid) {
+      const auto m = uuid_matches(e.text, inventory);
+      if (m.size() != 1) break;  // unknown or ambiguous prefix: CUDA stops here
+      dev = m.front();
+    } else {
+      // MIG instances are not in the GPU inventory; keep the entry as the user wrote it.
+      out.push_back(VisibleDevice{e.text, std::nullopt});
+      continue;
+    }
+    if (!used.insert(dev->index).second) break;
+    out.push_back(VisibleDevice{e.text, *dev});
+  }
+  return out;
+}
+
+int count_visible_gpus(const std::optional<std::string>& cvd, const GpuInventory& inventory) {
+  return static_cast<int>(visible_devices(cvd, inventory).size());
+}
+
+std::optional<int> nproc_for_device_kind(std::string_view value, std::string_view what,
+                                         const std::optional<std::string>& cvd, const GpuInventory& inventory,
+                                         int online_cpus) {
+  const std::string v = to_lower(trim(value));
+  if (v != "gpu" && v != "auto") return std::nullopt;
+  const int n = count_visible_gpus(cvd, inventory);
+  if (n > 0) return n;
+  if (v == "auto") return std::max(online_cpus, 1);
+  std::string why;
+  if (cvd) {
+    why = "CUDA_VISIBLE_DEVICES='" + *cvd + "' names no usable GPU";
+  } else {
+    why = "no GPU found (" + (inventory.diagnostic.empty() ? inventory.source : inventory.diagnostic) + ")";
+  }
+  throw UsageError(std::string(what) + "=gpu: " + why,
+                   "pass a number of processes, use auto (falls back to the CPU count), or fix "
+                   "CUDA_VISIBLE_DEVICES / the NVIDIA driver installation");
+}
+
+GpuMode parse_gpu_mode(std::string_view text, std::string_view what) {
+  const std::string t = to_lower(trim(text));
+  if (t == "shared") return GpuMode::shared;
+  if (t == "isolate" || t == "isolated") return GpuMode::isolate;
+  if (t == "virtual" || t == "virtual-local-rank") return GpuMode::virtual_local_rank;
+  throw UsageError(std::string(what) + "='" + std::string(text) + "' is not a GPU mode",
+                   "use shared (all workers see all selected GPUs), isolate (one GPU per worker) or virtual");
+}
+
+GpuPlan plan_gpus(const GpuRequest& r) {
+  if (r.nproc <= 0) throw UsageError("--nproc-per-node=" + std::to_string(r.nproc) + " must be > 0");
+  const auto visible = visible_devices(r.parent_cvd, r.inventory);
+  const std::string cvd_what =
+      r.parent_cvd ? "CUDA_VISIBLE_DEVICES='" + *r.parent_cvd + "'" : std::string("CUDA_VISIBLE_DEVICES (unset)");
+
+  GpuPlan plan;
+  plan.per_rank_env.resize(static_cast<std::size_t>(r.nproc));
+  plan.per_rank_device.resize(static_cast<std::size_t>(r.nproc));
+
+  // 1. Selection: --gpus entries are CUDA ordinals of the visible devices (what the user sees
+  //    as cuda:N) or UUIDs / unambiguous UUID prefixes.
+  bool restricted = false;
+  if (r.gpus) {
+    restricted = true;
+    const std::string list(trim(*r.gpus));
+    if (list.empty()) {
+      throw UsageError("--gpus is empty", "list device ordinals or UUIDs, e.g. --gpus 0,1 or --gpus GPU-8f2a");
+    }
+    std::set<std::size_t> used;
+    for (const auto& raw : split(list, ',')) {
+      const std::string e(trim(raw));
+      std::optional<std::size_t> pos;
+      if (all_digits(e)) {
+        const auto v = parse_int(e);
+        if (!v || static_cast<std::size_t>(*v) >= visible.size()) {
+          if (visible.empty() && r.inventory.devices.empty() && !r.parent_cvd) {
+            // Nothing to check against (no NVML, no CUDA_VISIBLE_DEVICES): trust the user.
+            plan.selected.push_back(VisibleDevice{e, std::nullopt});
+            continue;
+          }
+          throw UsageError("--gpus: device " + e + " does not exist: " + std::to_string(visible.size()) +
+                               " GPU(s) visible under " + cvd_what,
+                           "--gpus takes ordinals 0.." +
+                               (visible.empty() ? std::string("(none)") : std::to_string(visible.size() - 1)) +
+                               " of the visible devices, or UUIDs");
+        }
+        pos = static_cast<std::size_t>(*v);
+      } else if (starts_with(to_lower(e), "gpu-") && e.size() > 4) {
+        std::vector<std::size_t> hits;
+        for (std::size_t i = 0; i < visible.size(); ++i) {
+          const auto& v = visible[i];
+          const std::string uuid = v.device ? v.device->uuid : v.token;
+          if (starts_with(to_lower(uuid), to_lower(e))) hits.push_back(i);
+        }
+        if (hits.empty() && visible.empty() && r.inventory.devices.empty() && !r.parent_cvd) {
+          plan.selected.push_back(VisibleDevice{e, std::nullopt});
+          continue;
+        }
+        if (hits.size() != 1) {
+          throw UsageError("--gpus: " + e + (hits.empty() ? " matches no visible GPU" : " is ambiguous (matches " +
+                                                                 std::to_string(hits.size()) + " GPUs)"),
+                           "give a longer UUID prefix; visible under " + cvd_what + ": " +
+                               (visible.empty() ? std::string("none") : join_tokens(visible)));
+        }
+        pos = hits.front();
+        // Selected by UUID: name it by UUID in the child too (independent of device order and MPS).
+        if (used.insert(*pos).second) {
+          VisibleDevice v = visible[*pos];
+          if (v.device && !v.device->uuid.empty()) v.token = v.device->uuid;
+          plan.selected.push_back(std::move(v));
+          continue;
+        }
+        throw UsageError("--gpus names device " + e + " twice", "list each GPU once");
+      } else if (starts_with(e, "MIG-") && e.size() > 4) {
+        plan.selected.push_back(VisibleDevice{e, std::nullopt});
+        continue;
+      } else {
+        throw UsageError("--gpus: '" + e + "' is not a device ordinal or UUID",
+                         "use e.g. --gpus 0,2 or --gpus GPU-8f2a,GPU-11c0");
+      }
+      if (!used.insert(*pos).second) {
+        throw UsageError("--gpus names device " + e + " twice", "list each GPU once");
+      }
+      plan.selected.push_back(visible[*pos]);
+    }
+  } else {
+    plan.selected = visible;
+  }
+
+  const std::size_t n = plan.selected.size();
+  const auto nproc = static_cast<std::size_t>(r.nproc);
+  const bool per_worker = r.mode != GpuMode::shared;
+
+  if (n == 0) {
+    if (per_worker) {
+      throw UsageError(std::string(r.mode == GpuMode::isolate ? "GPU isolation" : "--virtual-local-rank") +
+                           " needs GPUs but none is visible under " + cvd_what +
+                           (r.inventory.diagnostic.empty() ? "" : " (" + r.inventory.diagnostic + ")"),
+                       "drop the isolation flag for a CPU job, or make GPUs visible");
+    }
+    for (auto& d : plan.per_rank_device) d = "cpu";
+    plan.summary = "no GPU visible under " + cvd_what + " (" + r.inventory.source + "): CPU job";
+    return plan;
+  }
+  if ((per_worker || restricted) && nproc > n && !r.allow_sharing) {
+    throw UsageError("--nproc-per-node=" + std::to_string(r.nproc) + " workers but only " + std::to_string(n) +
+                         " GPU(s) selected (" + join_tokens(plan.selected) + ")",
+                     "lower --nproc-per-node, select more GPUs, or allow several workers per GPU");
+  }
+
+  const std::string selected_cvd = join_tokens(plan.selected);
+  for (std::size_t lr = 0; lr < nproc; ++lr) {
+    auto& env = plan.per_rank_env[lr];
+    const auto& dev = plan.selected[lr % n];
+    if (!r.parent_device_order) env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    if (per_worker) {
+      env.emplace_back("CUDA_VISIBLE_DEVICES", dev.token);
+      env.emplace_back("DDPRUN_CUDA_DEVICE", "0");
+      if (r.mode == GpuMode::virtual_local_rank) env.emplace_back("LOCAL_RANK", "0");
+      plan.per_rank_device[lr] = "cuda:0 = " + describe(dev);
+    } else {
+      if (restricted) env.emplace_back("CUDA_VISIBLE_DEVICES", selected_cvd);
+      env.emplace_back("DDPRUN_CUDA_DEVICE", std::to_string(lr % n));
+      plan.per_rank_device[lr] = "cuda:" + std::to_string(lr % n) + " = " + describe(dev);
+    }
+    std::sort(env.begin(), env.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  }
+  plan.summary = std::to_string(n) + " GPU(s) selected [" + selected_cvd + "] of " + std::to_string(visible.size()) +
+                 " visible under " + cvd_what + " (" + r.inventory.source + "), mode " +
+                 (r.mode == GpuMode::shared ? "shared" : r.mode == GpuMode::isolate ? "isolate" : "virtual");
+  return plan;
+}
+
+}  // namespace ddprun::worker_env

@@ -1,0 +1,289 @@
+// NCCL unique IDs: hex form, bootstrap-root decoding, dlopen'd ncclGetUniqueId, and the
+// per-round holder process (docs/gpus.md).
+#include "ddprun/worker_env/nccl_id.hpp"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "ddprun/common/strings.hpp"
+
+extern char** environ;  // NOLINT: POSIX
+
+namespace ddprun::worker_env {
+
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+using NcclGetUniqueId = int (*)(NcclUniqueId*);
+using NcclGetErrorString = const char* (*)(int);
+
+}  // namespace
+
+std::string encode_nccl_id(const NcclUniqueId& id) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(2 * id.size(), '0');
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    out[2 * i] = digits[id[i] >> 4];
+    out[2 * i + 1] = digits[id[i] & 0xf];
+  }
+  return out;
+}
+
+NcclUniqueId decode_nccl_id(std::string_view hex, std::string_view what) {
+  const std::string_view t = trim(hex);
+  if (t.size() != 2 * nccl_unique_id_bytes) {
+    throw Error(std::string(what) + " has " + std::to_string(t.size()) + " characters, expected " +
+                    std::to_string(2 * nccl_unique_id_bytes) + " hex digits (a 128-byte ncclUniqueId)",
+                "pass the value ddprun exported unchanged");
+  }
+  NcclUniqueId id{};
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    const int hi = hex_value(t[2 * i]);
+    const int lo = hex_value(t[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      throw Error(std::string(what) + " has a non-hex character at position " +
+                      std::to_string(hi < 0 ? 2 * i : 2 * i + 1),
+                  "pass the value ddprun exported unchanged");
+    }
+    id[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return id;
+}
+
+std::vector<NcclUniqueId> decode_nccl_id_list(std::string_view list, std::string_view what) {
+  std::vector<NcclUniqueId> out;
+  if (trim(list).empty()) throw Error(std::string(what) + " is empty", "expected comma-separated 256-hex-char IDs");
+  const auto parts = split(list, ',');
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    out.push_back(decode_nccl_id(parts[i], std::string(what) + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
+
+std::optional<NcclBootstrapRoot> decode_bootstrap_root(const NcclUniqueId& id) {
+  // ncclBootstrapHandle { uint64_t magic; union ncclSocketAddress addr; ... } (src/include/bootstrap.h).
+  NcclBootstrapRoot root;
+  std::memcpy(&root.magic, id.data(), sizeof root.magic);
+  sa_family_t family = 0;
+  std::memcpy(&family, id.data() + 8, sizeof family);
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (family == AF_INET) {
+    sockaddr_in sin{};
+    std::memcpy(&sin, id.data() + 8, sizeof sin);
+    if (inet_ntop(AF_INET, &sin.sin_addr, buf, sizeof buf) == nullptr) return std::nullopt;
+    root.port = ntohs(sin.sin_port);
+  } else if (family == AF_INET6) {
+    sockaddr_in6 sin6{};
+    std::memcpy(&sin6, id.data() + 8, sizeof sin6);
+    if (inet_ntop(AF_INET6, &sin6.sin6_addr, buf, sizeof buf) == nullptr) return std::nullopt;
+    root.port = ntohs(sin6.sin6_port);
+  } else {
+    return std::nullopt;
+  }
+  root.family = family;
+  root.host = buf;
+  return root;
+}
+
+std::vector<std::string> nccl_library_candidates(const EnvMap& env) {
+  if (const auto it = env.find("DDPRUN_NCCL_LIBRARY"); it != env.end() && !it->second.empty()) {
+    return {it->second};
+  }
+  return {"libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
+}
+
+std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env) {
+  if (count < 1 || count > 4096) throw Error("NCCL roots: " + std::to_string(count) + " is outside [1, 4096]");
+  void* handle = nullptr;
+  std::string tried;
+  std::string path;
+  for (const auto& candidate : nccl_library_candidates(env)) {
+    handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr) {
+      path = candidate;
+      break;
+    }
+    const char* e = dlerror();
+    tried += (tried.empty() ? "" : "; ") + std::string(e != nullptr ? e : candidate + ": dlopen failed");
+  }
+  if (handle == nullptr) {
+    throw NcclUnavailable("NCCL not found (" + tried + ")",
+                          "install NCCL or set DDPRUN_NCCL_LIBRARY=/path/to/libnccl.so.2");
+  }
+  // Never dlclose: the bootstrap root threads run NCCL code until the process exits.
+  auto get_id = reinterpret_cast<NcclGetUniqueId>(dlsym(handle, "ncclGetUniqueId"));  // NOLINT
+  auto get_error = reinterpret_cast<NcclGetErrorString>(dlsym(handle, "ncclGetErrorString"));  // NOLINT
+  if (get_id == nullptr) throw NcclUnavailable(path + " has no ncclGetUniqueId");
+  std::vector<NcclUniqueId> ids(static_cast<std::size_t>(count));
+  for (auto& id : ids) {
+    if (const int r = get_id(&id); r != 0) {
+      const char* s = get_error != nullptr ? get_error(r) : nullptr;
+      throw NcclUnavailable(path + ": ncclGetUniqueId failed: " + (s != nullptr ? s : "error " + std::to_string(r)),
+                            "see NCCL_DEBUG=INFO; NCCL needs a usable network interface (NCCL_SOCKET_IFNAME)");
+    }
+  }
+  return ids;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NcclIdHolder
+
+NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, std::chrono::milliseconds timeout,
+                                 const EnvList& extra_env) {
+  int in_pipe[2];
+  int out_pipe[2];
+  int err_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) throw Error("nccl-id holder: pipe: " + std::string(std::strerror(errno)));
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(in_pipe[0]);
+    ::close(in_pipe[1]);
+    throw Error("nccl-id holder: pipe: " + std::string(std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  EnvMap env = current_environment();
+  std::vector<std::string> env_strings = merge_env(env, extra_env);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string roots_arg = std::to_string(roots);
+  std::string bin = holder_binary;
+  std::string flag = "--roots";
+  std::vector<char*> argv{bin.data(), flag.data(), roots_arg.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (rc != 0) {
+    ::close(in_pipe[1]);
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    throw Error("nccl-id holder: cannot start " + bin + ": " + std::strerror(rc),
+                "check that ddprun-nccl-id is installed next to ddprun");
+  }
+  NcclIdHolder h;
+  h.pid_ = pid;
+  h.stdin_fd_ = in_pipe[1];
+
+  // Read K lines from stdout (and stderr for the reason of a failure) until the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string out;
+  std::string err;
+  bool out_open = true;
+  bool err_open = true;
+  auto lines = [&out]() { return static_cast<int>(std::count(out.begin(), out.end(), '\n')); };
+  while (lines() < roots && (out_open || err_open)) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0}, {err_open ? err_pipe[0] : -1, POLLIN, 0}};
+    const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (n < 0 && errno != EINTR) break;
+    char buf[4096];
+    for (int i = 0; i < 2; ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got <= 0) {
+        (i == 0 ? out_open : err_open) = false;
+      } else {
+        (i == 0 ? out : err).append(buf, static_cast<std::size_t>(got));
+      }
+    }
+  }
+  ::close(out_pipe[0]);
+  ::close(err_pipe[0]);
+  if (lines() < roots) {
+    h.stop(std::chrono::milliseconds(500));
+    // stop() reaped it; a code-3 exit was recorded by stop() only as "gone", so read stderr.
+    std::string reason(trim(err));
+    if (const auto nl = reason.find('\n'); nl != std::string::npos) reason = reason.substr(0, nl);
+    if (reason.rfind("ddprun-nccl-id: NCCL unavailable:", 0) == 0) {
+      throw NcclUnavailable(reason.substr(std::strlen("ddprun-nccl-id: NCCL unavailable: ")));
+    }
+    throw Error("nccl-id holder " + bin + " gave " + std::to_string(lines()) + " of " + std::to_string(roots) +
+                " ID(s) within " + std::to_string(timeout.count()) + " ms" +
+                (reason.empty() ? std::string() : ": " + reason));
+  }
+  const auto parts = split(out, '\n');
+  for (int i = 0; i < roots; ++i) {
+    h.ids_.push_back(decode_nccl_id(parts[static_cast<std::size_t>(i)], "ddprun-nccl-id output line " +
+                                                                            std::to_string(i + 1)));
+  }
+  return h;
+}
+
+NcclIdHolder::NcclIdHolder(NcclIdHolder&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), stdin_fd_(std::exchange(other.stdin_fd_, -1)), ids_(std::move(other.ids_)) {}
+
+NcclIdHolder& NcclIdHolder::operator=(NcclIdHolder&& other) noexcept {
+  if (this != &other) {
+    stop();
+    pid_ = std::exchange(other.pid_, -1);
+    stdin_fd_ = std::exchange(other.stdin_fd_, -1);
+    ids_ = std::move(other.ids_);
+  }
+  return *this;
+}
+
+NcclIdHolder::~NcclIdHolder() { stop(); }
+
+EnvList NcclIdHolder::worker_env() const {
+  EnvList env;
+  if (ids_.empty()) return env;
+  env.emplace_back("DDPRUN_NCCL_UNIQUE_ID", encode_nccl_id(ids_.front()));
+  if (ids_.size() > 1) {
+    std::string all;
+    for (const auto& id : ids_) all += (all.empty() ? "" : ",") + encode_nccl_id(id);
+    env.emplace_back("DDPRUN_NCCL_UNIQUE_IDS", std::move(all));
+  }
+  return env;
+}
+
+void NcclIdHolder::stop(std::chrono::milliseconds grace) {
+  if (stdin_fd_ >= 0) {
+    ::close(stdin_fd_);  // EOF on the holder's stdin: it exits
+    stdin_fd_ = -1;
+  }
+  if (pid_ <= 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno != EINTR)) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    // Polling keeps this free of SIGCHLD plumbing; the holder exits within microseconds of EOF.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  pid_ = -1;
+}
+
+}  // namespace ddprun::worker_env
