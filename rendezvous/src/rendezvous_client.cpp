@@ -91,9 +91,12 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     write_in_flight = true;
     asio::async_write(socket, asio::buffer(writing),
                       [self = shared_from_this(), gen = generation](boost::system::error_code ec, std::size_t) {
+                        // A write of an older connection: connection_lost/stop already reset the
+                        // buffers, which may belong to the new connection's write by now.
+                        if (gen != self->generation) return;
                         self->write_in_flight = false;
                         self->writing.clear();
-                        if (gen != self->generation || self->stopped) return;
+                        if (self->stopped) return;
                         if (ec) {
                           self->connection_lost(fmt::format("write failed: {}", ec.message()));
                           return;
@@ -207,7 +210,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     boost::system::error_code ec;
     socket.close(ec);
     heartbeat_timer.cancel();
-    write_in_flight = false;
+    write_in_flight = false;  // the socket is closed: the aborted write no longer reads `writing`
+    writing.clear();
     pending.clear();
     last_error = std::move(why);
     schedule_reconnect();
@@ -332,6 +336,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     if (stopped) return;
     stopped = true;
     ++generation;
+    write_in_flight = false;
     is_connected = false;
     connecting = false;
     boost::system::error_code ec;

@@ -52,6 +52,7 @@ TEST_CASE("CUDA_VISIBLE_DEVICES is parsed as CUDA does", "[gpus]") {
   CHECK(texts(parse_cuda_visible_devices("GPU-8f2a,1")) == V{"GPU-8f2a", "1"});
   CHECK(texts(parse_cuda_visible_devices("GPU-,1")).empty());
   CHECK(texts(parse_cuda_visible_devices("GPU-zz")).empty());
+  CHECK(texts(parse_cuda_visible_devices("gpu-8f2a")).empty());  // CUDA wants the GPU- spelling
   const auto mig = parse_cuda_visible_devices("MIG-GPU-8f2a/1/0,MIG-4b1d");
   REQUIRE(mig.size() == 2);
   CHECK(mig[0].kind == CvdEntry::Kind::mig);

@@ -91,6 +91,11 @@ TEST_CASE("ncclUniqueId hex encoding", "[nccl]") {
   CHECK_FALSE(decode_bootstrap_root(NcclUniqueId{}));  // family 0
 }
 
+TEST_CASE("the holder is found next to the executable", "[nccl]") {
+  // This test binary and ddprun-nccl-id are both built into <build>/bin.
+  CHECK(default_nccl_id_holder_path() == std::string(HOLDER_PATH));
+}
+
 TEST_CASE("missing NCCL is reported as NcclUnavailable", "[nccl]") {
   CHECK_THROWS_AS(generate_nccl_unique_ids(1, {{"DDPRUN_NCCL_LIBRARY", "/nonexistent/libnccl.so.2"}}), NcclUnavailable);
   try {

@@ -34,7 +34,7 @@ std::optional<CvdEntry> parse_entry(std::string_view raw) {
     e.index = static_cast<int>(*v);
     return e;
   }
-  if (t.size() > 4 && (starts_with(t, "GPU-") || starts_with(t, "gpu-")) && uuid_chars(t.substr(4))) {
+  if (t.size() > 4 && starts_with(t, "GPU-") && uuid_chars(t.substr(4))) {
     e.kind = CvdEntry::Kind::gpu_uuid;
     return e;
   }

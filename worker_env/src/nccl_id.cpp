@@ -148,6 +148,15 @@ std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env)
 // ---------------------------------------------------------------------------------------------
 // NcclIdHolder
 
+std::string default_nccl_id_holder_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  std::string exe(buf, static_cast<std::size_t>(n));
+  const auto slash = exe.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : exe.substr(0, slash)) + "/ddprun-nccl-id";
+}
+
 NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, std::chrono::milliseconds timeout,
                                  const EnvList& extra_env) {
   int in_pipe[2];

@@ -61,6 +61,10 @@ std::vector<std::string> nccl_library_candidates(const EnvMap& env);
 // here). Throws NcclUnavailable.
 std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env);
 
+// `ddprun-nccl-id` next to the running executable (/proc/self/exe), where the build and
+// `cmake --install` put it beside `ddprun`. Empty when /proc/self/exe cannot be read.
+std::string default_nccl_id_holder_path();
+
 // Runs `<holder_binary> --roots K` for one round: the child prints K IDs and keeps their
 // bootstrap roots alive until this object is destroyed or stop() is called (stdin closed, then
 // SIGTERM/SIGKILL after `grace`). The child also dies with the thread that started it

@@ -1,0 +1,130 @@
+"""ddprun-rdzvd as a process: the native rendezvous frames of docs/protocol.md §9, written by an
+independent (Python) encoder, the --token flag and DDPRUN_RDZV_TOKEN, and STATUS.
+
+Readiness is the daemon's `listening on HOST:PORT` line; every socket read has a deadline; the
+daemon is killed on the way out.
+"""
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
+children = []
+
+
+def start_daemon(args, env_token=None):
+    env = dict(os.environ)
+    env.pop("DDPRUN_RDZV_TOKEN", None)
+    if env_token is not None:
+        env["DDPRUN_RDZV_TOKEN"] = env_token
+    p = subprocess.Popen([os.path.join(BIN_DIR, "ddprun-rdzvd"), "--host", "127.0.0.1", "--port", "0",
+                          "--log-level", "warning"] + args, stdout=subprocess.PIPE, env=env,
+                         start_new_session=True)
+    children.append(p)
+    buf = b""
+    deadline = time.monotonic() + 30
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no readiness line (have {buf!r})"
+        r, _, _ = select.select([p.stdout], [], [], left)
+        if r:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            assert chunk, f"ddprun-rdzvd exited early (have {buf!r})"
+            buf += chunk
+    line = buf.split(b"\n", 1)[0].decode()
+    prefix = "listening on 127.0.0.1:"
+    assert line.startswith(prefix), line
+    return p, int(line[len(prefix):])
+
+
+def frame(op, obj):
+    body = json.dumps(obj).encode()
+    return struct.pack("<BI", op, len(body)) + body
+
+
+def recv_exact(sock, n, deadline):
+    out = b""
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out after {len(out)} of {n} bytes"
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(out))
+        assert chunk, f"connection closed after {len(out)} of {n} bytes"
+        out += chunk
+    return out
+
+
+def read_frame(sock, timeout=10):
+    deadline = time.monotonic() + timeout
+    op, n = struct.unpack("<BI", recv_exact(sock, 5, deadline))
+    return op, json.loads(recv_exact(sock, n, deadline))
+
+
+def join_frame(token, i=1):
+    node_id = {"addr": "127.0.0.1", "pid": 4000 + i, "instance": f"py-{i}"}
+    config = {"min_nodes": 1, "max_nodes": 1, "max_restarts": 0, "missed_heartbeats": 3,
+              "join_timeout_ms": 10000, "last_call_timeout_ms": 100, "close_timeout_ms": 5000,
+              "heartbeat_interval_ms": 1000, "exit_barrier_timeout_ms": 10000, "rebuild_grace_ms": 1000}
+    node = {"id": node_id, "addr": "127.0.0.1", "local_world_size": 2, "store_host": "127.0.0.1",
+            "store_port": 45678}
+    return frame(0x40, {"run_id": "py-job", "node": node, "config": config, "token": token})
+
+
+def check_token_daemon(args, env_token, good):
+    p, port = start_daemon(args, env_token)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as bad:
+        bad.sendall(join_frame("wrong", 1))
+        op, msg = read_frame(bad)
+        assert op == 0x64, f"expected REFUSED, got 0x{op:02x} {msg}"
+        assert "token mismatch" in msg["reason"], msg
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as ok:
+        ok.sendall(join_frame(good, 2))
+        op, msg = read_frame(ok)
+        while op == 0x66:  # PROGRESS lines may precede the assignment
+            op, msg = read_frame(ok)
+        assert op == 0x60, f"expected ASSIGNMENT, got 0x{op:02x} {msg}"
+        a = msg["assignment"]
+        assert (a["group_rank"], a["group_world_size"], a["world_size"]) == (0, 1, 2), a
+        assert (a["master_addr"], a["master_port"]) == ("127.0.0.1", 45678), a
+        # STATUS on another connection: the job and its one participant.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as st:
+            st.sendall(frame(0x47, {"run_id": ""}))
+            op, msg = read_frame(st)
+            assert op == 0x67, f"expected STATUS_REPLY, got 0x{op:02x}"
+            jobs = msg["jobs"]
+            assert [j["run_id"] for j in jobs] == ["py-job"], jobs
+            assert jobs[0]["state"] == "running", jobs[0]
+            assert jobs[0]["members"][0]["role"] == "participant", jobs[0]
+        # A malformed frame closes only that connection.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as junk:
+            junk.sendall(frame(0x42, {"run_id": "py-job"}))
+            junk.settimeout(10)
+            assert junk.recv(1) == b"", "a bad frame must close the connection"
+        ok.sendall(frame(0x45, {"run_id": "py-job", "node": {"addr": "127.0.0.1", "pid": 4002,
+                                                              "instance": "py-2"}, "round": 0}))
+        op, msg = read_frame(ok)
+        assert op == 0x63, f"expected JOB_COMPLETED, got 0x{op:02x} {msg}"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+
+
+def main():
+    check_token_daemon(["--token", "flag-token"], None, "flag-token")
+    check_token_daemon([], "env-token", "env-token")
+    check_token_daemon(["--token", "flag-wins"], "env-token", "flag-wins")
+    print("OK")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for c in children:
+            if c.poll() is None:
+                os.killpg(c.pid, signal.SIGKILL)
+                c.wait()
