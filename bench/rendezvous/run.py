@@ -70,9 +70,9 @@ def markdown(results, meta):
         "",
         "The daemon is idle when the last JOIN is sent (every earlier join has been answered), so",
         "the figure is the round close: ranks, offsets and N ASSIGNMENT frames encoded and written.",
-        "An idle daemon holds about 5 MiB. The setup column grows with N² because the rendezvous",
-        "state builds a progress line for every waiting node on each join (the service forwards at",
-        "most one broadcast per second; see docs/daemon.md, \"Limits\").",
+        "An idle daemon holds about 5 MiB. The setup column grows faster than N: each join still",
+        "scans the job's members a few times (role counts, earliest lease) — see docs/daemon.md,",
+        "\"Limits\".",
     ]
     return "\n".join(lines)
 

@@ -136,27 +136,13 @@ void RendezvousService::on_reset() {
 }
 
 void RendezvousService::apply(const Actions& actions, const NodeId* origin) {
-  // Progress to nodes other than the origin: all of one batch or none (see the header).
-  std::optional<bool> broadcast;
-  TimePoint now{};
   for (const Action& action : actions) {
+    if (const auto* p = std::get_if<Progress>(&action); p != nullptr && p->broadcast) {
+      broadcast_progress(*p, origin);
+      continue;
+    }
     const auto& [run_id, node] = std::visit(
         [](const auto& a) { return std::pair<const std::string&, const NodeId&>(a.run_id, a.node); }, action);
-    if (std::holds_alternative<Progress>(action) && (origin == nullptr || node != *origin)) {
-      if (!broadcast) {
-        now = clock_.now();
-        auto [it, inserted] = last_broadcast_.try_emplace(run_id, now);
-        broadcast = inserted || now - it->second >= options_.progress_interval;
-        if (*broadcast) it->second = now;
-        if (last_broadcast_.size() > 2 * registry_.job_count() + 16) {
-          std::erase_if(last_broadcast_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
-        }
-      }
-      if (!*broadcast) {
-        ++counters_.progress_dropped;
-        continue;
-      }
-    }
     auto it = conn_of_.find(NodeKey{run_id, node});
     if (it == conn_of_.end()) {
       spdlog::debug("rendezvous '{}': node {} has no connection; it learns the news when it rejoins", run_id,
@@ -165,6 +151,33 @@ void RendezvousService::apply(const Actions& actions, const NodeId* origin) {
     }
     scratch_.clear();
     encode_action(scratch_, action);
+    emit(it->second, scratch_);
+  }
+}
+
+void RendezvousService::broadcast_progress(const Progress& progress, const NodeId* origin) {
+  // Progress to the other waiting nodes: at most one fan-out per job per progress_interval
+  // (a 10,000-node job would otherwise send N lines per join).
+  const TimePoint now = clock_.now();
+  auto [last, inserted] = last_broadcast_.try_emplace(progress.run_id, now);
+  if (!inserted && now - last->second < options_.progress_interval) {
+    ++counters_.progress_dropped;
+    return;
+  }
+  last->second = now;
+  if (last_broadcast_.size() > 2 * registry_.job_count() + 16) {
+    std::erase_if(last_broadcast_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
+  }
+  const RendezvousJob* job = registry_.find(progress.run_id);
+  if (job == nullptr) return;
+  Progress one{progress.run_id, NodeId{}, progress.text};
+  for (NodeId& node : job->joined_nodes()) {
+    if (origin != nullptr && node == *origin) continue;
+    auto it = conn_of_.find(NodeKey{progress.run_id, node});
+    if (it == conn_of_.end()) continue;
+    one.node = std::move(node);
+    scratch_.clear();
+    encode_action(scratch_, one);
     emit(it->second, scratch_);
   }
 }

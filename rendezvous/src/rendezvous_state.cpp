@@ -226,12 +226,27 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
   return {};
 }
 
-void RendezvousJob::send_progress(Actions& out, TimePoint now) const {
+void RendezvousJob::send_progress(Actions& out, TimePoint now, const NodeId* origin) const {
   if (state_ != JobState::waiting) return;
   const std::string text = progress_text(now);
+  int others = 0;
   for (const auto& [id, m] : members_) {
-    if (m.role == MemberRole::joined) out.push_back(Progress{run_id_, id, text});
+    if (m.role != MemberRole::joined) continue;
+    if (origin != nullptr && id == *origin) {
+      out.push_back(Progress{run_id_, id, text});
+    } else {
+      ++others;
+    }
   }
+  if (others > 0) out.push_back(Progress{run_id_, NodeId{}, text, /*broadcast=*/true});
+}
+
+std::vector<NodeId> RendezvousJob::joined_nodes() const {
+  std::vector<NodeId> out;
+  for (const auto& [id, m] : members_) {
+    if (m.role == MemberRole::joined) out.push_back(id);
+  }
+  return out;
 }
 
 void RendezvousJob::evaluate_waiting(Actions& out, TimePoint now) {
@@ -453,7 +468,7 @@ Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, Ti
     if (state_ == JobState::waiting) {
       if (m->role == MemberRole::expected) m->role = MemberRole::joined;
       evaluate_waiting(out, now);
-      send_progress(out, now);
+      send_progress(out, now, &node.id);
     } else if (m->role == MemberRole::participant) {
       // The node wants a new round (its agent restarted its group): a membership change.
       m->prev_rank = m->group_rank;
@@ -485,7 +500,7 @@ Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, Ti
   add_member(node, MemberRole::joined, now);
   if (state_ == JobState::waiting) {
     evaluate_waiting(out, now);
-    send_progress(out, now);
+    send_progress(out, now, &node.id);
   } else {
     end_round(out, RoundEnd::membership_change,
               fmt::format("new node {} joined", node_label(node)), now);
@@ -522,8 +537,11 @@ Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
     }
     if (m->role == MemberRole::joined) {
       Actions out;
-      send_progress(out, now);
-      if (out.empty()) {
+      send_progress(out, now, &id);
+      if (std::none_of(out.begin(), out.end(), [&](const Action& x) {
+            const auto* p = std::get_if<Progress>(&x);
+            return p != nullptr && p->node == id;
+          })) {
         out.push_back(Progress{run_id_, id, "on the wait list of the running round"});
       }
       return out;

@@ -120,8 +120,20 @@ TEST_CASE("min reached starts the last call; the round closes at the deadline wi
   f.join(node(1), cfg(2, 4));
   auto a = f.join(node(2), cfg(2, 4));
   REQUIRE(of<SendAssignment>(a).empty());
-  REQUIRE(of<Progress>(a).size() == 2);  // both joined nodes see the new count
-  CHECK(of<Progress>(a)[0].text == "waiting for nodes: 2/2 joined (min 2, max 4), last call in 30 s");
+  // The joiner gets its line; the other waiting nodes get ONE broadcast action (the server fans
+  // it out), so a join costs O(1) actions however many nodes wait.
+  REQUIRE(of<Progress>(a).size() == 2);
+  REQUIRE(for_node<Progress>(a, node(2).id).size() == 1);
+  CHECK(for_node<Progress>(a, node(2).id)[0].text == "waiting for nodes: 2/2 joined (min 2, max 4), last call in 30 s");
+  const auto broadcasts = [](const Actions& acts) {
+    std::vector<Progress> out;
+    for (const auto& p : of<Progress>(acts))
+      if (p.broadcast) out.push_back(p);
+    return out;
+  };
+  REQUIRE(broadcasts(a).size() == 1);
+  CHECK(broadcasts(a)[0].text == "waiting for nodes: 2/2 joined (min 2, max 4), last call in 30 s");
+  CHECK(f.state().joined_nodes() == std::vector<NodeId>{node(1).id, node(2).id});
   // next_deadline: leases (3 s) come first; with heartbeats the last call is what remains.
   f.advance(10s, {node(1), node(2)});
   f.join(node(3), cfg(2, 4));  // a third node before the deadline joins the same round
@@ -274,8 +286,11 @@ TEST_CASE("lease expiry while waiting drops the node and cancels the last call",
   CHECK(f.reg.next_deadline() == f.clock.now() + 1s);  // node 2's lease
   f.clock.advance(1s);
   auto a = f.tick();
-  REQUIRE(for_node<Progress>(a, node(1).id).size() == 1);
-  CHECK(for_node<Progress>(a, node(1).id)[0].text.rfind("waiting for nodes: 1/2 joined", 0) == 0);
+  // No node caused this: one broadcast to the nodes still waiting (node 1).
+  REQUIRE(of<Progress>(a).size() == 1);
+  CHECK(of<Progress>(a)[0].broadcast);
+  CHECK(of<Progress>(a)[0].text.rfind("waiting for nodes: 1/2 joined", 0) == 0);
+  CHECK(f.state().joined_nodes() == std::vector<NodeId>{node(1).id});
   auto st = f.reg.status(f.clock.now()).jobs.at(0);
   CHECK(st.members.size() == 1);
   CHECK_FALSE(st.last_call_in.has_value());
@@ -916,4 +931,18 @@ TEST_CASE("failed job: strangers are refused, status shows the result", "[rdzv]"
   JobConfig bad = cfg(1, 1);
   bad.missed_heartbeats = 0;
   CHECK(bad.validate() == "missed_heartbeats must be >= 1, got 0");
+}
+
+TEST_CASE("a join costs O(1) actions however many nodes wait (no N^2 progress)", "[rdzv]") {
+  Fixture f;
+  const JobConfig c = cfg(5000, 5000);
+  std::size_t most = 0;
+  for (int i = 1; i < 5000; ++i) {
+    const auto a = f.join(node(i), c);
+    most = std::max(most, a.size());
+  }
+  CHECK(most <= 2);  // the joiner's line + one broadcast
+  CHECK(f.state().joined_nodes().size() == 4999);
+  const auto last = f.join(node(5000), c);  // max reached: everyone gets an assignment
+  CHECK(of<SendAssignment>(last).size() == 5000);
 }

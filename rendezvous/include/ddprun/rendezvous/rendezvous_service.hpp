@@ -83,6 +83,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   void bind(ConnectionId conn, const std::string& run_id, const NodeId& node);
   // `origin`: the node whose message produced the actions (null for timer ticks).
   void apply(const Actions& actions, const NodeId* origin = nullptr);
+  void broadcast_progress(const Progress& progress, const NodeId* origin);
   void emit(ConnectionId conn, std::string_view bytes);
   void rearm();
   void on_timer();

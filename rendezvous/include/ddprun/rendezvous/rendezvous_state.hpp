@@ -214,10 +214,14 @@ struct AskRejoin {
   std::string reason;
 };
 
+// A progress line for one node, or (broadcast) for every node that joined the collecting
+// round: then `node` is empty and the server fans it out (throttled), so a join costs O(1)
+// actions instead of one per waiting node (O(N^2) for a job of N nodes).
 struct Progress {
   std::string run_id;
   NodeId node;
   std::string text;
+  bool broadcast = false;
 };
 
 using Action = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse,
@@ -313,6 +317,8 @@ class RendezvousJob {
 
   JobStatus status(TimePoint now) const;
   std::string progress_text(TimePoint now) const;
+  // Nodes waiting in the collecting round (the targets of a broadcast Progress).
+  std::vector<NodeId> joined_nodes() const;
 
  private:
   struct Member {
@@ -334,7 +340,9 @@ class RendezvousJob {
   int count(MemberRole role) const;
   std::string config_mismatch(const JobConfig& requested) const;
   Actions final_result_for(const NodeId& node, TimePoint now) const;
-  void send_progress(Actions& out, TimePoint now) const;
+  // Progress for `origin` (when it waits in the collecting round) plus one broadcast for the
+  // other waiting nodes.
+  void send_progress(Actions& out, TimePoint now, const NodeId* origin = nullptr) const;
 
   void evaluate_waiting(Actions& out, TimePoint now);
   void close_round(Actions& out);
