@@ -49,6 +49,7 @@
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 #include "ddprun/rendezvous/rendezvous_service.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/worker_env/nccl_id.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
 namespace asio = boost::asio;
@@ -229,6 +230,17 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// --nccl-roots: as given, else 1, or ceil(world_size / 256) above 256 ranks.
+int nccl_roots(const AgentConfig& config, int world_size) {
+  if (config.nccl_roots > 0) {
+    return config.nccl_roots;
+  }
+  return world_size > 256 ? (world_size + 255) / 256 : 1;
+}
+
+// How long the holder may take to print its IDs (it only loads NCCL and asks it for IDs).
+constexpr std::chrono::milliseconds kNcclHolderTimeout{30000};
+
 struct WorkerProc {
   int local_rank = 0;
   int rank = 0;
@@ -259,6 +271,7 @@ class Agent {
 
   ~Agent() {
     kill_and_reap_all();
+    nccl_holder_.reset();  // its destructor ends the holder process
     client_.reset();
     if (host_service_) {
       host_service_->detach();
@@ -398,6 +411,7 @@ class Agent {
     kill_and_reap_all();
     workers_.clear();
     ++generation_;
+    start_nccl_holder();  // ends the previous attempt's holder first
     assignment_.restart_count = restart_count;
     attempt_dir_ = job_dir_ + "/attempt_" + std::to_string(restart_count);
     make_dir(attempt_dir_);
@@ -417,8 +431,18 @@ class Agent {
     worker_env::EnvOptions opts;
     opts.python_worker = config_.python_worker;
     opts.error_file_dir = attempt_dir_;
-    opts.virtual_local_rank = config_.virtual_local_rank;
-    const auto additions = worker_env::build_worker_env(assignment_, local_rank, opts, parent_env_);
+    // The GPU plan implements --virtual-local-rank when there is one (docs/gpus.md).
+    opts.virtual_local_rank = config_.virtual_local_rank && config_.gpu_env.empty();
+    auto additions = worker_env::build_worker_env(assignment_, local_rank, opts, parent_env_);
+    // Appended after build_worker_env's variables so that they win in merge_env.
+    if (static_cast<std::size_t>(local_rank) < config_.gpu_env.size()) {
+      const auto& gpu = config_.gpu_env[static_cast<std::size_t>(local_rank)];
+      additions.insert(additions.end(), gpu.begin(), gpu.end());
+    }
+    if (nccl_holder_) {
+      const auto nccl = nccl_holder_->worker_env();
+      additions.insert(additions.end(), nccl.begin(), nccl.end());
+    }
     for (const auto& [k, v] : additions) {
       if (k == "TORCHELASTIC_ERROR_FILE") {
         w.error_file = v;
@@ -613,6 +637,7 @@ class Agent {
     }
     finished_ = true;
     exit_code_ = code;
+    nccl_holder_.reset();  // the attempt is over: end its NCCL bootstrap roots
     if (elastic_) {
       // Print nothing here: the rendezvous' result (job failed) was printed when it arrived.
     } else if (machine_.state() == GroupState::failed) {
@@ -663,7 +688,46 @@ class Agent {
     });
   }
 
+  // One holder per attempt: stops the previous one (its bootstrap roots belong to workers that
+  // are gone), then starts a fresh one unless --nccl-id off or NCCL was found missing before.
+  void start_nccl_holder() {
+    if (nccl_holder_) {
+      nccl_holder_->stop();
+      nccl_holder_.reset();
+    }
+    if (config_.nccl_id == AgentConfig::NcclIdMode::off || nccl_unavailable_) {
+      return;
+    }
+    const bool required = config_.nccl_id == AgentConfig::NcclIdMode::env;
+    const std::string binary =
+        config_.nccl_id_holder.empty() ? worker_env::default_nccl_id_holder_path() : config_.nccl_id_holder;
+    try {
+      if (binary.empty() || ::access(binary.c_str(), X_OK) != 0) {
+        throw worker_env::NcclUnavailable("the holder program ddprun-nccl-id was not found next to ddprun" +
+                                          (binary.empty() ? std::string() : " (" + binary + ")"));
+      }
+      nccl_holder_ = worker_env::NcclIdHolder::start(binary, nccl_roots(config_, assignment_.world_size),
+                                                     kNcclHolderTimeout);
+      spdlog::debug("NCCL unique ID holder running (pid {}, {} root(s))", nccl_holder_->pid(),
+                    nccl_holder_->ids().size());
+    } catch (const worker_env::NcclUnavailable& e) {
+      if (required) {
+        throw Error("--nccl-id env: cannot create an NCCL unique ID: " + e.message(),
+                    "install NCCL (libnccl.so.2) or set DDPRUN_NCCL_LIBRARY, or use --nccl-id auto/off");
+      }
+      nccl_unavailable_ = true;
+      spdlog::info("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {}", e.message());
+    }
+  }
+
   void start_elastic() {
+    if (config_.nccl_id == AgentConfig::NcclIdMode::env) {
+      throw UsageError("--nccl-id env: multi-node NCCL ID export is not supported yet",
+                       "use --nccl-id auto or off for multi-node jobs, or --standalone for one node");
+    }
+    if (config_.nccl_id == AgentConfig::NcclIdMode::automatic) {
+      spdlog::info("--nccl-id: multi-node NCCL ID export is not supported yet; DDPRUN_NCCL_UNIQUE_ID is not set");
+    }
     const Endpoint endpoint = rendezvous_endpoint(config_);
     const std::string addr = advertised_address(config_, endpoint);
     node_id_ = rendezvous::NodeId{addr, static_cast<std::int64_t>(::getpid()), random_instance_id()};
@@ -963,6 +1027,8 @@ class Agent {
   std::string last_progress_;
   struct sigaction old_sigpipe_ {};
   bool restore_sigpipe_ = false;
+  std::optional<worker_env::NcclIdHolder> nccl_holder_;  // this attempt's NCCL bootstrap roots
+  bool nccl_unavailable_ = false;                        // --nccl-id auto: said once, skip after
 };
 
 }  // namespace
@@ -983,9 +1049,12 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
   worker_env::EnvOptions opts;
   opts.python_worker = config.python_worker;
   opts.error_file_dir = job_dir + "/attempt_0";
-  opts.virtual_local_rank = config.virtual_local_rank;
+  opts.virtual_local_rank = config.virtual_local_rank && config.gpu_env.empty();
   const std::string cwd = config.working_dir ? config.working_dir->string() : fs::current_path().string();
   out << "ddprun dry run: " << config.nproc_per_node << " worker(s) on this node; nothing is started\n";
+  if (!config.gpu_summary.empty()) {
+    out << "gpus: " << config.gpu_summary << '\n';
+  }
   if (uses_elastic_path(config)) {
     out << "elastic job '" << config.run_id << "': rendezvous at " << config.rdzv_endpoint << ", nnodes "
         << config.min_nodes << ":" << config.max_nodes
@@ -996,8 +1065,25 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
     for (const auto& a : worker_args(config, r)) {
       out << ' ' << shell_quote(a);
     }
-    out << "\n  cwd: " << cwd << "\n  env:\n";
-    for (const auto& [k, v] : worker_env::build_worker_env(assignment, r, opts, parent)) {
+    out << "\n  cwd: " << cwd << '\n';
+    if (static_cast<std::size_t>(r) < config.gpu_devices.size()) {
+      out << "  device: " << config.gpu_devices[static_cast<std::size_t>(r)] << '\n';
+    }
+    out << "  env:\n";
+    auto env = worker_env::build_worker_env(assignment, r, opts, parent);
+    if (static_cast<std::size_t>(r) < config.gpu_env.size()) {
+      // The plan's variables win (as in merge_env): replace or add them, keep the order sorted.
+      for (const auto& [k, v] : config.gpu_env[static_cast<std::size_t>(r)]) {
+        auto it = std::find_if(env.begin(), env.end(), [&](const auto& kv) { return kv.first == k; });
+        if (it != env.end()) {
+          it->second = v;
+        } else {
+          env.emplace_back(k, v);
+        }
+      }
+      std::sort(env.begin(), env.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    }
+    for (const auto& [k, v] : env) {
       out << "    " << k << '=' << ((k == "MASTER_PORT" && port_at_launch) ? std::string("<chosen at launch>") : v)
           << '\n';
     }

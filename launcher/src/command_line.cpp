@@ -16,6 +16,7 @@
 #include "ddprun/common/version.hpp"
 #include "ddprun/launcher/program.hpp"
 #include "ddprun/launcher/values.hpp"
+#include "ddprun/worker_env/gpus.hpp"
 
 extern char** environ;  // NOLINT: POSIX
 
@@ -42,8 +43,8 @@ constexpr FlagSpec kFlags[] = {
   {"nnodes", "", Kind::value, true, "N|MIN:MAX",
    "Number of nodes, or MIN:MAX for a range (0 < MIN <= MAX). Default: 1:1."},
   {"nproc-per-node", "", Kind::value, true, "N|gpu|cpu|auto",
-   "Workers per node: a number, gpu (devices in CUDA_VISIBLE_DEVICES), cpu (online CPUs) or auto "
-   "(gpu when CUDA_VISIBLE_DEVICES names a device, else cpu). Default: 1."},
+   "Workers per node: a number, gpu (visible GPUs: CUDA_VISIBLE_DEVICES, else NVML / the CUDA "
+   "driver), cpu (online CPUs) or auto (gpu when there is a GPU, else cpu). Default: 1."},
   {"rdzv-backend", "", Kind::value, true, "static|c10d", "Rendezvous backend. Default: static."},
   {"rdzv-endpoint", "", Kind::value, true, "HOST[:PORT]",
    "Rendezvous endpoint (c10d default port 29400; [IPV6]:PORT accepted). Default: none."},
@@ -82,6 +83,20 @@ constexpr FlagSpec kFlags[] = {
    "Grace between SIGTERM and SIGKILL when stopping workers. Default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30."},
   {"virtual-local-rank", "", Kind::boolean, true, "",
    "Each worker sees LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own device."},
+  {"gpus", "", Kind::value, true, "LIST",
+   "Devices the workers use: ordinals of the visible devices (cuda:N) or GPU UUIDs (prefixes), "
+   "e.g. 1,3. Default: all visible devices."},
+  {"gpu-isolation", "", Kind::boolean, true, "",
+   "Each worker's CUDA_VISIBLE_DEVICES holds exactly its own device (cuda:0 inside the worker)."},
+  {"gpu-sharing", "", Kind::boolean, true, "",
+   "Allow more workers than selected devices (assigned round robin) with --gpus, --gpu-isolation "
+   "or --virtual-local-rank."},
+  {"nccl-id", "", Kind::value, true, "auto|env|off",
+   "Export a fresh NCCL unique ID per attempt as DDPRUN_NCCL_UNIQUE_ID (single node). auto: skip "
+   "it when NCCL is missing; env: missing NCCL is an error; off: export nothing. Default: auto."},
+  {"nccl-roots", "", Kind::value, true, "K",
+   "Number of NCCL unique IDs (bootstrap roots) per attempt, exported as DDPRUN_NCCL_UNIQUE_IDS "
+   "when K > 1. Default: 1, or ceil(world size / 256) above 256 ranks."},
   {"numa-binding", "", Kind::value, false, "node|socket|exclusive|core-complex", "Not supported yet."},
   {"logs-specs", "", Kind::value, false, "NAME", "Not supported yet (a torchrun Python plugin)."},
   // ddprun extras and torch.distributed.launch compatibility.
@@ -232,8 +247,22 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
     cfg.min_nodes = r.min_nodes;
     cfg.max_nodes = r.max_nodes;
   }
+  // The GPU inventory is probed (dlopen of NVML) only when GPUs matter, and at most once.
+  const auto cvd = p.env("CUDA_VISIBLE_DEVICES");
+  std::optional<worker_env::GpuInventory> inventory;
+  auto probed = [&]() -> const worker_env::GpuInventory& {
+    if (!inventory) inventory = ctx.probe_gpus ? ctx.probe_gpus(ctx.env) : worker_env::GpuInventory{};
+    return *inventory;
+  };
+  bool nproc_from_gpus = false;
   if (auto g = p.given("nproc-per-node")) {
-    cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, p.env("CUDA_VISIBLE_DEVICES"), ctx.online_cpus);
+    const std::string kind = to_lower(trim(g->text));
+    if (kind == "gpu" || kind == "auto") {
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus, probed());
+      nproc_from_gpus = worker_env::count_visible_gpus(cvd, probed()) > 0;
+    } else {
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus);
+    }
   }
   if (auto g = p.given("max-restarts")) cfg.max_restarts = parse_int_value(g->text, g->what, 0, 1'000'000);
   if (auto g = p.given("monitor-interval")) {
@@ -355,6 +384,44 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
   cfg.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
   cfg.virtual_local_rank = p.flag("virtual-local-rank");
 
+  // GPUs: a plan only when GPUs are involved, so a CPU-only run is exactly as before.
+  {
+    const auto gpus = p.given("gpus");
+    const bool isolation = p.flag("gpu-isolation");
+    const bool sharing = p.flag("gpu-sharing");
+    if (gpus && trim(gpus->text).empty()) throw UsageError(gpus->what + " is empty", "give device ordinals or UUIDs, e.g. 0,1");
+    const bool wants_gpus = gpus.has_value() || isolation || cfg.virtual_local_rank;
+    if (wants_gpus) probed();
+    const bool have_gpus = inventory && !inventory->devices.empty();
+    // torchrun's --virtual-local-rank on a machine without any GPU: LOCAL_RANK=0 and
+    // CUDA_VISIBLE_DEVICES=<local rank>, as before (build_worker_env does it).
+    const bool cpu_virtual = cfg.virtual_local_rank && !gpus && !isolation && !cvd && !have_gpus;
+    if (!cpu_virtual && (cvd || wants_gpus || nproc_from_gpus)) {
+      worker_env::GpuRequest req;
+      req.parent_cvd = cvd;
+      req.parent_device_order = p.env("CUDA_DEVICE_ORDER");
+      if (inventory) req.inventory = *inventory;
+      if (gpus) req.gpus = std::string(trim(gpus->text));
+      req.mode = cfg.virtual_local_rank ? worker_env::GpuMode::virtual_local_rank
+                 : isolation           ? worker_env::GpuMode::isolate
+                                       : worker_env::GpuMode::shared;
+      req.nproc = cfg.nproc_per_node;
+      req.allow_sharing = sharing;
+      const worker_env::GpuPlan plan = worker_env::plan_gpus(req);
+      bool any = false;
+      for (const auto& e : plan.per_rank_env) any = any || !e.empty();
+      if (any) {
+        cfg.gpu_env = plan.per_rank_env;
+        cfg.gpu_devices = plan.per_rank_device;
+        cfg.gpu_summary = plan.summary;
+      }
+    }
+  }
+
+  // NCCL unique IDs.
+  if (auto g = p.given("nccl-id")) cfg.nccl_id = parse_nccl_id_mode(g->text, g->what);
+  if (auto g = p.given("nccl-roots")) cfg.nccl_roots = parse_int_value(g->text, g->what, 1, 4096);
+
   for (std::string_view f : {"numa-binding", "logs-specs"}) {
     if (auto g = p.given(f)) {
       throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not bind CPUs or load log plugins");
@@ -468,6 +535,7 @@ ParseContext ParseContext::from_process() {
   }
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   ctx.online_cpus = cpus > 0 ? static_cast<int>(cpus) : 1;
+  ctx.probe_gpus = [](const worker_env::EnvMap& env) { return worker_env::probe_gpus(env); };
   return ctx;
 }
 

@@ -78,40 +78,18 @@ NodeRange parse_nnodes(std::string_view text, std::string_view what) {
 
 std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd) {
   if (!cvd) return std::nullopt;
-  if (trim(*cvd).empty()) return 0;
-  int count = 0;
-  for (const auto& raw : split(*cvd, ',')) {
-    const std::string_view entry = trim(raw);
-    const bool index = is_digits(entry);
-    const bool uuid = (starts_with(entry, "GPU-") || starts_with(entry, "MIG-")) && entry.size() > 4;
-    if (!index && !uuid) break;  // CUDA stops enumerating at the first invalid entry
-    ++count;
-  }
-  return count;
+  return worker_env::count_visible_gpus(cvd, worker_env::GpuInventory{});
 }
 
 int parse_nproc_per_node(std::string_view text, std::string_view what,
-                         const std::optional<std::string>& cuda_visible_devices, int online_cpus) {
+                         const std::optional<std::string>& cuda_visible_devices, int online_cpus,
+                         const worker_env::GpuInventory& inventory) {
   const std::string forms = "a positive integer, gpu, cpu or auto";
   const std::string t = to_lower(trim(text));
   if (t == "cpu") return std::max(online_cpus, 1);
-  if (t == "gpu") {
-    const auto gpus = count_cuda_visible_devices(cuda_visible_devices);
-    if (!gpus) {
-      throw UsageError(std::string(what) + "=gpu: counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet",
-                       "set CUDA_VISIBLE_DEVICES (e.g. 0,1,2,3) or pass the number of processes");
-    }
-    if (*gpus == 0) {
-      throw UsageError(std::string(what) + "=gpu: CUDA_VISIBLE_DEVICES='" + *cuda_visible_devices +
-                           "' names no usable GPU",
-                       "set CUDA_VISIBLE_DEVICES to device indices or GPU-/MIG- UUIDs, or pass a number");
-    }
-    return *gpus;
-  }
-  if (t == "auto") {
-    const auto gpus = count_cuda_visible_devices(cuda_visible_devices);
-    if (gpus && *gpus > 0) return *gpus;
-    return std::max(online_cpus, 1);
+  if (t == "gpu" || t == "auto") {
+    const auto n = worker_env::nproc_for_device_kind(t, what, cuda_visible_devices, inventory, std::max(online_cpus, 1));
+    if (n) return *n;
   }
   if (t == "xpu") {
     throw UsageError(std::string(what) + "=xpu: XPU devices are not supported yet", "accepted forms: " + forms);
@@ -231,6 +209,18 @@ std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std
     ranks.insert(static_cast<int>(*v));
   }
   return ranks;
+}
+
+agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::string_view what) {
+  const std::string t = to_lower(trim(text));
+  if (t == "auto") return agent::AgentConfig::NcclIdMode::automatic;
+  if (t == "env") return agent::AgentConfig::NcclIdMode::env;
+  if (t == "off") return agent::AgentConfig::NcclIdMode::off;
+  if (t == "comm-id") {
+    throw UsageError(std::string(what) + "=comm-id is not supported yet",
+                     "use auto (the default) or env to export DDPRUN_NCCL_UNIQUE_ID, or off");
+  }
+  fail(what, text, "unknown mode", "auto, env, off");
 }
 
 std::string signal_name(int signo) {

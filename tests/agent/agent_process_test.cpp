@@ -532,3 +532,75 @@ TEST_CASE("dry run prints argv, env and cwd per rank without starting anything")
   CHECK_THAT(text, Catch::Contains("cwd: " + dir.path));
   CHECK_FALSE(exists(dir / "logs"));  // nothing created
 }
+
+namespace {
+
+// Processes whose environment holds `marker` (NAME=VALUE), i.e. descendants of a test's agent.
+std::vector<pid_t> processes_with_env(const std::string& marker) {
+  std::vector<pid_t> found;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const std::string env_text = slurp(e.path().string() + "/environ");
+    if (env_text.find(marker + '\0') != std::string::npos || env_text.find('\0' + marker) != std::string::npos) {
+      found.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return found;
+}
+
+bool is_hex_id(const std::string& s) {
+  return s.size() == 256 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone after exit") {
+  TempDir dir;
+  auto c = make_config(dir, 2,
+                       {"--dump-env", dir / "env_%r_%a.json", "--fail-on-attempt", "0", "--only-rank", "0", "--exit", "5"});
+  c.max_restarts = 1;
+  c.nccl_id = AgentConfig::NcclIdMode::env;
+  c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
+  const std::string marker = "DDPRUN_NCCL_TEST_MARKER=" + fs::path(dir.path).filename().string();
+  ::putenv(const_cast<char*>(marker.c_str()));  // NOLINT: inherited by the agent, its holder and workers
+  const auto run = start_agent(c, dir);
+  const int code = wait_agent(run);
+  ::unsetenv("DDPRUN_NCCL_TEST_MARKER");
+  REQUIRE(code == 0);
+  // Attempt 0: rank 0 dumps before failing (rank 1 may be stopped before its dump).
+  const auto first = env_of(read_json(dir / "env_0_0.json"), "DDPRUN_NCCL_UNIQUE_ID");
+  const auto r0 = env_of(read_json(dir / "env_0_1.json"), "DDPRUN_NCCL_UNIQUE_ID");
+  const auto r1 = env_of(read_json(dir / "env_1_1.json"), "DDPRUN_NCCL_UNIQUE_ID");
+  CHECK(is_hex_id(first));
+  CHECK(is_hex_id(r0));
+  CHECK(r0 == r1);      // one ID for the whole group
+  CHECK(first != r0);   // a fresh ID for the restart
+  CHECK(env_of(read_json(dir / "env_0_1.json"), "DDPRUN_NCCL_UNIQUE_IDS") == "<unset>");  // one root
+  // The agent is gone, and so is every process it started (workers and holders).
+  CHECK(processes_with_env(marker).empty());
+}
+
+TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continues without it") {
+  TempDir dir;
+  ::setenv("DDPRUN_NCCL_LIBRARY", (dir / "no-such-libnccl.so").c_str(), 1);
+  auto c = make_config(dir, 1, {"--dump-env", dir / "env_%r.json"});
+  c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
+  c.nccl_id = AgentConfig::NcclIdMode::env;
+  const auto failed = start_agent(c, dir);
+  const int failed_code = wait_agent(failed);
+  const std::string failed_err = slurp(failed.err);
+  const bool started_worker = exists(dir / "env_0.json");
+  c.nccl_id = AgentConfig::NcclIdMode::automatic;
+  const auto run = start_agent(c, dir);
+  const int code = wait_agent(run);
+  ::unsetenv("DDPRUN_NCCL_LIBRARY");
+  CHECK(failed_code == 250);  // run_agent threw (the launcher maps ddprun::Error to exit 1)
+  CHECK_THAT(failed_err, Catch::Contains("--nccl-id env"));
+  CHECK_FALSE(started_worker);  // the error comes before any worker starts
+  REQUIRE(code == 0);
+  CHECK(env_of(read_json(dir / "env_0.json"), "DDPRUN_NCCL_UNIQUE_ID") == "<unset>");
+  CHECK_THAT(slurp(run.err), Catch::Contains("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID"));
+}

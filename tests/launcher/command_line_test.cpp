@@ -245,9 +245,153 @@ TEST_CASE("nproc-per-node gpu/cpu/auto read CUDA_VISIBLE_DEVICES and the CPU cou
         1);
   CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}, {{"CUDA_VISIBLE_DEVICES", ""}}).config.nproc_per_node == 7);
   CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 7);
+  // No CUDA_VISIBLE_DEVICES and no GPU in the (here: absent) inventory.
   CHECK_THROWS_WITH(sb.parse({"--nproc-per-node", "gpu", "train.py"}),
-                    Contains("--nproc-per-node=gpu") &&
-                        Contains("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet"));
+                    Contains("--nproc-per-node=gpu") && Contains("no GPU found"));
+}
+
+namespace {
+
+ddprun::worker_env::GpuInventory fake_inventory(int n) {
+  ddprun::worker_env::GpuInventory inv;
+  inv.source = "nvml:fake";
+  for (int i = 0; i < n; ++i) {
+    ddprun::worker_env::GpuDevice d;
+    d.index = i;
+    d.uuid = "GPU-0000000" + std::to_string(i) + "-aaaa-bbbb-cccc-dddddddddddd";
+    d.pci_bus_id = "0000:0" + std::to_string(i) + ":00.0";
+    d.name = "Fake GPU";
+    inv.devices.push_back(d);
+  }
+  return inv;
+}
+
+// Parses with an injected GPU inventory of `n` devices; `probes` counts the probe calls.
+LaunchOptions parse_gpus(const Sandbox& sb, int n, const Strings& args, const Env& env = {}, int* probes = nullptr) {
+  auto ctx = sb.context(env);
+  ctx.probe_gpus = [n, probes](const ddprun::worker_env::EnvMap&) {
+    if (probes != nullptr) ++*probes;
+    return fake_inventory(n);
+  };
+  return parse_command_line(args, ctx);
+}
+
+std::string env_value(const ddprun::worker_env::EnvList& env, const std::string& name) {
+  for (const auto& [k, v] : env) {
+    if (k == name) return v;
+  }
+  return "<unset>";
+}
+
+}  // namespace
+
+TEST_CASE("nproc-per-node gpu/auto count the injected GPU inventory, probing only when needed") {
+  Sandbox sb;
+  int probes = 0;
+  CHECK(parse_gpus(sb, 3, {"--nproc-per-node", "gpu", "train.py"}, {}, &probes).config.nproc_per_node == 3);
+  CHECK(probes == 1);
+  CHECK(parse_gpus(sb, 3, {"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 3);
+  CHECK(parse_gpus(sb, 0, {"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 7);
+  CHECK(parse_gpus(sb, 4, {"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "1,3"}}).config.nproc_per_node ==
+        2);
+  // Index 7 does not exist: CUDA stops the list there.
+  CHECK(parse_gpus(sb, 4, {"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,7,1"}})
+            .config.nproc_per_node == 1);
+  CHECK(parse_gpus(sb, 2, {"--nproc_per_node", "gpu", "train.py"}).config.nproc_per_node == 2);
+  CHECK(parse_gpus(sb, 2, {"train.py"}, {{"PET_NPROC_PER_NODE", "gpu"}}).config.nproc_per_node == 2);
+  CHECK_THROWS_WITH(parse_gpus(sb, 0, {"--nproc-per-node", "gpu", "train.py"}),
+                    Contains("--nproc-per-node=gpu") && Contains("no GPU found"));
+  // A CPU run without GPU flags neither probes nor gets a plan: exactly as before.
+  probes = 0;
+  const auto cpu = parse_gpus(sb, 2, {"--nproc-per-node", "4", "train.py"}, {}, &probes);
+  CHECK(probes == 0);
+  CHECK(cpu.config.gpu_env.empty());
+  CHECK(cpu.config.gpu_devices.empty());
+  // The GPU count from gpu/auto brings the plan (CUDA_DEVICE_ORDER, DDPRUN_CUDA_DEVICE).
+  const auto gpu = parse_gpus(sb, 2, {"--nproc-per-node", "gpu", "train.py"});
+  REQUIRE(gpu.config.gpu_env.size() == 2);
+  CHECK(env_value(gpu.config.gpu_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+  CHECK(env_value(gpu.config.gpu_env[1], "DDPRUN_CUDA_DEVICE") == "1");
+}
+
+TEST_CASE("--gpus, --gpu-isolation, --gpu-sharing: both spellings, PET_ forms, the plan per rank") {
+  Sandbox sb;
+  const Env cvd = {{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}};
+  for (const Strings& args : {Strings{"--gpus", "1,3"}, Strings{"--gpus=1,3"}}) {
+    Strings full = args;
+    full.insert(full.end(), {"--nproc-per-node", "2", "train.py"});
+    const auto o = parse_gpus(sb, 4, full, cvd);
+    REQUIRE(o.config.gpu_env.size() == 2);
+    CHECK(env_value(o.config.gpu_env[0], "CUDA_VISIBLE_DEVICES") == "1,3");
+    CHECK(env_value(o.config.gpu_env[1], "DDPRUN_CUDA_DEVICE") == "1");
+  }
+  const auto pet_gpus = parse_gpus(sb, 4, {"--nproc-per-node", "2", "train.py"}, {{"PET_GPUS", "2,3"}});
+  REQUIRE(pet_gpus.config.gpu_env.size() == 2);
+  CHECK(env_value(pet_gpus.config.gpu_env[0], "CUDA_VISIBLE_DEVICES") == "2,3");
+
+  for (const std::string spelling : {"--gpu-isolation", "--gpu_isolation"}) {
+    INFO(spelling);
+    const auto o = parse_gpus(sb, 4, {spelling, "--nproc-per-node", "2", "train.py"}, cvd);
+    REQUIRE(o.config.gpu_env.size() == 2);
+    CHECK(env_value(o.config.gpu_env[1], "CUDA_VISIBLE_DEVICES") == "1");
+    CHECK(env_value(o.config.gpu_env[1], "DDPRUN_CUDA_DEVICE") == "0");
+    REQUIRE(o.config.gpu_devices.size() == 2);
+    CHECK_THAT(o.config.gpu_devices[1], Contains("GPU 1"));
+  }
+  const auto pet_iso = parse_gpus(sb, 4, {"--nproc-per-node", "2", "train.py"}, {{"PET_GPU_ISOLATION", "1"}});
+  REQUIRE(pet_iso.config.gpu_env.size() == 2);
+  CHECK(env_value(pet_iso.config.gpu_env[1], "CUDA_VISIBLE_DEVICES") != "<unset>");
+
+  // More workers than devices: an error naming the count, unless sharing is allowed.
+  CHECK_THROWS_AS(parse_gpus(sb, 2, {"--gpu-isolation", "--nproc-per-node", "3", "train.py"}), UsageError);
+  for (const Strings& sharing : {Strings{"--gpu-sharing"}, Strings{"--gpu_sharing"}}) {
+    Strings full = sharing;
+    full.insert(full.end(), {"--gpu-isolation", "--nproc-per-node", "3", "train.py"});
+    const auto o = parse_gpus(sb, 2, full);
+    REQUIRE(o.config.gpu_env.size() == 3);
+    CHECK(env_value(o.config.gpu_env[2], "CUDA_VISIBLE_DEVICES") == env_value(o.config.gpu_env[0], "CUDA_VISIBLE_DEVICES"));
+  }
+  CHECK(parse_gpus(sb, 2, {"--gpu-isolation", "--nproc-per-node", "3", "train.py"}, {{"PET_GPU_SHARING", "1"}})
+            .config.gpu_env.size() == 3);
+  // Bad --gpus entries name the flag.
+  CHECK_THROWS_WITH(parse_gpus(sb, 2, {"--gpus", "5", "train.py"}), Contains("--gpus"));
+  CHECK_THROWS_WITH(parse_gpus(sb, 2, {"--gpus", "", "train.py"}), Contains("--gpus"));
+  CHECK_THROWS_WITH(parse_gpus(sb, 0, {"--gpu-isolation", "train.py"}), Contains("GPU"));
+}
+
+TEST_CASE("--virtual-local-rank goes through the GPU plan when there are GPUs") {
+  Sandbox sb;
+  const auto o = parse_gpus(sb, 4, {"--virtual-local-rank", "--nproc-per-node", "2", "train.py"},
+                            {{"CUDA_VISIBLE_DEVICES", "2,3"}});
+  CHECK(o.config.virtual_local_rank);
+  REQUIRE(o.config.gpu_env.size() == 2);
+  CHECK(env_value(o.config.gpu_env[1], "LOCAL_RANK") == "0");
+  CHECK(env_value(o.config.gpu_env[1], "CUDA_VISIBLE_DEVICES") == "3");
+  // Without any GPU it stays torchrun's plain behaviour (build_worker_env), no plan.
+  const auto cpu = parse_gpus(sb, 0, {"--virtual-local-rank", "--nproc-per-node", "2", "train.py"});
+  CHECK(cpu.config.virtual_local_rank);
+  CHECK(cpu.config.gpu_env.empty());
+}
+
+TEST_CASE("--nccl-id and --nccl-roots") {
+  Sandbox sb;
+  using Mode = AgentConfig::NcclIdMode;
+  CHECK(sb.parse({"train.py"}).config.nccl_id == Mode::automatic);
+  CHECK(sb.parse({"train.py"}).config.nccl_roots == 0);
+  CHECK(sb.parse({"--nccl-id", "env", "train.py"}).config.nccl_id == Mode::env);
+  CHECK(sb.parse({"--nccl_id", "off", "train.py"}).config.nccl_id == Mode::off);
+  CHECK(sb.parse({"--nccl-id=AUTO", "train.py"}).config.nccl_id == Mode::automatic);
+  CHECK(sb.parse({"train.py"}, {{"PET_NCCL_ID", "off"}}).config.nccl_id == Mode::off);
+  CHECK(sb.parse({"--nccl-id", "env", "train.py"}, {{"PET_NCCL_ID", "off"}}).config.nccl_id == Mode::env);
+  CHECK_THROWS_WITH(sb.parse({"--nccl-id", "comm-id", "train.py"}),
+                    Contains("--nccl-id=comm-id") && Contains("not supported yet"));
+  CHECK_THROWS_WITH(sb.parse({"--nccl-id", "maybe", "train.py"}), Contains("--nccl-id=maybe"));
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"PET_NCCL_ID", "x"}}), Contains("PET_NCCL_ID=x"));
+  CHECK(sb.parse({"--nccl-roots", "3", "train.py"}).config.nccl_roots == 3);
+  CHECK(sb.parse({"--nccl_roots", "2", "train.py"}).config.nccl_roots == 2);
+  CHECK(sb.parse({"train.py"}, {{"PET_NCCL_ROOTS", "4"}}).config.nccl_roots == 4);
+  CHECK_THROWS_WITH(sb.parse({"--nccl-roots", "0", "train.py"}), Contains("--nccl-roots=0"));
+  CHECK_THROWS_WITH(sb.parse({"--nccl-roots", "x", "train.py"}), Contains("--nccl-roots=x"));
 }
 
 TEST_CASE("parsing stops at the program: the rest is passed untouched") {

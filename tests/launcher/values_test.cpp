@@ -56,8 +56,18 @@ TEST_CASE("nproc-per-node forms") {
   CHECK(parse_nproc_per_node("auto", "--nproc-per-node", Opt(""), 8) == 8);
   CHECK(parse_nproc_per_node("auto", "--nproc-per-node", std::nullopt, 8) == 8);
   CHECK(parse_nproc_per_node("auto", "--nproc-per-node", Opt("-1"), 5) == 5);
+  // Without CUDA_VISIBLE_DEVICES the inventory (from worker_env::probe_gpus) is counted.
   CHECK_THROWS_WITH(parse_nproc_per_node("gpu", "--nproc-per-node", std::nullopt, 8),
-                    Contains("counting GPUs without CUDA_VISIBLE_DEVICES is not supported yet"));
+                    Contains("--nproc-per-node=gpu") && Contains("no GPU found"));
+  ddprun::worker_env::GpuInventory two;
+  two.source = "nvml:fake";
+  two.devices.resize(2);
+  two.devices[1].index = 1;
+  CHECK(parse_nproc_per_node("gpu", "--nproc-per-node", std::nullopt, 8, two) == 2);
+  CHECK(parse_nproc_per_node("auto", "--nproc-per-node", std::nullopt, 8, two) == 2);
+  CHECK(parse_nproc_per_node("gpu", "--nproc-per-node", Opt("1"), 8, two) == 1);
+  CHECK(parse_nproc_per_node("gpu", "--nproc-per-node", Opt("1,5"), 8, two) == 1);  // no device 5
+  CHECK(parse_nproc_per_node("cpu", "--nproc-per-node", std::nullopt, 8, two) == 8);
   CHECK_THROWS_WITH(parse_nproc_per_node("gpu", "--nproc-per-node", Opt(""), 8), Contains("no usable GPU"));
   CHECK_THROWS_WITH(parse_nproc_per_node("0", "--nproc-per-node", std::nullopt, 8),
                     Contains("--nproc-per-node=0") && Contains("gpu, cpu or auto"));

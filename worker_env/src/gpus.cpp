@@ -250,7 +250,7 @@ GpuPlan plan_gpus(const GpuRequest& r) {
   if ((per_worker || restricted) && nproc > n && !r.allow_sharing) {
     throw UsageError("--nproc-per-node=" + std::to_string(r.nproc) + " workers but only " + std::to_string(n) +
                          " GPU(s) selected (" + join_tokens(plan.selected) + ")",
-                     "lower --nproc-per-node, select more GPUs, or allow several workers per GPU");
+                     "lower --nproc-per-node, select more GPUs, or allow several workers per GPU with --gpu-sharing");
   }
 
   const std::string selected_cvd = join_tokens(plan.selected);

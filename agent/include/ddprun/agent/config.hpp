@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/worker_env/worker_env.hpp"
+
 namespace ddprun::agent {
 
 // Rendezvous settings for elastic multi-node jobs (from --rdzv-conf and DDPRUN_RDZV_TOKEN; see
@@ -73,7 +75,20 @@ struct AgentConfig {
 
   std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
-  bool virtual_local_rank = false;
+  bool virtual_local_rank = false;  // as given; the GPU plan implements it when gpu_env is set
+
+  // GPU plan (worker_env::plan_gpus, computed by the launcher; docs/gpus.md). Empty when no GPU
+  // is involved (a CPU job behaves exactly as before). Otherwise one entry per local rank: the
+  // variables appended AFTER build_worker_env (they win), and the --dry-run device column.
+  std::vector<worker_env::EnvList> gpu_env;
+  std::vector<std::string> gpu_devices;
+  std::string gpu_summary;
+
+  // --nccl-id: run the ddprun-nccl-id holder each attempt and export DDPRUN_NCCL_UNIQUE_ID(S).
+  // automatic: without NCCL, say so once and export nothing; env: missing NCCL is an error.
+  enum class NcclIdMode : std::uint8_t { automatic, env, off } nccl_id = NcclIdMode::automatic;
+  std::string nccl_id_holder;  // the holder binary; "" = ddprun-nccl-id next to the running executable
+  int nccl_roots = 0;  // --nccl-roots; 0 = automatic: 1, or ceil(world_size / 256) above 256 ranks
 
   bool dry_run = false;  // print each rank's argv/env/cwd and exit 0
 };

@@ -14,11 +14,13 @@
 #include <spdlog/common.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
+#include "ddprun/worker_env/gpus.hpp"
 
 namespace ddprun::launcher {
 
@@ -27,6 +29,10 @@ struct ParseContext {
   std::map<std::string, std::string> env;  // the process environment
   std::filesystem::path cwd;               // relative program paths are resolved here
   int online_cpus = 1;                     // for --nproc-per-node=cpu|auto
+  // Lists the node's GPUs (worker_env::probe_gpus in from_process()). Called at most once, and
+  // only when GPUs matter (--nproc-per-node gpu|auto, --gpus, --gpu-isolation,
+  // --virtual-local-rank). Unset: no GPU inventory (tests inject a fake one here).
+  std::function<worker_env::GpuInventory(const worker_env::EnvMap&)> probe_gpus;
 
   // The running process's environment, working directory and online CPU count.
   static ParseContext from_process();

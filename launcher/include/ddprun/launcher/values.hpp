@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
+#include "ddprun/worker_env/gpus.hpp"
 
 namespace ddprun::launcher {
 
@@ -23,16 +24,22 @@ struct NodeRange {
 // "N" or "MIN:MAX" with 0 < MIN <= MAX.
 NodeRange parse_nnodes(std::string_view text, std::string_view what);
 
-// Number of devices CUDA would enumerate for a CUDA_VISIBLE_DEVICES value: entries are
-// non-negative indices, GPU-<uuid> or MIG-<...>; the list ends at the first invalid entry
-// ("0,-1,1" -> 1); "" -> 0. nullopt when the variable is unset.
+// Number of devices CUDA would enumerate for a CUDA_VISIBLE_DEVICES value (syntax only, as
+// worker_env::count_visible_gpus with no inventory): entries are non-negative indices,
+// GPU-<uuid> or MIG-<...>; the list ends at the first invalid entry ("0,-1,1" -> 1); "" -> 0.
+// nullopt when the variable is unset.
 std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd);
 
-// --nproc-per-node: a positive integer, "cpu" (online CPUs), "gpu" (devices named by
-// CUDA_VISIBLE_DEVICES; counting without it is not supported yet) or "auto" (the GPU count when
-// CUDA_VISIBLE_DEVICES names at least one device, else the CPU count).
+// --nproc-per-node: a positive integer, "cpu" (online CPUs), "gpu" (the devices a worker would
+// see: CUDA_VISIBLE_DEVICES checked against `inventory`, or the inventory itself when unset; no
+// GPU is an error) or "auto" (the GPU count when there is a GPU, else the CPU count). The
+// inventory comes from worker_env::probe_gpus (the caller probes; this stays pure).
 int parse_nproc_per_node(std::string_view text, std::string_view what,
-                         const std::optional<std::string>& cuda_visible_devices, int online_cpus);
+                         const std::optional<std::string>& cuda_visible_devices, int online_cpus,
+                         const worker_env::GpuInventory& inventory = {});
+
+// --nccl-id: auto | env | off ("comm-id" is recognised but not supported yet).
+agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::string_view what);
 
 // -r/--redirects and -t/--tee: "0".."3" for all local ranks, or "LOCAL_RANK:0..3,..." per rank.
 struct StreamSpec {
