@@ -49,6 +49,7 @@
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 #include "ddprun/rendezvous/rendezvous_service.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/worker_env/gpus.hpp"
 #include "ddprun/worker_env/nccl_id.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
@@ -699,6 +700,15 @@ class Agent {
       return;
     }
     const bool required = config_.nccl_id == AgentConfig::NcclIdMode::env;
+    if (!required) {
+      // auto: an ID is only worth its ~5 ms (holder start) when a worker could use NCCL.
+      std::string why;
+      if (!worker_env::nvidia_gpu_visible(worker_env::current_environment(), "", &why)) {
+        nccl_unavailable_ = true;
+        spdlog::info("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {} (--nccl-id env forces it)", why);
+        return;
+      }
+    }
     const std::string binary =
         config_.nccl_id_holder.empty() ? worker_env::default_nccl_id_holder_path() : config_.nccl_id_holder;
     try {

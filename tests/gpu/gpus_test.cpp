@@ -2,6 +2,9 @@
 // through DDPRUN_NVML_LIBRARY, --gpus resolution, isolation, virtual local rank, sharing errors.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/worker_env/gpus.hpp"
@@ -225,4 +228,24 @@ TEST_CASE("plan_gpus without NVML trusts the parent's CUDA_VISIBLE_DEVICES", "[g
   const auto plan = plan_gpus(r);
   CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "5");
   CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "7");
+}
+
+TEST_CASE("nvidia_gpu_visible: CUDA_VISIBLE_DEVICES first, then the driver's device nodes", "[gpus]") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("ddprun-gpu-visible-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "dev");
+  std::string why;
+  CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({}, root.string(), &why));
+  CHECK_THAT(why, Catch::Contains("no NVIDIA GPU is visible"));
+  CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", ""}}, root.string(), &why));
+  CHECK_THAT(why, Catch::Contains("CUDA_VISIBLE_DEVICES=''"));
+  CHECK(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "1"}}, root.string()));
+  CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "-1"}}, root.string()));
+  { std::ofstream(root / "dev" / "nvidia0") << ""; }
+  CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
+  fs::remove(root / "dev" / "nvidia0");
+  fs::create_directories(root / "proc/driver/nvidia/gpus/0000:3b:00.0");
+  CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
+  fs::remove_all(root);
 }

@@ -2,6 +2,7 @@
 // resolution, per-rank environment. The dlopen probing lives in gpu_probe.cpp.
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <set>
 
 #include "ddprun/common/error.hpp"
@@ -274,6 +275,22 @@ GpuPlan plan_gpus(const GpuRequest& r) {
                  " visible under " + cvd_what + " (" + r.inventory.source + "), mode " +
                  (r.mode == GpuMode::shared ? "shared" : r.mode == GpuMode::isolate ? "isolate" : "virtual");
   return plan;
+}
+
+
+bool nvidia_gpu_visible(const EnvMap& env, const std::string& root, std::string* why) {
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) {
+    if (!parse_cuda_visible_devices(it->second).empty()) return true;
+    if (why != nullptr) *why = "CUDA_VISIBLE_DEVICES='" + it->second + "' names no device";
+    return false;
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path gpus = fs::path(root + "/proc/driver/nvidia/gpus");
+  if (fs::is_directory(gpus, ec) && fs::directory_iterator(gpus, ec) != fs::directory_iterator()) return true;
+  if (fs::exists(fs::path(root + "/dev/nvidia0"), ec)) return true;
+  if (why != nullptr) *why = "no NVIDIA GPU is visible (no /proc/driver/nvidia/gpus/*, no /dev/nvidia0)";
+  return false;
 }
 
 }  // namespace ddprun::worker_env
