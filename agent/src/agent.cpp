@@ -412,7 +412,7 @@ class Agent {
     kill_and_reap_all();
     workers_.clear();
     ++generation_;
-    start_nccl_holder();  // ends the previous attempt's holder first
+    start_nccl_holder(nccl_roots(config_, assignment_.world_size));  // ends the previous attempt's holder first
     assignment_.restart_count = restart_count;
     attempt_dir_ = job_dir_ + "/attempt_" + std::to_string(restart_count);
     make_dir(attempt_dir_);
@@ -440,7 +440,10 @@ class Agent {
       const auto& gpu = config_.gpu_env[static_cast<std::size_t>(local_rank)];
       additions.insert(additions.end(), gpu.begin(), gpu.end());
     }
-    if (nccl_holder_) {
+    if (elastic_) {
+      // The round's IDs come from the group-rank-0 node's holder, through the assignment.
+      additions.insert(additions.end(), round_nccl_env_.begin(), round_nccl_env_.end());
+    } else if (nccl_holder_) {
       const auto nccl = nccl_holder_->worker_env();
       additions.insert(additions.end(), nccl.begin(), nccl.end());
     }
@@ -689,9 +692,10 @@ class Agent {
     });
   }
 
-  // One holder per attempt: stops the previous one (its bootstrap roots belong to workers that
-  // are gone), then starts a fresh one unless --nccl-id off or NCCL was found missing before.
-  void start_nccl_holder() {
+  // One holder per attempt (single node) or per join (elastic): stops the previous one (its
+  // bootstrap roots belong to workers that are gone), then starts a fresh one with `roots` IDs
+  // unless --nccl-id off or NCCL was found missing before.
+  void start_nccl_holder(int roots) {
     if (nccl_holder_) {
       nccl_holder_->stop();
       nccl_holder_.reset();
@@ -716,8 +720,7 @@ class Agent {
         throw worker_env::NcclUnavailable("the holder program ddprun-nccl-id was not found next to ddprun" +
                                           (binary.empty() ? std::string() : " (" + binary + ")"));
       }
-      nccl_holder_ = worker_env::NcclIdHolder::start(binary, nccl_roots(config_, assignment_.world_size),
-                                                     kNcclHolderTimeout);
+      nccl_holder_ = worker_env::NcclIdHolder::start(binary, roots, kNcclHolderTimeout);
       spdlog::debug("NCCL unique ID holder running (pid {}, {} root(s))", nccl_holder_->pid(),
                     nccl_holder_->ids().size());
     } catch (const worker_env::NcclUnavailable& e) {
@@ -730,14 +733,21 @@ class Agent {
     }
   }
 
+  // Elastic jobs: every node starts a holder before each join and offers its IDs in NodeInfo;
+  // the rendezvous hands the group-rank-0 node's IDs to every node in the assignment, and the
+  // other nodes stop their holders (begin_round). The world size is unknown before the round
+  // closes, so the number of roots is --nccl-roots, else 1.
+  int elastic_nccl_roots() const { return config_.nccl_roots > 0 ? config_.nccl_roots : 1; }
+
+  std::vector<std::uint8_t> nccl_holder_bytes() const {
+    std::vector<std::uint8_t> out;
+    if (nccl_holder_) {
+      for (const auto& id : nccl_holder_->ids()) out.insert(out.end(), id.begin(), id.end());
+    }
+    return out;
+  }
+
   void start_elastic() {
-    if (config_.nccl_id == AgentConfig::NcclIdMode::env) {
-      throw UsageError("--nccl-id env: multi-node NCCL ID export is not supported yet",
-                       "use --nccl-id auto or off for multi-node jobs, or --standalone for one node");
-    }
-    if (config_.nccl_id == AgentConfig::NcclIdMode::automatic) {
-      spdlog::info("--nccl-id: multi-node NCCL ID export is not supported yet; DDPRUN_NCCL_UNIQUE_ID is not set");
-    }
     const Endpoint endpoint = rendezvous_endpoint(config_);
     const std::string addr = advertised_address(config_, endpoint);
     node_id_ = rendezvous::NodeId{addr, static_cast<std::int64_t>(::getpid()), random_instance_id()};
@@ -771,6 +781,8 @@ class Agent {
     opts.node.local_world_size = config_.nproc_per_node;
     opts.node.store_host = addr;
     opts.node.store_port = store_->port();
+    start_nccl_holder(elastic_nccl_roots());
+    opts.node.nccl_ids = nccl_holder_bytes();
     opts.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
     opts.give_up_after = is_static_multi_node(config_) ? std::max(config_.rdzv.read_timeout, config_.rdzv.join_timeout)
@@ -866,6 +878,9 @@ class Agent {
           break;
         case ElasticAction::Kind::rejoin:
           store_->reset();  // a fresh key space for the next round's workers
+          round_nccl_env_.clear();
+          start_nccl_holder(elastic_nccl_roots());  // fresh IDs for the next round
+          client_->set_nccl_ids(nccl_holder_bytes());
           client_->join();
           break;
         case ElasticAction::Kind::leave:
@@ -893,12 +908,8 @@ class Agent {
       assignment_.group_rank = config_.node_rank;
       assignment_.rank_offset = config_.node_rank * config_.nproc_per_node;
     }
-    if (!a.nccl_id.empty()) {
-      assignment_.nccl_unique_id_hex =
-          to_hex(std::string_view(reinterpret_cast<const char*>(a.nccl_id.data()), a.nccl_id.size()));  // NOLINT
-    } else {
-      assignment_.nccl_unique_id_hex.reset();
-    }
+    assignment_.nccl_unique_id_hex.reset();
+    set_round_nccl(a);
     spdlog::info("round {}: group rank {} of {} nodes, ranks {}..{} of {}, master {}:{}, restart count {}/{}", a.round,
                  assignment_.group_rank, a.group_world_size, assignment_.rank_offset,
                  assignment_.rank_offset + a.local_world_size - 1, a.world_size, a.master_addr, a.master_port,
@@ -907,6 +918,39 @@ class Agent {
     pending_failure_.reset();
     machine_ = WorkerGroupMachine(config_.nproc_per_node, 0);
     apply(machine_.start());
+  }
+
+  // The round's NCCL IDs are the group-rank-0 node's (rendezvous_state.hpp). Only that node's
+  // holder serves the bootstrap root; the others stop theirs now. Rank 0 keeps its holder until
+  // the round ends (next rejoin, or the end of the job).
+  void set_round_nccl(const rendezvous::Assignment& a) {
+    round_nccl_env_.clear();
+    if (nccl_holder_ && (a.group_rank != 0 || a.nccl_id != nccl_holder_bytes())) {
+      nccl_holder_->stop();
+      nccl_holder_.reset();
+      client_->set_nccl_ids({});
+    }
+    if (a.nccl_id.empty()) {
+      return;
+    }
+    if (a.nccl_id.size() % worker_env::nccl_unique_id_bytes != 0) {
+      spdlog::warn("round {}: the assignment's NCCL ID has {} bytes, not a multiple of {}; DDPRUN_NCCL_UNIQUE_ID is "
+                   "not set",
+                   a.round, a.nccl_id.size(), worker_env::nccl_unique_id_bytes);
+      return;
+    }
+    std::vector<std::string> hex;
+    for (std::size_t at = 0; at < a.nccl_id.size(); at += worker_env::nccl_unique_id_bytes) {
+      worker_env::NcclUniqueId id{};
+      std::copy_n(a.nccl_id.begin() + static_cast<std::ptrdiff_t>(at), id.size(), id.begin());
+      hex.push_back(worker_env::encode_nccl_id(id));
+    }
+    round_nccl_env_.emplace_back("DDPRUN_NCCL_UNIQUE_ID", hex.front());
+    if (hex.size() > 1) {
+      std::string all;
+      for (const auto& h : hex) all += (all.empty() ? "" : ",") + h;
+      round_nccl_env_.emplace_back("DDPRUN_NCCL_UNIQUE_IDS", std::move(all));
+    }
   }
 
   void on_restart(const rendezvous::SendRestart& r) {
@@ -1039,6 +1083,7 @@ class Agent {
   bool restore_sigpipe_ = false;
   std::optional<worker_env::NcclIdHolder> nccl_holder_;  // this attempt's NCCL bootstrap roots
   bool nccl_unavailable_ = false;                        // --nccl-id auto: said once, skip after
+  worker_env::EnvList round_nccl_env_;                   // elastic: the round's NCCL ID variables
 };
 
 }  // namespace

@@ -364,6 +364,8 @@ RendezvousClient::~RendezvousClient() {
   if (impl_) impl_->core->stop();
 }
 
+void RendezvousClient::set_nccl_ids(std::vector<std::uint8_t> ids) { impl_->core->options.node.nccl_ids = std::move(ids); }
+
 void RendezvousClient::join() {
   auto& s = *impl_->core;
   if (s.stopped || s.leaving) return;

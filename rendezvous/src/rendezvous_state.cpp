@@ -325,6 +325,7 @@ void RendezvousJob::close_round(Actions& out) {
     a.master_port = master.info.store_port;
     a.restart_count = restarts_used_;
     a.max_restarts = config_.max_restarts;
+    a.nccl_id = master.info.nccl_ids;
     offset += m.info.local_world_size;
     m.assignment = a;
     out.push_back(SendAssignment{run_id_, m.info.id, a});
@@ -555,7 +556,8 @@ Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
       a->world_size == rebuilt_template_->world_size &&
       a->restart_count == rebuilt_template_->restart_count &&
       a->master_addr == rebuilt_template_->master_addr &&
-      a->master_port == rebuilt_template_->master_port) {
+      a->master_port == rebuilt_template_->master_port &&
+      a->nccl_id == rebuilt_template_->nccl_id) {
     Member& added = add_member(request.node, MemberRole::participant, now);
     added.group_rank = a->group_rank;
     added.assignment = *a;

@@ -27,12 +27,17 @@ json::object node_id_json(const NodeId& id) {
   return json::object{{"addr", id.addr}, {"pid", id.pid}, {"instance", id.instance}};
 }
 
+std::string hex(const std::vector<std::uint8_t>& bytes);
+
 json::object node_info_json(const NodeInfo& n) {
-  return json::object{{"id", node_id_json(n.id)},
-                      {"addr", n.addr},
-                      {"local_world_size", n.local_world_size},
-                      {"store_host", n.store_host},
-                      {"store_port", n.store_port}};
+  json::object o{{"id", node_id_json(n.id)},
+                 {"addr", n.addr},
+                 {"local_world_size", n.local_world_size},
+                 {"store_host", n.store_host},
+                 {"store_port", n.store_port}};
+  // Optional (absent = none), so frames without it stay valid both ways.
+  if (!n.nccl_ids.empty()) o["nccl_ids"] = hex(n.nccl_ids);
+  return o;
 }
 
 json::object config_json(const JobConfig& c) {
@@ -237,6 +242,8 @@ NodeId read_node_id(const Reader& r) {
   return id;
 }
 
+std::vector<std::uint8_t> unhex(const Reader& r, const char* key);
+
 NodeInfo read_node_info(const Reader& r) {
   NodeInfo n;
   n.id = read_node_id(r.obj("id"));
@@ -244,6 +251,8 @@ NodeInfo read_node_info(const Reader& r) {
   n.local_world_size = r.i32("local_world_size");
   n.store_host = r.str_or("store_host", "");
   n.store_port = r.find("store_port") ? static_cast<std::uint16_t>(r.i64("store_port", 0, 65535)) : 0;
+  n.nccl_ids = unhex(r, "nccl_ids");
+  if (n.nccl_ids.size() % 128 != 0) r.bad("nccl_ids", "a whole number of 128-byte NCCL unique IDs in hex");
   return n;
 }
 

@@ -6,7 +6,9 @@ with --nproc-per-node 2, against a ddprun-rdzvd daemon or a rendezvous embedded 
 
 Every scenario is bounded (internal deadlines below the ctest TIMEOUT), kills everything it
 started in `finally`, and then asserts that no process carrying the scenario's unique marker
-(in the workers' argv, the agents' --rdzv-id, the daemon's --port-file) is left: no orphans.
+(in the workers' argv, the agents' --rdzv-id, the daemon's --port-file, or the environment
+variable DDPRUN_MN_MARKER that every child of the agents inherits, e.g. the ddprun-nccl-id
+holders) is left: no orphans.
 """
 import glob
 import json
@@ -56,6 +58,7 @@ class Cluster:
         self.env.pop("DDPRUN_RDZV_TOKEN", None)
         self.env["DDPRUN_LOG_LEVEL"] = "info"
         self.env["TMPDIR"] = self.dir  # the agents' log directories land here and go with it
+        self.env["DDPRUN_MN_MARKER"] = self.marker  # inherited by everything the agents start
 
     # ---- processes ----
 
@@ -163,8 +166,11 @@ class Cluster:
             self.daemon.kill()
             self.daemon.wait(10)
 
-    def marker_processes(self):
+    def marker_processes(self, comm=None):
+        """(pid, cmdline) of live processes with the marker in argv or environment; `comm`: only
+        processes with that name."""
         found = []
+        env_marker = b"DDPRUN_MN_MARKER=" + self.marker.encode() + b"\0"
         for d in os.listdir("/proc"):
             if not d.isdigit() or int(d) == os.getpid():
                 continue
@@ -173,9 +179,18 @@ class Cluster:
                     cmd = f.read()
                 with open("/proc/%s/stat" % d) as f:
                     state = f.read().rsplit(")", 1)[1].split()[0]
+                with open("/proc/%s/comm" % d) as f:
+                    name = f.read().strip()
             except OSError:
                 continue
-            if self.marker.encode() in cmd and state != "Z":
+            try:
+                with open("/proc/%s/environ" % d, "rb") as f:
+                    environ = f.read()
+            except OSError:
+                environ = b""
+            if comm is not None and name != comm:
+                continue
+            if (self.marker.encode() in cmd or env_marker in environ) and state != "Z":
                 found.append((int(d), cmd.replace(b"\0", b" ").decode(errors="replace")))
         return found
 
@@ -283,6 +298,82 @@ def worker_failure_restart(c):
     check(not [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] not in ("0", "1")], "unexpected attempts")
 
 
+def parent_pid(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def listening_ports(pid):
+    """TCP ports process `pid` listens on (its socket inodes matched against /proc/net/tcp*)."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def bootstrap_port(hex_id):
+    """The port of the bootstrap root an NCCL ID names (uint64 magic, then sockaddr_in/in6)."""
+    raw = bytes.fromhex(hex_id)
+    family = int.from_bytes(raw[8:10], "little")
+    check(family in (socket.AF_INET, socket.AF_INET6), "NCCL ID with address family %d" % family)
+    return int.from_bytes(raw[10:12], "big")
+
+
+def nccl_ids(c):
+    # --nccl-id env across 3 nodes x 2 workers: every node's holder offers IDs when it joins, the
+    # rendezvous gives all of them the group-rank-0 node's; the other nodes stop their holders.
+    # A worker failure restarts the job: a new round, new holders, a new ID shared by all 6.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=1, extra=["--nccl-id", "env"], env={"NCCL_SOCKET_IFNAME": "lo"},
+                      worker_args=["--wait-file", go, "--sleep", "30"])
+    first = c.wait_envs(lambda e: e["TORCHELASTIC_RESTART_COUNT"] == "0", 6, 30, "round 0")
+    check_world(first, 6, 3)
+    # A worker failure once all 6 run: rank 3 is killed.
+    os.kill([e["pid"] for e in first if e["RANK"] == "3"][0], signal.SIGKILL)
+    second = c.wait_envs(lambda e: e["TORCHELASTIC_RESTART_COUNT"] == "1", 6, 40, "the restarted round")
+    check_world(second, 6, 3)
+    ids0 = {e["DDPRUN_NCCL_UNIQUE_ID"] for e in first}
+    ids1 = {e["DDPRUN_NCCL_UNIQUE_ID"] for e in second}
+    for ids, what in ((ids0, "round 0"), (ids1, "round 1")):
+        check(len(ids) == 1, "%s: the workers got different NCCL IDs: %s" % (what, ids))
+        (one,) = ids
+        check(one is not None and len(one) == 256 and all(ch in "0123456789abcdef" for ch in one),
+              "%s: DDPRUN_NCCL_UNIQUE_ID is not 256 lowercase hex: %r\n%s" % (what, one, c.all_logs()))
+    check(ids0 != ids1, "the restart reused the NCCL ID %s" % ids0)
+    check({e["DDPRUN_NCCL_UNIQUE_IDS"] for e in first + second} == {None}, "DDPRUN_NCCL_UNIQUE_IDS with one root")
+    # Only the group-rank-0 node's holder still runs (its bootstrap root serves the round).
+    holders = c.marker_processes(comm="ddprun-nccl-id")
+    rank0_agent = [e["agent_pid"] for e in second if e["GROUP_RANK"] == "0"][0]
+    check(len(holders) == 1, "want 1 holder (group rank 0's), found %s" % holders)
+    check(parent_pid(holders[0][0]) == rank0_agent,
+          "the holder's parent %d is not the group-rank-0 agent %d" % (parent_pid(holders[0][0]), rank0_agent))
+    # ... and the round's ID names that holder's bootstrap root.
+    (id1,) = ids1
+    check(bootstrap_port(id1) in listening_ports(holders[0][0]),
+          "the ID's root port %d is not one the holder listens on (%s)" %
+          (bootstrap_port(id1), listening_ports(holders[0][0])))
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    left = c.marker_processes(comm="ddprun-nccl-id")
+    check(not left, "NCCL ID holders left after the job: %s" % left)
+
+
 def budget_spent(c):
     port = c.start_daemon()
     ep = "127.0.0.1:%d" % port
@@ -356,9 +447,14 @@ def daemon_restart(c):
     port = c.start_daemon()
     ep = "127.0.0.1:%d" % port
     go = os.path.join(c.dir, "go")
+    # With NCCL IDs: the rebuilt round keeps the assignment's ID (all ranks agree on it) and no
+    # node starts a new holder while the round goes on.
     for a in ADDRS:
-        c.start_agent(a, ep, worker_args=["--wait-file", go, "--sleep", "40"])
+        c.start_agent(a, ep, worker_args=["--wait-file", go, "--sleep", "40"], extra=["--nccl-id", "env"],
+                      env={"NCCL_SOCKET_IFNAME": "lo"})
     c.wait_envs(lambda e: True, 6, 30, "6 workers")
+    holders = c.marker_processes(comm="ddprun-nccl-id")
+    check(len(holders) == 1, "want 1 NCCL ID holder, found %s" % holders)
     c.daemon.kill()
     c.daemon.wait(10)
     time.sleep(1.0)  # the daemon stays away for a while (longer than the 0.6 s lease)
@@ -372,11 +468,14 @@ def daemon_restart(c):
             break
         check(time.monotonic() < deadline, "the job was not rebuilt: %s %s\n%s" % (st.stdout, st.stderr, c.all_logs()))
         time.sleep(0.2)
+    check(c.marker_processes(comm="ddprun-nccl-id") == holders,
+          "the NCCL ID holders changed during the rebuild: %s -> %s" % (holders, c.marker_processes(comm="ddprun-nccl-id")))
     open(go, "w").close()
     codes = c.wait_agents(30)
     check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
     envs = c.envs()
     check(len(envs) == 6, "workers were restarted: %d env files" % len(envs))
+    check(len({e["DDPRUN_NCCL_UNIQUE_ID"] for e in envs}) == 1, "different NCCL IDs in one round")
 
 
 def token(c):
@@ -505,7 +604,7 @@ def embedded_failure_restart(c):
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, static_backend,
-                                      exit_barrier]}
+                                      exit_barrier, nccl_ids]}
 
 
 def main():

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 
@@ -238,6 +239,42 @@ TEST_CASE("the payload limit is enforced from the header, before the body arrive
   const std::string at_limit = frame(0x47, R"({"run_id":")" + std::string(100 - 13, 'x') + R"("})");
   REQUIRE(at_limit.size() == 105);
   CHECK(decode_c(at_limit, limits).status == rdzv::DecodeStatus::ok);
+}
+
+TEST_CASE("NodeInfo.nccl_ids travels as an optional hex field", "[wire][nccl]") {
+  rdzv::NodeInfo n = info(0);
+  for (std::size_t i = 0; i < 256; ++i) n.nccl_ids.push_back(static_cast<std::uint8_t>(255 - i));  // K = 2
+  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config(), ""}});
+  CHECK(bytes.find("\"nccl_ids\":\"fffefd") != std::string::npos);
+  rdzv::ClientMessage back;
+  REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::JoinMessage>(back).request.node.nccl_ids == n.nccl_ids);
+
+  // No IDs: the field is left out, and a frame without it (an older agent's) decodes as none.
+  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), ""}});
+  CHECK(plain.find("nccl_ids") == std::string::npos);
+  REQUIRE(rdzv::decode_client(plain, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::JoinMessage>(back).request.node.nccl_ids.empty());
+
+  // Malformed: odd length, not hex, not a whole number of 128-byte IDs.
+  const std::string head =
+      R"({"run_id":"j","node":{"id":{"addr":"a","pid":1,"instance":"i"},"addr":"a","local_world_size":1,"nccl_ids":")";
+  const std::string tail = R"("},"config":{}})";
+  for (const auto& [ids, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"abc", "field 'node.nccl_ids' must be a hex string of even length"},
+           {std::string(254, 'a') + "zz", "field 'node.nccl_ids' must be a hex string"},
+           {"abcd", "field 'node.nccl_ids' must be a whole number of 128-byte NCCL unique IDs"}}) {
+    std::string f;
+    f.push_back(static_cast<char>(0x40));
+    const std::string body = head + ids + tail;
+    const auto len = static_cast<std::uint32_t>(body.size());
+    for (int i = 0; i < 4; ++i) f.push_back(static_cast<char>((len >> (8 * i)) & 0xFFu));
+    f += body;
+    const auto r = rdzv::decode_client(f, {}, back);
+    INFO(ids);
+    REQUIRE(r.status == rdzv::DecodeStatus::error);
+    CHECK_THAT(r.reason, Catch::Contains(expect));
+  }
 }
 
 TEST_CASE("malformed payloads are errors naming the op and field", "[wire]") {

@@ -946,3 +946,62 @@ TEST_CASE("a join costs O(1) actions however many nodes wait (no N^2 progress)",
   const auto last = f.join(node(5000), c);  // max reached: everyone gets an assignment
   CHECK(of<SendAssignment>(last).size() == 5000);
 }
+
+TEST_CASE("every assignment of a round carries the group-rank-0 node's NCCL IDs", "[rdzv][nccl]") {
+  Fixture f;
+  const auto c = cfg(3, 3, 1);
+  // Distinct IDs per node and per round: byte (10 * node + round), 128 bytes each.
+  auto with_ids = [](int i, int round, std::size_t roots = 1) {
+    NodeInfo n = node(i);
+    n.nccl_ids.assign(128 * roots, static_cast<std::uint8_t>(10 * i + round));
+    return n;
+  };
+  f.join(with_ids(1, 0), c);
+  f.join(with_ids(2, 0), c);
+  auto a = f.join(with_ids(3, 0), c);
+  REQUIRE(of<SendAssignment>(a).size() == 3);
+  REQUIRE(assignment_of(a, node(1).id).group_rank == 0);
+  for (int i = 1; i <= 3; ++i) {
+    CAPTURE(i);
+    CHECK(assignment_of(a, node(i).id).nccl_id == with_ids(1, 0).nccl_ids);
+  }
+
+  // A worker failure: every node joins the next round with fresh IDs, in reverse order. Rank
+  // stability keeps node 1 at group rank 0, so its new IDs (two roots now) are everyone's.
+  WorkerFailure w{0, node(2).id, 2, 0, 1, std::nullopt, "boom"};
+  REQUIRE(of<SendRestart>(f.reg.worker_failed(f.job, w, f.clock.now())).size() == 3);
+  f.join(with_ids(3, 1), c);
+  f.join(with_ids(2, 1), c);
+  auto b = f.join(with_ids(1, 1, 2), c);
+  REQUIRE(of<SendAssignment>(b).size() == 3);
+  for (int i = 1; i <= 3; ++i) {
+    CAPTURE(i);
+    CHECK(assignment_of(b, node(i).id).group_rank == i - 1);
+    CHECK(assignment_of(b, node(i).id).nccl_id == with_ids(1, 1, 2).nccl_ids);
+    CHECK(assignment_of(b, node(i).id).nccl_id != assignment_of(a, node(i).id).nccl_id);
+  }
+
+  SECTION("a rank-0 node without IDs gives every node none") {
+    Fixture g;
+    g.join(node(1), c);
+    g.join(with_ids(2, 0), c);
+    auto d = g.join(with_ids(3, 0), c);
+    REQUIRE(of<SendAssignment>(d).size() == 3);
+    for (const auto& s : of<SendAssignment>(d)) CHECK(s.assignment.nccl_id.empty());
+  }
+  SECTION("a rejoin after a daemon restart keeps the round's IDs; a different ID is a stale round") {
+    Fixture g;
+    RejoinRequest r0{node(1), c, {}, assignment_of(b, node(1).id)};
+    g.reg.rejoin(g.job, r0, g.clock.now());
+    RejoinRequest r1{node(2), c, {}, assignment_of(b, node(2).id)};
+    CHECK(of<SendRestart>(g.reg.rejoin(g.job, r1, g.clock.now())).empty());
+    RejoinRequest r2{node(3), c, {}, assignment_of(b, node(3).id)};
+    r2.assignment->nccl_id = with_ids(3, 1).nccl_ids;
+    CHECK(of<SendRestart>(g.reg.rejoin(g.job, r2, g.clock.now())).size() == 1);
+    // The re-sent assignment (a missed push) is the stored one, IDs included.
+    RejoinRequest again{node(2), c, {}, std::nullopt};
+    auto re = g.reg.rejoin(g.job, again, g.clock.now());
+    REQUIRE(of<SendAssignment>(re).size() == 1);
+    CHECK(of<SendAssignment>(re)[0].assignment.nccl_id == with_ids(1, 1, 2).nccl_ids);
+  }
+}

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddprun/common/clock.hpp"
 #include "ddprun/common/endpoint.hpp"
@@ -60,6 +61,9 @@ class RendezvousClient {
 
   // Connects if needed and joins the collecting round. Forgets the current assignment.
   void join();
+  // Replaces NodeInfo::nccl_ids for the next join/rejoin (the IDs of this node's NCCL holder
+  // for the round it joins; empty once they are not needed).
+  void set_nccl_ids(std::vector<std::uint8_t> ids);
   // This node's workers: a failure (the server decides restart vs job failure) ...
   void report_failure(const WorkerFailure& failure);
   // ... or all of them exited 0 in `round` (the exit barrier).

@@ -53,7 +53,9 @@
 //
 // Rank stability: when a round closes, a node keeps its previous group rank if that rank is
 // below the new group size and free; other nodes fill the gaps in order of first join.
-// Rank offsets are prefix sums of local_world_size in group-rank order.
+// Rank offsets are prefix sums of local_world_size in group-rank order. Every assignment of a
+// round carries the group-rank-0 node's NodeInfo::nccl_ids as Assignment::nccl_id, so all
+// ranks get the same NCCL unique ID, and a new one each round (docs/gpus.md).
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -89,6 +91,9 @@ struct NodeInfo {
   int local_world_size = 1;   // nproc on this node; may differ between nodes
   std::string store_host;     // the worker store this agent already bound: MASTER_ADDR if the
   std::uint16_t store_port = 0;  // node gets group rank 0 (empty host -> addr)
+  // NCCL unique IDs (K x 128 bytes, or empty) created by this node's holder for the round it
+  // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's.
+  std::vector<std::uint8_t> nccl_ids;
 };
 
 // Job configuration, fixed by the first joiner. Only min/max/max_restarts must agree between
@@ -124,7 +129,7 @@ struct Assignment {
   std::uint16_t master_port = 0;
   int restart_count = 0;
   int max_restarts = 0;
-  std::vector<std::uint8_t> nccl_id;  // opaque; the server may fill it before sending
+  std::vector<std::uint8_t> nccl_id;  // the group-rank-0 node's NodeInfo::nccl_ids (may be empty)
 
   bool operator==(const Assignment&) const = default;
 };
