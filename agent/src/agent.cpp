@@ -332,9 +332,20 @@ class Agent {
     if (restore_sigpipe_) {
       ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
     }
-    if (exit_code_ == 0 && !config_.log_dir && !any_files_) {
+    if (!config_.log_dir && !job_dir_.empty()) {
+      // The default run directory under $TMPDIR: keep it only when it holds something worth
+      // reading (log files, an error file a worker wrote); otherwise leave no litter behind.
       std::error_code ec;
-      fs::remove_all(job_dir_, ec);  // only error files could be there, and nobody failed
+      bool keep = false;
+      if (exit_code_ != 0 || any_files_) {
+        for (fs::recursive_directory_iterator it(job_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+          if (it->is_regular_file(ec)) {
+            keep = true;
+            break;
+          }
+        }
+      }
+      if (!keep) fs::remove_all(job_dir_, ec);
     }
     return exit_code_;
   }

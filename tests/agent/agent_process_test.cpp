@@ -604,3 +604,32 @@ TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continue
   CHECK(env_of(read_json(dir / "env_0.json"), "DDPRUN_NCCL_UNIQUE_ID") == "<unset>");
   CHECK_THAT(slurp(run.err), Catch::Contains("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID"));
 }
+
+TEST_CASE("without --log-dir the run directory under TMPDIR is removed unless it holds a file to read") {
+  TempDir dir;
+  const std::string tmp = (dir / "tmp");
+  std::filesystem::create_directories(tmp);
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  auto count = [&] {
+    return std::distance(std::filesystem::directory_iterator(tmp), std::filesystem::directory_iterator());
+  };
+  SECTION("a failed run without files leaves nothing") {
+    auto c = make_config(dir, 2, {"--exit", "3"});
+    c.log_dir.reset();
+    CHECK(wait_agent(start_agent(c, dir)) == 3);
+    CHECK(count() == 0);
+  }
+  SECTION("a failed run whose worker wrote an error file keeps it for the summary") {
+    auto c = make_config(dir, 1, {"--write-error-file", "boom", "--exit", "2"});
+    c.log_dir.reset();
+    CHECK(wait_agent(start_agent(c, dir)) == 2);
+    CHECK(count() == 1);
+  }
+  if (old) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+}
