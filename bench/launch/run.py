@@ -62,7 +62,7 @@ def read_log(path):
 def run_once(cmd, env_extra, timeout=120):
     with tempfile.TemporaryDirectory() as d:
         outf = os.path.join(d, "log")
-        env = dict(os.environ, OUTF=outf, **env_extra)
+        env = dict(os.environ, OUTF=outf, TMPDIR=d, **env_extra)  # launchers' log dirs go with d
         t0 = time.time()
         p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=timeout)
@@ -86,10 +86,12 @@ def bench_launch(kinds, nprocs, reps):
             total, first = [], []
             for _ in range(reps[kind]):
                 # Whole command: N workers of /bin/true.
-                t0 = time.time()
-                subprocess.run(launcher_cmd(kind, n, worker="/bin/true"), check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
-                total.append((time.time() - t0) * 1e3)
+                with tempfile.TemporaryDirectory() as d:
+                    t0 = time.time()
+                    subprocess.run(launcher_cmd(kind, n, worker="/bin/true"), check=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+                                   env=dict(os.environ, TMPDIR=d))
+                    total.append((time.time() - t0) * 1e3)
                 # First worker: workers that log their start time.
                 t0, _, starts, _ = run_once(launcher_cmd(kind, n), {})
                 assert len(starts) == n, (kind, n, starts)
@@ -130,7 +132,7 @@ def bench_footprint(kinds, window_s):
     for kind in kinds:
         with tempfile.TemporaryDirectory() as d:
             outf = os.path.join(d, "log")
-            env = dict(os.environ, OUTF=outf, HOLD="1")
+            env = dict(os.environ, OUTF=outf, HOLD="1", TMPDIR=d)
             p = subprocess.Popen(launcher_cmd(kind, 8), env=env, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, start_new_session=True)
             try:

@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
@@ -72,7 +73,9 @@ def main():
     cmd = [PYTHON, torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t1", "--rdzv_conf", "is_host=0",
            "--max_restarts", "0", "--monitor_interval", "0.1", "--no_python", "/bin/true"]
-    env = dict(os.environ, LOGLEVEL="WARNING", OMP_NUM_THREADS="1")
+    # torchrun writes its log directories under TMPDIR: keep them in a directory of ours.
+    scratch = tempfile.TemporaryDirectory(prefix="ddprun-torchrun-c10d-")
+    env = dict(os.environ, LOGLEVEL="WARNING", OMP_NUM_THREADS="1", TMPDIR=scratch.name)
     agents = [spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for _ in range(2)]
     deadline = time.monotonic() + DEADLINE_S
     outputs = []
