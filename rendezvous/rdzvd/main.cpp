@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   int port = 29400;
   std::string port_file;
   std::string log_level;  // empty: DDPRUN_LOG_LEVEL / LOGLEVEL, else info
+  // Declared before `options`: the rendezvous service that `options.extension` keeps alive owns
+  // a timer, which must be destroyed while its io_context still exists.
+  boost::asio::io_context io(1);
   rdzv::StoreServerOptions options;
   std::string token;
   std::size_t max_rdzv_payload = rdzv::WireLimits{}.max_payload_bytes;
@@ -118,7 +121,6 @@ int main(int argc, char** argv) {
     if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) token = env;
   }
 
-  boost::asio::io_context io(1);
   options.host = host;
   options.port = static_cast<std::uint16_t>(port);
   rdzv::RendezvousServiceOptions service_options;

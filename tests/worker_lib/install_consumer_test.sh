@@ -17,7 +17,9 @@ for f in include/ddprun/worker.hpp include/ddprun/worker.h lib/cmake/ddprun/ddpr
 done
 ls "$tmp"/prefix/lib/libddprun_worker.so* > /dev/null || fail "missing libddprun_worker.so"
 
-"$cmake_bin" -S "$src" -B "$tmp/build" -G "$gen" -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/cfg.log" \
+"$cmake_bin" -S "$src" -B "$tmp/build" -G "$gen" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  -DCMAKE_C_FLAGS="${DDPRUN_CONSUMER_FLAGS:-}" -DCMAKE_CXX_FLAGS="${DDPRUN_CONSUMER_FLAGS:-}" \
+  -DCMAKE_EXE_LINKER_FLAGS="${DDPRUN_CONSUMER_FLAGS:-}" > "$tmp/cfg.log" \
   || { cat "$tmp/cfg.log"; fail "consumer configure"; }
 "$cmake_bin" --build "$tmp/build" > "$tmp/build.log" || { cat "$tmp/build.log"; fail "consumer build"; }
 
@@ -37,7 +39,7 @@ case "$err" in *"is not set"*) ;; *) fail "unexpected error: $err" ;; esac
 # pkg-config: compile the C consumer by hand.
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 flags=$(pkg-config --cflags --libs ddprun-worker) || fail "pkg-config ddprun-worker"
-cc "$src/consumer.c" -o "$tmp/consumer_pc" $flags || fail "cc with pkg-config flags ($flags)"
+cc ${DDPRUN_CONSUMER_FLAGS:-} "$src/consumer.c" -o "$tmp/consumer_pc" $flags || fail "cc with pkg-config flags ($flags)"
 out=$(LD_LIBRARY_PATH="$tmp/prefix/lib" "${run_env[@]}" LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/consumer_pc") \
   || fail "consumer_pc exited non-zero"
 [ "$out" = "$expect_c" ] || fail "consumer_pc printed '$out'"
