@@ -26,6 +26,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -292,8 +293,7 @@ class Agent {
           "being overloaded; tune it for optimal performance in your application as needed");
     }
     for (int r = 0; r < config_.nproc_per_node; ++r) {
-      routes_.push_back(plan_routes(config_, r));
-      any_files_ = any_files_ || routes_.back().needs_files();
+      any_files_ = any_files_ || plan_routes(config_, r).needs_files();
     }
     job_dir_ = make_job_dir(config_);
     if (config_.log_dir || any_files_) {
@@ -314,6 +314,9 @@ class Agent {
       }
     }
     wait_signal();
+    if (config_.control_fd >= 0) {
+      start_control();
+    }
     // Console writes to a closed pipe (ddprun ... | head) must not kill the agent: EPIPE is
     // handled where we write. Workers get SIGPIPE back to default in the child.
     struct sigaction ign {};
@@ -373,14 +376,73 @@ class Agent {
         return;
       }
       spdlog::warn("received {}: forwarding it to the workers", signal_name(sig));
-      if (elastic_) {
-        on_elastic_signal(sig);
-        wait_signal();
-        return;
-      }
-      apply(machine_.on_signal(sig));
+      deliver_signal(sig);
       wait_signal();
     });
+  }
+
+  void deliver_signal(int sig) {
+    if (elastic_) {
+      on_elastic_signal(sig);
+    } else {
+      apply(machine_.on_signal(sig));
+    }
+  }
+
+  // ---- the launcher's control channel (remote-agent mode; config.hpp) ----
+
+  void start_control() {
+    try {
+      control_ = std::make_unique<asio::posix::stream_descriptor>(io_, config_.control_fd);
+    } catch (const boost::system::system_error& e) {
+      // e.g. a regular file (epoll refuses those): nothing to watch.
+      ::close(config_.control_fd);
+      spdlog::warn("cannot watch the launcher's control channel ({}); the launcher's end will go unnoticed",
+                   e.code().message());
+      return;
+    }
+    read_control();
+  }
+
+  void read_control() {
+    control_->async_read_some(asio::buffer(control_buf_), [this](const boost::system::error_code& ec, std::size_t n) {
+      if (finished_) {
+        return;
+      }
+      if (ec) {
+        on_launcher_gone(ec == asio::error::eof ? std::string("its connection closed") : ec.message());
+        return;
+      }
+      control_pending_.append(control_buf_.data(), n);
+      for (auto nl = control_pending_.find('\n'); nl != std::string::npos; nl = control_pending_.find('\n')) {
+        const std::string line = control_pending_.substr(0, nl);
+        control_pending_.erase(0, nl + 1);
+        const auto signo = line.size() >= 2 && line.front() == 'S' ? parse_int(std::string_view(line).substr(1))
+                                                                     : std::nullopt;
+        if (signo && *signo > 0 && *signo < NSIG) {
+          const int sig = static_cast<int>(*signo);
+          spdlog::warn("the launcher forwarded {}: forwarding it to the workers", signal_name(sig));
+          deliver_signal(sig);
+        } else {
+          spdlog::warn("ignoring a malformed line on the launcher's control channel: '{}'", line.substr(0, 64));
+        }
+        if (finished_) {
+          return;
+        }
+      }
+      if (control_pending_.size() > kMaxControlLine) {
+        spdlog::warn("ignoring {} bytes on the launcher's control channel without a newline", control_pending_.size());
+        control_pending_.clear();
+      }
+      read_control();
+    });
+  }
+
+  // The launcher (or the ssh connection to it) is gone: nobody would see this node's output or
+  // stop it, so stop the workers as on SIGTERM (grace, then SIGKILL) and exit.
+  void on_launcher_gone(const std::string& why) {
+    spdlog::warn("the launcher is gone ({}): stopping the workers", why);
+    deliver_signal(SIGTERM);
   }
 
   void apply(const Actions& actions) {
@@ -473,7 +535,9 @@ class Agent {
     }
 
     // Output plumbing: child ends are closed here after the spawn, pump ends kept.
-    const RankRoutes& routes = routes_[static_cast<std::size_t>(local_rank)];
+    // Planned per spawn: --ranks-filter depends on the global rank, known only now.
+    const RankRoutes routes = plan_routes(config_, local_rank, w.rank);
+    any_files_ = any_files_ || routes.needs_files();
     int child_fds[2] = {-1, -1};
     int pump_fds[2] = {-1, -1};
     int file_fds[2] = {-1, -1};
@@ -483,7 +547,9 @@ class Agent {
       if (route[s] == Route::inherit) {
         continue;
       }
-      file_fds[s] = open_log_file(rank_dir + "/" + names[s]);
+      if (route[s] != Route::prefixed) {
+        file_fds[s] = open_log_file(rank_dir + "/" + names[s]);
+      }
       if (route[s] == Route::file) {
         child_fds[s] = file_fds[s];
         file_fds[s] = -1;
@@ -978,7 +1044,13 @@ class Agent {
     if (finished_ || emachine_.state() == ElasticState::done) {
       return;
     }
-    write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
+    if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
+      write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
+    } else {
+      // A fan-out launch shows every host's output in one terminal: one summary is enough, the
+      // failing worker's node prints it.
+      spdlog::error("job '{}' failed: {}", config_.run_id, f.root_cause->describe());
+    }
     apply_elastic(emachine_.on_result(f.exit_code));
   }
 
@@ -1074,7 +1146,6 @@ class Agent {
   std::string executable_;
   std::string job_dir_;
   std::string attempt_dir_;
-  std::vector<RankRoutes> routes_;
   bool any_files_ = false;
   std::vector<WorkerProc> workers_;
   unsigned generation_ = 0;
@@ -1090,6 +1161,11 @@ class Agent {
   std::optional<rendezvous::Assignment> latest_assignment_;
   std::optional<rendezvous::WorkerFailure> pending_failure_;
   std::string last_progress_;
+  // remote-agent mode: the launcher's control channel
+  static constexpr std::size_t kMaxControlLine = 1024;
+  std::unique_ptr<asio::posix::stream_descriptor> control_;
+  std::array<char, 256> control_buf_{};
+  std::string control_pending_;
   struct sigaction old_sigpipe_ {};
   bool restore_sigpipe_ = false;
   std::optional<worker_env::NcclIdHolder> nccl_holder_;  // this attempt's NCCL bootstrap roots
@@ -1153,12 +1229,13 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
       out << "    " << k << '=' << ((k == "MASTER_PORT" && port_at_launch) ? std::string("<chosen at launch>") : v)
           << '\n';
     }
-    const auto routes = plan_routes(config, r);
+    const auto routes = plan_routes(config, r, config.ranks_filter ? std::optional<int>(r) : std::nullopt);
     auto describe_route = [](Route route) {
       switch (route) {
         case Route::inherit: return "console";
         case Route::file: return "file only";
         case Route::tee: return "file and console (prefixed)";
+        case Route::prefixed: return "console (prefixed)";
       }
       return "?";
     };

@@ -27,23 +27,31 @@ Streams lookup(const std::map<int, Streams>& per_rank, Streams all, int local_ra
   return it == per_rank.end() ? all : it->second;
 }
 
-Route route_for(Streams tee, Streams redirects, bool on_console, Streams stream) {
+Route route_for(Streams tee, Streams redirects, bool on_console, bool prefixed, Streams stream) {
   if (has(tee, stream)) {
     return on_console ? Route::tee : Route::file;
   }
   if (has(redirects, stream)) {
     return Route::file;
   }
-  return on_console ? Route::inherit : Route::file;
+  if (!on_console) {
+    return Route::file;
+  }
+  return prefixed ? Route::prefixed : Route::inherit;
 }
 
 }  // namespace
 
-RankRoutes plan_routes(const AgentConfig& config, int local_rank) {
+RankRoutes plan_routes(const AgentConfig& config, int local_rank, std::optional<int> rank) {
   const Streams tee = lookup(config.tee, config.tee_all, local_rank);
   const Streams redirects = lookup(config.redirects, config.redirects_all, local_rank);
-  const bool on_console = !config.local_ranks_filter || config.local_ranks_filter->count(local_rank) != 0;
-  return {route_for(tee, redirects, on_console, Streams::out), route_for(tee, redirects, on_console, Streams::err)};
+  bool on_console = !config.local_ranks_filter || config.local_ranks_filter->count(local_rank) != 0;
+  if (config.ranks_filter) {
+    on_console = on_console && rank && config.ranks_filter->count(*rank) != 0;
+  }
+  const bool prefixed = config.prefix_console;
+  return {route_for(tee, redirects, on_console, prefixed, Streams::out),
+          route_for(tee, redirects, on_console, prefixed, Streams::err)};
 }
 
 std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank) {

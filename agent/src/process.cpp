@@ -27,6 +27,7 @@ struct ChildArgs {
   char* const* argv = nullptr;
   char* const* envp = nullptr;
   const char* cwd = nullptr;
+  int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
   pid_t parent_pid = 0;
@@ -87,7 +88,8 @@ int child_main(void* raw) {
   if (::getppid() != args->parent_pid) {
     ::_exit(127);  // the agent died before the death signal was armed
   }
-  if (!move_fd(args->stdout_fd, STDOUT_FILENO) || !move_fd(args->stderr_fd, STDERR_FILENO)) {
+  if (!move_fd(args->stdin_fd, STDIN_FILENO) || !move_fd(args->stdout_fd, STDOUT_FILENO) ||
+      !move_fd(args->stderr_fd, STDERR_FILENO)) {
     child_fail(args, "dup2");
   }
   // Asio does not open every descriptor with O_CLOEXEC (e.g. accepted sockets): close them all.
@@ -129,6 +131,7 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   args.argv = argv.data();
   args.envp = envp.data();
   args.cwd = request.cwd.empty() ? nullptr : request.cwd.c_str();
+  args.stdin_fd = request.stdin_fd;
   args.stdout_fd = request.stdout_fd;
   args.stderr_fd = request.stderr_fd;
   args.parent_pid = ::getpid();

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <optional>
@@ -13,8 +14,13 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/agent/process.hpp"
 #include "ddprun/common/version.hpp"
+#include "ddprun/launcher/fanout.hpp"
+#include "ddprun/launcher/hosts.hpp"
 #include "ddprun/launcher/program.hpp"
+#include "ddprun/launcher/remote_env.hpp"
+#include "ddprun/launcher/slurm.hpp"
 #include "ddprun/launcher/values.hpp"
 #include "ddprun/worker_env/gpus.hpp"
 
@@ -23,7 +29,7 @@ extern char** environ;  // NOLINT: POSIX
 namespace ddprun::launcher {
 namespace {
 
-enum class Kind : std::uint8_t { value, boolean };
+enum class Kind : std::uint8_t { value, boolean, multi };  // multi: repeatable, every value kept
 
 // One row per flag. `dash` is the primary spelling; the underscore spelling and the PET_ name
 // are derived from it, as torchrun derives PET_<DEST>.
@@ -97,6 +103,35 @@ constexpr FlagSpec kFlags[] = {
   {"nccl-roots", "", Kind::value, true, "K",
    "Number of NCCL unique IDs (bootstrap roots) per attempt, exported as DDPRUN_NCCL_UNIQUE_IDS "
    "when K > 1. Default: 1, or ceil(world size / 256) above 256 ranks."},
+  {"log-line-prefix-template", "", Kind::value, true, "TEMPLATE",
+   "Prefix of console lines that ddprun relays (--tee, --prefix-output): ${role_name}, ${rank}, "
+   "${local_rank}. Default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${local_rank}]:."},
+  {"prefix-output", "", Kind::boolean, true, "",
+   "Prefix every console line of every worker with the --log-line-prefix-template (whole lines)."},
+  {"ranks-filter", "", Kind::value, true, "R,R-R,...",
+   "Only these global ranks' output reaches the console, e.g. 0,3-5 (log files are unaffected). Default: all."},
+  // SSH fan-out (docs/multinode.md): any host source makes this ddprun the launcher of the job.
+  {"hostfile", "", Kind::value, true, "FILE",
+   "Start one agent per host over ssh. Lines: 'host slots=N', 'host:N' or 'host' (user@host ok), # comments."},
+  {"hosts", "", Kind::value, true, "H[:N],...", "Hosts to start agents on over ssh, e.g. node1,node2:4,user@node3."},
+  {"include", "", Kind::value, true, "H[:S,S]@H...",
+   "DeepSpeed syntax: only these hosts (and slots), e.g. worker-0:0,2@worker-1."},
+  {"exclude", "", Kind::value, true, "H[:S,S]@H...", "DeepSpeed syntax: leave out these hosts (or slots of them)."},
+  {"num-nodes", "", Kind::value, true, "N", "Use only the first N hosts."},
+  {"num-gpus", "", Kind::value, true, "N", "Use only the first N slots (devices) of each host."},
+  {"ssh-port", "", Kind::value, true, "PORT", "Port of sshd on the hosts. Default: ssh's (its config, else 22)."},
+  {"ssh-option", "", Kind::multi, false, "OPT",
+   "Extra ssh option, passed as -o OPT (repeatable), e.g. --ssh-option IdentityFile=~/.ssh/cluster."},
+  {"ssh-config", "", Kind::value, true, "FILE", "ssh client configuration file (ssh -F FILE). Default: ~/.ssh/config."},
+  {"ssh-max-inflight", "", Kind::value, true, "K", "At most K ssh connections being set up at once. Default: 32."},
+  {"remote-ddprun", "", Kind::value, true, "PATH", "ddprun on the hosts. Default: this ddprun's own path."},
+  {"remote-cwd", "", Kind::value, true, "DIR", "Working directory on the hosts. Default: the current directory."},
+  {"env", "", Kind::multi, false, "NAME[=VALUE]",
+   "Carry a variable to the workers on every host (repeatable): NAME copies this shell's value."},
+  {"env-file", "", Kind::value, true, "FILE", "Carry the NAME=VALUE lines of FILE to the workers on every host."},
+  {"launcher-addr", "", Kind::value, true, "ADDR",
+   "Address of this machine the hosts reach the launcher's rendezvous at. Default: the one that routes to the first host."},
+  {"node-label", "", Kind::value, false, "", ""},  // set by the fan-out launcher for its remote agents
   {"numa-binding", "", Kind::value, false, "node|socket|exclusive|core-complex", "Not supported yet."},
   {"logs-specs", "", Kind::value, false, "NAME", "Not supported yet (a torchrun Python plugin)."},
   // ddprun extras and torch.distributed.launch compatibility.
@@ -167,12 +202,24 @@ class Parsed {
       CLI::Option* opt = nullptr;
       if (spec.kind == Kind::boolean) {
         opt = app_.add_flag(names)->description(help);  // (names, lvalue) would bind help as the result
+      } else if (spec.kind == Kind::multi) {
+        opt = app_.add_option(names, multi_storage_[std::string(spec.dash)], help);
+        opt->type_name(std::string(spec.type_name));
+        opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+        opt->allow_extra_args(false);  // one value per occurrence: the program follows
       } else {
         opt = app_.add_option(names, storage_[std::string(spec.dash)], help);
         opt->type_name(std::string(spec.type_name));
       }
+      if (spec.help.empty()) opt->group("");  // internal: not in --help
       options_[std::string(spec.dash)] = {opt, &spec};
     }
+  }
+
+  // Every value of a repeatable flag, in command-line order.
+  std::vector<std::string> all(std::string_view dash) const {
+    const auto it = multi_storage_.find(std::string(dash));
+    return it == multi_storage_.end() ? std::vector<std::string>{} : it->second;
   }
 
   // The value of a flag by precedence, with the name to quote in errors; nullopt = default.
@@ -219,6 +266,7 @@ class Parsed {
   const ParseContext& context_;
   CLI::App app_{"", "ddprun"};
   std::map<std::string, std::string> storage_;
+  std::map<std::string, std::vector<std::string>> multi_storage_;
   std::map<std::string, std::pair<CLI::Option*, const FlagSpec*>> options_;
 };
 
@@ -237,8 +285,236 @@ std::string checked_host(const Parsed::Given& g) {
   return host;
 }
 
+// Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
+// every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
+// (the first node of the allocation, port 29400) come from Slurm's variables.
+void apply_slurm(const Parsed& p, const ParseContext& ctx, LaunchOptions& out) {
+  agent::AgentConfig& cfg = out.config;
+  for (std::string_view f : {"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr"}) {
+    if (p.given(f)) return;
+  }
+  if (cfg.standalone) return;
+  const auto slurm = slurm_from_env(ctx.env);
+  if (!slurm || slurm->nnodes <= 1) return;
+  cfg.min_nodes = cfg.max_nodes = slurm->nnodes;
+  cfg.rdzv_backend = "c10d";
+  cfg.rdzv_endpoint = Endpoint{slurm->first_host, 29400}.to_string();
+  cfg.run_id = slurm->run_id;
+  cfg.node_rank = slurm->node_id;
+  if (!cfg.rdzv.is_host) cfg.rdzv.is_host = slurm->node_id == 0;
+  out.notes.push_back("Slurm allocation: " + std::to_string(slurm->nnodes) + " nodes, this is node " +
+                      std::to_string(slurm->node_id) + ", rendezvous '" + slurm->run_id + "' at " + cfg.rdzv_endpoint +
+                      (slurm->node_id == 0 ? " (hosted here)" : ""));
+}
+
+// The absolute path of the running ddprun (the default --remote-ddprun).
+std::string own_executable() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("ddprun") : self.string();
+}
+
+// `ddprun --hostfile/--hosts ... PROGRAM`: this ddprun becomes the fan-out launcher
+// (fanout.hpp). The flags that configure the agents are checked here and forwarded as they are;
+// the program is resolved on each host by its agent.
+void fill_fanout(const Parsed& p, const std::vector<std::string>& remaining, const ParseContext& ctx,
+                 LaunchOptions& out) {
+  const std::string source = p.given("hostfile") ? "--hostfile" : "--hosts";
+  for (std::string_view f : {"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr",
+                             "master-port", "local-addr", "node-label"}) {
+    if (auto g = p.given(f)) {
+      throw UsageError(g->what + " cannot be used with " + source,
+                       "the launcher runs the rendezvous itself and gives every host its place; drop " + g->what);
+    }
+  }
+  if (p.flag("standalone")) throw UsageError("--standalone cannot be used with " + source, "drop --standalone");
+  if (p.given("hostfile") && p.given("hosts")) {
+    throw UsageError("--hostfile and --hosts cannot be used together", "list the hosts in one of them");
+  }
+
+  std::vector<HostEntry> entries;
+  if (auto g = p.given("hostfile")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    entries = load_hostfile(file.string(), &out.notes);
+  } else {
+    const auto g2 = p.given("hosts");
+    entries = parse_hosts_list(g2->text, g2->what);
+  }
+
+  std::optional<int> nproc_number;
+  std::string nproc_word;  // gpu|cpu|auto: counted on each host
+  if (auto g = p.given("nproc-per-node")) {
+    const std::string kind = to_lower(trim(g->text));
+    if (kind == "gpu" || kind == "cpu" || kind == "auto") {
+      nproc_word = kind;
+    } else {
+      nproc_number = parse_nproc_per_node(g->text, g->what, std::nullopt, ctx.online_cpus);
+    }
+  }
+  std::optional<int> num_nodes;
+  std::optional<int> num_gpus;
+  if (auto g = p.given("num-nodes")) num_nodes = parse_int_value(g->text, g->what, 1, 1'000'000);
+  if (auto g = p.given("num-gpus")) num_gpus = parse_int_value(g->text, g->what, 1, 1'000'000);
+  const auto include = p.given("include");
+  const auto exclude = p.given("exclude");
+  const auto selected = select_hosts(entries, include ? include->text : "", exclude ? exclude->text : "", num_nodes,
+                                     num_gpus, nproc_number);
+  const auto counts = resolve_nproc(selected, nproc_number);
+
+  FanoutPlan plan;
+  const auto global_gpus = p.given("gpus");
+  for (std::size_t i = 0; i < selected.size(); ++i) {
+    FanoutHost h;
+    h.user = selected[i].user;
+    h.host = selected[i].host;
+    const bool counted_here = selected[i].slot_indices || nproc_number || selected[i].slots > 0;
+    h.nproc = (!counted_here && !nproc_word.empty()) ? nproc_word : std::to_string(counts[i]);
+    if (selected[i].slot_indices) {
+      std::string list;
+      for (int d : *selected[i].slot_indices) list += (list.empty() ? "" : ",") + std::to_string(d);
+      h.gpus = list;
+    } else if (global_gpus) {
+      h.gpus = std::string(trim(global_gpus->text));
+    }
+    plan.hosts.push_back(std::move(h));
+  }
+
+  // ssh: BatchMode so a missing key fails instead of prompting; keepalives so a dead network is
+  // noticed by the ssh client (the remote agent notices through its rendezvous heartbeats).
+  const auto path_it = ctx.env.find("PATH");
+  plan.ssh_command = {agent::resolve_executable("ssh", path_it == ctx.env.end() ? "" : path_it->second, ""),
+                      "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+                      "-o", "ServerAliveCountMax=3"};
+  if (auto g = p.given("ssh-config")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-F", file.string()});
+  }
+  if (auto g = p.given("ssh-port")) {
+    const auto port = parse_port(trim(g->text));
+    if (!port || *port == 0) throw UsageError(g->what + "=" + g->text + ": not a port", "accepted forms: 1..65535");
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-p", std::to_string(*port)});
+  }
+  for (const auto& opt : p.all("ssh-option")) {
+    if (trim(opt).empty() || opt.find('=') == std::string::npos) {
+      throw UsageError("--ssh-option " + opt + ": not an ssh option", "accepted form: KEY=VALUE, e.g. IdentityFile=~/.ssh/id");
+    }
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-o", opt});
+  }
+  if (auto g = p.given("ssh-max-inflight")) plan.max_inflight = parse_int_value(g->text, g->what, 1, 10'000);
+  plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
+  plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
+  if (auto g = p.given("launcher-addr")) plan.launcher_addr = checked_host(*g);
+  if (auto g = p.given("ranks-filter")) {
+    parse_ranks_filter(g->text, g->what);
+    plan.ranks_filter = std::string(trim(g->text));
+  }
+
+  // The environment the workers get on every host (over ssh's stdin).
+  std::vector<EnvFlag> env_flags;
+  for (const auto& e : p.all("env")) env_flags.push_back(parse_env_flag(e));
+  EnvEntries file_entries;
+  if (auto g = p.given("env-file")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    file_entries = load_env_file(file.string());
+  }
+  plan.env = select_remote_env(ctx.env, env_flags, file_entries);
+
+  // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
+  std::map<std::string, std::string> conf;
+  if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
+  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
+  plan.rdzv_token = settings.token;
+  conf.erase("token");
+  conf["is_host"] = "false";  // the launcher hosts it
+  std::string conf_text;
+  for (const auto& [k, v] : conf) conf_text += (conf_text.empty() ? "" : ",") + k + "=" + v;
+
+  // Agent flags forwarded as given (checked here first, so a typo fails before any ssh).
+  auto& args = plan.agent_args;
+  args.push_back("--rdzv-conf=" + conf_text);
+  if (auto g = p.given("max-restarts")) {
+    parse_int_value(g->text, g->what, 0, 1'000'000);
+    args.push_back("--max-restarts=" + g->text);
+  }
+  for (std::string_view f : {"redirects", "tee"}) {
+    if (auto g = p.given(f)) {
+      parse_streams(g->text, g->what);
+      args.push_back("--" + std::string(f) + "=" + g->text);
+    }
+  }
+  if (auto g = p.given("local-ranks-filter")) {
+    parse_local_ranks_filter(g->text, g->what);
+    args.push_back("--local-ranks-filter=" + g->text);
+  }
+  if (auto g = p.given("signals-to-handle")) {
+    parse_signals(g->text, g->what);
+    args.push_back("--signals-to-handle=" + g->text);
+  }
+  double grace = 30.0;
+  if (auto g = p.given("shutdown-timeout")) {
+    grace = parse_seconds_value(g->text, g->what);
+    args.push_back("--shutdown-timeout=" + g->text);
+  } else if (auto e = p.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); e && !trim(*e).empty()) {
+    grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    args.push_back("--shutdown-timeout=" + *e);
+  }
+  plan.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
+  if (auto g = p.given("nccl-id")) {
+    parse_nccl_id_mode(g->text, g->what);
+    args.push_back("--nccl-id=" + g->text);
+  }
+  if (auto g = p.given("nccl-roots")) {
+    parse_int_value(g->text, g->what, 1, 4096);
+    args.push_back("--nccl-roots=" + g->text);
+  }
+  for (std::string_view f : {"role", "log-dir", "local-rank-arg", "log-level"}) {
+    if (auto g = p.given(f)) args.push_back("--" + std::string(f) + "=" + g->text);
+  }
+  for (std::string_view f : {"virtual-local-rank", "gpu-isolation", "gpu-sharing", "module", "no-python", "run-path"}) {
+    if (p.flag(f)) args.push_back("--" + std::string(f));
+  }
+  for (std::string_view f : {"numa-binding", "logs-specs"}) {
+    if (auto g = p.given(f)) {
+      throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not bind CPUs or load log plugins");
+    }
+  }
+  if (auto g = p.given("log-line-prefix-template")) {
+    out.notes.push_back(g->what + " is ignored with " + source + ": remote lines are prefixed [host:rank]:");
+  }
+
+  std::vector<std::string> rest = remaining;
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) {
+    throw UsageError("no training program given", "usage: ddprun --hostfile FILE [options] SCRIPT.py|PROGRAM [ARGS...]");
+  }
+  if (remaining.front() != "--" && rest.front().size() > 1 && rest.front().front() == '-') {
+    throw UsageError("unknown option " + rest.front(), "run 'ddprun --help' for the accepted options");
+  }
+  plan.program = std::move(rest);
+  out.config.dry_run = p.flag("dry-run");
+  out.fanout = std::move(plan);
+}
+
 void fill_config(const Parsed& p, const std::vector<std::string>& remaining, const ParseContext& ctx,
                  LaunchOptions& out) {
+  if (p.given("hostfile") || p.given("hosts")) {
+    fill_fanout(p, remaining, ctx, out);
+    return;
+  }
+  for (std::string_view f : {"include", "exclude", "num-nodes", "num-gpus", "ssh-port", "ssh-config",
+                             "ssh-max-inflight", "remote-ddprun", "remote-cwd", "env-file", "launcher-addr"}) {
+    if (auto g = p.given(f)) {
+      throw UsageError(g->what + " needs --hostfile or --hosts", "it configures the agents started over ssh");
+    }
+  }
+  for (std::string_view f : {"ssh-option", "env"}) {
+    if (!p.all(f).empty()) {
+      throw UsageError("--" + std::string(f) + " needs --hostfile or --hosts", "it configures the agents started over ssh");
+    }
+  }
   agent::AgentConfig& cfg = out.config;
 
   // Sizes.
@@ -335,6 +611,8 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
     cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
   }
 
+  apply_slurm(p, ctx, out);
+
   if (auto g = p.given("node-rank")) cfg.node_rank = parse_int_value(g->text, g->what, 0, 1'000'000);
   if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {
     throw UsageError("--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" +
@@ -369,6 +647,10 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
   }
   if (auto g = p.given("local-ranks-filter")) cfg.local_ranks_filter = parse_local_ranks_filter(g->text, g->what);
   if (auto t = p.env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t && !t->empty()) cfg.log_line_prefix_template = *t;
+  if (auto g = p.given("log-line-prefix-template")) cfg.log_line_prefix_template = g->text;
+  cfg.prefix_console = p.flag("prefix-output");
+  if (auto g = p.given("ranks-filter")) cfg.ranks_filter = parse_ranks_filter(g->text, g->what);
+  if (auto g = p.given("node-label")) cfg.node_label = std::string(trim(g->text));
 
   // Signals and shutdown.
   {
@@ -512,7 +794,7 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
       match = *prefixed.begin();
       out[i] = "--" + first_spelling + (eq == std::string::npos ? std::string() : arg.substr(eq));
     }
-    if (match != nullptr && match->kind == Kind::value && eq == std::string::npos) ++i;  // skip its value
+    if (match != nullptr && match->kind != Kind::boolean && eq == std::string::npos) ++i;  // skip its value
   }
   return out;
 }

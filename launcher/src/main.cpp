@@ -1,6 +1,10 @@
 // ddprun: parse the command line into an AgentConfig, then run the per-node agent. Everything
 // of substance lives in ddprun::launcher (parsing) and ddprun::agent (running).
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <exception>
 #include <iostream>
@@ -11,7 +15,10 @@
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "ddprun/agent/output.hpp"
 #include "ddprun/launcher/command_line.hpp"
+#include "ddprun/launcher/fanout.hpp"
+#include "ddprun/launcher/remote_env.hpp"
 #include "ddprun/launcher/status_command.hpp"
 
 namespace {
@@ -19,7 +26,33 @@ namespace {
 constexpr int kExitUsage = 2;
 constexpr int kExitError = 1;
 
+// `ddprun --remote-agent ...`: started by a fan-out launcher over ssh (fanout.hpp). stdin first
+// carries the environment block, then stays open as the launcher's control channel; the workers
+// get /dev/null as stdin instead.
+int prepare_remote_agent() {
+  const auto block = ddprun::launcher::read_env_block(STDIN_FILENO);
+  for (const auto& [name, value] : block.entries) ::setenv(name.c_str(), value.c_str(), 1);
+  if (!block.rest.empty()) {
+    // The launcher writes control lines only after the agent said it is ready.
+    throw ddprun::Error("--remote-agent: unexpected bytes after the environment block on stdin");
+  }
+  const int control = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (control < 0 || devnull < 0 || ::dup2(devnull, STDIN_FILENO) != STDIN_FILENO) {
+    throw ddprun::Error("--remote-agent: cannot set up stdin");
+  }
+  ::close(devnull);
+  ddprun::agent::write_all(STDOUT_FILENO, std::string(ddprun::launcher::kRemoteAgentReadyLine) + "\n");
+  return control;
+}
+
 int run(int argc, char** argv) {
+  int control_fd = -1;
+  if (argc >= 2 && std::string_view(argv[1]) == "--remote-agent") {
+    control_fd = prepare_remote_agent();
+    --argc;
+    ++argv;  // parse the rest as usual (argv[0] is not an option)
+  }
   const auto context = ddprun::launcher::ParseContext::from_process();
   if (argc >= 2 && std::string_view(argv[1]) == "status") {
     // `ddprun status ...` (a training program literally named "status" needs ./status).
@@ -32,14 +65,23 @@ int run(int argc, char** argv) {
     ddprun::setup_logging("ddprun", spdlog::level::warn);
     return ddprun::launcher::run_status(request, std::cout);
   }
-  const auto options = ddprun::launcher::parse_command_line(argc, argv, context);
+  auto options = ddprun::launcher::parse_command_line(argc, argv, context);
   if (options.action != ddprun::launcher::Action::run) {
     std::cout << options.text;
     if (!options.text.empty() && options.text.back() != '\n') std::cout << '\n';
     return 0;
   }
-  ddprun::setup_logging("ddprun", options.log_level);
+  const std::string label = options.config.node_label;
+  ddprun::setup_logging(label.empty() ? std::string("ddprun") : "ddprun@" + label, options.log_level);
   for (const auto& note : options.notes) spdlog::info("{}", note);
+  if (options.fanout) {
+    if (options.config.dry_run) {
+      ddprun::launcher::print_fanout_dry_run(*options.fanout, std::cout);
+      return 0;
+    }
+    return ddprun::launcher::run_fanout(*options.fanout);
+  }
+  options.config.control_fd = control_fd;
   if (options.config.dry_run) {
     ddprun::agent::print_dry_run(options.config, std::cout);
     std::cout.flush();

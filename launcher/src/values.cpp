@@ -211,6 +211,27 @@ std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std
   return ranks;
 }
 
+std::optional<std::set<int>> parse_ranks_filter(std::string_view text, std::string_view what) {
+  const std::string_view t = trim(text);
+  if (t.empty()) return std::nullopt;
+  constexpr std::int64_t kMaxRank = 1'000'000;
+  std::set<int> ranks;
+  for (const auto& item : split(t, ',')) {
+    const std::string_view s = trim(item);
+    const auto dash = s.find('-');
+    const std::string_view lo_text = dash == std::string_view::npos ? s : trim(s.substr(0, dash));
+    const std::string_view hi_text = dash == std::string_view::npos ? s : trim(s.substr(dash + 1));
+    const auto lo = parse_int(lo_text);
+    const auto hi = parse_int(hi_text);
+    if (!lo || !hi || !is_digits(lo_text) || !is_digits(hi_text) || *hi > kMaxRank) {
+      fail(what, text, "'" + item + "' is not a rank or a range of ranks", "comma list of ranks and ranges, e.g. 0,3-5");
+    }
+    if (*lo > *hi) fail(what, text, "the range '" + item + "' is empty", "write ranges low-high, e.g. 3-5");
+    for (auto r = *lo; r <= *hi; ++r) ranks.insert(static_cast<int>(r));
+  }
+  return ranks;
+}
+
 agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::string_view what) {
   const std::string t = to_lower(trim(text));
   if (t == "auto") return agent::AgentConfig::NcclIdMode::automatic;

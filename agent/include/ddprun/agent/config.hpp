@@ -72,6 +72,13 @@ struct AgentConfig {
   std::map<int, Streams> tee;
   std::optional<std::set<int>> local_ranks_filter;  // console only; nullopt = all
   std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+  // --prefix-output: every console line of every worker carries the prefix (the streams are
+  // piped through the agent instead of inherited). The fan-out launcher asks remote agents for it.
+  bool prefix_console = false;
+  // --ranks-filter: only these GLOBAL ranks reach the console (the others go to their log files,
+  // like --local-ranks-filter). nullopt = all. Global ranks are known per round, so the routes
+  // are planned at each spawn.
+  std::optional<std::set<int>> ranks_filter;
 
   std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
@@ -91,6 +98,15 @@ struct AgentConfig {
   int nccl_roots = 0;  // --nccl-roots; 0 = automatic: 1, or ceil(world_size / 256) above 256 ranks
 
   bool dry_run = false;  // print each rank's argv/env/cwd and exit 0
+
+  // Remote-agent mode (ddprun --remote-agent, started by a fan-out launcher over ssh; see
+  // docs/multinode.md). control_fd is the launcher's control channel (the agent owns it; -1 =
+  // none): lines "S<signo>\n" forward a signal as if the agent had received it; EOF means the
+  // launcher or its ssh connection is gone, and the agent stops its workers and exits.
+  // node_label names this host in messages; with it set, the job-failure summary is printed only
+  // by the node whose worker failed (the launcher shows every host's output in one terminal).
+  int control_fd = -1;
+  std::string node_label;
 };
 
 }  // namespace ddprun::agent

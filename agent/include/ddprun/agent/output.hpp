@@ -9,6 +9,8 @@
 //             it is kept in its file rather than thrown away).
 //   tee     - a pipe the agent reads on its io_context; each line goes to the log file as is and
 //             to the console with the prefix (--tee).
+//   prefixed - a pipe the agent reads; each line goes to the console with the prefix, no file
+//             (--prefix-output, used by remote agents of a fan-out launch).
 //
 // LineBuffer (pure) holds a partial line until its newline arrives or the buffer is full (a line
 // longer than the capacity is cut there and ended with a newline on the console), so lines of
@@ -19,6 +21,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,16 +35,19 @@ class io_context;
 
 namespace ddprun::agent {
 
-enum class Route : std::uint8_t { inherit, file, tee };
+enum class Route : std::uint8_t { inherit, file, tee, prefixed };
 
 struct RankRoutes {
   Route out = Route::inherit;
   Route err = Route::inherit;
-  bool needs_files() const { return out != Route::inherit || err != Route::inherit; }
+  bool needs_files() const { return is_file(out) || is_file(err); }
+  static bool is_file(Route r) { return r == Route::file || r == Route::tee; }
 };
 
-// Which route each stream of `local_rank` takes under `config` (tee, redirects, filter).
-RankRoutes plan_routes(const AgentConfig& config, int local_rank);
+// Which route each stream of `local_rank` takes under `config` (tee, redirects, the local and
+// global rank filters, --prefix-output). `rank` is the worker's global rank when known (at
+// spawn); without it, --ranks-filter counts as "maybe off the console" (a file route).
+RankRoutes plan_routes(const AgentConfig& config, int local_rank, std::optional<int> rank = std::nullopt);
 
 // Expands ${role_name}, ${local_rank} and ${rank} in a TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
 // Unknown ${...} placeholders stay as written.

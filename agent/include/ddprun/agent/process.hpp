@@ -13,7 +13,7 @@
 // SIGPIPE to SIG_DFL, signal mask cleared; setpgid(0, 0) (own process group, so the agent's
 // killpg reaches the worker and its children but a terminal Ctrl-C does not go around the
 // agent); prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
-// worker, even if the agent died during the spawn); dup2 of the requested stdout/stderr; every
+// worker, even if the agent died during the spawn); dup2 of the requested stdin/stdout/stderr; every
 // other descriptor above 2 closed (close_range; the agent's sockets never leak into workers);
 // chdir; execve.
 //
@@ -32,6 +32,7 @@ struct SpawnRequest {
   std::vector<std::string> argv;   // argv[0] included
   std::vector<std::string> envp;   // complete environment, KEY=VALUE
   std::string cwd;                 // empty = inherit
+  int stdin_fd = -1;               // -1 = inherit the agent's
   int stdout_fd = -1;              // -1 = inherit the agent's
   int stderr_fd = -1;
 };

@@ -16,10 +16,12 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
+#include "ddprun/launcher/fanout.hpp"
 #include "ddprun/worker_env/gpus.hpp"
 
 namespace ddprun::launcher {
@@ -44,6 +46,9 @@ struct LaunchOptions {
   Action action = Action::run;
   std::string text;  // what to print for Action::help / Action::version
   agent::AgentConfig config;
+  // Set for `--hostfile` / `--hosts`: this ddprun is the fan-out launcher (fanout.hpp); `config`
+  // then only carries dry_run.
+  std::optional<FanoutPlan> fanout;
   spdlog::level::level_enum log_level = spdlog::level::info;
   // Informational lines for the log once logging is set up (ignored values, no-op flags).
   std::vector<std::string> notes;

@@ -62,6 +62,8 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
                                               const std::optional<std::string>& env_token);
 
 std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what);
+// --ranks-filter: comma list of global ranks and inclusive ranges ("0,3-5"); "" -> nullopt (all).
+std::optional<std::set<int>> parse_ranks_filter(std::string_view text, std::string_view what);
 
 // --signals-to-handle: comma list of names (SIGTERM or TERM, any case) or numbers. Signals
 // that cannot be caught (SIGKILL, SIGSTOP) or that the agent itself relies on (SIGCHLD) are

@@ -1,0 +1,77 @@
+#pragma once
+// The fan-out launcher: `ddprun --hostfile FILE ... train.py` on one machine starts one agent per
+// host over the system OpenSSH client and shows every rank's output in its own terminal
+// (docs/multinode.md).
+//
+// How it works: the launcher hosts an embedded rendezvous (store server + RendezvousService,
+// the same code as ddprun-rdzvd) on an address the hosts can reach, then runs
+//   ssh -o BatchMode=yes ... [user@]host 'cd -- CWD && exec DDPRUN --remote-agent ... -- PROGRAM ARGS'
+// for every host, at most max_inflight connections being set up at once. Each remote agent is an
+// ordinary elastic agent (c10d rendezvous against the launcher, N:N nodes) with three
+// differences: it reads its environment from ssh's stdin (values never appear on a command
+// line), it keeps that stdin as the launcher's control channel ("S<signo>\n" = forward a signal,
+// EOF = the launcher or the connection is gone: stop the workers), and it prefixes every worker
+// line with "[host:RANK]:". The launcher relays whole lines from every host; lines that are not a
+// worker's or the agent's log get a "[host] " prefix.
+//
+// Exit code: the first failing agent's (every agent exits with the failing rank's own code);
+// 128+N when the launcher is stopped by signal N; 1 when a host cannot be reached or set up (the
+// message names the host and ssh's own explanation). Nothing outlives the launcher: ssh clients
+// die with it (PR_SET_PDEATHSIG), remote agents see their stdin close, the rendezvous goes away.
+//
+// run_fanout runs its own io_context on the calling thread; not reentrant.
+#include <chrono>
+#include <ostream>
+#include <string_view>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddprun::launcher {
+
+struct FanoutHost {
+  std::string user;  // "" = ssh's default (its config, else the local user name)
+  std::string host;  // a name, an address, or an alias of the ssh config
+  std::string nproc = "1";  // --nproc-per-node for this host's agent: N, or gpu|cpu|auto (counted there)
+  std::string gpus;  // --gpus for this host's agent ("" = the agent's default: every visible device)
+  // How the host is named in output prefixes and messages.
+  const std::string& label() const { return host; }
+};
+
+struct FanoutPlan {
+  std::vector<FanoutHost> hosts;
+  // The ssh client and its options, without the destination or the command, e.g.
+  // {"/usr/bin/ssh", "-o", "BatchMode=yes", ..., "-p", "2222"}.
+  std::vector<std::string> ssh_command;
+  int max_inflight = 32;      // ssh connections being set up at once
+  std::string remote_ddprun;  // ddprun's path on the hosts
+  std::string remote_cwd;     // the workers' directory on the hosts
+  // Flags forwarded to every remote agent as they are, before the program (--max-restarts 2 ...).
+  std::vector<std::string> agent_args;
+  std::vector<std::string> program;                      // the program and its arguments, as typed
+  std::vector<std::pair<std::string, std::string>> env;  // carried to every host over stdin
+  std::string launcher_addr;  // where the hosts reach the embedded rendezvous ("" = pick)
+  std::string ranks_filter;   // --ranks-filter as typed ("" = every rank)
+  std::string rdzv_token;     // "" = a random one
+  std::string run_id;         // "" = a random one
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+};
+
+// The command line the remote login shell runs for `host` (every word quoted for a POSIX shell).
+// Pure; exposed for tests and --dry-run.
+std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
+                           const std::string& run_id);
+
+// The line a remote agent writes on its stdout once it has read its environment: the launcher
+// counts the host as connected (and frees an in-flight slot) when it arrives.
+inline constexpr std::string_view kRemoteAgentReadyLine = "ddprun-remote-agent-ready";
+
+// Runs the whole job; returns the launcher's exit code. Throws ddprun::Error for setup failures
+// before any host was contacted (e.g. no address to host the rendezvous on).
+int run_fanout(const FanoutPlan& plan);
+
+// Prints what run_fanout would run on every host (the ssh argv and remote command; no values of
+// the carried environment, only their names). Starts nothing.
+void print_fanout_dry_run(const FanoutPlan& plan, std::ostream& out);
+
+}  // namespace ddprun::launcher

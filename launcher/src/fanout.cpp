@@ -1,0 +1,680 @@
+// The fan-out launcher; see fanout.hpp. One io_context thread owns every host's state: ssh exits
+// arrive through pidfds, output through pipes, signals through a signal_set, the give-up
+// deadline through a steady_timer. Nothing polls.
+#include "ddprun/launcher/fanout.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/agent/output.hpp"
+#include "ddprun/agent/process.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/shell.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/remote_env.hpp"
+#include "ddprun/launcher/values.hpp"
+#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/worker_env/worker_env.hpp"
+
+namespace asio = boost::asio;
+
+namespace ddprun::launcher {
+
+namespace {
+
+// How long a host's ssh pipes may stay open after ssh exited before the launcher stops waiting.
+constexpr std::chrono::milliseconds kDrainTimeout{2000};
+// After the grace the remote agents were given (their --shutdown-timeout), how long the launcher
+// waits for the ssh clients to report before it kills them (the remote agents then see EOF).
+constexpr std::chrono::milliseconds kKillMargin{5000};
+// How many of a host's own lines (not a worker's, not the agent's log) are kept for messages.
+constexpr std::size_t kTailLines = 6;
+
+std::string destination(const FanoutHost& h) { return h.user.empty() ? h.host : h.user + "@" + h.host; }
+
+std::string with_brackets(const std::string& addr) {
+  return addr.find(':') != std::string::npos ? "[" + addr + "]" : addr;
+}
+
+// Runs argv to completion and returns its stdout (stderr is appended to `err`). Used for `ssh -G`.
+std::string capture(const std::vector<std::string>& argv, std::string& err, int& status) {
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    throw Error(std::string("pipe2 failed: ") + std::strerror(errno));
+  }
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  agent::SpawnRequest req;
+  req.path = argv.front();
+  req.argv = argv;
+  req.envp = worker_env::merge_env(worker_env::current_environment(), {});
+  req.stdin_fd = devnull;
+  req.stdout_fd = out_pipe[1];
+  req.stderr_fd = err_pipe[1];
+  const auto res = agent::spawn_worker(req);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (devnull >= 0) ::close(devnull);
+  std::string out;
+  auto drain = [](int fd, std::string& into) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        into.append(buf, static_cast<std::size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        break;
+      }
+    }
+    ::close(fd);
+  };
+  drain(out_pipe[0], out);  // ssh -G writes little: no deadlock on the stderr pipe
+  drain(err_pipe[0], err);
+  status = -1;
+  if (res.pid > 0) {
+    agent::reap(res.pid, res.pidfd);
+    status = res.ok() ? 0 : 127;
+  }
+  if (!res.ok()) {
+    throw Error("cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
+                    std::strerror(res.error),
+                "install the OpenSSH client (Debian: openssh-client)");
+  }
+  return out;
+}
+
+// The address of this machine that traffic to the first host leaves from: ssh -G resolves the
+// host through the ssh config (aliases, HostName, Port), then a connected UDP socket asks the
+// kernel's routing table. Nothing is sent.
+std::string pick_launcher_addr(const FanoutPlan& plan) {
+  const FanoutHost& first = plan.hosts.front();
+  std::vector<std::string> argv = plan.ssh_command;
+  argv.emplace_back("-G");
+  argv.push_back(destination(first));
+  std::string err;
+  int status = 0;
+  const std::string config = capture(argv, err, status);
+  std::string host = first.host;
+  std::string port = "22";
+  for (const auto& line : split(config, '\n')) {
+    if (starts_with(line, "hostname ")) host = std::string(trim(line.substr(9)));
+    if (starts_with(line, "port ")) port = std::string(trim(line.substr(5)));
+  }
+  const std::string hint = "pass --launcher-addr with an address of this machine that every host can reach";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw NetworkError("cannot resolve the first host " + first.host + " (" + host + "): " + ::gai_strerror(rc), hint);
+  }
+  std::string chosen;
+  for (addrinfo* ai = found; ai != nullptr && chosen.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {  // NOLINT: sockets API
+      char text[NI_MAXHOST] = {};
+      if (::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, text, sizeof(text), nullptr, 0,  // NOLINT
+                        NI_NUMERICHOST) == 0) {
+        chosen = text;
+      }
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (chosen.empty()) {
+    throw NetworkError("no route from this machine to the first host " + first.host + " (" + host + ")", hint);
+  }
+  return chosen;
+}
+
+// Reads a pipe on the io_context and hands over whole lines (a line longer than the buffer is
+// cut there). `on_lines` gets a block of complete lines at a time; `on_eof` runs once.
+class LinePump {
+ public:
+  LinePump(asio::io_context& io, int fd, std::function<void(std::string_view)> on_lines, std::function<void()> on_eof)
+      : pipe_(io, fd), buffer_(64 * 1024), on_lines_(std::move(on_lines)), on_eof_(std::move(on_eof)) {}
+
+  void start() { read_more(); }
+
+  // Stop waiting for EOF: take what the pipe holds now, then finish.
+  void finish_now() {
+    if (done_) return;
+    const int fd = pipe_.native_handle();
+    for (;;) {
+      if (buffer_.write_space() == 0) release(false);
+      const ssize_t n = ::read(fd, buffer_.write_ptr(), buffer_.write_space());
+      if (n > 0) {
+        buffer_.commit(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      break;
+    }
+    complete();
+  }
+
+  bool done() const { return done_; }
+
+ private:
+  void read_more() {
+    pipe_.async_read_some(asio::buffer(buffer_.write_ptr(), buffer_.write_space()),
+                          [this](const boost::system::error_code& ec, std::size_t n) {
+                            if (done_) return;
+                            buffer_.commit(n);
+                            if (ec) {
+                              complete();
+                              return;
+                            }
+                            release(false);
+                            read_more();
+                          });
+  }
+
+  void release(bool eof) {
+    buffer_.release(
+        [this](std::string_view block, bool whole) {
+          if (whole) {
+            on_lines_(block);
+          } else {
+            on_lines_(std::string(block) + "\n");
+          }
+        },
+        eof);
+  }
+
+  void complete() {
+    if (done_) return;
+    release(true);
+    done_ = true;
+    boost::system::error_code ignored;
+    pipe_.close(ignored);
+    if (on_eof_) {
+      auto cb = std::move(on_eof_);
+      on_eof_ = nullptr;
+      cb();
+    }
+  }
+
+  asio::posix::stream_descriptor pipe_;
+  agent::LineBuffer buffer_;
+  std::function<void(std::string_view)> on_lines_;
+  std::function<void()> on_eof_;
+  bool done_ = false;
+};
+
+struct HostRun {
+  FanoutHost spec;
+  std::string command;
+  pid_t pid = -1;
+  std::unique_ptr<asio::posix::stream_descriptor> exit_watch;  // owns the pidfd
+  int stdin_fd = -1;
+  std::unique_ptr<LinePump> out;
+  std::unique_ptr<LinePump> err;
+  std::unique_ptr<asio::steady_timer> drain_timer;
+  bool started = false;
+  bool ready = false;
+  bool exited = false;
+  bool done = false;
+  bool reaped = false;
+  bool ssh_missing = false;  // the ssh client itself could not be started
+  agent::ExitStatus status;
+  std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
+  std::chrono::steady_clock::time_point started_at;
+};
+
+class Fanout {
+ public:
+  explicit Fanout(const FanoutPlan& plan) : plan_(plan), signals_(io_), kill_timer_(io_) {
+    for (const auto& h : plan.hosts) {
+      hosts_.emplace_back();
+      hosts_.back().spec = h;
+    }
+  }
+
+  ~Fanout() {
+    for (auto& h : hosts_) {
+      close_stdin(h);
+      if (h.pid > 0 && !h.reaped) {
+        agent::signal_group(h.pid, SIGKILL);
+        agent::reap(h.pid, -1);
+        h.reaped = true;
+      }
+    }
+    if (service_) service_->detach();
+  }
+  Fanout(const Fanout&) = delete;
+  Fanout& operator=(const Fanout&) = delete;
+
+  int run() {
+    const std::string addr = plan_.launcher_addr.empty() ? pick_launcher_addr(plan_) : plan_.launcher_addr;
+    run_id_ = plan_.run_id.empty() ? "fanout-" + random_uuid4() : plan_.run_id;
+    const std::string token = plan_.rdzv_token.empty() ? random_uuid4() : plan_.rdzv_token;
+
+    rendezvous::RendezvousServiceOptions sopts;
+    sopts.token = token;
+    service_ = std::make_shared<rendezvous::RendezvousService>(io_, sopts);
+    rendezvous::StoreServerOptions opts;
+    opts.host = addr;
+    opts.port = 0;
+    opts.extension = service_;
+    try {
+      server_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+    } catch (const Error& e) {
+      throw NetworkError("cannot host the rendezvous on " + addr + ": " + e.message(),
+                         "pass --launcher-addr with an address of this machine that every host can reach");
+    }
+    service_->attach(*server_);
+    server_->start();
+    endpoint_ = with_brackets(addr) + ":" + std::to_string(server_->port());
+
+    env_block_ = encode_env_block(with_token(plan_.env, token));
+    spdlog::info("fan-out job '{}': {} host(s), rendezvous at {}, at most {} ssh connection(s) in flight", run_id_,
+                 hosts_.size(), endpoint_, plan_.max_inflight);
+
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signals_.add(sig);
+    wait_signal();
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;  // NOLINT: writes to a dead ssh's stdin must not kill the launcher
+    struct sigaction old {};
+    ::sigaction(SIGPIPE, &ign, &old);
+
+    start_ = std::chrono::steady_clock::now();
+    launch_more();
+    if (done_count_ < hosts_.size()) io_.run();
+    ::sigaction(SIGPIPE, &old, nullptr);
+    return exit_code_;
+  }
+
+ private:
+  static std::vector<std::pair<std::string, std::string>> with_token(
+      std::vector<std::pair<std::string, std::string>> env, const std::string& token) {
+    std::erase_if(env, [](const auto& kv) { return kv.first == "DDPRUN_RDZV_TOKEN"; });
+    env.emplace_back("DDPRUN_RDZV_TOKEN", token);
+    return env;
+  }
+
+  void wait_signal() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (interrupted_) {
+        spdlog::warn("received {} again: killing the ssh connections now (remote agents stop their workers)",
+                     agent::signal_name(sig));
+        kill_all();
+      } else {
+        interrupted_ = true;
+        exit_code_ = 128 + sig;
+        spdlog::warn("received {}: forwarding it to every host", agent::signal_name(sig));
+        stop_all(sig);
+      }
+      wait_signal();
+    });
+  }
+
+  void launch_more() {
+    while (!stopping_ && inflight_ < plan_.max_inflight && next_ < hosts_.size()) {
+      start_host(hosts_[next_++]);
+    }
+  }
+
+  void start_host(HostRun& h) {
+    h.command = remote_command(plan_, h.spec, endpoint_, run_id_);
+    std::vector<std::string> argv = plan_.ssh_command;
+    argv.push_back(destination(h.spec));
+    argv.push_back(h.command);
+    int in[2];
+    int out[2];
+    int err[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      throw Error(std::string("pipe2 failed: ") + std::strerror(errno), "raise the open-files limit (ulimit -n)");
+    }
+    // The environment block is written at once: make room for it in the pipe (best effort; the
+    // default 64 KiB holds any ordinary environment).
+    ::fcntl(in[1], F_SETPIPE_SZ, static_cast<int>(std::min<std::size_t>(env_block_.size() + 4096, 1 << 20)));
+    agent::SpawnRequest req;
+    req.path = argv.front();
+    req.argv = argv;
+    req.envp = worker_env::merge_env(worker_env::current_environment(), {});
+    req.stdin_fd = in[0];
+    req.stdout_fd = out[1];
+    req.stderr_fd = err[1];
+    const auto res = agent::spawn_worker(req);
+    ::close(in[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    h.started = true;
+    h.started_at = std::chrono::steady_clock::now();
+    h.pid = res.pid;
+    h.stdin_fd = in[1];
+    ++inflight_;
+    if (!agent::write_all(h.stdin_fd, env_block_)) {
+      spdlog::debug("{}: ssh's stdin closed before the environment was written", h.spec.label());
+    }
+    const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());
+    h.out = std::make_unique<LinePump>(
+        io_, out[0], [this, index](std::string_view block) { on_lines(hosts_[index], true, block); },
+        [this, index] { maybe_done(hosts_[index]); });
+    h.err = std::make_unique<LinePump>(
+        io_, err[0], [this, index](std::string_view block) { on_lines(hosts_[index], false, block); },
+        [this, index] { maybe_done(hosts_[index]); });
+    h.out->start();
+    h.err->start();
+    if (!res.ok()) {
+      remember(h, "cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
+                      std::strerror(res.error));
+      if (res.pid > 0) {
+        agent::reap(res.pid, res.pidfd);
+      }
+      h.reaped = true;
+      h.exited = true;
+      h.status = agent::ExitStatus::exited(127);
+      h.ssh_missing = true;
+      asio::post(io_, [this, index] { maybe_done(hosts_[index]); });
+      return;
+    }
+    h.exit_watch = std::make_unique<asio::posix::stream_descriptor>(io_, res.pidfd);
+    watch_exit(index);
+    spdlog::debug("{}: {}", h.spec.label(), h.command);
+  }
+
+  void watch_exit(std::size_t index) {
+    hosts_[index].exit_watch->async_wait(asio::posix::stream_descriptor::wait_read,
+                                         [this, index](const boost::system::error_code& ec) {
+                                           if (ec) return;
+                                           HostRun& h = hosts_[index];
+                                           const auto status = agent::peek_exit(h.pid);
+                                           if (!status) {
+                                             watch_exit(index);
+                                             return;
+                                           }
+                                           h.exited = true;
+                                           h.status = *status;
+                                           close_stdin(h);
+                                           if (h.done) return;
+                                           arm_drain(index);
+                                           maybe_done(h);
+                                         });
+  }
+
+  void arm_drain(std::size_t index) {
+    HostRun& h = hosts_[index];
+    h.drain_timer = std::make_unique<asio::steady_timer>(io_, kDrainTimeout);
+    h.drain_timer->async_wait([this, index](const boost::system::error_code& ec) {
+      if (ec) return;
+      HostRun& hr = hosts_[index];
+      if (hr.out) hr.out->finish_now();
+      if (hr.err) hr.err->finish_now();
+    });
+  }
+
+  // Relays a block of whole lines from one host. The agent's log lines ("[ddprun@host level]")
+  // and the workers' lines ("[host:rank]:") already name the host; anything else (ssh's own
+  // messages, the remote shell's) gets "[host] " and is remembered for error messages.
+  void on_lines(HostRun& h, bool is_stdout, std::string_view block) {
+    const std::string& label = h.spec.label();
+    const std::string worker_prefix = "[" + label + ":";
+    const std::string agent_prefix = "[ddprun@" + label + " ";
+    std::string out;
+    out.reserve(block.size() + 64);
+    while (!block.empty()) {
+      const auto nl = block.find('\n');
+      const std::string_view line = block.substr(0, nl);
+      block.remove_prefix(nl == std::string_view::npos ? block.size() : nl + 1);
+      if (is_stdout && !h.ready && line == kRemoteAgentReadyLine) {
+        on_ready(h);
+        continue;
+      }
+      if (starts_with(line, worker_prefix) || starts_with(line, agent_prefix)) {
+        out.append(line);
+      } else {
+        remember(h, std::string(line));
+        out.append("[").append(label).append("] ").append(line);
+      }
+      out.push_back('\n');
+    }
+    if (!out.empty()) agent::write_all(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out);
+  }
+
+  static void remember(HostRun& h, std::string line) {
+    if (trim(line).empty()) return;
+    h.tail.push_back(std::move(line));
+    if (h.tail.size() > kTailLines) h.tail.pop_front();
+  }
+
+  void on_ready(HostRun& h) {
+    h.ready = true;
+    --inflight_;
+    ++ready_count_;
+    const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    spdlog::debug("{}: agent started ({:.1f} ms after the launch began)", h.spec.label(), ms);
+    if (ready_count_ == hosts_.size()) {
+      spdlog::info("agents started on all {} host(s) in {:.1f} ms", hosts_.size(), ms);
+    }
+    if (stopping_) {
+      // Stopped while this host was connecting: its agent read the environment, so it reads the
+      // signal too.
+      send_signal(h, stop_signal_);
+    }
+    launch_more();
+  }
+
+  void maybe_done(HostRun& h) {
+    if (h.done || !h.exited || (h.out && !h.out->done()) || (h.err && !h.err->done())) return;
+    h.done = true;
+    if (h.drain_timer) h.drain_timer->cancel();
+    if (!h.reaped) {
+      agent::reap(h.pid, -1);  // the pidfd belongs to exit_watch
+      h.reaped = true;
+    }
+    if (!h.ready) --inflight_;
+    ++done_count_;
+    on_host_done(h);
+    if (done_count_ == hosts_.size()) {
+      finish();
+      return;
+    }
+    launch_more();
+  }
+
+  void on_host_done(HostRun& h) {
+    const int code = h.status.shell_code();
+    if (code == 0) {
+      spdlog::debug("{}: agent finished", h.spec.label());
+      return;
+    }
+    if (!h.ready) {
+      if (stopping_) return;  // stopped before it connected: expected
+      const std::string dest = destination(h.spec);
+      std::string why;
+      for (const auto& line : h.tail) why += (why.empty() ? "" : "; ") + line;
+      std::string text;
+      std::string hint;
+      if (h.ssh_missing) {
+        text = why;
+        hint = "install the OpenSSH client (Debian: openssh-client)";
+      } else if (code == 255) {
+        text = "cannot reach host " + dest + " over ssh: " + (why.empty() ? "ssh exited with 255" : why);
+        hint = "check that 'ssh -o BatchMode=yes " + dest +
+               " true' works from this machine (host name, --ssh-port, keys in ssh-agent or the ssh config)";
+      } else if (code == 127) {
+        text = "host " + dest + ": cannot run " + plan_.remote_ddprun + (why.empty() ? "" : ": " + why);
+        hint = "install ddprun at the same path on every host, or pass --remote-ddprun PATH";
+      } else {
+        text = "host " + dest + ": the remote agent did not start (exit code " + std::to_string(code) + ")" +
+               (why.empty() ? "" : ": " + why);
+        hint = "check --remote-cwd and that the same ddprun version is installed on every host";
+      }
+      agent::write_all(STDERR_FILENO, "ddprun: error: " + text + "\nddprun: " + hint + "\n");
+      set_failure(1);
+      spdlog::warn("stopping the other hosts");
+      stop_all(SIGTERM);
+      return;
+    }
+    if (!stopping_) {
+      spdlog::warn("host {}: agent ended with exit code {}; stopping the other hosts", h.spec.label(), code);
+    }
+    set_failure(code);
+    if (!stopping_) stop_all(SIGTERM);
+  }
+
+  void set_failure(int code) {
+    if (!failed_ && !interrupted_) {
+      failed_ = true;
+      exit_code_ = code;
+    }
+  }
+
+  void send_signal(HostRun& h, int sig) {
+    if (h.stdin_fd < 0) return;
+    if (!agent::write_all(h.stdin_fd, "S" + std::to_string(sig) + "\n")) close_stdin(h);
+  }
+
+  static void close_stdin(HostRun& h) {
+    if (h.stdin_fd >= 0) {
+      ::close(h.stdin_fd);
+      h.stdin_fd = -1;
+    }
+  }
+
+  // Stops every host: connected agents get the signal over their control channel (they stop
+  // their workers with their own grace); hosts still connecting are cut off. Hosts not started
+  // yet never start. After the agents' grace plus a margin, whatever is left is killed.
+  void stop_all(int sig) {
+    if (!stopping_) {
+      stopping_ = true;
+      stop_signal_ = sig;
+      kill_timer_.expires_after(plan_.shutdown_timeout + kKillMargin);
+      kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (ec) return;
+        spdlog::warn("hosts still running {} ms after the stop: closing their ssh connections",
+                     (plan_.shutdown_timeout + kKillMargin).count());
+        kill_all();
+      });
+    }
+    for (auto& h : hosts_) {
+      if (!h.started || h.exited) continue;
+      if (h.ready) {
+        send_signal(h, sig);
+      } else {
+        close_stdin(h);
+        agent::signal_group(h.pid, SIGTERM);
+      }
+    }
+    // Hosts never started count as done.
+    while (next_ < hosts_.size()) {
+      hosts_[next_++].done = true;
+      ++done_count_;
+    }
+    if (done_count_ == hosts_.size()) finish();
+  }
+
+  void kill_all() {
+    for (auto& h : hosts_) {
+      if (!h.started || h.exited) continue;
+      close_stdin(h);
+      agent::signal_group(h.pid, SIGKILL);
+    }
+  }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    kill_timer_.cancel();
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    if (server_) server_->stop();
+    io_.stop();
+  }
+
+  const FanoutPlan& plan_;
+  asio::io_context io_{1};
+  asio::signal_set signals_;
+  asio::steady_timer kill_timer_;
+  std::shared_ptr<rendezvous::RendezvousService> service_;
+  std::unique_ptr<rendezvous::StoreServer> server_;
+  std::vector<HostRun> hosts_;
+  std::string run_id_;
+  std::string endpoint_;
+  std::string env_block_;
+  std::chrono::steady_clock::time_point start_;
+  std::size_t next_ = 0;
+  int inflight_ = 0;
+  std::size_t ready_count_ = 0;
+  std::size_t done_count_ = 0;
+  bool stopping_ = false;
+  int stop_signal_ = SIGTERM;
+  bool interrupted_ = false;
+  bool failed_ = false;
+  bool finished_ = false;
+  int exit_code_ = 0;
+};
+
+}  // namespace
+
+std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
+                           const std::string& run_id) {
+  std::vector<std::string> words = {plan.remote_ddprun,
+                                    "--remote-agent",
+                                    "--node-label=" + host.label(),
+                                    "--rdzv-backend=c10d",
+                                    "--rdzv-endpoint=" + rdzv_endpoint,
+                                    "--rdzv-id=" + run_id,
+                                    "--nnodes=" + std::to_string(plan.hosts.size()),
+                                    "--nproc-per-node=" + host.nproc,
+                                    "--prefix-output",
+                                    "--log-line-prefix-template=[" + host.label() + ":${rank}]:"};
+  if (!host.gpus.empty()) words.push_back("--gpus=" + host.gpus);
+  if (!plan.ranks_filter.empty()) words.push_back("--ranks-filter=" + plan.ranks_filter);
+  words.insert(words.end(), plan.agent_args.begin(), plan.agent_args.end());
+  words.emplace_back("--");
+  words.insert(words.end(), plan.program.begin(), plan.program.end());
+  return "cd -- " + shell_quote(plan.remote_cwd) + " && exec " + shell_join(words);
+}
+
+int run_fanout(const FanoutPlan& plan) {
+  if (plan.hosts.empty()) {
+    throw UsageError("no hosts to launch on", "list hosts with --hostfile FILE or --hosts h1,h2");
+  }
+  Fanout fanout(plan);
+  return fanout.run();
+}
+
+void print_fanout_dry_run(const FanoutPlan& plan, std::ostream& out) {
+  out << "ddprun dry run: " << plan.hosts.size() << " host(s) over ssh; nothing is started\n";
+  out << "rendezvous: hosted by this ddprun on "
+      << (plan.launcher_addr.empty() ? std::string("<the address that routes to the first host>") : plan.launcher_addr)
+      << ":<any free port>\n";
+  out << "environment carried to every host (over ssh's stdin, not on a command line):";
+  for (const auto& kv : plan.env) out << ' ' << kv.first;
+  out << (plan.env.empty() ? " (none)\n" : "\n");
+  for (const auto& h : plan.hosts) {
+    std::vector<std::string> argv = plan.ssh_command;
+    argv.push_back(destination(h));
+    argv.push_back(remote_command(plan, h, "<launcher>:<port>", plan.run_id.empty() ? "<run id>" : plan.run_id));
+    out << "host " << h.label() << " (" << h.nproc << " worker(s)" << (h.gpus.empty() ? "" : ", gpus " + h.gpus)
+        << "):\n  " << shell_join(argv) << '\n';
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,381 @@
+#include "ddprun/launcher/hosts.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+constexpr std::string_view kHostForms =
+    "host, host:SLOTS, host slots=SLOTS, user@host..., [ipv6]:SLOTS; SLOTS a positive integer";
+constexpr std::string_view kHostfileForms =
+    "one host per line: 'host slots=N' (DeepSpeed/OpenMPI), 'host:N' or 'host', optionally "
+    "user@host; '#' starts a comment";
+constexpr std::string_view kFilterForms =
+    "NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]], e.g. worker-0:0,2@worker-1";
+constexpr int kMaxSlots = 65536;
+
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
+
+bool is_plain_name(std::string_view s) {
+  return !s.empty() && s.front() != '-' && std::all_of(s.begin(), s.end(), is_name_char);
+}
+
+bool is_ipv6_literal(std::string_view s) {
+  // Syntax only: hex digits, ':' and '.' (v4-mapped tail), '%zone'; at least two colons.
+  return std::count(s.begin(), s.end(), ':') >= 2 && std::all_of(s.begin(), s.end(), [](char c) {
+           return is_name_char(c) || c == ':' || c == '%';
+         }) && s.front() != '-';
+}
+
+// Parses one "[user@]host[:N]" word. `where` prefixes messages ("hosts.txt:3" or "--hosts").
+HostEntry parse_host_word(std::string_view word, const std::string& where, std::string_view forms) {
+  auto fail = [&](const std::string& why) -> HostEntry {
+    throw UsageError(where + ": '" + std::string(word) + "': " + why, "accepted forms: " + std::string(forms));
+  };
+  HostEntry e;
+  std::string_view rest = word;
+  if (const auto at = rest.find('@'); at != std::string_view::npos) {
+    e.user = std::string(rest.substr(0, at));
+    rest = rest.substr(at + 1);
+    if (!is_plain_name(e.user)) fail("'" + e.user + "' is not a valid user name ([A-Za-z0-9._-], not starting with '-')");
+  }
+  std::string_view slots_text;
+  bool has_slots = false;
+  if (!rest.empty() && rest.front() == '[') {
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) fail("'[' without ']'");
+    const std::string_view inner = rest.substr(1, close - 1);
+    const std::string_view after = rest.substr(close + 1);
+    if (!is_ipv6_literal(inner)) fail("'" + std::string(inner) + "' is not an IPv6 address");
+    e.host = std::string(inner);
+    if (!after.empty()) {
+      if (after.front() != ':') fail("unexpected text after ']'");
+      slots_text = after.substr(1);
+      has_slots = true;
+    }
+  } else {
+    const auto colons = std::count(rest.begin(), rest.end(), ':');
+    if (colons >= 2) {
+      if (!is_ipv6_literal(rest)) fail("not a host name or IPv6 address");
+      e.host = std::string(rest);
+    } else {
+      const auto colon = rest.find(':');
+      e.host = std::string(rest.substr(0, colon));
+      if (colon != std::string_view::npos) {
+        slots_text = rest.substr(colon + 1);
+        has_slots = true;
+      }
+      if (e.host.empty()) fail("empty host name");
+      if (!is_plain_name(e.host)) {
+        fail("'" + e.host + "' is not a valid host name ([A-Za-z0-9._-], not starting with '-')");
+      }
+    }
+  }
+  if (has_slots) {
+    const auto v = parse_int(slots_text);
+    if (!is_digits(slots_text) || !v || *v <= 0 || *v > kMaxSlots) {
+      fail("slot count '" + std::string(slots_text) + "' is not a positive integer (1.." +
+           std::to_string(kMaxSlots) + ")");
+    }
+    e.slots = static_cast<int>(*v);
+  }
+  return e;
+}
+
+std::vector<std::string> split_whitespace(std::string_view line) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(line)};
+  std::string word;
+  while (in >> word) out.push_back(word);
+  return out;
+}
+
+int effective_slots(const HostEntry& e, std::optional<int> default_slots) {
+  if (e.slots > 0) return e.slots;
+  return default_slots.value_or(-1);
+}
+
+}  // namespace
+
+std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_view file_name,
+                                           std::vector<std::string>* notes) {
+  std::vector<HostEntry> out;
+  std::map<std::string, int> first_line;  // host -> line number, for duplicate messages
+  int line_no = 0;
+  for (const auto& raw : split(text, '\n')) {
+    ++line_no;
+    std::string_view line = raw;
+    if (const auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = trim(line);  // also drops a CRLF file's '\r'
+    if (line.empty()) continue;
+    const std::string where = std::string(file_name) + ":" + std::to_string(line_no);
+    if (line.find('\0') != std::string_view::npos) {
+      throw UsageError(where + ": contains a NUL byte", "is this a text file? " + std::string(kHostfileForms));
+    }
+    const auto words = split_whitespace(line);
+    HostEntry e = parse_host_word(words[0], where, kHostfileForms);
+    for (std::size_t i = 1; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      const auto eq = w.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        throw UsageError(where + ": '" + w + "' is not a KEY=VALUE setting (only one host per line)",
+                         "accepted forms: " + std::string(kHostfileForms));
+      }
+      const std::string key = w.substr(0, eq);
+      const std::string value = w.substr(eq + 1);
+      if (key == "slots") {
+        const auto v = parse_int(value);
+        if (!is_digits(value) || !v || *v <= 0 || *v > kMaxSlots) {
+          throw UsageError(where + ": slots=" + value + " is not a positive integer (1.." + std::to_string(kMaxSlots) + ")",
+                           "accepted forms: " + std::string(kHostfileForms));
+        }
+        if (e.slots > 0) {
+          throw UsageError(where + ": the slot count is given twice ('" + words[0] + "' and '" + w + "')",
+                           "give either host:N or host slots=N");
+        }
+        e.slots = static_cast<int>(*v);
+      } else if (notes != nullptr) {
+        notes->push_back(where + ": ignoring '" + w + "' (ddprun only uses slots=)");
+      }
+    }
+    if (const auto it = first_line.find(e.host); it != first_line.end()) {
+      throw UsageError(where + ": host '" + e.host + "' is listed twice (first at line " + std::to_string(it->second) + ")",
+                       "list each host once, with its total slot count");
+    }
+    first_line.emplace(e.host, line_no);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::string>* notes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--hostfile " + path + ": cannot be read", "check the path and its permissions");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw UsageError("--hostfile " + path + ": read error", "check the file");
+  auto hosts = parse_hostfile_text(buf.str(), path, notes);
+  if (hosts.empty()) {
+    throw UsageError("--hostfile " + path + ": lists no host", "accepted forms: " + std::string(kHostfileForms));
+  }
+  return hosts;
+}
+
+std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view what) {
+  const std::string where(what);
+  const std::string forms = "comma list of " + std::string(kHostForms) + ", e.g. h1,h2:4,user@h3";
+  if (trim(text).empty()) throw UsageError(where + ": no hosts given", "accepted forms: " + forms);
+  std::vector<HostEntry> out;
+  std::set<std::string> seen;
+  for (const auto& raw : split(text, ',')) {
+    const std::string_view item = trim(raw);
+    if (item.empty()) throw UsageError(where + "=" + std::string(text) + ": empty host name", "accepted forms: " + forms);
+    if (item.find_first_of(" \t=") != std::string_view::npos) {
+      throw UsageError(where + ": '" + std::string(item) + "' is not a host", "accepted forms: " + forms);
+    }
+    HostEntry e = parse_host_word(item, where, forms);
+    if (!seen.insert(e.host).second) {
+      throw UsageError(where + ": host '" + e.host + "' is listed twice", "list each host once");
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::map<std::string, std::optional<std::vector<int>>> parse_include_exclude(std::string_view text,
+                                                                             std::string_view what) {
+  const std::string where = std::string(what) + "=" + std::string(text);
+  auto fail = [&](const std::string& why) {
+    throw UsageError(where + ": " + why, "accepted forms: " + std::string(kFilterForms));
+  };
+  std::map<std::string, std::optional<std::vector<int>>> out;
+  if (trim(text).empty()) fail("empty");
+  for (const auto& raw : split(trim(text), '@')) {
+    std::string_view spec = trim(raw);
+    if (spec.empty()) fail("empty node spec (two '@' in a row, or a leading/trailing '@')");
+    std::string_view name = spec;
+    std::optional<std::string_view> slot_text;
+    if (spec.front() == '[') {  // [ipv6]:slots
+      const auto close = spec.find(']');
+      if (close == std::string_view::npos) fail("'[' without ']' in '" + std::string(spec) + "'");
+      name = spec.substr(1, close - 1);
+      const std::string_view after = spec.substr(close + 1);
+      if (!after.empty()) {
+        if (after.front() != ':') fail("unexpected text after ']' in '" + std::string(spec) + "'");
+        slot_text = after.substr(1);
+      }
+    } else if (const auto colon = spec.find(':'); colon != std::string_view::npos) {
+      name = spec.substr(0, colon);
+      slot_text = spec.substr(colon + 1);
+    }
+    name = trim(name);
+    if (name.empty()) fail("empty host name in '" + std::string(spec) + "'");
+    const bool seen_before = out.count(std::string(name)) != 0;
+    auto& entry = out[std::string(name)];
+    if (!slot_text) {
+      entry.reset();  // a bare name means the whole host, whatever else names it
+      continue;
+    }
+    std::vector<int> slots;
+    for (const auto& s_raw : split(*slot_text, ',')) {
+      const std::string_view s = trim(s_raw);
+      const auto v = parse_int(s);
+      if (!is_digits(s) || !v || *v >= kMaxSlots) {
+        fail("'" + std::string(s) + "' is not a slot index (a non-negative integer) in '" + std::string(spec) + "'");
+      }
+      slots.push_back(static_cast<int>(*v));
+    }
+    if (!seen_before) {
+      entry = std::move(slots);
+    } else if (entry) {  // merge: the union, in the order first named
+      for (int v : slots) {
+        if (std::find(entry->begin(), entry->end(), v) == entry->end()) entry->push_back(v);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::string_view include,
+                                    std::string_view exclude, std::optional<int> num_nodes,
+                                    std::optional<int> num_gpus, std::optional<int> default_slots) {
+  const bool has_include = !trim(include).empty();
+  const bool has_exclude = !trim(exclude).empty();
+  if (has_include && has_exclude) {
+    throw UsageError("--include and --exclude are both given", "they are mutually exclusive (as in DeepSpeed): use one");
+  }
+  if ((num_nodes || num_gpus) && (has_include || has_exclude)) {
+    throw UsageError("--num-nodes/--num-gpus cannot be combined with --include/--exclude",
+                     "select hosts and slots with one or the other (as in DeepSpeed)");
+  }
+  if (num_nodes && *num_nodes <= 0) {
+    throw UsageError("--num-nodes=" + std::to_string(*num_nodes) + ": must be > 0", "a positive number of hosts");
+  }
+  if (num_gpus && *num_gpus <= 0) {
+    throw UsageError("--num-gpus=" + std::to_string(*num_gpus) + ": must be > 0", "a positive number of slots per host");
+  }
+  if (entries.empty()) throw UsageError("no hosts given", "use --hostfile FILE or --hosts h1,h2");
+
+  std::vector<HostEntry> out;
+  if (has_include || has_exclude) {
+    const std::string flag = has_include ? "--include" : "--exclude";
+    const std::string_view text = has_include ? include : exclude;
+    const auto spec = parse_include_exclude(text, flag);
+    std::map<std::string, const HostEntry*> by_name;
+    for (const auto& e : entries) by_name.emplace(e.host, &e);
+    // Validate every name and index before applying anything (DeepSpeed checks them all).
+    for (const auto& [name, slots] : spec) {
+      const auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        std::string known;
+        for (const auto& e : entries) known += (known.empty() ? "" : ", ") + e.host;
+        throw UsageError(flag + "=" + std::string(text) + ": host '" + name + "' is not in the host list",
+                         "known hosts: " + known);
+      }
+      if (!slots) continue;
+      const int n = effective_slots(*it->second, default_slots);
+      if (n <= 0) {
+        throw UsageError(flag + "=" + std::string(text) + ": host '" + name +
+                             "' has no slot count to check slot indices against",
+                         "give its slots in the hostfile (host slots=N) or pass --nproc-per-node");
+      }
+      for (int s : *slots) {
+        if (s >= n) {
+          throw UsageError(flag + "=" + std::string(text) + ": host '" + name + "' has no slot " + std::to_string(s),
+                           "its slots are 0.." + std::to_string(n - 1));
+        }
+      }
+    }
+    for (const auto& e : entries) {
+      const auto it = spec.find(e.host);
+      if (has_include) {
+        if (it == spec.end()) continue;
+        HostEntry kept = e;
+        if (it->second) {
+          std::vector<int> uniq;  // keep the given order (DeepSpeed's _stable_remove_duplicates)
+          for (int s : *it->second) {
+            if (std::find(uniq.begin(), uniq.end(), s) == uniq.end()) uniq.push_back(s);
+          }
+          kept.slot_indices = std::move(uniq);
+        }
+        out.push_back(std::move(kept));
+      } else {
+        if (it == spec.end()) {
+          out.push_back(e);
+          continue;
+        }
+        if (!it->second) continue;  // whole host excluded
+        const int n = effective_slots(e, default_slots);
+        std::vector<int> remaining;
+        for (int s = 0; s < n; ++s) {
+          if (std::find(it->second->begin(), it->second->end(), s) == it->second->end()) remaining.push_back(s);
+        }
+        if (remaining.empty()) continue;
+        HostEntry kept = e;
+        kept.slot_indices = std::move(remaining);
+        out.push_back(std::move(kept));
+      }
+    }
+  } else {
+    out = entries;
+  }
+
+  if (num_nodes) {
+    if (static_cast<std::size_t>(*num_nodes) > out.size()) {
+      throw UsageError("--num-nodes=" + std::to_string(*num_nodes) + ": only " + std::to_string(out.size()) +
+                           " host(s) are listed",
+                       "list more hosts or lower --num-nodes");
+    }
+    out.resize(static_cast<std::size_t>(*num_nodes));
+  }
+  if (num_gpus) {
+    for (auto& e : out) {
+      const int n = e.slots > 0 ? e.slots : -1;
+      if (n > 0 && *num_gpus > n) {
+        throw UsageError("--num-gpus=" + std::to_string(*num_gpus) + ": host '" + e.host + "' has only " +
+                             std::to_string(n) + " slot(s)",
+                         "lower --num-gpus or raise the host's slots");
+      }
+      std::vector<int> first;
+      for (int s = 0; s < *num_gpus; ++s) first.push_back(s);
+      e.slot_indices = std::move(first);
+    }
+  }
+  if (out.empty()) {
+    throw UsageError("--" + std::string(has_include ? "include" : "exclude") + " leaves no host to run on",
+                     "check the host names and slot indices");
+  }
+  return out;
+}
+
+std::vector<int> resolve_nproc(const std::vector<HostEntry>& hosts, std::optional<int> nproc_per_node) {
+  std::vector<int> out;
+  out.reserve(hosts.size());
+  for (const auto& e : hosts) {
+    if (e.slot_indices) {
+      out.push_back(static_cast<int>(e.slot_indices->size()));
+    } else if (nproc_per_node) {
+      out.push_back(*nproc_per_node);
+    } else if (e.slots > 0) {
+      out.push_back(e.slots);
+    } else {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
+}  // namespace ddprun::launcher

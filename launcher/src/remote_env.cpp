@@ -1,0 +1,256 @@
+#include "ddprun/launcher/remote_env.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+constexpr std::string_view kEnvFileForms =
+    "lines NAME=VALUE (optionally 'export NAME=VALUE'), '#' comment lines, blank lines; VALUE may be "
+    "wrapped in '...' or \"...\"";
+constexpr std::string_view kEnvFlagForms = "NAME or NAME=VALUE, NAME matching [A-Za-z_][A-Za-z0-9_]*";
+
+bool is_reserved(std::string_view name) {
+  return std::any_of(kReservedRemoteEnv.begin(), kReservedRemoteEnv.end(),
+                     [&](std::string_view p) { return env_name_matches(name, p); });
+}
+
+void reject_reserved(std::string_view name, const std::string& where) {
+  if (is_reserved(name)) {
+    throw UsageError(where + ": " + std::string(name) + " cannot be sent to the hosts",
+                     "ddprun sets it for each worker; remove it");
+  }
+}
+
+// Adds or replaces, keeping the position of the first occurrence.
+void upsert(EnvEntries& out, const std::string& name, const std::string& value) {
+  const auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == name; });
+  if (it == out.end()) {
+    out.emplace_back(name, value);
+  } else {
+    it->second = value;
+  }
+}
+
+[[noreturn]] void block_error(const std::string& why) {
+  throw Error("env block on stdin: " + why, "the launcher and the remote ddprun must be the same version");
+}
+
+}  // namespace
+
+bool env_name_matches(std::string_view name, std::string_view pattern) {
+  if (!pattern.empty() && pattern.back() == '*') {
+    const std::string_view prefix = pattern.substr(0, pattern.size() - 1);
+    return name.size() > prefix.size() && starts_with(name, prefix);
+  }
+  return name == pattern;
+}
+
+bool is_env_name(std::string_view name) {
+  if (name.empty()) return false;
+  const auto ok_first = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (!ok_first(name.front())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return ok_first(c) || (c >= '0' && c <= '9'); });
+}
+
+EnvEntries parse_env_file_text(std::string_view text, std::string_view file_name) {
+  EnvEntries out;
+  int line_no = 0;
+  for (const auto& raw : split(text, '\n')) {
+    ++line_no;
+    const std::string where = std::string(file_name) + ":" + std::to_string(line_no);
+    auto fail = [&](const std::string& why) {
+      throw UsageError(where + ": " + why, "accepted forms: " + std::string(kEnvFileForms));
+    };
+    std::string_view line = trim(raw);
+    if (line.empty() || line.front() == '#') continue;
+    if (line.find('\0') != std::string_view::npos) fail("contains a NUL byte");
+    if (starts_with(line, "export") && line.size() > 6 && (line[6] == ' ' || line[6] == '\t')) {
+      line = trim(line.substr(7));
+    }
+    const auto eq = line.find('=');
+    if (eq == std::string_view::npos) fail("'" + std::string(line) + "' has no '='");
+    const std::string name(trim(line.substr(0, eq)));
+    if (!is_env_name(name)) fail("'" + name + "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)");
+    reject_reserved(name, where);
+    std::string_view value = trim(line.substr(eq + 1));
+    if (!value.empty() && (value.front() == '"' || value.front() == '\'')) {
+      if (value.size() < 2 || value.back() != value.front()) {
+        fail("the value of " + name + " opens a " + std::string(1, value.front()) +
+             " quote it does not close (multi-line values are not supported)");
+      }
+      value = value.substr(1, value.size() - 2);
+    }
+    out.emplace_back(name, std::string(value));
+  }
+  return out;
+}
+
+EnvEntries load_env_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--env-file " + path + ": cannot be read", "check the path and its permissions");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw UsageError("--env-file " + path + ": read error", "check the file");
+  return parse_env_file_text(buf.str(), path);
+}
+
+EnvFlag parse_env_flag(std::string_view text) {
+  EnvFlag f;
+  const auto eq = text.find('=');
+  f.name = std::string(text.substr(0, eq));
+  if (!is_env_name(f.name)) {
+    throw UsageError("--env " + std::string(text) + ": '" + f.name + "' is not a variable name",
+                     "accepted forms: " + std::string(kEnvFlagForms));
+  }
+  if (eq != std::string_view::npos) {
+    const std::string_view value = text.substr(eq + 1);
+    if (value.find('\0') != std::string_view::npos) {
+      throw UsageError("--env " + f.name + ": the value contains a NUL byte", "remove it");
+    }
+    f.value = std::string(value);
+  }
+  reject_reserved(f.name, "--env " + f.name);
+  return f;
+}
+
+EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_env, const std::vector<EnvFlag>& flags,
+                             const EnvEntries& env_file_entries) {
+  EnvEntries out;
+  for (const auto& [name, value] : launcher_env) {
+    const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(),
+                                    [&](std::string_view p) { return env_name_matches(name, p); });
+    const bool excepted = std::any_of(kDefaultRemoteEnvExceptions.begin(), kDefaultRemoteEnvExceptions.end(),
+                                      [&](std::string_view p) { return env_name_matches(name, p); });
+    // A launcher variable with a NUL cannot exist; an invalid name (possible via env(1)) is skipped.
+    if (wanted && !excepted && !is_reserved(name) && is_env_name(name)) out.emplace_back(name, value);
+  }
+  for (const auto& [name, value] : env_file_entries) {
+    if (!is_env_name(name)) throw UsageError("--env-file: '" + name + "' is not a variable name", std::string(kEnvFileForms));
+    reject_reserved(name, "--env-file");
+    upsert(out, name, value);
+  }
+  for (const auto& f : flags) {
+    if (!is_env_name(f.name)) throw UsageError("--env: '" + f.name + "' is not a variable name", std::string(kEnvFlagForms));
+    reject_reserved(f.name, "--env " + f.name);
+    if (f.value) {
+      upsert(out, f.name, *f.value);
+    } else if (const auto it = launcher_env.find(f.name); it != launcher_env.end()) {
+      upsert(out, f.name, it->second);
+    }
+  }
+  return out;
+}
+
+std::string encode_env_block(const EnvEntries& entries) {
+  std::string out;
+  for (const auto& [name, value] : entries) {
+    if (!is_env_name(name)) {
+      throw UsageError("remote environment: '" + name + "' is not a variable name", std::string(kEnvFlagForms));
+    }
+    if (value.find('\0') != std::string::npos) {
+      throw UsageError("remote environment: the value of " + name + " contains a NUL byte", "remove it");
+    }
+    out += name;
+    out.push_back('=');
+    out += value;
+    out.push_back('\0');
+  }
+  out.push_back('\0');
+  return out;
+}
+
+std::size_t EnvBlockReader::feed(std::string_view bytes) {
+  std::size_t used = 0;
+  while (!done_ && used < bytes.size()) {
+    const auto nul = bytes.find('\0', used);
+    const std::size_t end = nul == std::string_view::npos ? bytes.size() : nul;
+    const std::size_t take = end - used + (nul == std::string_view::npos ? 0 : 1);
+    if (total_ + take > max_bytes_) {
+      block_error("larger than " + std::to_string(max_bytes_) + " bytes without its terminator");
+    }
+    total_ += take;
+    current_.append(bytes.substr(used, end - used));
+    used += take;
+    if (nul == std::string_view::npos) break;
+    if (current_.empty()) {
+      done_ = true;
+      break;
+    }
+    const auto eq = current_.find('=');
+    if (eq == std::string::npos) block_error("entry '" + current_.substr(0, 64) + "' has no '='");
+    std::string name = current_.substr(0, eq);
+    if (!is_env_name(name)) block_error("'" + name.substr(0, 64) + "' is not a variable name");
+    entries_.emplace_back(std::move(name), current_.substr(eq + 1));
+    current_.clear();
+  }
+  return used;
+}
+
+EnvEntries decode_env_block(std::string_view bytes, std::size_t* consumed, std::size_t max_bytes) {
+  EnvBlockReader reader(max_bytes);
+  const std::size_t used = reader.feed(bytes);
+  if (!reader.done()) block_error("ended after " + std::to_string(bytes.size()) + " bytes, before its terminator");
+  if (consumed != nullptr) *consumed = used;
+  return reader.entries();
+}
+
+EnvBlock read_env_block(int fd, std::size_t max_bytes) {
+  EnvBlockReader reader(max_bytes);
+  std::array<char, 4096> buf{};
+  std::size_t total = 0;
+  while (true) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      block_error("read failed: " + std::string(std::strerror(err)));
+    }
+    if (n == 0) block_error("EOF after " + std::to_string(total) + " bytes, before its terminator");
+    const std::string_view chunk(buf.data(), static_cast<std::size_t>(n));
+    total += chunk.size();
+    const std::size_t used = reader.feed(chunk);
+    if (reader.done()) return EnvBlock{reader.entries(), std::string(chunk.substr(used))};
+  }
+}
+
+std::string encode_control_signal(int signo) { return "S" + std::to_string(signo) + "\n"; }
+
+ControlReader::Result ControlReader::feed(std::string_view bytes) {
+  constexpr std::size_t kMaxLine = 16;
+  Result r;
+  for (char c : bytes) {
+    if (error_) break;
+    if (c != '\n') {
+      line_.push_back(c);
+      if (line_.size() > kMaxLine) {
+        error_ = "control channel: line longer than " + std::to_string(kMaxLine) + " bytes";
+      }
+      continue;
+    }
+    const std::string_view digits = line_.size() > 1 ? std::string_view(line_).substr(1) : std::string_view{};
+    const bool ok_form = !line_.empty() && line_.front() == 'S' && !digits.empty() && digits.size() <= 3 &&
+                         std::all_of(digits.begin(), digits.end(), [](char d) { return d >= '0' && d <= '9'; });
+    const auto v = ok_form ? parse_int(digits) : std::nullopt;
+    if (!v || *v < 1 || *v > 64) {
+      error_ = "control channel: malformed line '" + line_ + "' (expected S<signal number>)";
+      break;
+    }
+    r.signals.push_back(static_cast<int>(*v));
+    line_.clear();
+  }
+  r.error = error_;
+  return r;
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,195 @@
+#include "ddprun/launcher/slurm.hpp"
+
+#include <algorithm>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+constexpr std::string_view kHostlistForms =
+    "comma list of names, each with optional [..] groups of N or LO-HI ranges, e.g. node[01-04,07],gpu-a[1-2]";
+
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+class HostlistParser {
+ public:
+  HostlistParser(std::string_view text, std::string_view what) : text_(text), what_(what) {}
+
+  std::vector<std::string> run() {
+    std::vector<std::string> out;
+    skip_space();
+    if (pos_ >= text_.size()) fail(0, "empty host list");
+    while (true) {
+      skip_space();
+      expand_name(out);
+      skip_space();
+      if (pos_ >= text_.size()) break;
+      if (text_[pos_] != ',') fail(pos_, std::string("unexpected '") + text_[pos_] + "'");
+      ++pos_;
+    }
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(std::size_t at, const std::string& why) const {
+    throw UsageError(std::string(what_) + "=" + std::string(text_) + ": " + why + " at position " + std::to_string(at),
+                     "accepted forms: " + std::string(kHostlistForms));
+  }
+
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n')) ++pos_;
+  }
+
+  // One name with its bracket groups, up to the next top-level ',' or the end.
+  void expand_name(std::vector<std::string>& out) {
+    const std::size_t start = pos_;
+    std::vector<std::string> partial{""};
+    bool any = false;
+    while (pos_ < text_.size()) {
+      const char c = text_[pos_];
+      if (c == ',' || c == ' ' || c == '\t' || c == '\n') break;
+      if (c == ']') fail(pos_, "']' without '['");
+      if (c == '[') {
+        const auto values = parse_group();
+        if (partial.size() * values.size() > kMaxHostlistHosts) fail(start, "too many hosts");
+        std::vector<std::string> next;
+        next.reserve(partial.size() * values.size());
+        for (const auto& p : partial) {
+          for (const auto& v : values) next.push_back(p + v);
+        }
+        partial = std::move(next);
+      } else {
+        for (auto& p : partial) p.push_back(c);
+        ++pos_;
+      }
+      any = true;
+    }
+    if (!any) fail(start, "empty host name");
+    if (out.size() + partial.size() > kMaxHostlistHosts) fail(start, "too many hosts");
+    for (auto& p : partial) out.push_back(std::move(p));
+  }
+
+  // "[a-b,c]" at pos_ -> the values, padded.
+  std::vector<std::string> parse_group() {
+    const std::size_t open = pos_;
+    const auto close = text_.find(']', pos_);
+    if (close == std::string_view::npos) fail(open, "'[' without ']'");
+    const auto nested = text_.find('[', pos_ + 1);
+    if (nested != std::string_view::npos && nested < close) fail(nested, "nested '['");
+    const std::string_view body = text_.substr(pos_ + 1, close - pos_ - 1);
+    if (body.empty()) fail(open, "empty '[]'");
+    std::vector<std::string> values;
+    std::size_t item_start = pos_ + 1;
+    for (const auto& item : split(body, ',')) {
+      const std::size_t at = item_start;
+      item_start += item.size() + 1;
+      if (item.empty()) fail(at, "empty range in '[...]'");
+      const auto dash = item.find('-');
+      const std::string lo_text = item.substr(0, dash);
+      const std::string hi_text = dash == std::string::npos ? lo_text : item.substr(dash + 1);
+      if (!is_digits(lo_text) || !is_digits(hi_text) || lo_text.size() > 18 || hi_text.size() > 18) {
+        fail(at, "'" + item + "' is not N or LO-HI");
+      }
+      const auto lo = *parse_int(lo_text);
+      const auto hi = *parse_int(hi_text);
+      if (hi < lo) fail(at, "range '" + item + "' runs backwards");
+      if (static_cast<std::uint64_t>(hi - lo) >= kMaxHostlistHosts ||
+          values.size() + static_cast<std::size_t>(hi - lo) >= kMaxHostlistHosts) {
+        fail(at, "too many hosts");
+      }
+      const std::size_t width = lo_text.size();
+      for (auto v = lo; v <= hi; ++v) {
+        std::string s = std::to_string(v);
+        if (s.size() < width) s.insert(0, width - s.size(), '0');
+        values.push_back(std::move(s));
+      }
+    }
+    pos_ = close + 1;
+    return values;
+  }
+
+  std::string_view text_;
+  std::string_view what_;
+  std::size_t pos_ = 0;
+};
+
+const std::string* find(const std::map<std::string, std::string>& env, const std::string& name) {
+  const auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+int env_int(const std::string& name, const std::string& value, int min) {
+  const std::string_view t = trim(value);
+  const auto v = parse_int(t);
+  if (!is_digits(t) || !v || *v < min || *v > 1'000'000) {
+    throw UsageError(name + "=" + value + ": not an integer >= " + std::to_string(min),
+                     "is this a Slurm job step? unset SLURM_JOB_ID to launch without Slurm");
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what) {
+  return HostlistParser(text, what).run();
+}
+
+std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env) {
+  const std::string* job_id = find(env, "SLURM_JOB_ID");
+  if (job_id == nullptr) return std::nullopt;
+  std::string nnodes_var = "SLURM_NNODES";
+  const std::string* nnodes = find(env, nnodes_var);
+  if (nnodes == nullptr) {
+    nnodes_var = "SLURM_JOB_NUM_NODES";
+    nnodes = find(env, nnodes_var);
+  }
+  if (nnodes == nullptr) return std::nullopt;
+
+  SlurmSettings s;
+  const std::string job(trim(*job_id));
+  if (job.empty() || job.find_first_of(" \t/") != std::string::npos) {
+    throw UsageError("SLURM_JOB_ID=" + *job_id + ": not a job id", "unset SLURM_JOB_ID to launch without Slurm");
+  }
+  s.nnodes = env_int(nnodes_var, *nnodes, 1);
+  const std::string* node_id = find(env, "SLURM_NODEID");
+  if (node_id == nullptr) {
+    throw UsageError("SLURM_JOB_ID is set but SLURM_NODEID is not",
+                     "run ddprun under srun (one task per node), or unset SLURM_JOB_ID");
+  }
+  s.node_id = env_int("SLURM_NODEID", *node_id, 0);
+  if (s.node_id >= s.nnodes) {
+    throw UsageError("SLURM_NODEID=" + *node_id + " is not below " + nnodes_var + "=" + *nnodes,
+                     "the Slurm environment is inconsistent; run ddprun under srun");
+  }
+  std::string list_var;
+  const std::string* list = nullptr;
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    list = find(env, name);
+    if (list != nullptr) {
+      list_var = name;
+      break;
+    }
+  }
+  if (list == nullptr) {
+    throw UsageError("SLURM_JOB_ID is set but none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is",
+                     "run ddprun under srun, or unset SLURM_JOB_ID");
+  }
+  const auto hosts = expand_hostlist(*list, list_var);
+  if (hosts.size() != static_cast<std::size_t>(s.nnodes)) {
+    throw UsageError(list_var + "=" + *list + " names " + std::to_string(hosts.size()) + " node(s) but " + nnodes_var +
+                         "=" + *nnodes,
+                     "the Slurm environment is inconsistent; run ddprun under srun with one task per node");
+  }
+  s.first_host = hosts.front();
+  s.run_id = "slurm-" + job;
+  if (const std::string* step = find(env, "SLURM_STEP_ID"); step != nullptr && !trim(*step).empty()) {
+    s.run_id += "." + std::string(trim(*step));
+  }
+  return s;
+}
+
+}  // namespace ddprun::launcher
