@@ -1,0 +1,233 @@
+// The command line of the fan-out launcher (--hostfile / --hosts) and of Slurm allocations,
+// turned into a FanoutPlan / AgentConfig. Pure: no ssh is run.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/launcher/command_line.hpp"
+#include "ddprun/launcher/fanout.hpp"
+#include "ddprun/launcher/values.hpp"
+#include "sandbox.hpp"
+
+using namespace ddprun::launcher;
+using ddprun::UsageError;
+using ddprun::test::Sandbox;
+using Catch::Matchers::Contains;
+using Strings = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+// A sandbox with an ssh on its PATH (the plan names the ssh client it will run).
+struct FanoutSandbox : Sandbox {
+  FanoutSandbox() { write(dir() / "bin" / "ssh", "#!/bin/sh\n", true); }
+};
+
+bool has(const Strings& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+
+bool any_contains(const Strings& v, const std::string& s) {
+  return std::any_of(v.begin(), v.end(), [&](const std::string& x) { return x.find(s) != std::string::npos; });
+}
+
+const std::string* env_value(const FanoutPlan& plan, const std::string& name) {
+  for (const auto& [k, v] : plan.env) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("--hosts makes a fan-out plan: hosts, workers per host, the program as typed") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0,u@h1:4", "--nproc-per-node", "2", "train.py", "--lr", "0.1"});
+  REQUIRE(o.fanout);
+  const FanoutPlan& p = *o.fanout;
+  REQUIRE(p.hosts.size() == 2);
+  CHECK(p.hosts[0].host == "h0");
+  CHECK(p.hosts[0].user.empty());
+  CHECK(p.hosts[0].nproc == "2");
+  CHECK(p.hosts[1].host == "h1");
+  CHECK(p.hosts[1].user == "u");
+  CHECK(p.hosts[1].nproc == "2");  // an explicit --nproc-per-node beats the slot count
+  CHECK(p.program == Strings{"train.py", "--lr", "0.1"});  // resolved by each host's agent
+  CHECK(p.remote_cwd == sb.dir().string());
+  CHECK_FALSE(p.remote_ddprun.empty());
+  CHECK(p.ssh_command.front() == sb.path("bin/ssh"));
+  CHECK(has(p.ssh_command, "BatchMode=yes"));
+  CHECK(has(p.agent_args, "--rdzv-conf=is_host=false"));
+}
+
+TEST_CASE("slots of a hostfile give the worker counts; include slots become the host's devices") {
+  FanoutSandbox sb;
+  Sandbox::write(sb.dir() / "hosts", "# cluster\nh0 slots=2\nh1 slots=4 # big\n\nh2:3\n", false);
+  auto o = sb.parse({"--hostfile", "hosts", "train.py"});
+  REQUIRE(o.fanout);
+  REQUIRE(o.fanout->hosts.size() == 3);
+  CHECK(o.fanout->hosts[0].nproc == "2");
+  CHECK(o.fanout->hosts[1].nproc == "4");
+  CHECK(o.fanout->hosts[2].nproc == "3");
+  CHECK(o.fanout->hosts[1].gpus.empty());
+
+  o = sb.parse({"--hostfile", "hosts", "--include", "h1:1,3@h2", "train.py"});
+  REQUIRE(o.fanout->hosts.size() == 2);
+  CHECK(o.fanout->hosts[0].host == "h1");
+  CHECK(o.fanout->hosts[0].nproc == "2");
+  CHECK(o.fanout->hosts[0].gpus == "1,3");
+  CHECK(o.fanout->hosts[1].host == "h2");
+  CHECK(o.fanout->hosts[1].nproc == "3");
+
+  o = sb.parse({"--hostfile", "hosts", "--num-nodes", "2", "--num-gpus", "1", "train.py"});
+  REQUIRE(o.fanout->hosts.size() == 2);
+  CHECK(o.fanout->hosts[1].host == "h1");
+  CHECK(o.fanout->hosts[1].nproc == "1");
+  CHECK(o.fanout->hosts[1].gpus == "0");
+  CHECK_THROWS_WITH(sb.parse({"--hostfile", "hosts", "--exclude", "h0", "--num-nodes", "1", "train.py"}),
+                    Contains("cannot be combined"));
+  CHECK_THROWS_AS(sb.parse({"--hostfile", "hosts", "--include", "h9", "train.py"}), UsageError);
+}
+
+TEST_CASE("--nproc-per-node gpu|auto is counted on each host") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0,h1", "--nproc-per-node", "gpu", "train.py"});
+  REQUIRE(o.fanout);
+  CHECK(o.fanout->hosts[0].nproc == "gpu");
+  CHECK(o.fanout->hosts[1].nproc == "gpu");
+}
+
+TEST_CASE("flags that place nodes cannot be mixed with a host list") {
+  FanoutSandbox sb;
+  for (const Strings& extra : {Strings{"--nnodes", "2"}, Strings{"--rdzv-endpoint", "x:1"}, Strings{"--node-rank", "1"},
+                               Strings{"--master-addr", "10.0.0.1"}, Strings{"--standalone"}}) {
+    Strings args = {"--hosts", "h0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.emplace_back("train.py");
+    CHECK_THROWS_WITH(sb.parse(args), Contains("cannot be used with --hosts"));
+  }
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--hostfile", "f", "train.py"}), Contains("cannot be used together"));
+}
+
+TEST_CASE("fan-out flags without a host list are errors") {
+  FanoutSandbox sb;
+  CHECK_THROWS_WITH(sb.parse({"--include", "h0", "train.py"}), Contains("--include needs --hostfile or --hosts"));
+  CHECK_THROWS_WITH(sb.parse({"--env", "A=1", "train.py"}), Contains("--env needs --hostfile or --hosts"));
+  CHECK_THROWS_WITH(sb.parse({"--ssh-option", "Port=2", "train.py"}), Contains("--ssh-option needs"));
+}
+
+TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0", "--max-restarts", "3", "--tee", "3", "-m", "--shutdown-timeout", "5",
+                           "--log-level", "debug", "pkg.train"},
+                          {{"PET_ROLE", "trainer"}});
+  REQUIRE(o.fanout);
+  const Strings& a = o.fanout->agent_args;
+  CHECK(has(a, "--max-restarts=3"));
+  CHECK(has(a, "--tee=3"));
+  CHECK(has(a, "--module"));
+  CHECK(has(a, "--role=trainer"));
+  CHECK(has(a, "--log-level=debug"));
+  CHECK(o.fanout->shutdown_timeout == std::chrono::milliseconds(5000));
+  CHECK(o.fanout->program == Strings{"pkg.train"});
+  CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--max-restarts", "x", "train.py"}), UsageError);
+  CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--tee", "9", "train.py"}), UsageError);
+}
+
+TEST_CASE("the rendezvous token never goes on a command line") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0", "--rdzv-conf", "token=s3cret,join_timeout=5", "train.py"});
+  REQUIRE(o.fanout);
+  CHECK(o.fanout->rdzv_token == "s3cret");
+  CHECK_FALSE(any_contains(o.fanout->agent_args, "s3cret"));
+  CHECK(has(o.fanout->agent_args, "--rdzv-conf=is_host=false,join_timeout=5"));
+  const std::string cmd = remote_command(*o.fanout, o.fanout->hosts[0], "10.0.0.1:5", "job");
+  CHECK(cmd.find("s3cret") == std::string::npos);
+  // From DDPRUN_RDZV_TOKEN as well.
+  const auto o2 = sb.parse({"--hosts", "h0", "train.py"}, {{"DDPRUN_RDZV_TOKEN", "envtok"}});
+  CHECK(o2.fanout->rdzv_token == "envtok");
+}
+
+TEST_CASE("the carried environment: the default set, --env and --env-file; device selection stays behind") {
+  FanoutSandbox sb;
+  Sandbox::write(sb.dir() / "job.env", "export FROM_FILE=1\n# c\nFOO=file\n", false);
+  const auto o = sb.parse({"--hosts", "h0", "--env", "FOO=flag", "--env", "ONLY_HERE", "--env-file", "job.env",
+                           "train.py"},
+                          {{"NCCL_DEBUG", "INFO"}, {"CUDA_VISIBLE_DEVICES", "1"}, {"ONLY_HERE", "x y"},
+                           {"UNRELATED", "no"}, {"MASTER_ADDR", "1.2.3.4"}});
+  REQUIRE(o.fanout);
+  const auto& p = *o.fanout;
+  REQUIRE(env_value(p, "NCCL_DEBUG"));
+  CHECK(*env_value(p, "NCCL_DEBUG") == "INFO");
+  CHECK(env_value(p, "CUDA_VISIBLE_DEVICES") == nullptr);
+  CHECK(env_value(p, "UNRELATED") == nullptr);
+  CHECK(env_value(p, "MASTER_ADDR") == nullptr);
+  REQUIRE(env_value(p, "FOO"));
+  CHECK(*env_value(p, "FOO") == "flag");  // --env wins over the file
+  REQUIRE(env_value(p, "FROM_FILE"));
+  REQUIRE(env_value(p, "ONLY_HERE"));
+  CHECK(*env_value(p, "ONLY_HERE") == "x y");
+  CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--env", "RANK=3", "train.py"}), UsageError);
+}
+
+TEST_CASE("remote_command: the agent's flags, the host label in the prefix, every word quoted") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0", "--nproc-per-node", "2", "--ranks-filter", "0,3-5", "train.py", "a b",
+                           "it's"});
+  REQUIRE(o.fanout);
+  const std::string cmd = remote_command(*o.fanout, o.fanout->hosts[0], "10.0.0.1:5", "job-1");
+  CHECK_THAT(cmd, Contains("cd -- "));
+  CHECK_THAT(cmd, Contains(" --remote-agent "));
+  CHECK_THAT(cmd, Contains("--node-label=h0"));
+  CHECK_THAT(cmd, Contains("--rdzv-endpoint=10.0.0.1:5"));
+  CHECK_THAT(cmd, Contains("--nnodes=1"));
+  CHECK_THAT(cmd, Contains("--nproc-per-node=2"));
+  CHECK_THAT(cmd, Contains("'--log-line-prefix-template=[h0:${rank}]:'"));  // quoted: no shell expansion
+  CHECK_THAT(cmd, Contains("--ranks-filter=0,3-5"));
+  CHECK_THAT(cmd, Contains(" -- train.py 'a b' 'it'\\''s'"));
+}
+
+TEST_CASE("--ranks-filter takes ranks and ranges") {
+  CHECK(parse_ranks_filter("0,3-5", "--ranks-filter") == std::set<int>{0, 3, 4, 5});
+  CHECK(parse_ranks_filter(" 7 ", "--ranks-filter") == std::set<int>{7});
+  CHECK_FALSE(parse_ranks_filter("", "--ranks-filter"));
+  CHECK_THROWS_WITH(parse_ranks_filter("5-3", "--ranks-filter"), Contains("empty"));
+  CHECK_THROWS_WITH(parse_ranks_filter("x", "--ranks-filter"), Contains("--ranks-filter"));
+  CHECK_THROWS_AS(parse_ranks_filter("-1", "--ranks-filter"), UsageError);
+  Sandbox sb;
+  const auto o = sb.parse({"--ranks-filter", "1-2", "--prefix-output", "--log-line-prefix-template", "<${rank}>",
+                           "train.py"});
+  CHECK(o.config.ranks_filter == std::set<int>{1, 2});
+  CHECK(o.config.prefix_console);
+  CHECK(o.config.log_line_prefix_template == "<${rank}>");
+}
+
+TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come from Slurm") {
+  Sandbox sb;
+  const Env slurm = {{"SLURM_JOB_ID", "77"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"},
+                     {"SLURM_JOB_NODELIST", "gpu[07-08]"}};
+  auto o = sb.parse({"--nproc-per-node", "4", "train.py"}, slurm);
+  CHECK(o.config.rdzv_backend == "c10d");
+  CHECK(o.config.min_nodes == 2);
+  CHECK(o.config.max_nodes == 2);
+  CHECK(o.config.rdzv_endpoint == "gpu07:29400");
+  CHECK(o.config.run_id == "slurm-77");
+  CHECK(o.config.node_rank == 1);
+  REQUIRE(o.config.rdzv.is_host);
+  CHECK_FALSE(*o.config.rdzv.is_host);
+
+  Env first = slurm;
+  first["SLURM_NODEID"] = "0";
+  o = sb.parse({"train.py"}, first);
+  REQUIRE(o.config.rdzv.is_host);
+  CHECK(*o.config.rdzv.is_host);
+
+  // Explicit rendezvous flags win; a one-node allocation is a plain single-node job.
+  o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
+  CHECK(o.config.rdzv_backend == "static");
+  Env one = slurm;
+  one["SLURM_NNODES"] = "1";
+  one["SLURM_NODEID"] = "0";
+  one["SLURM_JOB_NODELIST"] = "gpu07";
+  o = sb.parse({"train.py"}, one);
+  CHECK(o.config.rdzv_backend == "static");
+}
