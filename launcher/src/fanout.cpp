@@ -20,6 +20,7 @@
 #include <memory>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/control_channel.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
@@ -547,7 +548,7 @@ class Fanout {
 
   void send_signal(HostRun& h, int sig) {
     if (h.stdin_fd < 0) return;
-    if (!agent::write_all(h.stdin_fd, "S" + std::to_string(sig) + "\n")) close_stdin(h);
+    if (!agent::write_all(h.stdin_fd, agent::encode_control_signal(sig))) close_stdin(h);
   }
 
   static void close_stdin(HostRun& h) {

@@ -56,6 +56,14 @@ TEST_CASE("--hosts makes a fan-out plan: hosts, workers per host, the program as
   CHECK_FALSE(p.remote_ddprun.empty());
   CHECK(p.ssh_command.front() == sb.path("bin/ssh"));
   CHECK(has(p.ssh_command, "BatchMode=yes"));
+  // The user's options come before the defaults: ssh keeps the first value of an option.
+  const auto o2 = sb.parse({"--hosts", "h0", "--ssh-option", "ConnectTimeout=30", "train.py"});
+  const auto& cmd = o2.fanout->ssh_command;
+  const auto user = std::find(cmd.begin(), cmd.end(), "ConnectTimeout=30");
+  const auto dflt = std::find(cmd.begin(), cmd.end(), "ConnectTimeout=10");
+  REQUIRE(user != cmd.end());
+  REQUIRE(dflt != cmd.end());
+  CHECK(user < dflt);
   CHECK(has(p.agent_args, "--rdzv-conf=is_host=false"));
 }
 

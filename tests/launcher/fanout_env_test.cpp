@@ -10,9 +10,12 @@
 #include <thread>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/agent/control_channel.hpp"
 #include "ddprun/launcher/remote_env.hpp"
 
 using namespace ddprun::launcher;
+using ddprun::agent::ControlReader;
+using ddprun::agent::encode_control_signal;
 using ddprun::UsageError;
 using Catch::Matchers::Contains;
 

@@ -44,7 +44,10 @@ def main():
         return 3
 
     addr = socket.gethostbyname(socket.gethostname())
-    print("rank %d ok world %d host %s" % (rank, world, addr), flush=True)
+    # One write call per line: under PYTHONUNBUFFERED, print() writes the text and the newline
+    # separately, so lines of ranks sharing a console pipe (no prefixing agent) could interleave.
+    sys.stdout.write("rank %d ok world %d host %s\n" % (rank, world, addr))
+    sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -3,7 +3,7 @@
 // on the ssh session's stdin (see docs: SSH fan-out spec):
 //   1. the env block: entries "NAME=VALUE\0", ended by an empty entry (one more "\0");
 //   2. the control channel: "S<signo>\n" lines, each asking the agent to act as if it had
-//      received that signal. EOF means the launcher is gone.
+//      received that signal; EOF means the launcher is gone (agent/control_channel.hpp).
 // Values never appear on the remote command line (ps shows it to every user).
 //
 // Everything here is pure except load_env_file (reads a file) and read_env_block (reads a file
@@ -103,25 +103,5 @@ struct EnvBlock {
   std::string rest;
 };
 EnvBlock read_env_block(int fd, std::size_t max_bytes = kDefaultEnvBlockMax);
-
-// Control channel encoder: "S<signo>\n".
-std::string encode_control_signal(int signo);
-
-// Incremental control-channel parser. feed() returns the signals of the complete lines in
-// `bytes`; a malformed line (not S followed by 1..3 digits, signo outside 1..64, or over 16
-// bytes without '\n') sets error() and the reader ignores everything after it.
-class ControlReader {
- public:
-  struct Result {
-    std::vector<int> signals;
-    std::optional<std::string> error;  // set once, on the first malformed line
-  };
-  Result feed(std::string_view bytes);
-  const std::optional<std::string>& error() const { return error_; }
-
- private:
-  std::string line_;
-  std::optional<std::string> error_;
-};
 
 }  // namespace ddprun::launcher
