@@ -325,6 +325,32 @@ class Fanout(unittest.TestCase):
     def test_g_refusing_host(self):
         self.unreachable("hx", r"Connection refused")
 
+    def test_g_auth_refused(self):
+        # The user's --ssh-option comes before ddprun's defaults and the config file, so this
+        # turns key authentication off; BatchMode then has nothing left to try.
+        t0 = time.monotonic()
+        self.launch(["--hosts", "h0,h1", "--ssh-option", "PubkeyAuthentication=no"],
+                    self.worker("--hold", self.c.path("never"), "--max", "120"))
+        code = self.wait_exit(60)
+        self.assertEqual(code, 1, self.stderr()[-3000:])
+        self.assertLess(time.monotonic() - t0, 45)
+        err = self.stderr()
+        self.assertRegex(err, r"cannot reach host h[01] over ssh")
+        self.assertIn("Permission denied", err)
+        self.assertEqual(self.infos(), [], "no worker may start")
+        self.assert_clean()
+
+    def test_g_no_ddprun_on_host(self):
+        missing = self.c.path("not-installed", "ddprun")
+        self.launch(["--hosts", HOSTS3, "--remote-ddprun", missing],
+                    self.worker("--hold", self.c.path("never"), "--max", "120"))
+        code = self.wait_exit(60)
+        self.assertEqual(code, 1, self.stderr()[-3000:])
+        err = self.stderr()
+        self.assertRegex(err, r"host h[012]: cannot run " + re.escape(missing))
+        self.assertIn("--remote-ddprun", err)
+        self.assert_clean()
+
     # ---------- (h) ranks filter ----------
 
     def test_h_ranks_filter(self):
