@@ -89,6 +89,24 @@ class DryRun(unittest.TestCase):
         self.assertEqual(sorted(self.sections(r.stdout)), [0, 1])
 
 
+    def test_fanout_dry_run_names_hosts_and_variables_not_values(self):
+        secret = "v4lue-that-must-not-print"
+        r = ddprun(["--hosts", "n1,admin@n2:3", "--dry-run", "--env", "FOO=" + secret, "train.py", "a b"],
+                   cwd=self.dir, env_extra={"NCCL_DEBUG": secret, "CUDA_VISIBLE_DEVICES": "3"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("2 host(s) over ssh", r.stdout)
+        self.assertNotIn(secret, r.stdout + r.stderr)
+        carried = re.search(r"^environment carried to every host.*:(.*)$", r.stdout, flags=re.M).group(1).split()
+        self.assertIn("NCCL_DEBUG", carried)
+        self.assertIn("FOO", carried)
+        self.assertNotIn("CUDA_VISIBLE_DEVICES", carried)
+        hosts = re.findall(r"^host (\S+) \((\d+) worker", r.stdout, flags=re.M)
+        self.assertEqual(hosts, [("n1", "1"), ("n2", "3")])
+        self.assertIn(" admin@n2 ", r.stdout)
+        self.assertIn("BatchMode=yes", r.stdout)
+        self.assertFalse(os.path.exists(self.marker), "--dry-run started the program")
+
+
 class ExitCodes(unittest.TestCase):
     def check_usage_error(self, args, text):
         with tempfile.TemporaryDirectory(prefix="ddprun-cli-") as d:
