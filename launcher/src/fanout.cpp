@@ -101,31 +101,30 @@ std::string capture(const std::vector<std::string>& argv, std::string& err, int&
   return out;
 }
 
-// The address of this machine that traffic to the first host leaves from: ssh -G resolves the
-// host through the ssh config (aliases, HostName, Port), then a connected UDP socket asks the
-// kernel's routing table. Nothing is sent.
-std::string pick_launcher_addr(const FanoutPlan& plan) {
-  const FanoutHost& first = plan.hosts.front();
+// The address of this machine that traffic to `host` leaves from: ssh -G resolves the host
+// through the ssh config (aliases, HostName, Port), then a connected UDP socket asks the kernel's
+// routing table. Nothing is sent. Empty when the host cannot be resolved or routed; `why` says why.
+std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& target, std::string& why) {
   std::vector<std::string> argv = plan.ssh_command;
   argv.emplace_back("-G");
-  argv.push_back(destination(first));
+  argv.push_back(destination(target));
   std::string err;
   int status = 0;
   const std::string config = capture(argv, err, status);
-  std::string host = first.host;
+  std::string host = target.host;
   std::string port = "22";
   for (const auto& line : split(config, '\n')) {
     if (starts_with(line, "hostname ")) host = std::string(trim(line.substr(9)));
     if (starts_with(line, "port ")) port = std::string(trim(line.substr(5)));
   }
-  const std::string hint = "pass --launcher-addr with an address of this machine that every host can reach";
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
   if (rc != 0 || found == nullptr) {
-    throw NetworkError("cannot resolve the first host " + first.host + " (" + host + "): " + ::gai_strerror(rc), hint);
+    why = "cannot resolve " + target.host + " (" + host + "): " + ::gai_strerror(rc);
+    return {};
   }
   std::string chosen;
   for (addrinfo* ai = found; ai != nullptr && chosen.empty(); ai = ai->ai_next) {
@@ -144,10 +143,26 @@ std::string pick_launcher_addr(const FanoutPlan& plan) {
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  if (chosen.empty()) {
-    throw NetworkError("no route from this machine to the first host " + first.host + " (" + host + ")", hint);
-  }
+  if (chosen.empty()) why = "no route from this machine to " + target.host + " (" + host + ")";
   return chosen;
+}
+
+bool is_loopback(const std::string& addr) { return starts_with(addr, "127.") || addr == "::1"; }
+
+// Where the hosts reach the launcher: the source address towards the first host that is not this
+// machine's loopback (a hostfile may list localhost first); loopback only when every host is local.
+std::string pick_launcher_addr(const FanoutPlan& plan) {
+  std::string loopback;
+  std::string why;
+  for (const auto& h : plan.hosts) {
+    const std::string addr = source_address_towards(plan, h, why);
+    if (addr.empty()) break;  // say why below rather than guess from the other hosts
+    if (!is_loopback(addr)) return addr;
+    if (loopback.empty()) loopback = addr;
+  }
+  if (why.empty() && !loopback.empty()) return loopback;
+  throw NetworkError("cannot tell which address of this machine the hosts reach: " + why,
+                     "pass --launcher-addr with an address of this machine that every host can reach");
 }
 
 // Reads a pipe on the io_context and hands over whole lines (a line longer than the buffer is
