@@ -548,7 +548,9 @@ class Fanout {
       return;
     }
     if (!stopping_) {
-      spdlog::warn("host {}: agent ended with exit code {}; stopping the other hosts", h.spec.label(), code);
+      // 255 is also ssh's own "connection lost" (a worker exit code 255 looks the same).
+      spdlog::warn("host {}: agent ended with exit code {}{}; stopping the other hosts", h.spec.label(), code,
+                   code == 255 ? " (or the ssh connection to it was lost)" : "");
     }
     set_failure(code);
     if (!stopping_) stop_all(SIGTERM);
