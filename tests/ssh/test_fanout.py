@@ -351,6 +351,33 @@ class Fanout(unittest.TestCase):
         self.assertIn("--remote-ddprun", err)
         self.assert_clean()
 
+    # ---------- (k) one ssh connection drops ----------
+
+    def test_k_ssh_connection_drop(self):
+        self.launch(["--hosts", HOSTS3], self.worker("--hold", self.c.path("never"), "--max", "120"))
+        infos = self.wait_workers(6)
+        clients = [pid for pid in self.c.pids_in(self.c.launcher_ns)
+                   if os.path.basename(self.c_argv(pid)[0] if self.c_argv(pid) else "") == "ssh"
+                   and "h1" in self.c_argv(pid)]
+        self.assertEqual(len(clients), 1, "expected exactly one ssh client for h1")
+        os.kill(clients[0], signal.SIGKILL)
+        code = self.wait_exit(45)
+        self.assertEqual(code, 128 + signal.SIGKILL, self.stderr()[-3000:])  # the dropped host's ssh status
+        self.assertIn("host h1", self.stderr())
+        self.assert_clean()
+        # h1's agent saw its stdin close and stopped its workers with SIGTERM (not cut off by SIGKILL).
+        for i in infos:
+            if i["host"] == "h1":
+                path = os.path.join(self.out, "sig_%d_%d" % (i["rank"], i["pid"]))
+                self.assertTrue(os.path.exists(path), "rank %d on h1 was not stopped with a signal" % i["rank"])
+
+    def c_argv(self, pid):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            return []
+
     # ---------- (h) ranks filter ----------
 
     def test_h_ranks_filter(self):
