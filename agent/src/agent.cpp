@@ -39,6 +39,7 @@
 #include <string_view>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/control_channel.hpp"
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/elastic_machine.hpp"
 #include "ddprun/agent/failure.hpp"
@@ -52,6 +53,7 @@
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/worker_env/gpus.hpp"
 #include "ddprun/worker_env/nccl_id.hpp"
+#include "ddprun/worker_env/numa.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
 namespace asio = boost::asio;
@@ -413,26 +415,19 @@ class Agent {
         on_launcher_gone(ec == asio::error::eof ? std::string("its connection closed") : ec.message());
         return;
       }
-      control_pending_.append(control_buf_.data(), n);
-      for (auto nl = control_pending_.find('\n'); nl != std::string::npos; nl = control_pending_.find('\n')) {
-        const std::string line = control_pending_.substr(0, nl);
-        control_pending_.erase(0, nl + 1);
-        const auto signo = line.size() >= 2 && line.front() == 'S' ? parse_int(std::string_view(line).substr(1))
-                                                                     : std::nullopt;
-        if (signo && *signo > 0 && *signo < NSIG) {
-          const int sig = static_cast<int>(*signo);
-          spdlog::warn("the launcher forwarded {}: forwarding it to the workers", signal_name(sig));
-          deliver_signal(sig);
-        } else {
-          spdlog::warn("ignoring a malformed line on the launcher's control channel: '{}'", line.substr(0, 64));
-        }
+      const auto result = control_reader_.feed(std::string_view(control_buf_.data(), n));
+      for (int sig : result.signals) {
+        spdlog::warn("the launcher forwarded {}: forwarding it to the workers", signal_name(sig));
+        deliver_signal(sig);
         if (finished_) {
           return;
         }
       }
-      if (control_pending_.size() > kMaxControlLine) {
-        spdlog::warn("ignoring {} bytes on the launcher's control channel without a newline", control_pending_.size());
-        control_pending_.clear();
+      if (result.error && !control_error_reported_) {
+        control_error_reported_ = true;
+        // A launcher of another version, or garbage: stop trusting the channel, keep the workers.
+        spdlog::error("{}; ignoring the launcher's control channel from now on (its end is still noticed)",
+                      *result.error);
       }
       read_control();
     });
@@ -519,6 +514,8 @@ class Agent {
     } else if (nccl_holder_) {
       const auto nccl = nccl_holder_->worker_env();
       additions.insert(additions.end(), nccl.begin(), nccl.end());
+    } else if (!comm_id_.empty()) {
+      additions.emplace_back("NCCL_COMM_ID", comm_id_);  // --nccl-id comm-id, this attempt's port
     }
     for (const auto& [k, v] : additions) {
       if (k == "TORCHELASTIC_ERROR_FILE") {
@@ -564,8 +561,15 @@ class Agent {
     }
     req.stdout_fd = child_fds[0];
     req.stderr_fd = child_fds[1];
+    if (static_cast<std::size_t>(local_rank) < config_.cpu_binding.size()) {
+      req.cpus = config_.cpu_binding[static_cast<std::size_t>(local_rank)];  // --numa-binding
+    }
 
     const SpawnResult res = spawn_worker(req);
+    if (res.affinity_error != 0) {
+      spdlog::warn("local rank {}: --numa-binding {}: cannot bind to CPUs {}: {}; the worker runs unbound", local_rank,
+                   config_.numa_binding, worker_env::format_cpu_list(req.cpus), std::strerror(res.affinity_error));
+    }
     for (int fd : child_fds) {
       if (fd >= 0) {
         ::close(fd);
@@ -777,6 +781,13 @@ class Agent {
       nccl_holder_->stop();
       nccl_holder_.reset();
     }
+    if (config_.nccl_id == AgentConfig::NcclIdMode::comm_id) {
+      // No holder: rank 0's ncclCommInitRank hosts the root on this address (elastic: this
+      // node's advertised address, used only when it gets group rank 0). A new port each time.
+      comm_id_ = worker_env::pick_nccl_comm_id(elastic_ ? node_id_.addr : assignment_.master_addr, comm_id_);
+      spdlog::debug("--nccl-id comm-id: NCCL_COMM_ID={}", comm_id_);
+      return;
+    }
     if (config_.nccl_id == AgentConfig::NcclIdMode::off || nccl_unavailable_) {
       return;
     }
@@ -818,6 +829,9 @@ class Agent {
 
   std::vector<std::uint8_t> nccl_holder_bytes() const {
     std::vector<std::uint8_t> out;
+    if (config_.nccl_id == AgentConfig::NcclIdMode::comm_id) {
+      return worker_env::encode_comm_id_offer(comm_id_);  // "addr:port" offered in place of unique IDs
+    }
     if (nccl_holder_) {
       for (const auto& id : nccl_holder_->ids()) out.insert(out.end(), id.begin(), id.end());
     }
@@ -1010,6 +1024,16 @@ class Agent {
     if (a.nccl_id.empty()) {
       return;
     }
+    if (config_.nccl_id == AgentConfig::NcclIdMode::comm_id) {
+      if (const auto value = worker_env::decode_comm_id_offer(a.nccl_id)) {
+        round_nccl_env_.emplace_back("NCCL_COMM_ID", *value);
+      } else {
+        spdlog::warn("round {}: --nccl-id comm-id, but the group-rank-0 node offered NCCL unique IDs, not an "
+                     "address; NCCL_COMM_ID is not set (use the same --nccl-id on every node)",
+                     a.round);
+      }
+      return;
+    }
     if (a.nccl_id.size() % worker_env::nccl_unique_id_bytes != 0) {
       spdlog::warn("round {}: the assignment's NCCL ID has {} bytes, not a multiple of {}; DDPRUN_NCCL_UNIQUE_ID is "
                    "not set",
@@ -1162,15 +1186,16 @@ class Agent {
   std::optional<rendezvous::WorkerFailure> pending_failure_;
   std::string last_progress_;
   // remote-agent mode: the launcher's control channel
-  static constexpr std::size_t kMaxControlLine = 1024;
   std::unique_ptr<asio::posix::stream_descriptor> control_;
   std::array<char, 256> control_buf_{};
-  std::string control_pending_;
+  ControlReader control_reader_;
+  bool control_error_reported_ = false;
   struct sigaction old_sigpipe_ {};
   bool restore_sigpipe_ = false;
   std::optional<worker_env::NcclIdHolder> nccl_holder_;  // this attempt's NCCL bootstrap roots
   bool nccl_unavailable_ = false;                        // --nccl-id auto: said once, skip after
   worker_env::EnvList round_nccl_env_;                   // elastic: the round's NCCL ID variables
+  std::string comm_id_;                                  // --nccl-id comm-id: this attempt's/join's host:port
 };
 
 }  // namespace
@@ -1211,6 +1236,10 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
     if (static_cast<std::size_t>(r) < config.gpu_devices.size()) {
       out << "  device: " << config.gpu_devices[static_cast<std::size_t>(r)] << '\n';
     }
+    if (static_cast<std::size_t>(r) < config.cpu_binding.size()) {
+      out << "  cpus: " << worker_env::format_cpu_list(config.cpu_binding[static_cast<std::size_t>(r)])
+          << " (--numa-binding " << config.numa_binding << ")\n";
+    }
     out << "  env:\n";
     auto env = worker_env::build_worker_env(assignment, r, opts, parent);
     if (static_cast<std::size_t>(r) < config.gpu_env.size()) {
@@ -1223,6 +1252,12 @@ void print_dry_run(const AgentConfig& config, std::ostream& out) {
           env.emplace_back(k, v);
         }
       }
+      std::sort(env.begin(), env.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    }
+    if (config.nccl_id == AgentConfig::NcclIdMode::comm_id) {
+      env.emplace_back("NCCL_COMM_ID", (uses_elastic_path(config) ? std::string("<group-rank-0 node's address>")
+                                                                   : config.master_addr) +
+                                           ":<port chosen per attempt>");
       std::sort(env.begin(), env.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     }
     for (const auto& [k, v] : env) {

@@ -31,10 +31,13 @@ struct ChildArgs {
   int stdout_fd = -1;
   int stderr_fd = -1;
   pid_t parent_pid = 0;
+  const unsigned long* cpu_mask = nullptr;  // NOLINT: the kernel's cpumask unit; nullptr = no binding
+  std::size_t cpu_mask_bytes = 0;
   // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
   // suspension ends (exec or _exit).
   volatile int error = 0;
   const char* volatile failed_step = nullptr;
+  volatile int affinity_error = 0;
 };
 
 [[noreturn]] void child_fail(ChildArgs* args, const char* step) {
@@ -100,6 +103,11 @@ int child_main(void* raw) {
       ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
   }
+  // Best effort: a worker that cannot be bound (e.g. a cgroup cpuset narrower than the plan)
+  // still runs; the parent logs the error.
+  if (args->cpu_mask != nullptr && ::syscall(SYS_sched_setaffinity, 0, args->cpu_mask_bytes, args->cpu_mask) != 0) {
+    args->affinity_error = errno;
+  }
   if (args->cwd != nullptr && ::chdir(args->cwd) != 0) {
     child_fail(args, "chdir");
   }
@@ -135,6 +143,24 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   args.stdout_fd = request.stdout_fd;
   args.stderr_fd = request.stderr_fd;
   args.parent_pid = ::getpid();
+  // The affinity mask in the kernel's layout (bit c of word c / bits-per-long), built here: the
+  // child may not allocate.
+  std::vector<unsigned long> mask;  // NOLINT: the kernel's cpumask unit
+  constexpr int kBitsPerWord = static_cast<int>(sizeof(unsigned long) * 8);  // NOLINT
+  for (int c : request.cpus) {
+    if (c < 0) {
+      continue;
+    }
+    const auto word = static_cast<std::size_t>(c / kBitsPerWord);
+    if (mask.size() <= word) {
+      mask.resize(word + 1, 0);
+    }
+    mask[word] |= 1UL << static_cast<unsigned>(c % kBitsPerWord);
+  }
+  if (!mask.empty()) {
+    args.cpu_mask = mask.data();
+    args.cpu_mask_bytes = mask.size() * sizeof(unsigned long);  // NOLINT
+  }
 
   // No signal handler may run in the child while it still shares our memory.
   sigset_t all;
@@ -157,6 +183,7 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   result.pidfd = pidfd;
   result.error = args.error;
   result.failed_step = args.failed_step;
+  result.affinity_error = args.affinity_error;
   return result;
 }
 

@@ -23,6 +23,7 @@
 #include "ddprun/launcher/slurm.hpp"
 #include "ddprun/launcher/values.hpp"
 #include "ddprun/worker_env/gpus.hpp"
+#include "ddprun/worker_env/numa.hpp"
 
 extern char** environ;  // NOLINT: POSIX
 
@@ -97,9 +98,10 @@ constexpr FlagSpec kFlags[] = {
   {"gpu-sharing", "", Kind::boolean, true, "",
    "Allow more workers than selected devices (assigned round robin) with --gpus, --gpu-isolation "
    "or --virtual-local-rank."},
-  {"nccl-id", "", Kind::value, true, "auto|env|off",
-   "Export a fresh NCCL unique ID per attempt as DDPRUN_NCCL_UNIQUE_ID (single node). auto: skip "
-   "it when NCCL is missing; env: missing NCCL is an error; off: export nothing. Default: auto."},
+  {"nccl-id", "", Kind::value, true, "auto|env|comm-id|off",
+   "Export a fresh NCCL unique ID per attempt as DDPRUN_NCCL_UNIQUE_ID. auto: skip it when NCCL is "
+   "missing; env: missing NCCL is an error; comm-id: export NCCL_COMM_ID=<rank-0 address>:<free port> "
+   "instead (one communicator at a time); off: export nothing. Default: auto."},
   {"nccl-roots", "", Kind::value, true, "K",
    "Number of NCCL unique IDs (bootstrap roots) per attempt, exported as DDPRUN_NCCL_UNIQUE_IDS "
    "when K > 1. Default: 1, or ceil(world size / 256) above 256 ranks."},
@@ -132,7 +134,10 @@ constexpr FlagSpec kFlags[] = {
   {"launcher-addr", "", Kind::value, true, "ADDR",
    "Address of this machine the hosts reach the launcher's rendezvous at. Default: the one that routes to the first host."},
   {"node-label", "", Kind::value, false, "", ""},  // set by the fan-out launcher for its remote agents
-  {"numa-binding", "", Kind::value, false, "node|socket|exclusive|core-complex", "Not supported yet."},
+  {"numa-binding", "", Kind::value, false, "node|socket|exclusive|core-complex",
+   "Bind each worker to the CPUs near its GPU: node (the GPU's NUMA node), socket (its sockets), "
+   "exclusive (the node's cores split among its workers), core-complex (one L3 group each). "
+   "Without a GPU, workers are spread over the NUMA nodes. Best effort. Default: no binding."},
   {"logs-specs", "", Kind::value, false, "NAME", "Not supported yet (a torchrun Python plugin)."},
   // ddprun extras and torch.distributed.launch compatibility.
   {"local-rank-arg", "", Kind::value, true, "dash|underscore",
@@ -383,9 +388,9 @@ void fill_fanout(const Parsed& p, const std::vector<std::string>& remaining, con
   // ssh: BatchMode so a missing key fails instead of prompting; keepalives so a dead network is
   // noticed by the ssh client (the remote agent notices through its rendezvous heartbeats).
   const auto path_it = ctx.env.find("PATH");
-  plan.ssh_command = {agent::resolve_executable("ssh", path_it == ctx.env.end() ? "" : path_it->second, ""),
-                      "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
-                      "-o", "ServerAliveCountMax=3"};
+  // ssh keeps the FIRST value it sees for an option, so the user's options go before ddprun's
+  // defaults: --ssh-option ConnectTimeout=30 wins over ConnectTimeout=10.
+  plan.ssh_command = {agent::resolve_executable("ssh", path_it == ctx.env.end() ? "" : path_it->second, ""), "-T"};
   if (auto g = p.given("ssh-config")) {
     std::filesystem::path file(std::string(trim(g->text)));
     if (file.is_relative()) file = ctx.cwd / file;
@@ -402,6 +407,8 @@ void fill_fanout(const Parsed& p, const std::vector<std::string>& remaining, con
     }
     plan.ssh_command.insert(plan.ssh_command.end(), {"-o", opt});
   }
+  plan.ssh_command.insert(plan.ssh_command.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
+                                                   "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"});
   if (auto g = p.given("ssh-max-inflight")) plan.max_inflight = parse_int_value(g->text, g->what, 1, 10'000);
   plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
   plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
@@ -476,10 +483,12 @@ void fill_fanout(const Parsed& p, const std::vector<std::string>& remaining, con
   for (std::string_view f : {"virtual-local-rank", "gpu-isolation", "gpu-sharing", "module", "no-python", "run-path"}) {
     if (p.flag(f)) args.push_back("--" + std::string(f));
   }
-  for (std::string_view f : {"numa-binding", "logs-specs"}) {
-    if (auto g = p.given(f)) {
-      throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not bind CPUs or load log plugins");
-    }
+  if (auto g = p.given("numa-binding")) {
+    worker_env::parse_numa_binding(g->text, g->what);  // each remote agent plans from its own sysfs
+    args.push_back("--numa-binding=" + std::string(trim(g->text)));
+  }
+  if (auto g = p.given("logs-specs")) {
+    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
   }
   if (auto g = p.given("log-line-prefix-template")) {
     out.notes.push_back(g->what + " is ignored with " + source + ": remote lines are prefixed [host:rank]:");
@@ -667,6 +676,7 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
   cfg.virtual_local_rank = p.flag("virtual-local-rank");
 
   // GPUs: a plan only when GPUs are involved, so a CPU-only run is exactly as before.
+  std::vector<std::string> rank_bus_ids;  // per local rank, from the plan (for --numa-binding)
   {
     const auto gpus = p.given("gpus");
     const bool isolation = p.flag("gpu-isolation");
@@ -690,6 +700,12 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
       req.nproc = cfg.nproc_per_node;
       req.allow_sharing = sharing;
       const worker_env::GpuPlan plan = worker_env::plan_gpus(req);
+      if (!plan.selected.empty()) {
+        for (int r = 0; r < cfg.nproc_per_node; ++r) {  // local rank r uses selected[r % n] (--numa-binding)
+          const auto& v = plan.selected[static_cast<std::size_t>(r) % plan.selected.size()];
+          rank_bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
+        }
+      }
       bool any = false;
       for (const auto& e : plan.per_rank_env) any = any || !e.empty();
       if (any) {
@@ -704,10 +720,28 @@ void fill_config(const Parsed& p, const std::vector<std::string>& remaining, con
   if (auto g = p.given("nccl-id")) cfg.nccl_id = parse_nccl_id_mode(g->text, g->what);
   if (auto g = p.given("nccl-roots")) cfg.nccl_roots = parse_int_value(g->text, g->what, 1, 4096);
 
-  for (std::string_view f : {"numa-binding", "logs-specs"}) {
-    if (auto g = p.given(f)) {
-      throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not bind CPUs or load log plugins");
+  // CPU/NUMA binding: planned here from sysfs (DDPRUN_SYSFS_ROOT overrides /sys, for tests), near
+  // each rank's GPU when its PCI bus id is known, else spread over the NUMA nodes.
+  if (auto g = p.given("numa-binding")) {
+    const auto mode = worker_env::parse_numa_binding(g->text, g->what);
+    std::vector<std::string> bus_ids;
+    if (!rank_bus_ids.empty()) {
+      bus_ids = rank_bus_ids;
+    } else if (!(cvd && trim(*cvd).empty())) {
+      for (const auto& v : worker_env::visible_devices(cvd, probed())) bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
     }
+    const auto root = p.env("DDPRUN_SYSFS_ROOT");
+    const std::string sysfs = root && !trim(*root).empty() ? std::string(trim(*root)) : std::string("/sys");
+    const auto plan = worker_env::plan_numa_binding(mode, sysfs, cfg.nproc_per_node, bus_ids,
+                                                    worker_env::current_cpu_affinity());
+    cfg.numa_binding = std::string(trim(g->text));
+    cfg.cpu_binding = plan.per_rank;
+    if (bus_ids.empty() || std::find(bus_ids.begin(), bus_ids.end(), std::string()) != bus_ids.end()) {
+      out.notes.push_back(g->what + ": " + plan.note);
+    }
+  }
+  if (auto g = p.given("logs-specs")) {
+    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
   }
 
   // Legacy --local-rank argument.

@@ -237,11 +237,8 @@ agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::st
   if (t == "auto") return agent::AgentConfig::NcclIdMode::automatic;
   if (t == "env") return agent::AgentConfig::NcclIdMode::env;
   if (t == "off") return agent::AgentConfig::NcclIdMode::off;
-  if (t == "comm-id") {
-    throw UsageError(std::string(what) + "=comm-id is not supported yet",
-                     "use auto (the default) or env to export DDPRUN_NCCL_UNIQUE_ID, or off");
-  }
-  fail(what, text, "unknown mode", "auto, env, off");
+  if (t == "comm-id" || t == "comm_id") return agent::AgentConfig::NcclIdMode::comm_id;
+  fail(what, text, "unknown mode", "auto, env, comm-id, off");
 }
 
 std::string signal_name(int signo) {

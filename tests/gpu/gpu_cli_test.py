@@ -86,10 +86,14 @@ class NcclIdModes(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stderr.count("not exporting DDPRUN_NCCL_UNIQUE_ID"), 1, r.stderr)
 
-    def test_comm_id_is_not_supported_yet(self):
-        r = ddprun(["--nccl-id", "comm-id", "--no-python", "/bin/true"])
+    def test_comm_id_dry_run_and_bad_mode(self):
+        r = ddprun(["--dry-run", "--nproc-per-node", "2", "--master-addr", "127.0.0.5", "--nccl-id", "comm-id",
+                    "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("    NCCL_COMM_ID=127.0.0.5:<port chosen per attempt>\n"), 2, r.stdout)
+        r = ddprun(["--nccl-id", "bogus", "--no-python", "/bin/true"])
         self.assertEqual(r.returncode, 2)
-        self.assertIn("not supported yet", r.stderr)
+        self.assertIn("comm-id", r.stderr)
 
 
 if __name__ == "__main__":

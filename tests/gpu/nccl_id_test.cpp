@@ -198,3 +198,38 @@ TEST_CASE("the holder dies with its parent", "[nccl][holder]") {
   ::close(in_pipe[1]);
   ::close(out_pipe[0]);
 }
+
+TEST_CASE("--nccl-id comm-id picks a bindable port on the given address", "[nccl][comm-id]") {
+  const std::string first = pick_nccl_comm_id("127.0.0.1");
+  REQUIRE(first.rfind("127.0.0.1:", 0) == 0);
+  CHECK(looks_like_comm_id(first));
+  const int port = std::stoi(first.substr(first.rfind(':') + 1));
+  CHECK(port > 0);
+  CHECK(port < 65536);
+  // The port was released: rank 0's NCCL can listen on it now.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);  // NOLINT
+  ::close(fd);
+  for (int i = 0; i < 20; ++i) CHECK(pick_nccl_comm_id("127.0.0.1", first) != first);
+  CHECK(pick_nccl_comm_id("[::1]").rfind("[::1]:", 0) == 0);
+  CHECK(pick_nccl_comm_id("::1").rfind("[::1]:", 0) == 0);
+  CHECK_THROWS_WITH(pick_nccl_comm_id("192.0.2.77"), Catch::Contains("cannot bind a port on 192.0.2.77"));
+  CHECK_FALSE(looks_like_comm_id(std::string(128, '\x01')));
+  CHECK_FALSE(looks_like_comm_id("host"));
+  CHECK_FALSE(looks_like_comm_id("host:0"));
+  CHECK(looks_like_comm_id("node1.example:29501"));
+  // The rendezvous carries 128-byte blocks: the offer is one, and real IDs are not offers.
+  const auto offer = encode_comm_id_offer(first);
+  CHECK(offer.size() == nccl_unique_id_bytes);
+  CHECK(decode_comm_id_offer(offer) == first);
+  CHECK_FALSE(decode_comm_id_offer(std::vector<std::uint8_t>(nccl_unique_id_bytes, 7)).has_value());
+  auto two = offer;
+  two.insert(two.end(), offer.begin(), offer.end());
+  CHECK_FALSE(decode_comm_id_offer(two).has_value());
+  CHECK_THROWS_WITH(encode_comm_id_offer(std::string(120, 'h') + ":1"), Catch::Contains("too long"));
+}

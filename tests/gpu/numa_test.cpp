@@ -103,6 +103,46 @@ TEST_CASE("binding plans from a fake sysfs tree", "[numa]") {
   CHECK(parse_numa_binding("core-complex", "--numa-binding") == NumaBinding::core_complex);
 }
 
+TEST_CASE("plan_numa_binding places ranks near their GPU, else spreads them", "[numa]") {
+  FakeSysfs sys;
+  const std::string root = sys.root.string();
+  // GPUs on node 1, node 0, and one reporting -1 (node 0).
+  auto plan = plan_numa_binding(NumaBinding::node, root, 3, {"0000:3a:00.0", "0000:1a:00.0", "0000:5a:00.0"}, {});
+  REQUIRE(plan.per_rank.size() == 3);
+  CHECK(plan.rank_nodes == std::vector<int>{1, 0, 0});
+  CHECK(format_cpu_list(plan.per_rank[0]) == "4-7,12-15");
+  CHECK(format_cpu_list(plan.per_rank[1]) == "0-3,8-11");
+  CHECK_THAT(plan.note, Catch::Contains("near its GPU"));
+  // Fewer devices than ranks (--gpu-sharing): rank r uses device r % n.
+  plan = plan_numa_binding(NumaBinding::exclusive, root, 4, {"0000:1a:00.0", "0000:3a:00.0"}, {});
+  CHECK(plan.rank_nodes == std::vector<int>{0, 1, 0, 1});
+  CHECK(format_cpu_list(plan.per_rank[0]) == "0-1,8-9");
+  CHECK(format_cpu_list(plan.per_rank[2]) == "2-3,10-11");
+  CHECK(format_cpu_list(plan.per_rank[3]) == "6-7,14-15");
+  // No GPU: round robin over the nodes that have allowed CPUs.
+  plan = plan_numa_binding(NumaBinding::node, root, 3, {}, {});
+  CHECK(plan.rank_nodes == std::vector<int>{0, 1, 0});
+  CHECK_THAT(plan.note, Catch::Contains("round robin over NUMA node(s) 0-1"));
+  // An unknown bus id for any rank also falls back; the affinity decides which nodes count.
+  plan = plan_numa_binding(NumaBinding::socket, root, 2, {"0000:3a:00.0", ""}, {5, 6});
+  CHECK(plan.rank_nodes == std::vector<int>{1, 1});
+  CHECK(format_cpu_list(plan.per_rank[1]) == "5-6");
+  CHECK_THROWS_WITH(plan_numa_binding(NumaBinding::node, root, 1, {}, {200}), Catch::Contains("affinity"));
+  CHECK_THROWS_WITH(plan_numa_binding(NumaBinding::node, (sys.root / "missing").string(), 1, {}, {}),
+                    Catch::Contains("cannot list CPUs"));
+}
+
+TEST_CASE("current_cpu_affinity matches /proc/self/status", "[numa]") {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  std::string listed;
+  while (std::getline(status, line)) {
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) listed = line.substr(line.find(':') + 1);
+  }
+  REQUIRE_FALSE(listed.empty());
+  CHECK(current_cpu_affinity() == parse_cpu_list(listed, "Cpus_allowed_list"));
+}
+
 TEST_CASE("the real sysfs is readable", "[numa]") {
   if (!fs::exists("/sys/devices/system/cpu/online")) {
     WARN("SKIPPED: no /sys/devices/system/cpu/online");

@@ -383,8 +383,7 @@ TEST_CASE("--nccl-id and --nccl-roots") {
   CHECK(sb.parse({"--nccl-id=AUTO", "train.py"}).config.nccl_id == Mode::automatic);
   CHECK(sb.parse({"train.py"}, {{"PET_NCCL_ID", "off"}}).config.nccl_id == Mode::off);
   CHECK(sb.parse({"--nccl-id", "env", "train.py"}, {{"PET_NCCL_ID", "off"}}).config.nccl_id == Mode::env);
-  CHECK_THROWS_WITH(sb.parse({"--nccl-id", "comm-id", "train.py"}),
-                    Contains("--nccl-id=comm-id") && Contains("not supported yet"));
+  CHECK(sb.parse({"--nccl-id", "comm-id", "train.py"}).config.nccl_id == Mode::comm_id);
   CHECK_THROWS_WITH(sb.parse({"--nccl-id", "maybe", "train.py"}), Contains("--nccl-id=maybe"));
   CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"PET_NCCL_ID", "x"}}), Contains("PET_NCCL_ID=x"));
   CHECK(sb.parse({"--nccl-roots", "3", "train.py"}).config.nccl_roots == 3);
@@ -459,7 +458,7 @@ TEST_CASE("bad values name the flag") {
       {{"--shutdown-timeout", "-3"}, "--shutdown-timeout=-3"},
       {{"--local-rank-arg", "both"}, "--local-rank-arg=both"},
       {{"--log-level", "loud"}, "--log-level=loud"},
-      {{"--numa-binding", "node"}, "--numa-binding is not supported yet"},
+      {{"--numa-binding", "near"}, "--numa-binding='near'"},
       {{"--logs-specs", "x"}, "--logs-specs is not supported yet"},
       {{"--use-env", "--local-rank-arg", "dash"}, "--use-env and --local-rank-arg"},
       {{"--role", ""}, "--role"},

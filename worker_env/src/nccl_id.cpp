@@ -295,4 +295,87 @@ void NcclIdHolder::stop(std::chrono::milliseconds grace) {
   pid_ = -1;
 }
 
+std::string pick_nccl_comm_id(const std::string& host, const std::string& avoid) {
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  bool v6 = false;
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);    // NOLINT: sockaddr API
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);   // NOLINT: sockaddr API
+  if (::inet_pton(AF_INET6, bare.c_str(), &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    len = sizeof(sockaddr_in6);
+    v6 = true;
+  } else {
+    a4->sin_family = AF_INET;
+    if (::inet_pton(AF_INET, bare.c_str(), &a4->sin_addr) != 1) a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    len = sizeof(sockaddr_in);
+  }
+  const std::string shown = v6 ? "[" + bare + "]" : bare;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw NetworkError(std::string("--nccl-id comm-id: socket() failed: ") + std::strerror(errno));
+    if (v6) {
+      a6->sin6_port = 0;
+    } else {
+      a4->sin_port = 0;
+    }
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {  // NOLINT: sockaddr API
+      const int err = errno;
+      ::close(fd);
+      throw NetworkError("--nccl-id comm-id: cannot bind a port on " + shown + ": " + std::strerror(err),
+                         "pass --master-addr (or --local-addr) with an address of this machine");
+    }
+    sockaddr_storage got{};
+    socklen_t got_len = sizeof(got);
+    const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&got), &got_len);  // NOLINT: sockaddr API
+    ::close(fd);
+    if (rc != 0) throw NetworkError(std::string("--nccl-id comm-id: getsockname failed: ") + std::strerror(errno));
+    const std::uint16_t port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&got)->sin6_port     // NOLINT
+                                        : reinterpret_cast<sockaddr_in*>(&got)->sin_port);     // NOLINT
+    std::string value = shown + ":" + std::to_string(port);
+    if (value != avoid) return value;
+  }
+  throw NetworkError("--nccl-id comm-id: the kernel kept handing out the previous port on " + shown,
+                     "retry, or use --nccl-id auto");
+}
+
+bool looks_like_comm_id(std::string_view bytes) {
+  if (bytes.empty() || bytes.size() > 300) return false;
+  for (char c : bytes) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  const auto colon = bytes.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == bytes.size()) return false;
+  const auto port = parse_int(bytes.substr(colon + 1));
+  return port && *port > 0 && *port < 65536;
+}
+
+namespace {
+constexpr std::string_view kCommIdTag = "NCCL_COMM_ID=";
+}  // namespace
+
+std::vector<std::uint8_t> encode_comm_id_offer(const std::string& value) {
+  const std::string text = std::string(kCommIdTag) + value;
+  if (text.size() >= nccl_unique_id_bytes) {
+    throw Error("--nccl-id comm-id: the address '" + value + "' is too long to offer to the rendezvous",
+                "pass a numeric --local-addr");
+  }
+  std::vector<std::uint8_t> out(nccl_unique_id_bytes, 0);
+  std::copy(text.begin(), text.end(), out.begin());
+  return out;
+}
+
+std::optional<std::string> decode_comm_id_offer(const std::vector<std::uint8_t>& bytes) {
+  if (bytes.size() != nccl_unique_id_bytes) return std::nullopt;
+  const auto end = std::find(bytes.begin(), bytes.end(), std::uint8_t{0});
+  if (std::any_of(end, bytes.end(), [](std::uint8_t b) { return b != 0; })) return std::nullopt;
+  const std::string text(bytes.begin(), end);
+  if (text.rfind(kCommIdTag, 0) != 0) return std::nullopt;
+  std::string value = text.substr(kCommIdTag.size());
+  if (!looks_like_comm_id(value)) return std::nullopt;
+  return value;
+}
+
 }  // namespace ddprun::worker_env

@@ -1,7 +1,10 @@
 // CPU/NUMA binding plans from sysfs (docs/gpus.md, "CPU binding").
 #include "ddprun/worker_env/numa.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -182,6 +185,59 @@ std::vector<std::vector<int>> plan_cpu_binding(NumaBinding mode, const CpuTopolo
     }
   }
   return out;
+}
+
+std::vector<int> current_cpu_affinity() {
+  // CPU_ALLOC sizes the mask for machines with more than CPU_SETSIZE (1024) CPUs.
+  for (int count = 1024; count <= (1 << 20); count *= 4) {
+    cpu_set_t* set = CPU_ALLOC(static_cast<std::size_t>(count));
+    if (set == nullptr) return {};
+    const std::size_t size = CPU_ALLOC_SIZE(static_cast<std::size_t>(count));
+    CPU_ZERO_S(size, set);
+    if (::sched_getaffinity(0, size, set) == 0) {
+      std::vector<int> out;
+      for (int c = 0; c < count; ++c) {
+        if (CPU_ISSET_S(static_cast<std::size_t>(c), size, set)) out.push_back(c);
+      }
+      CPU_FREE(set);
+      return out;
+    }
+    CPU_FREE(set);
+    if (errno != EINVAL) return {};
+  }
+  return {};
+}
+
+NumaBindingPlan plan_numa_binding(NumaBinding mode, const std::string& sysfs_root, int nproc,
+                                  const std::vector<std::string>& rank_bus_ids, const std::vector<int>& allowed) {
+  const CpuTopology topology = read_cpu_topology(sysfs_root);
+  NumaBindingPlan plan;
+  const auto count = static_cast<std::size_t>(std::max(nproc, 0));
+  const bool by_gpu = !rank_bus_ids.empty() &&
+                      std::none_of(rank_bus_ids.begin(), rank_bus_ids.end(), [](const std::string& b) { return b.empty(); });
+  if (by_gpu) {
+    for (std::size_t r = 0; r < count; ++r) {
+      plan.rank_nodes.push_back(read_pci_numa_node(sysfs_root, rank_bus_ids[r % rank_bus_ids.size()]));
+    }
+    plan.note = "each worker is bound near its GPU (" + sysfs_root + "/bus/pci/devices/<bus id>/numa_node)";
+  } else {
+    // No GPU to follow: spread the ranks over the nodes the launcher may run on.
+    const std::set<int> allow(allowed.begin(), allowed.end());
+    std::set<int> nodes;
+    for (const auto& c : topology.cpus) {
+      if (allow.empty() || allow.count(c.id) != 0) nodes.insert(c.node);
+    }
+    if (nodes.empty()) {
+      throw Error("CPU binding: none of the CPUs in " + sysfs_root + "/devices/system/cpu/online is in this process's affinity",
+                  "run ddprun without --numa-binding, or with a wider affinity (taskset)");
+    }
+    const std::vector<int> order(nodes.begin(), nodes.end());
+    for (std::size_t r = 0; r < count; ++r) plan.rank_nodes.push_back(order[r % order.size()]);
+    plan.note = "no GPU bus id known: local ranks are spread round robin over NUMA node(s) " +
+                format_cpu_list(order);
+  }
+  plan.per_rank = plan_cpu_binding(mode, topology, plan.rank_nodes, allowed);
+  return plan;
 }
 
 }  // namespace ddprun::worker_env

@@ -93,9 +93,17 @@ struct AgentConfig {
 
   // --nccl-id: run the ddprun-nccl-id holder each attempt and export DDPRUN_NCCL_UNIQUE_ID(S).
   // automatic: without NCCL, say so once and export nothing; env: missing NCCL is an error.
-  enum class NcclIdMode : std::uint8_t { automatic, env, off } nccl_id = NcclIdMode::automatic;
+  // comm_id: no holder; export NCCL_COMM_ID=<rank-0 node's address>:<a free port picked per
+  // attempt> (docs/gpus.md: one communicator at a time).
+  enum class NcclIdMode : std::uint8_t { automatic, env, off, comm_id } nccl_id = NcclIdMode::automatic;
   std::string nccl_id_holder;  // the holder binary; "" = ddprun-nccl-id next to the running executable
   int nccl_roots = 0;  // --nccl-roots; 0 = automatic: 1, or ceil(world_size / 256) above 256 ranks
+
+  // --numa-binding (docs/gpus.md), planned by the launcher (worker_env::plan_numa_binding): the
+  // CPU ids each local rank is bound to (sched_setaffinity in the child before exec; best effort).
+  // Empty = no binding. numa_binding is the mode as given, for messages and --dry-run.
+  std::string numa_binding;
+  std::vector<std::vector<int>> cpu_binding;
 
   bool dry_run = false;  // print each rank's argv/env/cwd and exit 0
 

@@ -38,7 +38,7 @@ int parse_nproc_per_node(std::string_view text, std::string_view what,
                          const std::optional<std::string>& cuda_visible_devices, int online_cpus,
                          const worker_env::GpuInventory& inventory = {});
 
-// --nccl-id: auto | env | off ("comm-id" is recognised but not supported yet).
+// --nccl-id: auto | env | comm-id | off.
 agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::string_view what);
 
 // -r/--redirects and -t/--tee: "0".."3" for all local ranks, or "LOCAL_RANK:0..3,..." per rank.

@@ -96,4 +96,24 @@ class NcclIdHolder {
   std::vector<NcclUniqueId> ids_;
 };
 
+// --nccl-id comm-id: the NCCL_COMM_ID value "host:port" ("[v6]:port" for an IPv6 literal) for
+// one attempt. The port is found by binding a TCP socket to `host` (a numeric address; a name
+// binds the wildcard address) on port 0 and closing it again, so another process may take the
+// port before rank 0's ncclCommInitRank listens on it (a small race, documented in docs/gpus.md).
+// Never returns `avoid` (the previous attempt's value: its rank 0 may not have let go of it).
+// Throws ddprun::NetworkError naming the host when no port can be bound.
+std::string pick_nccl_comm_id(const std::string& host, const std::string& avoid = "");
+
+// True when `text` looks like a pick_nccl_comm_id value: printable, "host:port", port 1..65535.
+bool looks_like_comm_id(std::string_view text);
+
+// Elastic jobs: what a comm-id node offers to the rendezvous in place of unique IDs. The
+// rendezvous carries whole 128-byte IDs only (docs/protocol.md), so the value travels as one
+// block: "NCCL_COMM_ID=" + value, NUL padded. Throws ddprun::Error when it does not fit (a host
+// name longer than 100 characters: pass a numeric --local-addr).
+std::vector<std::uint8_t> encode_comm_id_offer(const std::string& value);
+// The value of such a block; nullopt when `bytes` are anything else (e.g. real unique IDs from a
+// node that runs another --nccl-id mode).
+std::optional<std::string> decode_comm_id_offer(const std::vector<std::uint8_t>& bytes);
+
 }  // namespace ddprun::worker_env

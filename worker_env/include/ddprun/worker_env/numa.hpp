@@ -3,8 +3,9 @@
 // torchrun's --numa-binding: node | socket | exclusive | core-complex.
 //
 // read_cpu_topology()/read_pci_numa_node() read sysfs under a root directory (tests pass a fake
-// tree); plan_cpu_binding() is pure. Nothing here applies the binding: the agent would set it
-// with sched_setaffinity in the child before exec (or wrap with numactl).
+// tree); plan_cpu_binding() is pure; plan_numa_binding() combines them for a node's workers. The
+// launcher computes the plan (AgentConfig::cpu_binding) and the agent applies it with
+// sched_setaffinity in each worker's child process before exec (agent/process.hpp).
 // Thread safety: all functions are reentrant.
 #include <string>
 #include <string_view>
@@ -48,5 +49,22 @@ NumaBinding parse_numa_binding(std::string_view text, std::string_view what);
 // rank would get no CPU (e.g. more ranks than cores on a node in exclusive mode).
 std::vector<std::vector<int>> plan_cpu_binding(NumaBinding mode, const CpuTopology& topology,
                                                const std::vector<int>& rank_nodes, const std::vector<int>& allowed);
+
+// The calling thread's CPU affinity (sched_getaffinity), sorted; empty when it cannot be read.
+std::vector<int> current_cpu_affinity();
+
+struct NumaBindingPlan {
+  std::vector<std::vector<int>> per_rank;  // CPU ids per local rank (sorted, never empty)
+  std::vector<int> rank_nodes;             // the NUMA node each local rank was placed on
+  std::string note;                        // one line for the log: how the nodes were chosen
+};
+
+// The --numa-binding plan for `nproc` local ranks. `rank_bus_ids[i]`: the PCI bus id of local
+// rank i's GPU ("0000:3b:00.0"); rank i is placed on that device's NUMA node. When the vector is
+// empty or any entry is "" (no GPU, or a device without a known bus id), the ranks are spread
+// round robin over the NUMA nodes that hold allowed CPUs instead, and `note` says so. `allowed`
+// as in plan_cpu_binding. Throws ddprun::Error as plan_cpu_binding and read_cpu_topology do.
+NumaBindingPlan plan_numa_binding(NumaBinding mode, const std::string& sysfs_root, int nproc,
+                                  const std::vector<std::string>& rank_bus_ids, const std::vector<int>& allowed);
 
 }  // namespace ddprun::worker_env
