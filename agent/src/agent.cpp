@@ -824,8 +824,9 @@ class Agent {
   // Elastic jobs: every node starts a holder before each join and offers its IDs in NodeInfo;
   // the rendezvous hands the group-rank-0 node's IDs to every node in the assignment, and the
   // other nodes stop their holders (begin_round). The world size is unknown before the round
-  // closes, so the number of roots is --nccl-roots, else 1.
-  int elastic_nccl_roots() const { return config_.nccl_roots > 0 ? config_.nccl_roots : 1; }
+  // closes, so a node offers roots for the largest world the job allows (nccl_roots_to_offer)
+  // and each round's workers use as many as its world needs (set_round_nccl).
+  int elastic_nccl_roots() const { return nccl_roots_to_offer(config_); }
 
   std::vector<std::uint8_t> nccl_holder_bytes() const {
     std::vector<std::uint8_t> out;
@@ -1045,6 +1046,13 @@ class Agent {
       worker_env::NcclUniqueId id{};
       std::copy_n(a.nccl_id.begin() + static_cast<std::ptrdiff_t>(at), id.size(), id.begin());
       hex.push_back(worker_env::encode_nccl_id(id));
+    }
+    const std::size_t wanted =
+        config_.nccl_roots > 0 ? hex.size() : static_cast<std::size_t>(nccl_roots(config_, a.world_size));
+    hex.resize(nccl_roots_for_round(config_, a.world_size, hex.size()));
+    if (hex.size() < wanted) {
+      spdlog::warn("round {}: {} ranks would use {} NCCL roots but the group-rank-0 node offered {}", a.round,
+                   a.world_size, wanted, hex.size());
     }
     round_nccl_env_.emplace_back("DDPRUN_NCCL_UNIQUE_ID", hex.front());
     if (hex.size() > 1) {

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -239,6 +240,22 @@ std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std
   report.note = "group rank " + std::to_string(rc.group_rank) + ", node " + rc.failure.node.to_string();
   out += format_failure_summary(command, rc.node_addr, report, {});
   return out;
+}
+
+namespace {
+constexpr long kRanksPerRoot = 256;  // NCCL's own root count heuristic for ncclCommInitRankScalable
+constexpr long kMaxRoots = 4096;     // --nccl-roots' upper bound
+long roots_for(long ranks) { return std::clamp((ranks + kRanksPerRoot - 1) / kRanksPerRoot, 1L, kMaxRoots); }
+}  // namespace
+
+int nccl_roots_to_offer(const AgentConfig& config) {
+  if (config.nccl_roots > 0) return config.nccl_roots;
+  return static_cast<int>(roots_for(static_cast<long>(config.max_nodes) * config.nproc_per_node));
+}
+
+std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std::size_t offered) {
+  if (config.nccl_roots > 0) return offered;
+  return std::min(offered, static_cast<std::size_t>(roots_for(world_size)));
 }
 
 }  // namespace ddprun::agent

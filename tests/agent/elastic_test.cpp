@@ -175,3 +175,24 @@ TEST_CASE("job-failed summary names the node and the rank") {
   failed.root_cause.reset();
   CHECK(format_job_failed(failed, "train.py") == "ddprun: job 'job7' failed: worker failure with no restarts left\n");
 }
+
+TEST_CASE("NCCL roots: offered for the largest world the job allows, used for the round's world") {
+  AgentConfig c = base();
+  c.nproc_per_node = 8;
+  c.max_nodes = 4;  // at most 32 ranks
+  CHECK(nccl_roots_to_offer(c) == 1);
+  c.max_nodes = 64;  // 512 ranks -> 2 roots
+  CHECK(nccl_roots_to_offer(c) == 2);
+  c.max_nodes = 1000;  // 8000 ranks -> 32 roots
+  CHECK(nccl_roots_to_offer(c) == 32);
+  // The round uses ceil(world / 256) of them.
+  CHECK(nccl_roots_for_round(c, 256, 32) == 1);
+  CHECK(nccl_roots_for_round(c, 257, 32) == 2);
+  CHECK(nccl_roots_for_round(c, 8000, 32) == 32);
+  CHECK(nccl_roots_for_round(c, 9000, 32) == 32);  // never more than were offered
+  CHECK(nccl_roots_for_round(c, 1, 0) == 0);
+  // --nccl-roots: exactly that many, whatever the world.
+  c.nccl_roots = 3;
+  CHECK(nccl_roots_to_offer(c) == 3);
+  CHECK(nccl_roots_for_round(c, 10, 3) == 3);
+}

@@ -8,6 +8,7 @@
 // getsockname(), which sends nothing; getifaddrs()) and never do reverse DNS or FQDN lookups:
 // torchrun's FQDN habit is a top user complaint.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -49,6 +50,14 @@ bool may_host(const AgentConfig& config, const Endpoint& endpoint, const std::st
 // Whether a TCP connection to `endpoint` succeeds within `timeout` (blocking; used once at start
 // to decide between joining a running rendezvous server and hosting one).
 bool tcp_connects(const Endpoint& endpoint, std::chrono::milliseconds timeout);
+
+// NCCL bootstrap roots (--nccl-roots; docs/gpus.md). A node offers its IDs when it joins, before
+// the world size is known, so without --nccl-roots it offers enough for the largest world the
+// job allows (max nodes x its own workers): ceil(that / 256), at least 1.
+int nccl_roots_to_offer(const AgentConfig& config);
+// The IDs a round's workers use: with --nccl-roots all of them; without it ceil(world / 256)
+// (1 up to 256 ranks) of the offered ones, fewer only when fewer were offered.
+std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std::size_t offered);
 
 // A random hex string identifying this agent instance (NodeId::instance).
 std::string random_instance_id();
