@@ -133,23 +133,78 @@ RendezvousJob::Member* RendezvousJob::find(const NodeId& id) {
 
 RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRole role,
                                                  TimePoint now) {
-  Member m;
+  if (auto old = members_.find(info.id); old != members_.end()) erase_member(old);
+  const auto it = members_.try_emplace(info.id).first;
+  Member& m = it->second;
   m.info = info;
   m.role = role;
+  ++role_count_[static_cast<int>(role)];
   m.join_seq = next_join_seq_++;
-  refresh(m, now);
-  return members_.insert_or_assign(info.id, std::move(m)).first->second;
-}
-
-void RendezvousJob::refresh(Member& m, TimePoint now) const {
   m.last_heartbeat = now;
   m.lease_deadline = now + config_.lease();
+  // Leases are mostly granted in time order: the end is the right hint (amortized O(1)).
+  m.lease_it = leases_.emplace_hint(leases_.end(), m.lease_deadline, &it->first);
+  return m;
+}
+
+void RendezvousJob::erase_member(std::map<NodeId, Member>::iterator it) {
+  Member& m = it->second;
+  --role_count_[static_cast<int>(m.role)];
+  if (m.succeeded) --succeeded_count_;
+  leases_.erase(m.lease_it);
+  members_.erase(it);
+}
+
+void RendezvousJob::refresh(Member& m, TimePoint now) {
+  m.last_heartbeat = now;
+  set_lease(m, now + config_.lease());
   m.disconnected = false;
 }
 
-int RendezvousJob::count(MemberRole role) const {
-  return static_cast<int>(std::count_if(members_.begin(), members_.end(),
-                                        [role](const auto& kv) { return kv.second.role == role; }));
+void RendezvousJob::set_role(Member& m, MemberRole role) {
+  --role_count_[static_cast<int>(m.role)];
+  ++role_count_[static_cast<int>(role)];
+  m.role = role;
+}
+
+void RendezvousJob::set_succeeded(Member& m, bool succeeded) {
+  if (m.succeeded == succeeded) return;
+  succeeded_count_ += succeeded ? 1 : -1;
+  m.succeeded = succeeded;
+}
+
+void RendezvousJob::set_lease(Member& m, TimePoint deadline) {
+  if (deadline == m.lease_deadline) return;
+  const NodeId* key = m.lease_it->second;
+  leases_.erase(m.lease_it);
+  m.lease_deadline = deadline;
+  m.lease_it = leases_.emplace_hint(leases_.end(), deadline, key);
+}
+
+std::string RendezvousJob::audit() const {
+  int roles[4] = {0, 0, 0, 0};
+  int succeeded = 0;
+  std::string diffs;
+  auto add = [&diffs](const std::string& text) { diffs += diffs.empty() ? text : "; " + text; };
+  for (const auto& [id, m] : members_) {
+    ++roles[static_cast<int>(m.role)];
+    succeeded += m.succeeded ? 1 : 0;
+    // Sizes equal and every member owning a distinct matching entry: a bijection.
+    if (m.lease_it->second != &id || m.lease_it->first != m.lease_deadline) {
+      add(fmt::format("lease index entry of {} does not match its lease", id.to_string()));
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    if (roles[r] != role_count_[r]) {
+      add(fmt::format("{} count {} != {} members", to_string(static_cast<MemberRole>(r)),
+                      role_count_[r], roles[r]));
+    }
+  }
+  if (succeeded != succeeded_count_)
+    add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
+  if (leases_.size() != members_.size())
+    add(fmt::format("lease index holds {} entries for {} members", leases_.size(), members_.size()));
+  return diffs;
 }
 
 std::string RendezvousJob::config_mismatch(const JobConfig& requested) const {
@@ -211,9 +266,7 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
     case JobState::running: {
       const int participants = count(MemberRole::participant);
       if (exit_barrier_) {
-        int done = 0;
-        for (const auto& [id, m] : members_) done += (m.succeeded ? 1 : 0);
-        return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", done,
+        return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", succeeded_count_,
                            participants + static_cast<int>(absent_ranks_.size()),
                            format_seconds(until(*exit_barrier_, now)));
       }
@@ -229,13 +282,12 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
 void RendezvousJob::send_progress(Actions& out, TimePoint now, const NodeId* origin) const {
   if (state_ != JobState::waiting) return;
   const std::string text = progress_text(now);
-  int others = 0;
-  for (const auto& [id, m] : members_) {
-    if (m.role != MemberRole::joined) continue;
-    if (origin != nullptr && id == *origin) {
-      out.push_back(Progress{run_id_, id, text});
-    } else {
-      ++others;
+  int others = count(MemberRole::joined);
+  if (origin != nullptr) {
+    auto it = members_.find(*origin);
+    if (it != members_.end() && it->second.role == MemberRole::joined) {
+      out.push_back(Progress{run_id_, it->first, text});
+      --others;
     }
   }
   if (others > 0) out.push_back(Progress{run_id_, NodeId{}, text, /*broadcast=*/true});
@@ -311,9 +363,9 @@ void RendezvousJob::close_round(Actions& out) {
   int offset = 0;
   for (int rank = 0; rank < n; ++rank) {
     Member& m = *by_rank[static_cast<std::size_t>(rank)];
-    m.role = MemberRole::participant;
+    set_role(m, MemberRole::participant);
     m.group_rank = rank;
-    m.succeeded = false;
+    set_succeeded(m, false);
     Assignment a;
     a.round = round_;
     a.group_rank = rank;
@@ -334,7 +386,7 @@ void RendezvousJob::close_round(Actions& out) {
   // Their old rank belongs to an older round now, so it no longer claims a slot.
   for (auto& [id, m] : members_) {
     if (m.role == MemberRole::expected) {
-      m.role = MemberRole::late;
+      set_role(m, MemberRole::late);
       m.prev_rank.reset();
     }
   }
@@ -358,13 +410,13 @@ void RendezvousJob::end_round(Actions& out, RoundEnd kind, const std::string& re
     if (m.role == MemberRole::participant) {
       m.prev_rank = m.group_rank;
       m.group_rank = -1;
-      m.succeeded = false;
+      set_succeeded(m, false);
       m.assignment.reset();
-      m.role = MemberRole::expected;
+      set_role(m, MemberRole::expected);
       out.push_back(SendRestart{run_id_, id, ended, kind, restarts_used_, reason});
     } else if (m.role == MemberRole::late) {
       // Already told to restart when its own round ended; it is on its way back.
-      m.role = MemberRole::expected;
+      set_role(m, MemberRole::expected);
     }
   }
   evaluate_waiting(out, now);
@@ -397,9 +449,8 @@ void RendezvousJob::complete_job(Actions& out, TimePoint now) {
 
 void RendezvousJob::check_completion(Actions& out, TimePoint now) {
   if (state_ != JobState::running || !exit_barrier_ || !absent_ranks_.empty()) return;
-  for (const auto& [id, m] : members_) {
-    if (m.role == MemberRole::participant && !m.succeeded) return;
-  }
+  // Only participants ever succeed (set_succeeded), so this is "every participant succeeded".
+  if (succeeded_count_ < count(MemberRole::participant)) return;
   complete_job(out, now);
 }
 
@@ -416,7 +467,7 @@ void RendezvousJob::remove_members(Actions& out, const std::vector<NodeId>& ids,
     // A participant that already succeeded has done its part: losing it ends nothing.
     if (it->second.role == MemberRole::participant && !it->second.succeeded)
       running_participant_lost = true;
-    members_.erase(it);
+    erase_member(it);
   }
   mark_gc_if_empty(now);
   if (state_ == JobState::waiting) {
@@ -467,16 +518,16 @@ Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, Ti
     m->info = node;
     refresh(*m, now);
     if (state_ == JobState::waiting) {
-      if (m->role == MemberRole::expected) m->role = MemberRole::joined;
+      if (m->role == MemberRole::expected) set_role(*m, MemberRole::joined);
       evaluate_waiting(out, now);
       send_progress(out, now, &node.id);
     } else if (m->role == MemberRole::participant) {
       // The node wants a new round (its agent restarted its group): a membership change.
       m->prev_rank = m->group_rank;
       m->group_rank = -1;
-      m->succeeded = false;
+      set_succeeded(*m, false);
       m->assignment.reset();
-      m->role = MemberRole::joined;
+      set_role(*m, MemberRole::joined);
       end_round(out, RoundEnd::membership_change,
                 fmt::format("node {} re-joined while round {} was running", node_label(node),
                             round_),
@@ -484,10 +535,10 @@ Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, Ti
     } else if (m->role == MemberRole::late) {
       if (capacity_used >= config_.max_nodes) {
         refuse_full();
-        members_.erase(node.id);
+        erase_member(members_.find(node.id));
         return out;
       }
-      m->role = MemberRole::joined;
+      set_role(*m, MemberRole::joined);
       end_round(out, RoundEnd::membership_change,
                 fmt::format("node {} joined late", node_label(node)), now);
     }
@@ -587,7 +638,7 @@ Actions RendezvousJob::heartbeat(const NodeId& node, TimePoint now) {
 Actions RendezvousJob::disconnected(const NodeId& node, TimePoint now) {
   Member* m = find(node);
   if (m == nullptr || finished()) return {};
-  m->lease_deadline = std::min(m->lease_deadline, now + config_.heartbeat_interval);
+  set_lease(*m, std::min(m->lease_deadline, now + config_.heartbeat_interval));
   m->disconnected = true;
   return {};
 }
@@ -631,7 +682,7 @@ Actions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, TimePo
   Member* m = find(node);
   if (m == nullptr || m->role != MemberRole::participant) return out;
   refresh(*m, now);
-  m->succeeded = true;
+  set_succeeded(*m, true);
   if (!exit_barrier_) exit_barrier_ = now + config_.exit_barrier_timeout;
   check_completion(out, now);
   if (state_ == JobState::running) out.push_back(Progress{run_id_, node, progress_text(now)});
@@ -647,11 +698,17 @@ Actions RendezvousJob::close(TimePoint now) {
 Actions RendezvousJob::on_tick(TimePoint now) {
   Actions out;
   if (finished()) return out;
+  // Expired leases come first in the index; report them in node order, as a scan would.
+  std::vector<const NodeId*> expired;
+  for (auto it = leases_.begin(); it != leases_.end() && it->first <= now; ++it)
+    expired.push_back(it->second);
+  std::sort(expired.begin(), expired.end(),
+            [](const NodeId* a, const NodeId* b) { return *a < *b; });
   std::vector<NodeId> lost;
   std::string reason;
-  for (const auto& [id, m] : members_) {
-    if (m.lease_deadline > now) continue;
-    lost.push_back(id);
+  for (const NodeId* id : expired) {
+    const Member& m = members_.find(*id)->second;
+    lost.push_back(*id);
     const std::string why =
         m.disconnected
             ? fmt::format("node {} lost: connection closed and not re-registered within {}",
@@ -705,7 +762,7 @@ std::optional<TimePoint> RendezvousJob::next_deadline() const {
   };
   consider(gc_deadline_);
   if (finished()) return best;
-  for (const auto& [id, m] : members_) consider(m.lease_deadline);
+  if (!leases_.empty()) consider(leases_.begin()->first);
   if (state_ == JobState::waiting) {
     if (count(MemberRole::joined) >= config_.min_nodes) {
       consider(last_call_);

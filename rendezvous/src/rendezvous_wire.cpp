@@ -4,7 +4,9 @@
 
 #include <array>
 #include <boost/json.hpp>
+#include <iterator>
 #include <limits>
+#include <string_view>
 #include <optional>
 #include <type_traits>
 
@@ -142,6 +144,91 @@ void frame(std::string& out, NativeOp op, const json::object& payload) {
   out.push_back(static_cast<char>(op));
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xFFu));
   out.append(body);
+}
+
+// ---- hand-written encoders for the hot frames ----
+// A round of N nodes sends N ASSIGNMENT frames at once and every join gets a PROGRESS line; a
+// Boost.JSON DOM costs a dozen allocations per frame, so these two are written directly (same
+// keys, same JSON; the decoder cannot tell the difference, wire_test checks the round trip).
+
+void put_json_string(std::string& out, std::string_view s) {
+  static constexpr char digits[] = "0123456789abcdef";
+  out.push_back('"');
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (u < 0x20) {
+      out.append("\\u00");
+      out.push_back(digits[u >> 4]);
+      out.push_back(digits[u & 0xF]);
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('"');
+}
+
+void put_node_id(std::string& out, const NodeId& id) {
+  out.append("{\"addr\":");
+  put_json_string(out, id.addr);
+  fmt::format_to(std::back_inserter(out), ",\"pid\":{},\"instance\":", id.pid);
+  put_json_string(out, id.instance);
+  out.push_back('}');
+}
+
+// Appends op + length placeholder; returns the frame start for end_frame.
+std::size_t begin_frame(std::string& out, NativeOp op) {
+  const std::size_t start = out.size();
+  out.push_back(static_cast<char>(op));
+  out.append(4, '\0');
+  return start;
+}
+
+void end_frame(std::string& out, std::size_t start, NativeOp op) {
+  const std::size_t body = out.size() - start - native_header_bytes;
+  if (body > std::numeric_limits<std::uint32_t>::max()) {
+    throw Error(fmt::format("rendezvous {} message of {} bytes is too large",
+                            native_op_name(static_cast<std::uint8_t>(op)), body),
+                "this is a bug in ddprun");
+  }
+  const auto n = static_cast<std::uint32_t>(body);
+  for (std::size_t i = 0; i < 4; ++i)
+    out[start + 1 + i] = static_cast<char>((n >> (8 * i)) & 0xFFu);
+}
+
+void frame_assignment(std::string& out, const SendAssignment& m) {
+  const std::size_t start = begin_frame(out, NativeOp::assignment);
+  const Assignment& a = m.assignment;
+  out.append("{\"run_id\":");
+  put_json_string(out, m.run_id);
+  out.append(",\"node\":");
+  put_node_id(out, m.node);
+  fmt::format_to(std::back_inserter(out),
+                 ",\"assignment\":{{\"round\":{},\"group_rank\":{},\"group_world_size\":{},"
+                 "\"local_world_size\":{},\"rank_offset\":{},\"world_size\":{},\"master_addr\":",
+                 a.round, a.group_rank, a.group_world_size, a.local_world_size, a.rank_offset,
+                 a.world_size);
+  put_json_string(out, a.master_addr);
+  fmt::format_to(std::back_inserter(out),
+                 ",\"master_port\":{},\"restart_count\":{},\"max_restarts\":{},\"nccl_id\":\"",
+                 a.master_port, a.restart_count, a.max_restarts);
+  out.append(hex(a.nccl_id));
+  out.append("\"}}");
+  end_frame(out, start, NativeOp::assignment);
+}
+
+void frame_progress(std::string& out, const Progress& m) {
+  const std::size_t start = begin_frame(out, NativeOp::progress);
+  out.append("{\"run_id\":");
+  put_json_string(out, m.run_id);
+  out.append(",\"node\":");
+  put_node_id(out, m.node);
+  out.append(",\"text\":");
+  put_json_string(out, m.text);
+  out.push_back('}');
+  end_frame(out, start, NativeOp::progress);
 }
 
 // ---- decoding helpers ----
@@ -504,53 +591,55 @@ void encode_client(std::string& out, const ClientMessage& message) {
       message);
 }
 
+namespace {
+
+// One server message of any type (shared by encode_server and encode_action, so an Action is
+// encoded in place rather than copied into a ServerMessage first).
+template <class T>
+void encode_one(std::string& out, const T& m) {
+  if constexpr (std::is_same_v<T, SendAssignment>) {
+    frame_assignment(out, m);
+  } else if constexpr (std::is_same_v<T, SendRestart>) {
+    frame(out, NativeOp::restart,
+          json::object{{"run_id", m.run_id},
+                       {"node", node_id_json(m.node)},
+                       {"ended_round", m.ended_round},
+                       {"kind", m.kind == RoundEnd::worker_failure ? "worker_failure" : "membership_change"},
+                       {"restart_count", m.restart_count},
+                       {"reason", m.reason}});
+  } else if constexpr (std::is_same_v<T, SendJobFailed>) {
+    json::object o{{"run_id", m.run_id},
+                   {"node", node_id_json(m.node)},
+                   {"reason", m.reason},
+                   {"exit_code", m.exit_code}};
+    if (m.root_cause) o["root_cause"] = root_cause_json(*m.root_cause);
+    frame(out, NativeOp::job_failed, o);
+  } else if constexpr (std::is_same_v<T, SendJobCompleted>) {
+    frame(out, NativeOp::job_completed, json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}});
+  } else if constexpr (std::is_same_v<T, Refuse>) {
+    frame(out, NativeOp::refused,
+          json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}});
+  } else if constexpr (std::is_same_v<T, AskRejoin>) {
+    frame(out, NativeOp::ask_rejoin,
+          json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}});
+  } else if constexpr (std::is_same_v<T, Progress>) {
+    frame_progress(out, m);
+  } else {
+    static_assert(std::is_same_v<T, RegistryStatus>);
+    json::array jobs;
+    for (const JobStatus& j : m.jobs) jobs.push_back(job_status_json(j));
+    frame(out, NativeOp::status_reply, json::object{{"jobs", std::move(jobs)}});
+  }
+}
+
+}  // namespace
+
 void encode_server(std::string& out, const ServerMessage& message) {
-  std::visit(
-      [&](const auto& m) {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, SendAssignment>) {
-          frame(out, NativeOp::assignment,
-                json::object{{"run_id", m.run_id},
-                             {"node", node_id_json(m.node)},
-                             {"assignment", assignment_json(m.assignment)}});
-        } else if constexpr (std::is_same_v<T, SendRestart>) {
-          frame(out, NativeOp::restart,
-                json::object{{"run_id", m.run_id},
-                             {"node", node_id_json(m.node)},
-                             {"ended_round", m.ended_round},
-                             {"kind", m.kind == RoundEnd::worker_failure ? "worker_failure" : "membership_change"},
-                             {"restart_count", m.restart_count},
-                             {"reason", m.reason}});
-        } else if constexpr (std::is_same_v<T, SendJobFailed>) {
-          json::object o{{"run_id", m.run_id},
-                         {"node", node_id_json(m.node)},
-                         {"reason", m.reason},
-                         {"exit_code", m.exit_code}};
-          if (m.root_cause) o["root_cause"] = root_cause_json(*m.root_cause);
-          frame(out, NativeOp::job_failed, o);
-        } else if constexpr (std::is_same_v<T, SendJobCompleted>) {
-          frame(out, NativeOp::job_completed, json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}});
-        } else if constexpr (std::is_same_v<T, Refuse>) {
-          frame(out, NativeOp::refused,
-                json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}});
-        } else if constexpr (std::is_same_v<T, AskRejoin>) {
-          frame(out, NativeOp::ask_rejoin,
-                json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}});
-        } else if constexpr (std::is_same_v<T, Progress>) {
-          frame(out, NativeOp::progress,
-                json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"text", m.text}});
-        } else {
-          static_assert(std::is_same_v<T, RegistryStatus>);
-          json::array jobs;
-          for (const JobStatus& j : m.jobs) jobs.push_back(job_status_json(j));
-          frame(out, NativeOp::status_reply, json::object{{"jobs", std::move(jobs)}});
-        }
-      },
-      message);
+  std::visit([&](const auto& m) { encode_one(out, m); }, message);
 }
 
 void encode_action(std::string& out, const Action& action) {
-  std::visit([&](const auto& a) { encode_server(out, ServerMessage(a)); }, action);
+  std::visit([&](const auto& a) { encode_one(out, a); }, action);
 }
 
 DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, ClientMessage& out) {

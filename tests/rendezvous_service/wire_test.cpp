@@ -6,6 +6,8 @@
 #include <vector>
 #include <utility>
 
+#include <boost/json.hpp>
+
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 
 namespace rdzv = ddprun::rendezvous;
@@ -330,4 +332,57 @@ TEST_CASE("pipelined frames decode one at a time", "[wire]") {
   r = rdzv::decode_client(std::string_view(both).substr(r.consumed), {}, m);
   REQUIRE(r.status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::SucceededMessage>(m).round == 42);
+}
+
+TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encoder would write",
+          "[wire]") {
+  // Strings that need escaping: quotes, backslash, control characters, non-ASCII UTF-8.
+  const std::string nasty = "a\"b\\c\n\t\x01\x1f \xc3\xa9 /";
+  rdzv::NodeId id{nasty, -7, "inst\"" + nasty};
+  rdzv::Assignment a = assignment();
+  a.master_addr = nasty;
+  a.nccl_id = {0x00, 0xab, 0xff};
+  const rdzv::SendAssignment sa{"job\\" + nasty, id, a};
+  const rdzv::Progress pr{nasty, id, "waiting: " + nasty};
+
+  namespace json = boost::json;
+  const json::object id_json{{"addr", id.addr}, {"pid", id.pid}, {"instance", id.instance}};
+  const json::object expect_assignment{
+      {"run_id", sa.run_id},
+      {"node", id_json},
+      {"assignment",
+       json::object{{"round", a.round}, {"group_rank", a.group_rank},
+                    {"group_world_size", a.group_world_size}, {"local_world_size", a.local_world_size},
+                    {"rank_offset", a.rank_offset}, {"world_size", a.world_size},
+                    {"master_addr", a.master_addr}, {"master_port", a.master_port},
+                    {"restart_count", a.restart_count}, {"max_restarts", a.max_restarts},
+                    {"nccl_id", "00abff"}}}};
+  const json::object expect_progress{{"run_id", pr.run_id}, {"node", id_json}, {"text", pr.text}};
+
+  for (const auto& [message, expect] :
+       {std::pair<rdzv::ServerMessage, json::object>{sa, expect_assignment},
+        std::pair<rdzv::ServerMessage, json::object>{pr, expect_progress}}) {
+    std::string bytes = encoded(message);
+    // encode_action writes the same bytes as encode_server.
+    std::string via_action;
+    if (const auto* s = std::get_if<rdzv::SendAssignment>(&message)) rdzv::encode_action(via_action, *s);
+    if (const auto* p = std::get_if<rdzv::Progress>(&message)) rdzv::encode_action(via_action, *p);
+    CHECK(via_action == bytes);
+    REQUIRE(bytes.size() > rdzv::native_header_bytes);
+    std::uint32_t len = 0;
+    for (std::size_t b = 0; b < 4; ++b)
+      len |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[1 + b])) << (8 * b);
+    REQUIRE(len == bytes.size() - rdzv::native_header_bytes);
+    const json::value parsed = json::parse(std::string_view(bytes).substr(rdzv::native_header_bytes));
+    CHECK(parsed == json::value(expect));
+    rdzv::ServerMessage back;
+    REQUIRE(rdzv::decode_server(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+    CHECK(encoded(back) == bytes);
+  }
+  rdzv::ServerMessage back;
+  REQUIRE(rdzv::decode_server(encoded(sa), {}, back).status == rdzv::DecodeStatus::ok);
+  const auto& got = std::get<rdzv::SendAssignment>(back);
+  CHECK(got.run_id == sa.run_id);
+  CHECK(got.node == id);
+  CHECK(got.assignment == a);
 }

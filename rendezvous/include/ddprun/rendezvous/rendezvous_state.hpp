@@ -9,6 +9,11 @@
 // sleeps or spawns threads. The server arms ONE timer at next_deadline() and calls
 // on_tick(now) when it fires; nothing polls.
 //
+// Cost: join, rejoin, heartbeat, disconnect, leave, success, next_deadline() and a tick that
+// expires k leases are O(log N + k) for a job of N nodes (role and success counters and a lease
+// index ordered by deadline are kept incrementally; audit() checks them against a scan). Closing
+// or ending a round, failing/completing the job and status() are O(N): once per round.
+//
 // Not thread-safe: owned by the single io_context thread of the daemon (or embedded agent).
 // Requests arrive from the network, so bad requests never throw: they produce a Refuse action
 // naming what was wrong and what to do.
@@ -288,6 +293,11 @@ class RendezvousJob {
  public:
   // REQUIRES: config.validate() is empty.
   RendezvousJob(std::string run_id, JobConfig config, TimePoint now);
+  // Move-only: the lease index points into members_ (node-based, so a move keeps it valid).
+  RendezvousJob(RendezvousJob&&) = default;
+  RendezvousJob& operator=(RendezvousJob&&) = default;
+  RendezvousJob(const RendezvousJob&) = delete;
+  RendezvousJob& operator=(const RendezvousJob&) = delete;
 
   // Rebuilds a running job from the first rejoiner after a daemon restart.
   // REQUIRES: request.assignment is set and consistent (checked by the registry).
@@ -324,8 +334,19 @@ class RendezvousJob {
   std::string progress_text(TimePoint now) const;
   // Nodes waiting in the collecting round (the targets of a broadcast Progress).
   std::vector<NodeId> joined_nodes() const;
+  // Number of members in `role`: O(1), kept incrementally.
+  int count(MemberRole role) const { return role_count_[static_cast<int>(role)]; }
+
+  // Recomputes the incremental indexes (role counters, success counter, lease index) by brute
+  // force over the members and compares: "" when they agree, else what differs. O(N); for
+  // tests and assertions only.
+  std::string audit() const;
 
  private:
+  // Lease deadline -> member (its key in members_, which never moves): the earliest lease and
+  // the expired ones without scanning every member.
+  using LeaseIndex = std::multimap<TimePoint, const NodeId*>;
+
   struct Member {
     NodeInfo info;
     MemberRole role = MemberRole::joined;
@@ -337,12 +358,18 @@ class RendezvousJob {
     int group_rank = -1;
     bool succeeded = false;
     std::optional<Assignment> assignment;
+    LeaseIndex::iterator lease_it{};  // this member's entry in leases_ (always valid)
   };
 
   Member* find(const NodeId& id);
   Member& add_member(const NodeInfo& info, MemberRole role, TimePoint now);
-  void refresh(Member& m, TimePoint now) const;
-  int count(MemberRole role) const;
+  void erase_member(std::map<NodeId, Member>::iterator it);
+  void refresh(Member& m, TimePoint now);
+  // The only writers of Member::role / succeeded / lease_deadline: they keep role_count_,
+  // succeeded_count_ and leases_ in step, so a join costs O(log N) instead of a member scan.
+  void set_role(Member& m, MemberRole role);
+  void set_succeeded(Member& m, bool succeeded);
+  void set_lease(Member& m, TimePoint deadline);
   std::string config_mismatch(const JobConfig& requested) const;
   Actions final_result_for(const NodeId& node, TimePoint now) const;
   // Progress for `origin` (when it waits in the collecting round) plus one broadcast for the
@@ -368,6 +395,9 @@ class RendezvousJob {
   int restarts_used_ = 0;
   std::uint64_t next_join_seq_ = 0;
   std::map<NodeId, Member> members_;
+  int role_count_[4] = {0, 0, 0, 0};  // indexed by MemberRole
+  int succeeded_count_ = 0;           // members with succeeded == true (all participants)
+  LeaseIndex leases_;
 
   // waiting
   TimePoint round_started_{};
