@@ -47,6 +47,7 @@
 #include "ddprun/agent/process.hpp"
 #include "ddprun/agent/worker_group.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/shell.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 #include "ddprun/rendezvous/rendezvous_service.hpp"
@@ -216,22 +217,6 @@ std::string read_error_message(const std::string& path) {
   ss << in.rdbuf();
   const auto parsed = parse_error_file(ss.str());
   return parsed ? parsed->message : std::string();
-}
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=/.,:@%") ==
-                        std::string::npos) {
-    return s;
-  }
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
 }
 
 // --nccl-roots: as given, else 1, or ceil(world_size / 256) above 256 ranks.

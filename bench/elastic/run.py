@@ -36,16 +36,8 @@ ADDRS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 
 def read_starts(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if len(p) >= 3 and p[1] == "start":
-                kv = dict(x.split("=", 1) for x in p[2:])
-                out.append((float(p[0]), int(kv["world"]), int(kv["rank"])))
-    return out
+    """[(time, world, rank)] of the workers' start lines."""
+    return [(t, int(kv["world"]), int(kv["rank"])) for t, kv in read_lines(path)]
 
 
 def wait_for(pred, timeout, what):
