@@ -727,7 +727,7 @@ class Agent {
       client_->stop();
     }
     if (host_server_) {
-      linger_host(std::chrono::steady_clock::now() + kHostLinger);
+      linger_host();
       return;
     }
     io_.stop();
@@ -737,25 +737,33 @@ class Agent {
 
   // An agent that hosts the rendezvous keeps serving for a moment after its own result so the
   // pushes to the other agents are written and they can disconnect; bounded by kHostLinger.
-  // StoreServer has no "last connection closed" notification, so this checks its connection
-  // count every kLingerCheck: the one bounded poll of the agent, only at exit.
+  // The store server reports when its last connection closed (on_drained); kHostLinger bounds
+  // the wait for peers that do not disconnect.
   static constexpr std::chrono::milliseconds kHostLinger{3000};
-  static constexpr std::chrono::milliseconds kLingerCheck{50};
 
-  void linger_host(std::chrono::steady_clock::time_point until) {
-    if (host_server_->stats().connections == 0 || std::chrono::steady_clock::now() >= until) {
-      host_server_->stop();
-      io_.stop();
+  void linger_host() {
+    linger_timer_.expires_after(kHostLinger);
+    linger_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) {
+        return;  // cancelled: the peers are gone
+      }
+      spdlog::debug("rendezvous peers still connected {} ms after the job ended; stopping anyway",
+                    kHostLinger.count());
+      stop_host();
+    });
+    host_server_->on_drained([this] {
+      linger_timer_.cancel();
+      stop_host();
+    });
+  }
+
+  void stop_host() {
+    if (host_stopped_) {
       return;
     }
-    linger_timer_.expires_after(kLingerCheck);
-    linger_timer_.async_wait([this, until](const boost::system::error_code& ec) {
-      if (ec) {
-        io_.stop();
-        return;
-      }
-      linger_host(until);
-    });
+    host_stopped_ = true;
+    host_server_->stop();
+    io_.stop();
   }
 
   // One holder per attempt (single node) or per join (elastic): stops the previous one (its
@@ -1157,6 +1165,7 @@ class Agent {
   asio::signal_set signals_;
   asio::steady_timer grace_timer_;
   asio::steady_timer linger_timer_;
+  bool host_stopped_ = false;
   worker_env::EnvMap parent_env_;
   worker_env::Assignment assignment_;
   std::unique_ptr<rendezvous::StoreServer> store_;

@@ -13,6 +13,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
@@ -84,6 +85,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   asio::steady_timer retry_timer;
   StoreState state;
   std::unordered_map<ConnectionId, ConnectionPtr> connections;
+  std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
   ConnectionId next_id = 1;
   ConnectionPtr current;
   std::vector<ConnectionPtr> dirty;
@@ -330,6 +332,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->socket.shutdown(tcp::socket::shutdown_both, ec);
     c->socket.close(ec);
     connections.erase(c->id);
+    if (connections.empty() && on_drained) notify_drained();
+  }
+
+  void notify_drained() {
+    asio::post(io, [cb = std::move(on_drained)] { cb(); });
+    on_drained = nullptr;
   }
 
   void close_all() {
@@ -378,6 +386,12 @@ void StoreServer::reset() {
   if (core.options.extension) core.options.extension->on_reset();
   if (!core.connections.empty()) spdlog::info("store: reset, closing {} connection(s)", core.connections.size());
   core.close_all();
+}
+
+void StoreServer::on_drained(std::function<void()> callback) {
+  auto& core = *impl_->core;
+  core.on_drained = std::move(callback);
+  if (core.connections.empty() && core.on_drained) core.notify_drained();
 }
 
 StoreStats StoreServer::stats() const {

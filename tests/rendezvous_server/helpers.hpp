@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -173,6 +174,12 @@ class ServerThread {
   void reset() {
     on_io([this] {
       server_->reset();
+      return 0;
+    });
+  }
+  void on_drained(std::function<void()> callback) {
+    on_io([this, &callback] {
+      server_->on_drained(std::move(callback));
       return 0;
     });
   }

@@ -2,7 +2,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <future>
+#include <thread>
 #include <sstream>
 #include <vector>
 
@@ -376,4 +379,47 @@ TEST_CASE("extension frames reach the installed StoreExtension, mixed with torch
     CHECK(server.on_io([&] { return ext->keys_seen; }) == 1u);
   }
   CHECK(ext->disconnects == 2);
+}
+
+TEST_CASE("on_drained runs once the last connection has closed, and at once when none is open", "[server]") {
+  ServerThread server;
+  // Waits for the server to have seen the closes (a condition, not a time).
+  auto wait_connections = [&](std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server.stats().connections != n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    return server.stats().connections == n;
+  };
+  std::atomic<int> calls{0};
+  std::promise<void> drained;
+  auto fired = drained.get_future();
+  auto a = std::make_unique<RawClient>(server.port());
+  auto b = std::make_unique<RawClient>(server.port());
+  for (RawClient* c : {a.get(), b.get()}) {  // served, so accepted, before the callback exists
+    c->send(hex("03") + test::str("k") + test::i64(1));  // legacy (1.13) ADD
+    c->recv(8);
+  }
+  server.on_drained([&] {
+    ++calls;
+    drained.set_value();
+  });
+  a.reset();  // one of two: not drained yet
+  REQUIRE(wait_connections(1));
+  CHECK(calls == 0);
+  b.reset();
+  REQUIRE(fired.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(calls == 1);
+  // Once only: a later connection and close do not run it again.
+  auto c = std::make_unique<RawClient>(server.port());
+  c->send(hex("03") + test::str("k") + test::i64(1));
+  c->recv(8);
+  c.reset();
+  REQUIRE(wait_connections(0));
+  CHECK(calls == 1);
+  // Registered with nothing open: runs right away.
+  std::promise<void> again;
+  auto now = again.get_future();
+  server.on_drained([&] { again.set_value(); });
+  CHECK(now.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
 }

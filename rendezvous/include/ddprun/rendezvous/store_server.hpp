@@ -79,6 +79,10 @@ class StoreServer {
   void send(ConnectionId conn, std::string_view bytes);
   // Closes one connection, logging `reason` with the peer address.
   void close_connection(ConnectionId conn, std::string_view reason);
+  // Runs `callback` once, on the io_context, as soon as no client connection is open (posted at
+  // once when none is open now). A later call replaces an earlier callback that has not run.
+  // Used by an agent hosting the rendezvous to stop when its peers have disconnected.
+  void on_drained(std::function<void()> callback);
 
   struct Impl;
 
