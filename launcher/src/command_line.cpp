@@ -292,7 +292,8 @@ std::string checked_host(const Parsed::Given& g) {
 
 // Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
 // every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
-// (the first node of the allocation, port 29400) come from Slurm's variables.
+// (the first node of the allocation, port 29400 or $DDPRUN_SLURM_RDZV_PORT) come from Slurm's
+// variables.
 void apply_slurm(const Parsed& p, const ParseContext& ctx, LaunchOptions& out) {
   agent::AgentConfig& cfg = out.config;
   for (std::string_view f : {"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr"}) {
@@ -301,9 +302,17 @@ void apply_slurm(const Parsed& p, const ParseContext& ctx, LaunchOptions& out) {
   if (cfg.standalone) return;
   const auto slurm = slurm_from_env(ctx.env);
   if (!slurm || slurm->nnodes <= 1) return;
+  std::uint16_t port = 29400;
+  if (auto e = p.env("DDPRUN_SLURM_RDZV_PORT"); e && !trim(*e).empty()) {
+    const auto parsed = parse_port(trim(*e));
+    if (!parsed || *parsed == 0) {
+      throw UsageError("DDPRUN_SLURM_RDZV_PORT=" + *e + ": not a port", "accepted forms: an integer in 1..65535");
+    }
+    port = *parsed;
+  }
   cfg.min_nodes = cfg.max_nodes = slurm->nnodes;
   cfg.rdzv_backend = "c10d";
-  cfg.rdzv_endpoint = Endpoint{slurm->first_host, 29400}.to_string();
+  cfg.rdzv_endpoint = Endpoint{slurm->first_host, port}.to_string();
   cfg.run_id = slurm->run_id;
   cfg.node_rank = slurm->node_id;
   if (!cfg.rdzv.is_host) cfg.rdzv.is_host = slurm->node_id == 0;

@@ -229,6 +229,12 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   REQUIRE(o.config.rdzv.is_host);
   CHECK(*o.config.rdzv.is_host);
 
+  Env other_port = slurm;
+  other_port["DDPRUN_SLURM_RDZV_PORT"] = "31000";
+  CHECK(sb.parse({"train.py"}, other_port).config.rdzv_endpoint == "gpu07:31000");
+  other_port["DDPRUN_SLURM_RDZV_PORT"] = "x";
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, other_port), Contains("DDPRUN_SLURM_RDZV_PORT=x"));
+
   // Explicit rendezvous flags win; a one-node allocation is a plain single-node job.
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
   CHECK(o.config.rdzv_backend == "static");
