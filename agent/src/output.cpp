@@ -204,8 +204,12 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       return;
     }
     auto self = shared_from_this();
+    reading = true;
     pipe.async_read_some(asio::buffer(buffer.write_ptr(), buffer.write_space()),
-                         [self](const boost::system::error_code& ec, std::size_t n) { self->on_read(ec, n); });
+                         [self](const boost::system::error_code& ec, std::size_t n) {
+                           self->reading = false;
+                           self->on_read(ec, n);
+                         });
   }
 
   void on_read(const boost::system::error_code& ec, std::size_t n) {
@@ -213,6 +217,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       return;
     }
     buffer.commit(n);
+    if (finish_requested) {
+      drain_now();
+      return;
+    }
     const bool eof = static_cast<bool>(ec);
     flush(eof);
     if (eof) {
@@ -239,6 +247,18 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     if (finished) {
       return;
     }
+    if (reading) {
+      // A read in flight may already have filled the buffer without its handler having run:
+      // cancel it and let the handler commit those bytes first (reading now would overwrite them).
+      finish_requested = true;
+      boost::system::error_code ignored;
+      pipe.cancel(ignored);
+      return;
+    }
+    drain_now();
+  }
+
+  void drain_now() {
     // Take what the pipe holds right now without blocking (asio made the fd non-blocking).
     const int fd = pipe.native_handle();
     for (;;) {
@@ -282,6 +302,8 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   int console_fd;
   bool console_ok = true;
   bool finished = false;
+  bool reading = false;           // an async read owns the buffer's free space
+  bool finish_requested = false;  // finish_now() waits for that read's handler
   std::string prefix;
   std::function<void()> on_done;
   LineBuffer buffer;

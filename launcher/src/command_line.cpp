@@ -302,6 +302,19 @@ void apply_slurm(const Parsed& p, const ParseContext& ctx, LaunchOptions& out) {
   if (cfg.standalone) return;
   const auto slurm = slurm_from_env(ctx.env);
   if (!slurm || slurm->nnodes <= 1) return;
+  // One ddprun per node: several tasks of one step on a node would all try to host or join as
+  // that node.
+  for (const char* tasks_var : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    if (auto t = p.env(tasks_var); t && !trim(*t).empty()) {
+      const auto tasks = parse_int(trim(*t));
+      if (tasks && *tasks > slurm->nnodes) {
+        throw UsageError(std::string(tasks_var) + "=" + *t + " tasks on " + std::to_string(slurm->nnodes) +
+                             " nodes: ddprun runs once per node and starts the workers itself",
+                         "srun --ntasks-per-node=1 ddprun --nproc-per-node N ...");
+      }
+      break;
+    }
+  }
   std::uint16_t port = 29400;
   if (auto e = p.env("DDPRUN_SLURM_RDZV_PORT"); e && !trim(*e).empty()) {
     const auto parsed = parse_port(trim(*e));

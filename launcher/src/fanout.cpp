@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -54,10 +56,14 @@ std::string with_brackets(const std::string& addr) {
 
 // Runs argv to completion and returns its stdout (stderr is appended to `err`). Used for `ssh -G`.
 std::string capture(const std::vector<std::string>& argv, std::string& err, int& status) {
-  int out_pipe[2];
-  int err_pipe[2];
+  int out_pipe[2] = {-1, -1};
+  int err_pipe[2] = {-1, -1};
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    throw Error(std::string("pipe2 failed: ") + std::strerror(errno));
+    const int e = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
+    throw Error(std::string("pipe2 failed: ") + std::strerror(e), "raise the open-files limit (ulimit -n)");
   }
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   agent::SpawnRequest req;
@@ -174,9 +180,24 @@ class LinePump {
 
   void start() { read_more(); }
 
-  // Stop waiting for EOF: take what the pipe holds now, then finish.
+  // Stop waiting for EOF: take what the pipe holds now, then finish. A read in flight may
+  // already have filled the buffer without its handler having run: cancel it and let the
+  // handler commit those bytes and drain (reading now would overwrite them).
   void finish_now() {
     if (done_) return;
+    if (reading_) {
+      finish_requested_ = true;
+      boost::system::error_code ignored;
+      pipe_.cancel(ignored);
+      return;
+    }
+    drain_and_complete();
+  }
+
+  bool done() const { return done_; }
+
+ private:
+  void drain_and_complete() {
     const int fd = pipe_.native_handle();
     for (;;) {
       if (buffer_.write_space() == 0) release(false);
@@ -191,14 +212,17 @@ class LinePump {
     complete();
   }
 
-  bool done() const { return done_; }
-
- private:
   void read_more() {
+    reading_ = true;
     pipe_.async_read_some(asio::buffer(buffer_.write_ptr(), buffer_.write_space()),
                           [this](const boost::system::error_code& ec, std::size_t n) {
+                            reading_ = false;
                             if (done_) return;
                             buffer_.commit(n);
+                            if (finish_requested_) {
+                              drain_and_complete();
+                              return;
+                            }
                             if (ec) {
                               complete();
                               return;
@@ -238,6 +262,8 @@ class LinePump {
   std::function<void(std::string_view)> on_lines_;
   std::function<void()> on_eof_;
   bool done_ = false;
+  bool reading_ = false;           // an async read owns the buffer's free space
+  bool finish_requested_ = false;  // finish_now() waits for that read's handler
 };
 
 struct HostRun {
@@ -245,7 +271,11 @@ struct HostRun {
   std::string command;
   pid_t pid = -1;
   std::unique_ptr<asio::posix::stream_descriptor> exit_watch;  // owns the pidfd
-  int stdin_fd = -1;
+  // Our end of ssh's stdin: the environment block, then control lines, written asynchronously
+  // (a full pipe must never block the launcher's only thread).
+  std::unique_ptr<asio::posix::stream_descriptor> stdin_pipe;
+  std::string stdin_queue;     // not yet handed to a write
+  std::string stdin_writing;   // the bytes of the write in flight (kept alive until it completes)
   std::unique_ptr<LinePump> out;
   std::unique_ptr<LinePump> err;
   std::unique_ptr<asio::steady_timer> drain_timer;
@@ -259,6 +289,42 @@ struct HostRun {
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
   std::chrono::steady_clock::time_point started_at;
 };
+
+// Ignores SIGPIPE for its lifetime (EPIPE is handled where we write), restores it after.
+class SigpipeIgnored {
+ public:
+  SigpipeIgnored() {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;  // NOLINT
+    ::sigaction(SIGPIPE, &ign, &old_);
+  }
+  ~SigpipeIgnored() { ::sigaction(SIGPIPE, &old_, nullptr); }
+  SigpipeIgnored(const SigpipeIgnored&) = delete;
+  SigpipeIgnored& operator=(const SigpipeIgnored&) = delete;
+
+ private:
+  struct sigaction old_ {};
+};
+
+// Every host holds ~5 descriptors for the whole job (ssh's three pipes, its pidfd, its agent's
+// rendezvous connection): raise the soft limit to the hard one, and refuse clearly when even
+// that is too small.
+void ensure_open_files(std::size_t hosts) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  const rlim_t need = static_cast<rlim_t>(hosts) * 5 + 64;
+  if (lim.rlim_cur != RLIM_INFINITY && need > lim.rlim_cur) {
+    throw Error(std::to_string(hosts) + " hosts need about " + std::to_string(need) +
+                    " open files (pipes, process descriptors and rendezvous connections per host); the limit is " +
+                    std::to_string(lim.rlim_cur),
+                "raise it (ulimit -n, /etc/security/limits.conf) or launch fewer hosts from one machine");
+  }
+}
 
 class Fanout {
  public:
@@ -284,6 +350,7 @@ class Fanout {
   Fanout& operator=(const Fanout&) = delete;
 
   int run() {
+    ensure_open_files(hosts_.size());
     const std::string addr = plan_.launcher_addr.empty() ? pick_launcher_addr(plan_) : plan_.launcher_addr;
     run_id_ = plan_.run_id.empty() ? "fanout-" + random_uuid4() : plan_.run_id;
     const std::string token = plan_.rdzv_token.empty() ? random_uuid4() : plan_.rdzv_token;
@@ -311,15 +378,11 @@ class Fanout {
 
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signals_.add(sig);
     wait_signal();
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;  // NOLINT: writes to a dead ssh's stdin must not kill the launcher
-    struct sigaction old {};
-    ::sigaction(SIGPIPE, &ign, &old);
+    const SigpipeIgnored sigpipe;  // writes to a dead ssh's stdin must not kill the launcher
 
     start_ = std::chrono::steady_clock::now();
     launch_more();
     if (done_count_ < hosts_.size()) io_.run();
-    ::sigaction(SIGPIPE, &old, nullptr);
     return exit_code_;
   }
 
@@ -340,7 +403,7 @@ class Fanout {
         kill_all();
       } else {
         interrupted_ = true;
-        exit_code_ = 128 + sig;
+        if (!failed_) exit_code_ = 128 + sig;  // a failure that already began the stop keeps its code
         spdlog::warn("received {}: forwarding it to every host", agent::signal_name(sig));
         stop_all(sig);
       }
@@ -359,15 +422,16 @@ class Fanout {
     std::vector<std::string> argv = plan_.ssh_command;
     argv.push_back(destination(h.spec));
     argv.push_back(h.command);
-    int in[2];
-    int out[2];
-    int err[2];
+    int in[2] = {-1, -1};
+    int out[2] = {-1, -1};
+    int err[2] = {-1, -1};
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      throw Error(std::string("pipe2 failed: ") + std::strerror(errno), "raise the open-files limit (ulimit -n)");
+      const int e = errno;
+      for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) {
+        if (fd >= 0) ::close(fd);
+      }
+      throw Error(std::string("pipe2 failed: ") + std::strerror(e), "raise the open-files limit (ulimit -n)");
     }
-    // The environment block is written at once: make room for it in the pipe (best effort; the
-    // default 64 KiB holds any ordinary environment).
-    ::fcntl(in[1], F_SETPIPE_SZ, static_cast<int>(std::min<std::size_t>(env_block_.size() + 4096, 1 << 20)));
     agent::SpawnRequest req;
     req.path = argv.front();
     req.argv = argv;
@@ -382,12 +446,10 @@ class Fanout {
     h.started = true;
     h.started_at = std::chrono::steady_clock::now();
     h.pid = res.pid;
-    h.stdin_fd = in[1];
+    h.stdin_pipe = std::make_unique<asio::posix::stream_descriptor>(io_, in[1]);
     ++inflight_;
-    if (!agent::write_all(h.stdin_fd, env_block_)) {
-      spdlog::debug("{}: ssh's stdin closed before the environment was written", h.spec.label());
-    }
     const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());
+    write_stdin(index, env_block_);
     h.out = std::make_unique<LinePump>(
         io_, out[0], [this, index](std::string_view block) { on_lines(hosts_[index], true, block); },
         [this, index] { maybe_done(hosts_[index]); });
@@ -457,9 +519,17 @@ class Fanout {
       const auto nl = block.find('\n');
       const std::string_view line = block.substr(0, nl);
       block.remove_prefix(nl == std::string_view::npos ? block.size() : nl + 1);
-      if (is_stdout && !h.ready && line == kRemoteAgentReadyLine) {
-        on_ready(h);
-        continue;
+      if (is_stdout && !h.ready) {
+        // The agent writes "\n<token>\n": the token may follow text of the remote login's rc
+        // files that had no newline of its own; the empty line before it is not relayed.
+        if (line.empty()) continue;
+        if (line.size() >= kRemoteAgentReadyLine.size() &&
+            line.substr(line.size() - kRemoteAgentReadyLine.size()) == kRemoteAgentReadyLine) {
+          const std::string_view before = line.substr(0, line.size() - kRemoteAgentReadyLine.size());
+          if (!before.empty()) out.append("[").append(label).append("] ").append(before).push_back('\n');
+          on_ready(h);
+          continue;
+        }
       }
       if (starts_with(line, worker_prefix) || starts_with(line, agent_prefix)) {
         out.append(line);
@@ -564,14 +634,41 @@ class Fanout {
   }
 
   void send_signal(HostRun& h, int sig) {
-    if (h.stdin_fd < 0) return;
-    if (!agent::write_all(h.stdin_fd, agent::encode_control_signal(sig))) close_stdin(h);
+    write_stdin(static_cast<std::size_t>(&h - hosts_.data()), agent::encode_control_signal(sig));
   }
 
+  // Queues bytes for ssh's stdin; one async write at a time, in order.
+  void write_stdin(std::size_t index, std::string_view bytes) {
+    HostRun& h = hosts_[index];
+    if (!h.stdin_pipe) return;
+    h.stdin_queue.append(bytes);
+    pump_stdin(index);
+  }
+
+  void pump_stdin(std::size_t index) {
+    HostRun& h = hosts_[index];
+    if (!h.stdin_pipe || !h.stdin_writing.empty() || h.stdin_queue.empty()) return;
+    h.stdin_writing.swap(h.stdin_queue);
+    asio::async_write(*h.stdin_pipe, asio::buffer(h.stdin_writing),
+                      [this, index](const boost::system::error_code& ec, std::size_t) {
+                        HostRun& hr = hosts_[index];
+                        hr.stdin_writing.clear();
+                        if (ec) {
+                          // ssh is gone (EPIPE) or we closed it: nothing more can be said to it.
+                          close_stdin(hr);
+                          return;
+                        }
+                        pump_stdin(index);
+                      });
+  }
+
+  // EOF for the remote agent (anything still queued is dropped: closing means "stop").
   static void close_stdin(HostRun& h) {
-    if (h.stdin_fd >= 0) {
-      ::close(h.stdin_fd);
-      h.stdin_fd = -1;
+    h.stdin_queue.clear();
+    if (h.stdin_pipe) {
+      boost::system::error_code ignored;
+      h.stdin_pipe->close(ignored);
+      h.stdin_pipe.reset();
     }
   }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 
 #include <exception>
 #include <iostream>
@@ -42,7 +43,8 @@ int prepare_remote_agent() {
     throw ddprun::Error("--remote-agent: cannot set up stdin");
   }
   ::close(devnull);
-  ddprun::agent::write_all(STDOUT_FILENO, std::string(ddprun::launcher::kRemoteAgentReadyLine) + "\n");
+  // On a line of its own even if the remote login's rc files printed something without a newline.
+  ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::launcher::kRemoteAgentReadyLine) + "\n");
   return control;
 }
 
@@ -53,7 +55,12 @@ int run(int argc, char** argv) {
     --argc;
     ++argv;  // parse the rest as usual (argv[0] is not an option)
   }
-  const auto context = ddprun::launcher::ParseContext::from_process();
+  auto context = ddprun::launcher::ParseContext::from_process();
+  if (control_fd >= 0) {
+    // The launcher gives a remote agent every setting on its command line; PET_* variables of
+    // the remote login (a .bashrc with PET_HOSTFILE, say) must not change its meaning.
+    std::erase_if(context.env, [](const auto& kv) { return kv.first.rfind("PET_", 0) == 0; });
+  }
   if (argc >= 2 && std::string_view(argv[1]) == "status") {
     // `ddprun status ...` (a training program literally named "status" needs ./status).
     const std::vector<std::string> args(argv + 2, argv + argc);

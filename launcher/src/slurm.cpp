@@ -157,8 +157,8 @@ std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::str
   s.nnodes = env_int(nnodes_var, *nnodes, 1);
   const std::string* node_id = find(env, "SLURM_NODEID");
   if (node_id == nullptr) {
-    throw UsageError("SLURM_JOB_ID is set but SLURM_NODEID is not",
-                     "run ddprun under srun (one task per node), or unset SLURM_JOB_ID");
+    // An salloc / sbatch shell, not an srun step: no node of its own, so no Slurm settings.
+    return std::nullopt;
   }
   s.node_id = env_int("SLURM_NODEID", *node_id, 0);
   if (s.node_id >= s.nnodes) {

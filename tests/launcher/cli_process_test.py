@@ -107,6 +107,23 @@ class DryRun(unittest.TestCase):
         self.assertFalse(os.path.exists(self.marker), "--dry-run started the program")
 
 
+    def test_remote_agent_ignores_pet_variables_of_the_remote_login(self):
+        # A remote login whose rc file exports PET_HOSTS must not turn the agent into a launcher.
+        # The environment block on stdin wins over the login's own variables: PYTHON_EXEC from the
+        # block names the interpreter, the login's would not resolve.
+        block = ("PYTHON_EXEC=%s\0\0" % PYTHON).encode()
+        r = subprocess.run([BIN, "--remote-agent", "--node-label=h0", "--nproc-per-node", "2", "--dry-run",
+                            "train.py"], cwd=self.dir, input=block, capture_output=True, timeout=60,
+                           env=dict(os.environ, PET_HOSTS="a,b", PET_NPROC_PER_NODE="5",
+                                    PYTHON_EXEC="/nonexistent/python"))
+        out = r.stdout.decode()
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertTrue(out.startswith("\nddprun-remote-agent-ready\n"), out[:200])
+        ranks = self.sections(out)
+        self.assertEqual(sorted(ranks), [0, 1])  # --nproc-per-node 2, not PET's 5, and no fan-out
+        self.assertIn("argv: %s -u train.py" % PYTHON, ranks[0])
+
+
 class ExitCodes(unittest.TestCase):
     def check_usage_error(self, args, text):
         with tempfile.TemporaryDirectory(prefix="ddprun-cli-") as d:

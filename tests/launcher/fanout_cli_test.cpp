@@ -235,6 +235,17 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   other_port["DDPRUN_SLURM_RDZV_PORT"] = "x";
   CHECK_THROWS_WITH(sb.parse({"train.py"}, other_port), Contains("DDPRUN_SLURM_RDZV_PORT=x"));
 
+  // srun with several tasks per node would start several agents per node.
+  Env many = slurm;
+  many["SLURM_STEP_NUM_TASKS"] = "8";
+  CHECK_THROWS_WITH(sb.parse({"train.py"}, many), Contains("ddprun runs once per node"));
+  many["SLURM_STEP_NUM_TASKS"] = "2";
+  CHECK(sb.parse({"train.py"}, many).config.max_nodes == 2);
+  // An salloc shell (no SLURM_NODEID): a plain single-node job.
+  Env shell = slurm;
+  shell.erase("SLURM_NODEID");
+  CHECK(sb.parse({"train.py"}, shell).config.rdzv_backend == "static");
+
   // Explicit rendezvous flags win; a one-node allocation is a plain single-node job.
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
   CHECK(o.config.rdzv_backend == "static");

@@ -70,8 +70,11 @@ TEST_CASE("slurm_from_env: settings from a step's environment") {
                                             {"SLURM_NODEID", "2"},
                                             {"SLURM_JOB_NODELIST", "gpu[07-08],cpu-[1-2]"}};
   CHECK(slurm_from_env(env) == SlurmSettings{4, 2, "gpu07", "slurm-4242"});
-  env["SLURM_STEP_ID"] = "3";
-  CHECK(slurm_from_env(env)->run_id == "slurm-4242.3");
+  auto with_step = env;
+  with_step.emplace("SLURM_STEP_ID", "3");
+  const auto stepped = slurm_from_env(with_step);
+  REQUIRE(stepped.has_value());
+  CHECK(stepped->run_id == std::string("slurm-4242.3"));
   // SLURM_JOB_NUM_NODES when SLURM_NNODES is missing; SLURM_NODELIST when the job list is.
   std::map<std::string, std::string> env2 = {
       {"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "x,y"}};
@@ -105,7 +108,8 @@ TEST_CASE("slurm_from_env: inconsistent values name the variables") {
   CHECK_THROWS_WITH(slurm_from_env(with("SLURM_NNODES", "0")), Contains("SLURM_NNODES=0"));
   CHECK_THROWS_WITH(slurm_from_env(with("SLURM_NODEID", "2")), Contains("SLURM_NODEID=2 is not below SLURM_NNODES=2"));
   CHECK_THROWS_WITH(slurm_from_env(with("SLURM_NODEID", "-1")), Contains("SLURM_NODEID=-1"));
-  CHECK_THROWS_WITH(slurm_from_env(without("SLURM_NODEID")), Contains("SLURM_NODEID is not"));
+  // An salloc shell (no srun step): not a Slurm launch, a plain job.
+  CHECK_FALSE(slurm_from_env(without("SLURM_NODEID")).has_value());
   CHECK_THROWS_WITH(slurm_from_env(without("SLURM_JOB_NODELIST")), Contains("SLURM_JOB_NODELIST"));
   CHECK_THROWS_WITH(slurm_from_env(with("SLURM_JOB_NODELIST", "a[")), Contains("SLURM_JOB_NODELIST=a["));
   CHECK_THROWS_WITH(slurm_from_env(with("SLURM_JOB_ID", "")), Contains("SLURM_JOB_ID="));

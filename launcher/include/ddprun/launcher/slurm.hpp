@@ -33,10 +33,11 @@ struct SlurmSettings {
   bool operator==(const SlurmSettings&) const = default;
 };
 
-// nullopt unless SLURM_JOB_ID is set and a node count (SLURM_NNODES, else SLURM_JOB_NUM_NODES)
-// is set: only then is this a Slurm allocation ddprun can use.
+// nullopt unless SLURM_JOB_ID, a node count (SLURM_NNODES, else SLURM_JOB_NUM_NODES) and
+// SLURM_NODEID are set: only then is this a task of an srun step ddprun can use (an salloc or
+// sbatch shell has no SLURM_NODEID and runs a plain job).
 // Node list: SLURM_STEP_NODELIST (inside srun: the step's nodes), else SLURM_JOB_NODELIST, else
-// SLURM_NODELIST. Errors: a count or id that is not a number, SLURM_NODEID missing or outside
+// SLURM_NODELIST. Errors: a count or id that is not a number, SLURM_NODEID outside
 // 0..nnodes-1, no node list, a node list whose size differs from the node count.
 std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env);
 
