@@ -233,6 +233,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   void flush(bool eof) {
     buffer.release(
         [this](std::string_view block, bool whole) {
+          if (sink) {
+            sink(block, whole);
+            return;
+          }
           if (file_fd >= 0) {
             write_all(file_fd, block);
           }
@@ -305,6 +309,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   bool reading = false;           // an async read owns the buffer's free space
   bool finish_requested = false;  // finish_now() waits for that read's handler
   std::string prefix;
+  std::function<void(std::string_view, bool)> sink;  // set: replaces the file and console writes
   std::function<void()> on_done;
   LineBuffer buffer;
   std::vector<iovec> iov_scratch;
@@ -314,6 +319,12 @@ OutputPump::OutputPump(asio::io_context& io, int read_fd, int file_fd, int conso
                        std::function<void()> on_done, std::size_t capacity)
     : impl_(std::make_shared<Impl>(io, read_fd, file_fd, console_fd, std::move(prefix), std::move(on_done),
                                    capacity)) {}
+
+OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink,
+                       std::function<void()> on_done, std::size_t capacity)
+    : impl_(std::make_shared<Impl>(io, read_fd, -1, -1, std::string(), std::move(on_done), capacity)) {
+  impl_->sink = std::move(sink);
+}
 
 OutputPump::~OutputPump() {
   if (impl_ && !impl_->finished) {

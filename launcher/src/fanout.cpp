@@ -171,101 +171,6 @@ std::string pick_launcher_addr(const FanoutPlan& plan) {
                      "pass --launcher-addr with an address of this machine that every host can reach");
 }
 
-// Reads a pipe on the io_context and hands over whole lines (a line longer than the buffer is
-// cut there). `on_lines` gets a block of complete lines at a time; `on_eof` runs once.
-class LinePump {
- public:
-  LinePump(asio::io_context& io, int fd, std::function<void(std::string_view)> on_lines, std::function<void()> on_eof)
-      : pipe_(io, fd), buffer_(64 * 1024), on_lines_(std::move(on_lines)), on_eof_(std::move(on_eof)) {}
-
-  void start() { read_more(); }
-
-  // Stop waiting for EOF: take what the pipe holds now, then finish. A read in flight may
-  // already have filled the buffer without its handler having run: cancel it and let the
-  // handler commit those bytes and drain (reading now would overwrite them).
-  void finish_now() {
-    if (done_) return;
-    if (reading_) {
-      finish_requested_ = true;
-      boost::system::error_code ignored;
-      pipe_.cancel(ignored);
-      return;
-    }
-    drain_and_complete();
-  }
-
-  bool done() const { return done_; }
-
- private:
-  void drain_and_complete() {
-    const int fd = pipe_.native_handle();
-    for (;;) {
-      if (buffer_.write_space() == 0) release(false);
-      const ssize_t n = ::read(fd, buffer_.write_ptr(), buffer_.write_space());
-      if (n > 0) {
-        buffer_.commit(static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      break;
-    }
-    complete();
-  }
-
-  void read_more() {
-    reading_ = true;
-    pipe_.async_read_some(asio::buffer(buffer_.write_ptr(), buffer_.write_space()),
-                          [this](const boost::system::error_code& ec, std::size_t n) {
-                            reading_ = false;
-                            if (done_) return;
-                            buffer_.commit(n);
-                            if (finish_requested_) {
-                              drain_and_complete();
-                              return;
-                            }
-                            if (ec) {
-                              complete();
-                              return;
-                            }
-                            release(false);
-                            read_more();
-                          });
-  }
-
-  void release(bool eof) {
-    buffer_.release(
-        [this](std::string_view block, bool whole) {
-          if (whole) {
-            on_lines_(block);
-          } else {
-            on_lines_(std::string(block) + "\n");
-          }
-        },
-        eof);
-  }
-
-  void complete() {
-    if (done_) return;
-    release(true);
-    done_ = true;
-    boost::system::error_code ignored;
-    pipe_.close(ignored);
-    if (on_eof_) {
-      auto cb = std::move(on_eof_);
-      on_eof_ = nullptr;
-      cb();
-    }
-  }
-
-  asio::posix::stream_descriptor pipe_;
-  agent::LineBuffer buffer_;
-  std::function<void(std::string_view)> on_lines_;
-  std::function<void()> on_eof_;
-  bool done_ = false;
-  bool reading_ = false;           // an async read owns the buffer's free space
-  bool finish_requested_ = false;  // finish_now() waits for that read's handler
-};
-
 struct HostRun {
   FanoutHost spec;
   std::string command;
@@ -276,8 +181,8 @@ struct HostRun {
   std::unique_ptr<asio::posix::stream_descriptor> stdin_pipe;
   std::string stdin_queue;     // not yet handed to a write
   std::string stdin_writing;   // the bytes of the write in flight (kept alive until it completes)
-  std::unique_ptr<LinePump> out;
-  std::unique_ptr<LinePump> err;
+  std::unique_ptr<agent::OutputPump> out;
+  std::unique_ptr<agent::OutputPump> err;
   std::unique_ptr<asio::steady_timer> drain_timer;
   bool started = false;
   bool ready = false;
@@ -450,12 +355,18 @@ class Fanout {
     ++inflight_;
     const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());
     write_stdin(index, env_block_);
-    h.out = std::make_unique<LinePump>(
-        io_, out[0], [this, index](std::string_view block) { on_lines(hosts_[index], true, block); },
-        [this, index] { maybe_done(hosts_[index]); });
-    h.err = std::make_unique<LinePump>(
-        io_, err[0], [this, index](std::string_view block) { on_lines(hosts_[index], false, block); },
-        [this, index] { maybe_done(hosts_[index]); });
+    // Whole lines of each stream (a line cut at the buffer's end or at EOF gets its newline).
+    auto relay = [this, index](bool is_stdout) {
+      return [this, index, is_stdout](std::string_view block, bool whole) {
+        if (whole) {
+          on_lines(hosts_[index], is_stdout, block);
+        } else {
+          on_lines(hosts_[index], is_stdout, std::string(block) + "\n");
+        }
+      };
+    };
+    h.out = std::make_unique<agent::OutputPump>(io_, out[0], relay(true), [this, index] { maybe_done(hosts_[index]); });
+    h.err = std::make_unique<agent::OutputPump>(io_, err[0], relay(false), [this, index] { maybe_done(hosts_[index]); });
     h.out->start();
     h.err->start();
     if (!res.ok()) {

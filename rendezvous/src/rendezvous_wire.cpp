@@ -56,14 +56,7 @@ json::object config_json(const JobConfig& c) {
 }
 
 std::string hex(const std::vector<std::uint8_t>& bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (std::uint8_t b : bytes) {
-    s.push_back(digits[b >> 4]);
-    s.push_back(digits[b & 0xF]);
-  }
-  return s;
+  return to_hex(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));  // NOLINT: bytes
 }
 
 json::object assignment_json(const Assignment& a) {
@@ -359,20 +352,9 @@ JobConfig read_config(const Reader& r) {
 }
 
 std::vector<std::uint8_t> unhex(const Reader& r, const char* key) {
-  const std::string s = r.str_or(key, "");
-  if (s.size() % 2 != 0) r.bad(key, "a hex string of even length");
-  std::vector<std::uint8_t> out;
-  out.reserve(s.size() / 2);
-  auto nibble = [&](char c) -> std::uint8_t {
-    if (c >= '0' && c <= '9') return static_cast<std::uint8_t>(c - '0');
-    if (c >= 'a' && c <= 'f') return static_cast<std::uint8_t>(c - 'a' + 10);
-    if (c >= 'A' && c <= 'F') return static_cast<std::uint8_t>(c - 'A' + 10);
-    r.bad(key, "a hex string");
-  };
-  for (std::size_t i = 0; i < s.size(); i += 2) {
-    out.push_back(static_cast<std::uint8_t>((nibble(s[i]) << 4) | nibble(s[i + 1])));
-  }
-  return out;
+  const auto bytes = from_hex(r.str_or(key, ""));
+  if (!bytes) r.bad(key, "a hex string of even length");
+  return {bytes->begin(), bytes->end()};
 }
 
 Assignment read_assignment(const Reader& r) {

@@ -40,13 +40,7 @@ using NcclGetErrorString = const char* (*)(int);
 }  // namespace
 
 std::string encode_nccl_id(const NcclUniqueId& id) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out(2 * id.size(), '0');
-  for (std::size_t i = 0; i < id.size(); ++i) {
-    out[2 * i] = digits[id[i] >> 4];
-    out[2 * i + 1] = digits[id[i] & 0xf];
-  }
-  return out;
+  return to_hex(std::string_view(reinterpret_cast<const char*>(id.data()), id.size()));  // NOLINT: bytes
 }
 
 NcclUniqueId decode_nccl_id(std::string_view hex, std::string_view what) {

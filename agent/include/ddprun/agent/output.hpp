@@ -91,6 +91,10 @@ class OutputPump {
   // read has been written.
   OutputPump(boost::asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix,
              std::function<void()> on_done, std::size_t capacity = 64 * 1024);
+  // The same pump with the lines handed to `sink(block, complete)` (LineBuffer::release's
+  // contract) instead of a file and the console; used by the fan-out launcher to relay hosts.
+  OutputPump(boost::asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink,
+             std::function<void()> on_done, std::size_t capacity = 64 * 1024);
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;
   OutputPump& operator=(const OutputPump&) = delete;
