@@ -54,51 +54,37 @@ std::string with_brackets(const std::string& addr) {
   return addr.find(':') != std::string::npos ? "[" + addr + "]" : addr;
 }
 
-// Runs argv to completion and returns its stdout (stderr is appended to `err`). Used for `ssh -G`.
-std::string capture(const std::vector<std::string>& argv, std::string& err, int& status) {
+// Runs argv to completion and returns its stdout (stdin and stderr: /dev/null). Used for `ssh -G`.
+std::string capture(const std::vector<std::string>& argv) {
   int out_pipe[2] = {-1, -1};
-  int err_pipe[2] = {-1, -1};
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    const int e = errno;
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
-    throw Error(std::string("pipe2 failed: ") + std::strerror(e), "raise the open-files limit (ulimit -n)");
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    throw Error(std::string("pipe2 failed: ") + std::strerror(errno), "raise the open-files limit (ulimit -n)");
   }
-  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   agent::SpawnRequest req;
   req.path = argv.front();
   req.argv = argv;
   req.envp = worker_env::merge_env(worker_env::current_environment(), {});
   req.stdin_fd = devnull;
   req.stdout_fd = out_pipe[1];
-  req.stderr_fd = err_pipe[1];
+  req.stderr_fd = devnull;
   const auto res = agent::spawn_worker(req);
   ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
   if (devnull >= 0) ::close(devnull);
   std::string out;
-  auto drain = [](int fd, std::string& into) {
-    char buf[4096];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof(buf));
-      if (n > 0) {
-        into.append(buf, static_cast<std::size_t>(n));
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else {
-        break;
-      }
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(out_pipe[0], buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
     }
-    ::close(fd);
-  };
-  drain(out_pipe[0], out);  // ssh -G writes little: no deadlock on the stderr pipe
-  drain(err_pipe[0], err);
-  status = -1;
-  if (res.pid > 0) {
-    agent::reap(res.pid, res.pidfd);
-    status = res.ok() ? 0 : 127;
   }
+  ::close(out_pipe[0]);
+  if (res.pid > 0) agent::reap(res.pid, res.pidfd);
   if (!res.ok()) {
     throw Error("cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
                     std::strerror(res.error),
@@ -114,9 +100,7 @@ std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& tar
   std::vector<std::string> argv = plan.ssh_command;
   argv.emplace_back("-G");
   argv.push_back(destination(target));
-  std::string err;
-  int status = 0;
-  const std::string config = capture(argv, err, status);
+  const std::string config = capture(argv);
   std::string host = target.host;
   std::string port = "22";
   for (const auto& line : split(config, '\n')) {
@@ -192,7 +176,6 @@ struct HostRun {
   bool ssh_missing = false;  // the ssh client itself could not be started
   agent::ExitStatus status;
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
-  std::chrono::steady_clock::time_point started_at;
 };
 
 // Ignores SIGPIPE for its lifetime (EPIPE is handled where we write), restores it after.
@@ -349,7 +332,6 @@ class Fanout {
     ::close(out[1]);
     ::close(err[1]);
     h.started = true;
-    h.started_at = std::chrono::steady_clock::now();
     h.pid = res.pid;
     h.stdin_pipe = std::make_unique<asio::posix::stream_descriptor>(io_, in[1]);
     ++inflight_;
