@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <map>
-
 #include <exception>
 #include <iostream>
 #include <string>
@@ -73,7 +71,7 @@ int run(int argc, char** argv) {
     return ddprun::launcher::run_status(request, std::cout);
   }
   auto options = ddprun::launcher::parse_command_line(argc, argv, context);
-  if (options.action != ddprun::launcher::Action::run) {
+  if (options.command != ddprun::launcher::CommandKind::run) {
     std::cout << options.text;
     if (!options.text.empty() && options.text.back() != '\n') std::cout << '\n';
     return 0;

@@ -7,7 +7,9 @@
 #include <csignal>
 #include <random>
 
+#include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/logging.hpp"
 #include "ddprun/common/strings.hpp"
 
 namespace ddprun::launcher {
@@ -76,11 +78,6 @@ NodeRange parse_nnodes(std::string_view text, std::string_view what) {
   return range;
 }
 
-std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd) {
-  if (!cvd) return std::nullopt;
-  return worker_env::count_visible_gpus(cvd, worker_env::GpuInventory{});
-}
-
 int parse_nproc_per_node(std::string_view text, std::string_view what,
                          const std::optional<std::string>& cuda_visible_devices, int online_cpus,
                          const worker_env::GpuInventory& inventory) {
@@ -100,6 +97,8 @@ int parse_nproc_per_node(std::string_view text, std::string_view what,
   if (*v > 65536) fail(what, text, "too many processes for one node", forms);
   return static_cast<int>(*v);
 }
+
+bool is_device_kind(std::string_view lowered) { return lowered == "gpu" || lowered == "cpu" || lowered == "auto"; }
 
 StreamSpec parse_streams(std::string_view text, std::string_view what) {
   const std::string forms = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or LOCAL_RANK:VALUE,... e.g. 0:1,1:2";
@@ -317,6 +316,58 @@ bool parse_env_bool(std::string_view text, std::string_view what) {
   const auto v = parse_int(trim(text));
   if (!v) fail(what, text, "not an integer", "1 (on) or 0 (off)");
   return *v != 0;
+}
+
+std::string parse_rdzv_backend(std::string_view text, std::string_view what) {
+  const std::string b = to_lower(trim(text));
+  if (b == "etcd" || b == "etcd-v2") fail(what, text, "the etcd backends are not supported", "static, c10d");
+  if (b != "static" && b != "c10d") fail(what, text, "unknown rendezvous backend", "static, c10d");
+  return b;
+}
+
+void check_start_method(std::string_view text, std::string_view what) {
+  const std::string m = to_lower(trim(text));
+  if (m != "spawn" && m != "fork" && m != "forkserver") fail(what, text, "unknown start method", "spawn, fork, forkserver");
+}
+
+agent::AgentConfig::LocalRankArg parse_local_rank_arg(std::string_view text, std::string_view what) {
+  const std::string v = to_lower(trim(text));
+  if (v == "dash") return agent::AgentConfig::LocalRankArg::dash;
+  if (v == "underscore") return agent::AgentConfig::LocalRankArg::underscore;
+  if (v == "none") return agent::AgentConfig::LocalRankArg::none;
+  fail(what, text, "unknown form", "dash (--local-rank=N), underscore (--local_rank=N), none");
+}
+
+spdlog::level::level_enum parse_log_level_value(std::string_view text, std::string_view what) {
+  const auto level = parse_log_level(text);
+  if (!level) fail(what, text, "unknown log level", "trace, debug, info, warning, error, critical, off");
+  return *level;
+}
+
+int parse_max_restarts(std::string_view text, std::string_view what) { return parse_int_value(text, what, 0, 1'000'000); }
+
+int parse_nccl_roots(std::string_view text, std::string_view what) { return parse_int_value(text, what, 1, 4096); }
+
+std::string parse_host(std::string_view text, std::string_view what) {
+  std::string_view host = trim(text);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host.find_first_of(" \t[]") != std::string_view::npos) {
+    fail(what, text, "not a host name or address",
+         "a host name, an IPv4 address, or an IPv6 address in brackets like [::1]");
+  }
+  return std::string(host);
+}
+
+std::uint16_t parse_port_value(std::string_view text, std::string_view what, int min_port) {
+  const auto port = parse_port(trim(text));
+  if (!port || *port < min_port) fail(what, text, "not a port", "an integer in " + std::to_string(min_port) + "..65535");
+  return *port;
+}
+
+std::string parse_non_empty(std::string_view text, std::string_view what, std::string_view hint) {
+  const std::string_view t = trim(text);
+  if (t.empty()) throw UsageError(std::string(what) + " is empty", std::string(hint));
+  return std::string(t);
 }
 
 std::string random_uuid4() {

@@ -47,7 +47,7 @@ TEST_CASE("defaults equal torchrun's") {
   Sandbox sb;
   const auto o = sb.parse({"train.py"});
   const AgentConfig& c = o.config;
-  CHECK(o.action == Action::run);
+  CHECK(o.command == CommandKind::run);
   CHECK(c.nproc_per_node == 1);
   CHECK(c.min_nodes == 1);
   CHECK(c.max_nodes == 1);
@@ -401,7 +401,7 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   CHECK(o.config.user_args_index == 3);  // where a legacy --local-rank argument goes
 
   const auto help_after = sb.parse({"train.py", "--help", "--version", "--", "-h"});
-  CHECK(help_after.action == Action::run);
+  CHECK(help_after.command == CommandKind::run);
   CHECK(help_after.config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "--help", "--version", "--", "-h"});
 
@@ -530,16 +530,16 @@ TEST_CASE("--help and --version") {
   Sandbox sb;
   for (const char* h : {"--help", "-h"}) {
     const auto o = sb.parse({"--nproc-per-node", "2", h});
-    CHECK(o.action == Action::help);
+    CHECK(o.command == CommandKind::help);
     CHECK_THAT(o.text, Contains("--nproc-per-node") && Contains("--nproc_per_node") &&
                            Contains("PET_NPROC_PER_NODE") && Contains("--monitor-interval") &&
                            Contains("event") && Contains("--local-rank-arg") && Contains("Exit codes"));
   }
   const auto v = sb.parse({"--version"});
-  CHECK(v.action == Action::version);
+  CHECK(v.command == CommandKind::version);
   CHECK(v.text == std::string("ddprun ") + ddprun::version_string + "\n");
   // --version needs no program, and wins over a missing one.
-  CHECK(sb.parse({"--version", "--nnodes", "1"}).action == Action::version);
+  CHECK(sb.parse({"--version", "--nnodes", "1"}).command == CommandKind::version);
 }
 
 TEST_CASE("argc/argv overload skips argv[0]") {

@@ -33,17 +33,18 @@ TEST_CASE("nnodes: errors name the flag and the accepted forms") {
 
 TEST_CASE("CUDA_VISIBLE_DEVICES counting follows CUDA's rules") {
   using Opt = std::optional<std::string>;
-  CHECK(count_cuda_visible_devices(Opt("0,1")) == 2);
-  CHECK(count_cuda_visible_devices(Opt("GPU-abc,1")) == 2);
-  CHECK(count_cuda_visible_devices(Opt("MIG-x")) == 1);
-  CHECK(count_cuda_visible_devices(Opt("MIG-GPU-1234/1/0,MIG-GPU-1234/2/0")) == 2);
-  CHECK(count_cuda_visible_devices(Opt("")) == 0);
-  CHECK(count_cuda_visible_devices(Opt("0,-1,1")) == 1);  // an invalid entry ends the list
-  CHECK(count_cuda_visible_devices(Opt("0,2,-1,1")) == 2);
-  CHECK(count_cuda_visible_devices(Opt("-1")) == 0);
-  CHECK(count_cuda_visible_devices(Opt("3,2,1,0")) == 4);
-  CHECK(count_cuda_visible_devices(Opt("0,,1")) == 1);
-  CHECK_FALSE(count_cuda_visible_devices(std::nullopt).has_value());
+  // The launcher counts with worker_env's rules and no inventory (syntax only).
+  const auto count_visible = [](const Opt& cvd) { return ddprun::worker_env::count_visible_gpus(cvd, {}); };
+  CHECK(count_visible(Opt("0,1")) == 2);
+  CHECK(count_visible(Opt("GPU-abc,1")) == 2);
+  CHECK(count_visible(Opt("MIG-x")) == 1);
+  CHECK(count_visible(Opt("MIG-GPU-1234/1/0,MIG-GPU-1234/2/0")) == 2);
+  CHECK(count_visible(Opt("")) == 0);
+  CHECK(count_visible(Opt("0,-1,1")) == 1);  // an invalid entry ends the list
+  CHECK(count_visible(Opt("0,2,-1,1")) == 2);
+  CHECK(count_visible(Opt("-1")) == 0);
+  CHECK(count_visible(Opt("3,2,1,0")) == 4);
+  CHECK(count_visible(Opt("0,,1")) == 1);
 }
 
 TEST_CASE("nproc-per-node forms") {

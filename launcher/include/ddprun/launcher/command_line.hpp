@@ -40,11 +40,13 @@ struct ParseContext {
   static ParseContext from_process();
 };
 
-enum class Action { run, help, version };
+// What the command line asks for: run a job (this node's agent, or the fan-out launcher), or
+// print help or the version.
+enum class CommandKind { run, help, version };
 
 struct LaunchOptions {
-  Action action = Action::run;
-  std::string text;  // what to print for Action::help / Action::version
+  CommandKind command = CommandKind::run;
+  std::string text;  // what to print for CommandKind::help / CommandKind::version
   agent::AgentConfig config;
   // Set for `--hostfile` / `--hosts`: this ddprun is the fan-out launcher (fanout.hpp); `config`
   // then only carries dry_run.

@@ -3,6 +3,9 @@
 // functions of their arguments: no environment, no filesystem, no processes. Each throws
 // ddprun::UsageError whose message names `what` (the flag, e.g. "--nnodes", or the PET_*
 // variable the value came from) and whose hint lists the accepted forms.
+#include <spdlog/common.h>
+
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -24,12 +27,6 @@ struct NodeRange {
 // "N" or "MIN:MAX" with 0 < MIN <= MAX.
 NodeRange parse_nnodes(std::string_view text, std::string_view what);
 
-// Number of devices CUDA would enumerate for a CUDA_VISIBLE_DEVICES value (syntax only, as
-// worker_env::count_visible_gpus with no inventory): entries are non-negative indices,
-// GPU-<uuid> or MIG-<...>; the list ends at the first invalid entry ("0,-1,1" -> 1); "" -> 0.
-// nullopt when the variable is unset.
-std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& cvd);
-
 // --nproc-per-node: a positive integer, "cpu" (online CPUs), "gpu" (the devices a worker would
 // see: CUDA_VISIBLE_DEVICES checked against `inventory`, or the inventory itself when unset; no
 // GPU is an error) or "auto" (the GPU count when there is a GPU, else the CPU count). The
@@ -37,6 +34,10 @@ std::optional<int> count_cuda_visible_devices(const std::optional<std::string>& 
 int parse_nproc_per_node(std::string_view text, std::string_view what,
                          const std::optional<std::string>& cuda_visible_devices, int online_cpus,
                          const worker_env::GpuInventory& inventory = {});
+
+// The --nproc-per-node keywords counted on the node that runs the workers: gpu, cpu, auto
+// (`lowered` already lowercased and trimmed).
+bool is_device_kind(std::string_view lowered);
 
 // --nccl-id: auto | env | comm-id | off.
 agent::AgentConfig::NcclIdMode parse_nccl_id_mode(std::string_view text, std::string_view what);
@@ -52,7 +53,6 @@ StreamSpec parse_streams(std::string_view text, std::string_view what);
 // --rdzv-conf: "k1=v1,k2=v2"; "" -> empty. Keys and values are trimmed and must be non-empty.
 std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what);
 
-// --local-ranks-filter: comma list of non-negative local ranks; "" -> nullopt (all ranks).
 // --rdzv-conf keys -> typed settings: join_timeout, last_call_timeout, close_timeout,
 // read_timeout, heartbeat_interval, exit_barrier_timeout (seconds, > 0, floats ok),
 // missed_heartbeats (1..1000), is_host (1/0/true/false), token; torchrun's `timeout` is the
@@ -61,6 +61,7 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
                                               const std::optional<std::string>& env_token);
 
+// --local-ranks-filter: comma list of non-negative local ranks; "" -> nullopt (all ranks).
 std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what);
 // --ranks-filter: comma list of global ranks and inclusive ranges ("0,3-5"); "" -> nullopt (all).
 std::optional<std::set<int>> parse_ranks_filter(std::string_view text, std::string_view what);
@@ -80,6 +81,26 @@ double parse_seconds_value(std::string_view text, std::string_view what);
 int parse_int_value(std::string_view text, std::string_view what, int min, int max);
 // "1"/"0" style booleans of the PET_* variables: any integer, non-zero = on (torchrun: bool(int(x))).
 bool parse_env_bool(std::string_view text, std::string_view what);
+
+// --rdzv-backend: static | c10d (any case), lowercased. The etcd backends get their own message.
+std::string parse_rdzv_backend(std::string_view text, std::string_view what);
+// --start-method: spawn | fork | forkserver (accepted, no effect).
+void check_start_method(std::string_view text, std::string_view what);
+// --local-rank-arg: dash | underscore | none.
+agent::AgentConfig::LocalRankArg parse_local_rank_arg(std::string_view text, std::string_view what);
+// --log-level: trace, debug, info, warning (warn), error, critical (fatal), off.
+spdlog::level::level_enum parse_log_level_value(std::string_view text, std::string_view what);
+// --max-restarts: 0..1000000.
+int parse_max_restarts(std::string_view text, std::string_view what);
+// --nccl-roots: 1..4096.
+int parse_nccl_roots(std::string_view text, std::string_view what);
+// A host name or address (--master-addr, --local-addr, --launcher-addr): trimmed, IPv6 brackets
+// removed ("[::1]" -> "::1"); empty or containing blanks or brackets is an error.
+std::string parse_host(std::string_view text, std::string_view what);
+// A TCP port in [min_port, 65535].
+std::uint16_t parse_port_value(std::string_view text, std::string_view what, int min_port);
+// The trimmed text; empty is an error whose hint is `hint` (--role, --rdzv-id, --log-dir, --gpus).
+std::string parse_non_empty(std::string_view text, std::string_view what, std::string_view hint);
 
 // A random version-4 UUID in the canonical 8-4-4-4-12 lowercase hex form (--standalone run id).
 std::string random_uuid4();

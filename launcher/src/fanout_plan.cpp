@@ -1,0 +1,206 @@
+// `ddprun --hostfile/--hosts ... PROGRAM`: flags, PET_* variables and defaults -> FanoutPlan.
+// The flags that place a node are refused (the launcher places every agent); the agent flags are
+// checked here with the same parsers the agent uses, so a typo fails before any ssh, and then
+// forwarded as typed; the program is resolved on each host by its agent.
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "ddprun/agent/process.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/hosts.hpp"
+#include "ddprun/launcher/remote_env.hpp"
+#include "ddprun/launcher/values.hpp"
+#include "ddprun/worker_env/numa.hpp"
+#include "parsed_flags.hpp"
+
+namespace ddprun::launcher::detail {
+namespace {
+
+// The absolute path of the running ddprun (the default --remote-ddprun).
+std::string own_executable() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("ddprun") : self.string();
+}
+
+// Checks a forwarded flag's value with the parser the agent will use on it.
+void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
+  using Check = void (*)(std::string_view text, std::string_view what);
+  static const std::map<std::string_view, Check> checks = {
+      {"max-restarts", [](std::string_view t, std::string_view w) { parse_max_restarts(t, w); }},
+      {"role", [](std::string_view t, std::string_view w) { parse_non_empty(t, w, "give a role name, e.g. trainer"); }},
+      {"log-dir", [](std::string_view t, std::string_view w) { parse_non_empty(t, w, "give a directory"); }},
+      {"redirects", [](std::string_view t, std::string_view w) { parse_streams(t, w); }},
+      {"tee", [](std::string_view t, std::string_view w) { parse_streams(t, w); }},
+      {"local-ranks-filter", [](std::string_view t, std::string_view w) { parse_local_ranks_filter(t, w); }},
+      {"signals-to-handle", [](std::string_view t, std::string_view w) { parse_signals(t, w); }},
+      {"shutdown-timeout", [](std::string_view t, std::string_view w) { parse_seconds_value(t, w); }},
+      {"nccl-id", [](std::string_view t, std::string_view w) { parse_nccl_id_mode(t, w); }},
+      {"nccl-roots", [](std::string_view t, std::string_view w) { parse_nccl_roots(t, w); }},
+      {"numa-binding", [](std::string_view t, std::string_view w) { worker_env::parse_numa_binding(t, w); }},
+      {"local-rank-arg", [](std::string_view t, std::string_view w) { parse_local_rank_arg(t, w); }},
+      {"log-level", [](std::string_view t, std::string_view w) { parse_log_level_value(t, w); }},
+  };
+  const auto it = checks.find(dash);
+  if (it == checks.end()) throw std::logic_error("no value check for the forwarded flag --" + std::string(dash));
+  it->second(g.text, g.what);
+}
+
+}  // namespace
+
+void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
+  const ParseContext& ctx = p.context();
+  const std::string source = p.given("hostfile") ? "--hostfile" : "--hosts";
+  for (const auto& spec : launcher_flags()) {
+    if (spec.scope != FlagScope::placement || !p.present(spec)) continue;
+    if (spec.kind == FlagKind::boolean) {
+      throw UsageError("--" + std::string(spec.dash) + " cannot be used with " + source, "drop --" + std::string(spec.dash));
+    }
+    const auto g = p.given(spec.dash);
+    throw UsageError(g->what + " cannot be used with " + source,
+                     "the launcher runs the rendezvous itself and gives every host its place; drop " + g->what);
+  }
+  if (p.given("hostfile") && p.given("hosts")) {
+    throw UsageError("--hostfile and --hosts cannot be used together", "list the hosts in one of them");
+  }
+
+  std::vector<HostEntry> entries;
+  if (auto g = p.given("hostfile")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    entries = load_hostfile(file.string(), &out.notes);
+  } else {
+    const auto g2 = p.given("hosts");
+    entries = parse_hosts_list(g2->text, g2->what);
+  }
+
+  std::optional<int> nproc_number;
+  std::string nproc_word;  // gpu|cpu|auto: counted on each host
+  if (auto g = p.given("nproc-per-node")) {
+    const std::string kind = to_lower(trim(g->text));
+    if (is_device_kind(kind)) {
+      nproc_word = kind;
+    } else {
+      nproc_number = parse_nproc_per_node(g->text, g->what, std::nullopt, ctx.online_cpus);
+    }
+  }
+  std::optional<int> num_nodes;
+  std::optional<int> num_gpus;
+  if (auto g = p.given("num-nodes")) num_nodes = parse_int_value(g->text, g->what, 1, 1'000'000);
+  if (auto g = p.given("num-gpus")) num_gpus = parse_int_value(g->text, g->what, 1, 1'000'000);
+  const auto include = p.given("include");
+  const auto exclude = p.given("exclude");
+  const auto selected = select_hosts(entries, include ? include->text : "", exclude ? exclude->text : "", num_nodes,
+                                     num_gpus, nproc_number);
+  const auto counts = resolve_nproc(selected, nproc_number);
+
+  FanoutPlan plan;
+  const auto global_gpus = p.given("gpus");
+  for (std::size_t i = 0; i < selected.size(); ++i) {
+    FanoutHost h;
+    h.user = selected[i].user;
+    h.host = selected[i].host;
+    const bool counted_here = selected[i].slot_indices || nproc_number || selected[i].slots > 0;
+    h.nproc = (!counted_here && !nproc_word.empty()) ? nproc_word : std::to_string(counts[i]);
+    if (selected[i].slot_indices) {
+      std::string list;
+      for (int d : *selected[i].slot_indices) list += (list.empty() ? "" : ",") + std::to_string(d);
+      h.gpus = list;
+    } else if (global_gpus) {
+      h.gpus = std::string(trim(global_gpus->text));
+    }
+    plan.hosts.push_back(std::move(h));
+  }
+
+  // ssh: BatchMode so a missing key fails instead of prompting; keepalives so a dead network is
+  // noticed by the ssh client (the remote agent notices through its rendezvous heartbeats).
+  const auto path_it = ctx.env.find("PATH");
+  // ssh keeps the FIRST value it sees for an option, so the user's options go before ddprun's
+  // defaults: --ssh-option ConnectTimeout=30 wins over ConnectTimeout=10.
+  plan.ssh_command = {agent::resolve_executable("ssh", path_it == ctx.env.end() ? "" : path_it->second, ""), "-T"};
+  if (auto g = p.given("ssh-config")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-F", file.string()});
+  }
+  if (auto g = p.given("ssh-port")) {
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-p", std::to_string(parse_port_value(g->text, g->what, 1))});
+  }
+  for (const auto& opt : p.all("ssh-option")) {
+    if (trim(opt).empty() || opt.find('=') == std::string::npos) {
+      throw UsageError("--ssh-option " + opt + ": not an ssh option", "accepted form: KEY=VALUE, e.g. IdentityFile=~/.ssh/id");
+    }
+    plan.ssh_command.insert(plan.ssh_command.end(), {"-o", opt});
+  }
+  plan.ssh_command.insert(plan.ssh_command.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
+                                                   "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"});
+  if (auto g = p.given("ssh-max-inflight")) plan.max_inflight = parse_int_value(g->text, g->what, 1, 10'000);
+  plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
+  plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
+  if (auto g = p.given("launcher-addr")) plan.launcher_addr = parse_host(g->text, g->what);
+  if (auto g = p.given("ranks-filter")) {
+    parse_ranks_filter(g->text, g->what);
+    plan.ranks_filter = std::string(trim(g->text));
+  }
+
+  // The environment the workers get on every host (over ssh's stdin).
+  std::vector<EnvFlag> env_flags;
+  for (const auto& e : p.all("env")) env_flags.push_back(parse_env_flag(e));
+  EnvEntries file_entries;
+  if (auto g = p.given("env-file")) {
+    std::filesystem::path file(std::string(trim(g->text)));
+    if (file.is_relative()) file = ctx.cwd / file;
+    file_entries = load_env_file(file.string());
+  }
+  plan.env = select_remote_env(ctx.env, env_flags, file_entries);
+
+  // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
+  std::map<std::string, std::string> conf;
+  if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
+  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
+  plan.rdzv_token = settings.token;
+  conf.erase("token");
+  conf["is_host"] = "false";  // the launcher hosts it
+  std::string conf_text;
+  for (const auto& [k, v] : conf) conf_text += (conf_text.empty() ? "" : ",") + k + "=" + v;
+
+  // Agent flags forwarded as given (checked here first, so a typo fails before any ssh).
+  auto& args = plan.agent_args;
+  args.push_back("--rdzv-conf=" + conf_text);
+  for (const auto& spec : launcher_flags()) {
+    if (spec.scope != FlagScope::forwarded) continue;
+    if (spec.kind == FlagKind::boolean) {
+      if (p.flag(spec.dash)) args.push_back("--" + std::string(spec.dash));
+    } else if (auto g = p.given(spec.dash)) {
+      check_forwarded_value(spec.dash, *g);
+      args.push_back("--" + std::string(spec.dash) + "=" + g->text);
+    }
+  }
+  // The launcher itself also waits this long for the hosts to stop; torchrun's variable counts
+  // as the flag, for the remote agents too.
+  double grace = 30.0;
+  if (auto g = p.given("shutdown-timeout")) {
+    grace = parse_seconds_value(g->text, g->what);
+  } else if (auto e = p.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); e && !trim(*e).empty()) {
+    grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    args.push_back("--shutdown-timeout=" + *e);
+  }
+  plan.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
+  if (auto g = p.given("logs-specs")) {
+    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
+  }
+  if (auto g = p.given("log-line-prefix-template")) {
+    out.notes.push_back(g->what + " is ignored with " + source + ": remote lines are prefixed [host:rank]:");
+  }
+
+  std::vector<std::string> rest =
+      program_words(remaining, "usage: ddprun --hostfile FILE [options] SCRIPT.py|PROGRAM [ARGS...]");
+  plan.program = std::move(rest);
+  out.config.dry_run = p.flag("dry-run");
+  out.fanout = std::move(plan);
+}
+
+}  // namespace ddprun::launcher::detail

@@ -1,0 +1,181 @@
+#include "parsed_flags.hpp"
+
+#include <set>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/common/version.hpp"
+#include "ddprun/launcher/values.hpp"
+
+namespace ddprun::launcher::detail {
+namespace {
+
+// The flags that have no PET_* form, for the footer ("except --a, --b and --c").
+std::string flags_without_env_form() {
+  std::vector<std::string> names;
+  for (const auto& spec : launcher_flags()) {
+    if (!spec.env_form && !spec.hidden) names.push_back("--" + std::string(spec.dash));
+  }
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  }
+  return out;
+}
+
+std::string footer() {
+  return "The first argument that is not a ddprun option is the training program; it and everything\n"
+         "after it are passed to the workers untouched. Program forms:\n"
+         "  ddprun [options] train.py ARGS      PYTHON -u train.py ARGS   (PYTHON: $PYTHON_EXEC, else python3 on PATH)\n"
+         "  ddprun [options] -m pkg.mod ARGS    PYTHON -u -m pkg.mod ARGS\n"
+         "  ddprun [options] --run-path t.py    PYTHON -u -c <runpy.run_path> /abs/t.py ARGS\n"
+         "  ddprun [options] ./prog ARGS        /abs/prog ARGS   (any executable; also with --no-python)\n"
+         "\n"
+         "Every option has a dash and an underscore spelling (--nproc-per-node, --nproc_per_node) and,\n"
+         "except " +
+         flags_without_env_form() +
+         ", an environment form\n"
+         "PET_<NAME> (PET_NPROC_PER_NODE=4; booleans: PET_STANDALONE=1). The flag wins over PET_*, which\n"
+         "wins over the default.\n"
+         "\n"
+         "Exit codes: 0 success; the failing worker's own exit code (128+N for a worker killed by signal N);\n"
+         "128+N when ddprun is stopped by signal N; 2 usage error; 1 other ddprun error.";
+}
+
+}  // namespace
+
+ParsedFlags::ParsedFlags(const ParseContext& context) : context_(context) {}
+
+void ParsedFlags::define() {
+  app_.description("ddprun " + std::string(version_string) +
+                   ": launch a distributed training job on this node (a drop-in for torchrun)");
+  app_.prefix_command();
+  app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app_.footer(footer());
+  app_.get_formatter()->column_width(40);
+  // The usage line is "Usage: ddprun [" + label + "]": name the program part there too.
+  app_.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
+  for (const auto& spec : launcher_flags()) {
+    std::string names;
+    if (!spec.short_name.empty()) names += "-" + std::string(spec.short_name) + ",";
+    names += "--" + std::string(spec.dash);
+    if (underscore_spelling(spec.dash) != spec.dash) names += ",--" + underscore_spelling(spec.dash);
+    std::string help = help_with_default(spec);
+    if (spec.env_form) help += " [env: " + pet_variable(spec.dash) + "]";
+    CLI::Option* opt = nullptr;
+    if (spec.kind == FlagKind::boolean) {
+      opt = app_.add_flag(names)->description(help);  // (names, lvalue) would bind help as the result
+    } else if (spec.kind == FlagKind::repeated) {
+      opt = app_.add_option(names, multi_storage_[std::string(spec.dash)], help);
+      opt->type_name(std::string(spec.metavar));
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      opt->allow_extra_args(false);  // one value per occurrence: the program follows
+    } else {
+      opt = app_.add_option(names, storage_[std::string(spec.dash)], help);
+      opt->type_name(std::string(spec.metavar));
+    }
+    if (spec.hidden) opt->group("");
+    options_[std::string(spec.dash)] = {opt, &spec};
+  }
+}
+
+std::vector<std::string> ParsedFlags::all(std::string_view dash) const {
+  const auto it = multi_storage_.find(std::string(dash));
+  return it == multi_storage_.end() ? std::vector<std::string>{} : it->second;
+}
+
+std::optional<ParsedFlags::Given> ParsedFlags::given(std::string_view dash) const {
+  const auto& [opt, spec] = options_.at(std::string(dash));
+  if (opt->count() > 0) return Given{storage_.at(std::string(dash)), "--" + std::string(dash)};
+  if (spec->env_form) {
+    const std::string env = pet_variable(dash);
+    if (auto it = context_.env.find(env); it != context_.env.end() && !trim(it->second).empty()) {
+      return Given{it->second, env};
+    }
+  }
+  return std::nullopt;
+}
+
+bool ParsedFlags::flag(std::string_view dash) const {
+  const auto& [opt, spec] = options_.at(std::string(dash));
+  if (opt->count() > 0) return true;
+  if (spec->env_form) {
+    const std::string env = pet_variable(dash);
+    if (auto it = context_.env.find(env); it != context_.env.end() && !trim(it->second).empty()) {
+      return parse_env_bool(it->second, env);
+    }
+  }
+  return false;
+}
+
+bool ParsedFlags::present(const FlagSpec& spec) const {
+  switch (spec.kind) {
+    case FlagKind::boolean: return flag(spec.dash);
+    case FlagKind::repeated: return !all(spec.dash).empty();
+    case FlagKind::value: return given(spec.dash).has_value();
+  }
+  return false;
+}
+
+std::optional<std::string> ParsedFlags::env(const std::string& name) const {
+  auto it = context_.env.find(name);
+  if (it == context_.env.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args) {
+  std::vector<std::string> out = args;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::string& arg = out[i];
+    if (arg == "--" || arg.empty() || arg.front() != '-' || arg == "-") break;  // the program starts here
+    if (!starts_with(arg, "--")) {
+      // A short option takes its value from the next word unless it is attached (-r3).
+      if (arg.size() == 2) {
+        for (const auto& spec : launcher_flags()) {
+          if (spec.short_name == arg.substr(1) && spec.kind != FlagKind::boolean) ++i;
+        }
+      }
+      continue;
+    }
+    const auto eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const FlagSpec* match = nullptr;
+    bool exact = name == "help";
+    std::set<const FlagSpec*> prefixed;  // dash and underscore spellings of one flag count once
+    std::string first_spelling;
+    std::string candidates;
+    for (const auto& spec : launcher_flags()) {
+      for (const std::string& spelled : {std::string(spec.dash), underscore_spelling(spec.dash)}) {
+        if (spelled == name) {
+          exact = true;
+          match = &spec;
+        } else if (!name.empty() && starts_with(spelled, name) && !prefixed.contains(&spec)) {
+          prefixed.insert(&spec);
+          if (first_spelling.empty()) first_spelling = spelled;
+          candidates += (candidates.empty() ? "--" : ", --") + spelled;
+        }
+      }
+    }
+    if (!exact && prefixed.size() > 1) {
+      throw UsageError("ambiguous option --" + name + " could match " + candidates, "spell the option out");
+    }
+    if (!exact && prefixed.size() == 1) {
+      match = *prefixed.begin();
+      out[i] = "--" + first_spelling + (eq == std::string::npos ? std::string() : arg.substr(eq));
+    }
+    if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) ++i;  // skip its value
+  }
+  return out;
+}
+
+std::vector<std::string> program_words(const std::vector<std::string>& remaining, const std::string& usage) {
+  std::vector<std::string> rest = remaining;
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) throw UsageError("no training program given", usage);
+  if (remaining.front() != "--" && rest.front().size() > 1 && rest.front().front() == '-') {
+    throw UsageError("unknown option " + rest.front(), "run 'ddprun --help' for the accepted options");
+  }
+  return rest;
+}
+
+}  // namespace ddprun::launcher::detail

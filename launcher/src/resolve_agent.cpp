@@ -1,0 +1,309 @@
+// This node's agent: flags, PET_* variables, Slurm's variables and defaults -> agent::AgentConfig.
+// Every value is parsed here once, by its parser in values.hpp; the agent takes the result as
+// already valid.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "ddprun/common/endpoint.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/program.hpp"
+#include "ddprun/launcher/slurm.hpp"
+#include "ddprun/launcher/values.hpp"
+#include "ddprun/worker_env/gpus.hpp"
+#include "ddprun/worker_env/numa.hpp"
+#include "parsed_flags.hpp"
+
+namespace ddprun::launcher::detail {
+namespace {
+
+constexpr std::string_view kDefaultSignals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+// Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
+// every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
+// (the first node of the allocation, port 29400 or $DDPRUN_SLURM_RDZV_PORT) come from Slurm's
+// variables.
+void apply_slurm(const ParsedFlags& p, const ParseContext& ctx, LaunchOptions& out) {
+  agent::AgentConfig& cfg = out.config;
+  for (const auto& spec : launcher_flags()) {
+    if (spec.overrides_slurm && p.present(spec)) return;
+  }
+  const auto slurm = slurm_from_env(ctx.env);
+  if (!slurm || slurm->nnodes <= 1) return;
+  // One ddprun per node: several tasks of one step on a node would all try to host or join as
+  // that node.
+  for (const char* tasks_var : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    if (auto t = p.env(tasks_var); t && !trim(*t).empty()) {
+      const auto tasks = parse_int(trim(*t));
+      if (tasks && *tasks > slurm->nnodes) {
+        throw UsageError(std::string(tasks_var) + "=" + *t + " tasks on " + std::to_string(slurm->nnodes) +
+                             " nodes: ddprun runs once per node and starts the workers itself",
+                         "srun --ntasks-per-node=1 ddprun --nproc-per-node N ...");
+      }
+      break;
+    }
+  }
+  std::uint16_t port = 29400;
+  if (auto e = p.env("DDPRUN_SLURM_RDZV_PORT"); e && !trim(*e).empty()) {
+    const auto parsed = parse_port(trim(*e));
+    if (!parsed || *parsed == 0) {
+      throw UsageError("DDPRUN_SLURM_RDZV_PORT=" + *e + ": not a port", "accepted forms: an integer in 1..65535");
+    }
+    port = *parsed;
+  }
+  cfg.min_nodes = cfg.max_nodes = slurm->nnodes;
+  cfg.rdzv_backend = "c10d";
+  cfg.rdzv_endpoint = Endpoint{slurm->first_host, port}.to_string();
+  cfg.run_id = slurm->run_id;
+  cfg.node_rank = slurm->node_id;
+  if (!cfg.rdzv.is_host) cfg.rdzv.is_host = slurm->node_id == 0;
+  out.notes.push_back("Slurm allocation: " + std::to_string(slurm->nnodes) + " nodes, this is node " +
+                      std::to_string(slurm->node_id) + ", rendezvous '" + slurm->run_id + "' at " + cfg.rdzv_endpoint +
+                      (slurm->node_id == 0 ? " (hosted here)" : ""));
+}
+
+}  // namespace
+
+void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
+  const ParseContext& ctx = p.context();
+  for (const auto& spec : launcher_flags()) {
+    if (spec.scope != FlagScope::fanout || !p.present(spec)) continue;
+    const auto g = spec.kind == FlagKind::value ? p.given(spec.dash) : std::nullopt;
+    throw UsageError((g ? g->what : "--" + std::string(spec.dash)) + " needs --hostfile or --hosts",
+                     "it configures the agents started over ssh");
+  }
+  agent::AgentConfig& cfg = out.config;
+
+  // Sizes.
+  if (auto g = p.given("nnodes")) {
+    const NodeRange r = parse_nnodes(g->text, g->what);
+    cfg.min_nodes = r.min_nodes;
+    cfg.max_nodes = r.max_nodes;
+  }
+  // The GPU inventory is probed (dlopen of NVML) only when GPUs matter, and at most once.
+  const auto cvd = p.env("CUDA_VISIBLE_DEVICES");
+  std::optional<worker_env::GpuInventory> inventory;
+  auto probed = [&]() -> const worker_env::GpuInventory& {
+    if (!inventory) inventory = ctx.probe_gpus ? ctx.probe_gpus(ctx.env) : worker_env::GpuInventory{};
+    return *inventory;
+  };
+  bool nproc_from_gpus = false;
+  if (auto g = p.given("nproc-per-node")) {
+    const std::string kind = to_lower(trim(g->text));
+    if (kind == "gpu" || kind == "auto") {  // cpu needs no GPU inventory
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus, probed());
+      nproc_from_gpus = worker_env::count_visible_gpus(cvd, probed()) > 0;
+    } else {
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus);
+    }
+  }
+  if (auto g = p.given("max-restarts")) cfg.max_restarts = parse_max_restarts(g->text, g->what);
+  if (auto g = p.given("monitor-interval")) {
+    parse_seconds_value(g->text, g->what);
+    out.notes.push_back(g->what + " has no effect: ddprun is event driven and reacts to worker exits as they happen");
+  }
+  if (auto g = p.given("start-method")) {
+    check_start_method(g->text, g->what);
+    out.notes.push_back(g->what + " has no effect: ddprun always starts workers as new processes");
+  }
+  if (auto g = p.given("role")) cfg.role = parse_non_empty(g->text, g->what, "give a role name, e.g. trainer");
+
+  // Rendezvous.
+  cfg.standalone = p.flag("standalone");
+  if (cfg.standalone) {
+    std::vector<std::string> ignored;
+    for (std::string_view f : {"rdzv-backend", "rdzv-endpoint", "rdzv-id"}) {
+      if (auto g = p.given(f)) ignored.push_back(g->what + "=" + g->text);
+    }
+    if (!ignored.empty()) {
+      std::string joined;
+      for (const auto& s : ignored) joined += (joined.empty() ? "" : ", ") + s;
+      out.notes.push_back("--standalone: ignoring " + joined);
+    }
+    if (cfg.max_nodes > 1) {
+      throw UsageError("--standalone runs a single-node job but --nnodes allows " + std::to_string(cfg.max_nodes) +
+                           " nodes",
+                       "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
+    }
+    cfg.rdzv_backend = "c10d";
+    cfg.rdzv_endpoint = "localhost:0";
+    cfg.run_id = random_uuid4();
+    cfg.master_port = 0;
+  } else {
+    if (auto g = p.given("rdzv-backend")) cfg.rdzv_backend = parse_rdzv_backend(g->text, g->what);
+    if (auto g = p.given("rdzv-endpoint")) {
+      cfg.rdzv_endpoint = parse_endpoint(g->text, 29400, g->what).to_string();
+    }
+    if (cfg.rdzv_backend == "c10d" && cfg.rdzv_endpoint.empty()) {
+      throw UsageError("--rdzv-backend=c10d needs --rdzv-endpoint",
+                       "pass --rdzv-endpoint=HOST[:PORT] (the same on every node), or --standalone for one node");
+    }
+    if (auto g = p.given("rdzv-id")) cfg.run_id = parse_non_empty(g->text, g->what, "give a job id shared by all nodes");
+  }
+  {
+    std::string conf_what = "--rdzv-conf";
+    if (auto g = p.given("rdzv-conf")) {
+      cfg.rdzv_conf = parse_rdzv_conf(g->text, g->what);
+      conf_what = g->what;
+    }
+    cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
+  }
+
+  apply_slurm(p, ctx, out);
+
+  if (auto g = p.given("node-rank")) cfg.node_rank = parse_int_value(g->text, g->what, 0, 1'000'000);
+  if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {
+    throw UsageError("--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" +
+                         std::to_string(cfg.max_nodes),
+                     "node ranks run from 0 to nnodes-1 with the static backend");
+  }
+  if (cfg.standalone && cfg.node_rank != 0) {
+    throw UsageError("--node-rank " + std::to_string(cfg.node_rank) + " is out of range for a single-node job",
+                     "use --node-rank 0 with --nnodes 1");
+  }
+  if (auto g = p.given("master-addr")) cfg.master_addr = parse_host(g->text, g->what);
+  if (!cfg.standalone) {
+    if (auto g = p.given("master-port")) cfg.master_port = parse_port_value(g->text, g->what, 0);
+  }
+  if (!cfg.standalone && cfg.rdzv_backend == "static" && cfg.max_nodes > 1 && cfg.master_port == 0) {
+    throw UsageError("a static multi-node job needs a fixed --master-port (got 0)",
+                     "pass the same --master-addr and --master-port on every node (node rank 0 serves there)");
+  }
+  if (auto g = p.given("local-addr")) cfg.local_addr = parse_host(g->text, g->what);
+
+  // Output.
+  if (auto g = p.given("log-dir")) {
+    const std::filesystem::path dir(parse_non_empty(g->text, g->what, "give a directory"));
+    cfg.log_dir = (dir.is_absolute() ? dir : ctx.cwd / dir).lexically_normal();
+  }
+  if (auto g = p.given("redirects")) {
+    const StreamSpec s = parse_streams(g->text, g->what);
+    cfg.redirects_all = s.all;
+    cfg.redirects = s.per_rank;
+  }
+  if (auto g = p.given("tee")) {
+    const StreamSpec s = parse_streams(g->text, g->what);
+    cfg.tee_all = s.all;
+    cfg.tee = s.per_rank;
+  }
+  if (auto g = p.given("local-ranks-filter")) cfg.local_ranks_filter = parse_local_ranks_filter(g->text, g->what);
+  if (auto t = p.env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t && !t->empty()) cfg.log_line_prefix_template = *t;
+  if (auto g = p.given("log-line-prefix-template")) cfg.log_line_prefix_template = g->text;
+  cfg.prefix_console = p.flag("prefix-output");
+  if (auto g = p.given("ranks-filter")) cfg.ranks_filter = parse_ranks_filter(g->text, g->what);
+  if (auto g = p.given("node-label")) cfg.node_label = std::string(trim(g->text));
+
+  // Signals and shutdown.
+  {
+    auto g = p.given("signals-to-handle");
+    cfg.signals_to_handle = g ? parse_signals(g->text, g->what) : parse_signals(kDefaultSignals, "default");
+  }
+  double grace = 30.0;
+  if (auto g = p.given("shutdown-timeout")) {
+    grace = parse_seconds_value(g->text, g->what);
+  } else if (auto e = p.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); e && !trim(*e).empty()) {
+    grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  }
+  cfg.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
+  cfg.virtual_local_rank = p.flag("virtual-local-rank");
+
+  // GPUs: a plan only when GPUs are involved, so a CPU-only run is exactly as before.
+  std::vector<std::string> rank_bus_ids;  // per local rank, from the plan (for --numa-binding)
+  {
+    const auto gpus = p.given("gpus");
+    const bool isolation = p.flag("gpu-isolation");
+    const bool sharing = p.flag("gpu-sharing");
+    if (gpus) parse_non_empty(gpus->text, gpus->what, "give device ordinals or UUIDs, e.g. 0,1");
+    const bool wants_gpus = gpus.has_value() || isolation || cfg.virtual_local_rank;
+    if (wants_gpus) probed();
+    const bool have_gpus = inventory && !inventory->devices.empty();
+    // torchrun's --virtual-local-rank on a machine without any GPU: LOCAL_RANK=0 and
+    // CUDA_VISIBLE_DEVICES=<local rank>, as before (build_worker_env does it).
+    const bool cpu_virtual = cfg.virtual_local_rank && !gpus && !isolation && !cvd && !have_gpus;
+    if (!cpu_virtual && (cvd || wants_gpus || nproc_from_gpus)) {
+      worker_env::GpuRequest req;
+      req.parent_cvd = cvd;
+      req.parent_device_order = p.env("CUDA_DEVICE_ORDER");
+      if (inventory) req.inventory = *inventory;
+      if (gpus) req.gpus = std::string(trim(gpus->text));
+      req.mode = cfg.virtual_local_rank ? worker_env::GpuMode::virtual_local_rank
+                 : isolation           ? worker_env::GpuMode::isolate
+                                       : worker_env::GpuMode::shared;
+      req.nproc = cfg.nproc_per_node;
+      req.allow_sharing = sharing;
+      const worker_env::GpuPlan plan = worker_env::plan_gpus(req);
+      if (!plan.selected.empty()) {
+        for (int r = 0; r < cfg.nproc_per_node; ++r) {  // local rank r uses selected[r % n] (--numa-binding)
+          const auto& v = plan.selected[static_cast<std::size_t>(r) % plan.selected.size()];
+          rank_bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
+        }
+      }
+      bool any = false;
+      for (const auto& e : plan.per_rank_env) any = any || !e.empty();
+      if (any) {
+        cfg.gpu_env = plan.per_rank_env;
+        cfg.gpu_devices = plan.per_rank_device;
+        cfg.gpu_summary = plan.summary;
+      }
+    }
+  }
+
+  // NCCL unique IDs.
+  if (auto g = p.given("nccl-id")) cfg.nccl_id = parse_nccl_id_mode(g->text, g->what);
+  if (auto g = p.given("nccl-roots")) cfg.nccl_roots = parse_nccl_roots(g->text, g->what);
+
+  // CPU/NUMA binding: planned here from sysfs (DDPRUN_SYSFS_ROOT overrides /sys, for tests), near
+  // each rank's GPU when its PCI bus id is known, else spread over the NUMA nodes.
+  if (auto g = p.given("numa-binding")) {
+    const auto mode = worker_env::parse_numa_binding(g->text, g->what);
+    std::vector<std::string> bus_ids;
+    if (!rank_bus_ids.empty()) {
+      bus_ids = rank_bus_ids;
+    } else if (!(cvd && trim(*cvd).empty())) {
+      for (const auto& v : worker_env::visible_devices(cvd, probed())) bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
+    }
+    const auto root = p.env("DDPRUN_SYSFS_ROOT");
+    const std::string sysfs = root && !trim(*root).empty() ? std::string(trim(*root)) : std::string("/sys");
+    const auto plan = worker_env::plan_numa_binding(mode, sysfs, cfg.nproc_per_node, bus_ids,
+                                                    worker_env::current_cpu_affinity());
+    cfg.numa_binding = std::string(trim(g->text));
+    cfg.cpu_binding = plan.per_rank;
+    if (bus_ids.empty() || std::find(bus_ids.begin(), bus_ids.end(), std::string()) != bus_ids.end()) {
+      out.notes.push_back(g->what + ": " + plan.note);
+    }
+  }
+  if (auto g = p.given("logs-specs")) {
+    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
+  }
+
+  // Legacy --local-rank argument.
+  const bool use_env = p.flag("use-env");
+  if (auto g = p.given("local-rank-arg")) {
+    cfg.local_rank_arg = parse_local_rank_arg(g->text, g->what);
+    if (use_env && cfg.local_rank_arg != agent::AgentConfig::LocalRankArg::none) {
+      throw UsageError("--use-env and " + g->what + " contradict each other",
+                       "--use-env means no --local-rank argument; drop one of them");
+    }
+  }
+  if (use_env) out.notes.push_back("--use-env has no effect: LOCAL_RANK and the other variables are always set");
+
+  cfg.dry_run = p.flag("dry-run");
+
+  // The program.
+  const std::vector<std::string> rest =
+      program_words(remaining, "usage: ddprun [options] SCRIPT.py|-m MODULE|PROGRAM [ARGS...]");
+  ProgramRequest req;
+  req.program = rest.front();
+  req.args.assign(rest.begin() + 1, rest.end());
+  req.module = p.flag("module");
+  req.no_python = p.flag("no-python");
+  req.run_path = p.flag("run-path");
+  ResolvedProgram prog = resolve_program(req, ctx.env, ctx.cwd);
+  cfg.user_args_index = prog.argv.size() - req.args.size();
+  cfg.worker_argv = std::move(prog.argv);
+  cfg.python_worker = prog.python_worker;
+  cfg.working_dir = ctx.cwd;
+}
+
+}  // namespace ddprun::launcher::detail
