@@ -14,6 +14,7 @@
 #include <random>
 
 #include "ddprun/agent/failure.hpp"
+#include "ddprun/agent/worker_spec.hpp"
 #include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
@@ -51,14 +52,9 @@ std::vector<std::string> resolve_numeric(const std::string& host) {
 
 }  // namespace
 
-bool uses_elastic_path(const AgentConfig& config) {
-  if (config.standalone) return false;
-  return config.max_nodes > 1 || config.rdzv_backend == "c10d";
-}
+bool uses_elastic_path(const AgentConfig& config) { return job_mode(config) != JobMode::single_node; }
 
-bool is_static_multi_node(const AgentConfig& config) {
-  return uses_elastic_path(config) && config.rdzv_backend == "static";
-}
+bool is_static_multi_node(const AgentConfig& config) { return job_mode(config) == JobMode::static_multi_node; }
 
 Endpoint rendezvous_endpoint(const AgentConfig& config) {
   if (is_static_multi_node(config)) {
@@ -72,6 +68,24 @@ Endpoint rendezvous_endpoint(const AgentConfig& config) {
     throw UsageError("an elastic job needs --rdzv-endpoint", "pass --rdzv-endpoint=HOST[:PORT], the same on every node");
   }
   return parse_endpoint(config.rdzv_endpoint, 29400, "--rdzv-endpoint");
+}
+
+worker_env::Placement placement_of(const AgentConfig& config, const rendezvous::Assignment& a) {
+  worker_env::Placement p = local_placement(config);
+  p.local_world_size = a.local_world_size;
+  p.group_rank = a.group_rank;
+  p.group_world_size = a.group_world_size;
+  p.rank_offset = a.rank_offset;
+  p.world_size = a.world_size;
+  p.master_addr = a.master_addr;
+  p.master_port = a.master_port;
+  p.restart_count = a.restart_count;
+  p.max_restarts = a.max_restarts;
+  if (job_mode(config) == JobMode::static_multi_node) {
+    p.group_rank = config.node_rank;
+    p.rank_offset = config.node_rank * config.nproc_per_node;
+  }
+  return p;
 }
 
 rendezvous::JobConfig job_config(const AgentConfig& config) {
@@ -240,22 +254,6 @@ std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std
   report.note = "group rank " + std::to_string(rc.group_rank) + ", node " + rc.failure.node.to_string();
   out += format_failure_summary(command, rc.node_addr, report, {});
   return out;
-}
-
-namespace {
-constexpr long kRanksPerRoot = 256;  // NCCL's own root count heuristic for ncclCommInitRankScalable
-constexpr long kMaxRoots = 4096;     // --nccl-roots' upper bound
-long roots_for(long ranks) { return std::clamp((ranks + kRanksPerRoot - 1) / kRanksPerRoot, 1L, kMaxRoots); }
-}  // namespace
-
-int nccl_roots_to_offer(const AgentConfig& config) {
-  if (config.nccl_roots > 0) return config.nccl_roots;
-  return static_cast<int>(roots_for(static_cast<long>(config.max_nodes) * config.nproc_per_node));
-}
-
-std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std::size_t offered) {
-  if (config.nccl_roots > 0) return offered;
-  return std::min(offered, static_cast<std::size_t>(roots_for(world_size)));
 }
 
 }  // namespace ddprun::agent

@@ -1,6 +1,9 @@
 // Error-file parsing and the root-cause summary; see failure.hpp.
 #include "ddprun/agent/failure.hpp"
 
+#include <fstream>
+#include <sstream>
+
 #include <boost/json.hpp>
 #include <ctime>
 
@@ -167,6 +170,30 @@ std::string format_failure_summary(std::string_view command, std::string_view ho
   append_report(out, 0, host, root);
   out += rule + "\n";
   return out;
+}
+
+void load_error_file(FailureReport& report) {
+  if (report.error_file.empty()) return;
+  std::ifstream in(report.error_file, std::ios::binary);
+  if (!in) return;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string problem;
+  report.error = parse_error_file(ss.str(), &problem);
+  if (!report.error) {
+    report.note += (report.note.empty() ? "" : "; ") + std::string("error file ") + report.error_file +
+                   " could not be used: " + problem;
+  }
+}
+
+std::string error_file_message(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto parsed = parse_error_file(ss.str());
+  return parsed ? parsed->message : std::string();
 }
 
 }  // namespace ddprun::agent

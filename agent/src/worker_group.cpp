@@ -8,22 +8,6 @@
 
 namespace ddprun::agent {
 
-std::string signal_name(int sig) {
-  // sigabbrev_np (glibc 2.32+) returns the name without "SIG"; nullptr for unknown numbers.
-  const char* abbrev = ::sigabbrev_np(sig);
-  if (abbrev == nullptr) {
-    return "SIG" + std::to_string(sig);
-  }
-  return std::string("SIG") + abbrev;
-}
-
-std::string describe(const ExitStatus& status) {
-  if (status.signal != 0) {
-    return signal_name(status.signal) + " (signal " + std::to_string(status.signal) + ")";
-  }
-  return "exit code " + std::to_string(status.exit_code);
-}
-
 const char* to_string(GroupState state) {
   switch (state) {
     case GroupState::init: return "init";
@@ -69,17 +53,17 @@ std::optional<RecordedFailure> WorkerGroupMachine::root_cause() const {
   return std::nullopt;
 }
 
-Actions WorkerGroupMachine::start() {
+GroupActions WorkerGroupMachine::start() {
   if (state_ != GroupState::init) {
     return {};
   }
   state_ = GroupState::healthy;
   attempt_ = 0;
   workers_.assign(static_cast<std::size_t>(nproc_), Worker{});
-  return {{Action::Kind::start_attempt, 0}};
+  return {{GroupAction::Kind::start_attempt, 0}};
 }
 
-Actions WorkerGroupMachine::on_exited(int local_rank, ExitStatus status) {
+GroupActions WorkerGroupMachine::on_exited(int local_rank, ExitStatus status) {
   check_rank(local_rank);
   if (is_terminal() || state_ == GroupState::init) {
     return {};
@@ -89,20 +73,20 @@ Actions WorkerGroupMachine::on_exited(int local_rank, ExitStatus status) {
     return {};  // duplicate report
   }
   w.exited = true;
-  Actions actions;
+  GroupActions actions;
   if (state_ == GroupState::healthy && !status.ok()) {
     failures_.push_back({attempt_, local_rank, status});
     state_ = GroupState::stopping;
     cause_ = StopCause::worker_failure;
-    actions.push_back({Action::Kind::signal_groups, SIGTERM});
-    actions.push_back({Action::Kind::arm_grace, 0});
+    actions.push_back({GroupAction::Kind::signal_groups, SIGTERM});
+    actions.push_back({GroupAction::Kind::arm_grace, 0});
   }
   auto more = maybe_complete();
   actions.insert(actions.end(), more.begin(), more.end());
   return actions;
 }
 
-Actions WorkerGroupMachine::on_drained(int local_rank) {
+GroupActions WorkerGroupMachine::on_drained(int local_rank) {
   check_rank(local_rank);
   if (is_terminal() || state_ == GroupState::init) {
     return {};
@@ -111,41 +95,41 @@ Actions WorkerGroupMachine::on_drained(int local_rank) {
   return maybe_complete();
 }
 
-Actions WorkerGroupMachine::on_signal(int sig) {
+GroupActions WorkerGroupMachine::on_signal(int sig) {
   switch (state_) {
     case GroupState::healthy:
       state_ = GroupState::stopping;
       cause_ = StopCause::signal;
       stop_signal_ = sig;
-      return {{Action::Kind::signal_groups, sig}, {Action::Kind::arm_grace, 0}};
+      return {{GroupAction::Kind::signal_groups, sig}, {GroupAction::Kind::arm_grace, 0}};
     case GroupState::stopping:
       if (cause_ == StopCause::signal) {
         // The user insists (a second Ctrl-C): no more grace.
-        return {{Action::Kind::signal_groups, SIGKILL}};
+        return {{GroupAction::Kind::signal_groups, SIGKILL}};
       }
       // A restart was pending; the signal wins and ends the run after this stop.
       cause_ = StopCause::signal;
       stop_signal_ = sig;
-      return {{Action::Kind::signal_groups, sig}};
+      return {{GroupAction::Kind::signal_groups, sig}};
     case GroupState::init:
       // Nothing runs yet: end right away with the signal's code.
       state_ = GroupState::interrupted;
       cause_ = StopCause::signal;
       stop_signal_ = sig;
-      return {{Action::Kind::finish, 128 + sig}};
+      return {{GroupAction::Kind::finish, 128 + sig}};
     default:
       return {};
   }
 }
 
-Actions WorkerGroupMachine::on_grace_expired() {
+GroupActions WorkerGroupMachine::on_grace_expired() {
   if (state_ != GroupState::stopping) {
     return {};
   }
-  return {{Action::Kind::signal_groups, SIGKILL}};
+  return {{GroupAction::Kind::signal_groups, SIGKILL}};
 }
 
-Actions WorkerGroupMachine::maybe_complete() {
+GroupActions WorkerGroupMachine::maybe_complete() {
   for (const auto& w : workers_) {
     if (!w.exited || !w.drained) {
       return {};
@@ -153,14 +137,14 @@ Actions WorkerGroupMachine::maybe_complete() {
   }
   if (state_ == GroupState::healthy) {
     state_ = GroupState::succeeded;
-    return {{Action::Kind::finish, 0}};
+    return {{GroupAction::Kind::finish, 0}};
   }
   // stopping: every process has exited; the zombies still hold their process-group ids, so a
   // last SIGKILL reaches only leftovers (grandchildren) of our own groups.
-  Actions actions{{Action::Kind::cancel_grace, 0}, {Action::Kind::signal_groups, SIGKILL}};
+  GroupActions actions{{GroupAction::Kind::cancel_grace, 0}, {GroupAction::Kind::signal_groups, SIGKILL}};
   if (cause_ == StopCause::signal) {
     state_ = GroupState::interrupted;
-    actions.push_back({Action::Kind::finish, 128 + stop_signal_});
+    actions.push_back({GroupAction::Kind::finish, 128 + stop_signal_});
     return actions;
   }
   if (attempt_ < max_restarts_) {
@@ -168,12 +152,12 @@ Actions WorkerGroupMachine::maybe_complete() {
     state_ = GroupState::healthy;
     cause_ = StopCause::none;
     workers_.assign(static_cast<std::size_t>(nproc_), Worker{});
-    actions.push_back({Action::Kind::start_attempt, attempt_});
+    actions.push_back({GroupAction::Kind::start_attempt, attempt_});
     return actions;
   }
   state_ = GroupState::failed;
   const auto root = root_cause();
-  actions.push_back({Action::Kind::finish, root ? root->status.shell_code() : 1});
+  actions.push_back({GroupAction::Kind::finish, root ? root->status.shell_code() : 1});
   return actions;
 }
 

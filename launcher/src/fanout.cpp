@@ -22,9 +22,10 @@
 #include <memory>
 #include <spdlog/spdlog.h>
 
-#include "ddprun/agent/control_channel.hpp"
+#include "ddprun/agent/child_process.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/process.hpp"
+#include "ddprun/agent/remote_protocol.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/shell.hpp"
 #include "ddprun/common/strings.hpp"
@@ -158,23 +159,12 @@ std::string pick_launcher_addr(const FanoutPlan& plan) {
 struct HostRun {
   FanoutHost spec;
   std::string command;
-  pid_t pid = -1;
-  std::unique_ptr<asio::posix::stream_descriptor> exit_watch;  // owns the pidfd
-  // Our end of ssh's stdin: the environment block, then control lines, written asynchronously
-  // (a full pipe must never block the launcher's only thread).
-  std::unique_ptr<asio::posix::stream_descriptor> stdin_pipe;
-  std::string stdin_queue;     // not yet handed to a write
-  std::string stdin_writing;   // the bytes of the write in flight (kept alive until it completes)
-  std::unique_ptr<agent::OutputPump> out;
-  std::unique_ptr<agent::OutputPump> err;
-  std::unique_ptr<asio::steady_timer> drain_timer;
+  // ssh: its stdin carries the environment block, then control lines; its output is relayed.
+  std::unique_ptr<agent::ChildProcess> child;
   bool started = false;
   bool ready = false;
-  bool exited = false;
-  bool done = false;
-  bool reaped = false;
+  bool done = false;         // counted as done (exited and drained, or never started)
   bool ssh_missing = false;  // the ssh client itself could not be started
-  agent::ExitStatus status;
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
 };
 
@@ -224,14 +214,7 @@ class Fanout {
   }
 
   ~Fanout() {
-    for (auto& h : hosts_) {
-      close_stdin(h);
-      if (h.pid > 0 && !h.reaped) {
-        agent::signal_group(h.pid, SIGKILL);
-        agent::reap(h.pid, -1);
-        h.reaped = true;
-      }
-    }
+    for (auto& h : hosts_) h.child.reset();  // closes stdin, kills and reaps what is left
     if (service_) service_->detach();
   }
   Fanout(const Fanout&) = delete;
@@ -310,93 +293,40 @@ class Fanout {
     std::vector<std::string> argv = plan_.ssh_command;
     argv.push_back(destination(h.spec));
     argv.push_back(h.command);
-    int in[2] = {-1, -1};
-    int out[2] = {-1, -1};
-    int err[2] = {-1, -1};
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      const int e = errno;
-      for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) {
-        if (fd >= 0) ::close(fd);
-      }
-      throw Error(std::string("pipe2 failed: ") + std::strerror(e), "raise the open-files limit (ulimit -n)");
-    }
     agent::SpawnRequest req;
     req.path = argv.front();
     req.argv = argv;
     req.envp = worker_env::merge_env(worker_env::current_environment(), {});
-    req.stdin_fd = in[0];
-    req.stdout_fd = out[1];
-    req.stderr_fd = err[1];
-    const auto res = agent::spawn_worker(req);
-    ::close(in[0]);
-    ::close(out[1]);
-    ::close(err[1]);
-    h.started = true;
-    h.pid = res.pid;
-    h.stdin_pipe = std::make_unique<asio::posix::stream_descriptor>(io_, in[1]);
-    ++inflight_;
     const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());
-    write_stdin(index, env_block_);
     // Whole lines of each stream (a line cut at the buffer's end or at EOF gets its newline).
     auto relay = [this, index](bool is_stdout) {
-      return [this, index, is_stdout](std::string_view block, bool whole) {
+      agent::ChildStream st;
+      st.kind = agent::ChildStream::Kind::sink;
+      st.sink = [this, index, is_stdout](std::string_view block, bool whole) {
         if (whole) {
           on_lines(hosts_[index], is_stdout, block);
         } else {
           on_lines(hosts_[index], is_stdout, std::string(block) + "\n");
         }
       };
+      return st;
     };
-    h.out = std::make_unique<agent::OutputPump>(io_, out[0], relay(true), [this, index] { maybe_done(hosts_[index]); });
-    h.err = std::make_unique<agent::OutputPump>(io_, err[0], relay(false), [this, index] { maybe_done(hosts_[index]); });
-    h.out->start();
-    h.err->start();
+    agent::ChildProcess::Callbacks cb;
+    cb.on_exit = [this, index](const agent::ExitStatus&) { hosts_[index].child->close_stdin(); };
+    cb.on_done = [this, index] { maybe_done(hosts_[index]); };
+    h.child = std::make_unique<agent::ChildProcess>(io_, kDrainTimeout);
+    const auto res = h.child->start(std::move(req), relay(true), relay(false), true, std::move(cb));
+    h.started = true;
+    ++inflight_;
+    h.child->write_stdin(env_block_);
     if (!res.ok()) {
+      // ssh never ran: it reports exit 127, and this says why.
       remember(h, "cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
                       std::strerror(res.error));
-      if (res.pid > 0) {
-        agent::reap(res.pid, res.pidfd);
-      }
-      h.reaped = true;
-      h.exited = true;
-      h.status = agent::ExitStatus::exited(127);
       h.ssh_missing = true;
-      asio::post(io_, [this, index] { maybe_done(hosts_[index]); });
       return;
     }
-    h.exit_watch = std::make_unique<asio::posix::stream_descriptor>(io_, res.pidfd);
-    watch_exit(index);
     spdlog::debug("{}: {}", h.spec.label(), h.command);
-  }
-
-  void watch_exit(std::size_t index) {
-    hosts_[index].exit_watch->async_wait(asio::posix::stream_descriptor::wait_read,
-                                         [this, index](const boost::system::error_code& ec) {
-                                           if (ec) return;
-                                           HostRun& h = hosts_[index];
-                                           const auto status = agent::peek_exit(h.pid);
-                                           if (!status) {
-                                             watch_exit(index);
-                                             return;
-                                           }
-                                           h.exited = true;
-                                           h.status = *status;
-                                           close_stdin(h);
-                                           if (h.done) return;
-                                           arm_drain(index);
-                                           maybe_done(h);
-                                         });
-  }
-
-  void arm_drain(std::size_t index) {
-    HostRun& h = hosts_[index];
-    h.drain_timer = std::make_unique<asio::steady_timer>(io_, kDrainTimeout);
-    h.drain_timer->async_wait([this, index](const boost::system::error_code& ec) {
-      if (ec) return;
-      HostRun& hr = hosts_[index];
-      if (hr.out) hr.out->finish_now();
-      if (hr.err) hr.err->finish_now();
-    });
   }
 
   // Relays a block of whole lines from one host. The agent's log lines ("[ddprun@host level]")
@@ -459,13 +389,9 @@ class Fanout {
   }
 
   void maybe_done(HostRun& h) {
-    if (h.done || !h.exited || (h.out && !h.out->done()) || (h.err && !h.err->done())) return;
+    if (h.done || !h.child->done()) return;
     h.done = true;
-    if (h.drain_timer) h.drain_timer->cancel();
-    if (!h.reaped) {
-      agent::reap(h.pid, -1);  // the pidfd belongs to exit_watch
-      h.reaped = true;
-    }
+    h.child->kill_and_reap();  // it exited: this only reaps
     if (!h.ready) --inflight_;
     ++done_count_;
     on_host_done(h);
@@ -477,7 +403,7 @@ class Fanout {
   }
 
   void on_host_done(HostRun& h) {
-    const int code = h.status.shell_code();
+    const int code = h.child->status().shell_code();
     if (code == 0) {
       spdlog::debug("{}: agent finished", h.spec.label());
       return;
@@ -526,44 +452,7 @@ class Fanout {
     }
   }
 
-  void send_signal(HostRun& h, int sig) {
-    write_stdin(static_cast<std::size_t>(&h - hosts_.data()), agent::encode_control_signal(sig));
-  }
-
-  // Queues bytes for ssh's stdin; one async write at a time, in order.
-  void write_stdin(std::size_t index, std::string_view bytes) {
-    HostRun& h = hosts_[index];
-    if (!h.stdin_pipe) return;
-    h.stdin_queue.append(bytes);
-    pump_stdin(index);
-  }
-
-  void pump_stdin(std::size_t index) {
-    HostRun& h = hosts_[index];
-    if (!h.stdin_pipe || !h.stdin_writing.empty() || h.stdin_queue.empty()) return;
-    h.stdin_writing.swap(h.stdin_queue);
-    asio::async_write(*h.stdin_pipe, asio::buffer(h.stdin_writing),
-                      [this, index](const boost::system::error_code& ec, std::size_t) {
-                        HostRun& hr = hosts_[index];
-                        hr.stdin_writing.clear();
-                        if (ec) {
-                          // ssh is gone (EPIPE) or we closed it: nothing more can be said to it.
-                          close_stdin(hr);
-                          return;
-                        }
-                        pump_stdin(index);
-                      });
-  }
-
-  // EOF for the remote agent (anything still queued is dropped: closing means "stop").
-  static void close_stdin(HostRun& h) {
-    h.stdin_queue.clear();
-    if (h.stdin_pipe) {
-      boost::system::error_code ignored;
-      h.stdin_pipe->close(ignored);
-      h.stdin_pipe.reset();
-    }
-  }
+  static void send_signal(HostRun& h, int sig) { h.child->write_stdin(agent::encode_control_signal(sig)); }
 
   // Stops every host: connected agents get the signal over their control channel (they stop
   // their workers with their own grace); hosts still connecting are cut off. Hosts not started
@@ -581,12 +470,12 @@ class Fanout {
       });
     }
     for (auto& h : hosts_) {
-      if (!h.started || h.exited) continue;
+      if (!h.started || h.child->exited()) continue;
       if (h.ready) {
         send_signal(h, sig);
       } else {
-        close_stdin(h);
-        agent::signal_group(h.pid, SIGTERM);
+        h.child->close_stdin();
+        h.child->signal_group(SIGTERM);
       }
     }
     // Hosts never started count as done.
@@ -599,9 +488,9 @@ class Fanout {
 
   void kill_all() {
     for (auto& h : hosts_) {
-      if (!h.started || h.exited) continue;
-      close_stdin(h);
-      agent::signal_group(h.pid, SIGKILL);
+      if (!h.started || h.child->exited()) continue;
+      h.child->close_stdin();
+      h.child->signal_group(SIGKILL);
     }
   }
 

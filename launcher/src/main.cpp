@@ -17,7 +17,7 @@
 #include "ddprun/agent/output.hpp"
 #include "ddprun/launcher/command_line.hpp"
 #include "ddprun/launcher/fanout.hpp"
-#include "ddprun/launcher/remote_env.hpp"
+#include "ddprun/agent/remote_protocol.hpp"
 #include "ddprun/launcher/status_command.hpp"
 
 namespace {
@@ -29,7 +29,7 @@ constexpr int kExitError = 1;
 // carries the environment block, then stays open as the launcher's control channel; the workers
 // get /dev/null as stdin instead.
 int prepare_remote_agent() {
-  const auto block = ddprun::launcher::read_env_block(STDIN_FILENO);
+  const auto block = ddprun::agent::read_env_block(STDIN_FILENO);
   for (const auto& [name, value] : block.entries) ::setenv(name.c_str(), value.c_str(), 1);
   if (!block.rest.empty()) {
     // The launcher writes control lines only after the agent said it is ready.
@@ -42,7 +42,7 @@ int prepare_remote_agent() {
   }
   ::close(devnull);
   // On a line of its own even if the remote login's rc files printed something without a newline.
-  ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::launcher::kRemoteAgentReadyLine) + "\n");
+  ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
   return control;
 }
 

@@ -1,7 +1,5 @@
 #include "ddprun/launcher/remote_env.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -41,10 +39,6 @@ void upsert(EnvEntries& out, const std::string& name, const std::string& value) 
   }
 }
 
-[[noreturn]] void block_error(const std::string& why) {
-  throw Error("env block on stdin: " + why, "the launcher and the remote ddprun must be the same version");
-}
-
 }  // namespace
 
 bool env_name_matches(std::string_view name, std::string_view pattern) {
@@ -53,14 +47,6 @@ bool env_name_matches(std::string_view name, std::string_view pattern) {
     return name.size() > prefix.size() && starts_with(name, prefix);
   }
   return name == pattern;
-}
-
-bool is_env_name(std::string_view name) {
-  if (name.empty()) return false;
-  const auto ok_first = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
-  if (!ok_first(name.front())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return ok_first(c) || (c >= '0' && c <= '9'); });
 }
 
 EnvEntries parse_env_file_text(std::string_view text, std::string_view file_name) {
@@ -150,78 +136,6 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
     }
   }
   return out;
-}
-
-std::string encode_env_block(const EnvEntries& entries) {
-  std::string out;
-  for (const auto& [name, value] : entries) {
-    if (!is_env_name(name)) {
-      throw UsageError("remote environment: '" + name + "' is not a variable name", std::string(kEnvFlagForms));
-    }
-    if (value.find('\0') != std::string::npos) {
-      throw UsageError("remote environment: the value of " + name + " contains a NUL byte", "remove it");
-    }
-    out += name;
-    out.push_back('=');
-    out += value;
-    out.push_back('\0');
-  }
-  out.push_back('\0');
-  return out;
-}
-
-std::size_t EnvBlockReader::feed(std::string_view bytes) {
-  std::size_t used = 0;
-  while (!done_ && used < bytes.size()) {
-    const auto nul = bytes.find('\0', used);
-    const std::size_t end = nul == std::string_view::npos ? bytes.size() : nul;
-    const std::size_t take = end - used + (nul == std::string_view::npos ? 0 : 1);
-    if (total_ + take > max_bytes_) {
-      block_error("larger than " + std::to_string(max_bytes_) + " bytes without its terminator");
-    }
-    total_ += take;
-    current_.append(bytes.substr(used, end - used));
-    used += take;
-    if (nul == std::string_view::npos) break;
-    if (current_.empty()) {
-      done_ = true;
-      break;
-    }
-    const auto eq = current_.find('=');
-    if (eq == std::string::npos) block_error("entry '" + current_.substr(0, 64) + "' has no '='");
-    std::string name = current_.substr(0, eq);
-    if (!is_env_name(name)) block_error("'" + name.substr(0, 64) + "' is not a variable name");
-    entries_.emplace_back(std::move(name), current_.substr(eq + 1));
-    current_.clear();
-  }
-  return used;
-}
-
-EnvEntries decode_env_block(std::string_view bytes, std::size_t* consumed, std::size_t max_bytes) {
-  EnvBlockReader reader(max_bytes);
-  const std::size_t used = reader.feed(bytes);
-  if (!reader.done()) block_error("ended after " + std::to_string(bytes.size()) + " bytes, before its terminator");
-  if (consumed != nullptr) *consumed = used;
-  return reader.entries();
-}
-
-EnvBlock read_env_block(int fd, std::size_t max_bytes) {
-  EnvBlockReader reader(max_bytes);
-  std::array<char, 4096> buf{};
-  std::size_t total = 0;
-  while (true) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      block_error("read failed: " + std::string(std::strerror(err)));
-    }
-    if (n == 0) block_error("EOF after " + std::to_string(total) + " bytes, before its terminator");
-    const std::string_view chunk(buf.data(), static_cast<std::size_t>(n));
-    total += chunk.size();
-    const std::size_t used = reader.feed(chunk);
-    if (reader.done()) return EnvBlock{reader.entries(), std::string(chunk.substr(used))};
-  }
 }
 
 }  // namespace ddprun::launcher

@@ -6,11 +6,11 @@
 #include "ddprun/common/error.hpp"
 
 using namespace ddprun::agent;
-using K = Action::Kind;
+using K = GroupAction::Kind;
 
 namespace {
 
-bool contains(const Actions& actions, Action a) {
+bool contains(const GroupActions& actions, GroupAction a) {
   for (const auto& x : actions) {
     if (x == a) {
       return true;
@@ -20,7 +20,7 @@ bool contains(const Actions& actions, Action a) {
 }
 
 // Exit + drain for one worker; returns the actions of both events.
-Actions done(WorkerGroupMachine& m, int rank, ExitStatus s) {
+GroupActions done(WorkerGroupMachine& m, int rank, ExitStatus s) {
   auto a = m.on_exited(rank, s);
   auto b = m.on_drained(rank);
   a.insert(a.end(), b.begin(), b.end());
@@ -32,7 +32,7 @@ Actions done(WorkerGroupMachine& m, int rank, ExitStatus s) {
 TEST_CASE("start begins attempt 0") {
   WorkerGroupMachine m(2, 1);
   CHECK(m.state() == GroupState::init);
-  CHECK(m.start() == Actions{{K::start_attempt, 0}});
+  CHECK(m.start() == GroupActions{{K::start_attempt, 0}});
   CHECK(m.state() == GroupState::healthy);
   CHECK(m.start().empty());  // idempotent
 }
@@ -45,7 +45,7 @@ TEST_CASE("all workers exit 0 and drain: succeeded, exit code 0") {
   CHECK(done(m, 2, ExitStatus::exited(0)).empty());
   CHECK(m.on_exited(1, ExitStatus::exited(0)).empty());  // exited but not drained yet
   CHECK(m.state() == GroupState::healthy);
-  CHECK(m.on_drained(1) == Actions{{K::finish, 0}});
+  CHECK(m.on_drained(1) == GroupActions{{K::finish, 0}});
   CHECK(m.state() == GroupState::succeeded);
   CHECK(m.is_terminal());
 }
@@ -54,20 +54,20 @@ TEST_CASE("drained before exit also completes on the exit") {
   WorkerGroupMachine m(1, 0);
   m.start();
   CHECK(m.on_drained(0).empty());
-  CHECK(m.on_exited(0, ExitStatus::exited(0)) == Actions{{K::finish, 0}});
+  CHECK(m.on_exited(0, ExitStatus::exited(0)) == GroupActions{{K::finish, 0}});
 }
 
 TEST_CASE("a failure stops the group; budget spent → failed with the worker's code") {
   WorkerGroupMachine m(2, 0);
   m.start();
   const auto a = m.on_exited(1, ExitStatus::exited(7));
-  CHECK(a == Actions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}});
+  CHECK(a == GroupActions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}});
   CHECK(m.state() == GroupState::stopping);
   CHECK(m.stop_cause() == StopCause::worker_failure);
   CHECK(m.on_drained(1).empty());
   // Rank 0 dies from our SIGTERM: not a failure of its own.
   const auto b = done(m, 0, ExitStatus::killed(SIGTERM));
-  CHECK(b == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 7}});
+  CHECK(b == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 7}});
   CHECK(m.state() == GroupState::failed);
   REQUIRE(m.failures().size() == 1);
   CHECK(m.root_cause()->local_rank == 1);
@@ -90,7 +90,7 @@ TEST_CASE("restarts while the budget lasts, then fails with the last attempt's r
     m.on_exited(0, ExitStatus::exited(3 + attempt));
     m.on_drained(0);
     const auto a = done(m, 1, ExitStatus::killed(SIGTERM));
-    CHECK(a == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::start_attempt, attempt + 1}});
+    CHECK(a == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::start_attempt, attempt + 1}});
     CHECK(m.state() == GroupState::healthy);
     CHECK(m.restarts_left() == 2 - (attempt + 1));
     CHECK_FALSE(m.worker_exited(0));  // fresh worker state for the new attempt
@@ -108,7 +108,7 @@ TEST_CASE("success after a restart ends with 0") {
   WorkerGroupMachine m(1, 1);
   m.start();
   CHECK(contains(done(m, 0, ExitStatus::exited(1)), {K::start_attempt, 1}));
-  CHECK(done(m, 0, ExitStatus::exited(0)) == Actions{{K::finish, 0}});
+  CHECK(done(m, 0, ExitStatus::exited(0)) == GroupActions{{K::finish, 0}});
   CHECK(m.state() == GroupState::succeeded);
 }
 
@@ -117,21 +117,21 @@ TEST_CASE("grace expiry sends SIGKILL only while stopping") {
   m.start();
   CHECK(m.on_grace_expired().empty());  // healthy: a stale timer does nothing
   m.on_exited(0, ExitStatus::exited(1));
-  CHECK(m.on_grace_expired() == Actions{{K::signal_groups, SIGKILL}});
+  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}});
   CHECK(m.state() == GroupState::stopping);
 }
 
 TEST_CASE("a handled signal is forwarded; the run ends with 128 + signal") {
   WorkerGroupMachine m(2, 5);
   m.start();
-  CHECK(m.on_signal(SIGINT) == Actions{{K::signal_groups, SIGINT}, {K::arm_grace, 0}});
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGINT}, {K::arm_grace, 0}});
   CHECK(m.stop_cause() == StopCause::signal);
   // Exits caused by the forwarded signal are not failures and do not restart.
   m.on_drained(0);
   m.on_drained(1);
   CHECK(m.on_exited(0, ExitStatus::killed(SIGINT)).empty());
   const auto a = m.on_exited(1, ExitStatus::exited(1));
-  CHECK(a == Actions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
+  CHECK(a == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
   CHECK(m.state() == GroupState::interrupted);
   CHECK(m.failures().empty());
 }
@@ -140,7 +140,7 @@ TEST_CASE("a second signal escalates to SIGKILL") {
   WorkerGroupMachine m(1, 0);
   m.start();
   m.on_signal(SIGTERM);
-  CHECK(m.on_signal(SIGINT) == Actions{{K::signal_groups, SIGKILL}});
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}});
   CHECK(contains(done(m, 0, ExitStatus::killed(SIGKILL)), {K::finish, 128 + SIGTERM}));
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("a signal during a failure stop wins over the pending restart") {
   WorkerGroupMachine m(2, 3);
   m.start();
   m.on_exited(0, ExitStatus::exited(2));
-  CHECK(m.on_signal(SIGHUP) == Actions{{K::signal_groups, SIGHUP}});
+  CHECK(m.on_signal(SIGHUP) == GroupActions{{K::signal_groups, SIGHUP}});
   m.on_drained(0);
   const auto a = done(m, 1, ExitStatus::killed(SIGHUP));
   CHECK(contains(a, {K::finish, 128 + SIGHUP}));
@@ -158,7 +158,7 @@ TEST_CASE("a signal during a failure stop wins over the pending restart") {
 
 TEST_CASE("a signal before start finishes at once") {
   WorkerGroupMachine m(1, 0);
-  CHECK(m.on_signal(SIGTERM) == Actions{{K::finish, 128 + SIGTERM}});
+  CHECK(m.on_signal(SIGTERM) == GroupActions{{K::finish, 128 + SIGTERM}});
   CHECK(m.is_terminal());
 }
 
@@ -167,7 +167,7 @@ TEST_CASE("terminal states ignore events; duplicates are ignored") {
   m.start();
   CHECK(m.on_exited(0, ExitStatus::exited(0)).empty());
   CHECK(m.on_exited(0, ExitStatus::exited(5)).empty());  // duplicate exit report
-  CHECK(m.on_drained(0) == Actions{{K::finish, 0}});
+  CHECK(m.on_drained(0) == GroupActions{{K::finish, 0}});
   CHECK(m.on_signal(SIGINT).empty());
   CHECK(m.on_exited(0, ExitStatus::exited(1)).empty());
   CHECK(m.on_grace_expired().empty());

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "ddprun/common/error.hpp"
-#include "ddprun/agent/control_channel.hpp"
+#include "ddprun/agent/remote_protocol.hpp"
 #include "ddprun/launcher/remote_env.hpp"
 
 using namespace ddprun::launcher;

@@ -19,8 +19,8 @@ EnvMap as_map(const EnvList& list) {
   return m;
 }
 
-Assignment two_node_assignment() {
-  Assignment a;
+Placement two_node_assignment() {
+  Placement a;
   a.role = "trainer";
   a.local_world_size = 4;
   a.group_rank = 1;
@@ -69,7 +69,7 @@ TEST_CASE("every torchrun variable with per-rank values") {
 
 TEST_CASE("matches the captured torch 1.13 static-agent-store environment") {
   // shared/design/captures-torch-1.13/worker_env_static.json, local rank 1 of 2.
-  Assignment a;
+  Placement a;
   a.local_world_size = 2;
   a.world_size = 2;
   a.master_addr = "127.0.0.1";
@@ -95,7 +95,7 @@ TEST_CASE("matches the captured torch 1.13 static-agent-store environment") {
 }
 
 TEST_CASE("use_agent_store is Python's str(bool)") {
-  Assignment a;
+  Placement a;
   a.use_agent_store = false;
   CHECK(as_map(build_worker_env(a, 0, {}, {})).at("TORCHELASTIC_USE_AGENT_STORE") == "False");
   a.use_agent_store = true;
@@ -103,7 +103,7 @@ TEST_CASE("use_agent_store is Python's str(bool)") {
 }
 
 TEST_CASE("error file path per local rank, with or without a trailing slash") {
-  Assignment a;
+  Placement a;
   a.local_world_size = 3;
   EnvOptions o;
   o.error_file_dir = "/logs/job_x/attempt_1/";
@@ -113,7 +113,7 @@ TEST_CASE("error file path per local rank, with or without a trailing slash") {
 }
 
 TEST_CASE("NCCL async error handling only when unset in the parent, each name on its own") {
-  Assignment a;
+  Placement a;
   auto env = as_map(build_worker_env(a, 0, {}, {}));
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
@@ -126,7 +126,7 @@ TEST_CASE("NCCL async error handling only when unset in the parent, each name on
 }
 
 TEST_CASE("OMP_NUM_THREADS=1 only when unset and more than one local worker") {
-  Assignment a;
+  Placement a;
   a.local_world_size = 1;
   CHECK(as_map(build_worker_env(a, 0, {}, {})).count("OMP_NUM_THREADS") == 0);
   a.local_world_size = 2;
@@ -137,7 +137,7 @@ TEST_CASE("OMP_NUM_THREADS=1 only when unset and more than one local worker") {
 }
 
 TEST_CASE("PYTHONUNBUFFERED for Python workers unless the parent chose") {
-  Assignment a;
+  Placement a;
   EnvOptions o;
   CHECK(as_map(build_worker_env(a, 0, o, {})).count("PYTHONUNBUFFERED") == 0);
   o.python_worker = true;
@@ -145,14 +145,8 @@ TEST_CASE("PYTHONUNBUFFERED for Python workers unless the parent chose") {
   CHECK(as_map(build_worker_env(a, 0, o, {{"PYTHONUNBUFFERED", "x"}})).count("PYTHONUNBUFFERED") == 0);
 }
 
-TEST_CASE("DDPRUN_NCCL_UNIQUE_ID when the assignment has one") {
-  Assignment a;
-  a.nccl_unique_id_hex = std::string(256, 'a');
-  CHECK(as_map(build_worker_env(a, 0, {}, {})).at("DDPRUN_NCCL_UNIQUE_ID") == std::string(256, 'a'));
-}
-
 TEST_CASE("virtual local rank maps through the parent's CUDA_VISIBLE_DEVICES") {
-  Assignment a;
+  Placement a;
   a.local_world_size = 3;
   EnvOptions o;
   o.virtual_local_rank = true;
@@ -188,7 +182,7 @@ TEST_CASE("virtual local rank maps through the parent's CUDA_VISIBLE_DEVICES") {
 }
 
 TEST_CASE("local rank out of range is rejected") {
-  Assignment a;
+  Placement a;
   a.local_world_size = 2;
   CHECK_THROWS_AS(build_worker_env(a, 2, {}, {}), ddprun::Error);
   CHECK_THROWS_AS(build_worker_env(a, -1, {}, {}), ddprun::Error);

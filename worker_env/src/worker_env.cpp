@@ -42,7 +42,7 @@ std::string virtual_device(const EnvMap& parent, int local_rank) {
 
 }  // namespace
 
-EnvList build_worker_env(const Assignment& a, int local_rank, const EnvOptions& opts, const EnvMap& parent) {
+EnvList build_worker_env(const Placement& a, int local_rank, const EnvOptions& opts, const EnvMap& parent) {
   if (local_rank < 0 || local_rank >= a.local_world_size) {
     throw Error("worker env: local rank " + std::to_string(local_rank) + " is outside [0, " +
                 std::to_string(a.local_world_size) + ")");
@@ -93,9 +93,6 @@ EnvList build_worker_env(const Assignment& a, int local_rank, const EnvOptions& 
   }
   if (opts.python_worker && !parent_has(parent, "PYTHONUNBUFFERED")) {
     env.emplace_back("PYTHONUNBUFFERED", "1");
-  }
-  if (a.nccl_unique_id_hex) {
-    env.emplace_back("DDPRUN_NCCL_UNIQUE_ID", *a.nccl_unique_id_hex);
   }
   if (opts.virtual_local_rank) {
     env.emplace_back("CUDA_VISIBLE_DEVICES", virtual_device(parent, local_rank));

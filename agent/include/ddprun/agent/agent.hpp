@@ -3,11 +3,12 @@
 // workers with their environment, watches them, forwards signals, restarts the group on
 // failure while the restart budget lasts, and reports the root cause.
 //
-// Single node (--standalone, or static with one node): the local restart budget decides.
-// Elastic (elastic.hpp: uses_elastic_path; c10d, or static with several nodes): the agent joins
-// the rendezvous (a ddprun-rdzvd, or one it hosts itself), runs each round's assignment and
-// obeys what the rendezvous pushes (elastic_machine.hpp): all nodes restart together on any
-// failure or membership change, and every node exits with the job's result.
+// Every job mode (config.hpp JobMode) runs the same rounds through a rendezvous backend
+// (rendezvous_backend.hpp): on a single node the local restart budget decides; with several
+// nodes the agent joins the rendezvous (a ddprun-rdzvd, or one it hosts itself), runs each
+// round's assignment and obeys what the rendezvous pushes (elastic_machine.hpp): all nodes
+// restart together on any failure or membership change, and every node exits with the job's
+// result.
 #include <iosfwd>
 
 #include "ddprun/agent/config.hpp"
@@ -21,6 +22,10 @@ namespace ddprun::agent {
 // unreachable, join or exit-barrier timeout).
 // Throws ddprun::Error for configuration problems found before anything starts.
 int run_agent(const AgentConfig& config);
+
+// `config` with job_mode set (decide_job_mode) when it was not; run_agent and print_dry_run
+// call it on entry.
+AgentConfig with_job_mode(const AgentConfig& config);
 
 // --dry-run: writes each local rank's argv, environment additions and working directory to
 // `out` without starting anything.

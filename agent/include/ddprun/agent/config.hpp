@@ -30,6 +30,16 @@ struct RendezvousSettings {
   std::string token;            // "" = none
 };
 
+// How the job runs, decided once from the flags (job_mode()):
+//  * single_node: --standalone, or one node without --rdzv-backend=c10d; the local restart
+//    budget decides restarts.
+//  * static_multi_node: --rdzv-backend=static with more than one node; node rank 0 hosts the
+//    rendezvous at --master-addr:--master-port, the world is always --nnodes' maximum.
+//  * elastic: --rdzv-backend=c10d (any --nnodes) without --standalone; the rendezvous at
+//    --rdzv-endpoint decides membership and restarts.
+enum class JobMode : std::uint8_t { single_node, static_multi_node, elastic };
+const char* to_string(JobMode mode);
+
 // torchrun's Std: which streams of a worker go to files (redirects) or to files and console (tee).
 enum class Streams : std::uint8_t { none = 0, out = 1, err = 2, both = 3 };
 
@@ -59,6 +69,8 @@ struct AgentConfig {
   RendezvousSettings rdzv;                        // rdzv_conf translated and validated
   bool standalone = false;
   int max_restarts = 0;
+  // Set by the launcher from decide_job_mode(); nullopt = decide from the fields above.
+  std::optional<JobMode> job_mode;
 
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;  // 0 = bind any free port (standalone)
@@ -116,5 +128,13 @@ struct AgentConfig {
   int control_fd = -1;
   std::string node_label;
 };
+
+// The mode the flags above ask for (pure; see JobMode).
+JobMode decide_job_mode(const AgentConfig& config);
+// config.job_mode when set, else decide_job_mode(config).
+JobMode job_mode(const AgentConfig& config);
+
+// Throws UsageError naming the flag for a configuration the agent cannot run.
+void validate_config(const AgentConfig& config);
 
 }  // namespace ddprun::agent

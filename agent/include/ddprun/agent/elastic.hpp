@@ -1,8 +1,7 @@
 #pragma once
-// Pure (or nearly pure) pieces of the elastic multi-node agent (agent.cpp, "elastic path"):
-// which path a config takes, the rendezvous JobConfig it asks for, the address it advertises,
-// whether it may host an embedded rendezvous, and the failure / summary texts it exchanges
-// with the rendezvous. Stateless free functions; safe from any thread.
+// Pure (or nearly pure) pieces of the multi-node rendezvous backends (backend_rendezvous.cpp):
+// the rendezvous JobConfig a node asks for, the address it advertises, whether it may host an
+// embedded rendezvous, and the failure / summary texts it exchanges with the rendezvous. Stateless free functions; safe from any thread.
 //
 // advertised_address() and is_local_address() ask the kernel (a UDP socket's connect() +
 // getsockname(), which sends nothing; getifaddrs()) and never do reverse DNS or FQDN lookups:
@@ -13,23 +12,25 @@
 #include <string>
 
 #include "ddprun/agent/config.hpp"
-#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/agent/nccl_ids.hpp"
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
+#include "ddprun/worker_env/worker_env.hpp"
 
 namespace ddprun::agent {
 
-// True when the job goes through the elastic rendezvous: --nnodes allows more than one node, or
-// --rdzv-backend=c10d without --standalone. Everything else takes the single-node fast path.
+// Shorthands of job_mode(config) (config.hpp): not single_node; static_multi_node.
 bool uses_elastic_path(const AgentConfig& config);
-
-// The static backend with more than one node: node rank 0 hosts the rendezvous at
-// --master-addr:--master-port, min = max = nnodes, and each node's ranks come from --node-rank.
 bool is_static_multi_node(const AgentConfig& config);
 
 // The rendezvous endpoint of an elastic job (c10d: --rdzv-endpoint, default port 29400;
 // static: --master-addr:--master-port). Throws UsageError when it is missing.
 Endpoint rendezvous_endpoint(const AgentConfig& config);
+
+// This node's placement for a round: the rendezvous' assignment (the one conversion from it);
+// static multi-node jobs take the group rank from --node-rank.
+worker_env::Placement placement_of(const AgentConfig& config, const rendezvous::Assignment& assignment);
 
 // min/max nodes, the global restart budget and the --rdzv-conf timers.
 rendezvous::JobConfig job_config(const AgentConfig& config);
@@ -50,14 +51,6 @@ bool may_host(const AgentConfig& config, const Endpoint& endpoint, const std::st
 // Whether a TCP connection to `endpoint` succeeds within `timeout` (blocking; used once at start
 // to decide between joining a running rendezvous server and hosting one).
 bool tcp_connects(const Endpoint& endpoint, std::chrono::milliseconds timeout);
-
-// NCCL bootstrap roots (--nccl-roots; docs/gpus.md). A node offers its IDs when it joins, before
-// the world size is known, so without --nccl-roots it offers enough for the largest world the
-// job allows (max nodes x its own workers): ceil(that / 256), at least 1.
-int nccl_roots_to_offer(const AgentConfig& config);
-// The IDs a round's workers use: with --nccl-roots all of them; without it ceil(world / 256)
-// (1 up to 256 ranks) of the offered ones, fewer only when fewer were offered.
-std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std::size_t offered);
 
 // A random hex string identifying this agent instance (NodeId::instance).
 std::string random_instance_id();

@@ -1,12 +1,13 @@
 #pragma once
-// ElasticMachine: the decisions of the elastic (multi-node) agent, as a pure state machine.
+// ElasticMachine: the round decisions of the agent, as a pure state machine (every job mode:
+// the single-node backend answers like a rendezvous of one node).
 //
-// The shell (agent.cpp, elastic path) feeds it what the rendezvous pushes (assignment, restart,
+// The shell (agent.cpp) feeds it what the rendezvous backend pushes (assignment, restart,
 // job failed / completed, refused, unreachable), what its local workers do (the first failure of
 // a round, the whole group done) and handled signals, and applies the actions it returns. No
 // I/O, no clock, no processes: tests drive it directly. Not thread-safe; owned by the
 // io_context thread. (The worker group itself is run by a WorkerGroupMachine with no local
-// restarts: restarts are the rendezvous' decision.)
+// restarts: restarts are the backend's decision.)
 //
 // States: idle (no workers: joining, or waiting for the rendezvous' verdict after the group
 // ended), running (workers of a round run), stopping (workers are being stopped; `next` says

@@ -1,7 +1,7 @@
 #pragma once
 // Failure reporting: reading a worker's TORCHELASTIC_ERROR_FILE (the JSON written by torch's
 // @record, tcpstore-protocol.md §8.1) and formatting the root-cause summary ddprun prints when
-// the restart budget is spent. Pure functions: the caller reads the file and writes the text.
+// the restart budget is spent. Pure functions, except the two file readers at the end.
 //
 // A file that is not valid JSON or lacks the expected fields never throws: the summary says
 // what was wrong with it instead.
@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/agent/exit_status.hpp"
 
 namespace ddprun::agent {
 
@@ -43,5 +43,12 @@ struct FailureReport {
 // signal name spelled out). `others` lists further failures of the same attempt.
 std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
                                    const std::vector<FailureReport>& others);
+
+// Reads `report.error_file` (when set and present) into `report.error`; a file that cannot be
+// used adds why to `report.note`.
+void load_error_file(FailureReport& report);
+
+// The message of the error file at `path`; "" when there is none or it cannot be used.
+std::string error_file_message(const std::string& path);
 
 }  // namespace ddprun::agent

@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/worker_group.hpp"
+#include <optional>
+
+#include "ddprun/agent/exit_status.hpp"
 
 namespace ddprun::agent {
 

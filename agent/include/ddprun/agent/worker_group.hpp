@@ -1,7 +1,7 @@
 #pragma once
 // WorkerGroupMachine: the decisions of the per-node agent, as a pure state machine.
 //
-// The shell (agent.cpp) feeds it events (a worker exited, a worker's output is drained, a
+// The shell (worker_run.cpp) feeds it events (a worker exited, a worker's output is drained, a
 // handled signal arrived, the shutdown grace expired) and applies the actions it returns
 // (signal every worker process group, arm/cancel the grace timer, start an attempt, finish
 // with an exit code). No I/O, no clock, no processes: tests drive it directly. Not
@@ -40,32 +40,16 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/exit_status.hpp"
+
 namespace ddprun::agent {
-
-// How a worker ended. `signal` != 0 means killed by that signal (exit_code is then unused).
-struct ExitStatus {
-  int exit_code = 0;
-  int signal = 0;
-
-  bool ok() const { return signal == 0 && exit_code == 0; }
-  // The shell convention: the code itself, or 128 + signal.
-  int shell_code() const { return signal != 0 ? 128 + signal : exit_code; }
-  static ExitStatus exited(int code) { return {code, 0}; }
-  static ExitStatus killed(int sig) { return {0, sig}; }
-  friend bool operator==(const ExitStatus&, const ExitStatus&) = default;
-};
-
-// "SIGSEGV (signal 11)" or "exit code 7".
-std::string describe(const ExitStatus& status);
-// "SIGSEGV", or "SIG<n>" for numbers without a name.
-std::string signal_name(int sig);
 
 enum class GroupState : std::uint8_t { init, healthy, stopping, succeeded, failed, interrupted };
 enum class StopCause : std::uint8_t { none, worker_failure, signal };
 
 const char* to_string(GroupState state);
 
-struct Action {
+struct GroupAction {
   enum class Kind : std::uint8_t {
     start_attempt,   // value = restart count (0 for the first attempt); reset store, spawn all
     signal_groups,   // value = signal to send to every worker process group of the attempt
@@ -75,9 +59,9 @@ struct Action {
   };
   Kind kind;
   int value = 0;
-  friend bool operator==(const Action&, const Action&) = default;
+  friend bool operator==(const GroupAction&, const GroupAction&) = default;
 };
-using Actions = std::vector<Action>;
+using GroupActions = std::vector<GroupAction>;
 
 struct RecordedFailure {
   int attempt = 0;
@@ -90,11 +74,11 @@ class WorkerGroupMachine {
   // `nproc`: workers per attempt (> 0). `max_restarts`: group restarts allowed (>= 0).
   WorkerGroupMachine(int nproc, int max_restarts);
 
-  Actions start();
-  Actions on_exited(int local_rank, ExitStatus status);
-  Actions on_drained(int local_rank);
-  Actions on_signal(int sig);
-  Actions on_grace_expired();
+  GroupActions start();
+  GroupActions on_exited(int local_rank, ExitStatus status);
+  GroupActions on_drained(int local_rank);
+  GroupActions on_signal(int sig);
+  GroupActions on_grace_expired();
 
   GroupState state() const { return state_; }
   StopCause stop_cause() const { return cause_; }
@@ -113,7 +97,7 @@ class WorkerGroupMachine {
     bool exited = false;
     bool drained = false;
   };
-  Actions maybe_complete();
+  GroupActions maybe_complete();
   void check_rank(int local_rank) const;
 
   int nproc_;

@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "ddprun/agent/remote_protocol.hpp"
+
 namespace ddprun::launcher {
 
 struct FanoutHost {
@@ -62,9 +64,8 @@ struct FanoutPlan {
 std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
                            const std::string& run_id);
 
-// The line a remote agent writes on its stdout once it has read its environment: the launcher
-// counts the host as connected (and frees an in-flight slot) when it arrives.
-inline constexpr std::string_view kRemoteAgentReadyLine = "ddprun-remote-agent-ready";
+// The remote agent's ready line (agent/remote_protocol.hpp).
+using agent::kRemoteAgentReadyLine;
 
 // Runs the whole job; returns the launcher's exit code. Throws ddprun::Error for setup failures
 // before any host was contacted (e.g. no address to host the rendezvous on).

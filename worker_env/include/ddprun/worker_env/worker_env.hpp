@@ -1,6 +1,6 @@
 #pragma once
 // The worker environment contract (docs/worker-env.md): what every worker process gets on top
-// of the agent's own environment. Pure: builds name/value pairs from an assignment, no I/O.
+// of the agent's own environment. Pure: builds name/value pairs from a placement, no I/O.
 //
 // torchrun-compatible names (RANK, LOCAL_RANK, WORLD_SIZE, …, TORCHELASTIC_*), plus ddprun's
 // own (DDPRUN_*) and cheap aliases other frameworks read (LOCAL_SIZE, CROSS_RANK, CROSS_SIZE).
@@ -13,8 +13,9 @@
 
 namespace ddprun::worker_env {
 
-// What the agent knows about this node's place in the job for one round (attempt).
-struct Assignment {
+// This node's place in the job for one round (attempt): the agent converts the rendezvous'
+// assignment (or, on a single node, its own settings) into it.
+struct Placement {
   std::string role = "default";
   int local_world_size = 1;   // workers on this node (--nproc-per-node)
   int group_rank = 0;         // this node's rank among nodes
@@ -26,8 +27,7 @@ struct Assignment {
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id = "none";
-  bool use_agent_store = true;                  // TORCHELASTIC_USE_AGENT_STORE
-  std::optional<std::string> nccl_unique_id_hex;  // DDPRUN_NCCL_UNIQUE_ID (256 hex chars)
+  bool use_agent_store = true;  // TORCHELASTIC_USE_AGENT_STORE
 };
 
 struct EnvOptions {
@@ -43,7 +43,7 @@ using EnvMap = std::map<std::string, std::string>;
 // The variables worker `local_rank` gets on top of `parent` (the agent's environment).
 // Variables whose torchrun semantics are "only when unset" (OMP_NUM_THREADS,
 // *NCCL_ASYNC_ERROR_HANDLING) consult `parent`.
-EnvList build_worker_env(const Assignment& a, int local_rank, const EnvOptions& opts, const EnvMap& parent);
+EnvList build_worker_env(const Placement& a, int local_rank, const EnvOptions& opts, const EnvMap& parent);
 
 // `parent` with `additions` applied (additions win), as a KEY=VALUE list for execve.
 std::vector<std::string> merge_env(const EnvMap& parent, const EnvList& additions);

@@ -1,0 +1,94 @@
+#pragma once
+// The rendezvous-backend seam: how the agent learns each round's place in the job and tells
+// the job what its workers did. The agent (agent.cpp) only ever asks "next round / report
+// failure / report success / leave" and obeys the events; which backend serves it is decided
+// once, from the job mode (config.hpp JobMode), by make_rendezvous_backend():
+//
+//   single_node         SingleNodeBackend   this node is the job: each round is local, restarts
+//                                           come from the local budget (--max-restarts)
+//   elastic (c10d)      RendezvousBackend   a RendezvousClient against a ddprun-rdzvd, or an
+//   static_multi_node   over a client       embedded rendezvous host this agent starts itself
+//
+// Every backend also hosts this node's worker store (MASTER_ADDR/PORT when this node gets group
+// rank 0) and resets it before each later round.
+//
+// Events are delivered on the io_context thread, never from inside a call the agent makes (a
+// backend that decides at once posts its answer). The backend reports to the user what only it
+// knows (the job-failed summary, a refusal's reason), then raises the event.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "ddprun/agent/config.hpp"
+#include "ddprun/agent/failure.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/worker_env/worker_env.hpp"
+
+namespace ddprun::agent {
+
+// One round for this node.
+struct RoundAssignment {
+  std::uint64_t round = 0;
+  worker_env::Placement placement;
+  std::vector<std::uint8_t> nccl_id;  // the NCCL offer chosen for the round (nccl_ids.hpp)
+  std::string dir_name;               // the round's directory under the job's log directory
+  std::string summary;                // logged when the round's workers start ("" = nothing)
+};
+
+struct BackendEvents {
+  std::function<void(const RoundAssignment&)> on_assignment;
+  std::function<void()> on_restart;                         // every node restarts: stop, then next_round
+  std::function<void(int exit_code)> on_job_failed;         // stop the workers, exit with this code
+  std::function<void()> on_job_completed;                   // every node succeeded: exit 0
+  std::function<void(const std::string& message)> on_refused;      // stop, exit 1
+  std::function<void(const std::string& text)> on_progress;        // a status line while waiting
+  std::function<void(const std::string& message)> on_unreachable;  // stop, exit 1
+};
+
+class RendezvousBackend {
+ public:
+  virtual ~RendezvousBackend() = default;
+
+  // Hosts the worker store (and, when this node may and must, the rendezvous itself). Throws
+  // ddprun::Error (NetworkError, UsageError) when that cannot be done.
+  virtual void start() = 0;
+  // The address this node's NCCL_COMM_ID root would listen on (--nccl-id comm-id).
+  virtual std::string comm_id_host() const = 0;
+  // This node's NCCL offer for the next round(s) (empty = none).
+  virtual void set_nccl_offer(std::vector<std::uint8_t> offer) = 0;
+  // Asks for the next round (the first one, or the one after a restart): on_assignment follows.
+  virtual void next_round() = 0;
+  // The round's first local failure.
+  virtual void report_failure(std::uint64_t round, const FailureReport& failure) = 0;
+  // All local workers of `round` exited 0 (the exit barrier): on_job_completed (or a restart) follows.
+  virtual void report_success(std::uint64_t round) = 0;
+  // The local workers stopped after that failure and no verdict came yet: on_restart or
+  // on_job_failed follows. `exit_code` is the group's (the failure's) code.
+  virtual void await_verdict(int exit_code) = 0;
+  // This node stops after a signal and exits with `exit_code`.
+  virtual void leave(int exit_code) = 0;
+  // The agent is done: stop serving, then call `stopped` (at once, or once peers had their
+  // chance to hear the result). No events after this.
+  virtual void stop(std::function<void()> stopped) = 0;
+};
+
+// The address a server for `addr` binds: `addr` itself when numeric (brackets dropped), else
+// every interface (a name like "localhost" may resolve to several addresses).
+std::string bind_host(const std::string& addr);
+
+// This node's worker store, bound to `addr` (a numeric address itself, else every interface)
+// at `port` (0 = any free port). Throws NetworkError with `hint` when it cannot bind (naming the
+// port when `name_port`).
+std::unique_ptr<rendezvous::StoreServer> host_worker_store(boost::asio::io_context& io, const std::string& addr,
+                                                           std::uint16_t port, bool name_port,
+                                                           const std::string& hint);
+
+// The backend for job_mode(config). `config` must outlive it.
+std::unique_ptr<RendezvousBackend> make_rendezvous_backend(boost::asio::io_context& io, const AgentConfig& config,
+                                                           BackendEvents events);
+
+}  // namespace ddprun::agent

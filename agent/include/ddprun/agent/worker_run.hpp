@@ -1,0 +1,77 @@
+#pragma once
+// WorkerRun: the workers of one attempt (one round) on this node. It spawns them from their
+// WorkerSpecs (worker_spec.hpp) as ChildProcesses, feeds their exits and drains to a
+// WorkerGroupMachine (worker_group.hpp, no local restarts: restarts are the rendezvous
+// backend's decision) and applies its actions: signal every worker group, arm/cancel the
+// shutdown grace, and report the end of the group.
+//
+// One WorkerRun serves every attempt of a job (start() replaces the previous attempt's workers,
+// which must be done). Not thread-safe: the io_context thread only.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/child_process.hpp"
+#include "ddprun/agent/config.hpp"
+#include "ddprun/agent/failure.hpp"
+#include "ddprun/agent/worker_group.hpp"
+#include "ddprun/agent/worker_spec.hpp"
+
+namespace ddprun::agent {
+
+class WorkerRun {
+ public:
+  struct Hooks {
+    // A worker failed while the group was healthy: the attempt's first failure, once.
+    std::function<void(const FailureReport&)> on_first_failure;
+    // Every worker exited and its output drained: ok, and the group's exit code.
+    std::function<void(bool ok, int code)> on_done;
+  };
+
+  WorkerRun(boost::asio::io_context& io, const AgentConfig& config, Hooks hooks);
+  ~WorkerRun();
+  WorkerRun(const WorkerRun&) = delete;
+  WorkerRun& operator=(const WorkerRun&) = delete;
+
+  // Starts the attempt: a log directory per local rank under `attempt_dir`, one worker per spec,
+  // `executable` (already resolved) run with each spec's argv.
+  void start(const std::string& attempt_dir, const std::string& executable, std::vector<WorkerSpec> specs,
+             const worker_env::EnvMap& parent_env);
+  // A handled signal: forwarded to every worker group (a second one escalates to SIGKILL).
+  void signal(int sig);
+  // Stops a healthy group as on SIGTERM (grace, then SIGKILL).
+  void stop();
+  // Ends everything at once: SIGKILL to workers still running, reap all. No hooks after this.
+  void kill_and_reap_all();
+  // Whether a log file was written for any worker so far.
+  bool wrote_files() const { return wrote_files_; }
+  // The failing worker of the attempt, as a report (nullopt when no worker failed).
+  std::optional<FailureReport> root_cause() const;
+
+ private:
+  struct Worker;
+  void apply(const GroupActions& actions);
+  void spawn(Worker& w, const std::string& executable, const worker_env::EnvMap& parent_env);
+  void on_exit(int local_rank, const ExitStatus& status);
+  void on_done(int local_rank);
+  void signal_groups(int sig);
+  void arm_grace();
+  FailureReport report_of(const Worker& w) const;
+
+  boost::asio::io_context& io_;
+  const AgentConfig& config_;
+  Hooks hooks_;
+  WorkerGroupMachine machine_;
+  boost::asio::steady_timer grace_timer_;
+  std::string attempt_dir_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  bool wrote_files_ = false;
+  bool ended_ = false;  // the machine is terminal or kill_and_reap_all ran
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,142 @@
+// The single-node rendezvous backend: this node is the whole job. Each round is local; after a
+// failure the local restart budget (--max-restarts) decides between a restart and the end of
+// the job, whose root-cause summary this backend prints.
+#include <unistd.h>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/output.hpp"
+#include "ddprun/agent/rendezvous_backend.hpp"
+#include "ddprun/agent/worker_spec.hpp"
+#include "ddprun/common/error.hpp"
+
+namespace asio = boost::asio;
+
+namespace ddprun::agent {
+
+namespace {
+
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) {
+    return "localhost";
+  }
+  return buf;
+}
+
+class SingleNodeBackend final : public RendezvousBackend {
+ public:
+  SingleNodeBackend(asio::io_context& io, const AgentConfig& config, BackendEvents events)
+      : io_(io), config_(config), events_(std::move(events)) {}
+
+  void start() override {
+    store_ = host_worker_store(io_, config_.master_addr, config_.standalone ? 0 : config_.master_port, true,
+                               "the master port is probably in use by another job: pass --master-port 0 (any free "
+                               "port) or --standalone, or pick another --master-port");
+  }
+
+  std::string comm_id_host() const override { return config_.master_addr; }
+  void set_nccl_offer(std::vector<std::uint8_t> offer) override { offer_ = std::move(offer); }
+
+  void next_round() override {
+    if (restarts_ > 0) {
+      spdlog::warn("restarting worker group (attempt {} of {}): local rank {} ended with {}", restarts_,
+                   config_.max_restarts, failure_.local_rank, describe(failure_.status));
+      store_->reset();  // a fresh, empty key space for the new attempt
+    }
+    RoundAssignment a;
+    a.round = static_cast<std::uint64_t>(restarts_);
+    a.placement = local_placement(config_);
+    a.placement.master_port = store_->port();
+    a.placement.restart_count = restarts_;
+    a.nccl_id = offer_;
+    a.dir_name = "attempt_" + std::to_string(restarts_);
+    post([this, a] { events_.on_assignment(a); });
+  }
+
+  void report_failure(std::uint64_t /*round*/, const FailureReport& failure) override { failure_ = failure; }
+
+  void report_success(std::uint64_t /*round*/) override {
+    post([this] { events_.on_job_completed(); });
+  }
+
+  void await_verdict(int exit_code) override {
+    if (restarts_ < config_.max_restarts) {
+      ++restarts_;
+      post([this] { events_.on_restart(); });
+      return;
+    }
+    FailureReport report = failure_;
+    load_error_file(report);
+    write_all(STDERR_FILENO, format_failure_summary(config_.worker_argv.front(), hostname(), report, {}));
+    post([this, exit_code] { events_.on_job_failed(exit_code); });
+  }
+
+  void leave(int exit_code) override { spdlog::warn("workers stopped after a signal; exiting with {}", exit_code); }
+
+  void stop(std::function<void()> stopped) override {
+    stopped_ = true;
+    if (store_) store_->stop();
+    stopped();
+  }
+
+ private:
+  template <typename F>
+  void post(F f) {
+    asio::post(io_, [this, f = std::move(f)] {
+      if (!stopped_) f();
+    });
+  }
+
+  asio::io_context& io_;
+  const AgentConfig& config_;
+  BackendEvents events_;
+  std::unique_ptr<rendezvous::StoreServer> store_;
+  std::vector<std::uint8_t> offer_;
+  FailureReport failure_;
+  int restarts_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+// The worker store binds the master address itself when it is numeric, else every interface
+// (a name like "localhost" may resolve to several addresses).
+std::string bind_host(const std::string& addr) {
+  boost::system::error_code ec;
+  std::string host = addr;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  asio::ip::make_address(host, ec);
+  return ec ? std::string("0.0.0.0") : host;
+}
+
+std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io, const std::string& addr,
+                                                           std::uint16_t port, bool name_port,
+                                                           const std::string& hint) {
+  rendezvous::StoreServerOptions opts;
+  opts.host = bind_host(addr);
+  opts.port = port;
+  std::unique_ptr<rendezvous::StoreServer> store;
+  try {
+    store = std::make_unique<rendezvous::StoreServer>(io, opts);
+  } catch (const Error& e) {
+    throw NetworkError("cannot host the worker store on " + opts.host + (name_port ? ":" + std::to_string(port) : "") +
+                           ": " + e.message(),
+                       hint);
+  }
+  store->start();
+  spdlog::debug("worker store listening on {}:{}", store->host(), store->port());
+  return store;
+}
+
+std::unique_ptr<RendezvousBackend> make_single_node_backend(asio::io_context& io, const AgentConfig& config,
+                                                            BackendEvents events) {
+  return std::make_unique<SingleNodeBackend>(io, config, std::move(events));
+}
+
+}  // namespace ddprun::agent

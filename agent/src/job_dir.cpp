@@ -1,0 +1,80 @@
+// The job's log directory; see job_dir.hpp.
+#include "ddprun/agent/job_dir.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ddprun::agent {
+
+namespace {
+
+std::string sanitize(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    out += (std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.') ? c : '_';
+  }
+  return out.empty() ? std::string("none") : out;
+}
+
+std::string temp_base() {
+  const char* t = std::getenv("TMPDIR");
+  return (t != nullptr && *t != '\0') ? std::string(t) : std::string("/tmp");
+}
+
+}  // namespace
+
+std::string job_dir_pattern(const AgentConfig& config) {
+  return config.log_dir ? config.log_dir->string() + "/" + sanitize(config.run_id) + "_<random>"
+                        : temp_base() + "/ddprun-" + sanitize(config.run_id) + "_<random>";
+}
+
+// <log_dir>/<run_id>_<random> or $TMPDIR/ddprun-<run_id>_<random>, created fresh.
+std::string make_job_dir(const AgentConfig& config) {
+  std::string templ;
+  if (config.log_dir) {
+    std::error_code ec;
+    fs::create_directories(*config.log_dir, ec);
+    if (ec) {
+      throw Error("cannot create --log-dir " + config.log_dir->string() + ": " + ec.message(),
+                  "pick a writable directory");
+    }
+    templ = config.log_dir->string() + "/" + sanitize(config.run_id) + "_XXXXXX";
+  } else {
+    templ = temp_base() + "/ddprun-" + sanitize(config.run_id) + "_XXXXXX";
+  }
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    throw Error("cannot create the log directory " + templ + ": " + std::strerror(errno),
+                config.log_dir ? "pick a writable --log-dir" : "set TMPDIR to a writable directory or pass --log-dir");
+  }
+  return std::string(buf.data());
+}
+
+void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files) {
+  if (config.log_dir || dir.empty()) return;
+  // The default run directory under $TMPDIR: keep it only when it holds something worth reading
+  // (log files, an error file a worker wrote); otherwise leave no litter behind.
+  std::error_code ec;
+  bool keep = false;
+  if (may_hold_files) {
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file(ec)) {
+        keep = true;
+        break;
+      }
+    }
+  }
+  if (!keep) fs::remove_all(dir, ec);
+}
+
+}  // namespace ddprun::agent
