@@ -304,6 +304,8 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.worker_argv = std::move(prog.argv);
   cfg.python_worker = prog.python_worker;
   cfg.working_dir = ctx.cwd;
+  // The one place the job's mode (single node / static multi-node / elastic) is decided.
+  cfg.job_mode = agent::decide_job_mode(cfg);
 }
 
 }  // namespace ddprun::launcher::detail
