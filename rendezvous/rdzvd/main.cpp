@@ -1,12 +1,14 @@
 // ddprun-rdzvd: a standalone store/rendezvous daemon speaking the c10d TCPStore protocol and
 // ddprun's native rendezvous operations on the same port (docs/daemon.md).
 //
-//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T] [limits...] [--log-level L]
+//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T | --token-file F] [limits...]
+//                [--log-level L] [--log-format text|json]
 //
 // Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
 // --port-file is given the file holds the bound port number and a newline, written atomically
-// (temporary file + rename). SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
+// (temporary file + rename); under systemd (Type=notify) READY=1 goes to $NOTIFY_SOCKET at the
+// same moment. SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
 // failure prints an error naming host:port and exits 1; a bad flag exits 2.
 
 #include <sys/resource.h>
@@ -28,6 +30,8 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "ddprun/common/sd_notify.hpp"
+#include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/version.hpp"
 #include "ddprun/rendezvous/rendezvous_service.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
@@ -93,12 +97,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
-  app.add_option("--token", token,
-                 "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  auto* token_opt = app.add_option(
+      "--token", token, "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential")
+      ->excludes(token_opt);
   app.add_option("--max-rdzv-payload-bytes", max_rdzv_payload, "Largest native rendezvous message accepted")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
+  std::string log_format;  // empty: DDPRUN_LOG_FORMAT, else text
+  app.add_option("--log-format", log_format,
+                 "text|json (json: one object per line, for log shippers; default: $DDPRUN_LOG_FORMAT, else text)")
+      ->check(CLI::IsMember({"text", "json"}));
   app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);
 
   try {
@@ -114,10 +126,22 @@ int main(int argc, char** argv) {
               << "' is not one of trace|debug|info|warning|error|critical|off\n";
     return 2;
   }
-  ddprun::setup_logging("ddprun-rdzvd", *level);
+  ddprun::setup_logging("ddprun-rdzvd", *level,
+                        log_format.empty() ? ddprun::log_format_from_env(ddprun::LogFormat::text)
+                                           : *ddprun::parse_log_format(log_format));
   raise_fd_limit();
 
-  if (token.empty()) {
+  if (!token_file.empty()) {
+    try {
+      auto secret = ddprun::read_secret_file(token_file, "--token-file");
+      if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+      token = std::move(secret.secret);
+    } catch (const ddprun::Error& e) {
+      std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  if (token.empty() && token_file.empty()) {
     if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) token = env;
   }
 
@@ -132,10 +156,7 @@ int main(int argc, char** argv) {
     rdzv::StoreServer server(io, options);
     service->attach(server);
     server.start();
-    if (!token.empty()) spdlog::info("rendezvous joins must carry the token (--token / DDPRUN_RDZV_TOKEN)");
-    if (!port_file.empty()) write_port_file(port_file, server.port());
-    std::cout << "listening on " << ddprun::bracket_host(host) << ":" << server.port() << std::endl;
-
+    // Handlers first: a service manager may send SIGTERM as soon as it sees readiness.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signo) {
       if (ec) return;
@@ -144,6 +165,17 @@ int main(int argc, char** argv) {
       server.stop();
       io.stop();
     });
+    if (!token.empty()) {
+      spdlog::info("rendezvous joins must carry the token ({})",
+                   token_file.empty() ? "--token / DDPRUN_RDZV_TOKEN" : "--token-file " + token_file);
+    }
+    if (!port_file.empty()) write_port_file(port_file, server.port());
+    const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(server.port());
+    std::cout << listening << std::endl;
+    if (const auto ready = ddprun::notify_ready(listening); !ready.error.empty()) {
+      spdlog::warn("cannot tell systemd the daemon is ready: {}", ready.error);
+    }
+
     io.run();
     return 0;
   } catch (const ddprun::Error& e) {

@@ -1,0 +1,75 @@
+# Installation and packaging in one place, referring to targets by name (included last from the
+# top-level CMakeLists.txt, after every target exists).
+#
+# Components:
+#   Unspecified  ddprun, ddprun-rdzvd, ddprun-nccl-id (install rules next to their targets) and
+#                the examples under share/ddprun/examples
+#   worker       libddprun_worker, its headers, CMake package and pkg-config file
+#                (worker_env/worker/CMakeLists.txt)
+#   service      the systemd unit for ddprun-rdzvd
+#   docs         README and docs/*.md under share/doc/ddprun
+#
+# Packages (scripts/package):
+#   .deb   cpack --config <build>/CPackConfig.cmake: one package "ddprun" holding every component
+#          above, installed under /usr, stripped, Depends from dpkg-shlibdeps.
+#   wheel  packaging/wheel/build_wheel.py: the three binaries with their shared libraries bundled.
+include(GNUInstallDirs)
+
+# --- systemd unit -------------------------------------------------------------------------------
+# The checked-in unit names /usr/bin/ddprun-rdzvd (the .deb's path, and what `systemd-analyze
+# verify` checks); an install under another prefix gets its own bin directory in ExecStart=.
+set(DDPRUN_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING
+    "Where the systemd unit is installed, relative to the install prefix")
+set(_ddprun_unit_src ${PROJECT_SOURCE_DIR}/packaging/systemd/ddprun-rdzvd.service)
+set(_ddprun_unit_out ${PROJECT_BINARY_DIR}/packaging/systemd/ddprun-rdzvd.service)
+install(CODE "
+  file(READ \"${_ddprun_unit_src}\" _unit)
+  string(REPLACE \"ExecStart=/usr/bin/ddprun-rdzvd\"
+                 \"ExecStart=\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/ddprun-rdzvd\" _unit \"\${_unit}\")
+  file(WRITE \"${_ddprun_unit_out}\" \"\${_unit}\")
+" COMPONENT service)
+install(FILES ${_ddprun_unit_out} DESTINATION ${DDPRUN_SYSTEMD_UNIT_DIR} COMPONENT service)
+
+# --- documentation ------------------------------------------------------------------------------
+install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs)
+file(GLOB _ddprun_docs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
+install(FILES ${_ddprun_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/img DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs)
+
+# --- man pages and shell completions ------------------------------------------------------------
+# Not generated yet. They belong here, generated at build time from the launcher's flag table and
+# installed with COMPONENT docs to:
+#   ${CMAKE_INSTALL_MANDIR}/man1/ddprun.1, ${CMAKE_INSTALL_MANDIR}/man8/ddprun-rdzvd.8
+#   ${CMAKE_INSTALL_DATADIR}/bash-completion/completions/ddprun (and ddprun-rdzvd)
+#   ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions/_ddprun (and _ddprun-rdzvd)
+# The .deb picks them up with no other change; tests/package/deb_test.sh lists the expected
+# files in one place (`expect_files`).
+
+# --- .deb through CPack -------------------------------------------------------------------------
+set(DDPRUN_PACKAGE_MAINTAINER "ddprun developers <ddprun@localhost>" CACHE STRING
+    "Maintainer field of the .deb (name <email>)")
+set(CPACK_PACKAGE_NAME ddprun)
+set(CPACK_PACKAGE_VENDOR ddprun)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "native launcher for distributed training (a drop-in torchrun)")
+set(CPACK_PACKAGE_DESCRIPTION
+    "ddprun launches, watches and restarts distributed training workers (torch DDP and native\n"
+    "programs) with torchrun's flags and environment. This package holds ddprun, the elastic\n"
+    "rendezvous daemon ddprun-rdzvd with its systemd unit, ddprun-nccl-id, and the worker\n"
+    "library libddprun_worker with headers, CMake package and pkg-config file.")
+string(REPLACE ";" "" CPACK_PACKAGE_DESCRIPTION "${CPACK_PACKAGE_DESCRIPTION}")
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES ON)
+set(CPACK_COMPONENTS_ALL Unspecified worker service docs)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_GROUPING ALL_COMPONENTS_IN_ONE)
+set(CPACK_DEBIAN_PACKAGE_NAME ddprun)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${DDPRUN_PACKAGE_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_SECTION utils)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+# Workers are the user's programs; torch is what most of them need, not what ddprun needs.
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch")
+include(CPack)

@@ -1,0 +1,109 @@
+#!/bin/bash
+# Runs inside the fresh bookworm root (chroot) that tests/package/deb_test.sh prepared, with the
+# .deb and the worker-library consumer in /root/t. Fails with "FAIL: ..." naming the step.
+set -euo pipefail
+fail() { echo "FAIL: $*"; exit 1; }
+cd /root/t
+deb=$(ls ddprun_*.deb)
+
+# The base root has none of ddprun's libraries: Depends must bring them.
+for lib in libspdlog libfmt libboost_filesystem; do
+  if ldconfig -p | grep -q "$lib"; then fail "the base root already has $lib; the Depends check would prove nothing"; fi
+done
+t0=$(date +%s)
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y -q --no-install-recommends "./$deb" >apt.log 2>&1; then
+  # Package lists older than the mirror: refresh once.
+  apt-get update -q >>apt.log 2>&1 && apt-get install -y -q --no-install-recommends "./$deb" >>apt.log 2>&1 \
+    || { cat apt.log; fail "apt-get install ./$deb"; }
+fi
+pulled=$(grep -oE '^Setting up [^ ]+' apt.log | cut -d' ' -f3 | tr '\n' ' ')
+echo "ok: apt-get install ./$deb in $(( $(date +%s) - t0 )) s; set up: $pulled"
+for lib in libspdlog libfmt; do
+  ldconfig -p | grep -q "$lib" || fail "$lib is still missing after installing the .deb (Depends incomplete?)"
+done
+
+# The files, in one place (man pages and completions join this list when they are generated).
+files=$(dpkg -L ddprun)
+expect_files=(
+  '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$'
+  '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so\.0$' '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so$'
+  '^/usr/include/ddprun/worker\.hpp$' '^/usr/include/ddprun/worker\.h$'
+  '/cmake/ddprun/ddprunConfig\.cmake$' '/pkgconfig/ddprun-worker\.pc$'
+  '^/usr/lib/systemd/system/ddprun-rdzvd\.service$'
+  '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
+  '^/usr/share/ddprun/examples/ddp_train\.py$'
+)
+for re in "${expect_files[@]}"; do
+  grep -qE "$re" <<<"$files" || fail "the package has no file matching $re"
+done
+grep -q '^ExecStart=/usr/bin/ddprun-rdzvd ' /usr/lib/systemd/system/ddprun-rdzvd.service || fail "unit ExecStart"
+echo "ok: $(wc -l <<<"$files") paths in the package, all ${#expect_files[@]} expected ones present"
+
+v=$(ddprun --version) || fail "ddprun --version"
+[[ "$v" == *"$(dpkg-query -W -f='${Version}' ddprun)"* ]] || fail "ddprun --version printed '$v'"
+ddprun-rdzvd --version >/dev/null || fail "ddprun-rdzvd --version"
+echo "ok: $v"
+
+cat >/root/t/worker.sh <<'W'
+#!/bin/sh
+echo "worker rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK"
+W
+chmod +x /root/t/worker.sh
+out=$(timeout 60 ddprun --nproc-per-node 2 /root/t/worker.sh 2>&1) || { echo "$out"; fail "2-rank shell job"; }
+for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
+echo "ok: ddprun --nproc-per-node 2 with a shell worker"
+
+# The daemon as the unit runs it: token from a 0600 file, JSON logs.
+install -d -m 0700 /etc/ddprun
+token=deb-test-$RANDOM$RANDOM
+(umask 077; echo "$token" >/etc/ddprun/rdzvd.token)
+mkfifo /tmp/rdzvd.out
+ddprun-rdzvd --host 127.0.0.1 --port 0 --token-file /etc/ddprun/rdzvd.token --log-format json \
+  >/tmp/rdzvd.out 2>/tmp/rdzvd.err &
+dpid=$!
+exec 3</tmp/rdzvd.out
+read -r -t 30 line <&3 || { cat /tmp/rdzvd.err; fail "ddprun-rdzvd printed no 'listening on' line within 30 s"; }
+port=${line##*:}
+[[ "$line" == "listening on 127.0.0.1:$port" ]] || fail "unexpected first line '$line'"
+timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" >status.out 2>&1 || { cat status.out; fail "ddprun status"; }
+out=$(DDPRUN_RDZV_TOKEN=$token timeout 120 ddprun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob /root/t/worker.sh 2>&1) || { echo "$out"; fail "job via the daemon"; }
+grep -q "worker rank=1 world=2" <<<"$out" || { echo "$out"; fail "job via the daemon: rank 1 missing"; }
+if out=$(DDPRUN_RDZV_TOKEN=wrong timeout 120 ddprun --nnodes 1 --nproc-per-node 1 --rdzv-backend c10d \
+           --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob2 /root/t/worker.sh 2>&1); then
+  fail "a job with the wrong token ran"
+fi
+grep -q "token mismatch" <<<"$out" || { echo "$out"; fail "wrong token: no 'token mismatch' error"; }
+timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob >status.out 2>&1 \
+  || { cat status.out; fail "ddprun status --rdzv-id debjob"; }
+grep -q debjob status.out || { cat status.out; fail "status does not show debjob"; }
+maps=$(grep -oE '/[^ ]+$' "/proc/$dpid/maps" | sort -u)
+bad=$(grep -vE '^/usr/' <<<"$maps" || true)
+[[ -z "$bad" ]] || fail "the daemon maps files outside /usr: $bad"
+echo "ok: ddprun-rdzvd (token file, JSON logs) answered ddprun status and hosted a job; maps only /usr: $(tr '\n' ' ' <<<"$maps")"
+kill -TERM "$dpid"
+wait "$dpid" || fail "ddprun-rdzvd exited $? on SIGTERM"
+python3 - "$token" /tmp/rdzvd.err <<'P'
+import json, sys
+token, path = sys.argv[1], sys.argv[2]
+lines = open(path, encoding="utf-8").read().splitlines()
+assert lines, "no log lines"
+for line in lines:
+    obj = json.loads(line)
+    assert set(obj) == {"time", "level", "logger", "pid", "message"}, obj
+    assert obj["logger"] == "ddprun-rdzvd", obj
+    assert token not in line, "the token appears in the log"
+assert any("--token-file /etc/ddprun/rdzvd.token" in json.loads(l)["message"] for l in lines), lines
+print("ok: %d JSON log lines parse, none shows the token" % len(lines))
+P
+
+# The worker library from the package: find_package(ddprun) and pkg-config.
+cmake -S consumer -B cbuild >cmake.log 2>&1 && cmake --build cbuild >>cmake.log 2>&1 || { cat cmake.log; fail "consumer via find_package(ddprun)"; }
+out=$(timeout 60 ddprun --nproc-per-node 2 cbuild/consumer_cxx 2>&1) || { echo "$out"; fail "native consumer job"; }
+for r in 0 1; do grep -q "cxx rank=$r/2 local=$r/2" <<<"$out" || { echo "$out"; fail "consumer_cxx rank $r"; }; done
+flags=$(pkg-config --cflags --libs ddprun-worker) || fail "pkg-config ddprun-worker"
+cc consumer/consumer.c -o consumer_pc $flags || fail "cc consumer.c $flags"
+out=$(timeout 60 ddprun --nproc-per-node 2 ./consumer_pc 2>&1) || { echo "$out"; fail "pkg-config consumer job"; }
+grep -q "c rank=1/2 local=1/2" <<<"$out" || { echo "$out"; fail "consumer_pc rank 1"; }
+echo "ok: worker library via find_package(ddprun) and pkg-config ($flags), run as 2-rank native jobs"
