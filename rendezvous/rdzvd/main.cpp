@@ -14,7 +14,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -29,8 +28,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/common/version.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
-#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
 
 namespace {
 
@@ -74,28 +72,23 @@ int main(int argc, char** argv) {
   int port = 29400;
   std::string port_file;
   std::string log_level;  // empty: DDPRUN_LOG_LEVEL / LOGLEVEL, else info
-  // Declared before `options`: the rendezvous service that `options.extension` keeps alive owns
-  // a timer, which must be destroyed while its io_context still exists.
-  boost::asio::io_context io(1);
-  rdzv::StoreServerOptions options;
-  std::string token;
-  std::size_t max_rdzv_payload = rdzv::WireLimits{}.max_payload_bytes;
+  rdzv::RendezvousServerOptions options;
   app.add_option("--host", host, "Address to listen on (0.0.0.0, :: for dual stack, or a local address)")
       ->capture_default_str();
   app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
-  app.add_option("--max-key-bytes", options.limits.max_key_bytes, "Largest key accepted")->capture_default_str();
-  app.add_option("--max-value-bytes", options.limits.max_value_bytes, "Largest value accepted")->capture_default_str();
-  app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
+  app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")->capture_default_str();
+  app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")->capture_default_str();
+  app.add_option("--max-keys-per-request", options.limits.store.max_keys_per_request,
                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
       ->capture_default_str();
-  app.add_option("--max-connections", options.limits.max_connections, "Most open client connections")
+  app.add_option("--max-connections", options.limits.store.max_connections, "Most open client connections")
       ->capture_default_str();
-  app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
+  app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
-  app.add_option("--token", token,
+  app.add_option("--token", options.token,
                  "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
-  app.add_option("--max-rdzv-payload-bytes", max_rdzv_payload, "Largest native rendezvous message accepted")
+  app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes, "Largest native rendezvous message accepted")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
@@ -117,33 +110,21 @@ int main(int argc, char** argv) {
   ddprun::setup_logging("ddprun-rdzvd", *level);
   raise_fd_limit();
 
-  if (token.empty()) {
-    if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) token = env;
+  if (options.token.empty()) {
+    if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) options.token = env;
   }
 
+  boost::asio::io_context io(1);  // outlives `server` (declared before it)
   options.host = host;
   options.port = static_cast<std::uint16_t>(port);
-  rdzv::RendezvousServiceOptions service_options;
-  service_options.token = token;
-  service_options.limits.max_payload_bytes = max_rdzv_payload;
-  auto service = std::make_shared<rdzv::RendezvousService>(io, service_options);
-  options.extension = service;
+  options.stop_signals = {SIGINT, SIGTERM};
+  options.on_signal = [&io](int) { io.stop(); };
   try {
-    rdzv::StoreServer server(io, options);
-    service->attach(server);
+    rdzv::RendezvousServer server(io, options);
     server.start();
-    if (!token.empty()) spdlog::info("rendezvous joins must carry the token (--token / DDPRUN_RDZV_TOKEN)");
+    if (!options.token.empty()) spdlog::info("rendezvous joins must carry the token (--token / DDPRUN_RDZV_TOKEN)");
     if (!port_file.empty()) write_port_file(port_file, server.port());
     std::cout << "listening on " << ddprun::bracket_host(host) << ":" << server.port() << std::endl;
-
-    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-      if (ec) return;
-      spdlog::info("received {}, shutting down", signo == SIGINT ? "SIGINT" : "SIGTERM");
-      service->detach();
-      server.stop();
-      io.stop();
-    });
     io.run();
     return 0;
   } catch (const ddprun::Error& e) {

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "ddprun/rendezvous/wire.hpp"
+#include "ddprun/rendezvous/bytes.hpp"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -25,7 +25,7 @@ class FieldParser {
 
   bool u64(std::uint64_t& v) {
     if (!need(8)) return false;
-    v = load(8);
+    v = load<std::uint64_t>();
     return true;
   }
   bool i64(std::int64_t& v) {
@@ -36,13 +36,13 @@ class FieldParser {
   }
   bool u32(std::uint32_t& v) {
     if (!need(4)) return false;
-    v = static_cast<std::uint32_t>(load(4));
+    v = load<std::uint32_t>();
     return true;
   }
   // Length-prefixed string; the limit is checked as soon as the length is readable.
   bool str(std::string_view& out, std::size_t max_len, const char* what, const char* flag) {
     if (!need(8)) return false;
-    const std::uint64_t len = load(8);
+    const auto len = load<std::uint64_t>();
     if (len > max_len) {
       res_.status = DecodeStatus::error;
       res_.reason = fmt::format("{} {} length {} exceeds the limit of {} bytes ({})", op_name(op_), what,
@@ -79,12 +79,11 @@ class FieldParser {
     }
     return true;
   }
-  std::uint64_t load(std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      v |= static_cast<std::uint64_t>(static_cast<unsigned char>(buf_[pos_ + i])) << (8 * i);
-    }
-    pos_ += n;
+  // REQUIRES: need(sizeof(T)) held.
+  template <class T>
+  T load() {
+    const T v = bytes::load_le<T>(buf_.data() + pos_);
+    pos_ += sizeof(T);
     return v;
   }
 
@@ -230,49 +229,47 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
   return res;
 }
 
-bool encode_request(std::string& out, Generation gen, const Request& req) {
+bool encode_request(std::string& out, Generation gen, const Request& req, std::string_view key_prefix) {
   const auto byte = encode_op(gen, req.op);
   if (!byte) return false;
-  wire::put_u8(out, *byte);
+  bytes::put_u8(out, *byte);
+  const auto key = [&](std::string_view k) { bytes::put_str(out, k, key_prefix); };
   switch (req.op) {
     case Op::validate:
     case Op::ping:
-      wire::put_u32(out, req.u32);
+      bytes::put_u32(out, req.u32);
+      break;
+    case Op::compare_set:
+      key(req.key);
+      bytes::put_str(out, req.value);
+      bytes::put_str(out, req.desired);
       break;
     case Op::set:
     case Op::append:
     case Op::queue_push:
-      wire::put_str(out, req.key);
-      wire::put_str(out, req.value);
+      key(req.key);
+      bytes::put_str(out, req.value);
       break;
-    case Op::compare_set:
-      wire::put_str(out, req.key);
-      wire::put_str(out, req.value);
-      wire::put_str(out, req.desired);
+    case Op::add:
+    case Op::barrier:
+      key(req.key);
+      bytes::put_i64(out, req.number);
       break;
     case Op::get:
     case Op::delete_key:
     case Op::watch_key:
     case Op::queue_pop:
     case Op::queue_len:
-      wire::put_str(out, req.key);
-      break;
-    case Op::add:
-    case Op::barrier:
-      wire::put_str(out, req.key);
-      wire::put_i64(out, req.number);
+      key(req.key);
       break;
     case Op::check:
     case Op::wait:
     case Op::multi_get:
-      wire::put_u64(out, req.keys.size());
-      for (auto k : req.keys) wire::put_str(out, k);
-      break;
     case Op::multi_set:
-      wire::put_u64(out, req.keys.size());
+      bytes::put_u64(out, req.keys.size());
       for (std::size_t i = 0; i < req.keys.size(); ++i) {
-        wire::put_str(out, req.keys[i]);
-        wire::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
+        key(req.keys[i]);
+        if (req.op == Op::multi_set) bytes::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
       }
       break;
     case Op::get_num_keys:
@@ -284,18 +281,18 @@ bool encode_request(std::string& out, Generation gen, const Request& req) {
 }
 
 namespace reply {
-void u8(std::string& out, std::uint8_t v) { wire::put_u8(out, v); }
-void i64(std::string& out, std::int64_t v) { wire::put_i64(out, v); }
-void u32(std::string& out, std::uint32_t v) { wire::put_u32(out, v); }
-void str(std::string& out, std::string_view s) { wire::put_str(out, s); }
-void check(std::string& out, CheckResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
-void wait(std::string& out, WaitResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
+void u8(std::string& out, std::uint8_t v) { bytes::put_u8(out, v); }
+void i64(std::string& out, std::int64_t v) { bytes::put_i64(out, v); }
+void u32(std::string& out, std::uint32_t v) { bytes::put_u32(out, v); }
+void str(std::string& out, std::string_view s) { bytes::put_str(out, s); }
+void check(std::string& out, CheckResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
+void wait(std::string& out, WaitResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
 void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
                  std::string_view new_value) {
-  wire::put_u8(out, static_cast<std::uint8_t>(type));
-  wire::put_str(out, key);
-  wire::put_str(out, old_value);
-  wire::put_str(out, new_value);
+  bytes::put_u8(out, static_cast<std::uint8_t>(type));
+  bytes::put_str(out, key);
+  bytes::put_str(out, old_value);
+  bytes::put_str(out, new_value);
 }
 }  // namespace reply
 

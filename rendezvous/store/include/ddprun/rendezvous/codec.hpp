@@ -65,9 +65,10 @@ struct DecodeResult {
 DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits,
                             Request& out);
 
-// Appends the wire form of `req` for generation `gen` (used by tests, the fuzzer's seed
-// generator and clients). Returns false when `gen` lacks the op.
-bool encode_request(std::string& out, Generation gen, const Request& req);
+// Appends the wire form of `req` for generation `gen` (the store client, tests and the fuzzer's
+// seed generator). Every key (`key`, `keys`) is sent as `key_prefix` + key, without the caller
+// building the concatenation. Returns false when `gen` lacks the op.
+bool encode_request(std::string& out, Generation gen, const Request& req, std::string_view key_prefix = {});
 
 // Response encoders (identical in both generations).
 namespace reply {
