@@ -50,7 +50,7 @@
 #include "ddprun/common/shell.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/worker_env/gpus.hpp"
 #include "ddprun/worker_env/nccl_id.hpp"
@@ -262,9 +262,6 @@ class Agent {
     kill_and_reap_all();
     nccl_holder_.reset();  // its destructor ends the holder process
     client_.reset();
-    if (host_service_) {
-      host_service_->detach();
-    }
   }
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -903,22 +900,17 @@ class Agent {
   static constexpr std::chrono::milliseconds kProbeTimeout{500};
 
   void try_host(const Endpoint& endpoint) {
-    rendezvous::RendezvousServiceOptions sopts;
-    sopts.token = config_.rdzv.token;
-    auto service = std::make_shared<rendezvous::RendezvousService>(io_, sopts);
-    rendezvous::StoreServerOptions opts;
+    rendezvous::RendezvousServerOptions opts;
     opts.host = bind_host(endpoint.host);
     opts.port = endpoint.port;
-    opts.extension = service;
+    opts.token = config_.rdzv.token;
     try {
-      host_server_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+      host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     } catch (const Error& e) {
       // Another agent on this machine may have just bound it: join that one.
       spdlog::info("not hosting the rendezvous at {} ({}); joining it as a client", endpoint.to_string(), e.message());
       return;
     }
-    service->attach(*host_server_);
-    host_service_ = std::move(service);
     host_server_->start();
     spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint.to_string());
   }
@@ -1179,8 +1171,7 @@ class Agent {
   int exit_code_ = 1;
   // elastic path
   rendezvous::NodeId node_id_;
-  std::shared_ptr<rendezvous::RendezvousService> host_service_;
-  std::unique_ptr<rendezvous::StoreServer> host_server_;
+  std::unique_ptr<rendezvous::RendezvousServer> host_server_;
   std::unique_ptr<rendezvous::RendezvousClient> client_;
   std::uint64_t round_ = 0;
   ElasticMachine emachine_;
