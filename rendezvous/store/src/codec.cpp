@@ -93,6 +93,44 @@ class FieldParser {
   Op op_;
 };
 
+// The field layout of every op: the one mapping the decoder and the encoder share.
+enum class Layout : std::uint8_t {
+  u32,             // VALIDATE magic, PING nonce
+  key,             // GET DELETE_KEY WATCH_KEY QUEUE_POP QUEUE_LEN
+  key_value,       // SET APPEND QUEUE_PUSH
+  key_two_values,  // COMPARE_SET: key, expected, desired
+  key_number,      // ADD delta, BARRIER world size
+  keys,            // CHECK WAIT MULTI_GET: count + keys
+  key_value_pairs, // MULTI_SET: count + (key, value) pairs
+  none,            // GETNUMKEYS CANCEL_WAIT LIST_KEYS
+};
+
+constexpr Layout layout_of(Op op) {
+  switch (op) {
+    case Op::validate:
+    case Op::ping: return Layout::u32;
+    case Op::get:
+    case Op::delete_key:
+    case Op::watch_key:
+    case Op::queue_pop:
+    case Op::queue_len: return Layout::key;
+    case Op::set:
+    case Op::append:
+    case Op::queue_push: return Layout::key_value;
+    case Op::compare_set: return Layout::key_two_values;
+    case Op::add:
+    case Op::barrier: return Layout::key_number;
+    case Op::check:
+    case Op::wait:
+    case Op::multi_get: return Layout::keys;
+    case Op::multi_set: return Layout::key_value_pairs;
+    case Op::get_num_keys:
+    case Op::cancel_wait:
+    case Op::list_keys: return Layout::none;
+  }
+  return Layout::none;
+}
+
 DecodeResult error(std::string reason) {
   DecodeResult r;
   r.status = DecodeStatus::error;
@@ -148,14 +186,7 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
     return error("repeated VALIDATE (it must be the first and only handshake of a connection)");
   }
 
-  out.op = op;
-  out.key = {};
-  out.value = {};
-  out.desired = {};
-  out.number = 0;
-  out.u32 = 0;
-  out.keys.clear();
-  out.values.clear();
+  out.reset(op);
 
   FieldParser p(buffer, 1, res, op);
   const std::size_t kmax = limits.max_key_bytes;
@@ -163,63 +194,40 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
   constexpr const char* kflag = "--max-key-bytes";
   constexpr const char* vflag = "--max-value-bytes";
   bool ok = true;
-  switch (op) {
-    case Op::validate:
+  switch (layout_of(op)) {
+    case Layout::u32:
       ok = p.u32(out.u32);
-      if (ok && out.u32 != validation_magic) return error("bad VALIDATE magic");
+      if (ok && op == Op::validate && out.u32 != validation_magic) return error("bad VALIDATE magic");
       break;
-    case Op::ping:
-      ok = p.u32(out.u32);
-      break;
-    case Op::set:
-    case Op::append:
-    case Op::queue_push:
+    case Layout::key_value:
       ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "value", vflag);
       break;
-    case Op::compare_set:
+    case Layout::key_two_values:
       ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "expected value", vflag) &&
            p.str(out.desired, vmax, "desired value", vflag);
       break;
-    case Op::get:
-    case Op::delete_key:
-    case Op::watch_key:
-    case Op::queue_pop:
-    case Op::queue_len:
+    case Layout::key:
       ok = p.str(out.key, kmax, "key", kflag);
       break;
-    case Op::add:
-    case Op::barrier:
+    case Layout::key_number:
       ok = p.str(out.key, kmax, "key", kflag) && p.i64(out.number);
       break;
-    case Op::check:
-    case Op::wait:
-    case Op::multi_get: {
-      std::uint64_t n = 0;
-      ok = p.count(n, limits.max_keys_per_request);
-      for (std::uint64_t i = 0; ok && i < n; ++i) {
-        std::string_view k;
-        ok = p.str(k, kmax, "key", kflag);
-        if (ok) out.keys.push_back(k);
-      }
-      break;
-    }
-    case Op::multi_set: {
+    case Layout::keys:
+    case Layout::key_value_pairs: {
+      const bool pairs = layout_of(op) == Layout::key_value_pairs;
       std::uint64_t n = 0;
       ok = p.count(n, limits.max_keys_per_request);
       for (std::uint64_t i = 0; ok && i < n; ++i) {
         std::string_view k;
         std::string_view v;
-        ok = p.str(k, kmax, "key", kflag) && p.str(v, vmax, "value", vflag);
-        if (ok) {
-          out.keys.push_back(k);
-          out.values.push_back(v);
-        }
+        ok = p.str(k, kmax, "key", kflag) && (!pairs || p.str(v, vmax, "value", vflag));
+        if (!ok) break;
+        out.keys.push_back(k);
+        if (pairs) out.values.push_back(v);
       }
       break;
     }
-    case Op::get_num_keys:
-    case Op::cancel_wait:
-    case Op::list_keys:
+    case Layout::none:
       break;
   }
   if (!ok) return res;
@@ -234,47 +242,36 @@ bool encode_request(std::string& out, Generation gen, const Request& req, std::s
   if (!byte) return false;
   bytes::put_u8(out, *byte);
   const auto key = [&](std::string_view k) { bytes::put_str(out, k, key_prefix); };
-  switch (req.op) {
-    case Op::validate:
-    case Op::ping:
+  switch (layout_of(req.op)) {
+    case Layout::u32:
       bytes::put_u32(out, req.u32);
       break;
-    case Op::compare_set:
+    case Layout::key:
+      key(req.key);
+      break;
+    case Layout::key_value:
+      key(req.key);
+      bytes::put_str(out, req.value);
+      break;
+    case Layout::key_two_values:
       key(req.key);
       bytes::put_str(out, req.value);
       bytes::put_str(out, req.desired);
       break;
-    case Op::set:
-    case Op::append:
-    case Op::queue_push:
-      key(req.key);
-      bytes::put_str(out, req.value);
-      break;
-    case Op::add:
-    case Op::barrier:
+    case Layout::key_number:
       key(req.key);
       bytes::put_i64(out, req.number);
       break;
-    case Op::get:
-    case Op::delete_key:
-    case Op::watch_key:
-    case Op::queue_pop:
-    case Op::queue_len:
-      key(req.key);
-      break;
-    case Op::check:
-    case Op::wait:
-    case Op::multi_get:
-    case Op::multi_set:
+    case Layout::keys:
+    case Layout::key_value_pairs:
       bytes::put_u64(out, req.keys.size());
       for (std::size_t i = 0; i < req.keys.size(); ++i) {
         key(req.keys[i]);
-        if (req.op == Op::multi_set) bytes::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
+        if (layout_of(req.op) != Layout::key_value_pairs) continue;
+        bytes::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
       }
       break;
-    case Op::get_num_keys:
-    case Op::cancel_wait:
-    case Op::list_keys:
+    case Layout::none:
       break;
   }
   return true;

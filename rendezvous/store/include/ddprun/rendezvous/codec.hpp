@@ -44,6 +44,18 @@ struct Request {
   std::uint32_t u32 = 0;      // PING nonce, VALIDATE magic
   std::vector<std::string_view> keys;    // CHECK WAIT MULTI_GET MULTI_SET
   std::vector<std::string_view> values;  // MULTI_SET
+
+  // A fresh request of `o` (the vectors keep their capacity).
+  void reset(Op o) {
+    op = o;
+    key = {};
+    value = {};
+    desired = {};
+    number = 0;
+    u32 = 0;
+    keys.clear();
+    values.clear();
+  }
 };
 
 struct DecoderState {
