@@ -13,7 +13,7 @@
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
 
 namespace asio = boost::asio;
 
@@ -41,10 +41,7 @@ class ClientBackend final : public RendezvousBackend {
         static_(job_mode(config) == JobMode::static_multi_node),
         linger_timer_(io) {}
 
-  ~ClientBackend() override {
-    client_.reset();
-    if (host_service_) host_service_->detach();
-  }
+  ~ClientBackend() override { client_.reset(); }
   ClientBackend(const ClientBackend&) = delete;
   ClientBackend& operator=(const ClientBackend&) = delete;
 
@@ -123,22 +120,17 @@ class ClientBackend final : public RendezvousBackend {
  private:
   // The embedded rendezvous host: a rendezvous service on a store server at `endpoint`.
   void host_embedded(const Endpoint& endpoint) {
-    rendezvous::RendezvousServiceOptions sopts;
-    sopts.token = config_.rdzv.token;
-    auto service = std::make_shared<rendezvous::RendezvousService>(io_, sopts);
-    rendezvous::StoreServerOptions opts;
+    rendezvous::RendezvousServerOptions opts;
     opts.host = bind_host(endpoint.host);
     opts.port = endpoint.port;
-    opts.extension = service;
+    opts.token = config_.rdzv.token;
     try {
-      host_server_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+      host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     } catch (const Error& e) {
       // Another agent on this machine may have just bound it: join that one.
       spdlog::info("not hosting the rendezvous at {} ({}); joining it as a client", endpoint.to_string(), e.message());
       return;
     }
-    service->attach(*host_server_);
-    host_service_ = std::move(service);
     host_server_->start();
     spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint.to_string());
   }
@@ -243,8 +235,7 @@ class ClientBackend final : public RendezvousBackend {
   rendezvous::NodeId node_id_;
   std::vector<std::uint8_t> offer_;
   std::unique_ptr<rendezvous::StoreServer> store_;
-  std::shared_ptr<rendezvous::RendezvousService> host_service_;
-  std::unique_ptr<rendezvous::StoreServer> host_server_;
+  std::unique_ptr<rendezvous::RendezvousServer> host_server_;
   std::unique_ptr<rendezvous::RendezvousClient> client_;
   asio::steady_timer linger_timer_;
   std::function<void()> on_host_stopped_;

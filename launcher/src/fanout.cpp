@@ -31,8 +31,7 @@
 #include "ddprun/common/strings.hpp"
 #include "ddprun/launcher/remote_env.hpp"
 #include "ddprun/launcher/values.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
-#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
 namespace asio = boost::asio;
@@ -215,7 +214,6 @@ class Fanout {
 
   ~Fanout() {
     for (auto& h : hosts_) h.child.reset();  // closes stdin, kills and reaps what is left
-    if (service_) service_->detach();
   }
   Fanout(const Fanout&) = delete;
   Fanout& operator=(const Fanout&) = delete;
@@ -226,20 +224,16 @@ class Fanout {
     run_id_ = plan_.run_id.empty() ? "fanout-" + random_uuid4() : plan_.run_id;
     const std::string token = plan_.rdzv_token.empty() ? random_uuid4() : plan_.rdzv_token;
 
-    rendezvous::RendezvousServiceOptions sopts;
-    sopts.token = token;
-    service_ = std::make_shared<rendezvous::RendezvousService>(io_, sopts);
-    rendezvous::StoreServerOptions opts;
+    rendezvous::RendezvousServerOptions opts;
     opts.host = addr;
     opts.port = 0;
-    opts.extension = service_;
+    opts.token = token;
     try {
-      server_ = std::make_unique<rendezvous::StoreServer>(io_, opts);
+      server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     } catch (const Error& e) {
       throw NetworkError("cannot host the rendezvous on " + addr + ": " + e.message(),
                          "pass --launcher-addr with an address of this machine that every host can reach");
     }
-    service_->attach(*server_);
     server_->start();
     endpoint_ = with_brackets(addr) + ":" + std::to_string(server_->port());
 
@@ -508,8 +502,7 @@ class Fanout {
   asio::io_context io_{1};
   asio::signal_set signals_;
   asio::steady_timer kill_timer_;
-  std::shared_ptr<rendezvous::RendezvousService> service_;
-  std::unique_ptr<rendezvous::StoreServer> server_;
+  std::unique_ptr<rendezvous::RendezvousServer> server_;  // after io_, so destroyed before it
   std::vector<HostRun> hosts_;
   std::string run_id_;
   std::string endpoint_;

@@ -16,7 +16,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -33,8 +32,7 @@
 #include "ddprun/common/sd_notify.hpp"
 #include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/version.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
-#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
 
 namespace {
 
@@ -78,32 +76,27 @@ int main(int argc, char** argv) {
   int port = 29400;
   std::string port_file;
   std::string log_level;  // empty: DDPRUN_LOG_LEVEL / LOGLEVEL, else info
-  // Declared before `options`: the rendezvous service that `options.extension` keeps alive owns
-  // a timer, which must be destroyed while its io_context still exists.
-  boost::asio::io_context io(1);
-  rdzv::StoreServerOptions options;
-  std::string token;
-  std::size_t max_rdzv_payload = rdzv::WireLimits{}.max_payload_bytes;
+  rdzv::RendezvousServerOptions options;
   app.add_option("--host", host, "Address to listen on (0.0.0.0, :: for dual stack, or a local address)")
       ->capture_default_str();
   app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
-  app.add_option("--max-key-bytes", options.limits.max_key_bytes, "Largest key accepted")->capture_default_str();
-  app.add_option("--max-value-bytes", options.limits.max_value_bytes, "Largest value accepted")->capture_default_str();
-  app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
+  app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")->capture_default_str();
+  app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")->capture_default_str();
+  app.add_option("--max-keys-per-request", options.limits.store.max_keys_per_request,
                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
       ->capture_default_str();
-  app.add_option("--max-connections", options.limits.max_connections, "Most open client connections")
+  app.add_option("--max-connections", options.limits.store.max_connections, "Most open client connections")
       ->capture_default_str();
-  app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
+  app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
   auto* token_opt = app.add_option(
-      "--token", token, "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+      "--token", options.token, "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
   std::string token_file;
   app.add_option("--token-file", token_file,
                  "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential")
       ->excludes(token_opt);
-  app.add_option("--max-rdzv-payload-bytes", max_rdzv_payload, "Largest native rendezvous message accepted")
+  app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes, "Largest native rendezvous message accepted")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
@@ -135,37 +128,27 @@ int main(int argc, char** argv) {
     try {
       auto secret = ddprun::read_secret_file(token_file, "--token-file");
       if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-      token = std::move(secret.secret);
+      options.token = std::move(secret.secret);
     } catch (const ddprun::Error& e) {
       std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
       return 2;
     }
   }
-  if (token.empty() && token_file.empty()) {
-    if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) token = env;
+  if (options.token.empty() && token_file.empty()) {
+    if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) options.token = env;
   }
 
+  boost::asio::io_context io(1);  // outlives `server` (declared before it)
   options.host = host;
   options.port = static_cast<std::uint16_t>(port);
-  rdzv::RendezvousServiceOptions service_options;
-  service_options.token = token;
-  service_options.limits.max_payload_bytes = max_rdzv_payload;
-  auto service = std::make_shared<rdzv::RendezvousService>(io, service_options);
-  options.extension = service;
+  options.stop_signals = {SIGINT, SIGTERM};
+  options.on_signal = [&io](int) { io.stop(); };
   try {
-    rdzv::StoreServer server(io, options);
-    service->attach(server);
+    rdzv::RendezvousServer server(io, options);
     server.start();
-    // Handlers first: a service manager may send SIGTERM as soon as it sees readiness.
-    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-      if (ec) return;
-      spdlog::info("received {}, shutting down", signo == SIGINT ? "SIGINT" : "SIGTERM");
-      service->detach();
-      server.stop();
-      io.stop();
-    });
-    if (!token.empty()) {
+    // server.start() installed the SIGINT/SIGTERM handlers: a service manager may send SIGTERM
+    // as soon as it sees readiness.
+    if (!options.token.empty()) {
       spdlog::info("rendezvous joins must carry the token ({})",
                    token_file.empty() ? "--token / DDPRUN_RDZV_TOKEN" : "--token-file " + token_file);
     }
@@ -175,7 +158,6 @@ int main(int argc, char** argv) {
     if (const auto ready = ddprun::notify_ready(listening); !ready.error.empty()) {
       spdlog::warn("cannot tell systemd the daemon is ready: {}", ready.error);
     }
-
     io.run();
     return 0;
   } catch (const ddprun::Error& e) {

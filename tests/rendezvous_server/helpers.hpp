@@ -23,12 +23,12 @@
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/codec.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
-#include "ddprun/rendezvous/wire.hpp"
+#include "ddprun/rendezvous/bytes.hpp"
 
 namespace test {
 
 namespace rdzv = ddprun::rendezvous;
-namespace wire = ddprun::rendezvous::wire;
+namespace wire = ddprun::rendezvous::bytes;
 
 // "03 0500000000000000" -> bytes (spaces ignored).
 inline std::string hex(std::string_view text) {

@@ -1,4 +1,4 @@
-// RendezvousService + RendezvousClient over real loopback sockets: a StoreServer with the
+// RendezvousServer + RendezvousClient over real loopback sockets: a StoreServer with the
 // service installed on port 0, and several clients on the same io_context thread (the test's).
 // Every wait is a condition checked while the io_context runs, bounded by a deadline.
 #include <catch2/catch.hpp>
@@ -14,8 +14,8 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
-#include "ddprun/rendezvous/rendezvous_service.hpp"
-#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/rendezvous_server.hpp"
+#include "ddprun/rendezvous/timers.hpp"
 
 namespace rdzv = ddprun::rendezvous;
 using namespace std::chrono_literals;
@@ -23,29 +23,19 @@ using namespace std::chrono_literals;
 namespace {
 
 struct Daemon {
-  Daemon(boost::asio::io_context& io, std::uint16_t port, std::string token = {}) {
-    rdzv::RendezvousServiceOptions so;
-    so.token = std::move(token);
-    service = std::make_shared<rdzv::RendezvousService>(io, so);
-    rdzv::StoreServerOptions options;
+  Daemon(boost::asio::io_context& io, std::uint16_t port, std::string token = {},
+         rdzv::Timers& timers = rdzv::Timers::steady()) {
+    rdzv::RendezvousServerOptions options;
     options.host = "127.0.0.1";
     options.port = port;
-    options.extension = service;
-    server = std::make_unique<rdzv::StoreServer>(io, options);
-    service->attach(*server);
+    options.token = std::move(token);
+    server = std::make_unique<rdzv::RendezvousServer>(io, options, timers);
     server->start();
   }
-  ~Daemon() { stop(); }
-  void stop() {
-    if (!server) return;
-    service->detach();
-    server->stop();
-    server.reset();
-  }
+  void stop() { server.reset(); }
   std::uint16_t port() const { return server->port(); }
 
-  std::shared_ptr<rdzv::RendezvousService> service;
-  std::unique_ptr<rdzv::StoreServer> server;
+  std::unique_ptr<rdzv::RendezvousServer> server;
 };
 
 rdzv::JobConfig test_config(int min_nodes, int max_nodes, int max_restarts = 1) {
@@ -86,7 +76,8 @@ rdzv::NodeInfo node_info(int i) {
 }
 
 std::unique_ptr<Agent> make_agent(boost::asio::io_context& io, std::uint16_t port, int i, rdzv::JobConfig config,
-                                  std::string token = {}, ddprun::Duration give_up = 10s, std::string run_id = "job1") {
+                                  std::string token = {}, ddprun::Duration give_up = 10s, std::string run_id = "job1",
+                                  rdzv::Timers& timers = rdzv::Timers::steady()) {
   auto a = std::make_unique<Agent>();
   a->index = i;
   rdzv::RendezvousClientOptions o;
@@ -108,7 +99,7 @@ std::unique_ptr<Agent> make_agent(boost::asio::io_context& io, std::uint16_t por
   ev.on_refused = [p](const std::string& why) { p->refused = why; };
   ev.on_progress = [p](const std::string& text) { p->progress.push_back(text); };
   ev.on_unreachable = [p](const std::string& why) { p->unreachable = why; };
-  a->client = std::make_unique<rdzv::RendezvousClient>(io, o, ev);
+  a->client = std::make_unique<rdzv::RendezvousClient>(io, o, ev, timers);
   return a;
 }
 
@@ -167,9 +158,10 @@ void check_consistent(const Agents& agents, std::uint64_t round, int restart_cou
   for (const auto* as : by_rank) CHECK(as->master_port == master_port);
 }
 
-Agents start_job(boost::asio::io_context& io, std::uint16_t port, int count, rdzv::JobConfig config) {
+Agents start_job(boost::asio::io_context& io, std::uint16_t port, int count, rdzv::JobConfig config,
+                 rdzv::Timers& timers = rdzv::Timers::steady()) {
   Agents agents;
-  for (int i = 0; i < count; ++i) agents.push_back(make_agent(io, port, i, config));
+  for (int i = 0; i < count; ++i) agents.push_back(make_agent(io, port, i, config, {}, 10s, "job1", timers));
   for (auto& a : agents) a->client->join();
   return agents;
 }
@@ -177,22 +169,36 @@ Agents start_job(boost::asio::io_context& io, std::uint16_t port, int count, rdz
 }  // namespace
 
 TEST_CASE("three agents join a 2:4 job and get one consistent round after the last call", "[service]") {
+  rdzv::ManualTimers timers;  // protocol time moves only when the test says so; outlives io
   boost::asio::io_context io(1);
-  Daemon d(io, 0);
-  auto agents = start_job(io, d.port(), 3, test_config(2, 4));
-  const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.assignments.empty(); }); }));
+  Daemon d(io, 0, {}, timers);
+  auto agents = start_job(io, d.port(), 3, test_config(2, 4), timers);
+  REQUIRE(run_until(io, [&] {
+    const auto* job = d.server->registry().find("job1");
+    return job != nullptr && job->count(rdzv::MemberRole::joined) == 3;
+  }));
   // The round closes at the last call (200 ms after min was reached), not before.
-  CHECK(std::chrono::steady_clock::now() - t0 >= 150ms);
+  timers.advance(150ms);
+  if (io.stopped()) io.restart();
+  io.poll();  // runs every handler the advance made due
+  CHECK(d.server->registry().find("job1")->state() == rdzv::JobState::waiting);
+  CHECK(all(agents, [](const Agent& a) { return a.assignments.empty(); }));
+  timers.advance(50ms);
+  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.assignments.empty(); }); }));
   check_consistent(agents, 0, 0);
   for (const auto& a : agents) {
     CHECK(a->client->current_assignment() == a->assignments.back());
     CHECK(a->client->connected());
     CHECK_FALSE(a->progress.empty());
   }
-  // Heartbeats keep the round alive well past the lease (5 x 100 ms).
-  bool never = false;
-  run_until(io, [&] { return never; }, 800ms);
+  // Heartbeats keep the round alive well past the lease (5 x 100 ms): eight heartbeat
+  // intervals, each step waiting until the daemon has read the three heartbeats it triggered.
+  for (int step = 0; step < 8; ++step) {
+    const auto frames = d.server->service_stats().frames;
+    timers.advance(100ms);
+    REQUIRE(run_until(io, [&] { return d.server->service_stats().frames >= frames + 3; }));
+  }
+  CHECK(d.server->registry().find("job1")->state() == rdzv::JobState::running);
   for (const auto& a : agents) {
     CHECK(a->restarts.empty());
     CHECK(a->assignments.size() == 1);
@@ -241,9 +247,9 @@ TEST_CASE("all nodes succeeding completes the job everywhere", "[service]") {
   Daemon d(io, 0);
   auto agents = start_job(io, d.port(), 2, test_config(2, 2));
   REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.assignments.empty(); }); }));
+  const auto frames = d.server->service_stats().frames;
   agents[0]->client->report_success(0);
-  bool never = false;
-  run_until(io, [&] { return never; }, 200ms);
+  REQUIRE(run_until(io, [&] { return d.server->service_stats().frames > frames; }));  // the daemon read it
   CHECK_FALSE(agents[0]->completed);  // the exit barrier waits for node 1
   agents[1]->client->report_success(0);
   REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return a.completed; }); }));
@@ -283,7 +289,7 @@ TEST_CASE("a daemon restart on the same port: agents reconnect, rejoin and keep 
   d = std::make_unique<Daemon>(io, port);
   REQUIRE(run_until(io, [&] {
     if (!all(agents, [](const Agent& a) { return a.client->connected(); })) return false;
-    const auto* job = d->service->registry().find("job1");
+    const auto* job = d->server->registry().find("job1");
     if (job == nullptr || job->state() != rdzv::JobState::running) return false;
     const auto st = job->status(std::chrono::steady_clock::now());
     if (st.members.size() != 3) return false;
@@ -305,18 +311,24 @@ TEST_CASE("a daemon restart on the same port: agents reconnect, rejoin and keep 
 }
 
 TEST_CASE("a daemon gone for good is reported within give_up_after, naming host:port", "[service]") {
+  rdzv::ManualTimers timers;  // outlives io (a client's pending handlers hold its timers)
   boost::asio::io_context io(1);
-  auto d = std::make_unique<Daemon>(io, 0);
+  auto d = std::make_unique<Daemon>(io, 0, std::string{}, timers);
   const std::uint16_t port = d->port();
-  auto a = make_agent(io, port, 0, test_config(1, 1), {}, 1s);
+  auto a = make_agent(io, port, 0, test_config(1, 1), {}, 1s, "job1", timers);
   a->client->join();
   REQUIRE(run_until(io, [&] { return !a->assignments.empty(); }));
   d.reset();
-  const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(run_until(io, [&] { return !a->unreachable.empty(); }, 5s));
-  const auto took = std::chrono::steady_clock::now() - t0;
-  CHECK(took >= 900ms);
-  CHECK(took < 3s);
+  REQUIRE(run_until(io, [&] { return !a->client->connected(); }));
+  // Every reconnect attempt fails at once (nothing listens); between attempts only the backoff
+  // timer is armed, so jump to it, until the client gives up.
+  const auto t0 = timers.now();
+  while (a->unreachable.empty() && timers.now() - t0 < 10s) {
+    REQUIRE(run_until(io, [&] { return timers.armed() > 0 || !a->unreachable.empty(); }));
+    if (a->unreachable.empty()) timers.advance_to_next();
+  }
+  REQUIRE_FALSE(a->unreachable.empty());
+  CHECK(timers.now() - t0 == 1s);  // exactly give_up_after: the last backoff is clipped to it
   CHECK_THAT(a->unreachable, Catch::Contains("127.0.0.1:" + std::to_string(port)));
   CHECK_THAT(a->unreachable, Catch::Contains("unreachable for 1 s"));
   CHECK_THAT(a->unreachable, Catch::Contains("ddprun-rdzvd"));
@@ -359,9 +371,6 @@ TEST_CASE("query_status reports jobs, rounds and members", "[service]") {
   CHECK(st.jobs[0].members[0].role == rdzv::MemberRole::participant);
   CHECK(st.jobs[1].run_id == "job2");
   CHECK(st.jobs[1].state == rdzv::JobState::waiting);
-  const std::string text = rdzv::format_status(st);
-  CHECK_THAT(text, Catch::Contains("job 'job1': running"));
-  CHECK_THAT(text, Catch::Contains("job 'job2': waiting"));
 
   auto one = std::async(std::launch::async, [&] {
     return rdzv::query_status(ddprun::Endpoint{"127.0.0.1", d.port()}, "job2", 5000ms);

@@ -35,7 +35,7 @@ JobConfig cfg(int min_nodes, int max_nodes, int max_restarts = 0) {
 }
 
 template <class T>
-std::vector<T> of(const Actions& actions) {
+std::vector<T> of(const Decisions& actions) {
   std::vector<T> out;
   for (const auto& a : actions) {
     if (const T* t = std::get_if<T>(&a)) out.push_back(*t);
@@ -44,7 +44,7 @@ std::vector<T> of(const Actions& actions) {
 }
 
 template <class T>
-std::vector<T> for_node(const Actions& actions, const NodeId& id) {
+std::vector<T> for_node(const Decisions& actions, const NodeId& id) {
   std::vector<T> out;
   for (const T& t : of<T>(actions)) {
     if (t.node == id) out.push_back(t);
@@ -53,7 +53,7 @@ std::vector<T> for_node(const Actions& actions, const NodeId& id) {
 }
 
 // Assignment of `id` among the actions; fails the test if absent.
-Assignment assignment_of(const Actions& actions, const NodeId& id) {
+Assignment assignment_of(const Decisions& actions, const NodeId& id) {
   auto sends = for_node<SendAssignment>(actions, id);
   REQUIRE(sends.size() == 1);
   return sends.front().assignment;
@@ -64,17 +64,17 @@ struct Fixture {
   RendezvousRegistry reg;
   std::string job = "job7";
 
-  Actions join(const NodeInfo& n, const JobConfig& c) {
+  Decisions join(const NodeInfo& n, const JobConfig& c) {
     return reg.join(job, JoinRequest{n, c, {}}, clock.now());
   }
-  Actions tick() { return reg.on_tick(clock.now()); }
+  Decisions tick() { return reg.on_tick(clock.now()); }
   // Heartbeats every given node (keeps leases alive while time passes).
   void beat(const std::vector<NodeInfo>& nodes) {
     for (const auto& n : nodes) REQUIRE(reg.heartbeat(job, n.id, clock.now()).empty());
   }
   // Advance in heartbeat-sized steps so leases of `alive` never expire.
-  Actions advance(ddprun::Duration d, const std::vector<NodeInfo>& alive) {
-    Actions all;
+  Decisions advance(ddprun::Duration d, const std::vector<NodeInfo>& alive) {
+    Decisions all;
     while (d > ddprun::Duration::zero()) {
       const auto step = std::min<ddprun::Duration>(d, 1s);
       clock.advance(step);
@@ -125,7 +125,7 @@ TEST_CASE("min reached starts the last call; the round closes at the deadline wi
   REQUIRE(of<Progress>(a).size() == 2);
   REQUIRE(for_node<Progress>(a, node(2).id).size() == 1);
   CHECK(for_node<Progress>(a, node(2).id)[0].text == "waiting for nodes: 2/2 joined (min 2, max 4), last call in 30 s");
-  const auto broadcasts = [](const Actions& acts) {
+  const auto broadcasts = [](const Decisions& acts) {
     std::vector<Progress> out;
     for (const auto& p : of<Progress>(acts))
       if (p.broadcast) out.push_back(p);

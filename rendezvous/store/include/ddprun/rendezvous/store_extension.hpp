@@ -5,9 +5,8 @@
 // >= extension_opcode_base (0x40) — as the first byte of a connection or at any later request
 // boundary — is not parsed by the TCPStore codec: the server hands the buffered bytes to the
 // installed extension (StoreServerOptions::extension). Without an extension such a frame is a
-// protocol error and closes the connection. The later native-rendezvous issue implements this
-// interface (join / heartbeat / wait-for-assignment pushed by the server); docs/protocol.md
-// describes the contract.
+// protocol error and closes the connection. RendezvousService (elastic/) implements this
+// interface for the native rendezvous frames; docs/protocol.md describes the contract.
 //
 // Called only on the server's io_context thread, like everything else in the server.
 #include <cstddef>

@@ -99,14 +99,11 @@ using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, S
 // Appends one frame. Throws ddprun::Error only if the payload exceeds 4 GiB (never in practice).
 void encode_client(std::string& out, const ClientMessage& message);
 void encode_server(std::string& out, const ServerMessage& message);
-void encode_action(std::string& out, const Action& action);
+void encode_decision(std::string& out, const Decision& action);
 
 // Decodes one frame at the start of `buffer`. A server->client op on the server side (and the
 // reverse) is an error.
 DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, ClientMessage& out);
 DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, ServerMessage& out);
-
-// `ddprun status` text for a registry snapshot (one block per job, members in group-rank order).
-std::string format_status(const RegistryStatus& status);
 
 }  // namespace ddprun::rendezvous

@@ -2,34 +2,31 @@
 
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <type_traits>
 
 #include "ddprun/rendezvous/store_server.hpp"
 
 namespace ddprun::rendezvous {
 
-struct RendezvousService::Timer {
-  explicit Timer(boost::asio::io_context& io) : timer(io) {}
-  boost::asio::steady_timer timer;
-};
-
 RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
-                                     const Clock& clock)
-    : io_(io),
-      options_(std::move(options)),
-      clock_(clock),
+                                     Timers& timers)
+    : options_(std::move(options)),
+      clock_(timers.clock()),
       registry_(options_.token),
-      timer_(std::make_unique<Timer>(io)) {}
+      timer_(timers.make_timer(io)) {}
 
-RendezvousService::~RendezvousService() { timer_->timer.cancel(); }
+RendezvousService::~RendezvousService() = default;
 
 void RendezvousService::attach(StoreServer& server) { server_ = &server; }
 void RendezvousService::detach() {
   server_ = nullptr;
-  timer_->timer.cancel();
+  if (timer_) timer_->cancel();
   armed_.reset();
+}
+
+void RendezvousService::shutdown() {
+  detach();
+  timer_.reset();
 }
 
 RendezvousServiceStats RendezvousService::stats() const {
@@ -130,13 +127,8 @@ void RendezvousService::on_disconnect(ConnectionId conn) {
   rearm();
 }
 
-void RendezvousService::on_reset() {
-  // The server closes every connection right after this (on_disconnect follows for each); the
-  // jobs themselves survive a key-space reset.
-}
-
-void RendezvousService::apply(const Actions& actions, const NodeId* origin) {
-  for (const Action& action : actions) {
+void RendezvousService::apply(const Decisions& actions, const NodeId* origin) {
+  for (const Decision& action : actions) {
     if (const auto* p = std::get_if<Progress>(&action); p != nullptr && p->broadcast) {
       broadcast_progress(*p, origin);
       continue;
@@ -150,7 +142,7 @@ void RendezvousService::apply(const Actions& actions, const NodeId* origin) {
       continue;
     }
     scratch_.clear();
-    encode_action(scratch_, action);
+    encode_decision(scratch_, action);
     emit(it->second, scratch_);
   }
 }
@@ -177,7 +169,7 @@ void RendezvousService::broadcast_progress(const Progress& progress, const NodeI
     if (it == conn_of_.end()) continue;
     one.node = std::move(node);
     scratch_.clear();
-    encode_action(scratch_, one);
+    encode_decision(scratch_, one);
     emit(it->second, scratch_);
   }
 }
@@ -192,16 +184,15 @@ void RendezvousService::emit(ConnectionId conn, std::string_view bytes) {
 }
 
 void RendezvousService::rearm() {
+  if (!timer_) return;  // shut down: nothing is armed any more
   const std::optional<TimePoint> next = registry_.next_deadline();
   if (next == armed_) return;
   armed_ = next;
   if (!next) {
-    timer_->timer.cancel();
+    timer_->cancel();
     return;
   }
-  timer_->timer.expires_at(*next);
-  timer_->timer.async_wait([weak = weak_from_this(), at = *next](const boost::system::error_code& ec) {
-    if (ec) return;
+  timer_->arm(*next, [weak = weak_from_this(), at = *next] {
     auto self = weak.lock();
     if (!self || self->armed_ != at) return;
     self->armed_.reset();

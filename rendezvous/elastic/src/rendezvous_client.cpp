@@ -1,3 +1,22 @@
+// RendezvousClient (rendezvous_client.hpp has the contract).
+//
+// Link state (LinkState), one value at a time; every transition is made in one place:
+//
+//   from         event                                   to
+//   -----------  --------------------------------------  ---------------------------------
+//   idle         join() / report while unregistered      connecting
+//   connecting   connected                               connected (JOIN/REJOIN if wanted)
+//   connecting   resolve/connect failed or timed out     retry_wait, or stopped (give up)
+//   retry_wait   backoff timer fired                     connecting
+//   connected    read/write error, EOF, protocol error   retry_wait, or stopped (give up)
+//   connected    leave() while registered                leaving (LEAVE queued)
+//   leaving      LEAVE written, or the write failed      stopped
+//   any          stop(), job failed/completed, refused   stopped (final)
+//
+// Registration (Registration) is separate: none -> join_wanted (join() while not connected)
+// -> registered (a JOIN or REJOIN was sent; every later connect sends REJOIN with the current
+// assignment). The one remaining flag, write_in_flight, belongs to the write pipeline: at most
+// one async_write at a time, whatever the link state.
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 
 #include <fmt/format.h>
@@ -32,36 +51,36 @@ std::string seconds_text(Duration d) { return format_seconds(d); }
 }  // namespace
 
 struct ClientCore : std::enable_shared_from_this<ClientCore> {
-  ClientCore(asio::io_context& io_, RendezvousClientOptions opts, RendezvousEvents ev)
-      : io(io_),
-        options(std::move(opts)),
+  enum class LinkState : std::uint8_t { idle, connecting, retry_wait, connected, leaving, stopped };
+  enum class Registration : std::uint8_t { none, join_wanted, registered };
+
+  ClientCore(asio::io_context& io_, RendezvousClientOptions opts, RendezvousEvents ev, Timers& timers_)
+      : options(std::move(opts)),
         events(std::move(ev)),
+        timers(timers_),
         socket(io_),
         resolver(io_),
-        heartbeat_timer(io_),
-        retry_timer(io_),
+        heartbeat_timer(timers_.make_timer(io_)),
+        retry_timer(timers_.make_timer(io_)),
         connect_timer(io_),
         backoff(Backoff::Options{std::chrono::milliseconds(50), std::chrono::seconds(2), 2.0, 0.5}) {}
 
-  asio::io_context& io;
   RendezvousClientOptions options;
   RendezvousEvents events;
+  Timers& timers;
   tcp::socket socket;
   tcp::resolver resolver;
-  asio::steady_timer heartbeat_timer;
-  asio::steady_timer retry_timer;
+  std::unique_ptr<Timer> heartbeat_timer;  // protocol time: Timers
+  std::unique_ptr<Timer> retry_timer;
+  // Bounds one OS-level connect attempt (a SYN to a dead host): real time, not protocol time.
   asio::steady_timer connect_timer;
   Backoff backoff;
   WireLimits limits;
 
   // The connection generation: handlers of an older connection ignore their completions.
   std::uint64_t generation = 0;
-  bool is_connected = false;
-  bool connecting = false;
-  bool stopped = false;
-  bool leaving = false;   // LEAVE queued: stop once it is written
-  bool registered = false;  // a JOIN/REJOIN was sent once: reconnects send REJOIN
-  bool want_join = false;   // join() called and not yet sent
+  LinkState link = LinkState::idle;
+  Registration registration = Registration::none;
   std::optional<Assignment> assignment;
   std::optional<TimePoint> unreachable_since;
   std::string last_error;
@@ -70,12 +89,15 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   std::size_t in_begin = 0;
   std::string pending;   // frames queued for the current connection
   std::string writing;   // owned by the async_write in flight
-  bool write_in_flight = false;
+  bool write_in_flight = false;  // the write pipeline: one async_write at a time
   // Success/failure reports of the current round, re-sent after every REJOIN: a report written
   // just before the daemon died may never have been read, and the registry ignores duplicates.
   std::vector<std::string> reports;
 
   std::string endpoint_text() const { return options.server.to_string(); }
+  bool stopped() const { return link == LinkState::stopped; }
+  bool is_connected() const { return link == LinkState::connected || link == LinkState::leaving; }
+  bool registered() const { return registration == Registration::registered; }
 
   // ---- outgoing ----
 
@@ -85,7 +107,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   void start_write() {
-    if (!is_connected || write_in_flight || pending.empty()) return;
+    if (!is_connected() || write_in_flight || pending.empty()) return;
     writing.swap(pending);
     pending.clear();
     write_in_flight = true;
@@ -96,35 +118,34 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
                         if (gen != self->generation) return;
                         self->write_in_flight = false;
                         self->writing.clear();
-                        if (self->stopped) return;
+                        if (self->stopped()) return;
                         if (ec) {
                           self->connection_lost(fmt::format("write failed: {}", ec.message()));
                           return;
                         }
                         self->start_write();
-                        if (self->leaving && !self->write_in_flight) self->stop();
+                        if (self->link == LinkState::leaving && !self->write_in_flight) self->stop();
                       });
   }
 
   void send_join_or_rejoin() {
-    if (!registered && want_join) {
+    if (registration == Registration::join_wanted) {
       reports.clear();
       send_frame(JoinMessage{options.run_id, JoinRequest{options.node, options.config, options.token}});
     } else {
       send_frame(RejoinMessage{options.run_id, RejoinRequest{options.node, options.config, options.token, assignment}});
       for (const auto& frame : reports) pending.append(frame);
     }
-    registered = true;
-    want_join = false;
+    registration = Registration::registered;
     start_write();
   }
 
   // A report: sent now if registered, else after the next (re)registration.
   void report(const ClientMessage& m) {
-    if (stopped || leaving) return;
+    if (stopped() || link == LinkState::leaving) return;
     std::string frame;
     encode_client(frame, m);
-    if (is_connected && registered) {
+    if (is_connected() && registered()) {
       pending.append(frame);
       start_write();
     } else {
@@ -135,19 +156,20 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // ---- connection management ----
 
+  // Only from idle: connecting and connected need nothing, retry_wait connects when its
+  // backoff timer fires.
   void ensure_connecting() {
-    if (stopped || is_connected || connecting || retry_timer.expiry() > std::chrono::steady_clock::now()) return;
-    connect();
+    if (link == LinkState::idle) connect();
   }
 
   void connect() {
-    if (stopped) return;
-    connecting = true;
+    if (stopped()) return;
+    link = LinkState::connecting;
     const std::uint64_t gen = ++generation;
     resolver.async_resolve(
         options.server.host, std::to_string(options.server.port),
         [self = shared_from_this(), gen](boost::system::error_code ec, tcp::resolver::results_type results) {
-          if (gen != self->generation || self->stopped) return;
+          if (gen != self->generation || self->stopped()) return;
           if (ec) {
             self->connect_failed(fmt::format("cannot resolve '{}': {}", self->options.server.host, ec.message()));
             return;
@@ -155,14 +177,14 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
           self->connect_timer.expires_after(connect_attempt_limit);
           self->connect_timer.async_wait([weak = std::weak_ptr<ClientCore>(self), gen](boost::system::error_code tec) {
             auto s = weak.lock();
-            if (tec || !s || gen != s->generation || !s->connecting) return;
+            if (tec || !s || gen != s->generation || s->link != LinkState::connecting) return;
             boost::system::error_code ignored;
             s->socket.close(ignored);  // the pending connect completes with operation_aborted
           });
           asio::async_connect(self->socket, results,
                               [self, gen](boost::system::error_code cec, const tcp::endpoint&) {
                                 self->connect_timer.cancel();
-                                if (gen != self->generation || self->stopped) return;
+                                if (gen != self->generation || self->stopped()) return;
                                 if (cec) {
                                   self->connect_failed(cec == asio::error::operation_aborted
                                                            ? std::string("connect timed out")
@@ -175,8 +197,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   void on_connected() {
-    connecting = false;
-    is_connected = true;
+    link = LinkState::connected;
     unreachable_since.reset();
     backoff.reset();
     boost::system::error_code ec;
@@ -185,13 +206,12 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     in_begin = 0;
     pending.clear();
     spdlog::debug("rendezvous: connected to {}", endpoint_text());
-    if (registered || want_join) send_join_or_rejoin();
+    if (registration != Registration::none) send_join_or_rejoin();
     start_read();
     arm_heartbeat();
   }
 
   void connect_failed(std::string why) {
-    connecting = false;
     boost::system::error_code ec;
     socket.close(ec);
     last_error = std::move(why);
@@ -199,17 +219,16 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   void connection_lost(std::string why) {
-    if (stopped) return;
-    if (leaving) {
+    if (stopped()) return;
+    if (link == LinkState::leaving) {
       stop();
       return;
     }
     spdlog::warn("rendezvous: connection to {} lost ({}); reconnecting", endpoint_text(), why);
-    is_connected = false;
     ++generation;
     boost::system::error_code ec;
     socket.close(ec);
-    heartbeat_timer.cancel();
+    heartbeat_timer->cancel();
     write_in_flight = false;  // the socket is closed: the aborted write no longer reads `writing`
     writing.clear();
     pending.clear();
@@ -217,9 +236,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     schedule_reconnect();
   }
 
+  // From connecting (failed) or connected (lost): retry_wait, or stopped when the server has
+  // been unreachable for give_up_after.
   void schedule_reconnect() {
-    if (stopped) return;
-    const TimePoint now = std::chrono::steady_clock::now();
+    if (stopped()) return;
+    const TimePoint now = timers.clock().now();
     if (!unreachable_since) unreachable_since = now;
     const Duration down = now - *unreachable_since;
     if (down >= options.give_up_after) {
@@ -228,9 +249,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
     Duration delay = std::chrono::duration_cast<Duration>(backoff.next_delay());
     delay = std::min(delay, options.give_up_after - down);
-    retry_timer.expires_after(delay);
-    retry_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (ec || self->stopped) return;
+    link = LinkState::retry_wait;
+    retry_timer->arm(now + delay, [self = shared_from_this()] {
+      if (self->link != LinkState::retry_wait) return;
       self->connect();
     });
   }
@@ -245,11 +266,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   void arm_heartbeat() {
-    if (stopped || !is_connected) return;
-    heartbeat_timer.expires_after(options.config.heartbeat_interval);
-    heartbeat_timer.async_wait([self = shared_from_this(), gen = generation](boost::system::error_code ec) {
-      if (ec || self->stopped || gen != self->generation || !self->is_connected) return;
-      if (self->registered) self->send_frame(HeartbeatMessage{self->options.run_id, self->options.node.id});
+    if (!is_connected()) return;
+    heartbeat_timer->arm(timers.clock().now() + options.config.heartbeat_interval, [self = shared_from_this(),
+                                                                                    gen = generation] {
+      if (gen != self->generation || !self->is_connected()) return;
+      if (self->registered()) self->send_frame(HeartbeatMessage{self->options.run_id, self->options.node.id});
       self->arm_heartbeat();
     });
   }
@@ -266,7 +287,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     socket.async_read_some(asio::buffer(in.data() + old, in.size() - old),
                            [self = shared_from_this(), gen = generation, old](boost::system::error_code ec,
                                                                               std::size_t n) {
-                             if (gen != self->generation || self->stopped) return;
+                             if (gen != self->generation || self->stopped()) return;
                              self->in.resize(old + n);
                              if (ec) {
                                self->connection_lost(ec == asio::error::eof ? std::string("closed by the server")
@@ -274,7 +295,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
                                return;
                              }
                              self->process();
-                             if (gen != self->generation || self->stopped) return;
+                             if (gen != self->generation || self->stopped()) return;
                              self->start_read();
                            });
   }
@@ -283,7 +304,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     // Keep ourselves alive: a callback may destroy the RendezvousClient.
     auto keep = shared_from_this();
     const std::uint64_t gen = generation;
-    while (!stopped && gen == generation) {
+    while (!stopped() && gen == generation) {
       ServerMessage msg;
       DecodeResult r = decode_server(std::string_view(in).substr(in_begin), limits, msg);
       if (r.status == DecodeStatus::need_more) break;
@@ -294,7 +315,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       in_begin += r.consumed;
       dispatch(msg);
     }
-    if (in_begin > 0 && !stopped && gen == generation) {
+    if (in_begin > 0 && !stopped() && gen == generation) {
       in.erase(0, in_begin);
       in_begin = 0;
     }
@@ -332,17 +353,16 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         msg);
   }
 
+  // Any state -> stopped (final).
   void stop() {
-    if (stopped) return;
-    stopped = true;
+    if (stopped()) return;
+    link = LinkState::stopped;
     ++generation;
     write_in_flight = false;
-    is_connected = false;
-    connecting = false;
     boost::system::error_code ec;
     resolver.cancel();
-    heartbeat_timer.cancel();
-    retry_timer.cancel();
+    heartbeat_timer->cancel();
+    retry_timer->cancel();
     connect_timer.cancel();
     if (socket.is_open()) {
       socket.shutdown(tcp::socket::shutdown_both, ec);
@@ -357,8 +377,10 @@ struct RendezvousClient::Impl {
   ClientCore& operator*() const { return *core; }
 };
 
-RendezvousClient::RendezvousClient(asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events)
-    : impl_(std::make_unique<Impl>(Impl{std::make_shared<ClientCore>(io, std::move(options), std::move(events))})) {}
+RendezvousClient::RendezvousClient(asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events,
+                                   Timers& timers)
+    : impl_(std::make_unique<Impl>(
+          Impl{std::make_shared<ClientCore>(io, std::move(options), std::move(events), timers)})) {}
 
 RendezvousClient::~RendezvousClient() {
   if (impl_) impl_->core->stop();
@@ -368,21 +390,17 @@ void RendezvousClient::set_nccl_ids(std::vector<std::uint8_t> ids) { impl_->core
 
 void RendezvousClient::join() {
   auto& s = *impl_->core;
-  if (s.stopped || s.leaving) return;
+  if (s.stopped() || s.link == ClientCore::LinkState::leaving) return;
   s.assignment.reset();
   s.reports.clear();
-  if (s.is_connected) {
-    s.want_join = true;
-    if (s.registered) {
-      // A known node joining again: the server treats a JOIN from a member as "next round".
-      s.send_frame(JoinMessage{s.options.run_id, JoinRequest{s.options.node, s.options.config, s.options.token}});
-    } else {
-      s.send_join_or_rejoin();
-    }
-    s.want_join = false;
+  if (s.registration != ClientCore::Registration::registered) s.registration = ClientCore::Registration::join_wanted;
+  if (!s.is_connected()) {
+    s.ensure_connecting();  // the JOIN (or REJOIN when registered) goes out once connected
+  } else if (s.registered()) {
+    // A known node joining again: the server treats a JOIN from a member as "next round".
+    s.send_frame(JoinMessage{s.options.run_id, JoinRequest{s.options.node, s.options.config, s.options.token}});
   } else {
-    s.want_join = true;
-    s.ensure_connecting();
+    s.send_join_or_rejoin();
   }
 }
 
@@ -398,15 +416,16 @@ void RendezvousClient::report_success(std::uint64_t round) {
 
 void RendezvousClient::leave() {
   auto& s = *impl_->core;
-  if (s.stopped || s.leaving) return;
-  if (!s.is_connected || !s.registered) {
+  if (s.stopped() || s.link == ClientCore::LinkState::leaving) return;
+  if (!s.is_connected() || !s.registered()) {
     s.stop();
     return;
   }
-  // Send LEAVE after whatever is queued, then stop once it is written (or the write fails).
-  s.leaving = true;
-  s.heartbeat_timer.cancel();
-  s.retry_timer.cancel();
+  // connected -> leaving: send LEAVE after whatever is queued, then stop once it is written
+  // (or the write fails).
+  s.link = ClientCore::LinkState::leaving;
+  s.heartbeat_timer->cancel();
+  s.retry_timer->cancel();
   s.send_frame(LeaveMessage{s.options.run_id, s.options.node.id});
 }
 
@@ -414,7 +433,7 @@ void RendezvousClient::stop() { impl_->core->stop(); }
 
 const std::optional<Assignment>& RendezvousClient::current_assignment() const { return impl_->core->assignment; }
 
-bool RendezvousClient::connected() const { return impl_->core->is_connected; }
+bool RendezvousClient::connected() const { return impl_->core->is_connected(); }
 
 RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout) {
   asio::io_context io(1);

@@ -9,13 +9,14 @@
 // still speaks for a node reports `disconnected` (a reconnect within one heartbeat interval
 // keeps the node). Progress lines are throttled per job: the node whose message caused them
 // always gets its line, the other waiting nodes at most one per progress_interval (a round of
-// N joins would otherwise push N^2/2 lines). One asio::steady_timer is armed at registry.next_deadline() after every
-// event and tick; nothing polls. STATUS frames get a STATUS_REPLY snapshot.
+// N joins would otherwise push N^2/2 lines). One asio::steady_timer is armed at
+// registry.next_deadline() after every event and tick (a Timer of timers.hpp); nothing polls. STATUS frames get a STATUS_REPLY snapshot.
 //
-// Lifetime: create it with std::make_shared, put it in StoreServerOptions::extension, build the
-// StoreServer, then call attach(server) so that timer-driven pushes reach the sockets; call
-// detach() (or let the server go) before destroying the server. Not thread-safe: everything
-// runs on the io_context thread that runs the server.
+// Lifetime: RendezvousServer (rendezvous_server.hpp) does the wiring: it creates the service with
+// std::make_shared, installs it as StoreServerOptions::extension, builds the StoreServer, calls
+// attach(server) so that timer-driven pushes reach the sockets, and detach()/shutdown() before
+// the server and the io_context go. Not thread-safe: everything runs on the io_context thread
+// that runs the server.
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "ddprun/rendezvous/rendezvous_state.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 #include "ddprun/rendezvous/store_extension.hpp"
+#include "ddprun/rendezvous/timers.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -52,8 +54,9 @@ struct RendezvousServiceStats {
 
 class RendezvousService final : public StoreExtension, public std::enable_shared_from_this<RendezvousService> {
  public:
+  // `timers`: the clock of every decision and the one deadline timer (tests: ManualTimers).
   RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
-                    const Clock& clock = SteadyClock::instance());
+                    Timers& timers = Timers::steady());
   ~RendezvousService() override;
   RendezvousService(const RendezvousService&) = delete;
   RendezvousService& operator=(const RendezvousService&) = delete;
@@ -62,15 +65,17 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // through the server's outbox and need no attach.
   void attach(StoreServer& server);
   void detach();
+  // detach() and release the timer for good: later events still update the registry but arm
+  // nothing. After this the service holds no object of the io_context, so it may outlive it.
+  void shutdown();
 
   DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override;
   void on_disconnect(ConnectionId conn) override;
-  void on_reset() override;
+  // on_reset: the default (nothing). The server closes every connection right after a reset
+  // (on_disconnect follows for each); the jobs themselves survive a key-space reset.
 
   const RendezvousRegistry& registry() const { return registry_; }
   RendezvousServiceStats stats() const;
-
-  struct Timer;
 
  private:
   struct NodeKey {
@@ -82,13 +87,12 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   void handle(ConnectionId conn, ClientMessage& message);
   void bind(ConnectionId conn, const std::string& run_id, const NodeId& node);
   // `origin`: the node whose message produced the actions (null for timer ticks).
-  void apply(const Actions& actions, const NodeId* origin = nullptr);
+  void apply(const Decisions& actions, const NodeId* origin = nullptr);
   void broadcast_progress(const Progress& progress, const NodeId* origin);
   void emit(ConnectionId conn, std::string_view bytes);
   void rearm();
   void on_timer();
 
-  boost::asio::io_context& io_;
   RendezvousServiceOptions options_;
   const Clock& clock_;
   RendezvousRegistry registry_;

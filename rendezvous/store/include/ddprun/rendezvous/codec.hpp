@@ -44,6 +44,18 @@ struct Request {
   std::uint32_t u32 = 0;      // PING nonce, VALIDATE magic
   std::vector<std::string_view> keys;    // CHECK WAIT MULTI_GET MULTI_SET
   std::vector<std::string_view> values;  // MULTI_SET
+
+  // A fresh request of `o` (the vectors keep their capacity).
+  void reset(Op o) {
+    op = o;
+    key = {};
+    value = {};
+    desired = {};
+    number = 0;
+    u32 = 0;
+    keys.clear();
+    values.clear();
+  }
 };
 
 struct DecoderState {
@@ -65,9 +77,10 @@ struct DecodeResult {
 DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits,
                             Request& out);
 
-// Appends the wire form of `req` for generation `gen` (used by tests, the fuzzer's seed
-// generator and clients). Returns false when `gen` lacks the op.
-bool encode_request(std::string& out, Generation gen, const Request& req);
+// Appends the wire form of `req` for generation `gen` (the store client, tests and the fuzzer's
+// seed generator). Every key (`key`, `keys`) is sent as `key_prefix` + key, without the caller
+// building the concatenation. Returns false when `gen` lacks the op.
+bool encode_request(std::string& out, Generation gen, const Request& req, std::string_view key_prefix = {});
 
 // Response encoders (identical in both generations).
 namespace reply {

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "ddprun/rendezvous/wire.hpp"
+#include "ddprun/rendezvous/bytes.hpp"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -25,7 +25,7 @@ class FieldParser {
 
   bool u64(std::uint64_t& v) {
     if (!need(8)) return false;
-    v = load(8);
+    v = load<std::uint64_t>();
     return true;
   }
   bool i64(std::int64_t& v) {
@@ -36,13 +36,13 @@ class FieldParser {
   }
   bool u32(std::uint32_t& v) {
     if (!need(4)) return false;
-    v = static_cast<std::uint32_t>(load(4));
+    v = load<std::uint32_t>();
     return true;
   }
   // Length-prefixed string; the limit is checked as soon as the length is readable.
   bool str(std::string_view& out, std::size_t max_len, const char* what, const char* flag) {
     if (!need(8)) return false;
-    const std::uint64_t len = load(8);
+    const auto len = load<std::uint64_t>();
     if (len > max_len) {
       res_.status = DecodeStatus::error;
       res_.reason = fmt::format("{} {} length {} exceeds the limit of {} bytes ({})", op_name(op_), what,
@@ -79,12 +79,11 @@ class FieldParser {
     }
     return true;
   }
-  std::uint64_t load(std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      v |= static_cast<std::uint64_t>(static_cast<unsigned char>(buf_[pos_ + i])) << (8 * i);
-    }
-    pos_ += n;
+  // REQUIRES: need(sizeof(T)) held.
+  template <class T>
+  T load() {
+    const T v = bytes::load_le<T>(buf_.data() + pos_);
+    pos_ += sizeof(T);
     return v;
   }
 
@@ -93,6 +92,44 @@ class FieldParser {
   DecodeResult& res_;
   Op op_;
 };
+
+// The field layout of every op: the one mapping the decoder and the encoder share.
+enum class Layout : std::uint8_t {
+  u32,             // VALIDATE magic, PING nonce
+  key,             // GET DELETE_KEY WATCH_KEY QUEUE_POP QUEUE_LEN
+  key_value,       // SET APPEND QUEUE_PUSH
+  key_two_values,  // COMPARE_SET: key, expected, desired
+  key_number,      // ADD delta, BARRIER world size
+  keys,            // CHECK WAIT MULTI_GET: count + keys
+  key_value_pairs, // MULTI_SET: count + (key, value) pairs
+  none,            // GETNUMKEYS CANCEL_WAIT LIST_KEYS
+};
+
+constexpr Layout layout_of(Op op) {
+  switch (op) {
+    case Op::validate:
+    case Op::ping: return Layout::u32;
+    case Op::get:
+    case Op::delete_key:
+    case Op::watch_key:
+    case Op::queue_pop:
+    case Op::queue_len: return Layout::key;
+    case Op::set:
+    case Op::append:
+    case Op::queue_push: return Layout::key_value;
+    case Op::compare_set: return Layout::key_two_values;
+    case Op::add:
+    case Op::barrier: return Layout::key_number;
+    case Op::check:
+    case Op::wait:
+    case Op::multi_get: return Layout::keys;
+    case Op::multi_set: return Layout::key_value_pairs;
+    case Op::get_num_keys:
+    case Op::cancel_wait:
+    case Op::list_keys: return Layout::none;
+  }
+  return Layout::none;
+}
 
 DecodeResult error(std::string reason) {
   DecodeResult r;
@@ -149,14 +186,7 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
     return error("repeated VALIDATE (it must be the first and only handshake of a connection)");
   }
 
-  out.op = op;
-  out.key = {};
-  out.value = {};
-  out.desired = {};
-  out.number = 0;
-  out.u32 = 0;
-  out.keys.clear();
-  out.values.clear();
+  out.reset(op);
 
   FieldParser p(buffer, 1, res, op);
   const std::size_t kmax = limits.max_key_bytes;
@@ -164,63 +194,40 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
   constexpr const char* kflag = "--max-key-bytes";
   constexpr const char* vflag = "--max-value-bytes";
   bool ok = true;
-  switch (op) {
-    case Op::validate:
+  switch (layout_of(op)) {
+    case Layout::u32:
       ok = p.u32(out.u32);
-      if (ok && out.u32 != validation_magic) return error("bad VALIDATE magic");
+      if (ok && op == Op::validate && out.u32 != validation_magic) return error("bad VALIDATE magic");
       break;
-    case Op::ping:
-      ok = p.u32(out.u32);
-      break;
-    case Op::set:
-    case Op::append:
-    case Op::queue_push:
+    case Layout::key_value:
       ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "value", vflag);
       break;
-    case Op::compare_set:
+    case Layout::key_two_values:
       ok = p.str(out.key, kmax, "key", kflag) && p.str(out.value, vmax, "expected value", vflag) &&
            p.str(out.desired, vmax, "desired value", vflag);
       break;
-    case Op::get:
-    case Op::delete_key:
-    case Op::watch_key:
-    case Op::queue_pop:
-    case Op::queue_len:
+    case Layout::key:
       ok = p.str(out.key, kmax, "key", kflag);
       break;
-    case Op::add:
-    case Op::barrier:
+    case Layout::key_number:
       ok = p.str(out.key, kmax, "key", kflag) && p.i64(out.number);
       break;
-    case Op::check:
-    case Op::wait:
-    case Op::multi_get: {
-      std::uint64_t n = 0;
-      ok = p.count(n, limits.max_keys_per_request);
-      for (std::uint64_t i = 0; ok && i < n; ++i) {
-        std::string_view k;
-        ok = p.str(k, kmax, "key", kflag);
-        if (ok) out.keys.push_back(k);
-      }
-      break;
-    }
-    case Op::multi_set: {
+    case Layout::keys:
+    case Layout::key_value_pairs: {
+      const bool pairs = layout_of(op) == Layout::key_value_pairs;
       std::uint64_t n = 0;
       ok = p.count(n, limits.max_keys_per_request);
       for (std::uint64_t i = 0; ok && i < n; ++i) {
         std::string_view k;
         std::string_view v;
-        ok = p.str(k, kmax, "key", kflag) && p.str(v, vmax, "value", vflag);
-        if (ok) {
-          out.keys.push_back(k);
-          out.values.push_back(v);
-        }
+        ok = p.str(k, kmax, "key", kflag) && (!pairs || p.str(v, vmax, "value", vflag));
+        if (!ok) break;
+        out.keys.push_back(k);
+        if (pairs) out.values.push_back(v);
       }
       break;
     }
-    case Op::get_num_keys:
-    case Op::cancel_wait:
-    case Op::list_keys:
+    case Layout::none:
       break;
   }
   if (!ok) return res;
@@ -230,72 +237,59 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
   return res;
 }
 
-bool encode_request(std::string& out, Generation gen, const Request& req) {
+bool encode_request(std::string& out, Generation gen, const Request& req, std::string_view key_prefix) {
   const auto byte = encode_op(gen, req.op);
   if (!byte) return false;
-  wire::put_u8(out, *byte);
-  switch (req.op) {
-    case Op::validate:
-    case Op::ping:
-      wire::put_u32(out, req.u32);
+  bytes::put_u8(out, *byte);
+  const auto key = [&](std::string_view k) { bytes::put_str(out, k, key_prefix); };
+  switch (layout_of(req.op)) {
+    case Layout::u32:
+      bytes::put_u32(out, req.u32);
       break;
-    case Op::set:
-    case Op::append:
-    case Op::queue_push:
-      wire::put_str(out, req.key);
-      wire::put_str(out, req.value);
+    case Layout::key:
+      key(req.key);
       break;
-    case Op::compare_set:
-      wire::put_str(out, req.key);
-      wire::put_str(out, req.value);
-      wire::put_str(out, req.desired);
+    case Layout::key_value:
+      key(req.key);
+      bytes::put_str(out, req.value);
       break;
-    case Op::get:
-    case Op::delete_key:
-    case Op::watch_key:
-    case Op::queue_pop:
-    case Op::queue_len:
-      wire::put_str(out, req.key);
+    case Layout::key_two_values:
+      key(req.key);
+      bytes::put_str(out, req.value);
+      bytes::put_str(out, req.desired);
       break;
-    case Op::add:
-    case Op::barrier:
-      wire::put_str(out, req.key);
-      wire::put_i64(out, req.number);
+    case Layout::key_number:
+      key(req.key);
+      bytes::put_i64(out, req.number);
       break;
-    case Op::check:
-    case Op::wait:
-    case Op::multi_get:
-      wire::put_u64(out, req.keys.size());
-      for (auto k : req.keys) wire::put_str(out, k);
-      break;
-    case Op::multi_set:
-      wire::put_u64(out, req.keys.size());
+    case Layout::keys:
+    case Layout::key_value_pairs:
+      bytes::put_u64(out, req.keys.size());
       for (std::size_t i = 0; i < req.keys.size(); ++i) {
-        wire::put_str(out, req.keys[i]);
-        wire::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
+        key(req.keys[i]);
+        if (layout_of(req.op) != Layout::key_value_pairs) continue;
+        bytes::put_str(out, i < req.values.size() ? req.values[i] : std::string_view{});
       }
       break;
-    case Op::get_num_keys:
-    case Op::cancel_wait:
-    case Op::list_keys:
+    case Layout::none:
       break;
   }
   return true;
 }
 
 namespace reply {
-void u8(std::string& out, std::uint8_t v) { wire::put_u8(out, v); }
-void i64(std::string& out, std::int64_t v) { wire::put_i64(out, v); }
-void u32(std::string& out, std::uint32_t v) { wire::put_u32(out, v); }
-void str(std::string& out, std::string_view s) { wire::put_str(out, s); }
-void check(std::string& out, CheckResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
-void wait(std::string& out, WaitResponse r) { wire::put_u8(out, static_cast<std::uint8_t>(r)); }
+void u8(std::string& out, std::uint8_t v) { bytes::put_u8(out, v); }
+void i64(std::string& out, std::int64_t v) { bytes::put_i64(out, v); }
+void u32(std::string& out, std::uint32_t v) { bytes::put_u32(out, v); }
+void str(std::string& out, std::string_view s) { bytes::put_str(out, s); }
+void check(std::string& out, CheckResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
+void wait(std::string& out, WaitResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
 void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
                  std::string_view new_value) {
-  wire::put_u8(out, static_cast<std::uint8_t>(type));
-  wire::put_str(out, key);
-  wire::put_str(out, old_value);
-  wire::put_str(out, new_value);
+  bytes::put_u8(out, static_cast<std::uint8_t>(type));
+  bytes::put_str(out, key);
+  bytes::put_str(out, old_value);
+  bytes::put_str(out, new_value);
 }
 }  // namespace reply
 

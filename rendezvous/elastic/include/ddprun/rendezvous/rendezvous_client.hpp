@@ -11,6 +11,12 @@
 // unreachable for longer than options.give_up_after, on_unreachable reports it (naming
 // host:port and what was tried) and the client stops.
 //
+// State: one link state (idle -> connecting -> connected, with retry_wait between attempts,
+// leaving while a LEAVE is written, stopped for good) and a registration (none, join wanted,
+// registered); the transition table is at the top of rendezvous_client.cpp. Protocol time
+// (heartbeats, reconnect backoff, give_up_after) comes from a Timers (timers.hpp): tests pass
+// ManualTimers and advance it instead of sleeping.
+//
 // Not thread-safe: every member and every callback runs on the io_context thread. Callbacks
 // may call back into the client (e.g. join() from on_restart).
 #include <chrono>
@@ -24,6 +30,7 @@
 #include "ddprun/common/clock.hpp"
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
+#include "ddprun/rendezvous/timers.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -54,7 +61,8 @@ struct RendezvousEvents {
 
 class RendezvousClient {
  public:
-  RendezvousClient(boost::asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events);
+  RendezvousClient(boost::asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events,
+                   Timers& timers = Timers::steady());
   ~RendezvousClient();
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;

@@ -1,111 +1,28 @@
-// Rendezvous decisions: see rendezvous_state.hpp for the contract and the transition table.
-#include "ddprun/rendezvous/rendezvous_state.hpp"
+// RendezvousJob events and round transitions (rendezvous_job.hpp has the contract and the
+// transition table).
+#include "ddprun/rendezvous/rendezvous_job.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <utility>
 
+#include "rendezvous_job_detail.hpp"
+
 namespace ddprun::rendezvous {
 
-namespace {
+using detail::nnodes;
+using detail::node_label;
+using detail::until;
 
-std::string node_label(const NodeInfo& info) {
-  return info.addr.empty() ? info.id.to_string() : info.addr + " (" + info.id.to_string() + ")";
-}
-
-std::string nnodes(int min_nodes, int max_nodes) {
-  return min_nodes == max_nodes ? std::to_string(min_nodes)
-                                : fmt::format("{}:{}", min_nodes, max_nodes);
-}
-
-Duration until(TimePoint deadline, TimePoint now) {
-  return deadline > now ? deadline - now : Duration::zero();
-}
-
-}  // namespace
-
-std::string format_seconds(Duration d) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-  if (ms % 1000 == 0) return fmt::format("{} s", ms / 1000);
-  std::string text = fmt::format("{:.3f}", static_cast<double>(ms) / 1000.0);
-  while (text.back() == '0') text.pop_back();
-  return text + " s";
-}
-
-std::string NodeId::to_string() const { return fmt::format("{}:{}/{}", addr, pid, instance); }
-
-std::string JobConfig::validate() const {
-  if (min_nodes < 1) return fmt::format("min_nodes must be >= 1, got {}", min_nodes);
-  if (max_nodes < min_nodes)
-    return fmt::format("max_nodes ({}) must be >= min_nodes ({})", max_nodes, min_nodes);
-  if (max_restarts < 0) return fmt::format("max_restarts must be >= 0, got {}", max_restarts);
-  if (missed_heartbeats < 1)
-    return fmt::format("missed_heartbeats must be >= 1, got {}", missed_heartbeats);
-  const std::pair<const char*, Duration> positive[] = {
-      {"join_timeout", join_timeout},           {"last_call_timeout", last_call_timeout},
-      {"close_timeout", close_timeout},         {"heartbeat_interval", heartbeat_interval},
-      {"exit_barrier_timeout", exit_barrier_timeout}, {"rebuild_grace", rebuild_grace}};
-  for (const auto& [name, value] : positive) {
-    if (value <= Duration::zero())
-      return fmt::format("{} must be > 0, got {}", name, format_seconds(value));
-  }
-  return {};
-}
-
-int WorkerFailure::ddprun_exit_code() const {
-  if (signal) return 128 + *signal;
-  if (exit_code && *exit_code != 0) return *exit_code;
-  return 1;
-}
-
-std::string RootCause::describe() const {
-  std::string text = fmt::format("rank {} (local rank {} on node {}, group rank {})",
-                                 failure.global_rank, failure.local_rank,
-                                 node_addr.empty() ? failure.node.to_string() : node_addr,
-                                 group_rank);
-  if (failure.signal) {
-    text += fmt::format(" was killed by signal {}", *failure.signal);
-  } else if (failure.exit_code) {
-    text += fmt::format(" exited with code {}", *failure.exit_code);
-  } else {
-    text += " failed";
-  }
-  if (!failure.message.empty()) text += ": " + failure.message;
-  return text;
-}
-
-const char* to_string(JobState state) {
-  switch (state) {
-    case JobState::waiting: return "waiting";
-    case JobState::running: return "running";
-    case JobState::completed: return "completed";
-    case JobState::failed: return "failed";
-  }
-  return "?";
-}
-
-const char* to_string(MemberRole role) {
-  switch (role) {
-    case MemberRole::joined: return "joined";
-    case MemberRole::expected: return "expected";
-    case MemberRole::participant: return "participant";
-    case MemberRole::late: return "late";
-  }
-  return "?";
-}
-
-// ---------------------------------------------------------------------------------------------
-// RendezvousJob
 
 RendezvousJob::RendezvousJob(std::string run_id, JobConfig config, TimePoint now)
     : run_id_(std::move(run_id)),
       config_(config),
-      round_started_(now),
       join_deadline_(now + config.join_timeout) {}
 
 RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& request,
-                                     TimePoint now, Actions& out) {
+                                     TimePoint now, Decisions& out) {
   const Assignment& a = *request.assignment;
   RendezvousJob job(std::move(run_id), request.config, now);
   job.state_ = JobState::running;
@@ -181,32 +98,6 @@ void RendezvousJob::set_lease(Member& m, TimePoint deadline) {
   m.lease_it = leases_.emplace_hint(leases_.end(), deadline, key);
 }
 
-std::string RendezvousJob::audit() const {
-  int roles[4] = {0, 0, 0, 0};
-  int succeeded = 0;
-  std::string diffs;
-  auto add = [&diffs](const std::string& text) { diffs += diffs.empty() ? text : "; " + text; };
-  for (const auto& [id, m] : members_) {
-    ++roles[static_cast<int>(m.role)];
-    succeeded += m.succeeded ? 1 : 0;
-    // Sizes equal and every member owning a distinct matching entry: a bijection.
-    if (m.lease_it->second != &id || m.lease_it->first != m.lease_deadline) {
-      add(fmt::format("lease index entry of {} does not match its lease", id.to_string()));
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    if (roles[r] != role_count_[r]) {
-      add(fmt::format("{} count {} != {} members", to_string(static_cast<MemberRole>(r)),
-                      role_count_[r], roles[r]));
-    }
-  }
-  if (succeeded != succeeded_count_)
-    add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
-  if (leases_.size() != members_.size())
-    add(fmt::format("lease index holds {} entries for {} members", leases_.size(), members_.size()));
-  return diffs;
-}
-
 std::string RendezvousJob::config_mismatch(const JobConfig& requested) const {
   std::string diffs;
   auto add = [&diffs](const std::string& text) {
@@ -227,7 +118,7 @@ std::string RendezvousJob::config_mismatch(const JobConfig& requested) const {
                      run_id_, diffs);
 }
 
-Actions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) const {
+Decisions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) const {
   if (state_ == JobState::completed) {
     if (members_.count(node) != 0) return {SendJobCompleted{run_id_, node}};
     return {Refuse{run_id_, node,
@@ -247,61 +138,7 @@ Actions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) const
                                                          : Duration::zero()))}};
 }
 
-std::string RendezvousJob::progress_text(TimePoint now) const {
-  switch (state_) {
-    case JobState::waiting: {
-      const int joined = count(MemberRole::joined);
-      const int expected = count(MemberRole::expected);
-      const int target = std::max(config_.min_nodes, joined + expected);
-      std::string text =
-          fmt::format("waiting for nodes: {}/{} joined (min {}, max {})", joined, target,
-                      config_.min_nodes, config_.max_nodes);
-      if (joined >= config_.min_nodes && last_call_) {
-        text += ", last call in " + format_seconds(until(*last_call_, now));
-      } else {
-        text += ", join timeout in " + format_seconds(until(join_deadline_, now));
-      }
-      return text;
-    }
-    case JobState::running: {
-      const int participants = count(MemberRole::participant);
-      if (exit_barrier_) {
-        return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", succeeded_count_,
-                           participants + static_cast<int>(absent_ranks_.size()),
-                           format_seconds(until(*exit_barrier_, now)));
-      }
-      return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants,
-                         restarts_used_, config_.max_restarts);
-    }
-    case JobState::completed: return "completed";
-    case JobState::failed: return "failed: " + result_reason_;
-  }
-  return {};
-}
-
-void RendezvousJob::send_progress(Actions& out, TimePoint now, const NodeId* origin) const {
-  if (state_ != JobState::waiting) return;
-  const std::string text = progress_text(now);
-  int others = count(MemberRole::joined);
-  if (origin != nullptr) {
-    auto it = members_.find(*origin);
-    if (it != members_.end() && it->second.role == MemberRole::joined) {
-      out.push_back(Progress{run_id_, it->first, text});
-      --others;
-    }
-  }
-  if (others > 0) out.push_back(Progress{run_id_, NodeId{}, text, /*broadcast=*/true});
-}
-
-std::vector<NodeId> RendezvousJob::joined_nodes() const {
-  std::vector<NodeId> out;
-  for (const auto& [id, m] : members_) {
-    if (m.role == MemberRole::joined) out.push_back(id);
-  }
-  return out;
-}
-
-void RendezvousJob::evaluate_waiting(Actions& out, TimePoint now) {
+void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
   if (state_ != JobState::waiting) return;
   const int joined = count(MemberRole::joined);
   const int expected = count(MemberRole::expected);
@@ -326,7 +163,7 @@ void RendezvousJob::evaluate_waiting(Actions& out, TimePoint now) {
   }
 }
 
-void RendezvousJob::close_round(Actions& out) {
+void RendezvousJob::close_round(Decisions& out) {
   std::vector<Member*> roster;
   for (auto& [id, m] : members_) {
     if (m.role == MemberRole::joined) roster.push_back(&m);
@@ -392,12 +229,11 @@ void RendezvousJob::close_round(Actions& out) {
   }
 }
 
-void RendezvousJob::end_round(Actions& out, RoundEnd kind, const std::string& reason,
+void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& reason,
                               TimePoint now) {
   const std::uint64_t ended = round_;
   ++round_;
   state_ = JobState::waiting;
-  round_started_ = now;
   join_deadline_ = now + config_.join_timeout;
   last_call_.reset();
   exit_barrier_.reset();
@@ -423,7 +259,7 @@ void RendezvousJob::end_round(Actions& out, RoundEnd kind, const std::string& re
   send_progress(out, now);
 }
 
-void RendezvousJob::fail_job(Actions& out, const std::string& reason,
+void RendezvousJob::fail_job(Decisions& out, const std::string& reason,
                              std::optional<RootCause> cause, int exit_code, TimePoint now) {
   state_ = JobState::failed;
   result_reason_ = reason;
@@ -438,7 +274,7 @@ void RendezvousJob::fail_job(Actions& out, const std::string& reason,
   }
 }
 
-void RendezvousJob::complete_job(Actions& out, TimePoint now) {
+void RendezvousJob::complete_job(Decisions& out, TimePoint now) {
   state_ = JobState::completed;
   result_exit_code_ = 0;
   gc_deadline_ = now + config_.close_timeout;
@@ -447,7 +283,7 @@ void RendezvousJob::complete_job(Actions& out, TimePoint now) {
   for (const auto& [id, m] : members_) out.push_back(SendJobCompleted{run_id_, id});
 }
 
-void RendezvousJob::check_completion(Actions& out, TimePoint now) {
+void RendezvousJob::check_completion(Decisions& out, TimePoint now) {
   if (state_ != JobState::running || !exit_barrier_ || !absent_ranks_.empty()) return;
   // Only participants ever succeed (set_succeeded), so this is "every participant succeeded".
   if (succeeded_count_ < count(MemberRole::participant)) return;
@@ -458,7 +294,7 @@ void RendezvousJob::mark_gc_if_empty(TimePoint now) {
   if (closed_ && members_.empty() && !gc_deadline_) gc_deadline_ = now + config_.close_timeout;
 }
 
-void RendezvousJob::remove_members(Actions& out, const std::vector<NodeId>& ids,
+void RendezvousJob::remove_members(Decisions& out, const std::vector<NodeId>& ids,
                                    const std::string& reason, TimePoint now) {
   bool running_participant_lost = false;
   for (const NodeId& id : ids) {
@@ -488,9 +324,9 @@ void RendezvousJob::remove_members(Actions& out, const std::vector<NodeId>& ids,
   }
 }
 
-Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, TimePoint now) {
+Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, TimePoint now) {
   if (finished()) return final_result_for(node.id, now);
-  Actions out;
+  Decisions out;
   if (std::string why = config_mismatch(requested); !why.empty()) {
     out.push_back(Refuse{run_id_, node.id, why});
     return out;
@@ -560,13 +396,13 @@ Actions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, Ti
   return out;
 }
 
-Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
+Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
   const NodeId& id = request.node.id;
   if (finished()) return final_result_for(id, now);
   if (std::string why = config_mismatch(request.config); !why.empty())
     return {Refuse{run_id_, id, why}};
   const std::optional<Assignment>& a = request.assignment;
-  auto restart_stale = [&](std::uint64_t old_round) -> Actions {
+  auto restart_stale = [&](std::uint64_t old_round) -> Decisions {
     return {SendRestart{run_id_, id, old_round, RoundEnd::membership_change, restarts_used_,
                         fmt::format("round {} of rendezvous '{}' is over (now at round {}); "
                                     "stop the workers and join again",
@@ -588,9 +424,9 @@ Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
       return restart_stale(a->round);  // it missed the SendRestart
     }
     if (m->role == MemberRole::joined) {
-      Actions out;
+      Decisions out;
       send_progress(out, now, &id);
-      if (std::none_of(out.begin(), out.end(), [&](const Action& x) {
+      if (std::none_of(out.begin(), out.end(), [&](const Decision& x) {
             const auto* p = std::get_if<Progress>(&x);
             return p != nullptr && p->node == id;
           })) {
@@ -622,7 +458,7 @@ Actions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
   return restart_stale(a->round);
 }
 
-Actions RendezvousJob::heartbeat(const NodeId& node, TimePoint now) {
+Decisions RendezvousJob::heartbeat(const NodeId& node, TimePoint now) {
   if (finished()) return final_result_for(node, now);
   Member* m = find(node);
   if (m == nullptr) {
@@ -635,7 +471,7 @@ Actions RendezvousJob::heartbeat(const NodeId& node, TimePoint now) {
   return {};
 }
 
-Actions RendezvousJob::disconnected(const NodeId& node, TimePoint now) {
+Decisions RendezvousJob::disconnected(const NodeId& node, TimePoint now) {
   Member* m = find(node);
   if (m == nullptr || finished()) return {};
   set_lease(*m, std::min(m->lease_deadline, now + config_.heartbeat_interval));
@@ -643,17 +479,17 @@ Actions RendezvousJob::disconnected(const NodeId& node, TimePoint now) {
   return {};
 }
 
-Actions RendezvousJob::leave(const NodeId& node, TimePoint now) {
+Decisions RendezvousJob::leave(const NodeId& node, TimePoint now) {
   if (finished()) return {};
-  Actions out;
+  Decisions out;
   Member* m = find(node);
   if (m == nullptr) return out;
   remove_members(out, {node}, fmt::format("node {} left", node_label(m->info)), now);
   return out;
 }
 
-Actions RendezvousJob::worker_failed(const WorkerFailure& failure, TimePoint now) {
-  Actions out;
+Decisions RendezvousJob::worker_failed(const WorkerFailure& failure, TimePoint now) {
+  Decisions out;
   if (state_ != JobState::running || failure.round != round_) return out;  // stale
   Member* m = find(failure.node);
   if (m == nullptr || m->role != MemberRole::participant) return out;
@@ -675,8 +511,8 @@ Actions RendezvousJob::worker_failed(const WorkerFailure& failure, TimePoint now
   return out;
 }
 
-Actions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, TimePoint now) {
-  Actions out;
+Decisions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, TimePoint now) {
+  Decisions out;
   if (finished()) return final_result_for(node, now);
   if (state_ != JobState::running || round != round_) return out;  // stale
   Member* m = find(node);
@@ -689,14 +525,14 @@ Actions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, TimePo
   return out;
 }
 
-Actions RendezvousJob::close(TimePoint now) {
+Decisions RendezvousJob::close(TimePoint now) {
   closed_ = true;
   mark_gc_if_empty(now);
   return {};
 }
 
-Actions RendezvousJob::on_tick(TimePoint now) {
-  Actions out;
+Decisions RendezvousJob::on_tick(TimePoint now) {
+  Decisions out;
   if (finished()) return out;
   // Expired leases come first in the index; report them in node order, as a scan would.
   std::vector<const NodeId*> expired;
@@ -753,212 +589,6 @@ Actions RendezvousJob::on_tick(TimePoint now) {
   }
   evaluate_waiting(out, now);
   return out;
-}
-
-std::optional<TimePoint> RendezvousJob::next_deadline() const {
-  std::optional<TimePoint> best;
-  auto consider = [&best](std::optional<TimePoint> t) {
-    if (t && (!best || *t < *best)) best = t;
-  };
-  consider(gc_deadline_);
-  if (finished()) return best;
-  if (!leases_.empty()) consider(leases_.begin()->first);
-  if (state_ == JobState::waiting) {
-    if (count(MemberRole::joined) >= config_.min_nodes) {
-      consider(last_call_);
-    } else {
-      consider(join_deadline_);
-    }
-  } else {
-    consider(exit_barrier_);
-    if (!absent_ranks_.empty()) consider(rebuild_deadline_);
-  }
-  return best;
-}
-
-bool RendezvousJob::collectable(TimePoint now) const {
-  return gc_deadline_ && now >= *gc_deadline_ && (finished() || members_.empty());
-}
-
-JobStatus RendezvousJob::status(TimePoint now) const {
-  JobStatus s;
-  s.run_id = run_id_;
-  s.state = state_;
-  s.closed = closed_;
-  s.round = round_;
-  s.min_nodes = config_.min_nodes;
-  s.max_nodes = config_.max_nodes;
-  s.restarts_used = restarts_used_;
-  s.max_restarts = config_.max_restarts;
-  std::vector<const Member*> ordered;
-  for (const auto& [id, m] : members_) ordered.push_back(&m);
-  std::sort(ordered.begin(), ordered.end(), [](const Member* a, const Member* b) {
-    const bool ra = a->group_rank >= 0;
-    const bool rb = b->group_rank >= 0;
-    if (ra != rb) return ra;
-    if (ra) return a->group_rank < b->group_rank;
-    return a->join_seq < b->join_seq;
-  });
-  for (const Member* m : ordered) {
-    MemberStatus ms;
-    ms.id = m->info.id;
-    ms.addr = m->info.addr;
-    ms.local_world_size = m->info.local_world_size;
-    ms.role = m->role;
-    ms.group_rank = m->group_rank;
-    ms.succeeded = m->succeeded;
-    ms.disconnected = m->disconnected;
-    ms.last_heartbeat_age = now > m->last_heartbeat ? now - m->last_heartbeat : Duration::zero();
-    ms.lease_left = until(m->lease_deadline, now);
-    s.members.push_back(ms);
-  }
-  if (state_ == JobState::waiting) {
-    if (count(MemberRole::joined) >= config_.min_nodes && last_call_) {
-      s.last_call_in = until(*last_call_, now);
-    } else {
-      s.join_timeout_in = until(join_deadline_, now);
-    }
-  }
-  if (state_ == JobState::running) {
-    if (exit_barrier_) s.exit_barrier_in = until(*exit_barrier_, now);
-    if (rebuild_deadline_ && !absent_ranks_.empty()) s.rebuild_in = until(*rebuild_deadline_, now);
-  }
-  if (gc_deadline_) s.gc_in = until(*gc_deadline_, now);
-  s.progress = progress_text(now);
-  s.result = state_ == JobState::failed ? result_reason_ : std::string{};
-  s.last_failure = last_failure_;
-  return s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// RendezvousRegistry
-
-std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token,
-                                              const NodeInfo& node,
-                                              const JobConfig& config) const {
-  if (!token_.empty() && token != token_) {
-    return "token mismatch: the daemon requires --rdzv-conf token=... or DDPRUN_RDZV_TOKEN "
-           "with the value it was started with";
-  }
-  if (run_id.empty()) return "empty rendezvous id: pass --rdzv-id";
-  if (node.local_world_size < 1) {
-    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1",
-                       node.id.to_string(), node.local_world_size);
-  }
-  if (std::string why = config.validate(); !why.empty())
-    return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
-  return {};
-}
-
-Actions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request,
-                                 TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
-      !why.empty()) {
-    return {Refuse{run_id, request.node.id, why}};
-  }
-  auto it = jobs_.find(run_id);
-  if (it == jobs_.end()) it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
-  return it->second.join(request.node, request.config, now);
-}
-
-Actions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request,
-                                   TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
-      !why.empty()) {
-    return {Refuse{run_id, request.node.id, why}};
-  }
-  auto it = jobs_.find(run_id);
-  if (it != jobs_.end()) return it->second.rejoin(request, now);
-  if (!request.assignment) {
-    it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
-    return it->second.join(request.node, request.config, now);
-  }
-  const Assignment& a = *request.assignment;
-  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size ||
-      a.restart_count < 0) {
-    return {Refuse{run_id, request.node.id,
-                   fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
-                               "(group rank {} of {}, restart count {})",
-                               run_id, a.group_rank, a.group_world_size, a.restart_count)}};
-  }
-  Actions out;
-  jobs_.emplace(run_id, RendezvousJob::rebuild(run_id, request, now, out));
-  return out;
-}
-
-Actions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId& node,
-                                      TimePoint now) {
-  auto it = jobs_.find(run_id);
-  if (it == jobs_.end()) {
-    return {AskRejoin{run_id, node,
-                      fmt::format("rendezvous '{}' is not known to this daemon (restarted?); "
-                                  "send rejoin with the current assignment",
-                                  run_id)}};
-  }
-  return it->second.heartbeat(node, now);
-}
-
-Actions RendezvousRegistry::disconnected(const std::string& run_id, const NodeId& node,
-                                         TimePoint now) {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Actions{} : it->second.disconnected(node, now);
-}
-
-Actions RendezvousRegistry::leave(const std::string& run_id, const NodeId& node, TimePoint now) {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Actions{} : it->second.leave(node, now);
-}
-
-Actions RendezvousRegistry::worker_failed(const std::string& run_id, const WorkerFailure& failure,
-                                          TimePoint now) {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Actions{} : it->second.worker_failed(failure, now);
-}
-
-Actions RendezvousRegistry::succeeded(const std::string& run_id, const NodeId& node,
-                                      std::uint64_t round, TimePoint now) {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Actions{} : it->second.succeeded(node, round, now);
-}
-
-Actions RendezvousRegistry::close(const std::string& run_id, TimePoint now) {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Actions{} : it->second.close(now);
-}
-
-Actions RendezvousRegistry::on_tick(TimePoint now) {
-  Actions out;
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    Actions job_actions = it->second.on_tick(now);
-    out.insert(out.end(), std::make_move_iterator(job_actions.begin()),
-               std::make_move_iterator(job_actions.end()));
-    if (it->second.collectable(now)) {
-      it = jobs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return out;
-}
-
-std::optional<TimePoint> RendezvousRegistry::next_deadline() const {
-  std::optional<TimePoint> best;
-  for (const auto& [id, job] : jobs_) {
-    const auto t = job.next_deadline();
-    if (t && (!best || *t < *best)) best = t;
-  }
-  return best;
-}
-
-RegistryStatus RendezvousRegistry::status(TimePoint now) const {
-  RegistryStatus s;
-  for (const auto& [id, job] : jobs_) s.jobs.push_back(job.status(now));
-  return s;
-}
-
-const RendezvousJob* RendezvousRegistry::find(const std::string& run_id) const {
-  auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? nullptr : &it->second;
 }
 
 }  // namespace ddprun::rendezvous

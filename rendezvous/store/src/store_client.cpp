@@ -36,173 +36,16 @@
 
 #include "ddprun/common/backoff.hpp"
 #include "ddprun/common/error.hpp"
-#include "ddprun/rendezvous/wire.hpp"
+#include "ddprun/rendezvous/bytes.hpp"
+#include "ddprun/rendezvous/codec.hpp"
+#include "store_connect.hpp"
 
 namespace ddprun::rendezvous {
-namespace {
 
-using SteadyTime = std::chrono::steady_clock::time_point;
+using namespace store_connect;  // NOLINT: this client's connection helpers
 using std::chrono::milliseconds;
 
-SteadyTime now() { return std::chrono::steady_clock::now(); }
-
-std::string format_duration(milliseconds d) {
-  const auto n = d.count();
-  if (n >= 1000 && n % 1000 == 0) return std::to_string(n / 1000) + " s";
-  if (n >= 1000) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(n) / 1000.0);
-    return buf;
-  }
-  return std::to_string(n) + " ms";
-}
-
-std::string endpoint_text(const std::string& host, std::uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
-std::string errno_text(int err) { return std::strerror(err); }
-
-// SO_RCVTIMEO/SO_SNDTIMEO expiry.
-bool is_would_block(int err) {
-#if EAGAIN != EWOULDBLOCK
-  if (err == EWOULDBLOCK) return true;
-#endif
-  return err == EAGAIN;
-}
-
-// Remaining time until `deadline` for poll(): rounded up to whole ms, clamped to int.
-int poll_timeout_ms(SteadyTime deadline) {
-  const auto left = deadline - now();
-  if (left <= std::chrono::steady_clock::duration::zero()) return 0;
-  const auto ms = std::chrono::ceil<milliseconds>(left).count();
-  return static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
-}
-
-// Waits until `fd` has `events` (or an error/hangup) or the deadline passes.
-// Returns false on timeout.
-bool wait_fd(int fd, short events, SteadyTime deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, poll_timeout_ms(deadline));
-    if (r > 0) return true;
-    if (r == 0) {
-      if (now() >= deadline) return false;
-      continue;  // poll rounds to ms; keep going until the deadline really passed
-    }
-    if (errno != EINTR) return true;  // let the following syscall report the error
-  }
-}
-
-void set_blocking_options(int fd, milliseconds io_timeout) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  const auto ms = std::max<std::int64_t>(io_timeout.count(), 1);
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(ms / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-// One TCP connect to any address of host:port (all families, in getaddrinfo order), before
-// `deadline`. Returns a connected blocking socket, or -1 with `last_error` set.
-int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadline,
-                 milliseconds io_timeout, std::string& last_error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;  // no service lookup; getaddrinfo never reverse-resolves
-  addrinfo* res = nullptr;
-  const std::string port_text = std::to_string(port);
-  const int gai = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
-  if (gai != 0) {
-    last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
-    return -1;
-  }
-  int result = -1;
-  for (addrinfo* ai = res; ai != nullptr && result < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                            ai->ai_protocol);
-    if (fd < 0) {
-      last_error = "socket(): " + errno_text(errno);
-      continue;
-    }
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      if (!wait_fd(fd, POLLOUT, deadline)) {
-        last_error = "connect timed out";
-        ::close(fd);
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      rc = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    if (rc != 0) {
-      last_error = errno_text(errno);
-      ::close(fd);
-      continue;
-    }
-    set_blocking_options(fd, io_timeout);
-    result = fd;
-  }
-  ::freeaddrinfo(res);
-  return result;
-}
-
-bool send_all_raw(int fd, const char* data, std::size_t len, std::string& err) {
-  while (len > 0) {
-    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      err = is_would_block(errno) ? std::string("send timed out") : errno_text(errno);
-      return false;
-    }
-    data += n;
-    len -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Reads exactly `len` bytes before `deadline` (for handshakes and probes).
-bool recv_exact_raw(int fd, char* out, std::size_t len, SteadyTime deadline, std::string& err) {
-  while (len > 0) {
-    if (!wait_fd(fd, POLLIN, deadline)) {
-      err = "no reply (timed out)";
-      return false;
-    }
-    const ssize_t n = ::recv(fd, out, len, 0);
-    if (n == 0) {
-      err = "connection closed by the server";
-      return false;
-    }
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      err = errno_text(errno);
-      return false;
-    }
-    out += n;
-    len -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-std::string validate_and_ping_bytes(std::uint32_t nonce) {
-  std::string out;
-  wire::put_u8(out, *encode_op(Generation::modern, Op::validate));
-  wire::put_u32(out, validation_magic);
-  wire::put_u8(out, *encode_op(Generation::modern, Op::ping));
-  wire::put_u32(out, nonce);
-  return out;
-}
-
-std::uint32_t handshake_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+namespace {
 
 // Human-readable list of (unprefixed) keys for error messages; at most a few.
 std::string keys_text(const std::vector<std::string>& keys) {
@@ -233,6 +76,7 @@ struct StoreClient::Impl {
   std::uint64_t attempts = 0;
   std::uint64_t connects = 0;
   Op current = Op::ping;
+  Request req;  // the request being built; encoded into `out` by the codec
 
   explicit Impl(StoreClientOptions o) : opt(std::move(o)), where(endpoint_text(opt.host, opt.port)) {
     if (opt.pipelined_get && opt.generation != Generation::modern) {
@@ -278,8 +122,7 @@ struct StoreClient::Impl {
           ::close(s);
           s = -1;
         } else {
-          wire::WireReader r(std::string_view(echo.data(), echo.size()));
-          const std::uint32_t got = *r.u32();
+          const auto got = bytes::load_le<std::uint32_t>(echo.data());
           if (got != nonce) {
             last_error = "PING echo mismatch (sent " + std::to_string(nonce) + ", got " +
                          std::to_string(got) + ")";
@@ -331,12 +174,24 @@ struct StoreClient::Impl {
     return static_cast<std::uint8_t>(c);
   }
 
-  // Starts a request; checks the op exists before anything is written.
-  void begin(Op op) {
-    const std::uint8_t c = code(op);
+  // Starts building a request; checks the op exists before anything is encoded or sent.
+  Request& begin(Op op) {
+    code(op);
     current = op;
+    req.reset(op);
+    return req;
+  }
+  // Appends `req` to `out` (keys get key_prefix unless `raw`); send() = encode and flush.
+  void encode(bool raw = false) {
+    encode_request(out, opt.generation, req, raw ? std::string_view{} : std::string_view(opt.key_prefix));
+  }
+  void send(bool raw = false) {
     out.clear();
-    wire::put_u8(out, c);
+    encode(raw);
+    flush();
+  }
+  void set_keys(const std::vector<std::string>& keys) {
+    for (const auto& k : keys) req.keys.emplace_back(k);
   }
 
   void check_key(std::string_view key) const {
@@ -375,16 +230,6 @@ struct StoreClient::Impl {
   void check_keys(const std::vector<std::string>& keys) const {
     check_count(keys.size());
     for (const auto& k : keys) check_key(k);
-  }
-
-  void put_key(std::string_view key) {
-    wire::put_u64(out, opt.key_prefix.size() + key.size());
-    out.append(opt.key_prefix);
-    out.append(key.data(), key.size());
-  }
-  void put_keys(const std::vector<std::string>& keys) {
-    wire::put_u64(out, keys.size());
-    for (const auto& k : keys) put_key(k);
   }
 
   // ---- I/O --------------------------------------------------------------------------
@@ -464,17 +309,13 @@ struct StoreClient::Impl {
   std::uint64_t read_u64() {
     char b[8];
     read_exact(b, 8);
-    std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[i]);
-    return v;
+    return bytes::load_le<std::uint64_t>(b);
   }
   std::int64_t read_i64() { return static_cast<std::int64_t>(read_u64()); }
   std::uint32_t read_u32() {
     char b[4];
     read_exact(b, 4);
-    std::uint32_t v = 0;
-    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[i]);
-    return v;
+    return bytes::load_le<std::uint32_t>(b);
   }
   std::uint8_t read_u8() {
     if (rpos == rend) fill(nullptr);
@@ -494,10 +335,10 @@ struct StoreClient::Impl {
 
   // ---- waits ------------------------------------------------------------------------
 
-  // Sends the request in `out` (a WAIT or BARRIER) and waits for STOP_WAITING until the
+  // Sends the request in `req` (a WAIT or BARRIER) and waits for STOP_WAITING until the
   // deadline; on timeout cancels (modern) or reconnects (legacy) and throws TimeoutError.
   void await_stop_waiting(milliseconds timeout, const std::string& what) {
-    flush();
+    send();
     const SteadyTime deadline = now() + timeout;
     if (rpos != rend || fill(&deadline)) {
       const std::uint8_t r = read_u8();
@@ -520,7 +361,7 @@ struct StoreClient::Impl {
     }
     const Op waited = current;
     begin(Op::cancel_wait);
-    flush();
+    send();
     std::uint8_t r = read_u8();
     if (r == static_cast<std::uint8_t>(WaitResponse::stop_waiting)) r = read_u8();
     if (r != static_cast<std::uint8_t>(WaitResponse::wait_canceled)) {
@@ -534,7 +375,7 @@ struct StoreClient::Impl {
     check_keys(keys);
     ensure_connected();
     begin(Op::wait);
-    put_keys(keys);
+    set_keys(keys);
     await_stop_waiting(timeout, "wait for keys " + keys_text(keys));
   }
 
@@ -542,9 +383,9 @@ struct StoreClient::Impl {
     check_raw_key(raw_key);
     ensure_connected();
     begin(Op::add);
-    wire::put_str(out, raw_key);
-    wire::put_i64(out, delta);
-    flush();
+    req.key = raw_key;
+    req.number = delta;
+    send(/*raw=*/true);
     return read_i64();
   }
 };
@@ -567,9 +408,9 @@ void StoreClient::set(std::string_view key, std::string_view value) {
   m.check_value(value);
   m.ensure_connected();
   m.begin(Op::set);
-  m.put_key(key);
-  wire::put_str(m.out, value);
-  m.flush();
+  m.req.key = key;
+  m.req.value = value;
+  m.send();
 }
 
 std::string StoreClient::get(std::string_view key) { return get(key, impl_->opt.timeout); }
@@ -579,11 +420,12 @@ std::string StoreClient::get(std::string_view key, std::chrono::milliseconds tim
   if (m.opt.pipelined_get) {
     m.check_key(key);
     m.ensure_connected();
-    m.begin(Op::check);
-    wire::put_u64(m.out, 1);
-    m.put_key(key);
-    wire::put_u8(m.out, m.code(Op::get));
-    m.put_key(key);
+    m.out.clear();
+    m.begin(Op::check).keys.push_back(key);
+    m.encode();
+    m.begin(Op::get).key = key;
+    m.encode();
+    m.current = Op::check;
     m.flush();
     const std::uint8_t ready = m.read_u8();
     m.current = Op::get;
@@ -594,9 +436,8 @@ std::string StoreClient::get(std::string_view key, std::chrono::milliseconds tim
     }
   }
   m.wait({std::string(key)}, timeout);
-  m.begin(Op::get);
-  m.put_key(key);
-  m.flush();
+  m.begin(Op::get).key = key;
+  m.send();
   return m.read_str();
 }
 
@@ -605,9 +446,9 @@ std::int64_t StoreClient::add(std::string_view key, std::int64_t delta) {
   m.check_key(key);
   m.ensure_connected();
   m.begin(Op::add);
-  m.put_key(key);
-  wire::put_i64(m.out, delta);
-  m.flush();
+  m.req.key = key;
+  m.req.number = delta;
+  m.send();
   return m.read_i64();
 }
 
@@ -623,10 +464,10 @@ std::string StoreClient::compare_set(std::string_view key, std::string_view expe
   m.check_value(desired);
   m.ensure_connected();
   m.begin(Op::compare_set);
-  m.put_key(key);
-  wire::put_str(m.out, expected);
-  wire::put_str(m.out, desired);
-  m.flush();
+  m.req.key = key;
+  m.req.value = expected;
+  m.req.desired = desired;
+  m.send();
   return m.read_str();
 }
 
@@ -635,8 +476,8 @@ bool StoreClient::check(const std::vector<std::string>& keys) {
   m.check_keys(keys);
   m.ensure_connected();
   m.begin(Op::check);
-  m.put_keys(keys);
-  m.flush();
+  m.set_keys(keys);
+  m.send();
   const std::uint8_t r = m.read_u8();
   if (r > 1) m.fail_network("unexpected CHECK reply " + std::to_string(r));
   return r == static_cast<std::uint8_t>(CheckResponse::ready);
@@ -652,7 +493,7 @@ std::int64_t StoreClient::num_keys() {
   auto& m = *impl_;
   m.ensure_connected();
   m.begin(Op::get_num_keys);
-  m.flush();
+  m.send();
   return m.read_i64();
 }
 
@@ -660,9 +501,8 @@ bool StoreClient::delete_key(std::string_view key) {
   auto& m = *impl_;
   m.check_key(key);
   m.ensure_connected();
-  m.begin(Op::delete_key);
-  m.put_key(key);
-  m.flush();
+  m.begin(Op::delete_key).key = key;
+  m.send();
   return m.read_i64() == 1;
 }
 
@@ -673,9 +513,9 @@ void StoreClient::append(std::string_view key, std::string_view value) {
   m.check_value(value);
   m.ensure_connected();
   m.begin(Op::append);
-  m.put_key(key);
-  wire::put_str(m.out, value);
-  m.flush();
+  m.req.key = key;
+  m.req.value = value;
+  m.send();
 }
 
 std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& keys) {
@@ -683,8 +523,8 @@ std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& 
   m.code(Op::multi_get);
   m.wait(keys, m.opt.timeout);
   m.begin(Op::multi_get);
-  m.put_keys(keys);
-  m.flush();
+  m.set_keys(keys);
+  m.send();
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) values.push_back(m.read_str());
@@ -703,12 +543,9 @@ void StoreClient::multi_set(const std::vector<std::string>& keys,
   for (const auto& v : values) m.check_value(v);
   m.ensure_connected();
   m.begin(Op::multi_set);
-  wire::put_i64(m.out, static_cast<std::int64_t>(keys.size()));
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    m.put_key(keys[i]);
-    wire::put_str(m.out, values[i]);
-  }
-  m.flush();
+  m.set_keys(keys);
+  for (const auto& v : values) m.req.values.emplace_back(v);
+  m.send();
 }
 
 void StoreClient::queue_push(std::string_view key, std::string_view value) {
@@ -718,9 +555,9 @@ void StoreClient::queue_push(std::string_view key, std::string_view value) {
   m.check_value(value);
   m.ensure_connected();
   m.begin(Op::queue_push);
-  m.put_key(key);
-  wire::put_str(m.out, value);
-  m.flush();
+  m.req.key = key;
+  m.req.value = value;
+  m.send();
 }
 
 std::optional<std::string> StoreClient::queue_pop(std::string_view key) {
@@ -728,9 +565,8 @@ std::optional<std::string> StoreClient::queue_pop(std::string_view key) {
   m.code(Op::queue_pop);
   m.check_key(key);
   m.ensure_connected();
-  m.begin(Op::queue_pop);
-  m.put_key(key);
-  m.flush();
+  m.begin(Op::queue_pop).key = key;
+  m.send();
   const std::int64_t n = m.read_i64();
   if (n <= 0) return std::nullopt;
   return m.read_str();
@@ -754,9 +590,8 @@ std::int64_t StoreClient::queue_len(std::string_view key) {
   m.code(Op::queue_len);
   m.check_key(key);
   m.ensure_connected();
-  m.begin(Op::queue_len);
-  m.put_key(key);
-  m.flush();
+  m.begin(Op::queue_len).key = key;
+  m.send();
   return m.read_i64();
 }
 
@@ -765,7 +600,7 @@ std::vector<std::string> StoreClient::list_keys() {
   m.code(Op::list_keys);
   m.ensure_connected();
   m.begin(Op::list_keys);
-  m.flush();
+  m.send();
   const std::int64_t n = m.read_i64();
   if (n < 0 || static_cast<std::uint64_t>(n) > std::uint64_t{1} << 32) {
     m.fail_network("LIST_KEYS reply announces " + std::to_string(n) + " keys");
@@ -789,8 +624,8 @@ void StoreClient::barrier(std::string_view key, std::int64_t world_size,
   m.check_key(key);
   m.ensure_connected();
   m.begin(Op::barrier);
-  m.put_key(key);
-  wire::put_i64(m.out, world_size);
+  m.req.key = key;
+  m.req.number = world_size;
   m.await_stop_waiting(timeout, "barrier '" + std::string(key) + "' (world size " +
                                     std::to_string(world_size) + ")");
 }
@@ -799,69 +634,14 @@ std::uint32_t StoreClient::ping(std::uint32_t nonce) {
   auto& m = *impl_;
   m.code(Op::ping);
   m.ensure_connected();
-  m.begin(Op::ping);
-  wire::put_u32(m.out, nonce);
-  m.flush();
+  m.begin(Op::ping).u32 = nonce;
+  m.send();
   return m.read_u32();
 }
 
 std::uint64_t StoreClient::connect_attempts() const { return impl_->attempts; }
 std::uint64_t StoreClient::reconnects() const {
   return impl_->connects > 0 ? impl_->connects - 1 : 0;
-}
-
-// ---- probing (protocol §2.3) --------------------------------------------------------
-
-DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
-                                     std::chrono::milliseconds timeout) {
-  const SteadyTime deadline = now() + timeout;
-  // A 1.13 server reads our VALIDATE as a SET with a ~2^40-byte key and sits in a blocking
-  // recv() for it, stalling all its clients until we close (protocol §2.5, §10.14). So each
-  // probe waits only briefly for its answer; a modern server answers within a round trip.
-  const milliseconds probe_wait = std::max(milliseconds(250), timeout / 8);
-  const std::string where = endpoint_text(host, port);
-  std::string err;
-  auto open = [&]() {
-    for (Backoff backoff({milliseconds(2), milliseconds(500), 2.0, 0.5});;) {
-      const int fd = connect_once(host, port, deadline, timeout, err);
-      if (fd >= 0) return fd;
-      if (now() >= deadline) {
-        throw NetworkError("could not connect to " + where + " within " +
-                               format_duration(timeout) + " to probe its protocol (last error: " +
-                               err + ")",
-                           "is a TCPStore server running there?");
-      }
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          backoff.next_delay(), deadline - now()));
-    }
-  };
-  auto probe_deadline = [&]() { return std::min(deadline, now() + probe_wait); };
-  {
-    const int fd = open();
-    const std::uint32_t nonce = handshake_nonce();
-    const std::string hello = validate_and_ping_bytes(nonce);
-    std::array<char, 4> echo{};
-    const bool ok = send_all_raw(fd, hello.data(), hello.size(), err) &&
-                    recv_exact_raw(fd, echo.data(), echo.size(), probe_deadline(), err);
-    ::close(fd);
-    if (ok) {
-      wire::WireReader r(std::string_view(echo.data(), echo.size()));
-      if (*r.u32() == nonce) return DetectedGeneration::modern;
-    }
-  }
-  {
-    const int fd = open();
-    std::string probe;
-    wire::put_u8(probe, *encode_op(Generation::modern, Op::validate));
-    wire::put_u32(probe, validation_magic);
-    const std::uint8_t numkeys = *encode_op(Generation::modern, Op::get_num_keys);
-    for (int i = 0; i < 4; ++i) wire::put_u8(probe, numkeys);
-    std::array<char, 32> replies{};
-    const bool ok = send_all_raw(fd, probe.data(), probe.size(), err) &&
-                    recv_exact_raw(fd, replies.data(), replies.size(), probe_deadline(), err);
-    ::close(fd);
-    return ok ? DetectedGeneration::modern_no_ping : DetectedGeneration::legacy;
-  }
 }
 
 }  // namespace ddprun::rendezvous

@@ -1,0 +1,96 @@
+#pragma once
+// RendezvousServer: one rendezvous endpoint, the single place where a StoreServer and a
+// RendezvousService are wired together. ddprun-rdzvd, the fan-out launcher and an agent that
+// hosts the rendezvous itself all build one of these, so every bound on the shared port
+// (RendezvousLimits) and its shutdown are set in RendezvousServerOptions and applied here once.
+//
+// What it does: binds the store server on options.host:options.port with the rendezvous service
+// installed as its extension (native frames share the TCPStore port), attaches the service so
+// timer-driven pushes reach the sockets, and, when options.stop_signals is non-empty, stops
+// itself on the first of those signals and calls options.on_signal (the daemon's SIGINT/SIGTERM).
+//
+// Lifetime: the constructor binds (port() is valid on return) and throws ddprun::NetworkError
+// naming host:port when the address cannot be bound; start() begins accepting. stop() closes
+// the acceptor and every connection and is idempotent. The destructor stops and then releases
+// the service's timer, so the object must be destroyed before the io_context it runs on (a
+// pending store handler may keep the service object itself alive a little longer; without its
+// timer it holds nothing of the io_context). Not thread-safe: every call on the io_context's
+// thread, like StoreServer.
+#include <csignal>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/clock.hpp"
+#include "ddprun/rendezvous/protocol.hpp"
+#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/timers.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::rendezvous {
+
+// Every bound the server enforces, in one place: the store's (key/value sizes, keys per
+// request, open connections, bytes held) and the native frames' (payload size, JSON depth).
+struct RendezvousLimits {
+  StoreLimits store;
+  WireLimits wire;
+};
+
+struct RendezvousServerOptions {
+  std::string host = "0.0.0.0";  // address to bind; "::" for dual stack
+  std::uint16_t port = 0;        // 0 = pick a free port, read it back with port()
+  std::string token;             // "" = joins need no token
+  RendezvousLimits limits;
+  // Throttle for Progress lines to the nodes waiting in a collecting round.
+  Duration progress_interval = std::chrono::seconds(1);
+  // Signals that stop the server (e.g. {SIGINT, SIGTERM} for the daemon); empty = the owner
+  // handles signals itself. on_signal runs after the stop, with the signal number.
+  std::vector<int> stop_signals;
+  std::function<void(int signo)> on_signal;
+};
+
+class RendezvousServer {
+ public:
+  // `timers`: the service's clock and deadline timer (tests: ManualTimers).
+  RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options,
+                   Timers& timers = Timers::steady());
+  ~RendezvousServer();
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  // Starts accepting connections (and listening for stop_signals).
+  void start();
+  // Detaches the service, closes the acceptor and every connection, stops listening for
+  // signals. Idempotent.
+  void stop();
+
+  std::uint16_t port() const;
+  const std::string& host() const;
+  const RendezvousServerOptions& options() const { return options_; }
+
+  // Runs `callback` once, on the io_context, as soon as no client connection is open (see
+  // StoreServer::on_drained): an agent hosting the rendezvous lingers until its peers left.
+  void on_drained(std::function<void()> callback);
+
+  StoreStats store_stats() const;
+  RendezvousServiceStats service_stats() const;
+  const RendezvousRegistry& registry() const;
+
+  struct Signals;
+
+ private:
+  RendezvousServerOptions options_;
+  std::shared_ptr<RendezvousService> service_;
+  std::unique_ptr<StoreServer> store_;
+  std::unique_ptr<Signals> signals_;
+  bool stopped_ = false;
+};
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,235 @@
+#pragma once
+// The plain data of the elastic rendezvous: who a node is (NodeId, NodeInfo), the job's
+// configuration, what a node receives (Assignment), worker failures, the decisions the pure
+// state returns for the server to push (Decision: SendAssignment ... Progress) and the status
+// snapshot behind `ddprun status`. Value types only: no I/O, no clock, no behaviour beyond
+// validation and formatting. The decisions themselves live in rendezvous_job.hpp and
+// rendezvous_registry.hpp.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ddprun/common/clock.hpp"
+
+namespace ddprun::rendezvous {
+
+// Exit code every agent uses when the job fails for a rendezvous reason (timeout, barrier)
+// rather than a worker's own exit status.
+inline constexpr int kRendezvousFailureExitCode = 1;
+
+// Identity of one agent process. `instance` is random, chosen by the agent at start, so a
+// restarted agent with a recycled pid is a different node.
+struct NodeId {
+  std::string addr;
+  std::int64_t pid = 0;
+  std::string instance;
+
+  auto operator<=>(const NodeId&) const = default;
+  bool operator==(const NodeId&) const = default;
+  std::string to_string() const;  // "addr:pid/instance"
+};
+
+// What an agent tells the rendezvous about itself when it joins.
+struct NodeInfo {
+  NodeId id;
+  std::string addr;           // advertised address (messages, status; fallback for store_host)
+  int local_world_size = 1;   // nproc on this node; may differ between nodes
+  std::string store_host;     // the worker store this agent already bound: MASTER_ADDR if the
+  std::uint16_t store_port = 0;  // node gets group rank 0 (empty host -> addr)
+  // NCCL unique IDs (K x 128 bytes, or empty) created by this node's holder for the round it
+  // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's.
+  std::vector<std::uint8_t> nccl_ids;
+};
+
+// Job configuration, fixed by the first joiner. Only min/max/max_restarts must agree between
+// nodes; the timers of the first joiner win.
+struct JobConfig {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int max_restarts = 0;  // GLOBAL budget for the job (not per agent)
+  Duration join_timeout = std::chrono::seconds(600);
+  Duration last_call_timeout = std::chrono::seconds(30);
+  Duration close_timeout = std::chrono::seconds(30);
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  int missed_heartbeats = 3;
+  Duration exit_barrier_timeout = std::chrono::seconds(300);
+  // After a daemon restart, how long the first rejoiner's round waits for the other group ranks
+  // to re-register before it ends as a membership change.
+  Duration rebuild_grace = std::chrono::seconds(10);
+
+  Duration lease() const { return heartbeat_interval * missed_heartbeats; }
+  // Empty when valid, else a sentence naming the bad field and value.
+  std::string validate() const;
+};
+
+// What a node receives when a round closes.
+struct Assignment {
+  std::uint64_t round = 0;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int local_world_size = 0;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int world_size = 0;
+  std::string master_addr;  // the group-rank-0 node's worker store
+  std::uint16_t master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::vector<std::uint8_t> nccl_id;  // the group-rank-0 node's NodeInfo::nccl_ids (may be empty)
+
+  bool operator==(const Assignment&) const = default;
+};
+
+// A worker failure reported by an agent.
+struct WorkerFailure {
+  std::uint64_t round = 0;
+  NodeId node;
+  int global_rank = -1;
+  int local_rank = -1;
+  std::optional<int> exit_code;  // set when the worker exited
+  std::optional<int> signal;     // set when a signal killed it
+  std::string message;
+
+  // The code ddprun exits with for this failure: 128+signal, else the exit code (1 if the
+  // report carries neither or exit code 0).
+  int ddprun_exit_code() const;
+};
+
+// The first failure of the round that ended the job, with where it happened.
+struct RootCause {
+  WorkerFailure failure;
+  std::string node_addr;
+  int group_rank = -1;
+  std::string describe() const;  // "rank 5 (local rank 1 on node 10.0.0.2) exited with code 3: msg"
+};
+
+struct JoinRequest {
+  NodeInfo node;
+  JobConfig config;
+  std::string token;
+};
+
+// Sent by an agent after it (re)connects: carries the assignment it is running with, if any,
+// so a restarted daemon can rebuild the running round.
+struct RejoinRequest {
+  NodeInfo node;
+  JobConfig config;
+  std::string token;
+  std::optional<Assignment> assignment;
+};
+
+// ---- decisions (plain data; every one names its job and node) ----
+
+struct SendAssignment {
+  std::string run_id;
+  NodeId node;
+  Assignment assignment;
+};
+
+enum class RoundEnd { worker_failure, membership_change };
+
+// "Stop your workers and join again": the round the node was running has ended.
+struct SendRestart {
+  std::string run_id;
+  NodeId node;
+  std::uint64_t ended_round = 0;
+  RoundEnd kind = RoundEnd::membership_change;
+  int restart_count = 0;  // restarts used after this decision
+  std::string reason;
+};
+
+struct SendJobFailed {
+  std::string run_id;
+  NodeId node;
+  std::string reason;
+  std::optional<RootCause> root_cause;  // set when a worker failure spent the budget
+  int exit_code = kRendezvousFailureExitCode;
+};
+
+struct SendJobCompleted {
+  std::string run_id;
+  NodeId node;
+};
+
+struct Refuse {
+  std::string run_id;
+  NodeId node;
+  std::string reason;
+};
+
+// The daemon does not know this node (or job): the agent should send a rejoin with its
+// current assignment.
+struct AskRejoin {
+  std::string run_id;
+  NodeId node;
+  std::string reason;
+};
+
+// A progress line for one node, or (broadcast) for every node that joined the collecting
+// round: then `node` is empty and the server fans it out (throttled), so a join costs O(1)
+// actions instead of one per waiting node (O(N^2) for a job of N nodes).
+struct Progress {
+  std::string run_id;
+  NodeId node;
+  std::string text;
+  bool broadcast = false;
+};
+
+using Decision = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse,
+                            AskRejoin, Progress>;
+using Decisions = std::vector<Decision>;
+
+// ---- status (for `ddprun status`) ----
+
+enum class JobState { waiting, running, completed, failed };
+const char* to_string(JobState state);
+
+enum class MemberRole {
+  joined,       // joined the collecting round (while running: the wait list)
+  expected,     // took part in the previous round, not re-joined yet
+  participant,  // has a group rank in the running round
+  late,         // was expected when the round closed without it; its next join is a scale-up
+};
+const char* to_string(MemberRole role);
+
+struct MemberStatus {
+  NodeId id;
+  std::string addr;
+  int local_world_size = 0;
+  MemberRole role = MemberRole::joined;
+  int group_rank = -1;  // -1 unless participant
+  bool succeeded = false;
+  bool disconnected = false;
+  Duration last_heartbeat_age{};
+  Duration lease_left{};
+};
+
+struct JobStatus {
+  std::string run_id;
+  JobState state = JobState::waiting;
+  bool closed = false;
+  std::uint64_t round = 0;
+  int min_nodes = 0;
+  int max_nodes = 0;
+  int restarts_used = 0;
+  int max_restarts = 0;
+  std::vector<MemberStatus> members;  // in group-rank order, then join order
+  std::optional<Duration> join_timeout_in;
+  std::optional<Duration> last_call_in;
+  std::optional<Duration> exit_barrier_in;
+  std::optional<Duration> rebuild_in;
+  std::optional<Duration> gc_in;
+  std::string progress;        // one line, e.g. the waiting text
+  std::string result;          // final reason when failed; "" otherwise
+  std::optional<RootCause> last_failure;  // most recent worker failure (any round)
+};
+
+struct RegistryStatus {
+  std::vector<JobStatus> jobs;  // by run id
+};
+
+// "600 s", "2.5 s", "0.25 s": durations in messages.
+std::string format_seconds(Duration d);
+
+}  // namespace ddprun::rendezvous
