@@ -1,4 +1,5 @@
-"""Test-environment fix for Debian trixie's torch 2.6 (python3-torch2 puts this directory first on PYTHONPATH).
+"""Test-environment fix for Debian trixie's torch 2.6 (python3-torch2 puts this directory first
+on PYTHONPATH).
 
 Debian builds torch 2.6 without libuv, yet TCPStore(...) defaults to use_libuv=True and torchrun's
 c10d backend passes use_libuv=True explicitly, so every store fails with "use_libuv was requested
