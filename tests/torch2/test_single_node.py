@@ -134,7 +134,8 @@ class SingleNode(unittest.TestCase):
             self.assertEqual(missing, [], f"rank {r}: torchrun 2.6 exports {missing}, ddprun does not")
             for k in SAME_VALUE:
                 self.assertEqual(ours[r].get(k), theirs[r].get(k), f"rank {r} {k}: ddprun vs torchrun 2.6")
-        print(f"env contract: ddprun and torchrun 2.6 agree on {len(theirs[0])} names "
+        names = sorted(k for k in theirs[0] if k.isupper())
+        print(f"env contract: ddprun and torchrun 2.6 agree on {len(names)} names "
               f"({len(SAME_VALUE)} values compared); ddprun adds "
               f"{sorted(set(ours[0]) - set(theirs[0]))}", flush=True)
 
