@@ -31,7 +31,9 @@ def test():
     ck.eq("check present", d.call("check", ["k1", "cnt"]), True)
     ck.eq("check missing", d.call("check", ["k1", "nocas"]), False)
     ck.eq("wait present", d.call("wait", 1000, ["k1", "k2"]), None)
+    # APPEND has no reply: a read on the same connection orders it before the other client's.
     d.call("append", "log", b"a")
+    ck.eq("append creates", d.call("get", "log"), b"a")
     t.call("append", "log", b"b")
     ck.eq("append from both clients", d.call("get", "log"), b"ab")
     d.call("multi_set", ["m1", b"one", "m2", b"two"])

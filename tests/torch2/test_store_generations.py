@@ -46,7 +46,9 @@ def test():
     # 2.x-only operations, the results visible to 1.13
     ck.eq("check present (2.6)", new.call("check", "k1", "k2", "cnt"), True)
     ck.eq("check missing (2.6)", new.call("check", "k1", "nocas"), False)
+    # APPEND has no reply: a read on the same connection orders it before the other client's.
     new.call("append", "log", b"a")
+    ck.eq("append creates (2.6)", new.call("get", "log"), b"a")
     new2.call("append", "log", b"b")
     ck.eq("append from two 2.6 clients, read by 1.13", old.get("log"), b"ab")
     new.call("multi_set", "m1", b"one", "m2", b"two")
