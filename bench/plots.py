@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 
 LAUNCH_KINDS = [("floor", "floor (posix_spawn + wait)"), ("ddprun", "ddprun"), ("mpirun", "mpirun"),
-                ("torchrun_mi0.1", "torchrun 1.13, mi 0.1"), ("torchrun_mi5", "torchrun 1.13, mi 5")]
+                ("torchrun_mi0.1", "torchrun 1.13, mi 0.1"), ("torchrun_mi5", "torchrun 1.13, mi 5"),
+                ("torchrun2_mi0.1", "torchrun 2.6, mi 0.1")]
 HEAD = ("set terminal pngcairo size 900,560 font 'DejaVu Sans,11'\n"
         "set termoption noenhanced\nset grid\nset key top left\n")
 
@@ -85,11 +86,11 @@ def restart_plot(launch, elastic, out):
     if launch:
         for kind, v in launch["restart"].items():
             s = v["restart_ms"]
-            bars.append((f"1 node x 8: {kind}", s["median"], s["min"], s["max"]))
+            bars.append((f"1 node x 8: {dict(LAUNCH_KINDS).get(kind, kind)}", s["median"], s["min"], s["max"]))
     if elastic:
         for kind, v in elastic["restart"].items():
             s = v["last_ms"]
-            bars.append((f"3 nodes x 2: {kind}", s["median"], s["min"], s["max"]))
+            bars.append((f"3 nodes x 2: {dict(LAUNCH_KINDS).get(kind, kind)}", s["median"], s["min"], s["max"]))
     if not bars:
         return
     data = "\n".join(f"{i} {m} {lo} {hi} \"{name}\"" for i, (name, m, lo, hi) in enumerate(bars))

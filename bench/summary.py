@@ -28,6 +28,14 @@ def med(entry, key="total_ms"):
     return entry[key]["median"]
 
 
+NAME = {"torchrun_mi0.1": "torchrun 1.13 (mi 0.1)", "torchrun_mi5": "torchrun 1.13 (mi 5)",
+        "torchrun2_mi0.1": "torchrun 2.6 (mi 0.1)"}
+
+
+def name(kind):
+    return NAME.get(kind, kind)
+
+
 def launch_lines(r):
     out = []
     L = r["launch"]
@@ -54,7 +62,7 @@ def launch_lines(r):
         out.append(f"* Timeline at {r['timeline_n']} workers, ddprun: first worker "
                    f"{t['first_worker_ms']['median']:.1f} ms, last worker {t['last_worker_ms']['median']:.1f} ms "
                    f"after exec, teardown {t['teardown_ms']['median']:.1f} ms"
-                   + "".join(f"; {k}: first {v['first_worker_ms']['median']:.0f} ms, teardown "
+                   + "".join(f"; {name(k)}: first {v['first_worker_ms']['median']:.0f} ms, teardown "
                              f"{v['teardown_ms']['median']:.0f} ms" for k, v in tl.items() if k != "ddprun")
                    + ".")
     if "ddprun" in tl and "mpirun" in tl:
@@ -62,6 +70,11 @@ def launch_lines(r):
         out.append(f"* Teardown at {r['timeline_n']} workers: ddprun's is {'below' if d < m else 'above'} "
                    f"mpirun's ({d:.1f} against {m:.1f} ms) and {'within' if d <= G2_TEARDOWN_MS else 'over'} "
                    f"the {G2_TEARDOWN_MS:g} ms goal (performance-anchors.md G2).")
+    gens = [k for k in ("torchrun_mi0.1", "torchrun2_mi0.1") if "total_ms" in L.get(f"{k}/{hi}", {})]
+    if gens and f"ddprun/{hi}" in L:
+        out.append(f"* Whole command at N = {hi}: ddprun {med(L[f'ddprun/{hi}']):.1f} ms"
+                   + "".join(f", {name(k)} {med(L[f'{k}/{hi}']) / 1e3:.2f} s "
+                             f"({L[f'{k}/{hi}']['over_ddprun']['median']:.0f}× ddprun)" for k in gens) + ".")
     hung = {k: (v["hung"], len(v["runs_ms"])) for k, v in L.items() if k.startswith("mpirun/") and v["hung"]}
     if hung:
         out.append("* mpirun (Open MPI) runs killed as hung: "
@@ -70,11 +83,11 @@ def launch_lines(r):
     if "restart" in r:
         out.append(f"* Crash → group restarted, one node, 8 workers: ddprun "
                    f"{r['restart']['ddprun']['restart_ms']['median']:.1f} ms"
-                   + "".join(f", {k} {v['restart_ms']['median']:.0f} ms" for k, v in r["restart"].items()
+                   + "".join(f", {name(k)} {v['restart_ms']['median']:.0f} ms" for k, v in r["restart"].items()
                              if k != "ddprun") + ".")
     if "footprint" in r and "ddprun" in r["footprint"]:
         out.append(f"* Agent RSS with 8 sleeping workers: ddprun {r['footprint']['ddprun']['rss_mib']:.1f} MiB"
-                   + "".join(f", {k} {v['rss_mib']:.0f} MiB" for k, v in r["footprint"].items() if k != "ddprun")
+                   + "".join(f", {name(k)} {v['rss_mib']:.0f} MiB" for k, v in r["footprint"].items() if k != "ddprun")
                    + ".")
     return out
 
@@ -86,11 +99,11 @@ def elastic_lines(r):
                + ", ".join(f"{v['first_ms']['median']:.0f} ms after {how}" for how, v in nl.items()) + ".")
     rs = r["restart"]
     out.append("* Crash → group restarted, 3 nodes × 2 workers, all 6 new workers: "
-               + ", ".join(f"{k} {v['last_ms']['median']:.0f} ms" for k, v in rs.items()) + ".")
+               + ", ".join(f"{name(k)} {v['last_ms']['median']:.0f} ms" for k, v in rs.items()) + ".")
     for k, v in r.get("torch_kill", {}).items():
         what = ("no new worker" if v["first_new_worker_ms"] is None
                 else f"a new worker after {v['first_new_worker_ms']:.0f} ms")
-        out.append(f"* {k}, one of 3 agents SIGKILLed: {what} within {v['watched_s']:.0f} s; "
+        out.append(f"* {name(k)}, one of 3 agents SIGKILLed: {what} within {v['watched_s']:.0f} s; "
                    f"{v['survivors_running']} of 2 survivor agents still running.")
     return out
 

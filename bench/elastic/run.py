@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Multi-node failures on loopback, ddprun vs torchrun 1.13, default heartbeats and timeouts.
+"""Multi-node failures on loopback, ddprun vs torchrun 1.13 and 2.6, default heartbeats and timeouts.
 
 * Node loss (ddprun): 3 agents (127.0.0.2/.3/.4, 2 workers each, --nnodes 2:3) against a
   ddprun-rdzvd on 127.0.0.1. One agent is SIGKILLed (its connection closes at once) or SIGSTOPped
@@ -7,11 +7,13 @@
   first and to the last worker of the smaller world (WORLD_SIZE 4) starting on the survivors.
 * Crash -> group restarted, 3 nodes: the same job (--max-restarts 1) under ddprun (against
   ddprun-rdzvd) and torchrun 1.13 c10d (against torch's own TCPStore server in a separate process,
-  is_host=0, monitor interval 0.1 and 5); rank 0's worker is SIGKILLed; time to the first and to
-  the last of the 6 new workers.
+  is_host=0, monitor interval 0.1 and 5) and torchrun 2.6 c10d (the same against torch 2.6's own
+  server, monitor interval 0.1; Debian trixie's torch in the chroot of scripts/torch2, only as
+  root with the cached root, see bench/torch2.py); rank 0's worker is SIGKILLed; time to the first
+  and to the last of the 6 new workers.
 * Agent SIGKILL under torchrun: after that restart one torchrun agent is SIGKILLed and the
   survivors are watched for --kill-window seconds (torch 1.13 does not act on a lost agent until a
-  collective times out; the table says what was seen, "no reaction" included).
+  collective times out; the table says what was seen, "no reaction" included), for each torchrun.
 
 Usage: run.py --bin-dir build/bin [--quick] [--reps N] [--kill-window S] [--out results.json]
        [--markdown out.md] [--update-doc docs/performance.md]
@@ -29,6 +31,7 @@ import time
 import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
+import torch2  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "elastic_worker.sh")
@@ -131,7 +134,8 @@ def kill_marked(marker):
 
 
 def cluster_run(kind, bin_dir, mi, kill_window_s):
-    """3 agents x 2 workers (--nnodes 2:3) of `kind` ('ddprun' or 'torchrun'). Crashes rank 0's
+    """3 agents x 2 workers (--nnodes 2:3) of `kind` ('ddprun', 'torchrun' (1.13) or 'torchrun2'
+    (2.6)). Crashes rank 0's
     worker (SIGKILL by pid) and times the group restart: the first and the last of the 6 new
     workers. With kill_window_s, then SIGKILLs one agent and watches the survivors for that long."""
     marker = uuid.uuid4().hex
@@ -141,6 +145,8 @@ def cluster_run(kind, bin_dir, mi, kill_window_s):
                    DDPRUN_BENCH_MARKER=marker)
         if kind == "ddprun":
             server_cmd = [os.path.join(bin_dir, "ddprun-rdzvd"), "--host", "127.0.0.1", "--port", "0"]
+        elif kind == "torchrun2":
+            server_cmd = [torch2.PYTHON2, "-c", TORCH_STORE]
         else:
             server_cmd = [TORCH_PY, "-c", TORCH_STORE]
         server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -152,6 +158,11 @@ def cluster_run(kind, bin_dir, mi, kill_window_s):
                     cmd = [os.path.join(bin_dir, "ddprun"), "--nnodes", "2:3", "--nproc-per-node", "2",
                            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                            "--rdzv-id", "bench", "--local-addr", addr, "--max-restarts", "1", WORKER]
+                elif kind == "torchrun2":
+                    cmd = [torch2.TORCHRUN2, "--nnodes=2:3", "--nproc-per-node=2",
+                           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                           "--rdzv-id=bench", "--rdzv-conf=is_host=0", "--max-restarts=1",
+                           f"--monitor-interval={mi}", "--no-python", WORKER]
                 else:
                     cmd = [TORCH_PY, TORCHRUN, "--nnodes=2:3", "--nproc_per_node=2",
                            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
@@ -207,13 +218,17 @@ def fmt(s):
     return f"{s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f})"
 
 
-LABEL = {"ddprun": "ddprun", "torchrun_mi0.1": "torchrun mi 0.1", "torchrun_mi5": "torchrun mi 5"}
+LABEL = {"ddprun": "ddprun", "torchrun_mi0.1": "torchrun 1.13 mi 0.1", "torchrun_mi5": "torchrun 1.13 mi 5",
+         "torchrun2_mi0.1": "torchrun 2.6 mi 0.1"}
 
 
 def markdown(r):
     m = r["machine"]
     md = [f"Measured {r['date']} with `{r['command']}` on {m['cpus']} vCPU ({m['cpu_model']}), kernel "
-          f"{m['kernel']}, torch {m['torch']}; default heartbeats and timeouts of both launchers; "
+          f"{m['kernel']}, torch {m['torch']}"
+          + (f" and {m['torch2']} (Debian trixie, in a chroot)" if m.get("torch2", "").startswith("2.")
+             else f" (torchrun 2.6 not measured: {m['torch2']})" if m.get("torch2") else "")
+          + "; default heartbeats and timeouts of both launchers; "
           f"median (min–max) of the runs shown; load average {r['load_before']:.1f} before, "
           f"{r['load_after']:.1f} after; whole run {r['whole_run_s']:.0f} s.", "",
           f"**Node loss**, ddprun ({r['reps']} runs each):", "",
@@ -236,7 +251,7 @@ def markdown(r):
             ratio = (f"{statistics.median(rs):.0f}× ({min(rs):.0f}–{max(rs):.0f})" if len(rs) > 1
                      else f"{rs[0]:.0f}×")
         md.append(f"| {LABEL[kind]} | {fmt(v['first_ms'])} | {fmt(v['last_ms'])} | {ratio} |")
-    md += ["", "**Agent SIGKILLed, torchrun 1.13** (same 3-node job after its restart; one agent "
+    md += ["", "**Agent SIGKILLed, torchrun** (same 3-node job after its restart; one agent "
            "is SIGKILLed while all workers sleep, and the survivors are watched):", "",
            "| launcher | watched for (s) | survivors' first new worker | survivor agents still running |",
            "|---|---|---|---|"]
@@ -275,6 +290,11 @@ def main():
     reps = args.reps or (1 if args.quick else 3)
     window = args.kill_window or (1.0 if args.quick else 30.0)
     torch_reps = {"torchrun_mi0.1": 1} if args.quick else {"torchrun_mi0.1": 3, "torchrun_mi5": 2}
+    have_torch2, torch2_version = torch2.available()
+    if have_torch2:
+        torch_reps["torchrun2_mi0.1"] = 1 if args.quick else 3
+    else:
+        print(f"elastic: torchrun 2.6 left out: {torch2_version}", flush=True)
     res = {}
     # quick: SIGSTOP (the same code path, 3 s more) is left out.
     for how in ("SIGKILL",) if args.quick else ("SIGKILL", "SIGSTOP"):
@@ -289,10 +309,10 @@ def main():
     for kind, n in [("ddprun", reps)] + list(torch_reps.items()):
         firsts, lasts = [], []
         for i in range(n):
-            # The kill window once, on the last torchrun run at interval 0.1.
-            w = window if kind == "torchrun_mi0.1" and i == n - 1 else None
-            mi = {"ddprun": None, "torchrun_mi0.1": 0.1, "torchrun_mi5": 5}[kind]
-            x = cluster_run("ddprun" if kind == "ddprun" else "torchrun", args.bin_dir, mi, w)
+            # The kill window once per torchrun, on its last run at interval 0.1.
+            w = window if kind in ("torchrun_mi0.1", "torchrun2_mi0.1") and i == n - 1 else None
+            mi = {"ddprun": None, "torchrun_mi0.1": 0.1, "torchrun_mi5": 5, "torchrun2_mi0.1": 0.1}[kind]
+            x = cluster_run(kind.split("_")[0], args.bin_dir, mi, w)
             firsts.append(x["first_ms"])
             lasts.append(x["last_ms"])
             print(f"restart 3 nodes {kind}: first {x['first_ms']:.0f} ms, last {x['last_ms']:.0f} ms",
@@ -310,7 +330,7 @@ def main():
          "command": " ".join(["bench/elastic/run.py"] + sys.argv[1:]),
          "quick": args.quick, "reps": reps,
          "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model, "kernel": platform.release(),
-                     "torch": torch_version},
+                     "torch": torch_version, "torch2": torch2_version},
          "node_loss": res, "restart": restart, "torch_kill": torch_kill,
          "load_before": load_before, "load_after": os.getloadavg()[0],
          "whole_run_s": time.time() - t_start}

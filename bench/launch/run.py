@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Single-node launcher benchmark: ddprun vs torchrun 1.13 vs mpirun, side by side in one run.
+"""Single-node launcher benchmark: ddprun vs torchrun 1.13 and 2.6 vs mpirun, side by side in one run.
 
 Measures (each repeated, median with min-max; ratios pair by pair within the run):
   * whole-command time of N x /bin/true for N = 1 ... 64 (--sizes): ddprun --standalone,
@@ -12,9 +12,10 @@ Measures (each repeated, median with min-max; ratios pair by pair within the run
     failure to the first worker of attempt 1;
   * agent footprint: RSS and CPU of the launcher process while 8 workers sleep.
 
-torchrun runs through bench/launch/torchrun_fixed.py under /usr/bin/python3 (Debian's torch
-1.13), with --monitor_interval 5 (its 1.13 default) and 0.1 (current torch default); --quick
-leaves the interval-5 runs out (about 8 s each) and sweeps N = 2, 8 only.
+torchrun 1.13 runs through bench/launch/torchrun_fixed.py under /usr/bin/python3 (Debian's torch
+1.13), with --monitor_interval 5 (its 1.13 default) and 0.1 (current torch default); torchrun 2.6
+(Debian trixie's, scripts/torch2/torchrun2, only as root with the cached root; see bench/torch2.py)
+at its default 0.1. --quick leaves the interval-5 runs out (about 8 s each) and sweeps N = 2, 8 only.
 
 Usage: run.py --ddprun build/bin/ddprun [--quick] [--sizes 1,2,4] [--out results.json]
        [--markdown out.md] [--update-doc docs/performance.md]
@@ -31,6 +32,7 @@ import tempfile
 import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
+import torch2  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "timed_worker.sh")
@@ -61,6 +63,9 @@ def launcher_cmd(kind, nproc, extra=(), worker=WORKER):
         return [ARGS.floor, str(nproc), worker]
     if kind == "mpirun":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nproc), worker]
+    if kind == "torchrun2_mi0.1":
+        return [torch2.TORCHRUN2, "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
+                *extra, "--no-python", worker]
     mi = {"torchrun_mi5": "5", "torchrun_mi0.1": "0.1"}[kind]
     return [TORCH_PY, TORCHRUN, "--standalone", f"--nproc_per_node={nproc}",
             f"--monitor_interval={mi}", *extra, "--no_python", worker]
@@ -233,8 +238,8 @@ def fmt(s, digits=1):
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
-LABEL = {"floor": "floor", "ddprun": "ddprun", "mpirun": "mpirun", "torchrun_mi0.1": "torchrun mi 0.1",
-         "torchrun_mi5": "torchrun mi 5"}
+LABEL = {"floor": "floor", "ddprun": "ddprun", "mpirun": "mpirun", "torchrun_mi0.1": "torchrun 1.13 mi 0.1",
+         "torchrun_mi5": "torchrun 1.13 mi 5", "torchrun2_mi0.1": "torchrun 2.6 mi 0.1"}
 
 
 def cell(entry, key="total_ms", digits=1):
@@ -262,7 +267,10 @@ def markdown(r):
     lines = []
     m = r["machine"]
     lines.append(f"Measured {r['date']} with `{r['command']}` on {m['cpus']} vCPU ({m['cpu_model']}), "
-                 f"kernel {m['kernel']}, Python {m['python']}, torch {m['torch']}, {m['mpirun']}; "
+                 f"kernel {m['kernel']}, Python {m['python']}, torch {m['torch']}"
+                 + (f" and {m['torch2']} (Debian trixie, in a chroot)" if m.get("torch2", "").startswith("2.")
+                    else f"; torchrun 2.6 not measured: {m['torch2']}" if m.get("torch2") else "")
+                 + f", {m['mpirun']}; "
                  f"{'quick' if r['quick'] else 'full'} run; median (min–max) of the runs; load "
                  f"average {r['load_before']:.1f} before, {r['load_after']:.1f} after; whole run "
                  f"{r['whole_run_s']:.0f} s.\n")
@@ -342,7 +350,8 @@ def main():
                     "(default 1,2,4,8,16,32,64; quick 2,8)")
     ap.add_argument("--no-mpirun", action="store_true", help="leave mpirun out")
     ap.add_argument("--kinds", help="launchers besides the floor, comma-separated (default "
-                    "ddprun,mpirun,torchrun_mi0.1,torchrun_mi5; quick without torchrun_mi5)")
+                    "ddprun,mpirun,torchrun_mi0.1,torchrun_mi5 and, as root with the torch 2.x root, "
+                    "torchrun2_mi0.1; quick without torchrun_mi5)")
     ap.add_argument("--out")
     ap.add_argument("--markdown")
     ap.add_argument("--update-doc", metavar="MD",
@@ -365,23 +374,30 @@ def main():
     load_before = os.getloadavg()[0]
 
     have_mpi = not ARGS.no_mpirun and shutil.which("mpirun") is not None
+    have_torch2, torch2_version = torch2.available()
+    if not have_torch2:
+        print(f"launch: torchrun 2.6 left out: {torch2_version}", flush=True)
     if ARGS.quick:
         # torchrun at monitor interval 5 costs ~8 s a run: the quick run keeps it out.
         kinds = ["ddprun", "torchrun_mi0.1"]
         nprocs = [2, 8]
-        reps = {"floor": 3, "ddprun": 3, "mpirun": 3, "torchrun_mi0.1": 1}
+        reps = {"floor": 3, "ddprun": 3, "mpirun": 3, "torchrun_mi0.1": 1, "torchrun2_mi0.1": 1}
         window = 0.5
     else:
         kinds = ["ddprun", "torchrun_mi0.1", "torchrun_mi5"]
         nprocs = [1, 2, 4, 8, 16, 32, 64]
-        reps = {"floor": 10, "ddprun": 10, "mpirun": 5, "torchrun_mi0.1": 3, "torchrun_mi5": 2}
+        reps = {"floor": 10, "ddprun": 10, "mpirun": 5, "torchrun_mi0.1": 3, "torchrun_mi5": 2,
+                "torchrun2_mi0.1": 3}
         window = 3.0
+    if have_torch2:
+        kinds.append("torchrun2_mi0.1")
     if ARGS.sizes:
         nprocs = [int(x) for x in ARGS.sizes.split(",") if x]
     if ARGS.kinds:
         wanted = ARGS.kinds.split(",")
         have_mpi = have_mpi and "mpirun" in wanted
-        kinds = ["ddprun"] + [k for k in wanted if k.startswith("torchrun")]
+        kinds = ["ddprun"] + [k for k in wanted if k.startswith("torchrun")
+                              and (have_torch2 or not k.startswith("torchrun2"))]
     sweep_kinds = ["floor", "ddprun"] + (["mpirun"] if have_mpi else []) + kinds[1:]
     # quick: torchrun's timeline (one more 3 s run) is left out; its code path is ddprun's.
     timeline_kinds = ["ddprun"] + (["mpirun"] if have_mpi else []) + ([] if ARGS.quick else kinds[1:])
@@ -391,7 +407,7 @@ def main():
             return 3  # mostly hangs there (MPI_HANG_S each)
         if kind == "torchrun_mi5" and n not in (1, 8, 64) and n in (1, 2, 4, 8, 16, 32, 64):
             return 0  # ~8 s a run whatever N is (the monitor's sleep): the ends and 8 only
-        if kind == "torchrun_mi0.1" and n > 8 and not ARGS.quick:
+        if kind in ("torchrun_mi0.1", "torchrun2_mi0.1") and n > 8 and not ARGS.quick:
             return 2
         if ARGS.quick and kind.startswith("torchrun") and n != max(nprocs):
             return 0  # quick: torchrun (2-4 s a run) only at the largest N
@@ -412,6 +428,7 @@ def main():
         "quick": ARGS.quick,
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model, "kernel": platform.release(),
                     "python": platform.python_version(), "torch": torch_version,
+                    "torch2": torch2_version,
                     "mpirun": mpi_version},
         "mpi_hang_s": MPI_HANG_S,
         "launch": bench_sweep(sweep_kinds, nprocs, reps_for),

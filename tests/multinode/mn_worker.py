@@ -15,6 +15,7 @@ MARKER is ignored: it makes every process of one test findable in /proc.
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 
@@ -39,6 +40,7 @@ def main():
     env = {k: os.environ.get(k) for k in KEYS}
     env["pid"] = os.getpid()
     env["agent_pid"] = os.getppid()
+    env["python"] = platform.python_version()
     rank = int(env["RANK"])
     attempt = int(env["TORCHELASTIC_RESTART_COUNT"])
     world = int(env["WORLD_SIZE"])

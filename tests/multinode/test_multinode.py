@@ -228,6 +228,12 @@ def check_world(envs, world, nodes):
     check(sorted({e["GROUP_RANK"] for e in envs}) == [str(i) for i in range(nodes)], "GROUP_RANK")
     for e in envs:
         check(int(e["RANK"]) == int(e["GROUP_RANK"]) * 2 + int(e["LOCAL_RANK"]), "RANK/GROUP_RANK mismatch %s" % e)
+    # tests/torch2 runs these scenarios with PYTHON_EXEC=python3-torch2: the workers must have
+    # run the torch 2.x root's Python, not the host's.
+    want = os.environ.get("DDPRUN_TORCH2_PY_VERSION")
+    if want:
+        check({e.get("python") for e in envs} == {want}, "worker Python %s, want the torch 2.x root's %s"
+              % ({e.get("python") for e in envs}, want))
 
 
 # ---------------------------------------------------------------- scenarios

@@ -46,6 +46,7 @@ def main():
     addr = socket.gethostbyname(socket.gethostname())
     # One write call per line: under PYTHONUNBUFFERED, print() writes the text and the newline
     # separately, so lines of ranks sharing a console pipe (no prefixing agent) could interleave.
+    sys.stdout.write("rank %d torch %s\n" % (rank, torch.__version__))
     sys.stdout.write("rank %d ok world %d host %s\n" % (rank, world, addr))
     sys.stdout.flush()
     dist.barrier()

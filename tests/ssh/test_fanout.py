@@ -30,7 +30,7 @@ from netns_hosts import SshCluster, preflight, skip, SkipTest  # noqa: E402
 
 BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
-PYTHON = "/usr/bin/python3"
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")  # tests/torch2: python3-torch2
 WORKER = os.path.join(HERE, "fanout_worker.py")
 DDP_JOB = os.path.join(HERE, "ddp_job.py")
 LINE_RE = re.compile(r"^\[(h\d+):(\d+)\]: ?(.*)$")
@@ -166,6 +166,12 @@ class Fanout(unittest.TestCase):
                 oks[rank] = host
         self.assertEqual(sorted(oks), list(range(6)), self.stdout())
         self.assertEqual(sorted(list(oks.values()).count(h) for h in self.c.hosts), [2, 2, 2])
+        # tests/torch2 runs this with torch 2.6 workers: every rank must have run that torch.
+        want = os.environ.get("DDPRUN_TORCH2_VERSION")
+        if want:
+            versions = {rank: m.group(1) for _, rank, text in self.worker_lines()
+                        for m in [re.match(r"^rank \d+ torch (\S+)$", text)] if m}
+            self.assertEqual(versions, {r: want for r in range(6)}, "torch version per rank")
         self.assert_clean()
 
     # ---------- (b) prefixes, whole lines ----------
