@@ -535,6 +535,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                           StatusMessage{options.run_id}};
     }
     Actions actions = log.apply(seq, ev);
+    spdlog::debug("etcd rendezvous '{}' [{}]: applied entry {} ({}, {} actions)", options.run_id,
+                  options.node.id.to_string(), seq, value.substr(0, value.find('\n')), actions.size());
     // A join of a node whose key is already gone: nobody saw it alive, so expire it now.
     if (const auto* j = std::get_if<JoinMessage>(&ev.message);
         j != nullptr && ev.kind == etcd::EventKind::message && !live.count(node_key(j->request.node.id))) {
@@ -694,9 +696,23 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (op.put_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
     if (op.delete_node_key) t.success.emplace_back(etcd::DeleteRangeRequest{my_key, {}});
     t.failure.emplace_back(etcd::RangeRequest{key, etcd::prefix_range_end(log_prefix), 256, 0, false, false});
+    std::string gone_key;
+    if (op.kind == etcd::EventKind::expired) {
+      // Our view of the node keys may lag the log (a conflict reply carries log entries before
+      // the watch delivers the keys written with them): etcd itself confirms the key is gone.
+      gone_key = node_key(std::get<LeaveMessage>(op.message).node);
+      t.compare.push_back({gone_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
+      t.failure.emplace_back(etcd::RangeRequest{gone_key, {}, 0, 0, true, false});
+    }
     const std::string id = op.id;
-    client.txn(std::move(t), guard([this, seq, ev, id](etcd::TxnResponse r) {
+    client.txn(std::move(t), guard([this, seq, ev, id, gone_key](etcd::TxnResponse r) {
                  appending = false;
+                 if (!r.succeeded && !gone_key.empty() && r.responses.size() > 1 &&
+                     !r.responses[1].range.kvs.empty()) {
+                   live.insert(gone_key);  // alive after all: the expiry is not due
+                   if (!ops.empty() && ops.front().id == id) ops.pop_front();
+                   if (r.responses[0].range.kvs.empty()) return after_apply();
+                 }
                  if (r.succeeded) {
                    if (!ops.empty() && ops.front().id == id) {
                      if (ops.front().put_node_key) live.insert(my_key);
