@@ -322,3 +322,21 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   }, 4000ms);
   for (auto& a : agents) CHECK(a->round() == r2);
 }
+
+TEST_CASE("etcd rendezvous: leave() ends the round for the others and the job goes on smaller",
+          "[etcd][rendezvous]") {
+  EtcdCluster cluster(1, "rdzv-leave");
+  boost::asio::io_context io;
+  Agents agents = make_agents(io, 2, cluster.endpoints(), "job6", test_config(1, 2, 0));
+  for (auto& a : agents) a->rejoin();
+  REQUIRE(run_until(io, [&] { return same_round(ptrs(agents)) && agents[0]->assignments.back().group_world_size == 2; }, 20s));
+  const std::uint64_t r0 = agents[0]->round();
+  agents[1]->rdzv->leave();
+  auto rest = ptrs(agents, {0});
+  REQUIRE(run_until(io, [&] { return same_round(rest, r0); }, 20s));
+  REQUIRE(agents[0]->restarts.size() == 1);
+  CHECK_THAT(agents[0]->restarts[0].reason, Catch::Contains("left"));
+  CHECK(agents[0]->assignments.back().group_world_size == 1);
+  CHECK(agents[1]->restarts.empty());
+  CHECK(run_until(io, [&] { return !agents[1]->rdzv->connected(); }, 10s));
+}
