@@ -1,0 +1,112 @@
+#pragma once
+// EtcdClient: an asynchronous etcd v3 client on the caller's io_context, through etcd's JSON
+// gateway (HTTP/1.1 POST /v3/..., Boost.Beast), optionally over TLS (OpenSSL) and with etcd's
+// username/password auth. docs/rendezvous.md ("etcd backend") says why the gateway and not gRPC.
+//
+// Unary calls (range, put, delete, txn, lease grant/keepalive/revoke) are queued and sent one at
+// a time over one keep-alive connection to the current endpoint. When that endpoint cannot be
+// reached, times out, or answers that it has no leader (etcd's Unavailable / "no leader" /
+// "request timed out"), the call moves to the next endpoint of the list; it fails only after
+// every endpoint was tried once, with an error naming each endpoint and what it answered. Auth:
+// the client authenticates before its first call and again when etcd says the token is invalid
+// (simple tokens expire), then retries the call once. Wrong credentials fail the call with
+// EtcdError::auth_failed set and the endpoint named.
+//
+// Retrying a call on another endpoint may apply a mutation twice when the first member applied it
+// but its answer was lost; callers make mutations safe to repeat (compare-and-swap txns).
+//
+// A watch runs on its own streaming connection. When the connection breaks (member killed, "no
+// leader", token expired) it reconnects to the next endpoint with backoff and resumes from the
+// revision after the last event it delivered, so no event is lost or repeated. It ends (on_error)
+// only when resuming is impossible: the revision was compacted, the watch was refused, or a
+// message was malformed or over the size bound.
+//
+// Everything read from the network is bounded (response bodies, header sizes, watch messages)
+// and validated (etcd_codec.hpp). Not thread-safe: every call and every callback runs on the
+// io_context thread. No callback runs after the client is destroyed or shutdown() is called.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/clock.hpp"
+#include "ddprun/common/endpoint.hpp"
+#include "ddprun/rendezvous/etcd_codec.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::rendezvous::etcd {
+
+struct EtcdClientOptions {
+  std::vector<Endpoint> endpoints;  // tried in order, rotating on failure
+  bool tls = false;                 // https (torchrun's protocol=https)
+  std::string cacert;               // PEM CA bundle; "" = the system's default CAs
+  std::string cert;                 // PEM client certificate (with `key`), "" = none
+  std::string key;
+  std::string username;  // etcd auth; "" = auth off
+  std::string password;
+  Duration connect_timeout = std::chrono::seconds(3);
+  Duration request_timeout = std::chrono::seconds(5);
+  std::size_t max_response_bytes = std::size_t{32} << 20;
+  std::size_t max_watch_message_bytes = std::size_t{32} << 20;
+};
+
+struct EtcdError {
+  std::string message;   // one sentence, names the endpoint(s)
+  std::string endpoint;  // "host:port" of the last endpoint tried
+  int grpc_code = 0;     // 0 when the failure was not an etcd answer (network, protocol)
+  bool auth_failed = false;  // etcd refused the username/password
+};
+
+template <class T>
+using EtcdCallback = std::function<void(const std::optional<EtcdError>& error, T value)>;
+
+struct WatchHandlers {
+  // Messages in revision order, each with at least one event.
+  std::function<void(const WatchMessage&)> on_message;
+  // The watch ended and will not resume (compaction, refusal, malformed stream).
+  std::function<void(const EtcdError&)> on_error;
+  // The stream broke and is being resumed (informational).
+  std::function<void(const std::string& why)> on_reconnect;
+};
+
+class EtcdClient {
+ public:
+  // Throws ddprun::Error naming the file when a TLS file cannot be loaded, and UsageError when
+  // the endpoint list is empty or cert is given without key.
+  EtcdClient(boost::asio::io_context& io, EtcdClientOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  void range(RangeRequest request, EtcdCallback<RangeResponse> done);
+  void put(PutRequest request, EtcdCallback<ResponseHeader> done);
+  void delete_range(DeleteRangeRequest request, EtcdCallback<ResponseHeader> done);
+  void txn(TxnRequest request, EtcdCallback<TxnResponse> done);
+  void lease_grant(std::int64_t ttl_seconds, EtcdCallback<LeaseGrantResponse> done);
+  void lease_keepalive(std::int64_t id, EtcdCallback<LeaseKeepAliveResponse> done);
+  void lease_revoke(std::int64_t id, EtcdCallback<ResponseHeader> done);
+
+  // Starts a watch; the id cancels it. start_revision 0 = from the current revision.
+  std::uint64_t watch(WatchCreate create, WatchHandlers handlers);
+  void cancel_watch(std::uint64_t id);
+
+  // Closes every connection and drops every pending call and watch without calling back.
+  void shutdown();
+
+  // "h1:2379,h2:2379" (with the scheme when TLS is on).
+  std::string endpoints_text() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::rendezvous::etcd

@@ -1,0 +1,719 @@
+#include "ddprun/rendezvous/etcd_client.hpp"
+
+#include <fmt/format.h>
+#include <openssl/ssl.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <deque>
+#include <map>
+
+#include "ddprun/common/backoff.hpp"
+#include "ddprun/common/error.hpp"
+
+namespace ddprun::rendezvous::etcd {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+constexpr std::size_t kHeaderLimit = 16 * 1024;
+constexpr std::size_t kErrorBodyLimit = 64 * 1024;
+
+std::string describe(const error_code& ec) {
+  if (ec == beast::error::timeout) return "timed out";
+  if (ec == http::error::body_limit) return "reply larger than the response size limit";
+  if (ec == http::error::header_limit) return "reply headers over 16 KiB";
+  if (ec == asio::error::eof || ec == http::error::end_of_stream || ec == ssl::error::stream_truncated)
+    return "connection closed by the server";
+  return ec.message();
+}
+
+bool is_ip_literal(const std::string& host) {
+  error_code ec;
+  asio::ip::make_address(host, ec);
+  return !ec;
+}
+
+// One HTTP/1.1 connection (plain or TLS) to one endpoint.
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  using Tls = beast::ssl_stream<beast::tcp_stream>;
+
+  Conn(asio::io_context& io, ssl::context* tls, Endpoint ep)
+      : ep_(std::move(ep)), resolver_(io) {
+    if (tls != nullptr) {
+      tls_ = std::make_unique<Tls>(io, *tls);
+    } else {
+      tcp_ = std::make_unique<beast::tcp_stream>(io);
+    }
+  }
+
+  const Endpoint& endpoint() const { return ep_; }
+  beast::tcp_stream& lowest() { return tls_ ? beast::get_lowest_layer(*tls_) : *tcp_; }
+  template <class F>
+  void with_stream(F&& f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(*tcp_);
+    }
+  }
+  beast::flat_buffer& buffer() { return buf_; }
+  bool open() const { return open_; }
+
+  void connect(Duration timeout, std::function<void(const std::string&)> done) {
+    auto self = shared_from_this();
+    resolver_.async_resolve(
+        ep_.host, std::to_string(ep_.port),
+        [self, timeout, done = std::move(done)](const error_code& ec,
+                                                tcp::resolver::results_type results) mutable {
+          if (ec) return done("cannot resolve the host name: " + ec.message());
+          self->lowest().expires_after(timeout);
+          self->lowest().async_connect(
+              results, [self, done = std::move(done)](const error_code& ec2,
+                                                     const tcp::endpoint&) mutable {
+                if (ec2) {
+                  return done(ec2 == beast::error::timeout ? "connect timed out"
+                                                           : "cannot connect: " + ec2.message());
+                }
+                error_code ignored;
+                self->lowest().socket().set_option(tcp::no_delay(true), ignored);
+                self->lowest().socket().set_option(asio::socket_base::keep_alive(true), ignored);
+                if (!self->tls_) {
+                  self->open_ = true;
+                  return done("");
+                }
+                if (!is_ip_literal(self->ep_.host) &&
+                    SSL_ctrl(self->tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME,
+                             TLSEXT_NAMETYPE_host_name,
+                             const_cast<char*>(self->ep_.host.c_str())) != 1) {
+                  return done("cannot set the TLS server name");
+                }
+                self->tls_->set_verify_callback(ssl::host_name_verification(self->ep_.host));
+                self->tls_->async_handshake(
+                    ssl::stream_base::client,
+                    [self, done = std::move(done)](const error_code& ec3) mutable {
+                      if (ec3) return done("TLS handshake failed: " + ec3.message());
+                      self->open_ = true;
+                      done("");
+                    });
+              });
+        });
+  }
+
+  void close() {
+    open_ = false;
+    resolver_.cancel();
+    error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().close();
+  }
+
+ private:
+  Endpoint ep_;
+  tcp::resolver resolver_;
+  std::unique_ptr<beast::tcp_stream> tcp_;
+  std::unique_ptr<Tls> tls_;
+  beast::flat_buffer buf_;
+  bool open_ = false;
+};
+
+http::request<http::string_body> make_request(const Endpoint& ep, const std::string& target,
+                                              std::string body, const std::string& token) {
+  http::request<http::string_body> req{http::verb::post, target, 11};
+  req.set(http::field::host, ep.to_string());
+  req.set(http::field::content_type, "application/json");
+  req.set(http::field::user_agent, "ddprun");
+  // Fail fast on a member without a leader instead of waiting for an election there.
+  req.set("Grpc-Metadata-hasleader", "true");
+  if (!token.empty()) req.set(http::field::authorization, token);
+  req.keep_alive(true);
+  req.body() = std::move(body);
+  req.prepare_payload();
+  return req;
+}
+
+}  // namespace
+
+struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
+  struct Call {
+    std::string path;
+    std::string body;
+    std::function<void(const std::optional<EtcdError>&, std::string)> done;
+    std::size_t tried = 0;
+    std::string errors;
+    bool token_retry = false;
+  };
+
+  struct Watch {
+    std::uint64_t id = 0;
+    WatchCreate create;
+    std::int64_t next_revision = 0;
+    WatchHandlers handlers;
+    std::size_t endpoint = 0;
+    std::shared_ptr<Conn> conn;
+    std::unique_ptr<asio::steady_timer> retry;
+    std::unique_ptr<Backoff> backoff;
+    std::string pending;  // bytes of the message being assembled
+    bool cancelled = false;
+    std::uint64_t generation = 0;  // bumps on each (re)connect: stale handlers stop
+  };
+
+  asio::io_context& io;
+  EtcdClientOptions options;
+  std::unique_ptr<ssl::context> tls;
+  bool closed = false;
+  std::deque<std::shared_ptr<Call>> queue;
+  bool busy = false;
+  std::shared_ptr<Conn> conn;
+  std::size_t current = 0;
+  std::string token;
+  std::map<std::uint64_t, std::shared_ptr<Watch>> watches;
+  std::uint64_t next_watch_id = 1;
+
+  Impl(asio::io_context& io_, EtcdClientOptions o) : io(io_), options(std::move(o)) {
+    if (options.endpoints.empty())
+      throw UsageError("no etcd endpoint given", "pass --rdzv-endpoint host:2379[,host:2379...]");
+    if (options.cert.empty() != options.key.empty()) {
+      throw UsageError("etcd TLS: cert and key must be given together",
+                       "pass both --rdzv-conf cert=FILE,key=FILE or neither");
+    }
+    if (options.tls) {
+      tls = std::make_unique<ssl::context>(ssl::context::tls_client);
+      tls->set_verify_mode(ssl::verify_peer);
+      error_code ec;
+      if (options.cacert.empty()) {
+        tls->set_default_verify_paths(ec);
+        if (ec) throw Error("etcd TLS: cannot load the system CA certificates: " + ec.message());
+      } else {
+        tls->load_verify_file(options.cacert, ec);
+        if (ec) {
+          throw Error(fmt::format("etcd TLS: cannot load cacert '{}': {}", options.cacert, ec.message()),
+                      "check --rdzv-conf cacert=FILE (a PEM CA certificate)");
+        }
+      }
+      if (!options.cert.empty()) {
+        tls->use_certificate_chain_file(options.cert, ec);
+        if (ec) {
+          throw Error(fmt::format("etcd TLS: cannot load cert '{}': {}", options.cert, ec.message()),
+                      "check --rdzv-conf cert=FILE (a PEM client certificate)");
+        }
+        tls->use_private_key_file(options.key, ssl::context::pem, ec);
+        if (ec) {
+          throw Error(fmt::format("etcd TLS: cannot load key '{}': {}", options.key, ec.message()),
+                      "check --rdzv-conf key=FILE (the PEM private key of cert)");
+        }
+      }
+    }
+  }
+
+  std::string scheme() const { return options.tls ? "https://" : "http://"; }
+  std::string endpoint_text(std::size_t i) const {
+    return scheme() + options.endpoints[i].to_string();
+  }
+
+  // ---- unary calls ----
+
+  void submit(std::string path, std::string body,
+              std::function<void(const std::optional<EtcdError>&, std::string)> done) {
+    if (closed) return;
+    auto call = std::make_shared<Call>();
+    call->path = std::move(path);
+    call->body = std::move(body);
+    call->done = std::move(done);
+    queue.push_back(std::move(call));
+    pump();
+  }
+
+  void pump() {
+    if (closed || busy || queue.empty()) return;
+    busy = true;
+    run(queue.front());
+  }
+
+  void finish(const std::shared_ptr<Call>& call, const std::optional<EtcdError>& err,
+              std::string body) {
+    if (closed) return;
+    queue.pop_front();
+    busy = false;
+    auto done = std::move(call->done);
+    // The next call starts before this one's callback, so a callback that submits more work
+    // queues behind what is already waiting.
+    pump();
+    if (done) done(err, std::move(body));
+  }
+
+  void run(std::shared_ptr<Call> call) {
+    if (closed) return;
+    if (conn && conn->open()) {
+      with_auth(std::move(call));
+      return;
+    }
+    if (conn) conn->close();
+    conn = std::make_shared<Conn>(io, tls.get(), options.endpoints[current]);
+    auto self = shared_from_this();
+    auto c = conn;
+    c->connect(options.connect_timeout, [self, c, call](const std::string& err) {
+      if (self->closed || c != self->conn) return;
+      if (!err.empty()) return self->failover(call, err);
+      self->with_auth(call);
+    });
+  }
+
+  void with_auth(std::shared_ptr<Call> call) {
+    if (options.username.empty() || !token.empty()) return send(std::move(call));
+    auto self = shared_from_this();
+    exchange("/v3/auth/authenticate", encode_authenticate(options.username, options.password), "",
+             options.max_response_bytes,
+             [self, call](const std::string& terr, unsigned status, std::string body) {
+               if (!terr.empty()) return self->failover(call, terr);
+               if (status != 200) {
+                 GatewayError g = decode_error(body);
+                 if (is_failover_error(g)) return self->failover(call, g.message);
+                 const std::size_t i = self->current;
+                 EtcdError e{fmt::format("etcd at {} refused the credentials of user '{}': {} "
+                                         "(check --rdzv-conf username=/password=)",
+                                         self->endpoint_text(i), self->options.username, g.message),
+                             self->options.endpoints[i].to_string(), g.code, true};
+                 return self->finish(call, e, {});
+               }
+               std::string tok;
+               if (std::string why = decode_authenticate(body, tok); !why.empty())
+                 return self->failover(call, "malformed authenticate reply: " + why);
+               self->token = std::move(tok);
+               self->send(call);
+             });
+  }
+
+  void send(std::shared_ptr<Call> call) {
+    if (call->path.empty()) return finish(call, std::nullopt, {});  // authenticate only
+    auto self = shared_from_this();
+    exchange(call->path, call->body, token, options.max_response_bytes,
+             [self, call](const std::string& terr, unsigned status, std::string body) {
+               if (!terr.empty()) return self->failover(call, terr);
+               if (status == 200) return self->finish(call, std::nullopt, std::move(body));
+               GatewayError g = decode_error(body);
+               if (!self->options.username.empty() && is_invalid_token_error(g) &&
+                   !call->token_retry) {
+                 call->token_retry = true;
+                 self->token.clear();
+                 return self->run(call);
+               }
+               if (is_failover_error(g)) return self->failover(call, g.message);
+               const std::size_t i = self->current;
+               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}",
+                                       self->endpoint_text(i), call->path, status, g.message),
+                           self->options.endpoints[i].to_string(), g.code,
+                           g.code == 16 || g.code == 7};
+               self->finish(call, e, {});
+             });
+  }
+
+  // One request/response on the unary connection. `done(transport_error, status, body)`.
+  void exchange(const std::string& path, std::string body, const std::string& tok,
+                std::size_t limit,
+                std::function<void(const std::string&, unsigned, std::string)> done) {
+    struct Ex {
+      http::request<http::string_body> req;
+      http::response_parser<http::string_body> parser;
+    };
+    auto ex = std::make_shared<Ex>();
+    ex->req = make_request(conn->endpoint(), path, std::move(body), tok);
+    ex->parser.body_limit(limit);
+    ex->parser.header_limit(kHeaderLimit);
+    auto c = conn;
+    auto self = shared_from_this();
+    c->lowest().expires_after(options.request_timeout);
+    c->with_stream([&](auto& s) {
+      http::async_write(s, ex->req, [self, c, ex, done](const error_code& ec, std::size_t) {
+        if (self->closed || c != self->conn) return;
+        if (ec) return done("cannot send the request: " + describe(ec), 0, {});
+        c->with_stream([&](auto& s2) {
+          http::async_read(s2, c->buffer(), ex->parser,
+                           [self, c, ex, done](const error_code& ec2, std::size_t) {
+                             if (self->closed || c != self->conn) return;
+                             if (ec2) return done("no reply: " + describe(ec2), 0, {});
+                             auto& res = ex->parser.get();
+                             if (!res.keep_alive()) c->close();
+                             done("", res.result_int(), std::move(res.body()));
+                           });
+        });
+      });
+    });
+  }
+
+  void failover(std::shared_ptr<Call> call, const std::string& why) {
+    if (closed) return;
+    const std::size_t failed = current;
+    call->errors += fmt::format("{}{}: {}", call->errors.empty() ? "" : "; ",
+                                endpoint_text(failed), why);
+    spdlog::debug("etcd: {} failed ({}); trying the next endpoint", endpoint_text(failed), why);
+    if (conn) conn->close();
+    conn.reset();
+    current = (current + 1) % options.endpoints.size();
+    endpoint_failed(failed);
+    if (++call->tried >= options.endpoints.size()) {
+      EtcdError e{fmt::format("no etcd endpoint answered {}: {}",
+                              call->path.empty() ? "authenticate" : call->path, call->errors),
+                  options.endpoints[failed].to_string(), 0, false};
+      return finish(call, e, {});
+    }
+    run(std::move(call));
+  }
+
+  // ---- watches ----
+
+  void endpoint_failed(std::size_t index) {
+    for (auto& [id, w] : watches) {
+      if (w->conn && w->endpoint == index && w->conn->open()) {
+        w->conn->close();  // its read fails and it resumes on the next endpoint
+      }
+    }
+  }
+
+  std::uint64_t start_watch(WatchCreate create, WatchHandlers handlers) {
+    auto w = std::make_shared<Watch>();
+    w->id = next_watch_id++;
+    w->next_revision = create.start_revision;
+    w->create = std::move(create);
+    w->handlers = std::move(handlers);
+    w->endpoint = current;
+    w->retry = std::make_unique<asio::steady_timer>(io);
+    w->backoff = std::make_unique<Backoff>(Backoff::Options{std::chrono::milliseconds(50),
+                                                            std::chrono::seconds(2), 2.0, 0.3});
+    watches[w->id] = w;
+    connect_watch(w);
+    return w->id;
+  }
+
+  void cancel(std::uint64_t id) {
+    auto it = watches.find(id);
+    if (it == watches.end()) return;
+    auto w = it->second;
+    w->cancelled = true;
+    w->retry->cancel();
+    if (w->conn) w->conn->close();
+    watches.erase(it);
+  }
+
+  bool alive(const std::shared_ptr<Watch>& w, std::uint64_t gen) const {
+    return !closed && !w->cancelled && w->generation == gen;
+  }
+
+  void watch_broken(const std::shared_ptr<Watch>& w, const std::string& why, bool rotate) {
+    if (closed || w->cancelled) return;
+    ++w->generation;
+    if (w->conn) w->conn->close();
+    w->conn.reset();
+    w->pending.clear();
+    const std::string where = endpoint_text(w->endpoint);
+    if (rotate) w->endpoint = (w->endpoint + 1) % options.endpoints.size();
+    spdlog::debug("etcd: watch on {} broke ({}); resuming at revision {} on {}", where, why,
+                  w->next_revision, endpoint_text(w->endpoint));
+    if (w->handlers.on_reconnect) w->handlers.on_reconnect(where + ": " + why);
+    if (closed || w->cancelled) return;
+    w->retry->expires_after(w->backoff->next_delay());
+    auto self = shared_from_this();
+    const std::uint64_t gen = w->generation;
+    w->retry->async_wait([self, w, gen](const error_code& ec) {
+      if (ec || !self->alive(w, gen)) return;
+      self->connect_watch(w);
+    });
+  }
+
+  void watch_fatal(const std::shared_ptr<Watch>& w, const std::string& message, int code) {
+    if (closed || w->cancelled) return;
+    EtcdError e{message, options.endpoints[w->endpoint].to_string(), code, false};
+    auto handlers = w->handlers;
+    cancel(w->id);
+    if (handlers.on_error) handlers.on_error(e);
+  }
+
+  void connect_watch(std::shared_ptr<Watch> w) {
+    if (closed || w->cancelled) return;
+    const std::uint64_t gen = ++w->generation;
+    if (!options.username.empty() && token.empty()) {
+      // Authenticate through the unary path (it rotates endpoints and reports bad credentials).
+      auto self = shared_from_this();
+      submit("", "", [self, w, gen](const std::optional<EtcdError>& err, std::string) {
+        if (!self->alive(w, gen)) return;
+        if (err && err->auth_failed) return self->watch_fatal(w, err->message, err->grpc_code);
+        if (err) return self->watch_broken(w, err->message, true);
+        self->connect_watch(w);
+      });
+      return;
+    }
+    w->conn = std::make_shared<Conn>(io, tls.get(), options.endpoints[w->endpoint]);
+    auto self = shared_from_this();
+    w->conn->connect(options.connect_timeout, [self, w, gen](const std::string& err) {
+      if (!self->alive(w, gen)) return;
+      if (!err.empty()) return self->watch_broken(w, err, true);
+      self->open_watch_stream(w, gen);
+    });
+  }
+
+  struct Stream {
+    http::request<http::string_body> req;
+    http::response_parser<http::buffer_body> parser;
+    std::array<char, 64 * 1024> chunk{};
+    std::string error_body;
+    unsigned status = 0;
+  };
+
+  void open_watch_stream(std::shared_ptr<Watch> w, std::uint64_t gen) {
+    auto st = std::make_shared<Stream>();
+    WatchCreate create = w->create;
+    create.start_revision = w->next_revision;
+    st->req = make_request(w->conn->endpoint(), "/v3/watch", encode_watch_create(create), token);
+    st->parser.body_limit(boost::none);
+    st->parser.header_limit(kHeaderLimit);
+    auto self = shared_from_this();
+    auto c = w->conn;
+    c->lowest().expires_after(options.request_timeout);
+    c->with_stream([&](auto& s) {
+      http::async_write(s, st->req, [self, w, gen, c, st](const error_code& ec, std::size_t) {
+        if (!self->alive(w, gen)) return;
+        if (ec) return self->watch_broken(w, "cannot send the watch: " + describe(ec), true);
+        c->with_stream([&](auto& s2) {
+          http::async_read_header(
+              s2, c->buffer(), st->parser, [self, w, gen, c, st](const error_code& ec2, std::size_t) {
+                if (!self->alive(w, gen)) return;
+                if (ec2) return self->watch_broken(w, "no watch reply: " + describe(ec2), true);
+                st->status = st->parser.get().result_int();
+                c->lowest().expires_never();
+                self->read_watch(w, gen, st);
+              });
+        });
+      });
+    });
+  }
+
+  void read_watch(std::shared_ptr<Watch> w, std::uint64_t gen, std::shared_ptr<Stream> st) {
+    st->parser.get().body().data = st->chunk.data();
+    st->parser.get().body().size = st->chunk.size();
+    auto self = shared_from_this();
+    auto c = w->conn;
+    c->with_stream([&](auto& s) {
+      http::async_read_some(s, c->buffer(), st->parser, [self, w, gen, st](error_code ec, std::size_t) {
+        if (!self->alive(w, gen)) return;
+        if (ec == http::error::need_buffer) ec = {};
+        const std::size_t got = st->chunk.size() - st->parser.get().body().size;
+        if (got > 0 && !self->feed(w, gen, *st, std::string_view(st->chunk.data(), got))) return;
+        if (!self->alive(w, gen)) return;
+        if (ec) return self->watch_broken(w, "stream ended: " + describe(ec), true);
+        if (st->parser.is_done()) {
+          if (st->status != 200) return self->watch_http_error(w, *st);
+          return self->watch_broken(w, "stream ended by the server", true);
+        }
+        self->read_watch(w, gen, st);
+      });
+    });
+  }
+
+  void watch_http_error(const std::shared_ptr<Watch>& w, const Stream& st) {
+    GatewayError g = decode_error(st.error_body);
+    if (!options.username.empty() && is_invalid_token_error(g)) {
+      token.clear();
+      return watch_broken(w, g.message, false);
+    }
+    if (is_failover_error(g) || st.status >= 500) return watch_broken(w, g.message, true);
+    watch_fatal(w,
+                fmt::format("etcd at {} refused the watch on '{}' with HTTP {}: {}",
+                            endpoint_text(w->endpoint), w->create.key, st.status, g.message),
+                g.code);
+  }
+
+  // Splits the stream into newline-delimited messages. False once the watch was torn down.
+  bool feed(const std::shared_ptr<Watch>& w, std::uint64_t gen, Stream& st, std::string_view bytes) {
+    if (st.status != 200) {
+      st.error_body.append(bytes.substr(0, kErrorBodyLimit - std::min(kErrorBodyLimit, st.error_body.size())));
+      return true;
+    }
+    while (!bytes.empty()) {
+      const std::size_t nl = bytes.find('\n');
+      const std::string_view part = bytes.substr(0, nl);
+      if (w->pending.size() + part.size() > options.max_watch_message_bytes) {
+        watch_fatal(w,
+                    fmt::format("etcd at {} sent a watch message over {} bytes",
+                                endpoint_text(w->endpoint), options.max_watch_message_bytes),
+                    0);
+        return false;
+      }
+      w->pending.append(part);
+      if (nl == std::string_view::npos) break;
+      bytes.remove_prefix(nl + 1);
+      std::string line = std::move(w->pending);
+      w->pending.clear();
+      if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
+      if (!handle_watch_line(w, line)) return false;
+      if (!alive(w, gen)) return false;
+    }
+    return true;
+  }
+
+  bool handle_watch_line(const std::shared_ptr<Watch>& w, const std::string& line) {
+    WatchMessage m;
+    std::optional<GatewayError> se;
+    if (std::string why = decode_watch_message(line, m, se); !why.empty()) {
+      watch_fatal(w, fmt::format("etcd at {} sent a malformed watch message: {}",
+                                 endpoint_text(w->endpoint), why),
+                  0);
+      return false;
+    }
+    if (se) {
+      if (!options.username.empty() && is_invalid_token_error(*se)) {
+        token.clear();
+        watch_broken(w, se->message, false);
+        return false;
+      }
+      if (is_failover_error(*se)) {
+        watch_broken(w, se->message, true);
+        return false;
+      }
+      watch_fatal(w, fmt::format("etcd at {} ended the watch on '{}': {}",
+                                 endpoint_text(w->endpoint), w->create.key, se->message),
+                  se->code);
+      return false;
+    }
+    if (m.created && w->next_revision == 0) w->next_revision = m.header.revision + 1;
+    if (m.canceled) {
+      if (m.compact_revision > 0) {
+        watch_fatal(w, fmt::format("etcd at {}: revision {} of '{}' was compacted (oldest kept: {}); "
+                                   "re-read the state",
+                                   endpoint_text(w->endpoint), w->next_revision, w->create.key,
+                                   m.compact_revision),
+                    11);
+      } else {
+        watch_fatal(w, fmt::format("etcd at {} cancelled the watch on '{}': {}",
+                                   endpoint_text(w->endpoint), w->create.key,
+                                   m.cancel_reason.empty() ? "no reason given" : m.cancel_reason),
+                    0);
+      }
+      return false;
+    }
+    if (m.events.empty()) return true;
+    std::int64_t last = 0;
+    for (const WatchEvent& e : m.events) last = std::max(last, e.kv.mod_revision);
+    // A resumed stream may repeat what was delivered before the break: drop it.
+    if (last < w->next_revision) return true;
+    std::erase_if(m.events, [&](const WatchEvent& e) { return e.kv.mod_revision < w->next_revision; });
+    w->next_revision = last + 1;
+    w->backoff->reset();
+    if (w->handlers.on_message) w->handlers.on_message(m);
+    return true;
+  }
+
+  void shutdown() {
+    if (closed) return;
+    closed = true;
+    if (conn) conn->close();
+    conn.reset();
+    for (auto& [id, w] : watches) {
+      w->cancelled = true;
+      w->retry->cancel();
+      if (w->conn) w->conn->close();
+    }
+    watches.clear();
+    queue.clear();
+  }
+};
+
+EtcdClient::EtcdClient(asio::io_context& io, EtcdClientOptions options)
+    : impl_(std::make_shared<Impl>(io, std::move(options))) {}
+
+EtcdClient::~EtcdClient() { impl_->shutdown(); }
+
+void EtcdClient::shutdown() { impl_->shutdown(); }
+
+std::string EtcdClient::endpoints_text() const {
+  std::string s;
+  for (std::size_t i = 0; i < impl_->options.endpoints.size(); ++i)
+    s += (i == 0 ? "" : ",") + impl_->endpoint_text(i);
+  return s;
+}
+
+namespace {
+
+// Wraps a typed callback around a raw body callback.
+template <class T, class Decode>
+std::function<void(const std::optional<EtcdError>&, std::string)> typed(EtcdCallback<T> done,
+                                                                        Decode decode,
+                                                                        std::string what) {
+  return [done = std::move(done), decode, what = std::move(what)](
+             const std::optional<EtcdError>& err, std::string body) {
+    if (!done) return;
+    if (err) return done(err, T{});
+    T value{};
+    if (std::string why = decode(body, value); !why.empty()) {
+      return done(EtcdError{fmt::format("malformed etcd reply to {}: {}", what, why), "", 0, false},
+                  T{});
+    }
+    done(std::nullopt, std::move(value));
+  };
+}
+
+}  // namespace
+
+void EtcdClient::range(RangeRequest request, EtcdCallback<RangeResponse> done) {
+  impl_->submit("/v3/kv/range", encode_range(request),
+                typed<RangeResponse>(std::move(done), decode_range, "range"));
+}
+
+void EtcdClient::put(PutRequest request, EtcdCallback<ResponseHeader> done) {
+  impl_->submit("/v3/kv/put", encode_put(request),
+                typed<ResponseHeader>(std::move(done), decode_header_only, "put"));
+}
+
+void EtcdClient::delete_range(DeleteRangeRequest request, EtcdCallback<ResponseHeader> done) {
+  impl_->submit("/v3/kv/deleterange", encode_delete_range(request),
+                typed<ResponseHeader>(std::move(done), decode_header_only, "deleterange"));
+}
+
+void EtcdClient::txn(TxnRequest request, EtcdCallback<TxnResponse> done) {
+  impl_->submit("/v3/kv/txn", encode_txn(request),
+                typed<TxnResponse>(std::move(done), decode_txn, "txn"));
+}
+
+void EtcdClient::lease_grant(std::int64_t ttl_seconds, EtcdCallback<LeaseGrantResponse> done) {
+  impl_->submit("/v3/lease/grant", encode_lease_grant(ttl_seconds),
+                typed<LeaseGrantResponse>(std::move(done), decode_lease_grant, "lease grant"));
+}
+
+void EtcdClient::lease_keepalive(std::int64_t id, EtcdCallback<LeaseKeepAliveResponse> done) {
+  auto decode = [](std::string_view body, LeaseKeepAliveResponse& out) -> std::string {
+    std::optional<GatewayError> se;
+    std::string why = decode_lease_keepalive(body, out, se);
+    if (why.empty() && se) return "stream error: " + se->message;
+    return why;
+  };
+  impl_->submit("/v3/lease/keepalive", encode_lease_id(id),
+                typed<LeaseKeepAliveResponse>(std::move(done), decode, "lease keepalive"));
+}
+
+void EtcdClient::lease_revoke(std::int64_t id, EtcdCallback<ResponseHeader> done) {
+  impl_->submit("/v3/lease/revoke", encode_lease_id(id),
+                typed<ResponseHeader>(std::move(done), decode_header_only, "lease revoke"));
+}
+
+std::uint64_t EtcdClient::watch(WatchCreate create, WatchHandlers handlers) {
+  return impl_->start_watch(std::move(create), std::move(handlers));
+}
+
+void EtcdClient::cancel_watch(std::uint64_t id) { impl_->cancel(id); }
+
+}  // namespace ddprun::rendezvous::etcd

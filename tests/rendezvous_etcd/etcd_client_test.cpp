@@ -1,0 +1,226 @@
+// EtcdClient against real etcd members on loopback: KV, txn, leases, watch, failover, auth, TLS.
+#include <catch2/catch.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <optional>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/etcd_client.hpp"
+#include "etcd_harness.hpp"
+
+using namespace ddprun;
+using namespace ddprun::rendezvous::etcd;
+using namespace std::chrono_literals;
+using ddprun::test::EtcdCluster;
+using ddprun::test::run_until;
+
+namespace {
+
+EtcdClientOptions options_for(const std::string& endpoints) {
+  EtcdClientOptions o;
+  o.endpoints = parse_endpoints(endpoints, "test").endpoints;
+  o.connect_timeout = 1s;
+  o.request_timeout = 3s;
+  return o;
+}
+
+// Runs one call to completion.
+template <class T, class Start>
+std::pair<std::optional<EtcdError>, T> call(boost::asio::io_context& io, Start start) {
+  bool done = false;
+  std::optional<EtcdError> err;
+  T value{};
+  start([&](const std::optional<EtcdError>& e, T v) {
+    err = e;
+    value = std::move(v);
+    done = true;
+  });
+  REQUIRE(run_until(io, [&] { return done; }, 20s));
+  return {err, std::move(value)};
+}
+
+}  // namespace
+
+TEST_CASE("etcd client: kv, prefixes, txn, leases and a watch against one member", "[etcd][client]") {
+  EtcdCluster cluster(1, "client");
+  boost::asio::io_context io;
+  EtcdClient c(io, options_for(cluster.endpoints()));
+
+  auto [e1, h1] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/t/a", std::string("v\0a", 3), 0}, cb); });
+  REQUIRE_FALSE(e1);
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/t/b", "vb", 0}, cb); });
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/u", "other", 0}, cb); });
+  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb); });
+  REQUIRE_FALSE(e2);
+  REQUIRE(r.kvs.size() == 2);
+  CHECK(r.kvs[0].value == std::string("v\0a", 3));
+  CHECK(r.kvs[1].key == "/t/b");
+
+  // Compare-and-swap on mod_revision: the second writer with a stale revision loses.
+  const std::int64_t rev = r.kvs[1].mod_revision;
+  auto cas = [&](std::int64_t expected, const std::string& v) {
+    TxnRequest t;
+    t.compare.push_back({"/t/b", Compare::Target::mod_revision, Compare::Result::equal, expected, {}});
+    t.success.emplace_back(PutRequest{"/t/b", v, 0});
+    t.failure.emplace_back(RangeRequest{"/t/b", {}, 0, 0, false, false});
+    return call<TxnResponse>(io, [&](auto cb) { c.txn(t, cb); });
+  };
+  auto [e3, t1] = cas(rev, "first");
+  REQUIRE_FALSE(e3);
+  CHECK(t1.succeeded);
+  auto [e4, t2] = cas(rev, "second");
+  REQUIRE_FALSE(e4);
+  CHECK_FALSE(t2.succeeded);
+  REQUIRE(t2.responses.size() == 1);
+  CHECK(t2.responses[0].range.kvs.at(0).value == "first");
+
+  // Watch from a revision: sees history first, then live puts and deletes.
+  std::vector<WatchEvent> seen;
+  WatchHandlers wh;
+  wh.on_message = [&](const WatchMessage& m) { seen.insert(seen.end(), m.events.begin(), m.events.end()); };
+  wh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
+  c.watch({"/t/", prefix_range_end("/t/"), rev + 1, false}, wh);
+  REQUIRE(run_until(io, [&] { return !seen.empty(); }, 10s));
+  CHECK(seen[0].kv.value == "first");
+
+  // Lease: a key attached to it vanishes on revoke, and the watch reports the delete.
+  auto [e5, g] = call<LeaseGrantResponse>(io, [&](auto cb) { c.lease_grant(5, cb); });
+  REQUIRE_FALSE(e5);
+  CHECK(g.ttl == 5);
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/t/leased", "x", g.id}, cb); });
+  auto [e6, k] = call<LeaseKeepAliveResponse>(io, [&](auto cb) { c.lease_keepalive(g.id, cb); });
+  REQUIRE_FALSE(e6);
+  CHECK(k.ttl == 5);
+  call<ResponseHeader>(io, [&](auto cb) { c.lease_revoke(g.id, cb); });
+  REQUIRE(run_until(io, [&] {
+    return std::any_of(seen.begin(), seen.end(), [](const WatchEvent& e) {
+      return e.type == WatchEvent::Type::del && e.kv.key == "/t/leased";
+    });
+  }, 10s));
+  auto [e7, k2] = call<LeaseKeepAliveResponse>(io, [&](auto cb) { c.lease_keepalive(g.id, cb); });
+  REQUIRE_FALSE(e7);
+  CHECK(k2.ttl <= 0);
+  auto [e8, hd] = call<ResponseHeader>(io, [&](auto cb) { c.delete_range({"/t/", prefix_range_end("/t/")}, cb); });
+  REQUIRE_FALSE(e8);
+  auto [e9, r2] = call<RangeResponse>(io, [&](auto cb) { c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb); });
+  CHECK(r2.kvs.empty());
+}
+
+TEST_CASE("etcd client: a dead endpoint is skipped; all dead is an error naming each", "[etcd][client]") {
+  EtcdCluster cluster(1, "failover");
+  boost::asio::io_context io;
+  const std::string dead = "127.0.0.1:" + std::to_string(ddprun::test::free_port());
+  EtcdClient c(io, options_for(dead + "," + cluster.endpoints()));
+  auto [e1, h] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/f", "1", 0}, cb); });
+  REQUIRE_FALSE(e1);
+
+  const std::string dead2 = "127.0.0.1:" + std::to_string(ddprun::test::free_port());
+  EtcdClient d(io, options_for(dead + "," + dead2));
+  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) { d.range({"/f", {}, 0, 0, false, false}, cb); });
+  REQUIRE(e2);
+  CHECK_THAT(e2->message, Catch::Contains(dead) && Catch::Contains(dead2) && Catch::Contains("connect"));
+}
+
+TEST_CASE("etcd client: watch resumes on another member after its member is killed", "[etcd][client][ha]") {
+  EtcdCluster cluster(3, "watch-ha");
+  boost::asio::io_context io;
+  EtcdClient c(io, options_for(cluster.endpoints()));
+  std::vector<std::string> values;
+  WatchHandlers wh;
+  wh.on_message = [&](const WatchMessage& m) {
+    for (const auto& e : m.events) values.push_back(e.kv.value);
+  };
+  wh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
+  c.watch({"/w/", prefix_range_end("/w/"), 0, false}, wh);
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/w/1", "one", 0}, cb); });
+  REQUIRE(run_until(io, [&] { return values.size() == 1; }, 10s));
+  // The watch and the unary connection both sit on member 0: kill it.
+  cluster.member(0).kill_now();
+  for (int i = 2; i <= 5; ++i) {
+    auto [e, h] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/w/" + std::to_string(i), std::to_string(i), 0}, cb); });
+    REQUIRE_FALSE(e);
+  }
+  REQUIRE(run_until(io, [&] { return values.size() == 5; }, 20s));
+  CHECK(values == std::vector<std::string>{"one", "2", "3", "4", "5"});  // nothing lost, nothing twice
+}
+
+TEST_CASE("etcd client: auth with username/password, token refresh, wrong password", "[etcd][client][auth]") {
+  EtcdCluster cluster(1, "auth", {"--auth-token", "simple"});
+  const std::string ep = "--endpoints=" + cluster.member(0).client_url(false);
+  std::string out;
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user add root:rootpw", &out) == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable", &out) == 0);
+
+  boost::asio::io_context io;
+  auto good = options_for(cluster.endpoints());
+  good.username = "root";
+  good.password = "rootpw";
+  EtcdClient c(io, good);
+  auto [e1, h1] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/a", "1", 0}, cb); });
+  REQUIRE_FALSE(e1);
+  // Disabling and enabling auth drops every simple token: the client must re-authenticate.
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " --user root:rootpw auth disable", &out) == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user get root", &out) == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable", &out) == 0);
+  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/a", {}, 0, 0, false, false}, cb); });
+  REQUIRE_FALSE(e2);
+  CHECK(r.kvs.at(0).value == "1");
+
+  auto bad = good;
+  bad.password = "nope";
+  EtcdClient d(io, bad);
+  auto [e3, h3] = call<ResponseHeader>(io, [&](auto cb) { d.put({"/a", "2", 0}, cb); });
+  REQUIRE(e3);
+  CHECK(e3->auth_failed);
+  CHECK_THAT(e3->message, Catch::Contains(cluster.endpoints()) && Catch::Contains("root"));
+
+  auto anon = options_for(cluster.endpoints());
+  EtcdClient n(io, anon);
+  auto [e4, h4] = call<ResponseHeader>(io, [&](auto cb) { n.put({"/a", "3", 0}, cb); });
+  REQUIRE(e4);
+  CHECK_THAT(e4->message, Catch::Contains(cluster.endpoints()));
+}
+
+TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client][tls]") {
+  const auto certs_dir = ddprun::test::make_temp_dir("certs");
+  const auto f = ddprun::test::make_tls_files(certs_dir);
+  EtcdCluster cluster(1, "tls",
+                      {"--cert-file", f.server_cert, "--key-file", f.server_key, "--trusted-ca-file", f.ca,
+                       "--client-cert-auth"},
+                      true);
+  boost::asio::io_context io;
+  auto o = options_for(cluster.endpoints());
+  o.tls = true;
+  o.cacert = f.ca;
+  o.cert = f.client_cert;
+  o.key = f.client_key;
+  EtcdClient c(io, o);
+  auto [e1, h] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/tls", "ok", 0}, cb); });
+  REQUIRE_FALSE(e1);
+  std::optional<std::string> got;
+  WatchHandlers wh;
+  wh.on_message = [&](const WatchMessage& m) { got = m.events.at(0).kv.value; };
+  c.watch({"/tls", {}, 1, false}, wh);
+  REQUIRE(run_until(io, [&] { return got.has_value(); }, 10s));
+  CHECK(*got == "ok");
+
+  auto wrong_ca = o;
+  wrong_ca.cacert = f.other_ca;
+  EtcdClient d(io, wrong_ca);
+  auto [e2, r2] = call<RangeResponse>(io, [&](auto cb) { d.range({"/tls", {}, 0, 0, false, false}, cb); });
+  REQUIRE(e2);
+  CHECK_THAT(e2->message, Catch::Contains("TLS handshake failed") && Catch::Contains(cluster.endpoints()));
+
+  auto no_cert = o;
+  no_cert.cert.clear();
+  no_cert.key.clear();
+  EtcdClient n(io, no_cert);
+  auto [e3, r3] = call<RangeResponse>(io, [&](auto cb) { n.range({"/tls", {}, 0, 0, false, false}, cb); });
+  REQUIRE(e3);
+  CHECK_THAT(e3->message, Catch::Contains(cluster.endpoints()));
+
+  auto missing = o;
+  missing.cacert = (certs_dir / "nope.pem").string();
+  CHECK_THROWS_WITH(EtcdClient(io, missing), Catch::Contains("nope.pem"));
+  std::filesystem::remove_all(certs_dir);
+}

@@ -1,0 +1,342 @@
+// EtcdRendezvous against real etcd: simulated agents (instances on one io_context) forming
+// rounds, restarts, the budget, lease expiry (shrink), a late joiner (grow), the exit barrier,
+// unreachable etcd / wrong credentials, `status`, and leader loss in a 3-member cluster.
+#include <catch2/catch.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <set>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/rendezvous/etcd_rendezvous.hpp"
+#include "etcd_harness.hpp"
+
+using namespace ddprun;
+using namespace ddprun::rendezvous;
+using namespace std::chrono_literals;
+using ddprun::test::EtcdCluster;
+using ddprun::test::run_until;
+
+namespace {
+
+// DDPRUN_TEST_DEBUG=1 shows every applied log entry.
+const bool kDebug = [] {
+  if (std::getenv("DDPRUN_TEST_DEBUG") != nullptr) spdlog::set_level(spdlog::level::debug);
+  return true;
+}();
+
+JobConfig test_config(int min, int max, int restarts) {
+  JobConfig c;
+  c.min_nodes = min;
+  c.max_nodes = max;
+  c.max_restarts = restarts;
+  c.join_timeout = 30s;
+  c.last_call_timeout = 1s;
+  c.close_timeout = 10s;
+  c.heartbeat_interval = 500ms;
+  c.missed_heartbeats = 3;  // etcd lease TTL 2 s
+  c.exit_barrier_timeout = 20s;
+  return c;
+}
+
+struct Agent {
+  int index = 0;
+  std::unique_ptr<EtcdRendezvous> rdzv;
+  NodeInfo node;
+  std::vector<Assignment> assignments;
+  std::vector<SendRestart> restarts;
+  std::optional<SendJobFailed> failed;
+  bool completed = false;
+  std::optional<std::string> refused, unreachable;
+
+  Agent(boost::asio::io_context& io, int i, const std::string& endpoints, const std::string& run_id,
+        const JobConfig& config, const std::string& user = {}, const std::string& password = {}) {
+    index = i;
+    node.id = NodeId{"127.0.0." + std::to_string(i + 1), 1000 + i, "inst" + std::to_string(i)};
+    node.addr = node.id.addr;
+    node.local_world_size = 2;
+    node.store_host = node.addr;
+    node.store_port = static_cast<std::uint16_t>(29500 + i);
+    EtcdRendezvousOptions o;
+    o.etcd.endpoints = etcd::parse_endpoints(endpoints, "test").endpoints;
+    o.etcd.connect_timeout = 1s;
+    o.etcd.request_timeout = 3s;
+    o.etcd.username = user;
+    o.etcd.password = password;
+    o.prefix = "/ddprun-test/";
+    o.run_id = run_id;
+    o.node = node;
+    o.config = config;
+    o.give_up_after = 20s;
+    RendezvousEvents ev;
+    ev.on_assignment = [this](const Assignment& a) { assignments.push_back(a); };
+    ev.on_restart = [this](const SendRestart& r) {
+      restarts.push_back(r);
+      rejoin();
+    };
+    ev.on_job_failed = [this](const SendJobFailed& f) { failed = f; };
+    ev.on_job_completed = [this] { completed = true; };
+    ev.on_refused = [this](const std::string& why) { refused = why; };
+    ev.on_unreachable = [this](const std::string& why) { unreachable = why; };
+    rdzv = std::make_unique<EtcdRendezvous>(io, std::move(o), std::move(ev));
+  }
+
+  void rejoin() {
+    // Like the agent: a new NCCL id for the round it joins.
+    rdzv->set_nccl_ids(std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(10 * static_cast<std::size_t>(index) + restarts.size())));
+    rdzv->join();
+  }
+  std::uint64_t round() const { return assignments.empty() ? ~0ULL : assignments.back().round; }
+};
+
+using Agents = std::vector<std::unique_ptr<Agent>>;
+
+Agents make_agents(boost::asio::io_context& io, int n, const std::string& endpoints,
+                   const std::string& run_id, const JobConfig& c) {
+  Agents a;
+  for (int i = 0; i < n; ++i) a.push_back(std::make_unique<Agent>(io, i, endpoints, run_id, c));
+  return a;
+}
+
+// Every agent in `who` holds an assignment for the same round, above `after` (when given).
+bool same_round(const std::vector<Agent*>& who, std::optional<std::uint64_t> after = {}) {
+  if (who.empty() || who[0]->assignments.empty() || who[0]->rdzv->current_assignment() == std::nullopt)
+    return false;
+  const std::uint64_t r = who[0]->round();
+  if (after && r <= *after) return false;
+  for (Agent* a : who) {
+    if (!a->rdzv->current_assignment() || a->round() != r) return false;
+  }
+  return true;
+}
+
+std::vector<Agent*> ptrs(Agents& agents, std::vector<int> only = {}) {
+  std::vector<Agent*> out;
+  for (auto& a : agents) {
+    if (only.empty() || std::find(only.begin(), only.end(), a->index) != only.end()) out.push_back(a.get());
+  }
+  return out;
+}
+
+void check_consistent_round(const std::vector<Agent*>& who) {
+  std::set<int> ranks;
+  const Assignment& first = who[0]->assignments.back();
+  const Assignment* rank0 = nullptr;
+  for (Agent* a : who) {
+    const Assignment& x = a->assignments.back();
+    ranks.insert(x.group_rank);
+    CHECK(x.group_world_size == static_cast<int>(who.size()));
+    CHECK(x.world_size == 2 * static_cast<int>(who.size()));
+    CHECK(x.rank_offset == 2 * x.group_rank);
+    CHECK(x.master_addr == first.master_addr);
+    CHECK(x.master_port == first.master_port);
+    CHECK(x.nccl_id == first.nccl_id);
+    CHECK(x.restart_count == first.restart_count);
+    if (x.group_rank == 0) rank0 = &x;
+  }
+  CHECK(ranks.size() == who.size());
+  REQUIRE(rank0 != nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("etcd rendezvous: a round, a worker failure restarts everyone, the spent budget fails the job",
+          "[etcd][rendezvous]") {
+  EtcdCluster cluster(1, "rdzv-restart");
+  boost::asio::io_context io;
+  Agents agents = make_agents(io, 3, cluster.endpoints(), "job1", test_config(3, 3, 1));
+  for (auto& a : agents) a->rejoin();
+  auto all = ptrs(agents);
+  REQUIRE(run_until(io, [&] { return same_round(all); }, 20s));
+  check_consistent_round(all);
+  std::map<int, int> rank_of;
+  for (auto& a : agents) rank_of[a->index] = a->assignments.back().group_rank;
+  CHECK(agents[0]->rdzv->connected());
+
+  // status through etcd, as `ddprun status --rdzv-backend etcd` reads it.
+  etcd::EtcdClientOptions so;
+  so.endpoints = etcd::parse_endpoints(cluster.endpoints(), "test").endpoints;
+  const RegistryStatus st = query_etcd_status(so, "/ddprun-test/", "", 5000ms);
+  REQUIRE(st.jobs.size() == 1);
+  CHECK(st.jobs[0].run_id == "job1");
+  CHECK(st.jobs[0].state == JobState::running);
+  CHECK(st.jobs[0].members.size() == 3);
+
+  const std::uint64_t r0 = agents[0]->round();
+  WorkerFailure f;
+  f.round = r0;
+  f.node = agents[1]->node.id;
+  f.global_rank = agents[1]->assignments.back().rank_offset + 1;
+  f.local_rank = 1;
+  f.exit_code = 3;
+  f.message = "boom";
+  agents[1]->rdzv->report_failure(f);
+  REQUIRE(run_until(io, [&] { return same_round(all, r0); }, 20s));
+  for (auto& a : agents) {
+    REQUIRE(a->restarts.size() == 1);
+    CHECK(a->restarts[0].kind == RoundEnd::worker_failure);
+    CHECK_THAT(a->restarts[0].reason, Catch::Contains("boom"));
+    CHECK(a->assignments.back().restart_count == 1);
+    CHECK(a->assignments.back().group_rank == rank_of[a->index]);  // stable ranks
+  }
+  check_consistent_round(all);
+
+  f.round = agents[0]->round();
+  f.node = agents[2]->node.id;
+  f.exit_code = 7;
+  agents[2]->rdzv->report_failure(f);
+  REQUIRE(run_until(io, [&] {
+    return std::all_of(agents.begin(), agents.end(), [](auto& a) { return a->failed.has_value(); });
+  }, 20s));
+  for (auto& a : agents) {
+    CHECK(a->failed->exit_code == 7);
+    REQUIRE(a->failed->root_cause);
+    CHECK(a->failed->root_cause->failure.exit_code == 7);
+    CHECK_THAT(a->failed->reason, Catch::Contains("budget is spent"));
+    CHECK(a->restarts.size() == 1);
+  }
+}
+
+TEST_CASE("etcd rendezvous: a stopped agent's lease expires (shrink), a late joiner grows, exit barrier",
+          "[etcd][rendezvous]") {
+  EtcdCluster cluster(1, "rdzv-elastic");
+  boost::asio::io_context io;
+  const JobConfig c = test_config(2, 3, 0);
+  Agents agents = make_agents(io, 3, cluster.endpoints(), "job2", c);
+  for (auto& a : agents) a->rejoin();
+  REQUIRE(run_until(io, [&] { return same_round(ptrs(agents)); }, 20s));
+  const std::uint64_t r0 = agents[0]->round();
+
+  // Agent 2 stops heartbeating (as if SIGKILLed): etcd drops its key after the 2 s lease.
+  agents[2]->rdzv->stop();
+  auto survivors = ptrs(agents, {0, 1});
+  REQUIRE(run_until(io, [&] { return same_round(survivors, r0); }, 20s));
+  for (Agent* a : survivors) {
+    REQUIRE(a->restarts.size() == 1);
+    CHECK(a->restarts[0].kind == RoundEnd::membership_change);
+    CHECK_THAT(a->restarts[0].reason, Catch::Contains("lost"));
+  }
+  check_consistent_round(survivors);
+  CHECK(survivors[0]->assignments.back().restart_count == 0);  // membership changes are free
+
+  // A new node joins the running job: a membership change grows it to 3.
+  const std::uint64_t r1 = agents[0]->round();
+  agents.push_back(std::make_unique<Agent>(io, 3, cluster.endpoints(), "job2", c));
+  agents.back()->rejoin();
+  auto grown = ptrs(agents, {0, 1, 3});
+  REQUIRE(run_until(io, [&] { return same_round(grown, r1); }, 20s));
+  check_consistent_round(grown);
+
+  // Exit barrier: completed only once every participant succeeded.
+  const std::uint64_t r2 = agents[0]->round();
+  agents[0]->rdzv->report_success(r2);
+  agents[1]->rdzv->report_success(r2);
+  run_until(io, [&] { return agents[0]->completed; }, 1000ms);
+  CHECK_FALSE(agents[0]->completed);
+  agents[3]->rdzv->report_success(r2);
+  REQUIRE(run_until(io, [&] {
+    return std::all_of(grown.begin(), grown.end(), [](Agent* a) { return a->completed; });
+  }, 20s));
+}
+
+TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint",
+          "[etcd][rendezvous]") {
+  boost::asio::io_context io;
+  const std::string dead = "127.0.0.1:" + std::to_string(ddprun::test::free_port());
+  JobConfig c = test_config(1, 1, 0);
+  c.join_timeout = 3s;
+  Agent a(io, 0, dead, "job3", c);
+  const auto t0 = std::chrono::steady_clock::now();
+  a.rejoin();
+  REQUIRE(run_until(io, [&] { return a.unreachable.has_value(); }, 15s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 8s);
+  CHECK_THAT(*a.unreachable, Catch::Contains(dead));
+  CHECK_FALSE(a.rdzv->connected());
+}
+
+TEST_CASE("etcd rendezvous: wrong credentials are refused naming the endpoint", "[etcd][rendezvous][auth]") {
+  EtcdCluster cluster(1, "rdzv-auth");
+  const std::string ep = "--endpoints=" + cluster.member(0).client_url(false);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user add root:rootpw") == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable") == 0);
+  boost::asio::io_context io;
+  Agent bad(io, 0, cluster.endpoints(), "job4", test_config(1, 1, 0), "root", "wrong");
+  bad.rejoin();
+  REQUIRE(run_until(io, [&] { return bad.refused.has_value(); }, 15s));
+  CHECK_THAT(*bad.refused, Catch::Contains(cluster.endpoints()) && Catch::Contains("credentials"));
+  Agent good(io, 1, cluster.endpoints(), "job4", test_config(1, 1, 0), "root", "rootpw");
+  good.rejoin();
+  REQUIRE(run_until(io, [&] { return !good.assignments.empty(); }, 15s));
+}
+
+TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart", "[etcd][rendezvous][ha]") {
+  EtcdCluster cluster(3, "rdzv-ha");
+  boost::asio::io_context io;
+  Agents agents = make_agents(io, 3, cluster.endpoints(), "job5", test_config(3, 3, 3));
+  for (auto& a : agents) a->rejoin();
+  auto all = ptrs(agents);
+  REQUIRE(run_until(io, [&] { return same_round(all); }, 20s));
+  const std::uint64_t r0 = agents[0]->round();
+
+  // Kill the leader while the round is held; watch for three lease TTLs: no restart may follow.
+  const int leader = cluster.leader();
+  REQUIRE(leader >= 0);
+  cluster.member(leader).kill_now();
+  run_until(io, [&] {
+    return std::any_of(agents.begin(), agents.end(), [](auto& a) { return !a->restarts.empty(); });
+  }, 6000ms);
+  for (auto& a : agents) {
+    CHECK(a->restarts.empty());
+    CHECK(a->round() == r0);
+  }
+
+  // The log still works on the surviving majority: a failure restarts everyone once.
+  WorkerFailure f;
+  f.round = r0;
+  f.node = agents[0]->node.id;
+  f.exit_code = 1;
+  f.message = "after failover";
+  agents[0]->rdzv->report_failure(f);
+  REQUIRE(run_until(io, [&] { return same_round(all, r0); }, 30s));
+  for (auto& a : agents) CHECK(a->restarts.size() == 1);
+  check_consistent_round(all);
+
+  // Bring the member back, then kill the leader in the middle of the next restart.
+  cluster.restart(leader);
+  const std::uint64_t r1 = agents[0]->round();
+  f.round = r1;
+  f.message = "during failover";
+  agents[1]->rdzv->report_failure(f);
+  const int leader2 = cluster.leader();
+  REQUIRE(leader2 >= 0);
+  cluster.member(leader2).kill_now();
+  REQUIRE(run_until(io, [&] { return same_round(all, r1); }, 30s));
+  for (auto& a : agents) {
+    CHECK(a->restarts.size() == 2);
+    CHECK(a->assignments.back().restart_count == 2);
+  }
+  check_consistent_round(all);
+  // Still quiet afterwards.
+  const std::uint64_t r2 = agents[0]->round();
+  run_until(io, [&] {
+    return std::any_of(agents.begin(), agents.end(), [](auto& a) { return a->restarts.size() > 2; });
+  }, 4000ms);
+  for (auto& a : agents) CHECK(a->round() == r2);
+}
+
+TEST_CASE("etcd rendezvous: leave() ends the round for the others and the job goes on smaller",
+          "[etcd][rendezvous]") {
+  EtcdCluster cluster(1, "rdzv-leave");
+  boost::asio::io_context io;
+  Agents agents = make_agents(io, 2, cluster.endpoints(), "job6", test_config(1, 2, 0));
+  for (auto& a : agents) a->rejoin();
+  REQUIRE(run_until(io, [&] { return same_round(ptrs(agents)) && agents[0]->assignments.back().group_world_size == 2; }, 20s));
+  const std::uint64_t r0 = agents[0]->round();
+  agents[1]->rdzv->leave();
+  auto rest = ptrs(agents, {0});
+  REQUIRE(run_until(io, [&] { return same_round(rest, r0); }, 20s));
+  REQUIRE(agents[0]->restarts.size() == 1);
+  CHECK_THAT(agents[0]->restarts[0].reason, Catch::Contains("left"));
+  CHECK(agents[0]->assignments.back().group_world_size == 1);
+  CHECK(agents[1]->restarts.empty());
+  CHECK(run_until(io, [&] { return !agents[1]->rdzv->connected(); }, 10s));
+}
