@@ -37,9 +37,9 @@ LogEvent join_event(std::int64_t t, int i, const JobConfig& c) {
 }
 
 template <class A>
-std::vector<A> only(const Actions& actions) {
+std::vector<A> only(const Decisions& actions) {
   std::vector<A> out;
-  for (const Action& a : actions) {
+  for (const Decision& a : actions) {
     if (const auto* x = std::get_if<A>(&a)) out.push_back(*x);
   }
   return out;
@@ -79,7 +79,7 @@ TEST_CASE("replicas fed the same log decide the same rounds", "[etcd][log]") {
   const JobConfig c = config(2, 3);
   JobLog a("job"), b("job");
   std::vector<LogEvent> events = {join_event(1000, 1, c), join_event(1100, 2, c)};
-  std::vector<Actions> out_a, out_b;
+  std::vector<Decisions> out_a, out_b;
   for (std::size_t i = 0; i < events.size(); ++i) {
     out_a.push_back(a.apply(static_cast<std::int64_t>(i), events[i]));
     out_b.push_back(b.apply(static_cast<std::int64_t>(i), events[i]));

@@ -133,7 +133,7 @@ TimePoint JobLog::at(std::int64_t ms) const {
   return TimePoint{} + std::chrono::hours(1) + std::chrono::milliseconds(ms - t0_ms_);
 }
 
-Actions JobLog::apply(std::int64_t seq, const LogEvent& e) {
+Decisions JobLog::apply(std::int64_t seq, const LogEvent& e) {
   if (seq != next_seq_) return {};
   if (next_seq_ == 0) t0_ms_ = last_ms_ = e.time_ms;
   ++next_seq_;
@@ -152,13 +152,13 @@ Actions JobLog::apply(std::int64_t seq, const LogEvent& e) {
     if (job == nullptr) return {};
     // The registry's lost-node path: the connection is gone and was not re-registered within
     // the lease (heartbeat_interval of the replica config = the etcd lease TTL).
-    Actions out = registry_.disconnected(run_id_, node, now - job->config().heartbeat_interval);
-    Actions more = registry_.on_tick(now);
+    Decisions out = registry_.disconnected(run_id_, node, now - job->config().heartbeat_interval);
+    Decisions more = registry_.on_tick(now);
     out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     return out;
   }
   return std::visit(
-      [&](const auto& m) -> Actions {
+      [&](const auto& m) -> Decisions {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, JoinMessage>) {
           return registry_.join(run_id_, m.request, now);
@@ -534,7 +534,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       ev = etcd::LogEvent{log.last_time_ms(), etcd::EventKind::message, "invalid",
                           StatusMessage{options.run_id}};
     }
-    Actions actions = log.apply(seq, ev);
+    Decisions actions = log.apply(seq, ev);
     spdlog::debug("etcd rendezvous '{}' [{}]: applied entry {} ({}, {} actions)", options.run_id,
                   options.node.id.to_string(), seq, value.substr(0, value.find('\n')), actions.size());
     // A join of a node whose key is already gone: nobody saw it alive, so expire it now.
@@ -542,13 +542,13 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         j != nullptr && ev.kind == etcd::EventKind::message && !live.count(node_key(j->request.node.id))) {
       expire_if_member(node_key(j->request.node.id));
     }
-    for (const Action& a : actions) {
+    for (const Decision& a : actions) {
       deliver(a);
       if (stopped()) return;
     }
   }
 
-  void deliver(const Action& action) {
+  void deliver(const Decision& action) {
     const NodeId& me = options.node.id;
     std::visit(
         [&](const auto& a) {

@@ -129,7 +129,7 @@ class JobLog {
  public:
   explicit JobLog(std::string run_id);
   // REQUIRES seq == next_seq(). Returns every action of the event (for every node).
-  Actions apply(std::int64_t seq, const LogEvent& event);
+  Decisions apply(std::int64_t seq, const LogEvent& event);
   std::int64_t next_seq() const { return next_seq_; }
   std::int64_t last_time_ms() const { return last_ms_; }
   // Wall-clock ms when a tick is next due; nullopt when no timer is pending.
