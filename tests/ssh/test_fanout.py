@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SSH fan-out scenarios of issue #5 against the real ddprun launcher, on a real multi-host bed:
+"""SSH fan-out scenarios against the real ddprun launcher, on a real multi-host bed:
 network namespaces h0..h2 with an sshd each (netns_hosts.SshCluster), ddprun run in the launcher
 namespace with `--ssh-config CFG --hosts ...` (spec: /work/notes/fanout-spec.md).
 
