@@ -68,7 +68,7 @@ int run(int argc, char** argv) {
       return 0;
     }
     ddprun::setup_logging("ddprun", spdlog::level::warn);
-    return ddprun::launcher::run_status(request, std::cout);
+    return ddprun::launcher::run_status(request, std::cout, ::isatty(STDOUT_FILENO) == 1);
   }
   auto options = ddprun::launcher::parse_command_line(argc, argv, context);
   if (options.command != ddprun::launcher::CommandKind::run) {

@@ -4,7 +4,11 @@
 
 #include <fmt/format.h>
 
+#include <boost/json.hpp>
+
 #include <cmath>
+#include <optional>
+#include <string_view>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -16,74 +20,156 @@ namespace rdzv = ddprun::rendezvous;
 
 std::string secs(Duration d) { return rdzv::format_seconds(d); }
 
+// The flags of `ddprun status`. Rows name only the members that differ from FlagSpec's defaults.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+// clang-format off
+constexpr FlagSpec kStatusFlags[] = {
+  {.dash = "rdzv-endpoint", .scope = FlagScope::process, .env_form = true, .metavar = "HOST[:PORT]",
+   .help = "Rendezvous server to ask: the ddprun-rdzvd address, or the node hosting the job's rendezvous "
+           "(PORT defaults to 29400).",
+   .default_text = "none, required"},
+  {.dash = "rdzv-id", .scope = FlagScope::process, .env_form = true, .metavar = "ID",
+   .help = "Only this job; exit 1 when the server does not have it.", .default_text = "every job"},
+  {.dash = "timeout", .scope = FlagScope::process, .metavar = "SECONDS",
+   .help = "How long to wait for the server's answer.", .default_text = "5"},
+  {.dash = "json", .kind = FlagKind::boolean, .scope = FlagScope::process,
+   .help = "Print the status as one JSON object per line (field names in docs/cli.md)."},
+  {.dash = "watch", .scope = FlagScope::process, .metavar = "[SECONDS]",
+   .help = "Query again every SECONDS (2 when not given) until Ctrl-C: a terminal is redrawn in place, "
+           "a pipe gets one block (or JSON line) per update."},
+  {.dash = "watch-count", .scope = FlagScope::process, .metavar = "N",
+   .help = "With --watch: stop after N updates.", .default_text = "no limit"},
+};
+// clang-format on
+#pragma GCC diagnostic pop
+
+constexpr std::chrono::milliseconds kDefaultWatch{2000};
+
+const FlagSpec* find_status_flag(std::string_view name) {
+  for (const auto& f : kStatusFlags) {
+    if (f.dash == name || underscore_spelling(f.dash) == name) return &f;
+  }
+  return nullptr;
+}
+
+std::chrono::milliseconds parse_interval(const std::string& value, const std::string& what, double min) {
+  const auto v = parse_seconds(trim(value));
+  if (!v || *v < min || *v > 1e6) {
+    throw UsageError(what + "=" + value + ": not a positive number of seconds", "e.g. " + what + " 5");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(*v * 1000.0)));
+}
+
+// "  --a, --b METAVAR" then the help paragraph wrapped at 100 columns, indented by 8.
+std::string usage_entry(const std::string& names, const std::string& text) {
+  std::string out = "  " + names + "\n";
+  std::string line = "       ";
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    auto end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    if (text.compare(pos, 6, "[env: ") == 0) end = text.find(' ', pos + 6);  // keep "[env: NAME]" whole
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(pos, end - pos);
+    if (line.size() + 1 + word.size() > 100 && line.size() > 8) {
+      out += line + "\n";
+      line = "       ";
+    }
+    line += " " + word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
 }  // namespace
 
+std::span<const FlagSpec> status_flags() { return kStatusFlags; }
+
 std::string status_usage() {
-  return "Usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]\n"
-         "\n"
-         "Prints the jobs of a rendezvous server (ddprun-rdzvd, or an agent hosting an embedded\n"
-         "rendezvous): state, round, nodes, restarts, timers, and each member's role, group rank,\n"
-         "address, workers, heartbeat age and lease. PORT defaults to 29400. Without --rdzv-id every\n"
-         "job is listed. --rdzv-endpoint/--rdzv-id also come from PET_RDZV_ENDPOINT/PET_RDZV_ID.\n"
-         "Exit codes: 0 printed; 1 the server cannot be reached or the job is unknown; 2 usage error.\n";
+  std::string out =
+      "Usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS] [--json]\n"
+      "                     [--watch [SECONDS] [--watch-count N]]\n"
+      "\n"
+      "Prints the jobs of a rendezvous server (ddprun-rdzvd, or an agent hosting an embedded\n"
+      "rendezvous): state, round, nodes, restarts, timers, and each member's role, group rank,\n"
+      "address, workers, heartbeat age and lease. Without --rdzv-id every job is listed.\n"
+      "\n"
+      "Options:\n";
+  out += usage_entry("-h, --help", "Print this help message and exit.");
+  for (const auto& f : kStatusFlags) {
+    std::string names = "--" + std::string(f.dash);
+    if (underscore_spelling(f.dash) != f.dash) names += ", --" + underscore_spelling(f.dash);
+    if (!f.metavar.empty()) names += " " + std::string(f.metavar);
+    std::string text = help_with_default(f);
+    if (f.env_form) text += " [env: " + pet_variable(f.dash) + "]";
+    out += usage_entry(names, text);
+  }
+  out += "\nExit codes: 0 printed (--watch: stopped by Ctrl-C); 1 the server cannot be reached or the job\n"
+         "is unknown; 2 usage error.\n";
+  return out;
 }
 
 StatusRequest parse_status_args(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   StatusRequest req;
-  std::optional<std::string> endpoint;
-  std::string endpoint_what = "--rdzv-endpoint";
-  std::optional<std::string> id;
+  std::map<std::string_view, std::pair<std::string, std::string>> given;  // dash -> (value, what)
+  bool watch = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
-    std::string value;
-    bool has_value = false;
+    std::optional<std::string> value;
     if (const auto eq = arg.find('='); starts_with(arg, "--") && eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
-      has_value = true;
     }
     if (arg == "-h" || arg == "--help") {
       req.help = true;
       return req;
     }
-    const bool known = arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint" || arg == "--rdzv-id" ||
-                       arg == "--rdzv_id" || arg == "--timeout";
-    if (!known) {
-      throw UsageError("ddprun status: unknown argument '" + args[i] + "'",
-                       "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]");
+    const FlagSpec* spec = starts_with(arg, "--") ? find_status_flag(std::string_view(arg).substr(2)) : nullptr;
+    if (spec == nullptr) {
+      throw UsageError("ddprun status: unknown argument '" + args[i] + "'", "run 'ddprun status --help' for the options");
     }
-    if (!has_value) {
+    if (spec->kind == FlagKind::boolean) {
+      if (value) throw UsageError("ddprun status: " + arg + " takes no value (got '" + *value + "')");
+      req.json = true;  // the one boolean row
+      continue;
+    }
+    if (spec->dash == "watch") {
+      watch = true;
+      // The next word is the interval only when it is one: `--watch --json` stays two flags.
+      if (!value && i + 1 < args.size() && parse_seconds(trim(args[i + 1]))) value = args[++i];
+      if (value) req.watch = parse_interval(*value, arg, 0.1);
+      continue;
+    }
+    if (!value) {
       if (i + 1 >= args.size()) throw UsageError("ddprun status: " + arg + " needs a value");
       value = args[++i];
     }
-    if (arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint") {
-      endpoint = value;
-      endpoint_what = arg;
-    } else if (arg == "--rdzv-id" || arg == "--rdzv_id") {
-      id = value;
-    } else {
-      const auto v = parse_seconds(trim(value));
-      if (!v || *v <= 0.0 || *v > 1e6) {
-        throw UsageError("--timeout=" + value + ": not a positive number of seconds", "e.g. --timeout 5");
-      }
-      req.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(*v * 1000.0)));
-    }
+    given[spec->dash] = {*value, arg};
   }
-  if (!endpoint) {
-    if (auto it = env.find("PET_RDZV_ENDPOINT"); it != env.end() && !trim(it->second).empty()) {
-      endpoint = it->second;
-      endpoint_what = "PET_RDZV_ENDPOINT";
-    }
+  for (const auto& f : kStatusFlags) {
+    if (!f.env_form || given.contains(f.dash)) continue;
+    const std::string var = pet_variable(f.dash);
+    if (auto it = env.find(var); it != env.end() && !trim(it->second).empty()) given[f.dash] = {it->second, var};
   }
-  if (!id) {
-    if (auto it = env.find("PET_RDZV_ID"); it != env.end() && !trim(it->second).empty()) id = it->second;
+  if (watch && !req.watch) req.watch = kDefaultWatch;
+  if (auto it = given.find("timeout"); it != given.end()) {
+    req.timeout = parse_interval(it->second.first, it->second.second, 0.001);
   }
-  if (!endpoint) {
+  if (auto it = given.find("watch-count"); it != given.end()) {
+    const auto& [text, what] = it->second;
+    const auto n = parse_int(trim(text));
+    if (!n || *n < 1) throw UsageError(what + "=" + text + ": not a positive whole number", "e.g. " + what + " 3");
+    if (!watch) throw UsageError("ddprun status: " + what + " needs --watch", "e.g. --watch 1 " + what + " " + text);
+    req.watch_count = static_cast<int>(*n);
+  }
+  const auto endpoint = given.find("rdzv-endpoint");
+  if (endpoint == given.end()) {
     throw UsageError("ddprun status needs --rdzv-endpoint HOST[:PORT]",
                      "pass the endpoint the agents use (the ddprun-rdzvd address, or the hosting node)");
   }
-  req.server = parse_endpoint(*endpoint, 29400, endpoint_what);
-  if (id) req.run_id = std::string(trim(*id));
+  req.server = parse_endpoint(endpoint->second.first, 29400, endpoint->second.second);
+  if (auto it = given.find("rdzv-id"); it != given.end()) req.run_id = std::string(trim(it->second.first));
   return req;
 }
 
@@ -127,6 +213,84 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
     }
   }
   return out;
+}
+
+namespace {
+
+namespace json = boost::json;
+
+json::value seconds_json(const std::optional<Duration>& d) {
+  if (!d) return nullptr;
+  return std::chrono::duration<double>(*d).count();
+}
+
+json::object member_json(const rdzv::MemberStatus& m) {
+  return json::object{
+      {"node", m.id.to_string()},
+      {"node_addr", m.id.addr},
+      {"pid", m.id.pid},
+      {"instance", m.id.instance},
+      {"addr", m.addr},
+      {"role", rdzv::to_string(m.role)},
+      {"group_rank", m.group_rank >= 0 ? json::value(m.group_rank) : json::value(nullptr)},
+      {"local_world_size", m.local_world_size},
+      {"state", m.succeeded ? "succeeded" : (m.disconnected ? "disconnected" : "ok")},
+      {"heartbeat_age_s", seconds_json(m.last_heartbeat_age)},
+      {"lease_left_s", seconds_json(m.lease_left)},
+  };
+}
+
+json::value failure_json(const std::optional<rdzv::RootCause>& cause) {
+  if (!cause) return nullptr;
+  const auto& f = cause->failure;
+  return json::object{
+      {"description", cause->describe()},
+      {"round", f.round},
+      {"node", f.node.to_string()},
+      {"node_addr", cause->node_addr},
+      {"group_rank", cause->group_rank},
+      {"global_rank", f.global_rank},
+      {"local_rank", f.local_rank},
+      {"exit_code", f.exit_code ? json::value(*f.exit_code) : json::value(nullptr)},
+      {"signal", f.signal ? json::value(*f.signal) : json::value(nullptr)},
+      {"message", f.message},
+  };
+}
+
+json::object job_json(const rdzv::JobStatus& job) {
+  json::array members;
+  for (const auto& m : job.members) members.push_back(member_json(m));
+  return json::object{
+      {"run_id", job.run_id},
+      {"state", rdzv::to_string(job.state)},
+      {"closed", job.closed},
+      {"round", job.round},
+      {"min_nodes", job.min_nodes},
+      {"max_nodes", job.max_nodes},
+      {"restarts_used", job.restarts_used},
+      {"max_restarts", job.max_restarts},
+      {"progress", job.progress},
+      {"result", job.result},
+      {"timers_s", json::object{{"join_timeout", seconds_json(job.join_timeout_in)},
+                                {"last_call", seconds_json(job.last_call_in)},
+                                {"exit_barrier", seconds_json(job.exit_barrier_in)},
+                                {"rebuild_grace", seconds_json(job.rebuild_in)},
+                                {"forgotten", seconds_json(job.gc_in)}}},
+      {"last_failure", failure_json(job.last_failure)},
+      {"members", std::move(members)},
+  };
+}
+
+}  // namespace
+
+std::string format_status_json(const rdzv::RegistryStatus& status, const std::string& endpoint,
+                               const std::string& run_id, const std::string& time) {
+  json::array jobs;
+  for (const auto& job : status.jobs) jobs.push_back(job_json(job));
+  json::object out{{"endpoint", endpoint}, {"run_id", run_id.empty() ? json::value(nullptr) : json::value(run_id)}};
+  if (!time.empty()) out["time"] = time;
+  out["jobs"] = std::move(jobs);
+  return json::serialize(out);
 }
 
 }  // namespace ddprun::launcher

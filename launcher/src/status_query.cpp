@@ -1,15 +1,109 @@
-// `ddprun status`: the network round trip (rendezvous::query_status) and printing.
+// `ddprun status`: the network round trips (rendezvous::query_status), printing, and --watch.
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <ostream>
 
+#include <fmt/format.h>
+
+#include <boost/json.hpp>
+
+#include "ddprun/common/error.hpp"
 #include "ddprun/launcher/status_command.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 
 namespace ddprun::launcher {
+namespace {
 
-int run_status(const StatusRequest& request, std::ostream& out) {
-  const auto status = rendezvous::query_status(request.server, request.run_id, request.timeout);
-  out << format_status(status, request.server.to_string(), request.run_id);
-  return (!request.run_id.empty() && status.jobs.empty()) ? 1 : 0;
+// ANSI: cursor home, clear the screen. Plain escape codes, so no terminal library is needed.
+constexpr std::string_view kRedraw = "\x1b[H\x1b[2J";
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+struct Update {
+  std::string text;
+  int code = 0;
+};
+
+// One query, rendered. `watching`: a failed query becomes the update's text instead of an error.
+Update one_update(const StatusRequest& request, bool watching) {
+  const std::string endpoint = request.server.to_string();
+  const std::string time = utc_now();
+  try {
+    const auto status = rendezvous::query_status(request.server, request.run_id, request.timeout);
+    const int code = (!request.run_id.empty() && status.jobs.empty()) ? 1 : 0;
+    if (request.json) return {format_status_json(status, endpoint, request.run_id, watching ? time : "") + "\n", code};
+    std::string text = format_status(status, endpoint, request.run_id);
+    if (watching) {
+      text = fmt::format("ddprun status {} at {} (every {} s)\n", endpoint, time,
+                         std::chrono::duration<double>(*request.watch).count()) +
+             text;
+    }
+    return {text, code};
+  } catch (const Error& e) {
+    if (!watching) throw;
+    if (request.json) {
+      boost::json::object line{{"endpoint", endpoint},
+                               {"run_id", request.run_id.empty() ? boost::json::value(nullptr)
+                                                                 : boost::json::value(request.run_id)},
+                               {"time", time},
+                               {"error", e.what()}};
+      return {boost::json::serialize(line) + "\n", 1};
+    }
+    return {fmt::format("ddprun status {} at {}\nerror: {}\n", endpoint, time, e.what()), 1};
+  }
+}
+
+}  // namespace
+
+int run_status(const StatusRequest& request, std::ostream& out, bool terminal) {
+  if (!request.watch) {
+    const auto update = one_update(request, false);
+    out << update.text;
+    return update.code;
+  }
+  // SIGINT/SIGTERM stay pending while a query runs and end the wait between updates.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigset_t previous;
+  ::sigprocmask(SIG_BLOCK, &stop, &previous);
+  int code = 0;
+  const auto interval = *request.watch;
+  for (int n = 1;; ++n) {
+    const auto update = one_update(request, true);
+    code = update.code;
+    if (terminal && !request.json) {
+      out << kRedraw << update.text;
+    } else {
+      out << update.text << (request.json ? "" : "\n");
+    }
+    out.flush();
+    if (request.watch_count > 0 && n >= request.watch_count) break;
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(interval);
+    timespec wait{static_cast<time_t>(secs.count()),
+                  static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(interval - secs).count())};
+    int got = -1;
+    do {
+      got = ::sigtimedwait(&stop, nullptr, &wait);
+    } while (got < 0 && errno == EINTR);
+    if (got == SIGINT || got == SIGTERM) {
+      code = 0;
+      break;
+    }
+  }
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  return code;
 }
 
 }  // namespace ddprun::launcher

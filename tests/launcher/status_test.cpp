@@ -62,3 +62,62 @@ TEST_CASE("status table lists jobs, timers and members") {
   CHECK_THAT(text, Contains("succeeded"));
   CHECK_THAT(text, Contains("127.0.0.3:101/bb"));
 }
+
+TEST_CASE("status --json and --watch arguments") {
+  auto r = parse_status_args({"--rdzv-endpoint", "h:1", "--json", "--watch"}, {});
+  CHECK(r.json);
+  REQUIRE(r.watch);
+  CHECK(*r.watch == std::chrono::seconds(2));
+  CHECK(r.watch_count == 0);
+  r = parse_status_args({"--rdzv-endpoint", "h:1", "--watch", "0.5", "--watch_count=3"}, {});
+  CHECK(*r.watch == std::chrono::milliseconds(500));
+  CHECK(r.watch_count == 3);
+  r = parse_status_args({"--rdzv-endpoint", "h:1", "--watch=4"}, {});
+  CHECK(*r.watch == std::chrono::seconds(4));
+  CHECK_FALSE(parse_status_args({"--rdzv-endpoint", "h:1"}, {}).watch);
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--watch-count", "2"}, {}), Contains("needs --watch"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--watch", "0"}, {}), Contains("--watch=0"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--json=yes"}, {}), Contains("takes no value"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--watch", "1", "--watch-count", "0"}, {}),
+                    Contains("--watch-count=0"));
+}
+
+TEST_CASE("status flag table drives the usage text") {
+  const auto usage = status_usage();
+  for (const auto& f : status_flags()) {
+    CHECK_THAT(usage, Contains("--" + std::string(f.dash)));
+    CHECK_FALSE(f.help.empty());
+  }
+  CHECK_THAT(usage, Contains("[env: PET_RDZV_ENDPOINT]"));
+}
+
+TEST_CASE("status JSON has stable field names") {
+  rdzv::RegistryStatus st;
+  CHECK(format_status_json(st, "h:1", "", "") == R"({"endpoint":"h:1","run_id":null,"jobs":[]})");
+  rdzv::JobStatus job;
+  job.run_id = "j\"1";
+  job.state = rdzv::JobState::failed;
+  job.join_timeout_in = std::chrono::milliseconds(1500);
+  rdzv::RootCause cause;
+  cause.failure.exit_code = 3;
+  cause.failure.global_rank = 5;
+  job.last_failure = cause;
+  rdzv::MemberStatus m;
+  m.id = {"10.0.0.2", 7, "ab"};
+  m.group_rank = -1;
+  m.disconnected = true;
+  job.members.push_back(m);
+  st.jobs.push_back(job);
+  const auto text = format_status_json(st, "h:1", "j\"1", "2026-01-01T00:00:00Z");
+  CHECK_THAT(text, Contains(R"("run_id":"j\"1")"));
+  CHECK_THAT(text, Contains(R"("time":"2026-01-01T00:00:00Z")"));
+  CHECK_THAT(text, Contains(R"("state":"failed")"));
+  CHECK_THAT(text, Contains(R"("join_timeout":1.5)"));
+  CHECK_THAT(text, Contains(R"("last_call":null)"));
+  CHECK_THAT(text, Contains(R"("exit_code":3)"));
+  CHECK_THAT(text, Contains(R"("signal":null)"));
+  CHECK_THAT(text, Contains(R"("node":"10.0.0.2:7/ab")"));
+  CHECK_THAT(text, Contains(R"("group_rank":null)"));
+  CHECK_THAT(text, Contains(R"("state":"disconnected")"));
+  CHECK(text.find('\n') == std::string::npos);
+}

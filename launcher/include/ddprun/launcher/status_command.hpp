@@ -1,18 +1,26 @@
 #pragma once
-// `ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]`: asks a
-// rendezvous server (ddprun-rdzvd, or an agent hosting an embedded rendezvous) for its jobs and
-// prints them as a table: per job its state, round, node range, restarts, timers and progress
-// line, then one row per member (role, group rank, address, workers, heartbeat age, lease).
+// `ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS] [--json]
+// [--watch [SECONDS] [--watch-count N]]`: asks a rendezvous server (ddprun-rdzvd, or an agent
+// hosting an embedded rendezvous) for its jobs and prints them as a table: per job its state,
+// round, node range, restarts, timers and progress line, then one row per member (role, group
+// rank, address, workers, heartbeat age, lease). --json prints the same data as one JSON object
+// per line (field names in docs/cli.md, stable); --watch repeats the query every SECONDS and
+// redraws in place on a terminal, or prints one block (one JSON line) per update when piped.
 //
-// parse_status_args and format_status are pure (tests drive them directly); run_status does one
-// synchronous round trip (rendezvous::query_status). Thread-compatible; no global state.
+// The flags are a FlagSpec table (status_flags()), which the parser, status_usage() and the
+// generated man page and completions read. parse_status_args, format_status and
+// format_status_json are pure (tests drive them directly); run_status does the round trips
+// (rendezvous::query_status). Thread-compatible; no global state.
 #include <chrono>
 #include <iosfwd>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ddprun/common/endpoint.hpp"
+#include "ddprun/common/flag_spec.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
 
 namespace ddprun::launcher {
@@ -22,10 +30,18 @@ struct StatusRequest {
   std::string run_id;  // "" = every job
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
   bool help = false;
+  bool json = false;
+  std::optional<std::chrono::milliseconds> watch;  // --watch: the interval between updates
+  int watch_count = 0;                              // --watch-count: stop after N updates; 0 = never
 };
 
+// The flags of `ddprun status`, in --help order (`-h/--help` is not a row).
+std::span<const FlagSpec> status_flags();
+
 // `args` are the words after "status". The endpoint may also come from PET_RDZV_ENDPOINT and the
-// id from PET_RDZV_ID (flags win). Throws UsageError naming the flag.
+// id from PET_RDZV_ID (flags win). Both spellings of every flag and --flag=VALUE are accepted;
+// --watch takes the next word as its interval only when that word is a number. Throws
+// UsageError naming the flag.
 StatusRequest parse_status_args(const std::vector<std::string>& args, const std::map<std::string, std::string>& env);
 
 std::string status_usage();
@@ -34,8 +50,18 @@ std::string status_usage();
 std::string format_status(const rendezvous::RegistryStatus& status, const std::string& endpoint,
                           const std::string& run_id);
 
+// The registry status as one line of JSON (no newline): {"endpoint", "run_id", "time", "jobs":
+// [...]}; field names are documented in docs/cli.md and do not change. `time` is the caller's
+// ISO 8601 UTC timestamp of the query ("" leaves it out).
+std::string format_status_json(const rendezvous::RegistryStatus& status, const std::string& endpoint,
+                               const std::string& run_id, const std::string& time);
+
 // Queries and prints; returns the exit code (0, or 1 when a named job does not exist).
-// Throws ddprun::NetworkError when the server cannot be reached.
-int run_status(const StatusRequest& request, std::ostream& out);
+// Without --watch: throws ddprun::NetworkError when the server cannot be reached.
+// With --watch: repeats until SIGINT/SIGTERM (exit 0) or --watch-count updates (the last
+// update's code); an unreachable server is shown as that update's text, and watching goes on.
+// `terminal`: stdout is a terminal, so each update redraws the screen (ANSI home + clear)
+// instead of appending a block. SIGINT and SIGTERM are blocked while watching.
+int run_status(const StatusRequest& request, std::ostream& out, bool terminal = false);
 
 }  // namespace ddprun::launcher
