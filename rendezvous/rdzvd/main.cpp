@@ -93,6 +93,30 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
+  // --- Store memory and connection bounds (docs/protocol.md, "Limits") ---
+  app.add_option("--max-keys", options.limits.max_keys, "Most keys plus queued items held")->capture_default_str();
+  app.add_option("--max-waits", options.limits.max_waits, "Most WAIT/BARRIER/WATCH_KEY registrations held")
+      ->capture_default_str();
+  app.add_option("--max-queued-reply-bytes", options.limits.max_queued_reply_bytes,
+                 "Most reply bytes queued for one connection; larger replies are refused")
+      ->capture_default_str();
+  app.add_option("--max-buffered-bytes", options.limits.max_buffered_bytes,
+                 "Most bytes in all connections' read buffers and queued replies together")
+      ->capture_default_str();
+  app.add_option("--max-connections-per-peer", options.limits.max_connections_per_peer,
+                 "Most connections from one peer address (0 = no cap)")
+      ->capture_default_str();
+  app.add_option_function<std::int64_t>(
+         "--frame-timeout-ms", [&](const std::int64_t& ms) { options.frame_timeout = std::chrono::milliseconds(ms); },
+         "Close a connection holding an incomplete request this long (0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.frame_timeout.count()));
+  app.add_option_function<std::int64_t>(
+         "--idle-timeout-ms", [&](const std::int64_t& ms) { options.idle_timeout = std::chrono::milliseconds(ms); },
+         "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.idle_timeout.count()));
+  // --- end of store bounds ---
   app.add_option("--token", token,
                  "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
   app.add_option("--max-rdzv-payload-bytes", max_rdzv_payload, "Largest native rendezvous message accepted")
