@@ -107,6 +107,7 @@ struct Connection {
   bool dirty = false;
   bool closed = false;
   std::size_t accounted = 0;     // this connection's share of Core::buffered
+  std::string overflow;          // set by reserve_push: why the connection must be closed
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
   std::size_t queued() const { return pending.size() + writing.size(); }
@@ -139,6 +140,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   std::size_t max_connections = 0;  // options.limits.max_connections after the open-files clamp
   std::size_t buffered = 0;         // sum of every connection's `accounted`
   std::size_t pause_above = pause_output_above;
+  std::size_t pushed = 0;  // bytes admitted by reserve_push since the last flush (not yet accounted)
   std::unordered_map<std::string, std::size_t> per_peer;  // open connections per peer address
   int spare_fd = -1;                // released to accept-and-close when out of descriptors
   RateLimitedWarning refuse_warning;
@@ -190,6 +192,36 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return c->queued() >= cap ? 0 : cap - c->queued();
   }
 
+  bool reserve_push(ConnectionId id, std::size_t n) override {
+    ConnectionPtr c;
+    if (current && current->id == id) {
+      c = current;
+    } else {
+      auto it = connections.find(id);
+      if (it == connections.end()) return false;
+      c = it->second;
+    }
+    if (!c->overflow.empty()) return false;
+    const std::size_t cap = options.limits.max_queued_reply_bytes;
+    if (c->queued() + n > cap) {
+      c->overflow = fmt::format("{} reply bytes queued and {} more pushed by another client's write, over the limit "
+                                "of {} (--max-queued-reply-bytes): the client does not read its replies",
+                                c->queued(), n, cap);
+    } else if (buffered + pushed + n > options.limits.max_buffered_bytes) {
+      c->overflow = fmt::format("{} bytes pushed by another client's write do not fit: the server's buffers hold {} "
+                                "bytes, the limit is {} (--max-buffered-bytes), and this connection has {} unread",
+                                n, buffered + pushed, options.limits.max_buffered_bytes, c->queued());
+    } else {
+      pushed += n;
+      return true;
+    }
+    if (!c->dirty) {
+      c->dirty = true;
+      dirty.push_back(c);
+    }
+    return false;
+  }
+
   std::size_t clamp_connections() const {
     const std::size_t wanted = options.limits.max_connections;
     rlimit rl{};
@@ -218,7 +250,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   void enforce_output_caps(const ConnectionPtr& c) {
     if (c->closed) return;
     account(*c);
-    if (c->queued() > options.limits.max_queued_reply_bytes) {
+    if (!c->overflow.empty()) {
+      close(c, c->overflow, true);
+    } else if (c->queued() > options.limits.max_queued_reply_bytes) {
       close(c,
             fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
                         "read its replies",
@@ -499,6 +533,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         if (!c->closed) start_write(c);
       }
     }
+    pushed = 0;
     shed_if_over_budget();
   }
 

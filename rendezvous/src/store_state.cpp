@@ -138,7 +138,10 @@ void StoreState::notify_watchers(std::string_view key, WatchResponse type, std::
                                  std::string_view new_value, Outbox& outbox) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  for (ConnectionId c : it->second) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+  const std::size_t size = 1 + 3 * 8 + key.size() + old_value.size() + new_value.size();
+  for (ConnectionId c : it->second) {
+    if (outbox.reserve_push(c, size)) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+  }
 }
 
 void StoreState::register_wait(ConnectionId conn, std::string_view key) {

@@ -138,3 +138,26 @@ TEST_CASE("a reply larger than the outbox's room is refused before any byte is q
     CHECK(tiny.out[2].empty());
   }
 }
+
+TEST_CASE("a WATCH_KEY event the outbox will not take is not queued; the write still happens", "[state][bounds]") {
+  class Refusing final : public Outbox {
+   public:
+    std::string& buffer(ConnectionId conn) override { return out[conn]; }
+    bool reserve_push(ConnectionId conn, std::size_t n) override {
+      asked = n;
+      return conn != 2;
+    }
+    std::unordered_map<ConnectionId, std::string> out;
+    std::size_t asked = 0;
+  };
+  StoreState state;
+  Refusing box;
+  REQUIRE(state.apply(2, req(Op::watch_key, "w"), box).ok);
+  REQUIRE(state.apply(3, req(Op::watch_key, "w"), box).ok);
+  box.out.clear();
+  REQUIRE(state.apply(1, req(Op::set, "w", "value"), box).ok);
+  CHECK(box.asked == 1 + 24 + 1 + 0 + 5);
+  CHECK(box.out[2].empty());
+  CHECK(box.out[3].size() == box.asked);
+  CHECK(state.value("w") == "value");
+}

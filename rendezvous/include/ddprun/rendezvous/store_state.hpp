@@ -45,6 +45,13 @@ class Outbox {
     (void)conn;
     return static_cast<std::size_t>(-1);
   }
+  // Asks to queue `n` bytes for `conn` that another connection's request produced (a WATCH_KEY
+  // event). False: they must not be queued, and the outbox closes `conn` (it does not read).
+  virtual bool reserve_push(ConnectionId conn, std::size_t n) {
+    (void)conn;
+    (void)n;
+    return true;
+  }
 };
 
 // Outbox for tests and tools: one string per connection.
