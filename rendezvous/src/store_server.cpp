@@ -125,7 +125,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     max_connections = clamp_connections();
     // Half the hard cap, so that a pipelining client's small fixed-size replies can never carry
     // its backlog past the cap before it is paused.
-    pause_above = std::min(pause_output_above, options.limits.max_queued_reply_bytes / 2);
+    // At least one byte: with a zero cap every reply is refused (and the connection closed) rather
+    // than its requests never executed.
+    pause_above = std::max<std::size_t>(1, std::min(pause_output_above, options.limits.max_queued_reply_bytes / 2));
   }
   ~Core() override {
     if (spare_fd >= 0) ::close(spare_fd);
