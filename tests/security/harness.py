@@ -127,7 +127,8 @@ class Daemon:
         self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_security_")
         self.log_path = os.path.join(self.tmp.name, "daemon.log")
         port_file = os.path.join(self.tmp.name, "port")
-        cap = None if sanitized(binary) else mem_cap
+        self.sanitized = sanitized(binary)
+        cap = None if self.sanitized else mem_cap
         self.log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [binary, "--host", HOST, "--port", "0", "--port-file", port_file, *flags],
