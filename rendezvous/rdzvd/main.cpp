@@ -90,6 +90,30 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
+  // --- Store memory and connection bounds (docs/protocol.md, "Limits") ---
+  app.add_option("--max-keys", options.limits.store.max_keys, "Most keys plus queued items held")->capture_default_str();
+  app.add_option("--max-waits", options.limits.store.max_waits, "Most WAIT/BARRIER/WATCH_KEY registrations held")
+      ->capture_default_str();
+  app.add_option("--max-queued-reply-bytes", options.limits.store.max_queued_reply_bytes,
+                 "Most reply bytes queued for one connection; larger replies are refused")
+      ->capture_default_str();
+  app.add_option("--max-buffered-bytes", options.limits.store.max_buffered_bytes,
+                 "Most bytes in all connections' read buffers and queued replies together")
+      ->capture_default_str();
+  app.add_option("--max-connections-per-peer", options.limits.store.max_connections_per_peer,
+                 "Most connections from one peer address (0 = no cap)")
+      ->capture_default_str();
+  app.add_option_function<std::int64_t>(
+         "--frame-timeout-ms", [&](const std::int64_t& ms) { options.limits.frame_timeout = std::chrono::milliseconds(ms); },
+         "Close a connection holding an incomplete request this long (0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.limits.frame_timeout.count()));
+  app.add_option_function<std::int64_t>(
+         "--idle-timeout-ms", [&](const std::int64_t& ms) { options.limits.idle_timeout = std::chrono::milliseconds(ms); },
+         "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.limits.idle_timeout.count()));
+  // --- end of store bounds ---
   auto* token_opt = app.add_option(
       "--token", options.token, "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
   std::string token_file;

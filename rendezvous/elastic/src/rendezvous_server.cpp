@@ -44,6 +44,8 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   store_options.host = options_.host;
   store_options.port = options_.port;
   store_options.limits = options_.limits.store;
+  store_options.frame_timeout = options_.limits.frame_timeout;
+  store_options.idle_timeout = options_.limits.idle_timeout;
   store_options.extension = service_;
   try {
     store_ = std::make_unique<StoreServer>(io, std::move(store_options));

@@ -4,8 +4,17 @@
 // executed per read), one pending-output string filled by the state machine, and at most one
 // async_write in flight (the pending bytes are swapped into the in-flight buffer). Replies
 // produced while handling one read are written with one async_write.
+//
+// Memory accounting: every connection's read-buffer size plus queued reply capacity is summed
+// in Core::buffered (Core::account keeps it exact), checked against max_buffered_bytes. One
+// sweep timer (not one per connection) enforces the frame and idle timeouts.
 #include "ddprun/rendezvous/store_server.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -16,6 +25,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -34,9 +45,36 @@ namespace {
 constexpr std::size_t initial_buffer = 4 * 1024;  // like libuv's; grows for big requests
 constexpr std::size_t min_read_space = 2 * 1024;
 constexpr std::size_t shrink_above = 1024 * 1024;
-// A client that sends requests but does not read the replies stops being read once this much
-// output is queued for it, so it cannot grow the server's memory without bound.
-constexpr std::size_t max_queued_output = 16 * 1024 * 1024;
+// A client that sends requests but does not read the replies stops being read (and its
+// buffered requests stop being executed) once this much output is queued for it; the hard
+// per-connection cap is StoreLimits::max_queued_reply_bytes.
+constexpr std::size_t pause_output_above = 4 * 1024 * 1024;
+
+using Clock = std::chrono::steady_clock;
+
+// Descriptors kept free beyond --max-connections for the process's own files, pipes and the
+// accept-and-close path: an eighth of the open-files limit, between 32 and 1024.
+std::size_t descriptor_reserve(std::size_t nofile) { return std::clamp<std::size_t>(nofile / 8, 32, 1024); }
+
+// A warning that may repeat once per connection under attack: logged at most once a second,
+// with the number of suppressed repeats.
+struct RateLimitedWarning {
+  Clock::time_point last{};
+  std::size_t suppressed = 0;
+  template <class... Args>
+  void warn(fmt::format_string<Args...> format, Args&&... args) {
+    const auto now = Clock::now();
+    if (last != Clock::time_point{} && now - last < std::chrono::seconds(1)) {
+      ++suppressed;
+      return;
+    }
+    std::string text = fmt::format(format, std::forward<Args>(args)...);
+    if (suppressed > 0) text += fmt::format(" ({} more like it in the last second not shown)", suppressed);
+    spdlog::warn("{}", text);
+    last = now;
+    suppressed = 0;
+  }
+};
 
 std::string endpoint_text(const tcp::endpoint& ep) {
   return bracket_host(ep.address().to_string()) + ":" + std::to_string(ep.port());
@@ -56,6 +94,7 @@ struct Connection {
   tcp::socket socket;
   ConnectionId id = 0;
   std::string peer;
+  std::string peer_address;  // without the port: the key of the per-peer connection count
   std::vector<char> in;
   std::size_t begin = 0;   // first unparsed byte
   std::size_t end = 0;     // one past the last received byte
@@ -64,9 +103,14 @@ struct Connection {
   std::string pending;     // produced, not yet handed to async_write
   std::string writing;     // owned by the async_write in flight
   bool write_in_flight = false;
-  bool read_paused = false;  // output backlog over max_queued_output
+  bool read_paused = false;  // output backlog over pause_output_above
   bool dirty = false;
   bool closed = false;
+  std::size_t accounted = 0;     // this connection's share of Core::buffered
+  std::string overflow;          // set by reserve_push: why the connection must be closed
+  Clock::time_point last_active;  // last byte received or written
+  Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
+  std::size_t queued() const { return pending.size() + writing.size(); }
 };
 
 using ConnectionPtr = std::shared_ptr<Connection>;
@@ -77,13 +121,31 @@ using ConnectionPtr = std::shared_ptr<Connection>;
 // io_context outlived it) finds `stopped` set instead of a dangling pointer.
 struct Core : Outbox, std::enable_shared_from_this<Core> {
   Core(asio::io_context& io_, StoreServerOptions opts)
-      : io(io_), options(std::move(opts)), acceptor(io_), retry_timer(io_), state(options.limits) {}
+      : io(io_), options(std::move(opts)), acceptor(io_), retry_timer(io_), sweep_timer(io_), state(options.limits) {
+    max_connections = clamp_connections();
+    // Half the hard cap, so that a pipelining client's small fixed-size replies can never carry
+    // its backlog past the cap before it is paused.
+    // At least one byte: with a zero cap every reply is refused (and the connection closed) rather
+    // than its requests never executed.
+    pause_above = std::max<std::size_t>(1, std::min(pause_output_above, options.limits.max_queued_reply_bytes / 2));
+  }
+  ~Core() override {
+    if (spare_fd >= 0) ::close(spare_fd);
+  }
 
   asio::io_context& io;
   StoreServerOptions options;
   tcp::acceptor acceptor;
   asio::steady_timer retry_timer;
+  asio::steady_timer sweep_timer;
   StoreState state;
+  std::size_t max_connections = 0;  // options.limits.max_connections after the open-files clamp
+  std::size_t buffered = 0;         // sum of every connection's `accounted`
+  std::size_t pause_above = pause_output_above;
+  std::size_t pushed = 0;  // bytes admitted by reserve_push since the last flush (not yet accounted)
+  std::unordered_map<std::string, std::size_t> per_peer;  // open connections per peer address
+  int spare_fd = -1;                // released to accept-and-close when out of descriptors
+  RateLimitedWarning refuse_warning;
   std::unordered_map<ConnectionId, ConnectionPtr> connections;
   std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
   ConnectionId next_id = 1;
@@ -117,6 +179,106 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       dirty.push_back(it->second);
     }
     return it->second->pending;
+  }
+
+  std::size_t reply_room(ConnectionId id) override {
+    const Connection* c = nullptr;
+    if (current && current->id == id) {
+      c = current.get();
+    } else {
+      auto it = connections.find(id);
+      if (it == connections.end()) return static_cast<std::size_t>(-1);
+      c = it->second.get();
+    }
+    const std::size_t cap = options.limits.max_queued_reply_bytes;
+    return c->queued() >= cap ? 0 : cap - c->queued();
+  }
+
+  bool reserve_push(ConnectionId id, std::size_t n) override {
+    ConnectionPtr c;
+    if (current && current->id == id) {
+      c = current;
+    } else {
+      auto it = connections.find(id);
+      if (it == connections.end()) return false;
+      c = it->second;
+    }
+    if (!c->overflow.empty()) return false;
+    const std::size_t cap = options.limits.max_queued_reply_bytes;
+    if (c->queued() + n > cap) {
+      c->overflow = fmt::format("{} reply bytes queued and {} more pushed by another client's write, over the limit "
+                                "of {} (--max-queued-reply-bytes): the client does not read its replies",
+                                c->queued(), n, cap);
+    } else if (buffered + pushed + n > options.limits.max_buffered_bytes) {
+      c->overflow = fmt::format("{} bytes pushed by another client's write do not fit: the server's buffers hold {} "
+                                "bytes, the limit is {} (--max-buffered-bytes), and this connection has {} unread",
+                                n, buffered + pushed, options.limits.max_buffered_bytes, c->queued());
+    } else {
+      pushed += n;
+      return true;
+    }
+    if (!c->dirty) {
+      c->dirty = true;
+      dirty.push_back(c);
+    }
+    return false;
+  }
+
+  std::size_t clamp_connections() const {
+    const std::size_t wanted = options.limits.max_connections;
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
+    const auto nofile = static_cast<std::size_t>(rl.rlim_cur);
+    const std::size_t reserve = descriptor_reserve(nofile);
+    const std::size_t allowed = nofile > reserve + 1 ? nofile - reserve : 1;
+    if (wanted <= allowed) return wanted;
+    const auto level = wanted == StoreLimits{}.max_connections ? spdlog::level::debug : spdlog::level::info;
+    spdlog::log(level,
+                "store: --max-connections {} lowered to {}: the open-files limit is {} and {} descriptors are kept "
+                "in reserve (raise ulimit -n to allow more connections)",
+                wanted, allowed, nofile, reserve);
+    return allowed;
+  }
+
+  // Brings `c`'s share of `buffered` up to date with its buffers.
+  void account(Connection& c) {
+    const std::size_t now = c.in.size() + c.pending.capacity() + c.writing.capacity();
+    buffered = buffered - c.accounted + now;
+    c.accounted = now;
+  }
+
+  // After replies were queued: closes a connection past its own cap, then, while all buffers
+  // together pass max_buffered_bytes, the connections with the largest reply backlogs.
+  void enforce_output_caps(const ConnectionPtr& c) {
+    if (c->closed) return;
+    account(*c);
+    if (!c->overflow.empty()) {
+      close(c, c->overflow, true);
+    } else if (c->queued() > options.limits.max_queued_reply_bytes) {
+      close(c,
+            fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
+                        "read its replies",
+                        c->queued(), options.limits.max_queued_reply_bytes),
+            true);
+    }
+  }
+
+  void shed_if_over_budget() {
+    if (buffered <= options.limits.max_buffered_bytes) return;
+    std::vector<ConnectionPtr> by_backlog;
+    for (auto& [id, conn] : connections) {
+      if (conn->queued() > 0) by_backlog.push_back(conn);
+    }
+    std::sort(by_backlog.begin(), by_backlog.end(),
+              [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->queued() > b->queued(); });
+    for (auto& conn : by_backlog) {
+      if (buffered <= options.limits.max_buffered_bytes) break;
+      close(conn,
+            fmt::format("the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), and this "
+                        "connection has the largest unread reply backlog ({} bytes)",
+                        buffered, options.limits.max_buffered_bytes, conn->queued()),
+            true);
+    }
   }
 
   void bind() {
@@ -167,6 +329,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       if (self->stopped) return;
       if (ec) {
         if (ec == asio::error::operation_aborted) return;
+        if ((ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system) &&
+            self->refuse_with_spare_descriptor()) {
+          self->do_accept();
+          return;
+        }
         // EMFILE and friends: accepting again at once would spin; retry shortly.
         spdlog::warn("store: accept failed on port {}: {} (raise the open-files limit, ulimit -n)",
                      self->bound_port, ec.message());
@@ -181,23 +348,71 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     });
   }
 
+  // Out of descriptors: frees the spare one, accepts a pending connection, closes it with a log
+  // line and takes the spare back. False when there was no spare or nothing to accept.
+  bool refuse_with_spare_descriptor() {
+    if (spare_fd < 0) return false;
+    pollfd ready{acceptor.native_handle(), POLLIN, 0};
+    if (::poll(&ready, 1, 0) != 1) return false;  // nothing pending: accept() would block
+    ::close(spare_fd);
+    spare_fd = -1;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    const int fd = ::accept4(acceptor.native_handle(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+    bool refused = false;
+    if (fd >= 0) {
+      std::string peer = "unknown peer";
+      tcp::endpoint ep;
+      if (len <= ep.capacity()) {
+        std::memcpy(ep.data(), &addr, len);
+        ep.resize(len);
+        peer = endpoint_text(ep);
+      }
+      ++counters.connections_rejected;
+      refuse_warning.warn("store: closing new connection from {}: out of file descriptors (raise ulimit -n or lower "
+                          "--max-connections)",
+                          peer);
+      ::close(fd);
+      refused = true;
+    }
+    spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return refused;
+  }
+
   void on_accept(tcp::socket socket) {
     boost::system::error_code ec;
     auto peer_ep = socket.remote_endpoint(ec);
     std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
-    if (connections.size() >= options.limits.max_connections) {
+    std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
+    if (connections.size() >= max_connections) {
       ++counters.connections_rejected;
-      spdlog::warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
-                   peer, options.limits.max_connections);
+      refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
+                          peer, max_connections);
       socket.close(ec);
       return;
+    }
+    const std::size_t per_peer_cap = options.limits.max_connections_per_peer;
+    if (per_peer_cap != 0 && !peer_address.empty()) {
+      auto it = per_peer.find(peer_address);
+      if (it != per_peer.end() && it->second >= per_peer_cap) {
+        ++counters.connections_rejected;
+        refuse_warning.warn("store: closing new connection from {}: {} connections from that address are open, the "
+                            "limit per address (--max-connections-per-peer)",
+                            peer, it->second);
+        socket.close(ec);
+        return;
+      }
     }
     socket.set_option(tcp::no_delay(true), ec);
     auto c = std::make_shared<Connection>(std::move(socket));
     c->id = next_id++;
     c->peer = std::move(peer);
+    c->peer_address = std::move(peer_address);
     c->decoder.accept_legacy = options.accept_legacy;
     c->in.resize(initial_buffer);
+    c->last_active = Clock::now();
+    account(*c);
+    if (!c->peer_address.empty()) ++per_peer[c->peer_address];
     connections.emplace(c->id, c);
     ++counters.connections_total;
     spdlog::debug("store: connection {} from {}", c->id, c->peer);
@@ -211,6 +426,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       if (c->in.size() > shrink_above) {
         c->in.resize(initial_buffer);
         c->in.shrink_to_fit();
+        account(*c);
       }
     }
     const std::size_t want = std::max(min_read_space, c->need > c->end - c->begin ? c->need - (c->end - c->begin) : 0);
@@ -220,7 +436,23 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         c->end -= c->begin;
         c->begin = 0;
       }
-      if (c->in.size() - c->end < want) c->in.resize(std::max(c->in.size() * 2, c->end + want));
+      if (c->in.size() - c->end < min_read_space) {
+        // Grow with the bytes that arrived (doubling what is buffered), never to a length the
+        // request only declares: a header announcing 64 MiB costs nothing until they arrive.
+        const std::size_t grown = std::min(c->end + want, std::max(c->in.size() * 2, c->end + min_read_space));
+        if (buffered - c->accounted + grown + c->pending.capacity() + c->writing.capacity() >
+            options.limits.max_buffered_bytes) {
+          close(c,
+                fmt::format("a request of at least {} bytes does not fit: the server's buffers hold {} bytes, the "
+                            "limit is {} (--max-buffered-bytes)",
+                            c->need, buffered, options.limits.max_buffered_bytes),
+                true);
+          flush();
+          return;
+        }
+        c->in.resize(grown);
+        account(*c);
+      }
     }
     c->socket.async_read_some(asio::buffer(c->in.data() + c->end, c->in.size() - c->end),
                               [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) {
@@ -240,11 +472,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       flush();
       return;
     }
+    const auto now = Clock::now();
+    if (c->begin == c->end) c->frame_start = now;
+    c->last_active = now;
     c->end += n;
     process(c);
     flush();
     if (c->closed) return;
-    if (c->pending.size() + c->writing.size() > max_queued_output) {
+    if (c->queued() >= pause_above) {
       c->read_paused = true;  // resumed by the write completion
       return;
     }
@@ -252,9 +487,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   }
 
   // Executes every complete request buffered on `c`.
+  // Stops early, leaving requests buffered, once the connection's queued replies pass
+  // pause_output_above; the write completion resumes it.
   void process(const ConnectionPtr& c) {
     current = c;
-    while (!c->closed && c->end - c->begin >= c->need) {
+    while (!c->closed && c->end - c->begin >= c->need && c->queued() < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
       if (r.status == DecodeStatus::extension) {
@@ -275,6 +512,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       if (r.status == DecodeStatus::ok) {
         c->begin += r.consumed;
         c->need = 1;
+        c->frame_start = c->last_active;
       } else if (r.status == DecodeStatus::need_more) {
         c->need = std::max<std::size_t>(r.min_total, (c->end - c->begin) + 1);
         break;
@@ -287,11 +525,18 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   }
 
   void flush() {
-    for (auto& c : dirty) {
-      c->dirty = false;
-      if (!c->closed) start_write(c);
+    // close() may run extension hooks that queue more output: iterate over a stable copy.
+    while (!dirty.empty()) {
+      std::vector<ConnectionPtr> batch;
+      batch.swap(dirty);
+      for (auto& c : batch) {
+        c->dirty = false;
+        enforce_output_caps(c);
+        if (!c->closed) start_write(c);
+      }
     }
-    dirty.clear();
+    pushed = 0;
+    shed_if_over_budget();
   }
 
   void start_write(const ConnectionPtr& c) {
@@ -302,15 +547,29 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     asio::async_write(c->socket, asio::buffer(c->writing),
                       [self = shared_from_this(), c](boost::system::error_code ec, std::size_t) {
                         c->write_in_flight = false;
-                        c->writing.clear();
+                        if (c->writing.capacity() > shrink_above) {
+                          std::string().swap(c->writing);
+                        } else {
+                          c->writing.clear();
+                        }
                         if (c->closed || self->stopped) return;
+                        self->account(*c);
                         if (ec) {
                           self->close(c, fmt::format("write failed: {}", ec.message()), false);
                           return;
                         }
+                        c->last_active = Clock::now();
                         self->start_write(c);
-                        if (c->read_paused && c->pending.size() + c->writing.size() <= max_queued_output) {
+                        if (c->read_paused && c->queued() < self->pause_above) {
                           c->read_paused = false;
+                          c->frame_start = c->last_active;  // the pause was the server's doing
+                          self->process(c);  // requests left buffered when the pause began
+                          self->flush();
+                          if (c->closed) return;
+                          if (c->queued() >= self->pause_above) {
+                            c->read_paused = true;
+                            return;
+                          }
                           self->start_read(c);
                         }
                       });
@@ -331,8 +590,54 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     boost::system::error_code ec;
     c->socket.shutdown(tcp::socket::shutdown_both, ec);
     c->socket.close(ec);
+    buffered -= c->accounted;
+    c->accounted = 0;
+    if (!c->peer_address.empty()) {
+      auto it = per_peer.find(c->peer_address);
+      if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
+    }
     connections.erase(c->id);
     if (connections.empty() && on_drained) notify_drained();
+  }
+
+  // One timer for every connection's frame and idle timeouts, armed only when one is enabled.
+  void arm_sweep() {
+    using std::chrono::milliseconds;
+    milliseconds shortest{0};
+    for (milliseconds t : {options.frame_timeout, options.idle_timeout}) {
+      if (t.count() > 0 && (shortest.count() == 0 || t < shortest)) shortest = t;
+    }
+    if (shortest.count() == 0 || stopped) return;
+    const milliseconds period = std::clamp(shortest / 4, milliseconds(5), milliseconds(1000));
+    sweep_timer.expires_after(period);
+    sweep_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      self->sweep();
+      self->arm_sweep();
+    });
+  }
+
+  void sweep() {
+    const auto now = Clock::now();
+    std::vector<std::pair<ConnectionPtr, std::string>> expired;
+    for (auto& [id, c] : connections) {
+      const bool partial = c->end > c->begin && c->end - c->begin < c->need;
+      if (options.frame_timeout.count() > 0 && partial && !c->read_paused &&
+          now - c->frame_start > options.frame_timeout) {
+        expired.emplace_back(c, fmt::format("incomplete request: {} of at least {} bytes received in {} ms "
+                                            "(--frame-timeout-ms {})",
+                                            c->end - c->begin, c->need,
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(now - c->frame_start)
+                                                .count(),
+                                            options.frame_timeout.count()));
+      } else if (options.idle_timeout.count() > 0 && c->end == c->begin && c->queued() == 0 &&
+                 now - c->last_active > options.idle_timeout && !state.waiting(id)) {
+        expired.emplace_back(c, fmt::format("idle for more than {} ms (--idle-timeout-ms)",
+                                            options.idle_timeout.count()));
+      }
+    }
+    for (auto& [c, why] : expired) close(c, why, true);
+    if (!expired.empty()) flush();
   }
 
   void notify_drained() {
@@ -366,7 +671,10 @@ void StoreServer::start() {
   auto& core = *impl_->core;
   if (core.started || core.stopped) return;
   core.started = true;
+  // Kept to be released when accept() fails for want of descriptors (see do_accept).
+  if (core.spare_fd < 0) core.spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   core.do_accept();
+  core.arm_sweep();
 }
 
 void StoreServer::stop() {
@@ -377,6 +685,7 @@ void StoreServer::stop() {
   boost::system::error_code ec;
   core.acceptor.close(ec);
   core.retry_timer.cancel();
+  core.sweep_timer.cancel();
   core.close_all();
 }
 
@@ -401,6 +710,8 @@ StoreStats StoreServer::stats() const {
   s.keys = core.state.num_keys();
   s.bytes = core.state.bytes();
   s.pending_waits = core.state.pending_waits();
+  s.buffered_bytes = core.buffered;
+  s.max_connections = core.max_connections;
   return s;
 }
 
@@ -408,8 +719,11 @@ void StoreServer::send(ConnectionId conn, std::string_view bytes) {
   auto& core = *impl_->core;
   auto it = core.connections.find(conn);
   if (it == core.connections.end()) return;
-  it->second->pending.append(bytes);
-  core.start_write(it->second);
+  ConnectionPtr c = it->second;
+  c->pending.append(bytes);
+  core.enforce_output_caps(c);
+  if (!c->closed) core.start_write(c);
+  core.shed_if_over_budget();
 }
 
 void StoreServer::close_connection(ConnectionId conn, std::string_view reason) {

@@ -72,6 +72,37 @@ ApplyResult StoreState::too_big(std::string_view key, std::size_t extra) const {
                              extra, printable(key), limits_.max_total_bytes, bytes_)};
 }
 
+bool StoreState::can_register(ApplyResult& res, Op op, std::size_t n, std::size_t key_bytes) const {
+  if (registrations_ + n > limits_.max_waits) {
+    res = {false, fmt::format("{} would add {} wait registration(s) to the {} held; the limit is {} (--max-waits)",
+                              op_name(op), n, registrations_, limits_.max_waits)};
+    return false;
+  }
+  if (registered_bytes_ + key_bytes > limits_.max_total_bytes) {
+    res = {false, fmt::format("{} would copy {} key bytes into wait registrations holding {} already; the limit is "
+                              "{} (--max-total-bytes)",
+                              op_name(op), key_bytes, registered_bytes_, limits_.max_total_bytes)};
+    return false;
+  }
+  return true;
+}
+
+bool StoreState::can_add_entry(ApplyResult& res, std::string_view key) const {
+  if (entries() < limits_.max_keys) return true;
+  res = {false, fmt::format("creating key '{}' would pass the store's limit of {} keys and queued items (--max-keys)",
+                            printable(key), limits_.max_keys)};
+  return false;
+}
+
+bool StoreState::reply_fits(ApplyResult& res, ConnectionId conn, Op op, std::size_t size, Outbox& outbox) const {
+  const std::size_t room = outbox.reply_room(conn);
+  if (size <= room) return true;
+  res = {false, fmt::format("{} reply of {} bytes refused: the connection may queue only {} more reply bytes "
+                            "(--max-queued-reply-bytes {})",
+                            op_name(op), size, room, limits_.max_queued_reply_bytes)};
+  return false;
+}
+
 bool StoreState::store(ApplyResult& res, std::string_view key, std::string_view value, Outbox& outbox) {
   auto it = kv_.find(key);
   if (it != kv_.end()) {
@@ -94,6 +125,7 @@ bool StoreState::store(ApplyResult& res, std::string_view key, std::string_view 
       res = too_big(key, extra);
       return false;
     }
+    if (!can_add_entry(res, key)) return false;
     kv_.emplace(std::string(key), std::string(value));
     bytes_ += extra;
     if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_created, {}, value, outbox);
@@ -106,7 +138,10 @@ void StoreState::notify_watchers(std::string_view key, WatchResponse type, std::
                                  std::string_view new_value, Outbox& outbox) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  for (ConnectionId c : it->second) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+  const std::size_t size = 1 + 3 * 8 + key.size() + old_value.size() + new_value.size();
+  for (ConnectionId c : it->second) {
+    if (outbox.reserve_push(c, size)) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+  }
 }
 
 void StoreState::register_wait(ConnectionId conn, std::string_view key) {
@@ -114,6 +149,8 @@ void StoreState::register_wait(ConnectionId conn, std::string_view key) {
   if (it == waiters_.end()) it = waiters_.emplace(std::string(key), std::vector<ConnectionId>{}).first;
   it->second.push_back(conn);
   awaited_[conn].keys.emplace_back(key);
+  ++registrations_;
+  registered_bytes_ += key.size();
 }
 
 void StoreState::satisfy(ConnectionId conn, Outbox& outbox) {
@@ -152,12 +189,14 @@ void StoreState::drop_waits(ConnectionId conn) {
   auto a = awaited_.find(conn);
   if (a == awaited_.end()) return;
   for (const std::string& k : a->second.keys) {
+    registered_bytes_ -= k.size();
     auto it = waiters_.find(k);
     if (it == waiters_.end()) continue;
     auto& v = it->second;
     v.erase(std::remove(v.begin(), v.end(), conn), v.end());
     if (v.empty()) waiters_.erase(it);
   }
+  registrations_ -= a->second.keys.size();
   awaited_.erase(a);
 }
 
@@ -195,6 +234,8 @@ ApplyResult StoreState::add(ConnectionId conn, std::string_view key, std::int64_
     if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_updated, old_text, text, outbox);
   } else {
     if (bytes_ + key.size() + text.size() > limits_.max_total_bytes) return too_big(key, key.size() + text.size());
+    ApplyResult res;
+    if (!can_add_entry(res, key)) return res;
     kv_.emplace(std::string(key), std::string(text));
     bytes_ += key.size() + text.size();
     if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_created, {}, text, outbox);
@@ -215,6 +256,10 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       break;
     case Op::compare_set: {
       auto it = kv_.find(req.key);
+      // The reply is the desired, expected or current value: refuse before writing anything.
+      const std::size_t reply_size =
+          8 + std::max({req.desired.size(), req.value.size(), it == kv_.end() ? 0 : it->second.size()});
+      if (!reply_fits(res, conn, req.op, reply_size, outbox)) break;
       if (it == kv_.end()) {
         if (req.value.empty()) {
           if (!store(res, req.key, req.desired, outbox)) break;
@@ -234,6 +279,7 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
     }
     case Op::get: {
       auto it = kv_.find(req.key);
+      if (it != kv_.end() && !reply_fits(res, conn, req.op, 8 + it->second.size(), outbox)) break;
       reply::str(outbox.buffer(conn), it == kv_.end() ? std::string_view{} : std::string_view(it->second));
       break;
     }
@@ -263,6 +309,9 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       }
       // A new WAIT replaces the count (as the reference servers do); older registrations of a
       // 1.13 client that timed out locally stay and may still wake it.
+      std::size_t key_bytes = 0;
+      for (auto k : req.keys) key_bytes += exists(k) ? 0 : k.size();
+      if (!can_register(res, req.op, static_cast<std::size_t>(missing), key_bytes)) break;
       awaited_[conn].missing = missing;
       for (auto k : req.keys) {
         if (!exists(k)) register_wait(conn, k);
@@ -273,11 +322,14 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       reply::i64(outbox.buffer(conn), static_cast<std::int64_t>(kv_.size()));
       break;
     case Op::watch_key: {
+      if (!can_register(res, req.op, 1, req.key.size())) break;
       reply::u8(outbox.buffer(conn), static_cast<std::uint8_t>(WatchResponse::key_callback_registered));
       auto it = watchers_.find(req.key);
       if (it == watchers_.end()) it = watchers_.emplace(std::string(req.key), std::vector<ConnectionId>{}).first;
       it->second.push_back(conn);
       watched_[conn].emplace_back(req.key);
+      ++registrations_;
+      registered_bytes_ += req.key.size();
       break;
     }
     case Op::delete_key: {
@@ -319,6 +371,12 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       break;
     }
     case Op::multi_get: {
+      std::size_t reply_size = 0;
+      for (auto k : req.keys) {
+        auto it = kv_.find(k);
+        reply_size += 8 + (it == kv_.end() ? 0 : it->second.size());
+      }
+      if (!reply_fits(res, conn, req.op, reply_size, outbox)) break;
       std::string& out = outbox.buffer(conn);
       for (auto k : req.keys) {
         auto it = kv_.find(k);
@@ -340,8 +398,10 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         res = too_big(req.key, extra);
         break;
       }
+      if (!can_add_entry(res, req.key)) break;
       if (it == queues_.end()) it = queues_.emplace(std::string(req.key), std::deque<std::string>{}).first;
       it->second.emplace_back(req.value);
+      ++queued_items_;
       bytes_ += extra;
       wake_one(req.key, outbox);
       break;
@@ -353,10 +413,12 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         reply::i64(out, 0);
         break;
       }
+      if (!reply_fits(res, conn, req.op, 16 + it->second.front().size(), outbox)) break;
       reply::i64(out, static_cast<std::int64_t>(it->second.size()));
       reply::str(out, it->second.front());
       bytes_ -= it->second.front().size();
       it->second.pop_front();
+      --queued_items_;
       if (it->second.empty()) {
         bytes_ -= it->first.size();
         queues_.erase(it);
@@ -369,6 +431,9 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       break;
     }
     case Op::list_keys: {
+      std::size_t reply_size = 8;
+      for (const auto& kv : kv_) reply_size += 8 + kv.first.size();
+      if (!reply_fits(res, conn, req.op, reply_size, outbox)) break;
       std::string& out = outbox.buffer(conn);
       reply::i64(out, static_cast<std::int64_t>(kv_.size()));
       for (const auto& kv : kv_) reply::str(out, kv.first);
@@ -382,6 +447,7 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
         wake_all(req.key, outbox);
       } else {
+        if (!can_register(res, req.op, 1, req.key.size())) break;
         awaited_[conn].missing = 1;
         register_wait(conn, req.key);
       }
@@ -396,12 +462,14 @@ void StoreState::disconnect(ConnectionId conn) {
   auto w = watched_.find(conn);
   if (w == watched_.end()) return;
   for (const std::string& k : w->second) {
+    registered_bytes_ -= k.size();
     auto it = watchers_.find(k);
     if (it == watchers_.end()) continue;
     auto& v = it->second;
     v.erase(std::remove(v.begin(), v.end(), conn), v.end());
     if (v.empty()) watchers_.erase(it);
   }
+  registrations_ -= w->second.size();
   watched_.erase(w);
 }
 
@@ -413,6 +481,9 @@ void StoreState::clear() {
   watchers_.clear();
   watched_.clear();
   bytes_ = 0;
+  queued_items_ = 0;
+  registrations_ = 0;
+  registered_bytes_ = 0;
 }
 
 }  // namespace ddprun::rendezvous

@@ -37,10 +37,14 @@ class io_context;
 namespace ddprun::rendezvous {
 
 // Every bound the server enforces, in one place: the store's (key/value sizes, keys per
-// request, open connections, bytes held) and the native frames' (payload size, JSON depth).
+// request, connections, bytes held, queued replies, timeouts) and the native frames' (payload
+// size, JSON depth).
 struct RendezvousLimits {
   StoreLimits store;
   WireLimits wire;
+  // Connection timeouts of the store server (defaults and meaning: StoreServerOptions).
+  std::chrono::milliseconds frame_timeout = StoreServerOptions{}.frame_timeout;
+  std::chrono::milliseconds idle_timeout = StoreServerOptions{}.idle_timeout;
 };
 
 struct RendezvousServerOptions {

@@ -127,12 +127,27 @@ constexpr std::string_view op_name(Op op) {
 
 // Limits enforced while parsing (server) and before sending (client). Defaults are at least
 // as permissive as the libuv server's (8 KiB keys, 8 MiB values, 128 Ki keys per request).
+// Every limit, its flag and what a client sees when it trips: docs/protocol.md, "Limits".
 struct StoreLimits {
   std::size_t max_key_bytes = 64 * 1024;
   std::size_t max_value_bytes = 64 * 1024 * 1024;
   std::size_t max_keys_per_request = 128 * 1024;
+  // Clamped by the server below the open-files limit, keeping a reserve of descriptors.
   std::size_t max_connections = 65536;
   std::size_t max_total_bytes = std::size_t{4} * 1024 * 1024 * 1024;  // all keys+values held
+  // Keys plus queued QUEUE_PUSH items held at once.
+  std::size_t max_keys = std::size_t{4} * 1024 * 1024;
+  // WAIT/BARRIER registrations plus 1.13 WATCH_KEY registrations, over all connections.
+  std::size_t max_waits = 1024 * 1024;
+  // Reply bytes queued for one connection and not yet taken by its socket. A request whose
+  // reply would pass it is refused before the reply is built; a connection that other
+  // clients' writes (WATCH events, wake-ups) push past it is closed.
+  std::size_t max_queued_reply_bytes = 128 * 1024 * 1024;
+  // Read buffers plus queued replies of all connections together; past it the connections with
+  // the largest backlogs are closed.
+  std::size_t max_buffered_bytes = std::size_t{1} * 1024 * 1024 * 1024;
+  // Connections from one peer address (0 = no cap).
+  std::size_t max_connections_per_peer = 4096;
 };
 
 }  // namespace ddprun::rendezvous

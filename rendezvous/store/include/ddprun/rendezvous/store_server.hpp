@@ -10,6 +10,18 @@
 // first bytes. A malformed frame or a limit violation closes that one connection and logs
 // the peer; the server keeps running. WAITs are registrations woken by the write that
 // satisfies them; nothing polls.
+//
+// Bounded by construction (StoreLimits and the timeouts below; docs/protocol.md, "Limits"):
+// a read buffer grows only as bytes arrive (at most about twice what is buffered), never to a
+// declared length; a connection whose queued replies pass a pause threshold is not read (nor
+// are its buffered requests executed) until its socket drains them; replies other clients
+// trigger count against the same per-connection cap, and a connection pushed past it is closed;
+// read buffers and queued replies of all connections share one global cap. Connections are
+// capped overall (clamped below the open-files limit with a reserve, and a spare descriptor
+// lets the server accept and close a connection it has no room for, with a log line) and per
+// peer address. A connection stuck inside a request is closed after frame_timeout; an idle
+// connection after idle_timeout (off by default: torch keeps its store connection idle for a
+// whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +52,14 @@ struct StoreServerOptions {
   // Handler for frames with opcode bytes >= extension_opcode_base (native rendezvous ops on the
   // same port); null = such frames close the connection. See store_extension.hpp.
   std::shared_ptr<StoreExtension> extension;
+  // Close a connection that has buffered part of a request for this long without completing it
+  // (the clock starts at the request's first byte; it does not run while the server itself has
+  // paused reading). Zero disables.
+  std::chrono::milliseconds frame_timeout{std::chrono::seconds(30)};
+  // Close a connection that has sent and received nothing for this long, has no partial request
+  // and is not waiting for a WAIT/BARRIER or watching a key. Zero (the default) disables:
+  // torch's clients hold their store connection idle through a whole job and do not reconnect.
+  std::chrono::milliseconds idle_timeout{0};
 };
 
 struct StoreStats {
@@ -50,6 +70,8 @@ struct StoreStats {
   std::size_t bytes = 0;              // keys + values held
   std::size_t pending_waits = 0;      // connections blocked in WAIT/BARRIER
   std::uint64_t requests = 0;
+  std::size_t buffered_bytes = 0;     // read buffers + queued replies of every connection
+  std::size_t max_connections = 0;    // effective connection cap (after the open-files clamp)
 };
 
 class StoreServer {

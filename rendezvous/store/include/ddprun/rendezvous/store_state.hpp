@@ -8,6 +8,12 @@
 // of one connection are appended to the same ordered stream, a STOP_WAITING produced before a
 // CANCEL_WAIT always precedes its WAIT_CANCELED on the wire.
 //
+// Memory is bounded by StoreLimits: keys and queued items (max_keys), wait and watch
+// registrations (max_waits; their key copies count against max_total_bytes separately from the
+// key space) and held bytes (max_total_bytes). A request whose reply would not fit in
+// Outbox::reply_room() is refused before any of the reply is built. Each refusal is an error
+// naming the limit and its flag.
+//
 // Not thread-safe: owned by the one thread that runs the server's io_context. Connection ids are
 // chosen by the caller and never reused while registrations for them exist.
 #include <cstddef>
@@ -33,6 +39,19 @@ class Outbox {
  public:
   virtual ~Outbox() = default;
   virtual std::string& buffer(ConnectionId conn) = 0;
+  // How many more reply bytes `conn` may have queued; a request whose reply is larger is refused
+  // before it is built. Unbounded unless the outbox (the server) says otherwise.
+  virtual std::size_t reply_room(ConnectionId conn) {
+    (void)conn;
+    return static_cast<std::size_t>(-1);
+  }
+  // Asks to queue `n` bytes for `conn` that another connection's request produced (a WATCH_KEY
+  // event). False: they must not be queued, and the outbox closes `conn` (it does not read).
+  virtual bool reserve_push(ConnectionId conn, std::size_t n) {
+    (void)conn;
+    (void)n;
+    return true;
+  }
 };
 
 // Outbox for tests and tools: one string per connection.
@@ -70,6 +89,13 @@ class StoreState {
   std::size_t num_keys() const { return kv_.size(); }
   std::size_t bytes() const { return bytes_; }
   std::size_t pending_waits() const { return awaited_.size(); }
+  // WAIT/BARRIER plus WATCH_KEY registrations held now (what max_waits caps).
+  std::size_t registrations() const { return registrations_; }
+  // Keys plus queued items held now (what max_keys caps).
+  std::size_t entries() const { return kv_.size() + queued_items_; }
+  // True while `conn` has a WAIT/BARRIER outstanding or watches a key: it legitimately sends
+  // nothing while it waits for the server.
+  bool waiting(ConnectionId conn) const { return awaited_.count(conn) != 0 || watched_.count(conn) != 0; }
   std::optional<std::string_view> value(std::string_view key) const;
   const StoreLimits& limits() const { return limits_; }
 
@@ -95,6 +121,13 @@ class StoreState {
   void satisfy(ConnectionId conn, Outbox& outbox);
   void drop_waits(ConnectionId conn);
   void register_wait(ConnectionId conn, std::string_view key);
+  // False (and `res` set) when `n` more registrations of keys totalling `key_bytes` would pass
+  // max_waits or max_total_bytes.
+  bool can_register(ApplyResult& res, Op op, std::size_t n, std::size_t key_bytes) const;
+  // False (and `res` set) when one more key or queued item would pass max_keys.
+  bool can_add_entry(ApplyResult& res, std::string_view key) const;
+  // False (and `res` set) when a reply of `size` bytes does not fit in the outbox's room.
+  bool reply_fits(ApplyResult& res, ConnectionId conn, Op op, std::size_t size, Outbox& outbox) const;
   void notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value,
                        std::string_view new_value, Outbox& outbox);
   ApplyResult too_big(std::string_view key, std::size_t extra) const;
@@ -109,6 +142,9 @@ class StoreState {
   ConnList watchers_;  // key -> connections watching it (1.13 WATCH_KEY)
   std::unordered_map<ConnectionId, std::vector<std::string>> watched_;
   std::size_t bytes_ = 0;
+  std::size_t queued_items_ = 0;   // items in queues_
+  std::size_t registrations_ = 0;  // entries of awaited_[*].keys plus watched_[*]
+  std::size_t registered_bytes_ = 0;  // key bytes copied by those registrations
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,0 +1,163 @@
+// StoreState memory bounds without sockets: max_keys, max_waits, max_total_bytes for wait
+// registrations, and replies refused before they are built when the outbox has no room.
+#include <catch2/catch.hpp>
+
+#include "helpers.hpp"
+#include "ddprun/rendezvous/store_state.hpp"
+
+using namespace ddprun::rendezvous;
+
+namespace {
+
+// RecordingOutbox with a fixed reply room per connection.
+class RoomOutbox final : public Outbox {
+ public:
+  explicit RoomOutbox(std::size_t room) : room_(room) {}
+  std::string& buffer(ConnectionId conn) override { return out[conn]; }
+  std::size_t reply_room(ConnectionId) override { return room_; }
+  std::unordered_map<ConnectionId, std::string> out;
+
+ private:
+  std::size_t room_;
+};
+
+Request req(Op op, std::string_view key = {}, std::string_view value = {}) {
+  Request r;
+  r.op = op;
+  r.key = key;
+  r.value = value;
+  return r;
+}
+
+Request keys_req(Op op, std::vector<std::string_view> keys) {
+  Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("max_keys caps keys plus queued items; replacing a key is always allowed", "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_keys = 3;
+  StoreState state(limits);
+  RecordingOutbox box;
+  REQUIRE(state.apply(1, req(Op::set, "a", "1"), box).ok);
+  REQUIRE(state.apply(1, req(Op::queue_push, "q", "x"), box).ok);
+  REQUIRE(state.apply(1, req(Op::set, "b", "1"), box).ok);
+  CHECK(state.entries() == 3);
+  const ApplyResult refused = state.apply(1, req(Op::set, "c", "1"), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-keys"));
+  CHECK_FALSE(state.value("c"));
+  CHECK(state.apply(1, req(Op::set, "a", "2"), box).ok);  // an existing key: no new entry
+  CHECK_FALSE(state.apply(1, req(Op::queue_push, "q", "y"), box).ok);
+  Request add = req(Op::add, "n");
+  add.number = 1;
+  CHECK_FALSE(state.apply(1, add, box).ok);
+  REQUIRE(state.apply(1, req(Op::queue_pop, "q"), box).ok);  // frees one entry
+  CHECK(state.entries() == 2);
+  CHECK(state.apply(1, add, box).ok);
+}
+
+TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wake and disconnect",
+          "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_waits = 3;
+  StoreState state(limits);
+  RecordingOutbox box;
+  CHECK_FALSE(state.apply(1, keys_req(Op::wait, {"a", "b", "c", "d"}), box).ok);
+  CHECK(state.registrations() == 0);
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"a", "b"}), box).ok);
+  REQUIRE(state.apply(2, req(Op::watch_key, "w"), box).ok);
+  CHECK(state.registrations() == 3);
+  Request barrier = req(Op::barrier, "bar");
+  barrier.number = 2;
+  const ApplyResult refused = state.apply(3, barrier, box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-waits"));
+  REQUIRE(state.apply(4, req(Op::set, "a", "1"), box).ok);
+  REQUIRE(state.apply(4, req(Op::set, "b", "1"), box).ok);  // wakes connection 1
+  CHECK(box.take(1) == test::u8(0));
+  CHECK(state.registrations() == 1);
+  state.disconnect(2);
+  CHECK(state.registrations() == 0);
+  CHECK(state.apply(3, req(Op::barrier, "bar2"), box).ok);
+}
+
+TEST_CASE("wait registrations' key bytes count against max_total_bytes", "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_total_bytes = 100;
+  StoreState state(limits);
+  RecordingOutbox box;
+  const std::string k1(60, 'a');
+  const std::string k2(60, 'b');
+  REQUIRE(state.apply(1, keys_req(Op::wait, {k1}), box).ok);
+  const ApplyResult refused = state.apply(2, keys_req(Op::wait, {k2}), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-total-bytes"));
+  state.disconnect(1);
+  CHECK(state.apply(2, keys_req(Op::wait, {k2}), box).ok);
+}
+
+TEST_CASE("a reply larger than the outbox's room is refused before any byte is queued", "[state][bounds]") {
+  StoreState state;
+  RecordingOutbox setup;
+  const std::string value(200, 'v');
+  REQUIRE(state.apply(1, req(Op::set, "big", value), setup).ok);
+  REQUIRE(state.apply(1, req(Op::set, "small", "s"), setup).ok);
+  RoomOutbox box(100);
+  SECTION("GET") {
+    const ApplyResult r = state.apply(2, req(Op::get, "big"), box);
+    CHECK_FALSE(r.ok);
+    CHECK_THAT(r.reason, Catch::Contains("GET reply of 208 bytes refused"));
+    CHECK_THAT(r.reason, Catch::Contains("--max-queued-reply-bytes"));
+    CHECK(box.out[2].empty());
+    CHECK(state.apply(2, req(Op::get, "small"), box).ok);
+    CHECK(box.out[2].size() == 9);
+  }
+  SECTION("MULTI_GET adds up every value before replying") {
+    std::vector<std::string_view> keys(11, "small");  // 11 x 9 = 99 bytes fit
+    CHECK(state.apply(2, keys_req(Op::multi_get, keys), box).ok);
+    box.out[2].clear();
+    keys.push_back("small");  // 108 bytes do not
+    CHECK_FALSE(state.apply(2, keys_req(Op::multi_get, keys), box).ok);
+    CHECK(box.out[2].empty());
+  }
+  SECTION("COMPARE_SET, QUEUE_POP, LIST_KEYS") {
+    Request cas = req(Op::compare_set, "big", "nope");
+    cas.desired = "x";
+    CHECK_FALSE(state.apply(2, cas, box).ok);  // the reply would be the 200-byte current value
+    CHECK(state.value("big") == value);
+    REQUIRE(state.apply(1, req(Op::queue_push, "q", value), setup).ok);
+    CHECK_FALSE(state.apply(2, req(Op::queue_pop, "q"), box).ok);
+    CHECK(state.entries() == 3);  // the item is still queued
+    RoomOutbox tiny(20);
+    CHECK_FALSE(state.apply(2, req(Op::list_keys), tiny).ok);
+    CHECK(tiny.out[2].empty());
+  }
+}
+
+TEST_CASE("a WATCH_KEY event the outbox will not take is not queued; the write still happens", "[state][bounds]") {
+  class Refusing final : public Outbox {
+   public:
+    std::string& buffer(ConnectionId conn) override { return out[conn]; }
+    bool reserve_push(ConnectionId conn, std::size_t n) override {
+      asked = n;
+      return conn != 2;
+    }
+    std::unordered_map<ConnectionId, std::string> out;
+    std::size_t asked = 0;
+  };
+  StoreState state;
+  Refusing box;
+  REQUIRE(state.apply(2, req(Op::watch_key, "w"), box).ok);
+  REQUIRE(state.apply(3, req(Op::watch_key, "w"), box).ok);
+  box.out.clear();
+  REQUIRE(state.apply(1, req(Op::set, "w", "value"), box).ok);
+  CHECK(box.asked == 1 + 24 + 1 + 0 + 5);
+  CHECK(box.out[2].empty());
+  CHECK(box.out[3].size() == box.asked);
+  CHECK(state.value("w") == "value");
+}

@@ -1,0 +1,195 @@
+"""Attack suite, store memory and connection bounds: every attack must fail.
+
+Each test starts ddprun-rdzvd under an RLIMIT_AS cap (harness.Daemon), runs one attack from
+loopback with bounded loops, and asserts that the daemon survives, that its memory stays
+bounded (peak RSS over the idle baseline) and that a legitimate client on another connection
+is served during and after the attack. The last test runs the MULTI_GET attack against the
+worker store of a real `ddprun --nproc-per-node 1` job.
+"""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import GiB, MiB, Client, Daemon, s, u64  # noqa: E402
+
+
+class StoreBounds(unittest.TestCase):
+    def assert_bounded(self, d, limit, what):
+        self.assertTrue(d.alive(), f"the daemon died during {what}:\n{d.log()[-3000:]}")
+        grown = d.peak_rss() - d.baseline_rss
+        if d.sanitized:
+            limit += 512 * MiB  # ASan's quarantine (256 MiB) keeps freed blocks, and redzones
+        self.assertLess(grown, limit, f"{what}: peak RSS grew by {grown >> 20} MiB")
+
+    def test_declared_lengths_cost_nothing_until_the_bytes_arrive(self):
+        # Before: each 18-byte header allocated 64 MiB; 120 connections -> bad_alloc.
+        with Daemon(mem_cap=1 * GiB) as d:
+            legit = Client(d.port)
+            attackers = []
+            for i in range(200):
+                a = d.connect()
+                a.sendall(harness.VALIDATE + bytes([harness.SET]) + s("k") + u64(64 * MiB - 1))
+                attackers.append(a)
+                if i % 50 == 0:
+                    self.assertTrue(legit.works(f"decl{i}"))
+            self.assertTrue(legit.works("decl-during"))
+            self.assert_bounded(d, 48 * MiB, "200 headers declaring 64 MiB values")
+            for a in attackers:
+                a.close()
+            self.assertTrue(legit.works("decl-after"))
+            self.assertTrue(Client(d.port).works("decl-new"))
+
+    def test_pipelined_gets_never_read_are_paused_not_buffered(self):
+        # Before: one connection grew to ~341 MB.
+        with Daemon(mem_cap=1 * GiB) as d:
+            legit = Client(d.port)
+            legit.set("big", b"v" * MiB)
+            self.assertEqual(len(legit.get("big")), MiB)
+            attacker = d.connect()
+            attacker.sendall(harness.VALIDATE)
+            request = bytes([harness.GET]) + s("big")
+            sent = harness.send_until_blocked(attacker, request * 4096, 64 * MiB)
+            self.assertGreater(sent, 0)
+            self.assertTrue(legit.works("pipelined-during"))
+            self.assert_bounded(d, 64 * MiB, f"{sent // len(request)} pipelined 1 MiB GETs never read")
+            attacker.close()
+            self.assertTrue(legit.works("pipelined-after"))
+
+    def test_multi_get_whose_reply_is_too_big_is_refused_before_it_is_built(self):
+        # Before: one 1.4 MB MULTI_GET (128Ki x a 1 MiB value) killed the daemon in 2 s.
+        with Daemon(mem_cap=1 * GiB) as d:
+            legit = Client(d.port)
+            legit.set("big", b"v" * MiB)
+            legit.get("big")
+            attacker = Client(d.port)
+            attacker.sock.sendall(bytes([harness.MULTI_GET]) + u64(128 * 1024) + s("big") * (128 * 1024))
+            self.assertTrue(harness.closed_by_peer(attacker.sock, 30), "the attacker was not disconnected")
+            self.assert_bounded(d, 200 * MiB, "MULTI_GET of 128 GiB")
+            self.assertTrue(legit.works("multiget-after"))
+            log = d.log()
+            self.assertIn("MULTI_GET reply of", log)
+            self.assertIn("closing connection from 127.0.0.1:", log)
+            self.assertIn("--max-queued-reply-bytes", log)
+
+    def test_watchers_that_never_read_cannot_grow_the_daemon(self):
+        # Before: 100 WATCH_KEY connections + 1 MiB SETs -> 3.7 GB.
+        with Daemon(mem_cap=3 * GiB) as d:
+            watchers = []
+            for _ in range(100):
+                w = d.connect()
+                w.sendall(bytes([harness.LEGACY_WATCH_KEY]) + s("watched"))
+                self.assertEqual(harness.recv_exact(w, 1), b"\x03")
+                w.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                watchers.append(w)
+            writer = Client(d.port)
+            legit = Client(d.port)
+            for i in range(24):  # 24 x 100 x ~2 MiB of events = ~4.8 GB if nothing bounded them
+                writer.set("watched", bytes([65 + i % 26]) * MiB)
+                self.assertTrue(writer.works(f"watch-writer{i}"))
+            self.assertTrue(legit.works("watch-during"))
+            # Default --max-buffered-bytes is 1 GiB: the largest backlogs were closed past it.
+            self.assert_bounded(d, 1280 * MiB, "100 watchers that never read")
+            self.assertIn("--max-buffered-bytes", d.log())
+            for w in watchers:
+                w.close()
+            self.assertTrue(legit.works("watch-after"))
+
+    def test_connections_are_clamped_below_the_descriptor_limit(self):
+        # Before: 4,200 idle connections against a 4,096 fd limit left new clients unanswered.
+        harness.raise_own_fd_limit(4600)
+        with Daemon(mem_cap=1 * GiB, nofile=4096) as d:
+            legit = Client(d.port)
+            conns = []
+            for _ in range(4200):
+                conns.append(d.connect())
+            # Everything past the clamp (4096 - 512 reserved = 3584) is accepted and closed.
+            refused = 0
+            deadline = time.monotonic() + 20  # one bound for the whole loop
+            for c in conns[3584:]:
+                refused += 1 if harness.closed_by_peer(c, max(0.0, deadline - time.monotonic())) else 0
+            self.assertGreaterEqual(refused, 4200 - 3584 - 1)
+            newcomer = d.connect()
+            self.assertTrue(harness.closed_by_peer(newcomer, 10), "a client over the limit got no answer")
+            self.assertTrue(legit.works("fds-during"))
+            self.assertIn("connection limit of 3584 reached (--max-connections)", d.log())
+            for c in conns:
+                c.close()
+            self.assertTrue(Client(d.port).works("fds-after"))
+            self.assert_bounded(d, 128 * MiB, "4,200 idle connections")
+
+    def test_per_peer_address_cap(self):
+        with Daemon(["--max-connections-per-peer", "64"], mem_cap=1 * GiB) as d:
+            conns = [d.connect(source="127.0.0.1") for _ in range(80)]
+            deadline = time.monotonic() + 20
+            refused = sum(1 for c in conns[64:] if harness.closed_by_peer(c, max(0.0, deadline - time.monotonic())))
+            self.assertEqual(refused, 16)
+            # Another address is unaffected while 127.0.0.1 is at its cap.
+            other = Client(d.port, source="127.0.0.2")
+            self.assertTrue(other.works("peer-other"))
+            self.assertIn("limit per address (--max-connections-per-peer)", d.log())
+            for c in conns:
+                c.close()
+
+    def test_idle_timeout_spares_waiting_clients(self):
+        with Daemon(["--idle-timeout-ms", "300"], mem_cap=1 * GiB) as d:
+            waiter = Client(d.port)
+            waiter.wait_send(["go"])
+            idle = [Client(d.port) for _ in range(20)]
+            for c in idle:
+                self.assertTrue(harness.closed_by_peer(c.sock, 20), "an idle connection was kept")
+            # The waiter has been silent longer than the idle timeout, but it waits for a reply.
+            Client(d.port).set("go", "1")
+            self.assertTrue(waiter.wait_reply(10))
+            self.assertIn("idle for more than 300 ms", d.log())
+
+    def test_half_frame_timeout(self):
+        with Daemon(["--frame-timeout-ms", "300"], mem_cap=1 * GiB) as d:
+            legit = Client(d.port)
+            slow = d.connect()
+            slow.sendall(harness.VALIDATE + bytes([harness.SET]) + s("k") + u64(1000) + b"x" * 10)
+            self.assertTrue(harness.closed_by_peer(slow, 20), "a half-sent request was kept forever")
+            self.assertTrue(legit.works("frame-after"))
+            self.assertIn("incomplete request", d.log())
+
+    def test_worker_store_survives_the_multi_get_attack(self):
+        # Before: the same MULTI_GET killed ddprun's own worker store, and so the job.
+        with tempfile.TemporaryDirectory(prefix="ddprun_security_job_") as tmp:
+            info = os.path.join(tmp, "master")
+            release = os.path.join(tmp, "release")
+            os.mkfifo(release)
+            worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "store_worker.py")
+            job = subprocess.Popen(
+                [harness.DDPRUN, "--standalone", "--nproc-per-node", "1", "--no-python", harness.PYTHON, worker,
+                 info, release],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=harness.limits_preexec(2 * GiB))
+            try:
+                line = harness.read_line(job.stdout.fileno(), time.monotonic() + 60)
+                self.assertTrue(line.startswith("master "), line)
+                port = int(line.split()[1])
+                legit = Client(port)
+                legit.set("big", b"v" * MiB)
+                attacker = Client(port)
+                attacker.sock.sendall(bytes([harness.MULTI_GET]) + u64(128 * 1024) + s("big") * (128 * 1024))
+                self.assertTrue(harness.closed_by_peer(attacker.sock, 30), "the attacker was not disconnected")
+                self.assertIsNone(job.poll(), "the job died")
+                self.assertTrue(legit.works("job"))
+                peak = harness.proc_status(job.pid, "VmHWM")
+                self.assertLess(peak, 512 * MiB, f"the agent's peak RSS is {peak >> 20} MiB")
+                with open(release, "w") as f:
+                    f.write("go\n")
+                _, err = job.communicate(timeout=60)
+                self.assertEqual(job.returncode, 0, err.decode(errors="replace")[-3000:])
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait(10)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
