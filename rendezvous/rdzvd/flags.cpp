@@ -3,6 +3,7 @@
 namespace ddprun::rdzvd {
 namespace {
 
+constexpr std::string_view kLogFormats[] = {"text", "json"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warning", "error", "critical", "off"};
 
 // Rows name only the members that differ from FlagSpec's defaults (see launcher/src/flags.cpp).
@@ -22,12 +23,32 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "max-connections", .metavar = "N", .help = "Most open client connections.", .default_text = "65536"},
   {.dash = "max-total-bytes", .metavar = "N", .help = "Most bytes of keys+values held.",
    .default_text = "4294967296"},
+  {.dash = "max-keys", .metavar = "N", .help = "Most keys plus queued items held.", .default_text = "4194304"},
+  {.dash = "max-waits", .metavar = "N", .help = "Most WAIT/BARRIER/WATCH_KEY registrations held.",
+   .default_text = "1048576"},
+  {.dash = "max-queued-reply-bytes", .metavar = "N",
+   .help = "Most reply bytes queued for one connection; larger replies are refused.", .default_text = "134217728"},
+  {.dash = "max-buffered-bytes", .metavar = "N",
+   .help = "Most bytes in all connections' read buffers and queued replies together.",
+   .default_text = "1073741824"},
+  {.dash = "max-connections-per-peer", .metavar = "N", .help = "Most connections from one peer address (0 = no cap).",
+   .default_text = "4096"},
+  {.dash = "frame-timeout-ms", .metavar = "MS",
+   .help = "Close a connection holding an incomplete request this long (0 = never).", .default_text = "30000"},
+  {.dash = "idle-timeout-ms", .metavar = "MS",
+   .help = "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job).",
+   .default_text = "0"},
   {.dash = "token", .metavar = "TOKEN", .help = "Shared secret every rendezvous join must carry.",
    .default_text = "$DDPRUN_RDZV_TOKEN; empty = none"},
+  {.dash = "token-file", .metavar = "FILE",
+   .help = "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential."},
   {.dash = "max-rdzv-payload-bytes", .metavar = "N", .help = "Largest native rendezvous message accepted.",
    .default_text = "1048576"},
   {.dash = "log-level", .metavar = "LEVEL", .help = "trace|debug|info|warning|error|critical|off.",
    .default_text = "$DDPRUN_LOG_LEVEL, else info", .choices = kLogLevels},
+  {.dash = "log-format", .metavar = "FORMAT",
+   .help = "text|json (json: one object per line, for log shippers).", .default_text = "$DDPRUN_LOG_FORMAT, else text",
+   .choices = kLogFormats},
   {.dash = "version", .kind = FlagKind::boolean, .help = "Display program version information and exit."},
 };
 // clang-format on

@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
   std::string log_format;  // empty: DDPRUN_LOG_FORMAT, else text
   app.add_option("--log-format", log_format,
-                 "text|json (json: one object per line, for log shippers; default: $DDPRUN_LOG_FORMAT, else text)")
+                 "text|json (json: one object per line, for log shippers) (default: $DDPRUN_LOG_FORMAT, else text)")
       ->check(CLI::IsMember({"text", "json"}));
   app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);
 
