@@ -183,8 +183,12 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     const auto m = find_mount("");
     if (!m) { why = "no cgroup2 hierarchy mounted"; return false; }
     const std::string job = m->dir + m->path + "/" + leaf;
-    if (!exists(m->dir + m->path + "/cgroup.kill")) { why = "cgroup2 without cgroup.kill (kernel < 5.14)"; return false; }
     if (!make_cgroup(job)) { why = "cannot create " + job + ": " + std::strerror(errno); return false; }
+    if (!exists(job + "/cgroup.kill")) {  // (the root cgroup has none: look in ours)
+      ::rmdir(job.c_str());
+      why = "cgroup2 without cgroup.kill (kernel < 5.14)";
+      return false;
+    }
     for (int r = 0; r < nproc; ++r) {
       if (!make_cgroup(rank_dir(job, r))) { why = "cannot create " + rank_dir(job, r); ::rmdir(job.c_str()); return false; }
     }
@@ -261,13 +265,16 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
     char buf[64];
+    bool swept = false;  // the agent ended normally and swept the job itself ('d')
     for (;;) {
       const ssize_t n = ::read(3, buf, sizeof(buf));
+      if (n > 0 && std::memchr(buf, 'd', static_cast<std::size_t>(n)) != nullptr) swept = true;
       if (n == 0 || (n < 0 && errno != EINTR)) break;
     }
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
-    c->sweep();
+    if (!swept) c->sweep();
+    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
     c.reset();  // removes the cgroups
     ::_exit(0);
   }
@@ -280,6 +287,14 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 
 Containment::~Containment() {
   sweep();
+  if (watchdog_fd_ >= 0) {
+    // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
+    // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
+    // It is not waited for: it ends on its own and is reaped by init.
+    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d", 1);
+    ::close(watchdog_fd_);
+    return;
+  }
   auto remove = [this](const std::string& job) {
     if (job.empty()) return;
     for (int r = 0; r < nproc_; ++r) ::rmdir(rank_dir(job, r).c_str());
@@ -287,11 +302,6 @@ Containment::~Containment() {
   };
   remove(job_dir_);
   if (memory_dir_ != job_dir_) remove(memory_dir_);
-  if (watchdog_fd_ >= 0) ::close(watchdog_fd_);
-  if (watchdog_ > 0) {
-    while (::waitpid(watchdog_, nullptr, 0) < 0 && errno == EINTR) {
-    }
-  }
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }

@@ -338,7 +338,8 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     culprits.push_back("every other rank was inside a collective too: look for the first rank that timed out");
   }
   std::string block = format_diagnosis_block(host, headline, culprits, ranks, files);
-  if (std::FILE* f = std::fopen((attempt_dir_ + "/diagnosis.txt").c_str(), "w")) {
+  // Next to the stacks it refers to (a run without any keeps no file for it).
+  if (std::FILE* f = files.empty() ? nullptr : std::fopen((attempt_dir_ + "/diagnosis.txt").c_str(), "w")) {
     std::fwrite(block.data(), 1, block.size(), f);
     std::fclose(f);
   }

@@ -152,10 +152,9 @@ def modes():
     out = ["proc"]
     if os.path.isdir("/sys/fs/cgroup/freezer"):
         out.append("cgroup1")
-    for m in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-        if os.path.exists(m + "/cgroup.kill"):
+    with open("/proc/mounts") as f:
+        if any(line.split()[2] == "cgroup2" for line in f):
             out.append("cgroup2")
-            break
     return out
 
 
