@@ -45,6 +45,7 @@ with open(out, "w") as f:
 print("ready", flush=True)
 if sys.argv[2] == "block":
     signal.pause()
+sys.stdin.readline()  # the test's go-ahead: the daemon was seen alive
 '''
 
 STUCK = r'''import datetime, os, sys, time
@@ -173,8 +174,8 @@ class Diagnosis(unittest.TestCase):
         return path
 
     def ddprun(self, args, **kw):
-        return subprocess.Popen([DDPRUN, "--log-dir", os.path.join(self.dir, "logs")] + args,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+        return subprocess.Popen([DDPRUN, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0"] + args,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
     # ---- containment ----
 
@@ -190,7 +191,10 @@ class Diagnosis(unittest.TestCase):
             self.assertTrue(alive(daemon))
             watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
             self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
-            if how == "sigterm":
+            if how == "normal":
+                proc.stdin.write(b"go\n")
+                proc.stdin.flush()
+            elif how == "sigterm":
                 proc.send_signal(signal.SIGTERM)
             elif how == "sigkill":
                 proc.send_signal(signal.SIGKILL)
@@ -242,13 +246,23 @@ class Diagnosis(unittest.TestCase):
             self.assertIn("out of memory: the kernel's OOM killer ended it (memory limit 256.0 MiB)", err)
             self.assertRegex(err, r"peak memory \d+\.\d MiB")
         finally:
+            # What is left in our cgroup is ddprun's watchdog, removing ddprun's cgroups below ours.
+            with open(cg + "/cgroup.procs") as f:
+                for pid in f.read().split():
+                    self.assertTrue(wait_gone(int(pid), 10), f"pid {pid} still in {cg}")
+            for root, dirs, _ in os.walk(cg, topdown=False):
+                for d in dirs:
+                    try:
+                        os.rmdir(os.path.join(root, d))
+                    except FileNotFoundError:
+                        pass
             os.rmdir(cg)
 
     # ---- culprit of a collective timeout ----
 
     def test_stuck_rank_is_named_with_its_frame(self):
         script = self.script("stuck.py", STUCK)
-        proc = self.ddprun(["--nproc-per-node", "2", "--master-port", "0", script], env=dict(os.environ, PATH="/usr/bin:/bin"))
+        proc = self.ddprun(["--nproc-per-node", "2", script], env=dict(os.environ, PATH="/usr/bin:/bin"))
         out, err = proc.communicate(timeout=180)
         err = err.decode()
         self.assertNotEqual(proc.returncode, 0, err)
