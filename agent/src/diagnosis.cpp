@@ -207,11 +207,19 @@ RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string
   s.text = read_all(file);
   s.file = file;
   s.method = "eu-stack";
+  // Only the main thread (TID == pid) says where the rank is: torch's helper threads sit in
+  // c10d/gloo code whatever the main thread does.
+  const std::string tid = "TID " + std::to_string(pid) + ":";
+  if (const auto b = s.text.find(tid); b != std::string::npos) {
+    const auto e = s.text.find("\nTID ", b + tid.size());
+    s.main_thread = s.text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+  }
   if (s.where.empty()) {
-    // The innermost frame of the first thread: "#0  0x... func" or "#0 0x... func - /lib/x.so".
-    static const std::regex frame(R"(#0\s+0x[0-9a-f]+\s+(\S+))");
+    // The innermost frame with a symbol: "#2  0x... clock_nanosleep".
+    static const std::regex frame(R"(#\d+[ \t]+0x[0-9a-f]+[ \t]+(\S+))");
     std::smatch m;
-    s.where = std::regex_search(s.text, m, frame) ? m[1].str() + " (native)" : "no frame in eu-stack output";
+    s.where = std::regex_search(s.main_thread, m, frame) ? m[1].str() + " (native, main thread)"
+                                                          : "no named frame in the main thread (eu-stack)";
   }
   return finish();
 }

@@ -319,9 +319,10 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
                     (collective.empty() ? "" : "; timed out in " + collective));
   }
-  const bool any_in = std::any_of(stacks.begin(), stacks.end(), [](const RankStacks& s) { return in_collective(s.text); });
+  auto inside_collective = [](const RankStacks& s) { return in_collective(s.main_thread.empty() ? s.text : s.main_thread); };
+  const bool any_in = std::any_of(stacks.begin(), stacks.end(), inside_collective);
   for (const auto& s : stacks) {
-    const bool inside = in_collective(s.text);
+    const bool inside = inside_collective(s);
     if (!s.method.empty() && !inside && (!collective.empty() || (failed == nullptr && any_in))) {
       const std::string what = collective.empty() ? std::string("the collective the others wait in") : collective;
       culprits.push_back("rank " + std::to_string(s.rank) + " never entered " + what + ": it was in " + s.where);
