@@ -33,6 +33,8 @@
 #include <string_view>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/containment.hpp"
+#include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/elastic_machine.hpp"
 #include "ddprun/agent/job_dir.hpp"
@@ -94,6 +96,9 @@ class Agent {
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
     }
+    // Before any thread exists: containment forks its watchdog.
+    containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
+    run_.set_diagnostics(containment_.get(), config_.stacks ? install_python_hook(job_dir_) : std::string());
 
     for (int sig : handled_signals(config_)) {
       boost::system::error_code ec;
@@ -304,6 +309,7 @@ class Agent {
   asio::io_context io_{1};
   asio::signal_set signals_;
   worker_env::EnvMap parent_env_;
+  std::unique_ptr<Containment> containment_;  // outlives run_, whose end sweeps it
   WorkerRun run_;
   std::unique_ptr<RendezvousBackend> backend_;
   std::optional<NcclIdOwner> nccl_;

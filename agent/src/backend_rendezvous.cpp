@@ -76,6 +76,8 @@ class ClientBackend final : public RendezvousBackend {
   }
 
   void report_failure(std::uint64_t round, const FailureReport& f) override {
+    // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
+    if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
     client_->report_failure(
         make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
   }

@@ -91,6 +91,10 @@ void append_report(std::string& out, std::size_t index, std::string_view host, c
     out += "  error_file : <N/A>\n";
     out += "  traceback  : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n";
   }
+  if (!r.cause.empty()) {
+    out += "  cause      : ";
+    append_indented(out, r.cause, indent);
+  }
   if (!r.note.empty()) {
     out += "  note       : ";
     append_indented(out, r.note, indent);
@@ -168,7 +172,21 @@ std::string format_failure_summary(std::string_view command, std::string_view ho
   out += thin + "\n";
   out += "Root Cause (first observed failure):\n";
   append_report(out, 0, host, root);
+  if (!root.diagnosis.empty()) {
+    out += thin + "\n";
+    out += root.diagnosis;
+  }
   out += rule + "\n";
+  return out;
+}
+
+std::string format_diagnosis_block(std::string_view host, std::string_view headline,
+                                   const std::vector<std::string>& culprits, const std::vector<std::string>& ranks,
+                                   const std::vector<std::string>& files) {
+  std::string out = "Diagnosis (" + std::string(host) + "): " + std::string(headline) + "\n";
+  for (const auto& c : culprits) out += "  culprit    : " + c + "\n";
+  for (const auto& r : ranks) out += "  " + r + "\n";
+  for (const auto& f : files) out += "  stacks     : " + f + "\n";
   return out;
 }
 

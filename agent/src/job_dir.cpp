@@ -68,7 +68,12 @@ void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& 
   bool keep = false;
   if (may_hold_files) {
     for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      if (it->is_regular_file(ec)) {
+      // ddprun's own Python hook and the empty stacks files it opened are not worth keeping.
+      if (it->is_directory(ec) && it->path().filename() == ".ddprun-python") {
+        it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec) && it->file_size(ec) > 0) {
         keep = true;
         break;
       }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -33,11 +34,13 @@ struct ChildArgs {
   pid_t parent_pid = 0;
   const unsigned long* cpu_mask = nullptr;  // NOLINT: the kernel's cpumask unit; nullptr = no binding
   std::size_t cpu_mask_bytes = 0;
+  const char* const* cgroup_procs = nullptr;  // nullptr-terminated
   // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
   // suspension ends (exec or _exit).
   volatile int error = 0;
   const char* volatile failed_step = nullptr;
   volatile int affinity_error = 0;
+  volatile int cgroup_error = 0;
 };
 
 [[noreturn]] void child_fail(ChildArgs* args, const char* step) {
@@ -90,6 +93,12 @@ int child_main(void* raw) {
   }
   if (::getppid() != args->parent_pid) {
     ::_exit(127);  // the agent died before the death signal was armed
+  }
+  // Join the job's cgroups before anything else can be started from here.
+  for (const char* const* p = args->cgroup_procs; p != nullptr && *p != nullptr; ++p) {
+    const int fd = ::open(*p, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::write(fd, "0", 1) != 1) args->cgroup_error = errno;
+    if (fd >= 0) ::close(fd);
   }
   if (!move_fd(args->stdin_fd, STDIN_FILENO) || !move_fd(args->stdout_fd, STDOUT_FILENO) ||
       !move_fd(args->stderr_fd, STDERR_FILENO)) {
@@ -157,6 +166,10 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
     }
     mask[word] |= 1UL << static_cast<unsigned>(c % kBitsPerWord);
   }
+  std::vector<const char*> cgroups;
+  for (const auto& c : request.cgroup_procs) cgroups.push_back(c.c_str());
+  cgroups.push_back(nullptr);
+  args.cgroup_procs = cgroups.data();
   if (!mask.empty()) {
     args.cpu_mask = mask.data();
     args.cpu_mask_bytes = mask.size() * sizeof(unsigned long);  // NOLINT
@@ -184,6 +197,7 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   result.error = args.error;
   result.failed_step = args.failed_step;
   result.affinity_error = args.affinity_error;
+  result.cgroup_error = args.cgroup_error;
   return result;
 }
 
@@ -204,6 +218,20 @@ std::optional<ExitStatus> peek_exit(pid_t pid) {
     return ExitStatus::exited(info.si_status);
   }
   return ExitStatus::killed(info.si_status);
+}
+
+std::optional<ExitDetail> peek_exit_detail(pid_t pid) {
+  // The raw syscall: glibc's waitid has no rusage argument.
+  siginfo_t info{};
+  struct rusage ru {};
+  if (::syscall(SYS_waitid, P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT, &ru) != 0 ||
+      info.si_pid == 0) {
+    return std::nullopt;
+  }
+  ExitDetail d;
+  d.core_dumped = info.si_code == CLD_DUMPED;
+  d.max_rss_kb = ru.ru_maxrss;
+  return d;
 }
 
 void reap(pid_t pid, int pidfd) {

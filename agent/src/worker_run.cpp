@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -45,10 +46,22 @@ struct WorkerRun::Worker {
   ChildProcess child;
   std::chrono::system_clock::time_point exit_time;
   std::string note;  // spawn error, if any
+  std::string cause;  // why it ended (cause_of)
+  std::string killed_by;  // set when ddprun itself ends it: "the hang detector"
 };
 
 WorkerRun::WorkerRun(asio::io_context& io, const AgentConfig& config, Hooks hooks)
-    : io_(io), config_(config), hooks_(std::move(hooks)), machine_(config.nproc_per_node, 0), grace_timer_(io) {}
+    : io_(io),
+      config_(config),
+      hooks_(std::move(hooks)),
+      machine_(config.nproc_per_node, 0),
+      grace_timer_(io),
+      hang_timer_(io) {}
+
+void WorkerRun::set_diagnostics(Containment* containment, std::string python_hook_dir) {
+  containment_ = containment;
+  python_hook_dir_ = std::move(python_hook_dir);
+}
 
 WorkerRun::~WorkerRun() { kill_and_reap_all(); }
 
@@ -60,10 +73,18 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
   attempt_dir_ = attempt_dir;
   make_dir(attempt_dir_);
   machine_ = WorkerGroupMachine(static_cast<int>(specs.size()), 0);
+  diagnosis_.clear();
+  hang_fired_ = false;
+  if (containment_ != nullptr) containment_->begin_attempt();
   for (auto& s : specs) workers_.push_back(std::make_unique<Worker>(io_, std::move(s)));
   for (const auto& a : machine_.start()) {
     if (a.kind != GroupAction::Kind::start_attempt) continue;
     for (auto& w : workers_) spawn(*w, executable, parent_env);
+  }
+  if (config_.hang_timeout.count() > 0) {
+    last_progress_ = sample_progress(job_pids());
+    last_change_ = std::chrono::steady_clock::now();
+    arm_hang_check();
   }
 }
 
@@ -78,6 +99,24 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   req.envp = worker_env::merge_env(parent_env, w.spec.env);
   req.cwd = w.spec.cwd;
   req.cpus = w.spec.cpus;  // --numa-binding
+  if (containment_ != nullptr) {
+    req.cgroup_procs = containment_->join_files(local_rank);
+    req.envp.push_back(containment_->token_env());
+  }
+  if (config_.stacks && !python_hook_dir_.empty()) {
+    // The faulthandler hook (diagnosis.hpp): first on PYTHONPATH, told where to write.
+    bool had_path = false;
+    for (auto& kv : req.envp) {
+      if (kv.rfind("PYTHONPATH=", 0) == 0) {
+        const std::string rest = kv.substr(11);
+        kv = "PYTHONPATH=" + python_hook_dir_ + (rest.empty() ? "" : ":" + rest);
+        had_path = true;
+      }
+    }
+    if (!had_path) req.envp.push_back("PYTHONPATH=" + python_hook_dir_);
+    req.envp.push_back("DDPRUN_STACKS_FILE=" + rank_dir + "/stacks.txt");
+    req.envp.push_back("DDPRUN_STACKS_SIGNAL=" + std::to_string(stacks_signal()));
+  }
 
   // Output plumbing: redirected streams go straight to their file, piped ones through a pump.
   wrote_files_ = wrote_files_ || w.spec.routes.needs_files();
@@ -101,6 +140,10 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   cb.on_exit = [this, local_rank](const ExitStatus& status) { on_exit(local_rank, status); };
   cb.on_done = [this, local_rank] { on_done(local_rank); };
   const SpawnResult res = w.child.start(std::move(req), std::move(streams[0]), std::move(streams[1]), false, std::move(cb));
+  if (res.cgroup_error != 0) {
+    spdlog::warn("local rank {}: cannot join the job's cgroup ({}): {}; processes it starts may outlive the job",
+                 local_rank, containment_ != nullptr ? containment_->mechanism() : "", std::strerror(res.cgroup_error));
+  }
   if (res.affinity_error != 0) {
     spdlog::warn("local rank {}: --numa-binding {}: cannot bind to CPUs {}: {}; the worker runs unbound", local_rank,
                  config_.numa_binding, worker_env::format_cpu_list(w.spec.cpus), std::strerror(res.affinity_error));
@@ -117,9 +160,14 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
   auto& w = *workers_[static_cast<std::size_t>(local_rank)];
   w.exit_time = std::chrono::system_clock::now();
   const bool was_healthy = machine_.state() == GroupState::healthy;
+  w.cause = cause_of(w, status);
   if (!status.ok()) {
-    spdlog::log(was_healthy ? spdlog::level::err : spdlog::level::debug, "local rank {} (rank {}, pid {}) ended with {}",
-                local_rank, w.spec.rank, w.child.pid(), describe(status));
+    spdlog::log(was_healthy ? spdlog::level::err : spdlog::level::debug, "local rank {} (rank {}, pid {}) ended with {}{}",
+                local_rank, w.spec.rank, w.child.pid(), describe(status), w.cause.empty() ? "" : ": " + w.cause);
+  }
+  if (was_healthy && !status.ok() && !hang_fired_) {
+    // Before the group is signalled: the survivors' stacks show where each one was.
+    diagnosis_ = diagnose(&w, "rank " + std::to_string(w.spec.rank) + " failed first (" + describe(status) + ")");
   }
   apply(machine_.on_exited(local_rank, status));
   if (was_healthy && !status.ok() && !ended_ && hooks_.on_first_failure) {
@@ -181,7 +229,14 @@ void WorkerRun::arm_grace() {
 }
 
 void WorkerRun::kill_and_reap_all() {
+  hang_timer_.cancel();
   for (auto& w : workers_) w->child.kill_and_reap();
+  // What the workers left behind (daemons, double forks) ends with them.
+  if (containment_ != nullptr && !workers_.empty()) {
+    if (const int n = containment_->sweep(); n > 0) {
+      spdlog::info("ended {} process(es) the workers left behind ({})", n, containment_->mechanism());
+    }
+  }
 }
 
 FailureReport WorkerRun::report_of(const Worker& w) const {
@@ -193,6 +248,8 @@ FailureReport WorkerRun::report_of(const Worker& w) const {
   r.time = w.exit_time;
   r.error_file = w.spec.error_file;
   r.note = w.note;
+  r.cause = w.cause;
+  r.diagnosis = diagnosis_;
   return r;
 }
 
@@ -202,6 +259,135 @@ std::optional<FailureReport> WorkerRun::root_cause() const {
   FailureReport r = report_of(*workers_[static_cast<std::size_t>(root->local_rank)]);
   r.status = root->status;
   return r;
+}
+
+// ---- diagnosis (diagnosis.hpp, containment.hpp) ----
+
+std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
+  if (status.ok()) return {};
+  std::vector<std::string> parts;
+  if (!w.killed_by.empty()) {
+    parts.push_back("killed by ddprun's " + w.killed_by);
+  } else if (machine_.state() != GroupState::healthy) {
+    parts.push_back("stopped by ddprun's teardown after the first failure (a consequence, not a cause)");
+  }
+  const RankMemory mem = containment_ != nullptr ? containment_->rank_memory(w.spec.local_rank) : RankMemory{};
+  const auto detail = peek_exit_detail(w.child.pid());
+  if (mem.oom_kills > 0) {
+    parts.push_back("out of memory: the kernel's OOM killer ended it" +
+                    (mem.limit ? " (memory limit " + format_bytes(*mem.limit) + ")" : std::string()));
+  }
+  if (detail && detail->core_dumped) parts.push_back("core dumped");
+  if (mem.peak) {
+    parts.push_back("peak memory " + format_bytes(*mem.peak) + " (the rank's processes, cgroup)");
+  } else if (detail && detail->max_rss_kb > 0) {
+    parts.push_back("peak RSS " + format_bytes(static_cast<std::uint64_t>(detail->max_rss_kb) * 1024) + " (the worker process)");
+  }
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+std::string WorkerRun::diagnose(const Worker* failed, const std::string& headline) {
+  char host_buf[256] = {};
+  ::gethostname(host_buf, sizeof(host_buf) - 1);
+  const std::string host = host_buf;
+  std::vector<std::string> culprits;
+  std::vector<std::string> ranks;
+  std::vector<std::string> files;
+  std::vector<RankStacks> stacks;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& w : workers_) {
+    if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
+    if (!config_.stacks) continue;
+    stacks.push_back(collect_stacks(w->child.pid(), w->spec.rank, w->spec.local_rank,
+                                    attempt_dir_ + "/" + std::to_string(w->spec.local_rank)));
+  }
+  const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!stacks.empty()) spdlog::info("collected the stacks of {} rank(s) in {:.1f} ms", stacks.size(), total_ms);
+
+  // The collective the first failure timed out in, from what the rank left behind.
+  std::string collective;
+  if (failed != nullptr) {
+    const std::string dir = attempt_dir_ + "/" + std::to_string(failed->spec.local_rank);
+    std::string text = read_tail(dir + "/stacks.txt.exception", 64 * 1024);
+    text += read_tail(dir + "/stderr.log", 64 * 1024);
+    if (auto rep = report_of(*failed); (load_error_file(rep), rep.error)) text += rep.error->message + "\n" + rep.error->traceback;
+    collective = collective_timeout_in(text);
+    ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
+                    ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
+                    (failed->cause.empty() ? "" : ": " + failed->cause) +
+                    (collective.empty() ? "" : "; timed out in " + collective));
+  }
+  auto inside_collective = [](const RankStacks& s) { return in_collective(s.main_thread.empty() ? s.text : s.main_thread); };
+  const bool any_in = std::any_of(stacks.begin(), stacks.end(), inside_collective);
+  for (const auto& s : stacks) {
+    const bool inside = inside_collective(s);
+    if (!s.method.empty() && !inside && (!collective.empty() || (failed == nullptr && any_in))) {
+      const std::string what = collective.empty() ? std::string("the collective the others wait in") : collective;
+      culprits.push_back("rank " + std::to_string(s.rank) + " never entered " + what + ": it was in " + s.where);
+    }
+    char cost[32];
+    std::snprintf(cost, sizeof(cost), "%.1f ms", s.millis);
+    ranks.push_back("rank " + std::to_string(s.rank) + " (local " + std::to_string(s.local_rank) + ", pid " +
+                    std::to_string(s.pid) + "): " + (inside ? "in a collective, " : "") +
+                    (s.where.empty() ? std::string("no Python frame") : "in " + s.where) +
+                    (s.method.empty() ? "" : " [" + s.method + ", " + cost + "]"));
+    if (!s.file.empty()) files.push_back(s.file);
+  }
+  if (culprits.empty() && !collective.empty() && !stacks.empty()) {
+    culprits.push_back("every other rank was inside a collective too: look for the first rank that timed out");
+  }
+  std::string block = format_diagnosis_block(host, headline, culprits, ranks, files);
+  // Next to the stacks it refers to (a run without any keeps no file for it).
+  if (std::FILE* f = files.empty() ? nullptr : std::fopen((attempt_dir_ + "/diagnosis.txt").c_str(), "w")) {
+    std::fwrite(block.data(), 1, block.size(), f);
+    std::fclose(f);
+  }
+  return block;
+}
+
+std::vector<pid_t> WorkerRun::job_pids() const {
+  std::vector<pid_t> out;
+  for (const auto& w : workers_) {
+    if (w->child.pid() <= 0 || w->child.exited()) continue;
+    auto p = containment_ != nullptr ? containment_->rank_pids(w->spec.local_rank) : std::vector<pid_t>{};
+    if (p.empty()) p = process_tree(w->child.pid());
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+void WorkerRun::arm_hang_check() {
+  // Sample a few times per timeout, at most once a second.
+  const auto every = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000), config_.hang_timeout / 4 + std::chrono::milliseconds(1));
+  hang_timer_.expires_after(every);
+  hang_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !ended_) on_hang_check();
+  });
+}
+
+void WorkerRun::on_hang_check() {
+  if (machine_.state() != GroupState::healthy) return;
+  const auto now = std::chrono::steady_clock::now();
+  const Progress p = sample_progress(job_pids());
+  if (!(p == last_progress_)) {
+    last_progress_ = p;
+    last_change_ = now;
+  } else if (now - last_change_ >= config_.hang_timeout) {
+    const double secs = std::chrono::duration<double>(config_.hang_timeout).count();
+    spdlog::error("no rank wrote anything or used CPU for {} s (--hang-timeout): the job is hung; collecting stacks",
+                  secs);
+    hang_fired_ = true;
+    char what[96];
+    std::snprintf(what, sizeof(what), "hang detector (no output and no CPU progress for %g s)", secs);
+    diagnosis_ = diagnose(nullptr, std::string("hung: ") + what);
+    for (auto& w : workers_) w->killed_by = what;
+    // The first exit is then the attempt's failure: restart or fail as --max-restarts allows.
+    for (const auto& w : workers_) w->child.signal_group(SIGKILL);
+    return;
+  }
+  arm_hang_check();
 }
 
 }  // namespace ddprun::agent

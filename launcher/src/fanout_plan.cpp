@@ -43,6 +43,9 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"numa-binding", [](std::string_view t, std::string_view w) { worker_env::parse_numa_binding(t, w); }},
       {"local-rank-arg", [](std::string_view t, std::string_view w) { parse_local_rank_arg(t, w); }},
       {"log-level", [](std::string_view t, std::string_view w) { parse_log_level_value(t, w); }},
+      {"containment", [](std::string_view t, std::string_view w) { parse_containment_value(t, w); }},
+      {"hang-timeout", [](std::string_view t, std::string_view w) { parse_seconds_value(t, w); }},
+      {"stacks", [](std::string_view t, std::string_view w) { parse_on_off(t, w); }},
   };
   const auto it = checks.find(dash);
   if (it == checks.end()) throw std::logic_error("no value check for the forwarded flag --" + std::string(dash));

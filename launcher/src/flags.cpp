@@ -17,6 +17,8 @@ constexpr Words kStreamDigits[] = {"0", "1", "2", "3"};
 constexpr Words kNcclIdModes[] = {"auto", "env", "comm-id", "off"};
 constexpr Words kNumaModes[] = {"node", "socket", "exclusive", "core-complex"};
 constexpr Words kLocalRankArgs[] = {"dash", "underscore", "none"};
+constexpr Words kContainmentModes[] = {"auto", "cgroup2", "cgroup1", "proc", "off"};
+constexpr Words kOnOff[] = {"on", "off"};
 constexpr Words kLogLevels[] = {"trace", "debug", "info", "warning", "error", "critical", "off"};
 
 // Each row names only the members that differ from FlagSpec's defaults; GCC's
@@ -170,6 +172,19 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "log-level", .scope = S::forwarded, .metavar = "LEVEL",
    .help = "trace, debug, info, warning, error or critical.",
    .default_text = "$DDPRUN_LOG_LEVEL, else $LOGLEVEL, else info", .choices = kLogLevels},
+  {.dash = "containment", .scope = S::forwarded, .env_form = true, .metavar = "MODE",
+   .help = "How ddprun keeps every process a worker starts (daemons, double forks) inside the job and ends "
+           "them with it, also when ddprun is killed with SIGKILL: cgroup2 (cgroup.kill), cgroup1 (freezer), "
+           "proc (a job token in each process's environment), off. auto takes the first that works.",
+   .default_text = "auto", .choices = kContainmentModes},
+  {.dash = "hang-timeout", .scope = S::forwarded, .env_form = true, .metavar = "SECONDS",
+   .help = "Declare the job hung when no rank wrote anything and no rank's process tree used CPU for this "
+           "long: collect stacks, print the diagnosis and restart or fail as --max-restarts allows. 0 = off.",
+   .default_text = "0 (off)"},
+  {.dash = "stacks", .scope = S::forwarded, .env_form = true, .metavar = "on|off",
+   .help = "When a job fails or hangs, collect the stacks of the ranks still running (Python: faulthandler, "
+           "registered at startup; others: eu-stack) before stopping them.",
+   .default_text = "on", .choices = kOnOff},
   {.dash = "version", .kind = K::boolean, .scope = S::process, .help = "Print the version and exit."},
 };
 // clang-format on

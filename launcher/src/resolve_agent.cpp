@@ -208,6 +208,13 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
   cfg.virtual_local_rank = p.flag("virtual-local-rank");
 
+  // Containment and diagnosis.
+  if (auto g = p.given("containment")) cfg.containment = parse_containment_value(g->text, g->what);
+  if (auto g = p.given("hang-timeout")) {
+    cfg.hang_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(parse_seconds_value(g->text, g->what) * 1000.0)));
+  }
+  if (auto g = p.given("stacks")) cfg.stacks = parse_on_off(g->text, g->what);
+
   // GPUs: a plan only when GPUs are involved, so a CPU-only run is exactly as before.
   std::vector<std::string> rank_bus_ids;  // per local rank, from the plan (for --numa-binding)
   {

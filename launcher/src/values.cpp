@@ -312,6 +312,19 @@ int parse_int_value(std::string_view text, std::string_view what, int min, int m
   return static_cast<int>(*v);
 }
 
+bool parse_on_off(std::string_view text, std::string_view what) {
+  const auto t = trim(text);
+  if (t == "on") return true;
+  if (t == "off") return false;
+  fail(what, text, "not on or off", "on or off");
+}
+
+std::string parse_containment_value(std::string_view text, std::string_view what) {
+  const std::string t(trim(text));
+  if (t == "auto" || t == "cgroup2" || t == "cgroup1" || t == "proc" || t == "off") return t;
+  fail(what, text, "not a containment mode", "auto, cgroup2, cgroup1, proc or off");
+}
+
 bool parse_env_bool(std::string_view text, std::string_view what) {
   const auto v = parse_int(trim(text));
   if (!v) fail(what, text, "not an integer", "1 (on) or 0 (off)");

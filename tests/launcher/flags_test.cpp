@@ -65,7 +65,8 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
   CHECK(names_in(FlagScope::forwarded) ==
         Names{"max-restarts", "redirects", "tee", "local-ranks-filter", "signals-to-handle", "shutdown-timeout",
               "nccl-id", "nccl-roots", "role", "log-dir", "local-rank-arg", "log-level", "virtual-local-rank",
-              "gpu-isolation", "gpu-sharing", "module", "no-python", "run-path", "numa-binding"});
+              "gpu-isolation", "gpu-sharing", "module", "no-python", "run-path", "numa-binding", "containment",
+              "hang-timeout", "stacks"});
   // Rewritten per host or for the job by the fan-out plan.
   CHECK(names_in(FlagScope::planned) == Names{"nproc-per-node", "rdzv-conf", "gpus", "ranks-filter"});
   // Refused with a host list.
@@ -91,7 +92,8 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
                            "--signals-to-handle", "TERM", "--shutdown-timeout", "5", "--nccl-id", "off",
                            "--nccl-roots", "2", "--role", "trainer", "--log-dir", "logs", "--local-rank-arg", "dash",
                            "--log-level", "debug", "--virtual-local-rank", "--gpu-isolation", "--gpu-sharing", "-m",
-                           "--no-python", "--run-path", "--numa-binding", "node", "pkg.train"});
+                           "--no-python", "--run-path", "--numa-binding", "node", "--containment", "proc",
+                           "--hang-timeout", "30", "--stacks", "off", "pkg.train"});
   REQUIRE(o.fanout);
   const Strings& a = o.fanout->agent_args;
   CHECK(Names(a.begin(), a.end()) ==
@@ -99,14 +101,15 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
               "--local-ranks-filter=0", "--signals-to-handle=TERM", "--shutdown-timeout=5", "--nccl-id=off",
               "--nccl-roots=2", "--role=trainer", "--log-dir=logs", "--local-rank-arg=dash", "--log-level=debug",
               "--virtual-local-rank", "--gpu-isolation", "--gpu-sharing", "--module", "--no-python", "--run-path",
-              "--numa-binding=node"});
+              "--numa-binding=node", "--containment=proc", "--hang-timeout=30", "--stacks=off"});
   // Each forwarded value flag fails before any ssh when its value is bad.
   for (const Strings& bad : {Strings{"--max-restarts", "-1"}, Strings{"--redirects", "7"}, Strings{"--tee", "x"},
                              Strings{"--local-ranks-filter", "a"}, Strings{"--signals-to-handle", "KILL"},
                              Strings{"--shutdown-timeout", "soon"}, Strings{"--nccl-id", "maybe"},
                              Strings{"--nccl-roots", "0"}, Strings{"--role", " "}, Strings{"--log-dir", ""},
                              Strings{"--local-rank-arg", "both"}, Strings{"--log-level", "loud"},
-                             Strings{"--numa-binding", "nowhere"}}) {
+                             Strings{"--numa-binding", "nowhere"}, Strings{"--containment", "jail"},
+                             Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}}) {
     Strings args = {"--hosts", "h0"};
     args.insert(args.end(), bad.begin(), bad.end());
     args.emplace_back("train.py");

@@ -425,6 +425,61 @@ class Fanout(unittest.TestCase):
             with open(path) as f:
                 self.assertIn("signal %d" % signal.SIGTERM, f.read())
 
+    # ---------- (l) detached grandchildren end with the job on every host ----------
+
+    DAEMON = (
+        "import os, signal, sys\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        fd = os.open(os.devnull, os.O_RDWR)\n"
+        "        [os.dup2(fd, i) for i in (0, 1, 2)]\n"
+        "        os.write(w, str(os.getpid()).encode())\n"
+        "        while True:\n"
+        "            signal.pause()\n"
+        "    os._exit(0)\n"
+        "os.close(w)\n"
+        "os.wait()\n"
+        "pid = os.read(r, 32).decode()\n"
+        "path = os.path.join(sys.argv[1], 'daemon_%s' % os.environ['RANK'])\n"
+        "open(path + '.tmp', 'w').write(pid)\n"
+        "os.rename(path + '.tmp', path)\n"
+        "signal.pause()\n")
+
+    def daemons_then(self, how):
+        script = os.path.join(self.out, "daemon.py")
+        with open(script, "w") as f:
+            f.write(self.DAEMON)
+        self.launch(["--hosts", HOSTS3], [PYTHON, script, self.out], extra=["--no-python"])
+        deadline = time.monotonic() + 60
+        while len(glob.glob(os.path.join(self.out, "daemon_*[0-9]"))) < 6:
+            self.assertIsNone(self.proc.poll(), self.stderr()[-3000:])
+            self.assertLess(time.monotonic(), deadline, "daemons not started")
+            time.sleep(0.05)
+        daemons = []
+        for path in glob.glob(os.path.join(self.out, "daemon_*[0-9]")):
+            with open(path) as f:
+                daemons.append(int(f.read()))
+        for pid in daemons:
+            os.kill(pid, 0)  # alive, re-parented away from its worker
+        os.kill(self.proc.pid, how)
+        self.wait_exit(45)
+        self.assert_clean()  # every process of the bed's hosts, the daemons included
+        for pid in daemons:
+            try:
+                with open("/proc/%d/status" % pid) as f:
+                    self.assertIn("State:\tZ", f.read(), "daemon %d left" % pid)
+            except FileNotFoundError:
+                pass
+
+    def test_l_daemons_end_on_launcher_sigterm(self):
+        self.daemons_then(signal.SIGTERM)
+
+    def test_l_daemons_end_on_launcher_sigkill(self):
+        self.daemons_then(signal.SIGKILL)
+
+
 
 def main():
     try:

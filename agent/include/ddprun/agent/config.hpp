@@ -94,6 +94,10 @@ struct AgentConfig {
 
   std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // Containment and diagnosis (containment.hpp, diagnosis.hpp).
+  std::string containment = "auto";            // auto | cgroup2 | cgroup1 | proc | off
+  std::chrono::milliseconds hang_timeout{0};   // 0 = no hang detection
+  bool stacks = true;                          // collect survivors' stacks on failure
   bool virtual_local_rank = false;  // as given; the GPU plan implements it when gpu_env is set
 
   // GPU plan (worker_env::plan_gpus, computed by the launcher; docs/gpus.md). Empty when no GPU

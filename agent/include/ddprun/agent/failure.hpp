@@ -37,7 +37,15 @@ struct FailureReport {
   std::string error_file;              // path given to the worker; empty = none
   std::optional<ErrorFileContents> error;  // parsed contents, when the worker wrote one
   std::string note;                    // e.g. why the error file could not be used, spawn error
+  std::string cause;                   // why it ended: out of memory, core dump, hang detector (diagnosis.hpp)
+  std::string diagnosis;               // the attempt's diagnosis block (culprit, stacks), when one was made
 };
+
+// The diagnosis block: culprits first, then one line per rank (cause of death or stack
+// summary), then where the full stacks were written. Kept apart from the root-cause layout.
+std::string format_diagnosis_block(std::string_view host, std::string_view headline,
+                                   const std::vector<std::string>& culprits, const std::vector<std::string>& ranks,
+                                   const std::vector<std::string>& files);
 
 // The bordered root-cause block (torchrun's ChildFailedError layout, with the exit code or the
 // signal name spelled out). `others` lists further failures of the same attempt.

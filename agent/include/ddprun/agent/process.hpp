@@ -15,7 +15,7 @@
 // agent); prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
 // worker, even if the agent died during the spawn); dup2 of the requested stdin/stdout/stderr; every
 // other descriptor above 2 closed (close_range; the agent's sockets never leak into workers);
-// CPU affinity (--numa-binding: the raw sched_setaffinity syscall with a mask built by the
+// joining the requested cgroups (containment); CPU affinity (--numa-binding: the raw sched_setaffinity syscall with a mask built by the
 // parent; a failure is recorded in SpawnResult::affinity_error and the worker still starts,
 // unbound: binding is a performance hint, not a correctness requirement); chdir; execve.
 //
@@ -40,6 +40,9 @@ struct SpawnRequest {
   int stdout_fd = -1;              // -1 = inherit the agent's
   int stderr_fd = -1;
   std::vector<int> cpus;           // CPU ids to bind the worker to; empty = inherit the agent's affinity
+  // cgroup.procs files the child joins (writes "0") before exec, so everything it starts stays
+  // in them (containment.hpp). A failure is recorded in SpawnResult::cgroup_error.
+  std::vector<std::string> cgroup_procs;
 };
 
 struct SpawnResult {
@@ -48,8 +51,17 @@ struct SpawnResult {
   int error = 0;       // errno of the failed step when pid == -1 or the child failed before exec
   const char* failed_step = nullptr;  // "clone", "setpgid", "prctl", "dup2", "chdir", "execve", ...
   int affinity_error = 0;  // errno of sched_setaffinity when `cpus` was given and binding failed (not fatal)
+  int cgroup_error = 0;     // errno of joining one of `cgroup_procs` (not fatal; the caller warns)
   bool ok() const { return pid > 0 && error == 0; }
 };
+
+// What the kernel reports about an exited, not yet reaped child beyond its ExitStatus.
+struct ExitDetail {
+  bool core_dumped = false;
+  long max_rss_kb = 0;  // the child's own peak RSS (rusage ru_maxrss, children included once reaped)
+};
+// Like peek_exit, with the core-dump flag and the rusage (nullopt while running).
+std::optional<ExitDetail> peek_exit_detail(pid_t pid);
 
 // Starts the process. When the child fails before exec (e.g. chdir or execve fails), the child
 // has already exited with 127; the result carries its pid, pidfd, error and step, and the

@@ -5,6 +5,12 @@
 // backend's decision) and applies its actions: signal every worker group, arm/cancel the
 // shutdown grace, and report the end of the group.
 //
+// Diagnosis (set_diagnostics): every worker joins its rank's containment cgroup; on the first
+// failure the stacks of the ranks still running are collected before the group is signalled,
+// and the failure report carries the cause of death and a diagnosis block (culprit of a
+// collective timeout, one line per rank). With a hang timeout, a timer samples the ranks'
+// process trees (CPU ticks, bytes written) and ends a group that made no progress.
+//
 // One WorkerRun serves every attempt of a job (start() replaces the previous attempt's workers,
 // which must be done). Not thread-safe: the io_context thread only.
 #include <boost/asio/io_context.hpp>
@@ -18,6 +24,8 @@
 
 #include "ddprun/agent/child_process.hpp"
 #include "ddprun/agent/config.hpp"
+#include "ddprun/agent/containment.hpp"
+#include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/failure.hpp"
 #include "ddprun/agent/worker_group.hpp"
 #include "ddprun/agent/worker_spec.hpp"
@@ -48,6 +56,9 @@ class WorkerRun {
   void stop();
   // Ends everything at once: SIGKILL to workers still running, reap all. No hooks after this.
   void kill_and_reap_all();
+  // Containment (may be null) and the directory of the Python stacks hook ("" = none). Call
+  // before start().
+  void set_diagnostics(Containment* containment, std::string python_hook_dir);
   // Whether a log file was written for any worker so far.
   bool wrote_files() const { return wrote_files_; }
   // The failing worker of the attempt, as a report (nullopt when no worker failed).
@@ -62,12 +73,24 @@ class WorkerRun {
   void signal_groups(int sig);
   void arm_grace();
   FailureReport report_of(const Worker& w) const;
+  std::string cause_of(Worker& w, const ExitStatus& status);
+  std::string diagnose(const Worker* failed, const std::string& headline);
+  void arm_hang_check();
+  void on_hang_check();
+  std::vector<pid_t> job_pids() const;
 
   boost::asio::io_context& io_;
   const AgentConfig& config_;
   Hooks hooks_;
   WorkerGroupMachine machine_;
   boost::asio::steady_timer grace_timer_;
+  boost::asio::steady_timer hang_timer_;
+  Containment* containment_ = nullptr;
+  std::string python_hook_dir_;
+  Progress last_progress_;
+  std::chrono::steady_clock::time_point last_change_;
+  bool hang_fired_ = false;
+  std::string diagnosis_;  // this attempt's diagnosis block
   std::string attempt_dir_;
   std::vector<std::unique_ptr<Worker>> workers_;
   bool wrote_files_ = false;

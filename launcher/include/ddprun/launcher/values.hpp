@@ -79,6 +79,10 @@ std::string accepted_signal_names();
 double parse_seconds_value(std::string_view text, std::string_view what);
 // A decimal integer in [min, max].
 int parse_int_value(std::string_view text, std::string_view what, int min, int max);
+// --stacks: on | off.
+bool parse_on_off(std::string_view text, std::string_view what);
+// --containment: auto | cgroup2 | cgroup1 | proc | off, as given (trimmed).
+std::string parse_containment_value(std::string_view text, std::string_view what);
 // "1"/"0" style booleans of the PET_* variables: any integer, non-zero = on (torchrun: bool(int(x))).
 bool parse_env_bool(std::string_view text, std::string_view what);
 

@@ -1,0 +1,85 @@
+#pragma once
+// Containment: every process a worker starts belongs to the job and ends with it, however it
+// detaches (setsid, double fork), both when the job ends and when the agent itself is killed
+// with SIGKILL. See docs/containment.md for the choice of mechanisms.
+//
+// One Containment per agent. It creates a job cgroup with one child cgroup per local rank
+// (cgroup v2 with cgroup.kill, else the v1 freezer hierarchy); workers join their rank's cgroup
+// in the spawn child, before exec, so nothing they start can escape it. Without a usable cgroup
+// the job is the set of processes carrying this agent's unique DDPRUN_JOB_TOKEN in their
+// environment (read from /proc/PID/environ). Membership is exact either way: sweep() never
+// signals a process outside the job.
+//
+// A watchdog process forked at creation holds the read end of a pipe whose write end only the
+// agent holds. When the agent ends for any reason, SIGKILL included, the watchdog reads EOF,
+// sweeps the job and removes its cgroups. The watchdog ignores terminal signals, so a Ctrl-C to
+// the process group does not end it before it has cleaned up.
+//
+// Independently of the mechanism, when the v1 memory hierarchy (or a v2 cgroup with the memory
+// controller) is writable, each rank also gets a memory cgroup so its OOM kills and peak usage
+// can be read per rank (rank_memory).
+//
+// Not thread-safe; create before any thread starts (it forks).
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+enum class ContainmentMode : std::uint8_t { automatic, cgroup2, cgroup1, proc, off };
+
+// Parses "auto", "cgroup2", "cgroup1", "proc", "off"; throws UsageError naming --containment.
+ContainmentMode parse_containment_mode(const std::string& text);
+
+struct RankMemory {
+  std::uint64_t oom_kills = 0;          // OOM kills in the rank's cgroup since the attempt began
+  std::optional<std::uint64_t> peak;    // bytes (memory.peak / max_usage_in_bytes)
+  std::optional<std::uint64_t> limit;   // bytes, the effective limit when one is set
+};
+
+class Containment {
+ public:
+  // Sets up the job's containment for `nproc` local ranks. Falls back (auto) or throws
+  // UsageError (an explicit mode that cannot be used) with the reason.
+  static std::unique_ptr<Containment> create(ContainmentMode mode, int nproc);
+  ~Containment();  // sweeps, removes the cgroups, ends the watchdog
+  Containment(const Containment&) = delete;
+  Containment& operator=(const Containment&) = delete;
+
+  // "cgroup v2 /sys/fs/cgroup/unified/ddprun-123" etc., for logs and docs.
+  const std::string& mechanism() const { return mechanism_; }
+  // KEY=VALUE to add to every worker's environment (the job token).
+  std::string token_env() const;
+  // cgroup.procs files a worker of `local_rank` writes "0" to before exec.
+  std::vector<std::string> join_files(int local_rank) const;
+  // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
+  void begin_attempt();
+  // Every live process of the rank (its cgroup), or empty when the mechanism cannot tell.
+  std::vector<pid_t> rank_pids(int local_rank) const;
+  RankMemory rank_memory(int local_rank) const;
+  // SIGKILLs every process of the job still alive, bounded in time; returns how many it killed.
+  int sweep();
+
+ private:
+  Containment() = default;
+  std::string mechanism_;
+  ContainmentMode mode_ = ContainmentMode::off;
+  std::string token_;
+  std::string job_dir_;                 // the containment cgroup (v2 or v1 freezer); empty = proc/off
+  std::string memory_dir_;              // the job's memory cgroup; empty = none
+  bool memory_v2_ = false;
+  std::vector<std::uint64_t> oom_base_;
+  int nproc_ = 0;
+  pid_t watchdog_ = -1;
+  int watchdog_fd_ = -1;
+};
+
+// The processes of `root`'s tree (root, its children, recursively) read from
+// /proc/PID/task/TID/children.
+std::vector<pid_t> process_tree(pid_t root);
+
+}  // namespace ddprun::agent

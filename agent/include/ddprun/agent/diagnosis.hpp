@@ -1,0 +1,70 @@
+#pragma once
+// Diagnosis of a failed or hung attempt: the stacks of the ranks still running (Python ranks
+// through the interpreter's own faulthandler, registered at startup by a sitecustomize the
+// agent installs; other ranks through elfutils' eu-stack when installed), the cause of each
+// rank's death, the culprit of a collective timeout, and the progress signal of the hang
+// detector. See docs/errors.md for what the summaries look like.
+//
+// Stack collection is bounded in time (kStackBound per rank) and only ever signals a rank that
+// has the handler installed (its SigCgt mask in /proc says so): a rank without it is never sent
+// the signal, whose default action would kill it.
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+// The real-time signal the faulthandler hook listens on (SIGRTMAX - 3).
+int stacks_signal();
+
+// Writes the sitecustomize hook under `job_dir` and returns the directory to put first on the
+// workers' PYTHONPATH.
+std::string install_python_hook(const std::string& job_dir);
+
+struct RankStacks {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  std::string method;   // "faulthandler", "eu-stack", or "" (none could be taken)
+  std::string text;     // the raw stacks
+  std::string main_thread;  // eu-stack: the main thread's part of `text` ("" for faulthandler)
+  std::string file;     // where they were written
+  std::string where;    // one-line summary: "time.sleep at train.py:42" style, or why none
+  double millis = 0;    // what collecting them cost
+};
+
+// Collects the stacks of `pid` into `rank_dir`/stacks.txt (faulthandler writes to the file the
+// hook opened there) or `rank_dir`/stacks-native.txt (eu-stack). Bounded.
+RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string& rank_dir);
+
+// The innermost frame of the main Python thread of a faulthandler dump: "f at file.py:42
+// (`source line`)"; "" when the text has no Python frame.
+std::string python_where(const std::string& faulthandler_text);
+
+// The collective a failing rank's output or traceback shows it timed out in ("all_reduce"),
+// or "" when the text is not a collective timeout.
+std::string collective_timeout_in(const std::string& text);
+
+// Whether a stack dump shows the rank inside a torch.distributed collective or the c10d layer.
+bool in_collective(const std::string& stacks);
+
+// CPU ticks (utime+stime) and bytes written (wchar) summed over `pids`: the hang detector's
+// progress signal.
+struct Progress {
+  std::uint64_t ticks = 0;
+  std::uint64_t wchar = 0;
+  friend bool operator==(const Progress&, const Progress&) = default;
+};
+Progress sample_progress(const std::vector<pid_t>& pids);
+
+// The last `max_bytes` of a file ("" when unreadable).
+std::string read_tail(const std::string& path, std::size_t max_bytes);
+
+// "812.4 MiB".
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace ddprun::agent

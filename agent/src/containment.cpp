@@ -1,0 +1,422 @@
+// Job containment (cgroups, job token, watchdog); see containment.hpp and docs/containment.md.
+#include "ddprun/agent/containment.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
+
+namespace ddprun::agent {
+
+namespace {
+
+constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
+constexpr std::chrono::milliseconds kSweepBound{3000};
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool write_text(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  return ok;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::optional<std::uint64_t> read_u64(const std::string& path) {
+  const auto t = read_text(path);
+  if (!t || t->empty() || (*t)[0] < '0' || (*t)[0] > '9') return std::nullopt;
+  return std::stoull(*t);
+}
+
+// "key N" lines (memory.events, memory.oom_control).
+std::uint64_t keyed_value(const std::string& path, const std::string& key) {
+  const auto t = read_text(path);
+  if (!t) return 0;
+  std::istringstream in(*t);
+  std::string k;
+  std::uint64_t v = 0;
+  while (in >> k >> v) {
+    if (k == key) return v;
+  }
+  return 0;
+}
+
+std::vector<pid_t> read_pids(const std::string& procs_file) {
+  std::vector<pid_t> out;
+  const auto t = read_text(procs_file);
+  if (!t) return out;
+  std::istringstream in(*t);
+  pid_t p = 0;
+  while (in >> p) out.push_back(p);
+  return out;
+}
+
+struct Mount {
+  std::string dir;   // mount point
+  std::string path;  // this process's cgroup in that hierarchy ("/a/b")
+};
+
+// The mount of a cgroup hierarchy: cgroup2 (controller empty) or the v1 hierarchy carrying
+// `controller`, with this process's cgroup path in it.
+std::optional<Mount> find_mount(const std::string& controller) {
+  const auto info = read_text("/proc/self/mountinfo");
+  const auto own = read_text("/proc/self/cgroup");
+  if (!info || !own) return std::nullopt;
+  std::optional<Mount> m;
+  std::istringstream in(*info);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream pre(line.substr(0, dash));
+    std::istringstream post(line.substr(dash + 3));
+    std::string id, parent, devno, root, point, fstype, source, opts;
+    pre >> id >> parent >> devno >> root >> point;
+    post >> fstype >> source >> opts;
+    if (root != "/") continue;  // a bind mount of a sub-tree: paths would not line up
+    if (controller.empty() ? fstype == "cgroup2" : (fstype == "cgroup" && ("," + opts + ",").find("," + controller + ",") != std::string::npos)) {
+      m = Mount{point, ""};
+      break;
+    }
+  }
+  if (!m) return std::nullopt;
+  std::istringstream cg(*own);
+  while (std::getline(cg, line)) {
+    const auto a = line.find(':');
+    const auto b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string ctrls = line.substr(a + 1, b - a - 1);
+    const bool match = controller.empty() ? line.substr(0, a) == "0" && ctrls.empty()
+                                          : ("," + ctrls + ",").find("," + controller + ",") != std::string::npos;
+    if (match) {
+      m->path = line.substr(b + 1);
+      if (m->path == "/") m->path.clear();
+      return m;
+    }
+  }
+  return std::nullopt;
+}
+
+bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST; }
+
+std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
+
+// Processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this process.
+std::vector<pid_t> token_pids(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  const pid_t self = ::getpid();
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long p = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || p <= 0 || p == self) continue;
+    const auto env = read_text("/proc/" + std::string(e->d_name) + "/environ");
+    if (!env) continue;
+    std::size_t pos = 0;
+    while (pos < env->size()) {
+      const auto nul = env->find('\0', pos);
+      const auto len = (nul == std::string::npos ? env->size() : nul) - pos;
+      if (env->compare(pos, len, needle) == 0) {
+        out.push_back(static_cast<pid_t>(p));
+        break;
+      }
+      if (nul == std::string::npos) break;
+      pos = nul + 1;
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+ContainmentMode parse_containment_mode(const std::string& text) {
+  if (text == "auto") return ContainmentMode::automatic;
+  if (text == "cgroup2") return ContainmentMode::cgroup2;
+  if (text == "cgroup1") return ContainmentMode::cgroup1;
+  if (text == "proc") return ContainmentMode::proc;
+  if (text == "off") return ContainmentMode::off;
+  throw UsageError("--containment: unknown value '" + text + "'", "use auto, cgroup2, cgroup1, proc or off");
+}
+
+std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc) {
+  std::unique_ptr<Containment> c(new Containment());
+  c->nproc_ = nproc;
+  c->oom_base_.assign(static_cast<std::size_t>(nproc), 0);
+  std::random_device rd;
+  c->token_ = std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+  const std::string leaf = "ddprun-" + std::to_string(::getpid());
+  std::string why;  // why a cgroup mode was not used
+
+  auto try_v2 = [&]() -> bool {
+    const auto m = find_mount("");
+    if (!m) { why = "no cgroup2 hierarchy mounted"; return false; }
+    const std::string job = m->dir + m->path + "/" + leaf;
+    if (!make_cgroup(job)) { why = "cannot create " + job + ": " + std::strerror(errno); return false; }
+    if (!exists(job + "/cgroup.kill")) {  // (the root cgroup has none: look in ours)
+      ::rmdir(job.c_str());
+      why = "cgroup2 without cgroup.kill (kernel < 5.14)";
+      return false;
+    }
+    for (int r = 0; r < nproc; ++r) {
+      if (!make_cgroup(rank_dir(job, r))) { why = "cannot create " + rank_dir(job, r); ::rmdir(job.c_str()); return false; }
+    }
+    c->job_dir_ = job;
+    c->mode_ = ContainmentMode::cgroup2;
+    c->mechanism_ = "cgroup v2 " + job;
+    // Memory accounting per rank when the controller can be delegated here.
+    const auto ctrls = read_text(job + "/cgroup.controllers");
+    if (ctrls && ctrls->find("memory") != std::string::npos && write_text(job + "/cgroup.subtree_control", "+memory")) {
+      c->memory_dir_ = job;
+      c->memory_v2_ = true;
+    }
+    return true;
+  };
+  auto try_v1 = [&]() -> bool {
+    const auto m = find_mount("freezer");
+    if (!m) { why += (why.empty() ? "" : "; ") + std::string("no v1 freezer hierarchy mounted"); return false; }
+    const std::string job = m->dir + m->path + "/" + leaf;
+    if (!make_cgroup(job)) { why += "; cannot create " + job + ": " + std::strerror(errno); return false; }
+    for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
+    c->job_dir_ = job;
+    c->mode_ = ContainmentMode::cgroup1;
+    c->mechanism_ = "cgroup v1 freezer " + job;
+    return true;
+  };
+
+  bool ok = false;
+  switch (mode) {
+    case ContainmentMode::automatic: ok = try_v2() || try_v1(); break;
+    case ContainmentMode::cgroup2:
+      if (!try_v2()) throw UsageError("--containment cgroup2: " + why, "use --containment auto, cgroup1 or proc");
+      ok = true;
+      break;
+    case ContainmentMode::cgroup1:
+      if (!try_v1()) throw UsageError("--containment cgroup1: " + why, "use --containment auto, cgroup2 or proc");
+      ok = true;
+      break;
+    case ContainmentMode::proc: break;
+    case ContainmentMode::off: c->mode_ = ContainmentMode::off; c->mechanism_ = "off"; return c;
+  }
+  if (!ok) {
+    c->mode_ = ContainmentMode::proc;
+    c->mechanism_ = "job token in /proc/PID/environ";
+    if (mode == ContainmentMode::automatic) spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
+  }
+  if (!c->memory_v2_) {
+    if (const auto mm = find_mount("memory")) {
+      const std::string job = mm->dir + mm->path + "/" + leaf;
+      if (make_cgroup(job)) {
+        c->memory_dir_ = job;
+        for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
+      }
+    }
+  }
+
+  // The watchdog: sweeps the job when the agent is gone, however it ended.
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("containment: pipe: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("containment: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
+    ::prctl(PR_SET_NAME, "ddprun-watchdog", 0, 0, 0);  // findable in ps and by the tests
+    ::close(fds[1]);
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+      ::close(fds[0]);
+    }
+    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    const int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
+    }
+    char buf[64];
+    bool swept = false;  // the agent ended normally and swept the job itself ('d')
+    for (;;) {
+      const ssize_t n = ::read(3, buf, sizeof(buf));
+      if (n > 0 && std::memchr(buf, 'd', static_cast<std::size_t>(n)) != nullptr) swept = true;
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    c->watchdog_ = -1;
+    c->watchdog_fd_ = -1;
+    if (!swept) c->sweep();
+    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
+    c.reset();  // removes the cgroups
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  c->watchdog_ = pid;
+  c->watchdog_fd_ = fds[1];
+  spdlog::debug("containment: {} (watchdog pid {})", c->mechanism_, pid);
+  return c;
+}
+
+Containment::~Containment() {
+  sweep();
+  if (watchdog_fd_ >= 0) {
+    // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
+    // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
+    // It is not waited for: it ends on its own and is reaped by init.
+    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d", 1);
+    ::close(watchdog_fd_);
+    return;
+  }
+  auto remove = [this](const std::string& job) {
+    if (job.empty()) return;
+    for (int r = 0; r < nproc_; ++r) ::rmdir(rank_dir(job, r).c_str());
+    ::rmdir(job.c_str());
+  };
+  remove(job_dir_);
+  if (memory_dir_ != job_dir_) remove(memory_dir_);
+}
+
+std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }
+
+std::vector<std::string> Containment::join_files(int local_rank) const {
+  std::vector<std::string> out;
+  if (!job_dir_.empty()) out.push_back(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
+  if (!memory_dir_.empty() && memory_dir_ != job_dir_) out.push_back(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
+  return out;
+}
+
+void Containment::begin_attempt() {
+  if (memory_dir_.empty()) return;
+  for (int r = 0; r < nproc_; ++r) {
+    const std::string d = rank_dir(memory_dir_, r);
+    if (memory_v2_) {
+      oom_base_[static_cast<std::size_t>(r)] = keyed_value(d + "/memory.events", "oom_kill");
+    } else {
+      oom_base_[static_cast<std::size_t>(r)] = keyed_value(d + "/memory.oom_control", "oom_kill");
+      write_text(d + "/memory.max_usage_in_bytes", "0");
+    }
+  }
+}
+
+std::vector<pid_t> Containment::rank_pids(int local_rank) const {
+  if (!job_dir_.empty()) return read_pids(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
+  if (!memory_dir_.empty()) return read_pids(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
+  return {};
+}
+
+RankMemory Containment::rank_memory(int local_rank) const {
+  RankMemory m;
+  if (memory_dir_.empty()) return m;
+  const std::string d = rank_dir(memory_dir_, local_rank);
+  const auto base = oom_base_[static_cast<std::size_t>(local_rank)];
+  if (memory_v2_) {
+    m.oom_kills = keyed_value(d + "/memory.events", "oom_kill") - base;
+    m.peak = read_u64(d + "/memory.peak");
+    m.limit = read_u64(d + "/memory.max");
+    return m;
+  }
+  m.oom_kills = keyed_value(d + "/memory.oom_control", "oom_kill") - base;
+  m.peak = read_u64(d + "/memory.max_usage_in_bytes");
+  // The effective limit: the smallest on the way up to the hierarchy's root.
+  std::string dir = d;
+  for (int depth = 0; depth < 32 && dir.size() > std::string("/sys/fs/cgroup/memory").size(); ++depth) {
+    if (const auto l = read_u64(dir + "/memory.limit_in_bytes"); l && *l < (1ULL << 60)) {
+      if (!m.limit || *l < *m.limit) m.limit = l;
+    }
+    const auto slash = dir.rfind('/');
+    if (slash == std::string::npos || slash == 0) break;
+    dir.resize(slash);
+  }
+  return m;
+}
+
+int Containment::sweep() {
+  if (mode_ == ContainmentMode::off) return 0;
+  std::vector<pid_t> killed;
+  const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
+  for (;;) {
+    std::vector<pid_t> pids;
+    if (mode_ == ContainmentMode::proc) {
+      pids = token_pids(token_env());
+    } else {
+      for (int r = 0; r < nproc_; ++r) {
+        const auto p = read_pids(rank_dir(job_dir_, r) + "/cgroup.procs");
+        pids.insert(pids.end(), p.begin(), p.end());
+      }
+    }
+    // A zombie stays listed until its parent reaps it; only count the living.
+    std::vector<pid_t> alive;
+    for (pid_t p : pids) {
+      const auto st = read_text("/proc/" + std::to_string(p) + "/stat");
+      if (!st) continue;
+      const auto close = st->rfind(')');
+      if (close != std::string::npos && close + 2 < st->size() && (*st)[close + 2] == 'Z') continue;
+      alive.push_back(p);
+    }
+    if (alive.empty()) break;
+    if (mode_ == ContainmentMode::cgroup2) {
+      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/cgroup.kill", "1");
+    } else if (mode_ == ContainmentMode::cgroup1) {
+      // Frozen, nothing can fork while we kill; SIGKILL takes effect on thaw.
+      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");
+      for (pid_t p : alive) ::kill(p, SIGKILL);
+      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "THAWED");
+    } else {
+      for (pid_t p : alive) ::kill(p, SIGKILL);
+    }
+    for (pid_t p : alive) {
+      if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::warn("containment: {} process(es) of the job still alive after {} ms", alive.size(), kSweepBound.count());
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the kernel delivers SIGKILL asynchronously
+  }
+  return static_cast<int>(killed.size());
+}
+
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> out{root};
+  for (std::size_t i = 0; i < out.size() && out.size() < 4096; ++i) {
+    const std::string task = "/proc/" + std::to_string(out[i]) + "/task";
+    DIR* d = ::opendir(task.c_str());
+    if (d == nullptr) continue;
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      for (pid_t c : read_pids(task + "/" + e->d_name + "/children")) out.push_back(c);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+}  // namespace ddprun::agent

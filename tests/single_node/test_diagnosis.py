@@ -1,0 +1,291 @@
+"""End-to-end tests of containment and failure diagnosis through the real `ddprun` binary.
+
+- containment: a worker's double-forked, setsid daemon ends after a normal end, after SIGTERM
+  and after SIGKILL of ddprun, with each containment mechanism this box offers;
+- cause of death: a worker past its memory cgroup's limit is reported out of memory with its peak;
+- culprit: a 2-rank gloo job where rank 1 sleeps outside all_reduce names rank 1 and its frame;
+- hang: --hang-timeout ends a job that makes no progress, with the ranks' stacks.
+
+Every wait is bounded and driven by output or files (readiness lines, pidfds), never a sleep.
+"""
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("DDPRUN_BIN_DIR", "")
+DDPRUN = os.path.join(BIN, "ddprun")
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+# Double fork + setsid: the grandchild is re-parented away from the worker, in its own session.
+DAEMON = r'''
+import os, sys, signal
+out = sys.argv[1]
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for i in (0, 1, 2):
+            os.dup2(fd, i)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        os.close(r)
+        while True:
+            signal.pause()
+    os._exit(0)
+os.close(w)
+os.wait()
+pid = os.read(r, 32).decode()
+with open(out, "w") as f:
+    f.write(pid)
+print("ready", flush=True)
+if sys.argv[2] == "block":
+    signal.pause()
+sys.stdin.readline()  # the test's go-ahead: the daemon was seen alive
+'''
+
+STUCK = r'''import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=4))
+if dist.get_rank() == 1:
+    time.sleep(600)
+t = torch.ones(4)
+dist.all_reduce(t)
+'''
+
+HUNG = r'''import threading
+print("ready", flush=True)
+threading.Event().wait()
+'''
+
+OOM = r'''import sys
+chunks = []
+for _ in range(64):
+    chunks.append(bytearray(32 * 1024 * 1024))
+print("survived", flush=True)
+'''
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waiting for its parent is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pid, timeout):
+    """True once `pid` no longer runs (pidfd readable = exited)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        return bool(p.poll(int(timeout * 1000))) or not alive(pid)
+    finally:
+        os.close(fd)
+
+
+def read_until(proc, token, timeout):
+    """Reads proc.stdout until a line equal to `token` (select-bounded)."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    fd = proc.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no '{token}' line after {timeout}s: {buf!r}")
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError(f"stdout closed before '{token}': {buf!r}")
+        buf += chunk
+        if token.encode() in buf.split(b"\n"):
+            return
+
+
+def children(pid):
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def cgroup_roots():
+    """The directories ddprun creates its job cgroups in (this process's cgroup per hierarchy)."""
+    roots = []
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.strip().split(":", 2)
+            path = "" if path == "/" else path
+            if ctrls == "" and os.path.isdir("/sys/fs/cgroup/unified"):
+                roots.append("/sys/fs/cgroup/unified" + path)
+            elif ctrls in ("freezer", "memory"):
+                roots.append(f"/sys/fs/cgroup/{ctrls}{path}")
+    return roots
+
+
+def modes():
+    """Containment mechanisms this box offers (auto picks the first)."""
+    out = ["proc"]
+    if os.path.isdir("/sys/fs/cgroup/freezer"):
+        out.append("cgroup1")
+    with open("/proc/mounts") as f:
+        if any(line.split()[2] == "cgroup2" for line in f):
+            out.append("cgroup2")
+    return out
+
+
+class Diagnosis(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_diag_")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def script(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def ddprun(self, args, **kw):
+        return subprocess.Popen([DDPRUN, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0"] + args,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+    # ---- containment ----
+
+    def run_daemon_case(self, mode, how):
+        script = self.script("daemon.py", DAEMON)
+        pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}.pid")
+        proc = self.ddprun(["--containment", mode, "--nproc-per-node", "1", "--no-python", PYTHON, script, pidfile,
+                            "exit" if how == "normal" else "block"])
+        try:
+            read_until(proc, "ready", 30)
+            with open(pidfile) as f:
+                daemon = int(f.read())
+            self.assertTrue(alive(daemon))
+            watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
+            self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+            if how == "normal":
+                proc.stdin.write(b"go\n")
+                proc.stdin.flush()
+            elif how == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            elif how == "sigkill":
+                proc.send_signal(signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+            self.assertTrue(wait_gone(daemon, 10), f"{mode}/{how}: daemon {daemon} outlived ddprun: {err.decode()}")
+            if how == "normal":
+                self.assertEqual(proc.returncode, 0, err.decode())
+            # The watchdog ends once the job is swept, and the job's cgroups are gone with it.
+            self.assertTrue(wait_gone(watchdogs[0], 10), "the watchdog did not end")
+            for root in cgroup_roots():
+                self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{mode}/{how}: {root}/ddprun-{proc.pid} left")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+    def test_daemon_ends_with_the_job(self):
+        for mode in modes():
+            for how in ("normal", "sigterm", "sigkill"):
+                with self.subTest(mode=mode, how=how):
+                    self.run_daemon_case(mode, how)
+
+    # ---- cause of death ----
+
+    def test_out_of_memory_names_the_cause_and_peak(self):
+        with open("/proc/self/cgroup") as f:
+            own = [l.split(":", 2)[2].strip() for l in f if ":memory:" in l]
+        if not own or not os.path.isdir("/sys/fs/cgroup/memory"):
+            self.skipTest("no v1 memory hierarchy")
+        cg = "/sys/fs/cgroup/memory" + own[0].rstrip("/") + f"/ddprun-oom-test-{os.getpid()}"
+        os.mkdir(cg)
+        try:
+            with open(cg + "/memory.limit_in_bytes", "w") as f:
+                f.write(str(256 * 1024 * 1024))
+            if os.path.exists(cg + "/memory.memsw.limit_in_bytes"):
+                with open(cg + "/memory.memsw.limit_in_bytes", "w") as f:
+                    f.write(str(256 * 1024 * 1024))
+            script = self.script("oom.py", OOM)
+
+            def join():
+                with open(cg + "/cgroup.procs", "w") as f:
+                    f.write("0")
+
+            proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script], preexec_fn=join)
+            out, err = proc.communicate(timeout=120)
+            err = err.decode()
+            self.assertNotEqual(proc.returncode, 0, err)
+            self.assertNotIn("survived", out.decode())
+            self.assertIn("out of memory: the kernel's OOM killer ended it (memory limit 256.0 MiB)", err)
+            self.assertRegex(err, r"peak memory \d+\.\d MiB")
+        finally:
+            # What is left in our cgroup is ddprun's watchdog, removing ddprun's cgroups below ours.
+            with open(cg + "/cgroup.procs") as f:
+                for pid in f.read().split():
+                    self.assertTrue(wait_gone(int(pid), 10), f"pid {pid} still in {cg}")
+            for root, dirs, _ in os.walk(cg, topdown=False):
+                for d in dirs:
+                    try:
+                        os.rmdir(os.path.join(root, d))
+                    except FileNotFoundError:
+                        pass
+            os.rmdir(cg)
+
+    # ---- culprit of a collective timeout ----
+
+    def test_stuck_rank_is_named_with_its_frame(self):
+        script = self.script("stuck.py", STUCK)
+        proc = self.ddprun(["--nproc-per-node", "2", script], env=dict(os.environ, PATH="/usr/bin:/bin"))
+        out, err = proc.communicate(timeout=180)
+        err = err.decode()
+        self.assertNotEqual(proc.returncode, 0, err)
+        self.assertIn("culprit    : rank 1 never entered all_reduce: it was in <module> at stuck.py:6 (`time.sleep(600)`)",
+                      err)
+        # The culprit comes before the victims' lines in the block.
+        self.assertLess(err.index("culprit    : rank 1"), err.index("rank 0 (local 0"))
+
+    # ---- hang detection ----
+
+    def test_hang_timeout_ends_a_hung_job(self):
+        script = self.script("hung.py", HUNG)
+        started = time.monotonic()
+        proc = self.ddprun(["--nproc-per-node", "2", "--hang-timeout", "2", "--no-python", PYTHON, script])
+        out, err = proc.communicate(timeout=60)
+        err = err.decode()
+        self.assertEqual(proc.returncode, 137, err)
+        self.assertIn("Diagnosis (", err)
+        self.assertIn("hung: hang detector (no output and no CPU progress for 2 s)", err)
+        self.assertIn("killed by ddprun's hang detector", err)
+        self.assertRegex(err, r"rank 1 \(local 1, pid \d+\): in wait at threading.py:\d+")
+        self.assertLess(time.monotonic() - started, 40)
+
+
+if __name__ == "__main__":
+    unittest.main()
