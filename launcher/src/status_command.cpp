@@ -8,6 +8,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/values.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -20,6 +21,8 @@ std::string secs(Duration d) { return rdzv::format_seconds(d); }
 
 std::string status_usage() {
   return "Usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]\n"
+         "       ddprun status --rdzv-backend etcd --rdzv-endpoint H1:2379,H2:2379 [--rdzv-conf K=V,...]\n"
+         "                     [--rdzv-id ID] [--timeout SECONDS]\n"
          "\n"
          "Prints the jobs of a rendezvous server (ddprun-rdzvd, or an agent hosting an embedded\n"
          "rendezvous): state, round, nodes, restarts, timers, and each member's role, group rank,\n"
@@ -33,6 +36,9 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
   std::optional<std::string> endpoint;
   std::string endpoint_what = "--rdzv-endpoint";
   std::optional<std::string> id;
+  std::string backend = "c10d";
+  std::string conf_text;
+  std::string conf_what = "--rdzv-conf";
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
     std::string value;
@@ -47,7 +53,8 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       return req;
     }
     const bool known = arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint" || arg == "--rdzv-id" ||
-                       arg == "--rdzv_id" || arg == "--timeout";
+                       arg == "--rdzv_id" || arg == "--timeout" || arg == "--rdzv-backend" ||
+                       arg == "--rdzv_backend" || arg == "--rdzv-conf" || arg == "--rdzv_conf";
     if (!known) {
       throw UsageError("ddprun status: unknown argument '" + args[i] + "'",
                        "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]");
@@ -61,6 +68,15 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       endpoint_what = arg;
     } else if (arg == "--rdzv-id" || arg == "--rdzv_id") {
       id = value;
+    } else if (arg == "--rdzv-backend" || arg == "--rdzv_backend") {
+      backend = parse_rdzv_backend(value, arg);
+      if (backend == "static") {
+        throw UsageError(arg + "=" + value + ": ddprun status reads a c10d or etcd rendezvous",
+                         "use --rdzv-backend c10d (the default) or etcd");
+      }
+    } else if (arg == "--rdzv-conf" || arg == "--rdzv_conf") {
+      conf_text = value;
+      conf_what = arg;
     } else {
       const auto v = parse_seconds(trim(value));
       if (!v || *v <= 0.0 || *v > 1e6) {
@@ -82,7 +98,27 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     throw UsageError("ddprun status needs --rdzv-endpoint HOST[:PORT]",
                      "pass the endpoint the agents use (the ddprun-rdzvd address, or the hosting node)");
   }
-  req.server = parse_endpoint(*endpoint, 29400, endpoint_what);
+  if (backend == "etcd") {
+    const auto conf = parse_rdzv_conf(conf_text, conf_what);
+    for (const auto& [key, v] : conf) {
+      if (!is_etcd_conf_key(key)) {
+        throw UsageError(conf_what + ": key '" + key + "' does not apply to ddprun status",
+                         "accepted keys: protocol, cacert, cert, key, etcd_prefix, username, password_file, password");
+      }
+    }
+    auto env_password = std::optional<std::string>{};
+    if (auto it = env.find("DDPRUN_ETCD_PASSWORD"); it != env.end()) env_password = it->second;
+    auto etcd = parse_etcd_conf(*endpoint, endpoint_what, conf, conf_what, env_password);
+    req.etcd = std::move(etcd.settings);
+    req.etcd_password_file = etcd.password_file;
+    req.etcd_conf_what = conf_what;
+    req.server = req.etcd->endpoints.front();
+  } else {
+    if (!conf_text.empty()) {
+      throw UsageError("ddprun status: " + conf_what + " applies only to --rdzv-backend etcd", "drop it");
+    }
+    req.server = parse_endpoint(*endpoint, 29400, endpoint_what);
+  }
   if (id) req.run_id = std::string(trim(*id));
   return req;
 }

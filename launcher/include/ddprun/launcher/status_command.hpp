@@ -1,6 +1,8 @@
 #pragma once
 // `ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]`: asks a
-// rendezvous server (ddprun-rdzvd, or an agent hosting an embedded rendezvous) for its jobs and
+// rendezvous server (ddprun-rdzvd, or an agent hosting an embedded rendezvous) for its jobs, or
+// with `--rdzv-backend etcd [--rdzv-conf K=V,...]` reads them from etcd (the job logs replayed
+// by rendezvous::query_etcd_status), and
 // prints them as a table: per job its state, round, node range, restarts, timers and progress
 // line, then one row per member (role, group rank, address, workers, heartbeat age, lease).
 //
@@ -9,9 +11,11 @@
 #include <chrono>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/config.hpp"
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
 
@@ -20,6 +24,10 @@ namespace ddprun::launcher {
 struct StatusRequest {
   Endpoint server;
   std::string run_id;  // "" = every job
+  // --rdzv-backend etcd: the etcd connection (server unused); password_file is read by run_status.
+  std::optional<agent::EtcdSettings> etcd;
+  std::string etcd_password_file;
+  std::string etcd_conf_what = "--rdzv-conf";
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
   bool help = false;
 };
