@@ -4,6 +4,8 @@
 // group-rank-0 node's agent (ClientBackend) and the NCCL IDs travel in the log with each join.
 #include "ddprun/rendezvous/etcd_rendezvous.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "ddprun/agent/elastic.hpp"
@@ -44,6 +46,13 @@ class EtcdTransport final : public ClientTransport<rendezvous::EtcdRendezvous> {
     opts.etcd.key = e.key;
     opts.etcd.username = e.username;
     opts.etcd.password = e.password;
+    // A member that stops answering (stalled, partitioned from the client) must be left before
+    // this node's lease runs out, else the job loses the node although etcd still has a quorum:
+    // each call gets at most a third of the lease TTL before it moves to the next member.
+    const Duration third = std::chrono::seconds(rendezvous::etcd::node_lease_ttl(p.config)) / 3;
+    const Duration floor = std::chrono::milliseconds(300);
+    opts.etcd.request_timeout = std::clamp(third, floor, opts.etcd.request_timeout);
+    opts.etcd.connect_timeout = std::clamp(third, floor, opts.etcd.connect_timeout);
     opts.prefix = e.prefix;
     opts.run_id = config_.run_id;
     opts.node = std::move(p.node);

@@ -171,6 +171,29 @@ def ha_failover(c):
     check(len(c.envs()) == 12, "want 6 + 6 workers, got %d env files" % len(c.envs()))
 
 
+def minority_stall(c):
+    # The member the agents talk to stops answering (SIGSTOP: a partition of a minority member
+    # that keeps its sockets open). The agents move to the other members; the job completes.
+    c.etcd = etcd_cluster.EtcdCluster(c.dir, c.env, size=3, hosts=HA_HOSTS)
+    leader = c.etcd.wait_leader()
+    follower = [i for i in range(3) if i != leader][0]
+    order = [follower] + [i for i in range(3) if i != follower]
+    ep = ",".join(c.etcd.members[i].endpoint for i in order)
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=1, worker_args=["--wait-file", go, "--sleep", "60"])
+    c.wait_envs(lambda e: True, 6, 30, "round 0")
+    c.etcd.members[follower].proc.send_signal(signal.SIGSTOP)
+    time.sleep(8)  # longer than the agents' request timeout and the node lease
+    open(go, "w").close()
+    codes = c.wait_agents(40)
+    c.etcd.members[follower].proc.send_signal(signal.SIGCONT)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    check(len(c.envs()) == 6 and restarts_seen(c) == 0,
+          "the stalled member caused %d restart(s), %d env files:\n%s" % (restarts_seen(c), len(c.envs()),
+                                                                        c.all_logs()))
+
+
 def unreachable(c):
     # Nobody serves the etcd endpoint: the agent exits 1 naming it, within the join timeout.
     port = etcd_cluster.free_port("127.0.0.1")
@@ -226,7 +249,8 @@ def bad_credentials(c):
     check(st.returncode == 1 and ep in st.stderr, "status with a wrong password: %s %s" % (st.stdout, st.stderr))
 
 
-SCENARIOS = {f.__name__: f for f in [scripts, python_raise, ha_failover, unreachable, bad_credentials]}
+SCENARIOS = {f.__name__: f for f in [scripts, python_raise, ha_failover, minority_stall, unreachable,
+                                      bad_credentials]}
 
 
 def main():
