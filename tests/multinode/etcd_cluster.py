@@ -28,8 +28,33 @@ def free_port(host):
     return port
 
 
+class TlsFiles:
+    """A CA, a server certificate for 127.0.0.1 (server and client auth: etcd's gateway dials its
+    own port with it) and a client certificate, made with the openssl CLI in `directory`."""
+
+    def __init__(self, directory):
+        script = (
+            "set -e; "
+            "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ddprun-test-ca -keyout ca.key -out ca.pem; "
+            "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > srv.ext; "
+            "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr; "
+            "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext "
+            "-out server.pem; "
+            "printf 'extendedKeyUsage=clientAuth\\n' > cli.ext; "
+            "openssl req -newkey rsa:2048 -nodes -subj /CN=root -keyout client.key -out client.csr; "
+            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext "
+            "-out client.pem")
+        r = subprocess.run(["/bin/sh", "-c", script], cwd=directory, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError("openssl failed: " + r.stdout + r.stderr)
+        j = lambda n: os.path.join(directory, n)  # noqa: E731
+        self.ca, self.server_cert, self.server_key = j("ca.pem"), j("server.pem"), j("server.key")
+        self.client_cert, self.client_key = j("client.pem"), j("client.key")
+
+
 class Member:
-    def __init__(self, name, host, directory):
+    def __init__(self, name, host, directory, tls=False):
+        self.tls = tls
         self.name = name
         self.host = host
         self.client_port = free_port(host)
@@ -45,7 +70,7 @@ class Member:
 
     @property
     def client_url(self):
-        return "http://" + self.endpoint
+        return ("https://" if self.tls else "http://") + self.endpoint
 
     @property
     def peer_url(self):
@@ -83,11 +108,16 @@ class Member:
 
 
 class EtcdCluster:
-    def __init__(self, directory, env, size=1, hosts=None, extra=()):
+    """`tls`: a TlsFiles; the members then serve https with client-certificate auth."""
+
+    def __init__(self, directory, env, size=1, hosts=None, extra=(), tls=None):
         hosts = hosts or ["127.0.0.1"] * size
         self.env = env
         self.extra = list(extra)
-        self.members = [Member("m%d" % i, hosts[i], directory) for i in range(size)]
+        if tls:
+            self.extra += ["--cert-file", tls.server_cert, "--key-file", tls.server_key, "--trusted-ca-file", tls.ca,
+                           "--client-cert-auth"]
+        self.members = [Member("m%d" % i, hosts[i], directory, tls=bool(tls)) for i in range(size)]
         self.cluster = ",".join("%s=%s" % (m.name, m.peer_url) for m in self.members)
         for m in self.members:
             m.start(self.cluster, "new", env, self.extra)
