@@ -153,8 +153,9 @@ class EtcdCluster:
                 continue
             if out.returncode != 0:
                 continue
+            # Fields that are 0 are left out of etcdctl's JSON (no leader during an election).
             st = json.loads(out.stdout)[0]["Status"]
-            if st["header"]["member_id"] == st["leader"]:
+            if st.get("leader") and st.get("header", {}).get("member_id") == st["leader"]:
                 return i
         return -1
 
