@@ -1,8 +1,9 @@
-// The multi-node rendezvous backends (c10d and static): a RendezvousClient against a
-// ddprun-rdzvd, or against an embedded rendezvous this agent hosts itself (host_embedded()).
-// Static jobs (torchrun's static backend) are the same with node rank 0 hosting at
-// --master-addr:--master-port, a fixed world and the group rank from --node-rank.
-// Heartbeats and reconnects are the RendezvousClient's job.
+// The multi-node rendezvous backends (c10d, static and etcd): ClientBackend runs every round
+// through a RendezvousTransport (rendezvous_transport.hpp). This file holds ClientBackend and the
+// c10d transport: a RendezvousClient against a ddprun-rdzvd, or against an embedded rendezvous
+// this agent hosts itself. Static jobs (torchrun's static backend) are the same with node rank 0
+// hosting at --master-addr:--master-port, a fixed world and the group rank from --node-rank.
+// Heartbeats and reconnects are the client's job.
 #include <unistd.h>
 
 #include <boost/asio/steady_timer.hpp>
@@ -14,6 +15,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 #include "ddprun/rendezvous/rendezvous_server.hpp"
+#include "rendezvous_transport.hpp"
 
 namespace asio = boost::asio;
 
@@ -32,75 +34,25 @@ constexpr std::chrono::milliseconds kProbeTimeout{500};
 // disconnect.
 constexpr std::chrono::milliseconds kHostLinger{3000};
 
-class ClientBackend final : public RendezvousBackend {
+// c10d and static: a RendezvousClient; hosts an embedded rendezvous when this node may and must.
+class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient> {
  public:
-  ClientBackend(asio::io_context& io, const AgentConfig& config, BackendEvents events)
-      : io_(io),
-        config_(config),
-        events_(std::move(events)),
-        static_(job_mode(config) == JobMode::static_multi_node),
-        linger_timer_(io) {}
+  C10dTransport(asio::io_context& io, const AgentConfig& config)
+      : io_(io), config_(config), endpoint_(rendezvous_endpoint(config)), linger_timer_(io) {}
 
-  ~ClientBackend() override { client_.reset(); }
-  ClientBackend(const ClientBackend&) = delete;
-  ClientBackend& operator=(const ClientBackend&) = delete;
+  Endpoint peer() const override { return endpoint_; }
+  std::string where() const override { return endpoint_.to_string(); }
 
-  void start() override {
-    endpoint_ = rendezvous_endpoint(config_);
-    addr_ = advertised_address(config_, endpoint_);
-    node_id_ = rendezvous::NodeId{addr_, static_cast<std::int64_t>(::getpid()), random_instance_id()};
-    // This node's worker store: MASTER_ADDR/PORT for every worker when this node gets group rank 0.
-    store_ = host_worker_store(io_, addr_, 0, false, "pass --local-addr with an address of this machine");
-    if (static_) {
-      if (may_host(config_, endpoint_, addr_)) host_embedded(endpoint_);
-    } else if (may_host(config_, endpoint_, addr_) && !tcp_connects(endpoint_, kProbeTimeout)) {
-      host_embedded(endpoint_);
+  void start(const std::string& advertised) override {
+    if (job_mode(config_) == JobMode::static_multi_node) {
+      if (may_host(config_, endpoint_, advertised)) host_embedded();
+    } else if (may_host(config_, endpoint_, advertised) && !tcp_connects(endpoint_, kProbeTimeout)) {
+      host_embedded();
     }
-  }
-
-  std::string comm_id_host() const override { return addr_; }
-
-  void set_nccl_offer(std::vector<std::uint8_t> offer) override {
-    offer_ = std::move(offer);
-    if (client_) client_->set_nccl_ids(offer_);
-  }
-
-  void next_round() override {
-    if (!client_) {
-      create_client();
-      client_->join();
-      return;
-    }
-    store_->reset();  // a fresh key space for the next round's workers
-    client_->join();
-  }
-
-  void report_failure(std::uint64_t round, const FailureReport& f) override {
-    // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
-    if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
-    client_->report_failure(
-        make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
-  }
-
-  void report_success(std::uint64_t round) override {
-    spdlog::info("all {} local worker(s) succeeded; waiting for the other nodes (exit barrier, at most {} s)",
-                 config_.nproc_per_node, std::chrono::duration<double>(config_.rdzv.exit_barrier_timeout).count());
-    client_->report_success(round);
-  }
-
-  void await_verdict(int exit_code) override {
-    spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
-  }
-
-  void leave(int /*exit_code*/) override {
-    spdlog::warn("workers stopped after a signal; leaving the rendezvous");
-    client_->leave();
   }
 
   void stop(std::function<void()> stopped) override {
-    stopped_ = true;
-    if (store_) store_->stop();
-    if (client_) client_->stop();
+    stop_client();
     if (!host_server_) {
       stopped();
       return;
@@ -119,22 +71,34 @@ class ClientBackend final : public RendezvousBackend {
     });
   }
 
+ protected:
+  std::unique_ptr<rendezvous::RendezvousClient> make_client(ClientParams p) override {
+    rendezvous::RendezvousClientOptions opts;
+    opts.server = endpoint_;
+    opts.run_id = config_.run_id;
+    opts.token = config_.rdzv.token;
+    opts.node = std::move(p.node);
+    opts.config = p.config;
+    opts.give_up_after = p.give_up_after;
+    return std::make_unique<rendezvous::RendezvousClient>(io_, std::move(opts), std::move(p.events));
+  }
+
  private:
-  // The embedded rendezvous host: a rendezvous service on a store server at `endpoint`.
-  void host_embedded(const Endpoint& endpoint) {
+  // The embedded rendezvous host: a rendezvous service on a store server at the endpoint.
+  void host_embedded() {
     rendezvous::RendezvousServerOptions opts;
-    opts.host = bind_host(endpoint.host);
-    opts.port = endpoint.port;
+    opts.host = bind_host(endpoint_.host);
+    opts.port = endpoint_.port;
     opts.token = config_.rdzv.token;
     try {
       host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     } catch (const Error& e) {
       // Another agent on this machine may have just bound it: join that one.
-      spdlog::info("not hosting the rendezvous at {} ({}); joining it as a client", endpoint.to_string(), e.message());
+      spdlog::info("not hosting the rendezvous at {} ({}); joining it as a client", endpoint_.to_string(), e.message());
       return;
     }
     host_server_->start();
-    spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint.to_string());
+    spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint_.to_string());
   }
 
   void stop_host() {
@@ -144,23 +108,98 @@ class ClientBackend final : public RendezvousBackend {
     if (on_host_stopped_) on_host_stopped_();
   }
 
+  asio::io_context& io_;
+  const AgentConfig& config_;
+  const Endpoint endpoint_;
+  std::unique_ptr<rendezvous::RendezvousServer> host_server_;
+  asio::steady_timer linger_timer_;
+  std::function<void()> on_host_stopped_;
+  bool host_stopped_ = false;
+};
+
+class ClientBackend final : public RendezvousBackend {
+ public:
+  ClientBackend(asio::io_context& io, const AgentConfig& config, BackendEvents events,
+                std::unique_ptr<RendezvousTransport> transport)
+      : io_(io),
+        config_(config),
+        events_(std::move(events)),
+        static_(job_mode(config) == JobMode::static_multi_node),
+        transport_(std::move(transport)) {}
+
+  ~ClientBackend() override { transport_.reset(); }
+  ClientBackend(const ClientBackend&) = delete;
+  ClientBackend& operator=(const ClientBackend&) = delete;
+
+  void start() override {
+    addr_ = advertised_address(config_, transport_->peer());
+    node_id_ = rendezvous::NodeId{addr_, static_cast<std::int64_t>(::getpid()), random_instance_id()};
+    // This node's worker store: MASTER_ADDR/PORT for every worker when this node gets group rank 0.
+    store_ = host_worker_store(io_, addr_, 0, false, "pass --local-addr with an address of this machine");
+    transport_->start(addr_);
+  }
+
+  std::string comm_id_host() const override { return addr_; }
+
+  void set_nccl_offer(std::vector<std::uint8_t> offer) override {
+    offer_ = std::move(offer);
+    transport_->set_nccl_ids(offer_);
+  }
+
+  void next_round() override {
+    if (!transport_->has_client()) {
+      create_client();
+      transport_->join();
+      return;
+    }
+    store_->reset();  // a fresh key space for the next round's workers
+    transport_->join();
+  }
+
+  void report_failure(std::uint64_t round, const FailureReport& f) override {
+    // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
+    if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
+    transport_->report_failure(
+        make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
+  }
+
+  void report_success(std::uint64_t round) override {
+    spdlog::info("all {} local worker(s) succeeded; waiting for the other nodes (exit barrier, at most {} s)",
+                 config_.nproc_per_node, std::chrono::duration<double>(config_.rdzv.exit_barrier_timeout).count());
+    transport_->report_success(round);
+  }
+
+  void await_verdict(int exit_code) override {
+    spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
+  }
+
+  void leave(int /*exit_code*/) override {
+    spdlog::warn("workers stopped after a signal; leaving the rendezvous");
+    transport_->leave();
+  }
+
+  void stop(std::function<void()> stopped) override {
+    stopped_ = true;
+    if (store_) store_->stop();
+    transport_->stop(std::move(stopped));
+  }
+
+
+ private:
   void create_client() {
-    rendezvous::RendezvousClientOptions opts;
-    opts.server = endpoint_;
-    opts.run_id = config_.run_id;
-    opts.token = config_.rdzv.token;
-    opts.node.id = node_id_;
-    opts.node.addr = addr_;
-    opts.node.local_world_size = config_.nproc_per_node;
-    opts.node.store_host = addr_;
-    opts.node.store_port = store_->port();
-    opts.node.nccl_ids = offer_;
-    opts.config = job_config(config_);
+    ClientParams p;
+    p.node.id = node_id_;
+    p.node.addr = addr_;
+    p.node.local_world_size = config_.nproc_per_node;
+    p.node.store_host = addr_;
+    p.node.store_port = store_->port();
+    p.node.nccl_ids = offer_;
+    p.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
-    opts.give_up_after =
+    p.give_up_after =
         static_ ? std::max(config_.rdzv.read_timeout, config_.rdzv.join_timeout) : config_.rdzv.read_timeout;
 
-    rendezvous::RendezvousEvents ev;
+    auto& ev = p.events;
     ev.on_assignment = [this](const rendezvous::Assignment& a) {
       if (!stopped_) on_assignment(a);
     };
@@ -188,7 +227,7 @@ class ClientBackend final : public RendezvousBackend {
       events_.on_job_completed();
     };
     ev.on_refused = [this](const std::string& reason) {
-      if (!stopped_) events_.on_refused("the rendezvous at " + endpoint_.to_string() + " refused this node: " + reason);
+      if (!stopped_) events_.on_refused("the rendezvous at " + transport_->where() + " refused this node: " + reason);
     };
     ev.on_progress = [this](const std::string& text) {
       if (!stopped_) events_.on_progress(text);
@@ -197,8 +236,8 @@ class ClientBackend final : public RendezvousBackend {
       if (!stopped_) events_.on_unreachable(error);
     };
     spdlog::info("node {} joining rendezvous '{}' at {} ({} worker(s), nnodes {}:{})", addr_, config_.run_id,
-                 endpoint_.to_string(), config_.nproc_per_node, config_.min_nodes, config_.max_nodes);
-    client_ = std::make_unique<rendezvous::RendezvousClient>(io_, std::move(opts), std::move(ev));
+                 transport_->where(), config_.nproc_per_node, config_.min_nodes, config_.max_nodes);
+    transport_->connect(std::move(p));
   }
 
   void on_assignment(const rendezvous::Assignment& a) {
@@ -232,25 +271,26 @@ class ClientBackend final : public RendezvousBackend {
   const AgentConfig& config_;
   BackendEvents events_;
   const bool static_;
-  Endpoint endpoint_;
+  std::unique_ptr<RendezvousTransport> transport_;
   std::string addr_;
   rendezvous::NodeId node_id_;
   std::vector<std::uint8_t> offer_;
   std::unique_ptr<rendezvous::StoreServer> store_;
-  std::unique_ptr<rendezvous::RendezvousServer> host_server_;
-  std::unique_ptr<rendezvous::RendezvousClient> client_;
-  asio::steady_timer linger_timer_;
-  std::function<void()> on_host_stopped_;
-  bool host_stopped_ = false;
   bool stopped_ = false;
 };
 
 }  // namespace
 
+std::unique_ptr<RendezvousTransport> make_c10d_transport(asio::io_context& io, const AgentConfig& config) {
+  return std::make_unique<C10dTransport>(io, config);
+}
+
 std::unique_ptr<RendezvousBackend> make_rendezvous_backend(asio::io_context& io, const AgentConfig& config,
                                                            BackendEvents events) {
   if (job_mode(config) == JobMode::single_node) return make_single_node_backend(io, config, std::move(events));
-  return std::make_unique<ClientBackend>(io, config, std::move(events));
+  // The one place the backend's name matters.
+  auto transport = config.rdzv_backend == "etcd" ? make_etcd_transport(io, config) : make_c10d_transport(io, config);
+  return std::make_unique<ClientBackend>(io, config, std::move(events), std::move(transport));
 }
 
 }  // namespace ddprun::agent

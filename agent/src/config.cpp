@@ -16,7 +16,7 @@ const char* to_string(JobMode mode) {
 }
 
 JobMode decide_job_mode(const AgentConfig& config) {
-  if (config.standalone || (config.max_nodes <= 1 && config.rdzv_backend != "c10d")) return JobMode::single_node;
+  if (config.standalone || (config.max_nodes <= 1 && config.rdzv_backend == "static")) return JobMode::single_node;
   return config.rdzv_backend == "static" ? JobMode::static_multi_node : JobMode::elastic;
 }
 

@@ -64,6 +64,8 @@ Endpoint rendezvous_endpoint(const AgentConfig& config) {
     }
     return Endpoint{config.master_addr, config.master_port};
   }
+  // etcd: the first member stands for the cluster (the address this node advertises).
+  if (!config.etcd.endpoints.empty()) return config.etcd.endpoints.front();
   if (config.rdzv_endpoint.empty()) {
     throw UsageError("an elastic job needs --rdzv-endpoint", "pass --rdzv-endpoint=HOST[:PORT], the same on every node");
   }

@@ -11,7 +11,7 @@ using S = FlagScope;
 using Words = std::string_view;
 
 constexpr Words kNprocKeywords[] = {"gpu", "cpu", "auto"};
-constexpr Words kBackends[] = {"static", "c10d"};
+constexpr Words kBackends[] = {"static", "c10d", "etcd", "etcd-v2"};
 constexpr Words kStartMethods[] = {"spawn", "fork", "forkserver"};
 constexpr Words kStreamDigits[] = {"0", "1", "2", "3"};
 constexpr Words kNcclIdModes[] = {"auto", "env", "comm-id", "off"};
@@ -34,15 +34,17 @@ constexpr FlagSpec kFlags[] = {
    .help = "Workers per node: a number, gpu (visible GPUs: CUDA_VISIBLE_DEVICES, else NVML / the CUDA "
            "driver), cpu (online CPUs) or auto (gpu when there is a GPU, else cpu).",
    .default_text = "1", .choices = kNprocKeywords, .choices_open = true},
-  {.dash = "rdzv-backend", .scope = S::placement, .env_form = true, .metavar = "static|c10d",
-   .help = "Rendezvous backend.", .default_text = "static", .choices = kBackends, .overrides_slurm = true},
+  {.dash = "rdzv-backend", .scope = S::placement, .env_form = true, .metavar = "static|c10d|etcd",
+   .help = "Rendezvous backend (etcd-v2 is read as etcd: etcd's v3 API).", .default_text = "static", .choices = kBackends, .overrides_slurm = true},
   {.dash = "rdzv-endpoint", .scope = S::placement, .env_form = true, .metavar = "HOST[:PORT]",
-   .help = "Rendezvous endpoint (c10d default port 29400; [IPV6]:PORT accepted).", .default_text = "none",
+   .help = "Rendezvous endpoint (c10d default port 29400; [IPV6]:PORT accepted); etcd: H1[:PORT],H2[:PORT],... "
+           "(default port 2379, http:// or https:// allowed).", .default_text = "none",
    .overrides_slurm = true},
   {.dash = "rdzv-id", .scope = S::placement, .env_form = true, .metavar = "ID",
    .help = "Job id shared by all nodes.", .default_text = "none", .overrides_slurm = true},
   {.dash = "rdzv-conf", .scope = S::planned, .env_form = true, .metavar = "K=V,...",
-   .help = "Extra rendezvous settings, e.g. join_timeout=900."},
+   .help = "Extra rendezvous settings, e.g. join_timeout=900; etcd: protocol=https, cacert, cert, key, "
+           "etcd_prefix, username, password_file (or DDPRUN_ETCD_PASSWORD)."},
   {.dash = "standalone", .kind = K::boolean, .scope = S::placement, .env_form = true,
    .help = "Single-node job with a local c10d rendezvous on a free port and a random run id; explicit "
            "--rdzv-* values are ignored.",

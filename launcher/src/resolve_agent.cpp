@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
@@ -19,6 +21,38 @@ namespace ddprun::launcher::detail {
 namespace {
 
 constexpr std::string_view kDefaultSignals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+std::filesystem::path absolute_in(const std::string& file, const std::filesystem::path& cwd) {
+  const std::filesystem::path f(file);
+  return f.is_absolute() ? f : cwd / f;
+}
+
+// --rdzv-conf password_file=FILE: the first line, without its line end. A file, not the command
+// line, because every user of the machine can read a process' arguments in /proc.
+std::string read_password_file(const std::string& file, const std::filesystem::path& cwd, const std::string& what) {
+  std::ifstream in(absolute_in(file, cwd), std::ios::binary);
+  if (!in) {
+    throw UsageError(what + " key password_file=" + file + ": cannot read the file",
+                     "give a readable file holding the etcd password");
+  }
+  std::string line;
+  std::getline(in, line);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty()) {
+    throw UsageError(what + " key password_file=" + file + ": the file's first line is empty",
+                     "write the etcd password on the file's first line");
+  }
+  return line;
+}
+
+void check_readable(const std::string& file, const std::filesystem::path& cwd, const std::string& what,
+                    const char* key) {
+  std::ifstream in(absolute_in(file, cwd), std::ios::binary);
+  if (!in) {
+    throw UsageError(what + " key " + key + "=" + file + ": cannot read the file",
+                     "give a readable PEM file (paths are taken from the working directory)");
+  }
+}
 
 // Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
 // every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
@@ -110,6 +144,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   if (auto g = p.given("role")) cfg.role = parse_non_empty(g->text, g->what, "give a role name, e.g. trainer");
 
   // Rendezvous.
+  std::string endpoint_what = "--rdzv-endpoint";
   cfg.standalone = p.flag("standalone");
   if (cfg.standalone) {
     std::vector<std::string> ignored;
@@ -133,7 +168,14 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   } else {
     if (auto g = p.given("rdzv-backend")) cfg.rdzv_backend = parse_rdzv_backend(g->text, g->what);
     if (auto g = p.given("rdzv-endpoint")) {
-      cfg.rdzv_endpoint = parse_endpoint(g->text, 29400, g->what).to_string();
+      // etcd takes a list of members (parsed with --rdzv-conf below).
+      cfg.rdzv_endpoint =
+          cfg.rdzv_backend == "etcd" ? std::string(trim(g->text)) : parse_endpoint(g->text, 29400, g->what).to_string();
+      endpoint_what = g->what;
+    }
+    if (cfg.rdzv_backend == "etcd" && cfg.rdzv_endpoint.empty()) {
+      throw UsageError("--rdzv-backend=etcd needs --rdzv-endpoint",
+                       "pass the etcd members, the same on every node: --rdzv-endpoint=H1:2379,H2:2379");
     }
     if (cfg.rdzv_backend == "c10d" && cfg.rdzv_endpoint.empty()) {
       throw UsageError("--rdzv-backend=c10d needs --rdzv-endpoint",
@@ -148,6 +190,28 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       conf_what = g->what;
     }
     cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
+    if (!cfg.standalone && cfg.rdzv_backend == "etcd") {
+      auto etcd = parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
+      if (!etcd.password_file.empty()) etcd.settings.password = read_password_file(etcd.password_file, ctx.cwd, conf_what);
+      for (const auto* key : {"cacert", "cert", "key"}) {
+        if (auto it = cfg.rdzv_conf.find(key); it != cfg.rdzv_conf.end()) check_readable(it->second, ctx.cwd, conf_what, key);
+      }
+      if (cfg.run_id.find('/') != std::string::npos) {
+        throw UsageError("--rdzv-id=" + cfg.run_id + ": the etcd backend uses the id as a key part, which cannot hold '/'",
+                         "pass a --rdzv-id without '/'");
+      }
+      cfg.etcd = std::move(etcd.settings);
+      for (auto* file : {&cfg.etcd.cacert, &cfg.etcd.cert, &cfg.etcd.key}) {
+        if (!file->empty()) *file = absolute_in(*file, ctx.cwd).lexically_normal().string();
+      }
+    } else {
+      for (const auto& [key, value] : cfg.rdzv_conf) {
+        if (is_etcd_conf_key(key)) {
+          throw UsageError(conf_what + ": key '" + key + "' applies only to --rdzv-backend etcd",
+                           "drop it, or use --rdzv-backend=etcd");
+        }
+      }
+    }
   }
 
   apply_slurm(p, ctx, out);

@@ -12,6 +12,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/values.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -19,6 +20,8 @@ namespace {
 namespace rdzv = ddprun::rendezvous;
 
 std::string secs(Duration d) { return rdzv::format_seconds(d); }
+
+constexpr std::string_view kStatusBackends[] = {"c10d", "etcd", "etcd-v2"};
 
 // The flags of `ddprun status`. Rows name only the members that differ from FlagSpec's defaults.
 #pragma GCC diagnostic push
@@ -31,6 +34,13 @@ constexpr FlagSpec kStatusFlags[] = {
    .default_text = "none, required"},
   {.dash = "rdzv-id", .scope = FlagScope::process, .env_form = true, .metavar = "ID",
    .help = "Only this job; exit 1 when the server does not have it.", .default_text = "every job"},
+  {.dash = "rdzv-backend", .scope = FlagScope::process, .metavar = "BACKEND",
+   .help = "Where the jobs live: c10d (a ddprun-rdzvd or an embedded rendezvous) or etcd (read from the "
+           "etcd members named by --rdzv-endpoint).",
+   .default_text = "c10d", .choices = kStatusBackends},
+  {.dash = "rdzv-conf", .scope = FlagScope::process, .metavar = "K=V,...",
+   .help = "With --rdzv-backend etcd: protocol, cacert, cert, key, etcd_prefix, username, password_file, "
+           "password (as for the agent)."},
   {.dash = "timeout", .scope = FlagScope::process, .metavar = "SECONDS",
    .help = "How long to wait for the server's answer.", .default_text = "5"},
   {.dash = "json", .kind = FlagKind::boolean, .scope = FlagScope::process,
@@ -90,10 +100,12 @@ std::string status_usage() {
   std::string out =
       "Usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS] [--json]\n"
       "                     [--watch [SECONDS] [--watch-count N]]\n"
+      "       ddprun status --rdzv-backend etcd --rdzv-endpoint H1:2379,H2:2379 [--rdzv-conf K=V,...] ...\n"
       "\n"
       "Prints the jobs of a rendezvous server (ddprun-rdzvd, or an agent hosting an embedded\n"
-      "rendezvous): state, round, nodes, restarts, timers, and each member's role, group rank,\n"
-      "address, workers, heartbeat age and lease. Without --rdzv-id every job is listed.\n"
+      "rendezvous) or of an etcd rendezvous: state, round, nodes, restarts, timers, and each member's\n"
+      "role, group rank, address, workers, heartbeat age and lease. Without --rdzv-id every job is\n"
+      "listed.\n"
       "\n"
       "Options:\n";
   out += usage_entry("-h, --help", "Print this help message and exit.");
@@ -168,7 +180,38 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     throw UsageError("ddprun status needs --rdzv-endpoint HOST[:PORT]",
                      "pass the endpoint the agents use (the ddprun-rdzvd address, or the hosting node)");
   }
-  req.server = parse_endpoint(endpoint->second.first, 29400, endpoint->second.second);
+  std::string backend = "c10d";
+  if (auto it = given.find("rdzv-backend"); it != given.end()) {
+    const auto& [text, what] = it->second;
+    backend = parse_rdzv_backend(text, what);
+    if (backend == "static") {
+      throw UsageError(what + "=" + text + ": ddprun status reads a c10d or etcd rendezvous",
+                       "use --rdzv-backend c10d (the default) or etcd");
+    }
+  }
+  const auto conf_it = given.find("rdzv-conf");
+  if (backend == "etcd") {
+    const std::string conf_what = conf_it == given.end() ? std::string("--rdzv-conf") : conf_it->second.second;
+    const auto conf = parse_rdzv_conf(conf_it == given.end() ? std::string() : conf_it->second.first, conf_what);
+    for (const auto& [key, v] : conf) {
+      if (!is_etcd_conf_key(key)) {
+        throw UsageError(conf_what + ": key '" + key + "' does not apply to ddprun status",
+                         "accepted keys: protocol, cacert, cert, key, etcd_prefix, username, password_file, password");
+      }
+    }
+    auto env_password = std::optional<std::string>{};
+    if (auto it = env.find("DDPRUN_ETCD_PASSWORD"); it != env.end()) env_password = it->second;
+    auto etcd = parse_etcd_conf(endpoint->second.first, endpoint->second.second, conf, conf_what, env_password);
+    req.etcd = std::move(etcd.settings);
+    req.etcd_password_file = etcd.password_file;
+    req.etcd_conf_what = conf_what;
+    req.server = req.etcd->endpoints.front();
+  } else {
+    if (conf_it != given.end()) {
+      throw UsageError("ddprun status: " + conf_it->second.second + " applies only to --rdzv-backend etcd", "drop it");
+    }
+    req.server = parse_endpoint(endpoint->second.first, 29400, endpoint->second.second);
+  }
   if (auto it = given.find("rdzv-id"); it != given.end()) req.run_id = std::string(trim(it->second.first));
   return req;
 }

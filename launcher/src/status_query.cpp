@@ -1,10 +1,14 @@
-// `ddprun status`: the network round trips (rendezvous::query_status), printing, and --watch.
+// `ddprun status`: the network round trips (rendezvous::query_status, or query_etcd_status for an
+// etcd rendezvous), printing, and --watch.
 #include <signal.h>
 
 #include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <fstream>
 #include <ostream>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -12,10 +16,38 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/launcher/status_command.hpp"
+#include "ddprun/rendezvous/etcd_rendezvous.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 
 namespace ddprun::launcher {
 namespace {
+
+// The etcd rendezvous' jobs (read from etcd's job logs) and how to name where they came from.
+std::pair<rendezvous::RegistryStatus, std::string> etcd_status(const StatusRequest& request) {
+  const auto& e = *request.etcd;
+  rendezvous::etcd::EtcdClientOptions opts;
+  opts.endpoints = e.endpoints;
+  opts.tls = e.tls;
+  opts.cacert = e.cacert;
+  opts.cert = e.cert;
+  opts.key = e.key;
+  opts.username = e.username;
+  opts.password = e.password;
+  if (!request.etcd_password_file.empty()) {
+    std::ifstream in(request.etcd_password_file, std::ios::binary);
+    std::getline(in, opts.password);
+    if (!opts.password.empty() && opts.password.back() == '\r') opts.password.pop_back();
+    if (!in && opts.password.empty()) {
+      throw UsageError(request.etcd_conf_what + " key password_file=" + request.etcd_password_file +
+                           ": cannot read the file",
+                       "give a readable file holding the etcd password on its first line");
+    }
+  }
+  const auto status = rendezvous::query_etcd_status(opts, e.prefix, request.run_id, request.timeout);
+  std::string where;
+  for (const auto& ep : e.endpoints) where += (where.empty() ? "" : ",") + ep.to_string();
+  return {status, "etcd " + where};
+}
 
 // ANSI: cursor home, clear the screen. Plain escape codes, so no terminal library is needed.
 constexpr std::string_view kRedraw = "\x1b[H\x1b[2J";
@@ -36,10 +68,15 @@ struct Update {
 
 // One query, rendered. `watching`: a failed query becomes the update's text instead of an error.
 Update one_update(const StatusRequest& request, bool watching) {
-  const std::string endpoint = request.server.to_string();
+  std::string endpoint = request.server.to_string();
   const std::string time = utc_now();
   try {
-    const auto status = rendezvous::query_status(request.server, request.run_id, request.timeout);
+    rendezvous::RegistryStatus status;
+    if (request.etcd) {
+      std::tie(status, endpoint) = etcd_status(request);
+    } else {
+      status = rendezvous::query_status(request.server, request.run_id, request.timeout);
+    }
     const int code = (!request.run_id.empty() && status.jobs.empty()) ? 1 : 0;
     if (request.json) return {format_status_json(status, endpoint, request.run_id, watching ? time : "") + "\n", code};
     std::string text = format_status(status, endpoint, request.run_id);

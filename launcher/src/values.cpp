@@ -11,6 +11,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/rendezvous/etcd_codec.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -141,11 +142,81 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
   return conf;
 }
 
+bool is_etcd_conf_key(std::string_view key) {
+  return key == "protocol" || key == "cacert" || key == "cert" || key == "key" || key == "etcd_prefix" ||
+         key == "username" || key == "password" || key == "password_file";
+}
+
+EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_what,
+                         const std::map<std::string, std::string>& conf, std::string_view what,
+                         const std::optional<std::string>& env_password) {
+  EtcdConf out;
+  auto& e = out.settings;
+  const auto list = rendezvous::etcd::parse_endpoints(endpoints, endpoints_what);
+  e.endpoints = list.endpoints;
+  auto key_what = [&](const std::string& key) { return std::string(what) + " key " + key; };
+  std::optional<bool> protocol_tls;
+  if (auto it = conf.find("protocol"); it != conf.end()) {
+    const std::string v = to_lower(trim(it->second));
+    if (v != "http" && v != "https") fail(key_what("protocol"), it->second, "unknown protocol", "http, https");
+    protocol_tls = v == "https";
+  }
+  if (protocol_tls && list.scheme_tls && *protocol_tls != *list.scheme_tls) {
+    throw UsageError(std::string(what) + " key protocol=" + conf.at("protocol") + " disagrees with " +
+                         std::string(endpoints_what) + "=" + std::string(endpoints),
+                     "use https:// endpoints with protocol=https, http:// ones with protocol=http, or drop one");
+  }
+  e.tls = protocol_tls.value_or(false) || list.scheme_tls.value_or(false);
+  auto get = [&](const char* key) -> std::string {
+    auto it = conf.find(key);
+    return it == conf.end() ? std::string() : it->second;
+  };
+  e.cacert = get("cacert");
+  e.cert = get("cert");
+  e.key = get("key");
+  if (e.cert.empty() != e.key.empty()) {
+    throw UsageError(std::string(what) + ": " + (e.cert.empty() ? "key" : "cert") + " given without " +
+                         (e.cert.empty() ? "cert" : "key"),
+                     "give the client certificate and its private key together: cert=FILE,key=FILE");
+  }
+  if ((!e.cacert.empty() || !e.cert.empty()) && !e.tls) {
+    throw UsageError(std::string(what) + ": cacert/cert/key given but the etcd connection is plain http",
+                     "add protocol=https (or https:// endpoints) to use TLS");
+  }
+  if (auto it = conf.find("etcd_prefix"); it != conf.end()) {
+    e.prefix = it->second;
+    if (e.prefix.front() != '/') {
+      fail(key_what("etcd_prefix"), it->second, "not an absolute key prefix", "a prefix starting with '/', e.g. /ddprun/");
+    }
+    if (e.prefix.back() != '/') e.prefix += '/';
+  }
+  e.username = get("username");
+  const int password_keys = static_cast<int>(conf.count("password") + conf.count("password_file"));
+  if (password_keys > 1) {
+    throw UsageError(std::string(what) + ": both password and password_file given",
+                     "give one: password_file=FILE keeps the password off the command line");
+  }
+  e.password = get("password");
+  out.password_file = get("password_file");
+  if (password_keys == 0 && env_password && !env_password->empty()) e.password = *env_password;
+  const bool has_password = !e.password.empty() || !out.password_file.empty();
+  if (!e.username.empty() && !has_password) {
+    throw UsageError(std::string(what) + " key username=" + e.username + " has no password",
+                     "add password_file=FILE to " + std::string(what) + ", or set DDPRUN_ETCD_PASSWORD");
+  }
+  if (e.username.empty() && has_password && (conf.count("password") + conf.count("password_file")) != 0) {
+    throw UsageError(std::string(what) + ": a password without username",
+                     "add username=NAME to " + std::string(what));
+  }
+  return out;
+}
+
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
                                               const std::optional<std::string>& env_token) {
   static constexpr std::string_view kKeys =
       "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval, missed_heartbeats, "
-      "exit_barrier_timeout, is_host, token, timeout (alias of join_timeout)";
+      "exit_barrier_timeout, is_host, token, timeout (alias of join_timeout); with --rdzv-backend etcd also "
+      "protocol, cacert, cert, key, etcd_prefix, username, password_file, password";
   agent::RendezvousSettings s;
   auto seconds = [&](const std::string& key, const std::string& value) {
     const std::string where = std::string(what) + " key " + key;
@@ -157,6 +228,7 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
   };
   bool token_given = false;
   for (const auto& [key, value] : conf) {
+    if (is_etcd_conf_key(key)) continue;  // parse_etcd_conf's
     if (key == "join_timeout" || key == "timeout") {
       s.join_timeout = seconds(key, value);
     } else if (key == "last_call_timeout") {
@@ -333,8 +405,8 @@ bool parse_env_bool(std::string_view text, std::string_view what) {
 
 std::string parse_rdzv_backend(std::string_view text, std::string_view what) {
   const std::string b = to_lower(trim(text));
-  if (b == "etcd" || b == "etcd-v2") fail(what, text, "the etcd backends are not supported", "static, c10d");
-  if (b != "static" && b != "c10d") fail(what, text, "unknown rendezvous backend", "static, c10d");
+  if (b == "etcd" || b == "etcd-v2") return "etcd";
+  if (b != "static" && b != "c10d") fail(what, text, "unknown rendezvous backend", "static, c10d, etcd, etcd-v2");
   return b;
 }
 

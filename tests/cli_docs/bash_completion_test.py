@@ -69,7 +69,7 @@ class Flags(unittest.TestCase):
 
 class Values(unittest.TestCase):
     def test_fixed_sets(self):
-        self.assertEqual(complete(["ddprun", "--rdzv-backend", ""]), ["c10d", "static"])
+        self.assertEqual(complete(["ddprun", "--rdzv-backend", ""]), ["c10d", "etcd", "etcd-v2", "static"])
         self.assertEqual(complete(["ddprun", "--rdzv_backend", "s"]), ["static"])
         self.assertEqual(complete(["ddprun", "--nproc-per-node", ""]), ["auto", "cpu", "gpu"])
         self.assertEqual(complete(["ddprun", "--redirects", ""]), ["0", "1", "2", "3"])
@@ -80,7 +80,7 @@ class Values(unittest.TestCase):
     def test_equals_forms(self):
         # Default COMP_WORDBREAKS splits "--rdzv-backend=c" into "--rdzv-backend" "=" "c".
         self.assertEqual(complete(["ddprun", "--rdzv-backend", "=", "c"]), ["c10d"])
-        self.assertEqual(complete(["ddprun", "--rdzv-backend", "="]), ["c10d", "static"])
+        self.assertEqual(complete(["ddprun", "--rdzv-backend", "="]), ["c10d", "etcd", "etcd-v2", "static"])
         # Without '=' in COMP_WORDBREAKS the word stays whole and so do the answers.
         self.assertEqual(complete(["ddprun", "--tee=1"]), ["--tee=1"])
         self.assertEqual(complete(["ddprun", "--rdzv-backend=s"]), ["--rdzv-backend=static"])
@@ -118,7 +118,7 @@ class StopsAtProgram(unittest.TestCase):
 class WithFramework(unittest.TestCase):
     def test_same_answers_with_bash_completion_loaded(self):
         self.assertEqual(complete(["ddprun", "--rdzv-b"], framework=True), ["--rdzv-backend"])
-        self.assertEqual(complete(["ddprun", "--rdzv-backend", ""], framework=True), ["c10d", "static"])
+        self.assertEqual(complete(["ddprun", "--rdzv-backend", ""], framework=True), ["c10d", "etcd", "etcd-v2", "static"])
         self.assertEqual(complete(["ddprun", "train.py", "--"], framework=True), [])
 
 

@@ -99,7 +99,7 @@ class Interactive(unittest.TestCase):
         self.zsh.complete("ddprun --rdzv-b", r"ddprun --rdzv-backend")
 
     def test_fixed_value_set_is_listed(self):
-        text = self.zsh.complete("ddprun --rdzv-backend ", r"c10d\s+static")
+        text = self.zsh.complete("ddprun --rdzv-backend ", r"c10d\s+etcd\s+etcd-v2\s+static")
         self.assertIn("static", text)
         self.zsh.complete("ddprun --nproc-per-node ", r"auto\s+cpu\s+gpu")
         self.zsh.complete("ddprun --log-level w", r"--log-level warning")

@@ -121,3 +121,24 @@ TEST_CASE("status JSON has stable field names") {
   CHECK_THAT(text, Contains(R"("state":"disconnected")"));
   CHECK(text.find('\n') == std::string::npos);
 }
+
+TEST_CASE("status arguments: the etcd backend") {
+  auto r = parse_status_args({"--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:2379,h2", "--rdzv-conf",
+                              "etcd_prefix=/jobs,username=u,password_file=pw", "--rdzv-id", "job7"},
+                             {});
+  REQUIRE(r.etcd);
+  CHECK(r.etcd->endpoints.size() == 2);
+  CHECK(r.etcd->prefix == "/jobs/");
+  CHECK(r.etcd->username == "u");
+  CHECK(r.etcd_password_file == "pw");
+  CHECK(r.run_id == "job7");
+  CHECK(parse_status_args({"--rdzv-backend=etcd-v2", "--rdzv-endpoint=https://h:1"}, {}).etcd->tls);
+  CHECK_FALSE(parse_status_args({"--rdzv-endpoint", "h:1"}, {}).etcd);
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--rdzv-conf", "username=u"}, {}),
+                    Contains("only to --rdzv-backend etcd"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf", "join_timeout=3"},
+                                      {}),
+                    Contains("'join_timeout' does not apply"));
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-backend", "static", "--rdzv-endpoint", "h"}, {}),
+                    Contains("c10d or etcd"));
+}

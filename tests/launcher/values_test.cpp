@@ -190,3 +190,48 @@ TEST_CASE("rdzv-conf: bad keys and values are named") {
   CHECK_THROWS_WITH(parse_rdzv_settings({{"timeout", "5"}, {"join_timeout", "6"}}, "--rdzv-conf", std::nullopt),
                     Contains("both timeout and join_timeout"));
 }
+
+TEST_CASE("rdzv-backend: etcd and torchrun's etcd-v2 spelling") {
+  CHECK(parse_rdzv_backend("etcd", "--rdzv-backend") == "etcd");
+  CHECK(parse_rdzv_backend("ETCD-v2", "--rdzv-backend") == "etcd");
+  CHECK_THROWS_WITH(parse_rdzv_backend("zk", "--rdzv-backend"), Contains("etcd"));
+}
+
+TEST_CASE("etcd conf: endpoints, TLS, prefix, credentials") {
+  const auto plain = parse_etcd_conf("127.0.0.1:2379,h2", "--rdzv-endpoint", {}, "--rdzv-conf", std::nullopt);
+  REQUIRE(plain.settings.endpoints.size() == 2);
+  CHECK(plain.settings.endpoints[1].port == 2379);
+  CHECK_FALSE(plain.settings.tls);
+  CHECK(plain.settings.prefix == "/ddprun/");
+
+  const auto tls = parse_etcd_conf("h1:2379", "--rdzv-endpoint",
+                                   {{"protocol", "https"}, {"cacert", "ca.pem"}, {"etcd_prefix", "/jobs"},
+                                    {"username", "u"}, {"password_file", "pw"}},
+                                   "--rdzv-conf", std::nullopt);
+  CHECK(tls.settings.tls);
+  CHECK(tls.settings.cacert == "ca.pem");
+  CHECK(tls.settings.prefix == "/jobs/");
+  CHECK(tls.password_file == "pw");
+  CHECK(parse_etcd_conf("https://h1:2379", "--rdzv-endpoint", {}, "--rdzv-conf", std::nullopt).settings.tls);
+  // The password from the environment when no password key is given.
+  CHECK(parse_etcd_conf("h1", "--rdzv-endpoint", {{"username", "u"}}, "--rdzv-conf", std::string("envpw"))
+            .settings.password == "envpw");
+  // parse_rdzv_settings leaves the etcd keys to parse_etcd_conf.
+  CHECK_NOTHROW(parse_rdzv_settings({{"protocol", "https"}, {"username", "u"}}, "--rdzv-conf", std::nullopt));
+}
+
+TEST_CASE("etcd conf: errors name the key") {
+  auto bad = [](std::string endpoints, std::map<std::string, std::string> conf) {
+    return parse_etcd_conf(endpoints, "--rdzv-endpoint", conf, "--rdzv-conf", std::nullopt);
+  };
+  CHECK_THROWS_WITH(bad("h1", {{"protocol", "ftp"}}), Contains("--rdzv-conf key protocol=ftp"));
+  CHECK_THROWS_WITH(bad("http://h1", {{"protocol", "https"}}), Contains("disagrees with --rdzv-endpoint"));
+  CHECK_THROWS_WITH(bad("h1", {{"protocol", "https"}, {"cert", "c.pem"}}), Contains("cert given without key"));
+  CHECK_THROWS_WITH(bad("h1", {{"cacert", "ca.pem"}}), Contains("plain http"));
+  CHECK_THROWS_WITH(bad("h1", {{"etcd_prefix", "jobs"}}), Contains("--rdzv-conf key etcd_prefix=jobs"));
+  CHECK_THROWS_WITH(bad("h1", {{"username", "u"}}), Contains("username=u has no password"));
+  CHECK_THROWS_WITH(bad("h1", {{"password", "p"}}), Contains("without username"));
+  CHECK_THROWS_WITH(bad("h1", {{"username", "u"}, {"password", "p"}, {"password_file", "f"}}),
+                    Contains("both password and password_file"));
+  CHECK_THROWS_WITH(bad("", {}), Contains("--rdzv-endpoint"));
+}

@@ -2,7 +2,10 @@
 """Elastic multi-node jobs on one machine: agents bound to 127.0.0.2/.3/.4 (--local-addr), each
 with --nproc-per-node 2, against a ddprun-rdzvd daemon or a rendezvous embedded in one agent.
 
-    test_multinode.py SCENARIO
+    test_multinode.py SCENARIO [--backend c10d|etcd]
+
+With --backend etcd the same scenarios run on --rdzv-backend etcd: "the daemon" is then a real
+etcd member (etcd_cluster.py) the test starts on a free loopback port.
 
 Every scenario is bounded (internal deadlines below the ctest TIMEOUT), kills everything it
 started in `finally`, and then asserts that no process carrying the scenario's unique marker
@@ -22,6 +25,9 @@ import sys
 import tempfile
 import time
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import etcd_cluster  # noqa: E402
 
 BIN = os.environ["DDPRUN_BIN_DIR"]
 SRC = os.environ["DDPRUN_SOURCE_DIR"]
@@ -45,7 +51,9 @@ def check(cond, what):
 
 
 class Cluster:
-    def __init__(self, name):
+    def __init__(self, name, backend="c10d"):
+        self.backend = backend
+        self.etcd = None
         self.marker = "ddprun-mn-%s-%s" % (name, uuid.uuid4().hex[:10])
         self.dir = tempfile.mkdtemp(prefix=self.marker + "_")
         self.out = os.path.join(self.dir, "out")
@@ -63,6 +71,10 @@ class Cluster:
     # ---- processes ----
 
     def start_daemon(self, port=0, token=None):
+        if self.backend == "etcd":
+            check(port == 0 and token is None, "the etcd backend has no daemon port or token")
+            self.etcd = etcd_cluster.EtcdCluster(self.dir, self.env)
+            return self.etcd.members[0].client_port
         args = [RDZVD, "--host", "127.0.0.1", "--port", str(port), "--port-file",
                 os.path.join(self.dir, "port-" + self.marker)]
         if token:
@@ -91,11 +103,13 @@ class Cluster:
         return buf.decode()
 
     def start_agent(self, addr, endpoint, nnodes="3:3", max_restarts=0, conf=FAST_CONF, worker_args=(),
-                    program=None, extra=(), env=None):
-        log_path = os.path.join(self.dir, "agent-%s.log" % addr)
+                    program=None, extra=(), env=None, nproc="2", name=None, run_id=None):
+        """`name` keys the agent (default: its address; several agents on one address need one)."""
+        name = name or addr
+        log_path = os.path.join(self.dir, "agent-%s.log" % name)
         log = open(log_path, "ab")
-        args = [DDPRUN, "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", endpoint, "--rdzv-id", self.marker, "--local-addr", addr,
+        args = [DDPRUN, "--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", self.backend,
+                "--rdzv-endpoint", endpoint, "--rdzv-id", run_id or self.marker, "--local-addr", addr,
                 "--max-restarts", str(max_restarts), "--rdzv-conf", conf, "--shutdown-timeout", "3"]
         args += list(extra)
         if program is None:
@@ -106,7 +120,7 @@ class Cluster:
         if env:
             e.update(env)
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=self.dir)
-        self.agents[addr] = (p, log_path)
+        self.agents[name] = (p, log_path)
         return p
 
     def log(self, addr):
@@ -165,6 +179,12 @@ class Cluster:
         if self.daemon and self.daemon.poll() is None:
             self.daemon.kill()
             self.daemon.wait(10)
+        if self.etcd:
+            self.etcd.kill_all()
+
+    def status_args(self):
+        """`ddprun status` arguments naming the backend."""
+        return ["--rdzv-backend", "etcd"] if self.backend == "etcd" else []
 
     def marker_processes(self, comm=None):
         """(pid, cmdline) of live processes with the marker in argv or environment; `comm`: only
@@ -250,7 +270,7 @@ def env_daemon(c):
     check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "restart count")
     check({e["TORCHELASTIC_RUN_ID"] for e in envs} == {c.marker}, "run id")
     # ddprun status shows the running job and its members.
-    st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker],
+    st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker] + c.status_args(),
                         capture_output=True, text=True, timeout=20)
     check(st.returncode == 0, "ddprun status failed: %s %s" % (st.stdout, st.stderr))
     check("job '%s': running" % c.marker in st.stdout, "status output: %s" % st.stdout)
@@ -417,8 +437,10 @@ def shrink(c, how):
     check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "membership change used a restart")
     codes = c.wait_agents(30, ["127.0.0.2", "127.0.0.3"])
     check(set(codes.values()) == {0}, "survivors' exit codes %s\n%s" % (codes, c.all_logs()))
-    # lease = 0.2 s x 3 plus one last call (0.5 s) and worker start: well under 5 s.
-    check(elapsed < 5, "shrink took %.1f s" % elapsed)
+    # c10d: lease = 0.2 s x 3 plus one last call (0.5 s) and worker start: well under 5 s.
+    # etcd: the node's lease has etcd's minimum TTL (2 s) and etcd checks expiry every 0.5 s.
+    limit = 8 if c.backend == "etcd" else 5
+    check(elapsed < limit, "shrink took %.1f s" % elapsed)
     if how == signal.SIGSTOP:
         victim.send_signal(signal.SIGCONT)
         victim.kill()
@@ -615,7 +637,11 @@ SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failu
 
 def main():
     name = sys.argv[1]
-    c = Cluster(name)
+    backend = "c10d"
+    if len(sys.argv) > 2:
+        check(len(sys.argv) == 4 and sys.argv[2] == "--backend", "usage: test_multinode.py SCENARIO [--backend B]")
+        backend = sys.argv[3]
+    c = Cluster(name, backend)
     ok = False
     try:
         SCENARIOS[name](c)

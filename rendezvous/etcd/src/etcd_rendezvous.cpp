@@ -747,8 +747,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   void keepalive_tick() {
     if (stopped()) return;
     if (node_lease != 0) {
-      client.lease_keepalive(node_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
-                               if (r.ttl > 0) return;
+      // Keepalives queue up while a member stalls; an answer about a lease this node already
+      // replaced says nothing about the current one (acting on it would drop a live lease).
+      client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
+                               if (r.ttl > 0 || id != node_lease) return;
                                spdlog::warn("etcd rendezvous '{}': this node's lease expired; "
                                             "taking a new one",
                                             options.run_id);

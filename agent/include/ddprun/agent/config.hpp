@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/common/endpoint.hpp"
 #include "ddprun/worker_env/worker_env.hpp"
 
 namespace ddprun::agent {
@@ -30,13 +31,26 @@ struct RendezvousSettings {
   std::string token;            // "" = none
 };
 
+// The etcd backend's connection (--rdzv-backend etcd; docs/cli.md "etcd backend"): the
+// launcher fills it from --rdzv-endpoint and --rdzv-conf. Empty endpoints for every other backend.
+struct EtcdSettings {
+  std::vector<Endpoint> endpoints;  // every member the agent may talk to, in order
+  bool tls = false;                 // protocol=https (or https:// endpoints)
+  std::string cacert;               // PEM files; "" = system CAs / no client certificate
+  std::string cert;
+  std::string key;
+  std::string username;             // etcd auth; "" = off
+  std::string password;             // from password_file or DDPRUN_ETCD_PASSWORD (or password=)
+  std::string prefix = "/ddprun/";  // etcd_prefix, always ending in '/'
+};
+
 // How the job runs, decided once from the flags (job_mode()):
 //  * single_node: --standalone, or one node without --rdzv-backend=c10d; the local restart
 //    budget decides restarts.
 //  * static_multi_node: --rdzv-backend=static with more than one node; node rank 0 hosts the
 //    rendezvous at --master-addr:--master-port, the world is always --nnodes' maximum.
-//  * elastic: --rdzv-backend=c10d (any --nnodes) without --standalone; the rendezvous at
-//    --rdzv-endpoint decides membership and restarts.
+//  * elastic: --rdzv-backend=c10d or etcd (any --nnodes) without --standalone; the rendezvous
+//    at --rdzv-endpoint (ddprun-rdzvd, an embedded host, or etcd) decides membership and restarts.
 enum class JobMode : std::uint8_t { single_node, static_multi_node, elastic };
 const char* to_string(JobMode mode);
 
@@ -62,8 +76,9 @@ struct AgentConfig {
   int max_nodes = 1;
   int node_rank = 0;
   std::string role = "default";
-  std::string rdzv_backend = "static";  // static | c10d
-  std::string rdzv_endpoint;            // host[:port]
+  std::string rdzv_backend = "static";  // static | c10d | etcd (etcd-v2 is read as etcd)
+  std::string rdzv_endpoint;            // host[:port]; etcd: h1:2379,h2:2379 as given
+  EtcdSettings etcd;                    // etcd only
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;  // as given (for messages)
   RendezvousSettings rdzv;                        // rdzv_conf translated and validated

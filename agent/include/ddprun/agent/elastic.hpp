@@ -25,7 +25,8 @@ bool uses_elastic_path(const AgentConfig& config);
 bool is_static_multi_node(const AgentConfig& config);
 
 // The rendezvous endpoint of an elastic job (c10d: --rdzv-endpoint, default port 29400;
-// static: --master-addr:--master-port). Throws UsageError when it is missing.
+// static: --master-addr:--master-port; etcd: the first etcd member). Throws UsageError when it
+// is missing.
 Endpoint rendezvous_endpoint(const AgentConfig& config);
 
 // This node's placement for a round: the rendezvous' assignment (the one conversion from it);

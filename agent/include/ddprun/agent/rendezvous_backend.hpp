@@ -6,9 +6,13 @@
 //
 //   single_node         SingleNodeBackend   this node is the job: each round is local, restarts
 //                                           come from the local budget (--max-restarts)
-//   elastic (c10d)      RendezvousBackend   a RendezvousClient against a ddprun-rdzvd, or an
-//   static_multi_node   over a client       embedded rendezvous host this agent starts itself
+//   elastic (c10d)      ClientBackend over  a RendezvousClient against a ddprun-rdzvd, or an
+//   static_multi_node   the c10d transport  embedded rendezvous host this agent starts itself
+//   elastic (etcd)      ClientBackend over  an EtcdRendezvous: the decision log replicated
+//                       the etcd transport  through etcd, nothing hosted but the worker store
 //
+// (agent/src/rendezvous_transport.hpp). The factory is the only code that reads the backend's
+// name.
 // Every backend also hosts this node's worker store (MASTER_ADDR/PORT when this node gets group
 // rank 0) and resets it before each later round.
 //

@@ -1,11 +1,13 @@
 #pragma once
 // `ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS] [--json]
 // [--watch [SECONDS] [--watch-count N]]`: asks a rendezvous server (ddprun-rdzvd, or an agent
-// hosting an embedded rendezvous) for its jobs and prints them as a table: per job its state,
-// round, node range, restarts, timers and progress line, then one row per member (role, group
-// rank, address, workers, heartbeat age, lease). --json prints the same data as one JSON object
-// per line (field names in docs/cli.md, stable); --watch repeats the query every SECONDS and
-// redraws in place on a terminal, or prints one block (one JSON line) per update when piped.
+// hosting an embedded rendezvous) for its jobs, or with `--rdzv-backend etcd [--rdzv-conf K=V,...]`
+// reads them from etcd (the job logs replayed by rendezvous::query_etcd_status), and prints them
+// as a table: per job its state, round, node range, restarts, timers and progress line, then one
+// row per member (role, group rank, address, workers, heartbeat age, lease). --json prints the
+// same data as one JSON object per line (field names in docs/cli.md, stable); --watch repeats the
+// query every SECONDS and redraws in place on a terminal, or prints one block (one JSON line) per
+// update when piped.
 //
 // The flags are a FlagSpec table (status_flags()), which the parser, status_usage() and the
 // generated man page and completions read. parse_status_args, format_status and
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/config.hpp"
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/flag_spec.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
@@ -28,6 +31,10 @@ namespace ddprun::launcher {
 struct StatusRequest {
   Endpoint server;
   std::string run_id;  // "" = every job
+  // --rdzv-backend etcd: the etcd connection (server unused); password_file is read by run_status.
+  std::optional<agent::EtcdSettings> etcd;
+  std::string etcd_password_file;
+  std::string etcd_conf_what = "--rdzv-conf";
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
   bool help = false;
   bool json = false;

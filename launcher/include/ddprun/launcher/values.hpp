@@ -58,6 +58,25 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
 // missed_heartbeats (1..1000), is_host (1/0/true/false), token; torchrun's `timeout` is the
 // alias of join_timeout. `env_token` (DDPRUN_RDZV_TOKEN) is used when no token key is given.
 // An unknown key or bad value throws UsageError naming `what`, the key and the accepted keys.
+// --rdzv-conf keys that only the etcd backend reads (parse_rdzv_settings skips them; the
+// launcher refuses them with another backend): protocol, cacert, cert, key, etcd_prefix,
+// username, password, password_file.
+bool is_etcd_conf_key(std::string_view key);
+
+// --rdzv-backend etcd: the endpoints ("h1:2379,h2:2379", http:// or https:// allowed, port 2379
+// by default) and the etcd keys of `conf`. protocol=http|https (must agree with a scheme given
+// in the endpoints); etcd_prefix gets a trailing '/'; username needs a password: password=,
+// password_file= (read by the caller into settings.password; `password_file` is returned) or
+// `env_password` (DDPRUN_ETCD_PASSWORD), at most one of the keys; cert needs key. Throws
+// UsageError naming the flag and key.
+struct EtcdConf {
+  agent::EtcdSettings settings;
+  std::string password_file;  // "" = none; the caller reads it
+};
+EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_what,
+                         const std::map<std::string, std::string>& conf, std::string_view what,
+                         const std::optional<std::string>& env_password);
+
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
                                               const std::optional<std::string>& env_token);
 
@@ -86,7 +105,7 @@ std::string parse_containment_value(std::string_view text, std::string_view what
 // "1"/"0" style booleans of the PET_* variables: any integer, non-zero = on (torchrun: bool(int(x))).
 bool parse_env_bool(std::string_view text, std::string_view what);
 
-// --rdzv-backend: static | c10d (any case), lowercased. The etcd backends get their own message.
+// --rdzv-backend: static | c10d | etcd (any case), lowercased; torchrun's etcd-v2 is read as etcd.
 std::string parse_rdzv_backend(std::string_view text, std::string_view what);
 // --start-method: spawn | fork | forkserver (accepted, no effect).
 void check_start_method(std::string_view text, std::string_view what);
