@@ -246,16 +246,30 @@ class Agent {
   void apply(const ElasticActions& actions) {
     for (const auto& a : actions) {
       switch (a.kind) {
-        case ElasticAction::Kind::start_workers: begin_round(*latest_); break;
-        case ElasticAction::Kind::stop_workers: run_.stop(); break;
-        case ElasticAction::Kind::forward_signal: run_.signal(a.value); break;
+        case ElasticAction::Kind::start_workers:
+          begin_round(*latest_);
+          break;
+        case ElasticAction::Kind::stop_workers:
+          run_.stop();
+          break;
+        case ElasticAction::Kind::forward_signal:
+          run_.signal(a.value);
+          break;
         case ElasticAction::Kind::report_failure:
           if (pending_failure_) backend_->report_failure(round_, *pending_failure_);
           break;
-        case ElasticAction::Kind::report_success: backend_->report_success(round_); break;
-        case ElasticAction::Kind::rejoin: next_round(); break;
-        case ElasticAction::Kind::leave: backend_->leave(exit_code_of(actions)); break;
-        case ElasticAction::Kind::exit: finish(a.value); break;
+        case ElasticAction::Kind::report_success:
+          backend_->report_success(round_);
+          break;
+        case ElasticAction::Kind::rejoin:
+          next_round();
+          break;
+        case ElasticAction::Kind::leave:
+          backend_->leave(exit_code_of(actions));
+          break;
+        case ElasticAction::Kind::exit:
+          finish(a.value);
+          break;
       }
     }
   }

@@ -61,8 +61,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
     linger_timer_.expires_after(kHostLinger);
     linger_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;  // cancelled: the peers are gone
-      spdlog::debug("rendezvous peers still connected {} ms after the job ended; stopping anyway",
-                    kHostLinger.count());
+      spdlog::debug("rendezvous peers still connected {} ms after the job ended; stopping anyway", kHostLinger.count());
       stop_host();
     });
     host_server_->on_drained([this] {
@@ -184,7 +183,6 @@ class ClientBackend final : public RendezvousBackend {
     transport_->stop(std::move(stopped));
   }
 
-
  private:
   void create_client() {
     ClientParams p;
@@ -246,8 +244,9 @@ class ClientBackend final : public RendezvousBackend {
       const int expected = config_.max_nodes * config_.nproc_per_node;
       if (a.world_size != expected || a.group_world_size != config_.max_nodes) {
         write_all(STDERR_FILENO, "ddprun: error: static rendezvous: the nodes disagree on the world size (" +
-                                     std::to_string(a.world_size) + " workers on " + std::to_string(a.group_world_size) +
-                                     " nodes, this node expects " + std::to_string(expected) +
+                                     std::to_string(a.world_size) + " workers on " +
+                                     std::to_string(a.group_world_size) + " nodes, this node expects " +
+                                     std::to_string(expected) +
                                      "); use the same --nproc-per-node and --nnodes on every node\n");
         events_.on_job_failed(1);
         return;

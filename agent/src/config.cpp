@@ -8,9 +8,12 @@ namespace ddprun::agent {
 
 const char* to_string(JobMode mode) {
   switch (mode) {
-    case JobMode::single_node: return "single-node";
-    case JobMode::static_multi_node: return "static multi-node";
-    case JobMode::elastic: return "elastic";
+    case JobMode::single_node:
+      return "single-node";
+    case JobMode::static_multi_node:
+      return "static multi-node";
+    case JobMode::elastic:
+      return "elastic";
   }
   return "?";
 }
@@ -31,7 +34,8 @@ void validate_config(const AgentConfig& config) {
   }
   if (config.min_nodes < 1 || config.max_nodes < config.min_nodes) {
     throw UsageError("--nnodes " + std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
-                     " is not a valid range", "use N or MIN:MAX with 0 < MIN <= MAX");
+                         " is not a valid range",
+                     "use N or MIN:MAX with 0 < MIN <= MAX");
   }
   if (job_mode(config) != JobMode::single_node) {
     rendezvous_endpoint(config);  // throws when missing
@@ -40,9 +44,9 @@ void validate_config(const AgentConfig& config) {
       throw UsageError("invalid rendezvous settings: " + problem, "check --nnodes, --max-restarts and --rdzv-conf");
     }
   } else if (config.max_nodes > 1) {
-    throw UsageError("--standalone runs a single-node job but --nnodes allows " + std::to_string(config.max_nodes) +
-                         " nodes",
-                     "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
+    throw UsageError(
+        "--standalone runs a single-node job but --nnodes allows " + std::to_string(config.max_nodes) + " nodes",
+        "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
   } else if (config.node_rank != 0) {
     throw UsageError("--node-rank " + std::to_string(config.node_rank) + " is out of range for a single-node job",
                      "use --node-rank 0 with --nnodes 1");

@@ -104,7 +104,9 @@ std::optional<Mount> find_mount(const std::string& controller) {
     pre >> id >> parent >> devno >> root >> point;
     post >> fstype >> source >> opts;
     if (root != "/") continue;  // a bind mount of a sub-tree: paths would not line up
-    if (controller.empty() ? fstype == "cgroup2" : (fstype == "cgroup" && ("," + opts + ",").find("," + controller + ",") != std::string::npos)) {
+    if (controller.empty()
+            ? fstype == "cgroup2"
+            : (fstype == "cgroup" && ("," + opts + ",").find("," + controller + ",") != std::string::npos)) {
       m = Mount{point, ""};
       break;
     }
@@ -181,16 +183,26 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 
   auto try_v2 = [&]() -> bool {
     const auto m = find_mount("");
-    if (!m) { why = "no cgroup2 hierarchy mounted"; return false; }
+    if (!m) {
+      why = "no cgroup2 hierarchy mounted";
+      return false;
+    }
     const std::string job = m->dir + m->path + "/" + leaf;
-    if (!make_cgroup(job)) { why = "cannot create " + job + ": " + std::strerror(errno); return false; }
+    if (!make_cgroup(job)) {
+      why = "cannot create " + job + ": " + std::strerror(errno);
+      return false;
+    }
     if (!exists(job + "/cgroup.kill")) {  // (the root cgroup has none: look in ours)
       ::rmdir(job.c_str());
       why = "cgroup2 without cgroup.kill (kernel < 5.14)";
       return false;
     }
     for (int r = 0; r < nproc; ++r) {
-      if (!make_cgroup(rank_dir(job, r))) { why = "cannot create " + rank_dir(job, r); ::rmdir(job.c_str()); return false; }
+      if (!make_cgroup(rank_dir(job, r))) {
+        why = "cannot create " + rank_dir(job, r);
+        ::rmdir(job.c_str());
+        return false;
+      }
     }
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup2;
@@ -205,9 +217,15 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   };
   auto try_v1 = [&]() -> bool {
     const auto m = find_mount("freezer");
-    if (!m) { why += (why.empty() ? "" : "; ") + std::string("no v1 freezer hierarchy mounted"); return false; }
+    if (!m) {
+      why += (why.empty() ? "" : "; ") + std::string("no v1 freezer hierarchy mounted");
+      return false;
+    }
     const std::string job = m->dir + m->path + "/" + leaf;
-    if (!make_cgroup(job)) { why += "; cannot create " + job + ": " + std::strerror(errno); return false; }
+    if (!make_cgroup(job)) {
+      why += "; cannot create " + job + ": " + std::strerror(errno);
+      return false;
+    }
     for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup1;
@@ -217,7 +235,9 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 
   bool ok = false;
   switch (mode) {
-    case ContainmentMode::automatic: ok = try_v2() || try_v1(); break;
+    case ContainmentMode::automatic:
+      ok = try_v2() || try_v1();
+      break;
     case ContainmentMode::cgroup2:
       if (!try_v2()) throw UsageError("--containment cgroup2: " + why, "use --containment auto, cgroup1 or proc");
       ok = true;
@@ -226,13 +246,18 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       if (!try_v1()) throw UsageError("--containment cgroup1: " + why, "use --containment auto, cgroup2 or proc");
       ok = true;
       break;
-    case ContainmentMode::proc: break;
-    case ContainmentMode::off: c->mode_ = ContainmentMode::off; c->mechanism_ = "off"; return c;
+    case ContainmentMode::proc:
+      break;
+    case ContainmentMode::off:
+      c->mode_ = ContainmentMode::off;
+      c->mechanism_ = "off";
+      return c;
   }
   if (!ok) {
     c->mode_ = ContainmentMode::proc;
     c->mechanism_ = "job token in /proc/PID/environ";
-    if (mode == ContainmentMode::automatic) spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
+    if (mode == ContainmentMode::automatic)
+      spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
   }
   if (!c->memory_v2_) {
     if (const auto mm = find_mount("memory")) {
@@ -275,7 +300,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     c->watchdog_fd_ = -1;
     if (!swept) c->sweep();
     c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
-    c.reset();  // removes the cgroups
+    c.reset();                        // removes the cgroups
     ::_exit(0);
   }
   ::close(fds[0]);
@@ -309,7 +334,8 @@ std::string Containment::token_env() const { return std::string(kTokenVar) + "="
 std::vector<std::string> Containment::join_files(int local_rank) const {
   std::vector<std::string> out;
   if (!job_dir_.empty()) out.push_back(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
-  if (!memory_dir_.empty() && memory_dir_ != job_dir_) out.push_back(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
+  if (!memory_dir_.empty() && memory_dir_ != job_dir_)
+    out.push_back(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
   return out;
 }
 

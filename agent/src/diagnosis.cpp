@@ -24,7 +24,8 @@ namespace {
 // Per rank: how long a faulthandler dump or an eu-stack run may take before we give up.
 constexpr std::chrono::milliseconds kStackBound{2000};
 
-constexpr const char* kSiteCustomize = R"PY(# Installed by ddprun (see docs/errors.md): lets the agent ask this rank for the stacks of
+constexpr const char* kSiteCustomize =
+    R"PY(# Installed by ddprun (see docs/errors.md): lets the agent ask this rank for the stacks of
 # all its threads (faulthandler on a real-time signal, written to the file the agent named)
 # and records an uncaught exception's traceback next to it. Only the rank process itself
 # registers (the variable is removed for its children); then the sitecustomize this file
@@ -176,7 +177,8 @@ RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string
   }
   const std::string eu = find_on_path("eu-stack");
   if (eu.empty()) {
-    if (s.where.empty()) s.where = "no stacks: not a Python rank with the ddprun hook, and eu-stack (elfutils) is not installed";
+    if (s.where.empty())
+      s.where = "no stacks: not a Python rank with the ddprun hook, and eu-stack (elfutils) is not installed";
     return finish();
   }
   const std::string file = rank_dir + "/stacks-native.txt";
@@ -219,7 +221,7 @@ RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string
     static const std::regex frame(R"(#\d+[ \t]+0x[0-9a-f]+[ \t]+(\S+))");
     std::smatch m;
     s.where = std::regex_search(s.main_thread, m, frame) ? m[1].str() + " (native, main thread)"
-                                                          : "no named frame in the main thread (eu-stack)";
+                                                         : "no named frame in the main thread (eu-stack)";
   }
   return finish();
 }

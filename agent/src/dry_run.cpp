@@ -18,10 +18,14 @@ namespace {
 
 const char* describe_route(Route route) {
   switch (route) {
-    case Route::inherit: return "console";
-    case Route::file: return "file only";
-    case Route::tee: return "file and console (prefixed)";
-    case Route::prefixed: return "console (prefixed)";
+    case Route::inherit:
+      return "console";
+    case Route::file:
+      return "file only";
+    case Route::tee:
+      return "file and console (prefixed)";
+    case Route::prefixed:
+      return "console (prefixed)";
   }
   return "?";
 }
@@ -38,9 +42,9 @@ void print_dry_run(const AgentConfig& given, std::ostream& out) {
   AttemptContext attempt;
   attempt.dir = job_dir_pattern(config) + "/attempt_0";
   if (config.nccl_id == AgentConfig::NcclIdMode::comm_id) {
-    attempt.nccl_env.emplace_back("NCCL_COMM_ID", (multi_node ? std::string("<group-rank-0 node's address>")
-                                                               : config.master_addr) +
-                                                      ":<port chosen per attempt>");
+    attempt.nccl_env.emplace_back("NCCL_COMM_ID",
+                                  (multi_node ? std::string("<group-rank-0 node's address>") : config.master_addr) +
+                                      ":<port chosen per attempt>");
   }
   out << "ddprun dry run: " << config.nproc_per_node << " worker(s) on this node; nothing is started\n";
   if (!config.gpu_summary.empty()) {
@@ -70,8 +74,7 @@ void print_dry_run(const AgentConfig& given, std::ostream& out) {
       out << "    " << k << '=' << ((k == "MASTER_PORT" && port_at_launch) ? std::string("<chosen at launch>") : v)
           << '\n';
     }
-    out << "  stdout: " << describe_route(spec.routes.out) << "\n  stderr: " << describe_route(spec.routes.err)
-        << '\n';
+    out << "  stdout: " << describe_route(spec.routes.out) << "\n  stderr: " << describe_route(spec.routes.err) << '\n';
   }
 }
 

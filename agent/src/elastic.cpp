@@ -67,7 +67,8 @@ Endpoint rendezvous_endpoint(const AgentConfig& config) {
   // etcd: the first member stands for the cluster (the address this node advertises).
   if (!config.etcd.endpoints.empty()) return config.etcd.endpoints.front();
   if (config.rdzv_endpoint.empty()) {
-    throw UsageError("an elastic job needs --rdzv-endpoint", "pass --rdzv-endpoint=HOST[:PORT], the same on every node");
+    throw UsageError("an elastic job needs --rdzv-endpoint",
+                     "pass --rdzv-endpoint=HOST[:PORT], the same on every node");
   }
   return parse_endpoint(config.rdzv_endpoint, 29400, "--rdzv-endpoint");
 }
@@ -129,7 +130,7 @@ std::string advertised_address(const AgentConfig& config, const Endpoint& peer) 
     sockaddr_storage local{};
     socklen_t len = sizeof(local);
     if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {  // NOLINT
-      found = numeric_host(reinterpret_cast<sockaddr*>(&local), len);            // NOLINT
+      found = numeric_host(reinterpret_cast<sockaddr*>(&local), len);           // NOLINT
     }
   }
   ::freeaddrinfo(res);
@@ -245,8 +246,8 @@ std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std
   report.rank = rc.failure.global_rank;
   report.local_rank = rc.failure.local_rank;
   report.pid = 0;
-  report.status = rc.failure.signal ? ExitStatus::killed(*rc.failure.signal)
-                                    : ExitStatus::exited(rc.failure.exit_code.value_or(1));
+  report.status =
+      rc.failure.signal ? ExitStatus::killed(*rc.failure.signal) : ExitStatus::exited(rc.failure.exit_code.value_or(1));
   report.time = std::chrono::system_clock::now();
   if (!rc.failure.message.empty()) {
     ErrorFileContents e;

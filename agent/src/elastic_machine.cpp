@@ -8,10 +8,14 @@ using K = ElasticAction::Kind;
 
 const char* to_string(ElasticState state) {
   switch (state) {
-    case ElasticState::idle: return "idle";
-    case ElasticState::running: return "running";
-    case ElasticState::stopping: return "stopping";
-    case ElasticState::done: return "done";
+    case ElasticState::idle:
+      return "idle";
+    case ElasticState::running:
+      return "running";
+    case ElasticState::stopping:
+      return "stopping";
+    case ElasticState::done:
+      return "done";
   }
   return "?";
 }
@@ -29,7 +33,8 @@ ElasticActions ElasticMachine::on_assignment() {
     case ElasticState::stopping:
       if (next_ != Next::exit) next_ = Next::start;
       return {};
-    case ElasticState::done: return {};
+    case ElasticState::done:
+      return {};
   }
   return {};
 }
@@ -59,19 +64,24 @@ ElasticActions ElasticMachine::after_stop() {
       out.push_back({K::exit, exit_code_});
       return out;
     }
-    case Next::rejoin: state_ = ElasticState::idle; return {{K::rejoin}};
+    case Next::rejoin:
+      state_ = ElasticState::idle;
+      return {{K::rejoin}};
     case Next::start:
       state_ = ElasticState::running;
       failure_reported_ = false;
       return {{K::start_workers}};
-    case Next::nothing: state_ = ElasticState::idle; return {};
+    case Next::nothing:
+      state_ = ElasticState::idle;
+      return {};
   }
   return {};
 }
 
 ElasticActions ElasticMachine::on_restart() {
   switch (state_) {
-    case ElasticState::idle: return {{K::rejoin}};
+    case ElasticState::idle:
+      return {{K::rejoin}};
     case ElasticState::running:
       state_ = ElasticState::stopping;
       next_ = Next::rejoin;
@@ -79,14 +89,17 @@ ElasticActions ElasticMachine::on_restart() {
     case ElasticState::stopping:
       if (next_ != Next::exit) next_ = Next::rejoin;
       return {};
-    case ElasticState::done: return {};
+    case ElasticState::done:
+      return {};
   }
   return {};
 }
 
 ElasticActions ElasticMachine::on_result(int exit_code) {
   switch (state_) {
-    case ElasticState::idle: state_ = ElasticState::done; return {{K::exit, exit_code}};
+    case ElasticState::idle:
+      state_ = ElasticState::done;
+      return {{K::exit, exit_code}};
     case ElasticState::running:
       state_ = ElasticState::stopping;
       next_ = Next::exit;
@@ -98,7 +111,8 @@ ElasticActions ElasticMachine::on_result(int exit_code) {
         exit_code_ = exit_code;
       }
       return {};
-    case ElasticState::done: return {};
+    case ElasticState::done:
+      return {};
   }
   return {};
 }
@@ -107,7 +121,9 @@ ElasticActions ElasticMachine::on_signal(int sig) {
   const bool first = signal_ == 0;
   if (first) signal_ = sig;
   switch (state_) {
-    case ElasticState::idle: state_ = ElasticState::done; return {{K::leave}, {K::exit, 128 + sig}};
+    case ElasticState::idle:
+      state_ = ElasticState::done;
+      return {{K::leave}, {K::exit, 128 + sig}};
     case ElasticState::running:
     case ElasticState::stopping:
       state_ = ElasticState::stopping;
@@ -117,7 +133,8 @@ ElasticActions ElasticMachine::on_signal(int sig) {
         leave_on_exit_ = true;
       }
       return {{K::forward_signal, sig}};
-    case ElasticState::done: return {};
+    case ElasticState::done:
+      return {};
   }
   return {};
 }

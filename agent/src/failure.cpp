@@ -76,8 +76,8 @@ void append_report(std::string& out, std::size_t index, std::string_view host, c
   // pid 0: the failure happened on another node (multi-node summary); its pid is not known here.
   const std::string pid = r.pid > 0 ? "pid: " + std::to_string(r.pid) : std::string("pid: on that node");
   if (r.status.signal != 0) {
-    out += "  signal     : " + describe(r.status) + " (" + pid + ", exit code " + std::to_string(r.status.shell_code()) +
-           ")\n";
+    out += "  signal     : " + describe(r.status) + " (" + pid + ", exit code " +
+           std::to_string(r.status.shell_code()) + ")\n";
   } else {
     out += "  exitcode   : " + std::to_string(r.status.exit_code) + " (" + pid + ")\n";
   }

@@ -61,8 +61,7 @@ RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int 
     std::copy_n(chosen.begin() + static_cast<std::ptrdiff_t>(at), id.size(), id.begin());
     hex.push_back(worker_env::encode_nccl_id(id));
   }
-  const std::size_t wanted =
-      config.nccl_roots > 0 ? hex.size() : static_cast<std::size_t>(roots_for(world_size));
+  const std::size_t wanted = config.nccl_roots > 0 ? hex.size() : static_cast<std::size_t>(roots_for(world_size));
   hex.resize(nccl_roots_for_round(config, world_size, hex.size()));
   if (hex.size() < wanted) {
     out.warning = "round " + std::to_string(round) + ": " + std::to_string(world_size) + " ranks would use " +

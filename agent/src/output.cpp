@@ -18,9 +18,7 @@ namespace ddprun::agent {
 
 namespace {
 
-bool has(Streams set, Streams stream) {
-  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
-}
+bool has(Streams set, Streams stream) { return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0; }
 
 Streams lookup(const std::map<int, Streams>& per_rank, Streams all, int local_rank) {
   const auto it = per_rank.find(local_rank);
@@ -138,7 +136,7 @@ bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view bloc
   if (prefix.empty() && complete) {
     return write_all(fd, block);
   }
-  constexpr std::size_t max_iov = 1024;  // IOV_MAX on Linux
+  constexpr std::size_t max_iov = 1024;                                                    // IOV_MAX on Linux
   auto iov = [](const void* p, std::size_t n) { return iovec{const_cast<void*>(p), n}; };  // NOLINT
   std::size_t pos = 0;
   while (pos < block.size()) {
@@ -190,7 +188,11 @@ bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view bloc
 struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   Impl(asio::io_context& io, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
        std::size_t capacity)
-      : pipe(io, read_fd), file_fd(file), console_fd(console), prefix(std::move(pfx)), on_done(std::move(done)),
+      : pipe(io, read_fd),
+        file_fd(file),
+        console_fd(console),
+        prefix(std::move(pfx)),
+        on_done(std::move(done)),
         buffer(capacity) {}
 
   ~Impl() {
@@ -317,8 +319,8 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
 OutputPump::OutputPump(asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix,
                        std::function<void()> on_done, std::size_t capacity)
-    : impl_(std::make_shared<Impl>(io, read_fd, file_fd, console_fd, std::move(prefix), std::move(on_done),
-                                   capacity)) {}
+    : impl_(std::make_shared<Impl>(io, read_fd, file_fd, console_fd, std::move(prefix), std::move(on_done), capacity)) {
+}
 
 OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink,
                        std::function<void()> on_done, std::size_t capacity)

@@ -73,8 +73,8 @@ int child_main(void* raw) {
     if (::sigaction(sig, nullptr, &old) != 0) {
       continue;  // glibc-reserved real-time signals
     }
-    const bool is_handler = (old.sa_flags & SA_SIGINFO) != 0 ||
-                            (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);  // NOLINT
+    const bool is_handler =
+        (old.sa_flags & SA_SIGINFO) != 0 || (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);  // NOLINT
     if (is_handler || sig == SIGPIPE) {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;  // NOLINT
@@ -154,7 +154,7 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   args.parent_pid = ::getpid();
   // The affinity mask in the kernel's layout (bit c of word c / bits-per-long), built here: the
   // child may not allocate.
-  std::vector<unsigned long> mask;  // NOLINT: the kernel's cpumask unit
+  std::vector<unsigned long> mask;                                           // NOLINT: the kernel's cpumask unit
   constexpr int kBitsPerWord = static_cast<int>(sizeof(unsigned long) * 8);  // NOLINT
   for (int c : request.cpus) {
     if (c < 0) {

@@ -26,8 +26,7 @@ bool is_env_name(std::string_view name) {
   if (name.empty()) return false;
   const auto ok_first = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
   if (!ok_first(name.front())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return ok_first(c) || (c >= '0' && c <= '9'); });
+  return std::all_of(name.begin(), name.end(), [&](char c) { return ok_first(c) || (c >= '0' && c <= '9'); });
 }
 
 std::string encode_env_block(const RemoteEnv& entries) {

@@ -10,12 +10,18 @@ namespace ddprun::agent {
 
 const char* to_string(GroupState state) {
   switch (state) {
-    case GroupState::init: return "init";
-    case GroupState::healthy: return "healthy";
-    case GroupState::stopping: return "stopping";
-    case GroupState::succeeded: return "succeeded";
-    case GroupState::failed: return "failed";
-    case GroupState::interrupted: return "interrupted";
+    case GroupState::init:
+      return "init";
+    case GroupState::healthy:
+      return "healthy";
+    case GroupState::stopping:
+      return "stopping";
+    case GroupState::succeeded:
+      return "succeeded";
+    case GroupState::failed:
+      return "failed";
+    case GroupState::interrupted:
+      return "interrupted";
   }
   return "?";
 }

@@ -45,8 +45,8 @@ struct WorkerRun::Worker {
   WorkerSpec spec;
   ChildProcess child;
   std::chrono::system_clock::time_point exit_time;
-  std::string note;  // spawn error, if any
-  std::string cause;  // why it ended (cause_of)
+  std::string note;       // spawn error, if any
+  std::string cause;      // why it ended (cause_of)
   std::string killed_by;  // set when ddprun itself ends it: "the hang detector"
 };
 
@@ -139,7 +139,8 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   ChildProcess::Callbacks cb;
   cb.on_exit = [this, local_rank](const ExitStatus& status) { on_exit(local_rank, status); };
   cb.on_done = [this, local_rank] { on_done(local_rank); };
-  const SpawnResult res = w.child.start(std::move(req), std::move(streams[0]), std::move(streams[1]), false, std::move(cb));
+  const SpawnResult res =
+      w.child.start(std::move(req), std::move(streams[0]), std::move(streams[1]), false, std::move(cb));
   if (res.cgroup_error != 0) {
     spdlog::warn("local rank {}: cannot join the job's cgroup ({}): {}; processes it starts may outlive the job",
                  local_rank, containment_ != nullptr ? containment_->mechanism() : "", std::strerror(res.cgroup_error));
@@ -162,8 +163,9 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
   const bool was_healthy = machine_.state() == GroupState::healthy;
   w.cause = cause_of(w, status);
   if (!status.ok()) {
-    spdlog::log(was_healthy ? spdlog::level::err : spdlog::level::debug, "local rank {} (rank {}, pid {}) ended with {}{}",
-                local_rank, w.spec.rank, w.child.pid(), describe(status), w.cause.empty() ? "" : ": " + w.cause);
+    spdlog::log(was_healthy ? spdlog::level::err : spdlog::level::debug,
+                "local rank {} (rank {}, pid {}) ended with {}{}", local_rank, w.spec.rank, w.child.pid(),
+                describe(status), w.cause.empty() ? "" : ": " + w.cause);
   }
   if (was_healthy && !status.ok() && !hang_fired_) {
     // Before the group is signalled: the survivors' stacks show where each one was.
@@ -191,10 +193,17 @@ void WorkerRun::stop() {
 void WorkerRun::apply(const GroupActions& actions) {
   for (const auto& a : actions) {
     switch (a.kind) {
-      case GroupAction::Kind::start_attempt: break;  // only from start(): restarts are the backend's
-      case GroupAction::Kind::signal_groups: signal_groups(a.value); break;
-      case GroupAction::Kind::arm_grace: arm_grace(); break;
-      case GroupAction::Kind::cancel_grace: grace_timer_.cancel(); break;
+      case GroupAction::Kind::start_attempt:
+        break;  // only from start(): restarts are the backend's
+      case GroupAction::Kind::signal_groups:
+        signal_groups(a.value);
+        break;
+      case GroupAction::Kind::arm_grace:
+        arm_grace();
+        break;
+      case GroupAction::Kind::cancel_grace:
+        grace_timer_.cancel();
+        break;
       case GroupAction::Kind::finish: {
         ended_ = true;
         grace_timer_.cancel();
@@ -281,7 +290,8 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
   if (mem.peak) {
     parts.push_back("peak memory " + format_bytes(*mem.peak) + " (the rank's processes, cgroup)");
   } else if (detail && detail->max_rss_kb > 0) {
-    parts.push_back("peak RSS " + format_bytes(static_cast<std::uint64_t>(detail->max_rss_kb) * 1024) + " (the worker process)");
+    parts.push_back("peak RSS " + format_bytes(static_cast<std::uint64_t>(detail->max_rss_kb) * 1024) +
+                    " (the worker process)");
   }
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
@@ -312,14 +322,17 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     const std::string dir = attempt_dir_ + "/" + std::to_string(failed->spec.local_rank);
     std::string text = read_tail(dir + "/stacks.txt.exception", 64 * 1024);
     text += read_tail(dir + "/stderr.log", 64 * 1024);
-    if (auto rep = report_of(*failed); (load_error_file(rep), rep.error)) text += rep.error->message + "\n" + rep.error->traceback;
+    if (auto rep = report_of(*failed); (load_error_file(rep), rep.error))
+      text += rep.error->message + "\n" + rep.error->traceback;
     collective = collective_timeout_in(text);
     ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
                     (collective.empty() ? "" : "; timed out in " + collective));
   }
-  auto inside_collective = [](const RankStacks& s) { return in_collective(s.main_thread.empty() ? s.text : s.main_thread); };
+  auto inside_collective = [](const RankStacks& s) {
+    return in_collective(s.main_thread.empty() ? s.text : s.main_thread);
+  };
   const bool any_in = std::any_of(stacks.begin(), stacks.end(), inside_collective);
   for (const auto& s : stacks) {
     const bool inside = inside_collective(s);
@@ -360,7 +373,8 @@ std::vector<pid_t> WorkerRun::job_pids() const {
 
 void WorkerRun::arm_hang_check() {
   // Sample a few times per timeout, at most once a second.
-  const auto every = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000), config_.hang_timeout / 4 + std::chrono::milliseconds(1));
+  const auto every = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
+                                                         config_.hang_timeout / 4 + std::chrono::milliseconds(1));
   hang_timer_.expires_after(every);
   hang_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !ended_) on_hang_check();

@@ -23,9 +23,14 @@ std::vector<std::string> worker_args(const AgentConfig& config, int local_rank) 
   std::vector<std::string> argv = config.worker_argv;
   std::string arg;
   switch (config.local_rank_arg) {
-    case AgentConfig::LocalRankArg::dash: arg = "--local-rank=" + std::to_string(local_rank); break;
-    case AgentConfig::LocalRankArg::underscore: arg = "--local_rank=" + std::to_string(local_rank); break;
-    case AgentConfig::LocalRankArg::none: return argv;
+    case AgentConfig::LocalRankArg::dash:
+      arg = "--local-rank=" + std::to_string(local_rank);
+      break;
+    case AgentConfig::LocalRankArg::underscore:
+      arg = "--local_rank=" + std::to_string(local_rank);
+      break;
+    case AgentConfig::LocalRankArg::none:
+      return argv;
   }
   // Before the script's own arguments, as torch.distributed.launch puts it.
   const std::size_t at = std::min(config.user_args_index, argv.size());

@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
   run_until("the restarted round's assignments", [&] {
     check_failures();
     for (const auto& a : agents) {
-      if (!a.restarted || a.assigned_round == round0 || a.assigned_round == static_cast<std::uint64_t>(-1)) return false;
+      if (!a.restarted || a.assigned_round == round0 || a.assigned_round == static_cast<std::uint64_t>(-1))
+        return false;
     }
     return true;
   });

@@ -50,9 +50,9 @@ namespace {
 struct Agent {
   int fd = -1;
   bool connected = false;
-  std::string out;        // bytes not yet written
-  std::string in;         // bytes not yet parsed
-  int frames = 0;         // frames received
+  std::string out;  // bytes not yet written
+  std::string in;   // bytes not yet parsed
+  int frames = 0;   // frames received
   bool assigned = false;
   std::string assignment_frame;
   bool refused = false;
@@ -266,7 +266,8 @@ class Bench {
             rdzv::ServerMessage m;
             rdzv::decode_server(std::string_view(a.in).substr(pos, total), {}, m);
             std::string why = std::holds_alternative<rdzv::Refuse>(m) ? std::get<rdzv::Refuse>(m).reason : "job failed";
-            die("agent " + std::to_string(i) + " got " + rdzv::native_op_name(static_cast<std::uint8_t>(op)) + ": " + why);
+            die("agent " + std::to_string(i) + " got " + rdzv::native_op_name(static_cast<std::uint8_t>(op)) + ": " +
+                why);
           }
           if (a.frames == 1) ++answered_;
           pos += total;

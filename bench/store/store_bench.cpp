@@ -74,18 +74,27 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) usage(std::string("option ") + argv[i] + " needs a value");
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
-    if (k == "--host") a.opt.host = v;
-    else if (k == "--port") a.opt.port = static_cast<std::uint16_t>(std::stoul(v));
+    if (k == "--host")
+      a.opt.host = v;
+    else if (k == "--port")
+      a.opt.port = static_cast<std::uint16_t>(std::stoul(v));
     else if (k == "--generation") {
       if (v != "legacy" && v != "modern") usage("--generation legacy|modern");
       a.opt.generation = v == "legacy" ? Generation::legacy : Generation::modern;
-    } else if (k == "--op") a.op = v;
-    else if (k == "--n") a.n = std::stol(v);
-    else if (k == "--clients") a.clients = std::stoi(v);
-    else if (k == "--seconds") a.seconds = std::stod(v);
-    else if (k == "--tag") a.tag = v;
-    else if (k == "--pipelined-get") a.opt.pipelined_get = v == "1";
-    else usage("unknown option " + k);
+    } else if (k == "--op")
+      a.op = v;
+    else if (k == "--n")
+      a.n = std::stol(v);
+    else if (k == "--clients")
+      a.clients = std::stoi(v);
+    else if (k == "--seconds")
+      a.seconds = std::stod(v);
+    else if (k == "--tag")
+      a.tag = v;
+    else if (k == "--pipelined-get")
+      a.opt.pipelined_get = v == "1";
+    else
+      usage("unknown option " + k);
   }
   if (a.opt.port == 0) usage("--port is required");
   if (a.op != "get" && a.op != "add") usage("--op get|add");
@@ -119,9 +128,10 @@ int serial(const Args& a) {
   const double total = us(Steady::now() - t0);
   std::sort(lat.begin(), lat.end());
   auto pct = [&](double p) { return lat[static_cast<std::size_t>(p * static_cast<double>(lat.size() - 1))]; };
-  std::printf("{\"mode\":\"serial\",\"op\":\"%s\",\"n\":%ld,\"p50_us\":%.2f,\"p99_us\":%.2f,"
-              "\"mean_us\":%.2f}\n",
-              a.op.c_str(), a.n, pct(0.5), pct(0.99), total / static_cast<double>(a.n));
+  std::printf(
+      "{\"mode\":\"serial\",\"op\":\"%s\",\"n\":%ld,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+      "\"mean_us\":%.2f}\n",
+      a.op.c_str(), a.n, pct(0.5), pct(0.99), total / static_cast<double>(a.n));
   return 0;
 }
 
@@ -161,10 +171,10 @@ int throughput(const Args& a) {
   const double secs = std::chrono::duration<double>(Steady::now() - t0).count();
   long total = 0;
   for (long n : counts) total += n;
-  std::printf("{\"mode\":\"throughput\",\"op\":\"%s\",\"clients\":%d,\"seconds\":%.3f,"
-              "\"ops\":%ld,\"ops_per_s\":%.0f,\"errors\":%ld}\n",
-              a.op.c_str(), a.clients, secs, total, static_cast<double>(total) / secs,
-              errors.load());
+  std::printf(
+      "{\"mode\":\"throughput\",\"op\":\"%s\",\"clients\":%d,\"seconds\":%.3f,"
+      "\"ops\":%ld,\"ops_per_s\":%.0f,\"errors\":%ld}\n",
+      a.op.c_str(), a.clients, secs, total, static_cast<double>(total) / secs, errors.load());
   return errors.load() == 0 ? 0 : 1;
 }
 
@@ -206,9 +216,10 @@ int barrier(const Args& a) {
   const auto last = *std::max_element(done.begin(), done.end());
   std::string esc;
   for (char ch : first_error) esc += (ch == '"' || ch == '\\') ? std::string("\\") + ch : std::string(1, ch);
-  std::printf("{\"mode\":\"barrier\",\"clients\":%d,\"release_to_last_ms\":%.2f,\"errors\":%ld,"
-              "\"connect_retries\":%lu,\"first_error\":\"%s\"}\n",
-              a.clients, us(last - t0) / 1000.0, errors.load(), extra_attempts.load(), esc.c_str());
+  std::printf(
+      "{\"mode\":\"barrier\",\"clients\":%d,\"release_to_last_ms\":%.2f,\"errors\":%ld,"
+      "\"connect_retries\":%lu,\"first_error\":\"%s\"}\n",
+      a.clients, us(last - t0) / 1000.0, errors.load(), extra_attempts.load(), esc.c_str());
   return errors.load() == 0 ? 0 : 1;
 }
 
@@ -281,9 +292,10 @@ int throughput_epoll(const Args& a) {
   const double secs = std::chrono::duration<double>(Steady::now() - t0).count();
   for (int fd : fds) ::close(fd);
   ::close(ep);
-  std::printf("{\"mode\":\"throughput-epoll\",\"op\":\"add\",\"clients\":%d,\"seconds\":%.3f,"
-              "\"ops\":%ld,\"ops_per_s\":%.0f,\"errors\":%ld}\n",
-              a.clients, secs, ops, static_cast<double>(ops) / secs, errors);
+  std::printf(
+      "{\"mode\":\"throughput-epoll\",\"op\":\"add\",\"clients\":%d,\"seconds\":%.3f,"
+      "\"ops\":%ld,\"ops_per_s\":%.0f,\"errors\":%ld}\n",
+      a.clients, secs, ops, static_cast<double>(ops) / secs, errors);
   return errors == 0 ? 0 : 1;
 }
 

@@ -41,13 +41,15 @@ NotifyResult sd_notify_to(std::string_view socket_name, std::string_view state) 
   if (!abstract && socket_name.front() != '/') {
     // systemd 253+ may also name an AF_VSOCK address ("vsock:CID:PORT"); only a VM's service
     // manager does that, and AF_UNIX is what every host systemd uses.
-    result.error = shown + " is neither an absolute path nor an abstract name (@...); only AF_UNIX sockets are supported";
+    result.error =
+        shown + " is neither an absolute path nor an abstract name (@...); only AF_UNIX sockets are supported";
     return result;
   }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_name.size() > sizeof addr.sun_path) {
-    result.error = shown + " is longer than a socket address may be (" + std::to_string(sizeof addr.sun_path) + " bytes)";
+    result.error =
+        shown + " is longer than a socket address may be (" + std::to_string(sizeof addr.sun_path) + " bytes)";
     return result;
   }
   std::memcpy(addr.sun_path, socket_name.data(), socket_name.size());

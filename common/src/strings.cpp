@@ -34,9 +34,7 @@ std::string to_lower(std::string_view text) {
   return out;
 }
 
-bool starts_with(std::string_view text, std::string_view prefix) {
-  return text.substr(0, prefix.size()) == prefix;
-}
+bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
 std::optional<std::int64_t> parse_int(std::string_view text) {
   if (text.empty()) return std::nullopt;

@@ -162,8 +162,8 @@ struct HostRun {
   std::unique_ptr<agent::ChildProcess> child;
   bool started = false;
   bool ready = false;
-  bool done = false;         // counted as done (exited and drained, or never started)
-  bool ssh_missing = false;  // the ssh client itself could not be started
+  bool done = false;             // counted as done (exited and drained, or never started)
+  bool ssh_missing = false;      // the ssh client itself could not be started
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
 };
 

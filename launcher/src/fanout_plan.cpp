@@ -60,7 +60,8 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   for (const auto& spec : launcher_flags()) {
     if (spec.scope != FlagScope::placement || !p.present(spec)) continue;
     if (spec.kind == FlagKind::boolean) {
-      throw UsageError("--" + std::string(spec.dash) + " cannot be used with " + source, "drop --" + std::string(spec.dash));
+      throw UsageError("--" + std::string(spec.dash) + " cannot be used with " + source,
+                       "drop --" + std::string(spec.dash));
     }
     const auto g = p.given(spec.dash);
     throw UsageError(g->what + " cannot be used with " + source,
@@ -134,7 +135,8 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   }
   for (const auto& opt : p.all("ssh-option")) {
     if (trim(opt).empty() || opt.find('=') == std::string::npos) {
-      throw UsageError("--ssh-option " + opt + ": not an ssh option", "accepted form: KEY=VALUE, e.g. IdentityFile=~/.ssh/id");
+      throw UsageError("--ssh-option " + opt + ": not an ssh option",
+                       "accepted form: KEY=VALUE, e.g. IdentityFile=~/.ssh/id");
     }
     plan.ssh_command.insert(plan.ssh_command.end(), {"-o", opt});
   }

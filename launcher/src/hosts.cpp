@@ -25,8 +25,7 @@ bool is_digits(std::string_view s) {
 }
 
 bool is_name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 bool is_plain_name(std::string_view s) {
@@ -35,9 +34,9 @@ bool is_plain_name(std::string_view s) {
 
 bool is_ipv6_literal(std::string_view s) {
   // Syntax only: hex digits, ':' and '.' (v4-mapped tail), '%zone'; at least two colons.
-  return std::count(s.begin(), s.end(), ':') >= 2 && std::all_of(s.begin(), s.end(), [](char c) {
-           return is_name_char(c) || c == ':' || c == '%';
-         }) && s.front() != '-';
+  return std::count(s.begin(), s.end(), ':') >= 2 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return is_name_char(c) || c == ':' || c == '%'; }) &&
+         s.front() != '-';
 }
 
 // Parses one "[user@]host[:N]" word. `where` prefixes messages ("hosts.txt:3" or "--hosts").
@@ -50,7 +49,8 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
   if (const auto at = rest.find('@'); at != std::string_view::npos) {
     e.user = std::string(rest.substr(0, at));
     rest = rest.substr(at + 1);
-    if (!is_plain_name(e.user)) fail("'" + e.user + "' is not a valid user name ([A-Za-z0-9._-], not starting with '-')");
+    if (!is_plain_name(e.user))
+      fail("'" + e.user + "' is not a valid user name ([A-Za-z0-9._-], not starting with '-')");
   }
   std::string_view slots_text;
   bool has_slots = false;
@@ -87,8 +87,8 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
   if (has_slots) {
     const auto v = parse_int(slots_text);
     if (!is_digits(slots_text) || !v || *v <= 0 || *v > kMaxSlots) {
-      fail("slot count '" + std::string(slots_text) + "' is not a positive integer (1.." +
-           std::to_string(kMaxSlots) + ")");
+      fail("slot count '" + std::string(slots_text) + "' is not a positive integer (1.." + std::to_string(kMaxSlots) +
+           ")");
     }
     e.slots = static_cast<int>(*v);
   }
@@ -139,8 +139,9 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
       if (key == "slots") {
         const auto v = parse_int(value);
         if (!is_digits(value) || !v || *v <= 0 || *v > kMaxSlots) {
-          throw UsageError(where + ": slots=" + value + " is not a positive integer (1.." + std::to_string(kMaxSlots) + ")",
-                           "accepted forms: " + std::string(kHostfileForms));
+          throw UsageError(
+              where + ": slots=" + value + " is not a positive integer (1.." + std::to_string(kMaxSlots) + ")",
+              "accepted forms: " + std::string(kHostfileForms));
         }
         if (e.slots > 0) {
           throw UsageError(where + ": the slot count is given twice ('" + words[0] + "' and '" + w + "')",
@@ -152,8 +153,9 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
       }
     }
     if (const auto it = first_line.find(e.host); it != first_line.end()) {
-      throw UsageError(where + ": host '" + e.host + "' is listed twice (first at line " + std::to_string(it->second) + ")",
-                       "list each host once, with its total slot count");
+      throw UsageError(
+          where + ": host '" + e.host + "' is listed twice (first at line " + std::to_string(it->second) + ")",
+          "list each host once, with its total slot count");
     }
     first_line.emplace(e.host, line_no);
     out.push_back(std::move(e));
@@ -182,7 +184,8 @@ std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view 
   std::set<std::string> seen;
   for (const auto& raw : split(text, ',')) {
     const std::string_view item = trim(raw);
-    if (item.empty()) throw UsageError(where + "=" + std::string(text) + ": empty host name", "accepted forms: " + forms);
+    if (item.empty())
+      throw UsageError(where + "=" + std::string(text) + ": empty host name", "accepted forms: " + forms);
     if (item.find_first_of(" \t=") != std::string_view::npos) {
       throw UsageError(where + ": '" + std::string(item) + "' is not a host", "accepted forms: " + forms);
     }
@@ -250,12 +253,13 @@ std::map<std::string, std::optional<std::vector<int>>> parse_include_exclude(std
 }
 
 std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::string_view include,
-                                    std::string_view exclude, std::optional<int> num_nodes,
-                                    std::optional<int> num_gpus, std::optional<int> default_slots) {
+                                    std::string_view exclude, std::optional<int> num_nodes, std::optional<int> num_gpus,
+                                    std::optional<int> default_slots) {
   const bool has_include = !trim(include).empty();
   const bool has_exclude = !trim(exclude).empty();
   if (has_include && has_exclude) {
-    throw UsageError("--include and --exclude are both given", "they are mutually exclusive (as in DeepSpeed): use one");
+    throw UsageError("--include and --exclude are both given",
+                     "they are mutually exclusive (as in DeepSpeed): use one");
   }
   if ((num_nodes || num_gpus) && (has_include || has_exclude)) {
     throw UsageError("--num-nodes/--num-gpus cannot be combined with --include/--exclude",
@@ -265,7 +269,8 @@ std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::
     throw UsageError("--num-nodes=" + std::to_string(*num_nodes) + ": must be > 0", "a positive number of hosts");
   }
   if (num_gpus && *num_gpus <= 0) {
-    throw UsageError("--num-gpus=" + std::to_string(*num_gpus) + ": must be > 0", "a positive number of slots per host");
+    throw UsageError("--num-gpus=" + std::to_string(*num_gpus) + ": must be > 0",
+                     "a positive number of slots per host");
   }
   if (entries.empty()) throw UsageError("no hosts given", "use --hostfile FILE or --hosts h1,h2");
 
@@ -288,9 +293,9 @@ std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::
       if (!slots) continue;
       const int n = effective_slots(*it->second, default_slots);
       if (n <= 0) {
-        throw UsageError(flag + "=" + std::string(text) + ": host '" + name +
-                             "' has no slot count to check slot indices against",
-                         "give its slots in the hostfile (host slots=N) or pass --nproc-per-node");
+        throw UsageError(
+            flag + "=" + std::string(text) + ": host '" + name + "' has no slot count to check slot indices against",
+            "give its slots in the hostfile (host slots=N) or pass --nproc-per-node");
       }
       for (int s : *slots) {
         if (s >= n) {
@@ -335,9 +340,9 @@ std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::
 
   if (num_nodes) {
     if (static_cast<std::size_t>(*num_nodes) > out.size()) {
-      throw UsageError("--num-nodes=" + std::to_string(*num_nodes) + ": only " + std::to_string(out.size()) +
-                           " host(s) are listed",
-                       "list more hosts or lower --num-nodes");
+      throw UsageError(
+          "--num-nodes=" + std::to_string(*num_nodes) + ": only " + std::to_string(out.size()) + " host(s) are listed",
+          "list more hosts or lower --num-nodes");
     }
     out.resize(static_cast<std::size_t>(*num_nodes));
   }

@@ -26,7 +26,8 @@ std::string flags_without_env_form() {
 std::string footer() {
   return "The first argument that is not a ddprun option is the training program; it and everything\n"
          "after it are passed to the workers untouched. Program forms:\n"
-         "  ddprun [options] train.py ARGS      PYTHON -u train.py ARGS   (PYTHON: $PYTHON_EXEC, else python3 on PATH)\n"
+         "  ddprun [options] train.py ARGS      PYTHON -u train.py ARGS   (PYTHON: $PYTHON_EXEC, else python3 on "
+         "PATH)\n"
          "  ddprun [options] -m pkg.mod ARGS    PYTHON -u -m pkg.mod ARGS\n"
          "  ddprun [options] --run-path t.py    PYTHON -u -c <runpy.run_path> /abs/t.py ARGS\n"
          "  ddprun [options] ./prog ARGS        /abs/prog ARGS   (any executable; also with --no-python)\n"
@@ -52,7 +53,8 @@ void ParsedFlags::define() {
   app_.prefix_command();
   app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app_.footer(footer());
-  app_.get_formatter()->column_width(41);  // >= 2 spaces after every option name of this table (the docs drift test splits on them)
+  app_.get_formatter()->column_width(
+      41);  // >= 2 spaces after every option name of this table (the docs drift test splits on them)
   // The usage line is "Usage: ddprun [" + label + "]": name the program part there too.
   app_.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
   for (const auto& spec : launcher_flags()) {
@@ -110,9 +112,12 @@ bool ParsedFlags::flag(std::string_view dash) const {
 
 bool ParsedFlags::present(const FlagSpec& spec) const {
   switch (spec.kind) {
-    case FlagKind::boolean: return flag(spec.dash);
-    case FlagKind::repeated: return !all(spec.dash).empty();
-    case FlagKind::value: return given(spec.dash).has_value();
+    case FlagKind::boolean:
+      return flag(spec.dash);
+    case FlagKind::repeated:
+      return !all(spec.dash).empty();
+    case FlagKind::value:
+      return given(spec.dash).has_value();
   }
   return false;
 }

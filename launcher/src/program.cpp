@@ -17,9 +17,7 @@ bool is_plain_file(const fs::path& p) {
   return fs::is_regular_file(p, ec);
 }
 
-bool is_executable_file(const fs::path& p) {
-  return is_plain_file(p) && ::access(p.c_str(), X_OK) == 0;
-}
+bool is_executable_file(const fs::path& p) { return is_plain_file(p) && ::access(p.c_str(), X_OK) == 0; }
 
 std::string lookup(const std::map<std::string, std::string>& env, const std::string& key) {
   const auto it = env.find(key);

@@ -122,12 +122,14 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
     if (wanted && !excepted && !is_reserved(name) && is_env_name(name)) out.emplace_back(name, value);
   }
   for (const auto& [name, value] : env_file_entries) {
-    if (!is_env_name(name)) throw UsageError("--env-file: '" + name + "' is not a variable name", std::string(kEnvFileForms));
+    if (!is_env_name(name))
+      throw UsageError("--env-file: '" + name + "' is not a variable name", std::string(kEnvFileForms));
     reject_reserved(name, "--env-file");
     upsert(out, name, value);
   }
   for (const auto& f : flags) {
-    if (!is_env_name(f.name)) throw UsageError("--env: '" + f.name + "' is not a variable name", std::string(kEnvFlagForms));
+    if (!is_env_name(f.name))
+      throw UsageError("--env: '" + f.name + "' is not a variable name", std::string(kEnvFlagForms));
     reject_reserved(f.name, "--env " + f.name);
     if (f.value) {
       upsert(out, f.name, *f.value);

@@ -157,9 +157,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       out.notes.push_back("--standalone: ignoring " + joined);
     }
     if (cfg.max_nodes > 1) {
-      throw UsageError("--standalone runs a single-node job but --nnodes allows " + std::to_string(cfg.max_nodes) +
-                           " nodes",
-                       "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
+      throw UsageError(
+          "--standalone runs a single-node job but --nnodes allows " + std::to_string(cfg.max_nodes) + " nodes",
+          "drop --standalone and use --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT for several nodes");
     }
     cfg.rdzv_backend = "c10d";
     cfg.rdzv_endpoint = "localhost:0";
@@ -181,7 +181,8 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       throw UsageError("--rdzv-backend=c10d needs --rdzv-endpoint",
                        "pass --rdzv-endpoint=HOST[:PORT] (the same on every node), or --standalone for one node");
     }
-    if (auto g = p.given("rdzv-id")) cfg.run_id = parse_non_empty(g->text, g->what, "give a job id shared by all nodes");
+    if (auto g = p.given("rdzv-id"))
+      cfg.run_id = parse_non_empty(g->text, g->what, "give a job id shared by all nodes");
   }
   {
     std::string conf_what = "--rdzv-conf";
@@ -191,14 +192,18 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     }
     cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
     if (!cfg.standalone && cfg.rdzv_backend == "etcd") {
-      auto etcd = parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
-      if (!etcd.password_file.empty()) etcd.settings.password = read_password_file(etcd.password_file, ctx.cwd, conf_what);
+      auto etcd =
+          parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
+      if (!etcd.password_file.empty())
+        etcd.settings.password = read_password_file(etcd.password_file, ctx.cwd, conf_what);
       for (const auto* key : {"cacert", "cert", "key"}) {
-        if (auto it = cfg.rdzv_conf.find(key); it != cfg.rdzv_conf.end()) check_readable(it->second, ctx.cwd, conf_what, key);
+        if (auto it = cfg.rdzv_conf.find(key); it != cfg.rdzv_conf.end())
+          check_readable(it->second, ctx.cwd, conf_what, key);
       }
       if (cfg.run_id.find('/') != std::string::npos) {
-        throw UsageError("--rdzv-id=" + cfg.run_id + ": the etcd backend uses the id as a key part, which cannot hold '/'",
-                         "pass a --rdzv-id without '/'");
+        throw UsageError(
+            "--rdzv-id=" + cfg.run_id + ": the etcd backend uses the id as a key part, which cannot hold '/'",
+            "pass a --rdzv-id without '/'");
       }
       cfg.etcd = std::move(etcd.settings);
       for (auto* file : {&cfg.etcd.cacert, &cfg.etcd.cert, &cfg.etcd.key}) {
@@ -218,9 +223,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
 
   if (auto g = p.given("node-rank")) cfg.node_rank = parse_int_value(g->text, g->what, 0, 1'000'000);
   if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {
-    throw UsageError("--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" +
-                         std::to_string(cfg.max_nodes),
-                     "node ranks run from 0 to nnodes-1 with the static backend");
+    throw UsageError(
+        "--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" + std::to_string(cfg.max_nodes),
+        "node ranks run from 0 to nnodes-1 with the static backend");
   }
   if (cfg.standalone && cfg.node_rank != 0) {
     throw UsageError("--node-rank " + std::to_string(cfg.node_rank) + " is out of range for a single-node job",
@@ -275,7 +280,8 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   // Containment and diagnosis.
   if (auto g = p.given("containment")) cfg.containment = parse_containment_value(g->text, g->what);
   if (auto g = p.given("hang-timeout")) {
-    cfg.hang_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(parse_seconds_value(g->text, g->what) * 1000.0)));
+    cfg.hang_timeout = std::chrono::milliseconds(
+        static_cast<std::int64_t>(std::llround(parse_seconds_value(g->text, g->what) * 1000.0)));
   }
   if (auto g = p.given("stacks")) cfg.stacks = parse_on_off(g->text, g->what);
 
@@ -299,8 +305,8 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       if (inventory) req.inventory = *inventory;
       if (gpus) req.gpus = std::string(trim(gpus->text));
       req.mode = cfg.virtual_local_rank ? worker_env::GpuMode::virtual_local_rank
-                 : isolation           ? worker_env::GpuMode::isolate
-                                       : worker_env::GpuMode::shared;
+                 : isolation            ? worker_env::GpuMode::isolate
+                                        : worker_env::GpuMode::shared;
       req.nproc = cfg.nproc_per_node;
       req.allow_sharing = sharing;
       const worker_env::GpuPlan plan = worker_env::plan_gpus(req);
@@ -332,12 +338,13 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (!rank_bus_ids.empty()) {
       bus_ids = rank_bus_ids;
     } else if (!(cvd && trim(*cvd).empty())) {
-      for (const auto& v : worker_env::visible_devices(cvd, probed())) bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
+      for (const auto& v : worker_env::visible_devices(cvd, probed()))
+        bus_ids.push_back(v.device ? v.device->pci_bus_id : "");
     }
     const auto root = p.env("DDPRUN_SYSFS_ROOT");
     const std::string sysfs = root && !trim(*root).empty() ? std::string(trim(*root)) : std::string("/sys");
-    const auto plan = worker_env::plan_numa_binding(mode, sysfs, cfg.nproc_per_node, bus_ids,
-                                                    worker_env::current_cpu_affinity());
+    const auto plan =
+        worker_env::plan_numa_binding(mode, sysfs, cfg.nproc_per_node, bus_ids, worker_env::current_cpu_affinity());
     cfg.numa_binding = std::string(trim(g->text));
     cfg.cpu_binding = plan.per_rank;
     if (bus_ids.empty() || std::find(bus_ids.begin(), bus_ids.end(), std::string()) != bus_ids.end()) {

@@ -117,8 +117,9 @@ std::string status_usage() {
     if (f.env_form) text += " [env: " + pet_variable(f.dash) + "]";
     out += usage_entry(names, text);
   }
-  out += "\nExit codes: 0 printed (--watch: stopped by Ctrl-C); 1 the server cannot be reached or the job\n"
-         "is unknown; 2 usage error.\n";
+  out +=
+      "\nExit codes: 0 printed (--watch: stopped by Ctrl-C); 1 the server cannot be reached or the job\n"
+      "is unknown; 2 usage error.\n";
   return out;
 }
 
@@ -139,7 +140,8 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     }
     const FlagSpec* spec = starts_with(arg, "--") ? find_status_flag(std::string_view(arg).substr(2)) : nullptr;
     if (spec == nullptr) {
-      throw UsageError("ddprun status: unknown argument '" + args[i] + "'", "run 'ddprun status --help' for the options");
+      throw UsageError("ddprun status: unknown argument '" + args[i] + "'",
+                       "run 'ddprun status --help' for the options");
     }
     if (spec->kind == FlagKind::boolean) {
       if (value) throw UsageError("ddprun status: " + arg + " takes no value (got '" + *value + "')");
@@ -250,9 +252,9 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
     for (const auto& m : job.members) {
       std::string state = m.succeeded ? "succeeded" : (m.disconnected ? "disconn." : "ok");
       out += fmt::format("  {:<6} {:<12} {:<22} {:>7} {:<10} {:>9} {:>9}  {}\n",
-                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"),
-                         rdzv::to_string(m.role), m.addr, m.local_world_size, state,
-                         secs(m.last_heartbeat_age) + " ago", secs(m.lease_left), m.id.to_string());
+                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"), rdzv::to_string(m.role),
+                         m.addr, m.local_world_size, state, secs(m.last_heartbeat_age) + " ago", secs(m.lease_left),
+                         m.id.to_string());
     }
   }
   return out;

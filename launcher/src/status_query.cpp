@@ -38,9 +38,9 @@ std::pair<rendezvous::RegistryStatus, std::string> etcd_status(const StatusReque
     std::getline(in, opts.password);
     if (!opts.password.empty() && opts.password.back() == '\r') opts.password.pop_back();
     if (!in && opts.password.empty()) {
-      throw UsageError(request.etcd_conf_what + " key password_file=" + request.etcd_password_file +
-                           ": cannot read the file",
-                       "give a readable file holding the etcd password on its first line");
+      throw UsageError(
+          request.etcd_conf_what + " key password_file=" + request.etcd_password_file + ": cannot read the file",
+          "give a readable file holding the etcd password on its first line");
     }
   }
   const auto status = rendezvous::query_etcd_status(opts, e.prefix, request.run_id, request.timeout);
@@ -89,11 +89,11 @@ Update one_update(const StatusRequest& request, bool watching) {
   } catch (const Error& e) {
     if (!watching) throw;
     if (request.json) {
-      boost::json::object line{{"endpoint", endpoint},
-                               {"run_id", request.run_id.empty() ? boost::json::value(nullptr)
-                                                                 : boost::json::value(request.run_id)},
-                               {"time", time},
-                               {"error", e.what()}};
+      boost::json::object line{
+          {"endpoint", endpoint},
+          {"run_id", request.run_id.empty() ? boost::json::value(nullptr) : boost::json::value(request.run_id)},
+          {"time", time},
+          {"error", e.what()}};
       return {boost::json::serialize(line) + "\n", 1};
     }
     return {fmt::format("ddprun status {} at {}\nerror: {}\n", endpoint, time, e.what()), 1};

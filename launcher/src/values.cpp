@@ -16,10 +16,8 @@
 namespace ddprun::launcher {
 namespace {
 
-[[noreturn]] void fail(std::string_view what, std::string_view text, const std::string& why,
-                       const std::string& forms) {
-  throw UsageError(std::string(what) + "=" + std::string(text) + ": " + why,
-                   "accepted forms: " + forms);
+[[noreturn]] void fail(std::string_view what, std::string_view text, const std::string& why, const std::string& forms) {
+  throw UsageError(std::string(what) + "=" + std::string(text) + ": " + why, "accepted forms: " + forms);
 }
 
 bool is_digits(std::string_view s) {
@@ -30,8 +28,7 @@ agent::Streams parse_stream_digit(std::string_view digit, std::string_view what,
                                   const std::string& forms) {
   const auto v = parse_int(trim(digit));
   if (!v || *v < 0 || *v > 3 || !is_digits(trim(digit))) {
-    fail(what, text, "'" + std::string(digit) + "' is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)",
-         forms);
+    fail(what, text, "'" + std::string(digit) + "' is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)", forms);
   }
   return static_cast<agent::Streams>(*v);
 }
@@ -45,10 +42,22 @@ struct NamedSignal {
 // SIGCHLD is how the agent learns about its workers, so none of them is listed.
 const std::array<NamedSignal, 17>& signal_table() {
   static const std::array<NamedSignal, 17> table{{
-      {"SIGHUP", SIGHUP},     {"SIGINT", SIGINT},       {"SIGQUIT", SIGQUIT}, {"SIGABRT", SIGABRT},
-      {"SIGUSR1", SIGUSR1},   {"SIGUSR2", SIGUSR2},     {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM},
-      {"SIGTERM", SIGTERM},   {"SIGCONT", SIGCONT},     {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
-      {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF},   {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},
+      {"SIGHUP", SIGHUP},
+      {"SIGINT", SIGINT},
+      {"SIGQUIT", SIGQUIT},
+      {"SIGABRT", SIGABRT},
+      {"SIGUSR1", SIGUSR1},
+      {"SIGUSR2", SIGUSR2},
+      {"SIGPIPE", SIGPIPE},
+      {"SIGALRM", SIGALRM},
+      {"SIGTERM", SIGTERM},
+      {"SIGCONT", SIGCONT},
+      {"SIGXCPU", SIGXCPU},
+      {"SIGXFSZ", SIGXFSZ},
+      {"SIGVTALRM", SIGVTALRM},
+      {"SIGPROF", SIGPROF},
+      {"SIGWINCH", SIGWINCH},
+      {"SIGIO", SIGIO},
       {"SIGPWR", SIGPWR},
   }};
   return table;
@@ -86,7 +95,8 @@ int parse_nproc_per_node(std::string_view text, std::string_view what,
   const std::string t = to_lower(trim(text));
   if (t == "cpu") return std::max(online_cpus, 1);
   if (t == "gpu" || t == "auto") {
-    const auto n = worker_env::nproc_for_device_kind(t, what, cuda_visible_devices, inventory, std::max(online_cpus, 1));
+    const auto n =
+        worker_env::nproc_for_device_kind(t, what, cuda_visible_devices, inventory, std::max(online_cpus, 1));
     if (n) return *n;
   }
   if (t == "xpu") {
@@ -186,7 +196,8 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
   if (auto it = conf.find("etcd_prefix"); it != conf.end()) {
     e.prefix = it->second;
     if (e.prefix.front() != '/') {
-      fail(key_what("etcd_prefix"), it->second, "not an absolute key prefix", "a prefix starting with '/', e.g. /ddprun/");
+      fail(key_what("etcd_prefix"), it->second, "not an absolute key prefix",
+           "a prefix starting with '/', e.g. /ddprun/");
     }
     if (e.prefix.back() != '/') e.prefix += '/';
   }
@@ -205,8 +216,7 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
                      "add password_file=FILE to " + std::string(what) + ", or set DDPRUN_ETCD_PASSWORD");
   }
   if (e.username.empty() && has_password && (conf.count("password") + conf.count("password_file")) != 0) {
-    throw UsageError(std::string(what) + ": a password without username",
-                     "add username=NAME to " + std::string(what));
+    throw UsageError(std::string(what) + ": a password without username", "add username=NAME to " + std::string(what));
   }
   return out;
 }
@@ -295,7 +305,8 @@ std::optional<std::set<int>> parse_ranks_filter(std::string_view text, std::stri
     const auto lo = parse_int(lo_text);
     const auto hi = parse_int(hi_text);
     if (!lo || !hi || !is_digits(lo_text) || !is_digits(hi_text) || *hi > kMaxRank) {
-      fail(what, text, "'" + item + "' is not a rank or a range of ranks", "comma list of ranks and ranges, e.g. 0,3-5");
+      fail(what, text, "'" + item + "' is not a rank or a range of ranks",
+           "comma list of ranks and ranges, e.g. 0,3-5");
     }
     if (*lo > *hi) fail(what, text, "the range '" + item + "' is empty", "write ranges low-high, e.g. 3-5");
     for (auto r = *lo; r <= *hi; ++r) ranks.insert(static_cast<int>(r));
@@ -342,7 +353,8 @@ std::vector<int> parse_signals(std::string_view text, std::string_view what) {
       const auto v = parse_int(item);
       signo = (v && *v < 1000) ? static_cast<int>(*v) : -1;
       if (signo <= 0 || signal_name(signo) == std::to_string(signo)) {
-        if (signo == SIGKILL || signo == SIGSTOP) fail(what, text, "signal " + std::string(item) + " cannot be caught", forms);
+        if (signo == SIGKILL || signo == SIGSTOP)
+          fail(what, text, "signal " + std::string(item) + " cannot be caught", forms);
         fail(what, text, "signal number " + std::string(item) + " is not handled", forms);
       }
     } else {
@@ -412,7 +424,8 @@ std::string parse_rdzv_backend(std::string_view text, std::string_view what) {
 
 void check_start_method(std::string_view text, std::string_view what) {
   const std::string m = to_lower(trim(text));
-  if (m != "spawn" && m != "fork" && m != "forkserver") fail(what, text, "unknown start method", "spawn, fork, forkserver");
+  if (m != "spawn" && m != "fork" && m != "forkserver")
+    fail(what, text, "unknown start method", "spawn, fork, forkserver");
 }
 
 agent::AgentConfig::LocalRankArg parse_local_rank_arg(std::string_view text, std::string_view what) {
@@ -429,7 +442,9 @@ spdlog::level::level_enum parse_log_level_value(std::string_view text, std::stri
   return *level;
 }
 
-int parse_max_restarts(std::string_view text, std::string_view what) { return parse_int_value(text, what, 0, 1'000'000); }
+int parse_max_restarts(std::string_view text, std::string_view what) {
+  return parse_int_value(text, what, 0, 1'000'000);
+}
 
 int parse_nccl_roots(std::string_view text, std::string_view what) { return parse_int_value(text, what, 1, 4096); }
 
@@ -445,7 +460,8 @@ std::string parse_host(std::string_view text, std::string_view what) {
 
 std::uint16_t parse_port_value(std::string_view text, std::string_view what, int min_port) {
   const auto port = parse_port(trim(text));
-  if (!port || *port < min_port) fail(what, text, "not a port", "an integer in " + std::to_string(min_port) + "..65535");
+  if (!port || *port < min_port)
+    fail(what, text, "not a port", "an integer in " + std::to_string(min_port) + "..65535");
   return *port;
 }
 

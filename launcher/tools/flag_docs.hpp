@@ -22,9 +22,9 @@ namespace ddprun::docs {
 
 // A command (or subcommand: `ddprun status`) and its flags.
 struct CommandDoc {
-  std::string_view name;      // "ddprun", or "status" for a subcommand
-  std::string_view synopsis;  // arguments after the name, e.g. "[OPTIONS] PROGRAM [ARGS...]"
-  std::string_view summary;   // one line for the subcommand list / completion menus
+  std::string_view name;         // "ddprun", or "status" for a subcommand
+  std::string_view synopsis;     // arguments after the name, e.g. "[OPTIONS] PROGRAM [ARGS...]"
+  std::string_view summary;      // one line for the subcommand list / completion menus
   std::string_view description;  // text (see Section::body)
   std::span<const FlagSpec> flags;
   // Every flag also has its underscore spelling (--nproc_per_node). ddprun's parser accepts
@@ -45,12 +45,12 @@ struct Section {
 
 struct PageDoc {
   CommandDoc command;
-  int section = 1;                     // 1 user command, 8 daemon
-  std::string_view summary;            // NAME line text after "name \- "
-  std::string_view version;            // "0.1.0"
-  std::string_view manual;             // "User Commands", "System Administration"
+  int section = 1;                      // 1 user command, 8 daemon
+  std::string_view summary;             // NAME line text after "name \- "
+  std::string_view version;             // "0.1.0"
+  std::string_view manual;              // "User Commands", "System Administration"
   std::vector<CommandDoc> subcommands;  // documented after OPTIONS, completed as subcommands
-  std::vector<Section> sections;       // after the options: ENVIRONMENT, EXIT STATUS, FILES, SEE ALSO...
+  std::vector<Section> sections;        // after the options: ENVIRONMENT, EXIT STATUS, FILES, SEE ALSO...
 };
 
 // The man page in roff with man(7) macros.

@@ -65,13 +65,12 @@ PageDoc ddprun_page() {
       .name = "status",
       .synopsis = "--rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--json] [--watch [SECONDS]]",
       .summary = "show the jobs of a rendezvous server",
-      .description =
-          "Asks a rendezvous server (ddprun-rdzvd(8), or an agent hosting an embedded rendezvous) for "
-          "its jobs and prints, per job, its state, round, node range, restarts, timers and progress, "
-          "then one row per member: group rank, role, address, workers, state, heartbeat age and "
-          "lease. --json prints the same as one JSON object per line; --watch repeats the query, "
-          "redrawing a terminal in place. A training program literally named status must be run as "
-          "./status.",
+      .description = "Asks a rendezvous server (ddprun-rdzvd(8), or an agent hosting an embedded rendezvous) for "
+                     "its jobs and prints, per job, its state, round, node range, restarts, timers and progress, "
+                     "then one row per member: group rank, role, address, workers, state, heartbeat age and "
+                     "lease. --json prints the same as one JSON object per line; --watch repeats the query, "
+                     "redrawing a terminal in place. A training program literally named status must be run as "
+                     "./status.",
       .flags = ddprun::launcher::status_flags(),
       .underscore_spellings = true,
       .takes_program = false,
@@ -180,11 +179,10 @@ int main(int argc, char** argv) {
   try {
     for (const auto& page : {ddprun_page(), rdzvd_page()}) {
       const std::string name(page.command.name);
-      write_if_changed(root / "share/man" / ("man" + std::to_string(page.section)) /
-                           (name + "." + std::to_string(page.section)),
-                       ddprun::docs::render_man(page));
-      write_if_changed(root / "share/bash-completion/completions" / name,
-                       ddprun::docs::render_bash_completion(page));
+      write_if_changed(
+          root / "share/man" / ("man" + std::to_string(page.section)) / (name + "." + std::to_string(page.section)),
+          ddprun::docs::render_man(page));
+      write_if_changed(root / "share/bash-completion/completions" / name, ddprun::docs::render_bash_completion(page));
       write_if_changed(root / "share/zsh/site-functions" / ("_" + name), ddprun::docs::render_zsh_completion(page));
     }
   } catch (const std::exception& e) {

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
   app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")->capture_default_str();
-  app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")->capture_default_str();
+  app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")
+      ->capture_default_str();
   app.add_option("--max-keys-per-request", options.limits.store.max_keys_per_request,
                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
       ->capture_default_str();
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
   // --- Store memory and connection bounds (docs/protocol.md, "Limits") ---
-  app.add_option("--max-keys", options.limits.store.max_keys, "Most keys plus queued items held")->capture_default_str();
+  app.add_option("--max-keys", options.limits.store.max_keys, "Most keys plus queued items held")
+      ->capture_default_str();
   app.add_option("--max-waits", options.limits.store.max_waits, "Most WAIT/BARRIER/WATCH_KEY registrations held")
       ->capture_default_str();
   app.add_option("--max-queued-reply-bytes", options.limits.store.max_queued_reply_bytes,
@@ -104,23 +106,27 @@ int main(int argc, char** argv) {
                  "Most connections from one peer address (0 = no cap)")
       ->capture_default_str();
   app.add_option_function<std::int64_t>(
-         "--frame-timeout-ms", [&](const std::int64_t& ms) { options.limits.frame_timeout = std::chrono::milliseconds(ms); },
+         "--frame-timeout-ms",
+         [&](const std::int64_t& ms) { options.limits.frame_timeout = std::chrono::milliseconds(ms); },
          "Close a connection holding an incomplete request this long (0 = never)")
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.frame_timeout.count()));
   app.add_option_function<std::int64_t>(
-         "--idle-timeout-ms", [&](const std::int64_t& ms) { options.limits.idle_timeout = std::chrono::milliseconds(ms); },
+         "--idle-timeout-ms",
+         [&](const std::int64_t& ms) { options.limits.idle_timeout = std::chrono::milliseconds(ms); },
          "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job)")
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.idle_timeout.count()));
   // --- end of store bounds ---
-  auto* token_opt = app.add_option(
-      "--token", options.token, "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  auto* token_opt =
+      app.add_option("--token", options.token,
+                     "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
   std::string token_file;
   app.add_option("--token-file", token_file,
                  "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential")
       ->excludes(token_opt);
-  app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes, "Largest native rendezvous message accepted")
+  app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes,
+                 "Largest native rendezvous message accepted")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");

@@ -88,7 +88,8 @@ bool wait_files(const std::string& dir, const std::vector<std::string>& paths, s
   };
   bool ok = all();
   while (!ok && std::chrono::steady_clock::now() < deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::max<long>(left.count(), 1))) > 0) {
       char buf[4096];
@@ -102,8 +103,8 @@ bool wait_files(const std::string& dir, const std::vector<std::string>& paths, s
 
 struct AgentRun {
   pid_t pid = -1;
-  std::string out;   // file with the agent's stdout
-  std::string err;   // file with the agent's stderr
+  std::string out;  // file with the agent's stdout
+  std::string err;  // file with the agent's stderr
 };
 
 AgentRun start_agent(const AgentConfig& config, const TempDir& dir) {
@@ -242,7 +243,8 @@ TEST_CASE("a worker killed by SIGSEGV gives 139 and names the signal") {
 TEST_CASE("restarts with an incremented restart count and a fresh store, then succeeds") {
   TempDir dir;
   auto c = make_config(dir, 2,
-                       {"--dump-env", dir / "env_%r_%a.json", "--store-check", "--fail-on-attempt", "0", "--only-rank", "0", "--exit", "5"});
+                       {"--dump-env", dir / "env_%r_%a.json", "--store-check", "--fail-on-attempt", "0", "--only-rank",
+                        "0", "--exit", "5"});
   c.max_restarts = 2;
   const auto run = start_agent(c, dir);
   REQUIRE(wait_agent(run) == 0);
@@ -559,8 +561,8 @@ bool is_hex_id(const std::string& s) {
 
 TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone after exit") {
   TempDir dir;
-  auto c = make_config(dir, 2,
-                       {"--dump-env", dir / "env_%r_%a.json", "--fail-on-attempt", "0", "--only-rank", "0", "--exit", "5"});
+  auto c = make_config(
+      dir, 2, {"--dump-env", dir / "env_%r_%a.json", "--fail-on-attempt", "0", "--only-rank", "0", "--exit", "5"});
   c.max_restarts = 1;
   c.nccl_id = AgentConfig::NcclIdMode::env;
   c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
@@ -576,8 +578,8 @@ TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone
   const auto r1 = env_of(read_json(dir / "env_1_1.json"), "DDPRUN_NCCL_UNIQUE_ID");
   CHECK(is_hex_id(first));
   CHECK(is_hex_id(r0));
-  CHECK(r0 == r1);      // one ID for the whole group
-  CHECK(first != r0);   // a fresh ID for the restart
+  CHECK(r0 == r1);                                                                        // one ID for the whole group
+  CHECK(first != r0);                                                                     // a fresh ID for the restart
   CHECK(env_of(read_json(dir / "env_0_1.json"), "DDPRUN_NCCL_UNIQUE_IDS") == "<unset>");  // one root
   // The agent is gone, and so is every process it started (workers and holders).
   CHECK(processes_with_env(marker).empty());

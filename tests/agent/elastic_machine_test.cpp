@@ -76,7 +76,7 @@ TEST_CASE("elastic: a signal forwards, leaves and exits 128+s once the workers a
   CHECK(m.on_signal(SIGTERM) == A{{K::forward_signal, SIGTERM}});
   CHECK(m.state() == ElasticState::stopping);
   CHECK(m.on_signal(SIGINT) == A{{K::forward_signal, SIGINT}});  // the group machine escalates
-  CHECK(m.on_result(5).empty());                                  // the signal's exit wins
+  CHECK(m.on_result(5).empty());                                 // the signal's exit wins
   CHECK(m.on_group_done(false) == A{{K::leave}, {K::exit, 128 + SIGTERM}});
 }
 

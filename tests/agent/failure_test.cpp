@@ -64,7 +64,8 @@ TEST_CASE("summary names time, host, ranks, pid, code, message and traceback") {
   r.status = ExitStatus::exited(7);
   r.time = std::chrono::system_clock::now();
   r.error_file = "/logs/x/attempt_0/1/error.json";
-  r.error = ErrorFileContents{"ValueError: boom", "Traceback (most recent call last):\n  line 1\nValueError: boom\n", 1};
+  r.error =
+      ErrorFileContents{"ValueError: boom", "Traceback (most recent call last):\n  line 1\nValueError: boom\n", 1};
   const auto text = format_failure_summary("train.py", "node7", r, {});
   CHECK_THAT(text, Catch::Contains("train.py FAILED"));
   CHECK_THAT(text, Catch::Contains("Root Cause (first observed failure)"));

@@ -123,13 +123,13 @@ TEST_CASE("round NCCL: as many roots as the world needs, a warning when too few 
   const RoundNccl small = decide_round_nccl(c, 1, 1, 100, four, {});
   REQUIRE(small.env.size() == 1);  // 100 ranks: one root
   const RoundNccl big = decide_round_nccl(c, 1, 1, 600, four, {});
-  REQUIRE(big.env.size() == 2);    // 600 ranks: three roots
+  REQUIRE(big.env.size() == 2);  // 600 ranks: three roots
   CHECK(big.env[1].first == "DDPRUN_NCCL_UNIQUE_IDS");
   CHECK(std::count(big.env[1].second.begin(), big.env[1].second.end(), ',') == 2);
   const RoundNccl starved = decide_round_nccl(c, 5, 1, 600, ids(2, 0x44), {});
   REQUIRE(starved.warning);
-  CHECK_THAT(*starved.warning, Catch::Matchers::Contains("600 ranks would use 3 NCCL roots") &&
-                                   Catch::Matchers::Contains("offered 2"));
+  CHECK_THAT(*starved.warning,
+             Catch::Matchers::Contains("600 ranks would use 3 NCCL roots") && Catch::Matchers::Contains("offered 2"));
   const RoundNccl odd = decide_round_nccl(c, 5, 1, 8, std::vector<std::uint8_t>(5, 1), {});
   CHECK(odd.env.empty());
   CHECK_THAT(*odd.warning, Catch::Matchers::Contains("not a multiple of"));

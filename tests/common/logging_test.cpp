@@ -58,9 +58,14 @@ TEST_CASE("json format: fields, order, one line") {
 
 TEST_CASE("json format escapes everything that would break a line or the JSON") {
   const auto line = log_one(ddprun::LogFormat::json, spdlog::level::err,
-                            std::string("q\"b\\n\nt\tc\x01" "d\x7f" "e\xc3\xa9" "f\xff" "g\xe2\x82" "h"));
-  CHECK_THAT(line, Catch::EndsWith(
-                       "\"message\":\"q\\\"b\\\\n\\nt\\tc\\u0001d\\u007fe\xc3\xa9" "f\xef\xbf\xbdg\xef\xbf\xbd\xef\xbf\xbdh\"}\n"));
+                            std::string("q\"b\\n\nt\tc\x01"
+                                        "d\x7f"
+                                        "e\xc3\xa9"
+                                        "f\xff"
+                                        "g\xe2\x82"
+                                        "h"));
+  CHECK_THAT(line, Catch::EndsWith("\"message\":\"q\\\"b\\\\n\\nt\\tc\\u0001d\\u007fe\xc3\xa9"
+                                   "f\xef\xbf\xbdg\xef\xbf\xbd\xef\xbf\xbdh\"}\n"));
   CHECK_THAT(line, Catch::Contains("\"level\":\"error\""));
   CHECK(line.find('\n') == line.size() - 1);
 }
@@ -68,5 +73,6 @@ TEST_CASE("json format escapes everything that would break a line or the JSON") 
 TEST_CASE("json format rejects overlong and surrogate UTF-8") {
   // C0 80 (overlong NUL) and ED A0 80 (a UTF-16 surrogate) are not UTF-8: each byte becomes U+FFFD.
   const auto line = log_one(ddprun::LogFormat::json, spdlog::level::info, std::string("a\xc0\x80z\xed\xa0\x80", 7));
-  CHECK_THAT(line, Catch::EndsWith("\"message\":\"a\xef\xbf\xbd\xef\xbf\xbdz\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"}\n"));
+  CHECK_THAT(line,
+             Catch::EndsWith("\"message\":\"a\xef\xbf\xbd\xef\xbf\xbdz\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"}\n"));
 }

@@ -54,8 +54,8 @@ TEST_CASE("a world-readable token file works but warns without showing the token
   TempDir dir;
   const auto r = ddprun::read_secret_file(dir.write("t", "hunter2\n", 0644), "--token-file");
   CHECK(r.secret == "hunter2");
-  CHECK_THAT(r.warning, Catch::Contains("readable by every user") && Catch::Contains("0644") &&
-                            Catch::Contains("chmod o-r"));
+  CHECK_THAT(r.warning,
+             Catch::Contains("readable by every user") && Catch::Contains("0644") && Catch::Contains("chmod o-r"));
   CHECK_THAT(r.warning, !Catch::Contains("hunter2"));
 }
 
@@ -65,8 +65,8 @@ TEST_CASE("empty, missing, directory and oversized token files are refused, nami
   CHECK_THAT(error_of(empty), Catch::Contains("--token-file '" + empty + "' is empty"));
   CHECK_THAT(error_of(dir.write("zero", "", 0600)), Catch::Contains("is empty"));
   const auto missing = (dir.path / "missing").string();
-  CHECK_THAT(error_of(missing), Catch::Contains("cannot open --token-file '" + missing + "'") &&
-                                    Catch::Contains("No such file"));
+  CHECK_THAT(error_of(missing),
+             Catch::Contains("cannot open --token-file '" + missing + "'") && Catch::Contains("No such file"));
   CHECK_THAT(error_of(dir.path.string()), Catch::Contains("is not a regular file"));
   CHECK_THAT(error_of(dir.write("big", std::string(70000, 'x'), 0600)), Catch::Contains("at most 65536"));
 }

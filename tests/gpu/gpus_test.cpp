@@ -81,7 +81,7 @@ TEST_CASE("the fake NVML is loaded through DDPRUN_NVML_LIBRARY", "[gpus][nvml]")
     CHECK(count_visible_gpus(std::string(""), inv) == 0);
     CHECK(count_visible_gpus(std::string("1,7,2"), inv) == 1);  // 7 does not exist: CUDA stops
     CHECK(count_visible_gpus(std::string("GPU-dead0003,0"), inv) == 2);
-    CHECK(count_visible_gpus(std::string("GPU-dead,0"), inv) == 0);  // ambiguous prefix
+    CHECK(count_visible_gpus(std::string("GPU-dead,0"), inv) == 0);      // ambiguous prefix
     CHECK(count_visible_gpus(std::string("3,GPU-dead0003"), inv) == 1);  // same device twice
     CHECK(nproc_for_device_kind("gpu", "--nproc-per-node", std::nullopt, inv, 16) == 4);
     CHECK(nproc_for_device_kind("auto", "--nproc-per-node", std::string("2"), inv, 16) == 1);
@@ -96,8 +96,8 @@ TEST_CASE("no GPU: auto falls back to CPUs, gpu is a clear error", "[gpus][nvml]
   CHECK(failing.devices.empty());
   CHECK_THAT(failing.diagnostic, Catch::Contains("Driver Not Loaded"));
 
-  const auto missing =
-      probe_gpus({{"DDPRUN_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}, {"DDPRUN_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"}});
+  const auto missing = probe_gpus({{"DDPRUN_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"},
+                                   {"DDPRUN_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"}});
   CHECK(missing.devices.empty());
   CHECK(missing.source == "none");
   CHECK_THAT(missing.diagnostic, Catch::Contains("/nonexistent/libnvidia-ml.so.1"));

@@ -37,9 +37,8 @@ struct FakeSysfs {
       write(base / "topology/physical_package_id", std::to_string(phys / 4));
       write(base / "topology/core_id", std::to_string(phys % 4));
       const int l3 = (phys / 2) * 2;  // pairs of cores
-      write(base / "cache/index3/shared_cpu_list",
-            std::to_string(l3) + "-" + std::to_string(l3 + 1) + "," + std::to_string(l3 + 8) + "-" +
-                std::to_string(l3 + 9));
+      write(base / "cache/index3/shared_cpu_list", std::to_string(l3) + "-" + std::to_string(l3 + 1) + "," +
+                                                       std::to_string(l3 + 8) + "-" + std::to_string(l3 + 9));
     }
     write(root / "bus/pci/devices/0000:1a:00.0/numa_node", "0");
     write(root / "bus/pci/devices/0000:3a:00.0/numa_node", "1");

@@ -86,38 +86,87 @@ std::string run(StoreClient& c, const std::vector<std::string>& t) {
     return keys;
   };
   using std::chrono::milliseconds;
-  if (op == "set") { need(2); c.set(unhex(t[1]), unhex(t[2])); return "null"; }
+  if (op == "set") {
+    need(2);
+    c.set(unhex(t[1]), unhex(t[2]));
+    return "null";
+  }
   if (op == "get") {
     need(1);
     return hexs(t.size() > 2 ? c.get(unhex(t[1]), milliseconds(to_int(t[2]))) : c.get(unhex(t[1])));
   }
-  if (op == "add") { need(2); return std::to_string(c.add(unhex(t[1]), to_int(t[2]))); }
-  if (op == "add_raw") { need(2); return std::to_string(c.add_raw(unhex(t[1]), to_int(t[2]))); }
-  if (op == "compare_set") { need(3); return hexs(c.compare_set(unhex(t[1]), unhex(t[2]), unhex(t[3]))); }
-  if (op == "check") { return c.check(keys_from(1)) ? "true" : "false"; }
+  if (op == "add") {
+    need(2);
+    return std::to_string(c.add(unhex(t[1]), to_int(t[2])));
+  }
+  if (op == "add_raw") {
+    need(2);
+    return std::to_string(c.add_raw(unhex(t[1]), to_int(t[2])));
+  }
+  if (op == "compare_set") {
+    need(3);
+    return hexs(c.compare_set(unhex(t[1]), unhex(t[2]), unhex(t[3])));
+  }
+  if (op == "check") {
+    return c.check(keys_from(1)) ? "true" : "false";
+  }
   if (op == "wait") {
     need(1);
     const auto ms = to_int(t[1]);
-    if (ms < 0) c.wait(keys_from(2)); else c.wait(keys_from(2), milliseconds(ms));
+    if (ms < 0)
+      c.wait(keys_from(2));
+    else
+      c.wait(keys_from(2), milliseconds(ms));
     return "null";
   }
   if (op == "num_keys") return std::to_string(c.num_keys());
-  if (op == "delete_key") { need(1); return c.delete_key(unhex(t[1])) ? "true" : "false"; }
-  if (op == "append") { need(2); c.append(unhex(t[1]), unhex(t[2])); return "null"; }
+  if (op == "delete_key") {
+    need(1);
+    return c.delete_key(unhex(t[1])) ? "true" : "false";
+  }
+  if (op == "append") {
+    need(2);
+    c.append(unhex(t[1]), unhex(t[2]));
+    return "null";
+  }
   if (op == "multi_get") return hex_list(c.multi_get(keys_from(1)));
   if (op == "multi_set") {
     std::vector<std::string> k, v;
-    for (std::size_t i = 1; i + 1 < t.size(); i += 2) { k.push_back(unhex(t[i])); v.push_back(unhex(t[i + 1])); }
+    for (std::size_t i = 1; i + 1 < t.size(); i += 2) {
+      k.push_back(unhex(t[i]));
+      v.push_back(unhex(t[i + 1]));
+    }
     c.multi_set(k, v);
     return "null";
   }
-  if (op == "queue_push") { need(2); c.queue_push(unhex(t[1]), unhex(t[2])); return "null"; }
-  if (op == "queue_pop") { need(1); auto v = c.queue_pop(unhex(t[1])); return v ? hexs(*v) : "null"; }
-  if (op == "queue_pop_wait") { need(2); return hexs(c.queue_pop_wait(unhex(t[1]), milliseconds(to_int(t[2])))); }
-  if (op == "queue_len") { need(1); return std::to_string(c.queue_len(unhex(t[1]))); }
+  if (op == "queue_push") {
+    need(2);
+    c.queue_push(unhex(t[1]), unhex(t[2]));
+    return "null";
+  }
+  if (op == "queue_pop") {
+    need(1);
+    auto v = c.queue_pop(unhex(t[1]));
+    return v ? hexs(*v) : "null";
+  }
+  if (op == "queue_pop_wait") {
+    need(2);
+    return hexs(c.queue_pop_wait(unhex(t[1]), milliseconds(to_int(t[2]))));
+  }
+  if (op == "queue_len") {
+    need(1);
+    return std::to_string(c.queue_len(unhex(t[1])));
+  }
   if (op == "list_keys") return hex_list(c.list_keys());
-  if (op == "barrier") { need(3); c.barrier(unhex(t[1]), to_int(t[2]), milliseconds(to_int(t[3]))); return "null"; }
-  if (op == "ping") { need(1); return std::to_string(c.ping(static_cast<std::uint32_t>(to_int(t[1])))); }
+  if (op == "barrier") {
+    need(3);
+    c.barrier(unhex(t[1]), to_int(t[2]), milliseconds(to_int(t[3])));
+    return "null";
+  }
+  if (op == "ping") {
+    need(1);
+    return std::to_string(c.ping(static_cast<std::uint32_t>(to_int(t[1]))));
+  }
   throw ddprun::UsageError("unknown command '" + op + "'");
 }
 
@@ -128,9 +177,11 @@ bool guarded(F&& f) {
     std::cout << "{\"ok\":true,\"result\":" << r << "}" << std::endl;
     return true;
   } catch (const ddprun::TimeoutError& e) {
-    std::cout << "{\"ok\":false,\"error\":\"TimeoutError\",\"message\":\"" << json_escape(e.what()) << "\"}" << std::endl;
+    std::cout << "{\"ok\":false,\"error\":\"TimeoutError\",\"message\":\"" << json_escape(e.what()) << "\"}"
+              << std::endl;
   } catch (const ddprun::NetworkError& e) {
-    std::cout << "{\"ok\":false,\"error\":\"NetworkError\",\"message\":\"" << json_escape(e.what()) << "\"}" << std::endl;
+    std::cout << "{\"ok\":false,\"error\":\"NetworkError\",\"message\":\"" << json_escape(e.what()) << "\"}"
+              << std::endl;
   } catch (const ddprun::UsageError& e) {
     std::cout << "{\"ok\":false,\"error\":\"UsageError\",\"message\":\"" << json_escape(e.what()) << "\"}" << std::endl;
   } catch (const ddprun::Error& e) {
@@ -153,31 +204,44 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string v = argv[++i];
-    if (a == "--host") opt.host = v;
-    else if (a == "--port") opt.port = static_cast<std::uint16_t>(ddprun::parse_int(v).value_or(0));
+    if (a == "--host")
+      opt.host = v;
+    else if (a == "--port")
+      opt.port = static_cast<std::uint16_t>(ddprun::parse_int(v).value_or(0));
     else if (a == "--generation") {
-      if (v != "legacy" && v != "modern") { std::cerr << "store_client_driver: --generation legacy|modern\n"; return 2; }
+      if (v != "legacy" && v != "modern") {
+        std::cerr << "store_client_driver: --generation legacy|modern\n";
+        return 2;
+      }
       opt.generation = v == "legacy" ? Generation::legacy : Generation::modern;
-    } else if (a == "--timeout-ms") opt.timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(30000));
-    else if (a == "--connect-timeout-ms") opt.connect_timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(10000));
-    else if (a == "--prefix") opt.key_prefix = v;
-    else if (a == "--detect-ms") detect_ms = ddprun::parse_int(v).value_or(1000);
-    else { std::cerr << "store_client_driver: unknown option " << a << "\n"; return 2; }
+    } else if (a == "--timeout-ms")
+      opt.timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(30000));
+    else if (a == "--connect-timeout-ms")
+      opt.connect_timeout = std::chrono::milliseconds(ddprun::parse_int(v).value_or(10000));
+    else if (a == "--prefix")
+      opt.key_prefix = v;
+    else if (a == "--detect-ms")
+      detect_ms = ddprun::parse_int(v).value_or(1000);
+    else {
+      std::cerr << "store_client_driver: unknown option " << a << "\n";
+      return 2;
+    }
   }
   if (detect_ms >= 0) {
     return guarded([&] {
-             const auto g = ddprun::rendezvous::detect_generation(
-                 opt.host, opt.port, std::chrono::milliseconds(detect_ms));
-             using D = ddprun::rendezvous::DetectedGeneration;
-             return std::string(g == D::modern           ? "\"modern\""
-                                : g == D::modern_no_ping ? "\"modern_no_ping\""
-                                                         : "\"legacy\"");
-           })
+      const auto g = ddprun::rendezvous::detect_generation(opt.host, opt.port, std::chrono::milliseconds(detect_ms));
+      using D = ddprun::rendezvous::DetectedGeneration;
+      return std::string(g == D::modern ? "\"modern\"" : g == D::modern_no_ping ? "\"modern_no_ping\"" : "\"legacy\"");
+    })
                ? 0
                : 2;
   }
   std::optional<StoreClient> client;
-  if (!guarded([&] { client.emplace(opt); return std::string("\"connected\""); })) return 2;
+  if (!guarded([&] {
+        client.emplace(opt);
+        return std::string("\"connected\"");
+      }))
+    return 2;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);

@@ -11,11 +11,11 @@
 #include "sandbox.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
 using ddprun::UsageError;
 using ddprun::agent::AgentConfig;
 using ddprun::agent::Streams;
 using ddprun::test::Sandbox;
-using Catch::Matchers::Contains;
 using Strings = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
 
@@ -93,14 +93,18 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
   const std::vector<Case> cases = {
       {"nnodes", "1:3", [](auto& o, auto&) { return o.config.min_nodes == 1 && o.config.max_nodes == 3; }},
       {"nproc-per-node", "3", [](auto& o, auto&) { return o.config.nproc_per_node == 3; }},
-      {"rdzv-backend", "c10d", [](auto& o, auto&) { return o.config.rdzv_backend == "c10d"; },
+      {"rdzv-backend",
+       "c10d",
+       [](auto& o, auto&) { return o.config.rdzv_backend == "c10d"; },
        {"--rdzv-endpoint", "h:1"}},
       {"rdzv-endpoint", "node1:1234", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:1234"; }},
       {"rdzv-endpoint", "node1", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:29400"; }},
       {"rdzv-endpoint", "[::1]:7", [](auto& o, auto&) { return o.config.rdzv_endpoint == "[::1]:7"; }},
       {"rdzv-id", "job7", [](auto& o, auto&) { return o.config.run_id == "job7"; }},
       {"rdzv-conf", "join_timeout=5,is_host=1",
-       [](auto& o, auto&) { return o.config.rdzv_conf == Env{{"join_timeout", "5"}, {"is_host", "1"}}; }},
+       [](auto& o, auto&) {
+         return o.config.rdzv_conf == Env{{"join_timeout", "5"}, {"is_host", "1"}};
+       }},
       {"max-restarts", "2", [](auto& o, auto&) { return o.config.max_restarts == 2; }},
       {"monitor-interval", "0.5", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
       {"start-method", "fork", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
@@ -108,22 +112,36 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
       {"log-dir", "logs", [](auto& o, auto& sb) { return o.config.log_dir == sb.dir() / "logs"; }},
       {"log-dir", "/var/tmp/x", [](auto& o, auto&) { return o.config.log_dir == "/var/tmp/x"; }},
       {"redirects", "3", [](auto& o, auto&) { return o.config.redirects_all == Streams::both; }, {}, true, "r"},
-      {"redirects", "0:1,1:2",
+      {"redirects",
+       "0:1,1:2",
        [](auto& o, auto&) {
          return o.config.redirects == std::map<int, Streams>{{0, Streams::out}, {1, Streams::err}};
        },
-       {}, true, "r"},
+       {},
+       true,
+       "r"},
       {"tee", "2", [](auto& o, auto&) { return o.config.tee_all == Streams::err; }, {}, true, "t"},
-      {"tee", "1:3", [](auto& o, auto&) { return o.config.tee == std::map<int, Streams>{{1, Streams::both}}; },
-       {}, true, "t"},
-      {"local-ranks-filter", "0,2", [](auto& o, auto&) { return o.config.local_ranks_filter == std::set<int>{0, 2}; }},
+      {"tee",
+       "1:3",
+       [](auto& o, auto&) {
+         return o.config.tee == std::map<int, Streams>{{1, Streams::both}};
+       },
+       {},
+       true,
+       "t"},
+      {"local-ranks-filter", "0,2",
+       [](auto& o, auto&) {
+         return o.config.local_ranks_filter == std::set<int>{0, 2};
+       }},
       {"node-rank", "1", [](auto& o, auto&) { return o.config.node_rank == 1; }, {"--nnodes", "2"}},
       {"master-addr", "10.1.2.3", [](auto& o, auto&) { return o.config.master_addr == "10.1.2.3"; }},
       {"master-addr", "[::1]", [](auto& o, auto&) { return o.config.master_addr == "::1"; }},
       {"master-port", "1234", [](auto& o, auto&) { return o.config.master_port == 1234; }},
       {"local-addr", "10.0.0.2", [](auto& o, auto&) { return o.config.local_addr == "10.0.0.2"; }},
       {"signals-to-handle", "SIGUSR1,TERM",
-       [](auto& o, auto&) { return o.config.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}; }},
+       [](auto& o, auto&) {
+         return o.config.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM};
+       }},
       {"shutdown-timeout", "2.5",
        [](auto& o, auto&) { return o.config.shutdown_timeout == std::chrono::milliseconds(2500); }},
       {"local-rank-arg", "underscore",
@@ -136,8 +154,8 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
   for (const auto& c : cases) {
     const std::string dash = "--" + c.dash;
     const std::string under = "--" + underscore(c.dash);
-    std::vector<Strings> spellings = {{dash, c.value}, {dash + "=" + c.value}, {under, c.value},
-                                      {under + "=" + c.value}};
+    std::vector<Strings> spellings = {
+        {dash, c.value}, {dash + "=" + c.value}, {under, c.value}, {under + "=" + c.value}};
     if (!c.short_name.empty()) spellings.push_back({"-" + c.short_name, c.value});
     for (const auto& spelled : spellings) {
       Strings args = c.extra;
@@ -172,8 +190,11 @@ TEST_CASE("every boolean flag in both spellings and as PET_*=1/0") {
   const std::vector<Case> cases = {
       {"standalone", [](auto& o) { return o.config.standalone; }},
       {"virtual-local-rank", [](auto& o) { return o.config.virtual_local_rank; }},
-      {"module", [&](auto& o) { return o.config.worker_argv == Strings{python, "-u", "-m", "pkg.mod"}; }, "pkg.mod",
-       "m"},
+      {"module",
+       [&](auto& o) {
+         return o.config.worker_argv == Strings{python, "-u", "-m", "pkg.mod"};
+       },
+       "pkg.mod", "m"},
       {"no-python", [&](auto& o) { return o.config.worker_argv == Strings{sb.path("exe.py")}; }, "exe.py"},
       {"run-path", [&](auto& o) { return o.config.worker_argv.size() == 5 && o.config.worker_argv[2] == "-c"; }},
       {"use-env", [](auto& o) { return has_note(o, "--use-env has no effect"); }},
@@ -201,8 +222,8 @@ TEST_CASE("every boolean flag in both spellings and as PET_*=1/0") {
 
 TEST_CASE("precedence: flag over PET_* over default") {
   Sandbox sb;
-  const Env env = {{"PET_NPROC_PER_NODE", "5"}, {"PET_NNODES", "2:4"},  {"PET_MASTER_PORT", "4000"},
-                   {"PET_RDZV_ID", "fromenv"},   {"PET_MAX_RESTARTS", "7"}, {"PET_ROLE", "envrole"}};
+  const Env env = {{"PET_NPROC_PER_NODE", "5"}, {"PET_NNODES", "2:4"},     {"PET_MASTER_PORT", "4000"},
+                   {"PET_RDZV_ID", "fromenv"},  {"PET_MAX_RESTARTS", "7"}, {"PET_ROLE", "envrole"}};
   const auto from_env = sb.parse({"train.py"}, env);
   CHECK(from_env.config.nproc_per_node == 5);
   CHECK(from_env.config.min_nodes == 2);
@@ -238,7 +259,8 @@ TEST_CASE("errors from PET_* values name the variable") {
 TEST_CASE("nproc-per-node gpu/cpu/auto read CUDA_VISIBLE_DEVICES and the CPU count") {
   Sandbox sb;
   CHECK(sb.parse({"--nproc-per-node", "cpu", "train.py"}).config.nproc_per_node == 7);
-  CHECK(sb.parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,1"}}).config.nproc_per_node == 2);
+  CHECK(sb.parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,1"}}).config.nproc_per_node ==
+        2);
   CHECK(sb.parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,-1,1"}}).config.nproc_per_node ==
         1);
   CHECK(sb.parse({"--nproc-per-node", "auto", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "MIG-x"}}).config.nproc_per_node ==
@@ -292,8 +314,8 @@ TEST_CASE("nproc-per-node gpu/auto count the injected GPU inventory, probing onl
   CHECK(probes == 1);
   CHECK(parse_gpus(sb, 3, {"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 3);
   CHECK(parse_gpus(sb, 0, {"--nproc-per-node", "auto", "train.py"}).config.nproc_per_node == 7);
-  CHECK(parse_gpus(sb, 4, {"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "1,3"}}).config.nproc_per_node ==
-        2);
+  CHECK(parse_gpus(sb, 4, {"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "1,3"}})
+            .config.nproc_per_node == 2);
   // Index 7 does not exist: CUDA stops the list there.
   CHECK(parse_gpus(sb, 4, {"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0,7,1"}})
             .config.nproc_per_node == 1);
@@ -349,7 +371,8 @@ TEST_CASE("--gpus, --gpu-isolation, --gpu-sharing: both spellings, PET_ forms, t
     full.insert(full.end(), {"--gpu-isolation", "--nproc-per-node", "3", "train.py"});
     const auto o = parse_gpus(sb, 2, full);
     REQUIRE(o.config.gpu_env.size() == 3);
-    CHECK(env_value(o.config.gpu_env[2], "CUDA_VISIBLE_DEVICES") == env_value(o.config.gpu_env[0], "CUDA_VISIBLE_DEVICES"));
+    CHECK(env_value(o.config.gpu_env[2], "CUDA_VISIBLE_DEVICES") ==
+          env_value(o.config.gpu_env[0], "CUDA_VISIBLE_DEVICES"));
   }
   CHECK(parse_gpus(sb, 2, {"--gpu-isolation", "--nproc-per-node", "3", "train.py"}, {{"PET_GPU_SHARING", "1"}})
             .config.gpu_env.size() == 3);
@@ -407,7 +430,8 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
 
   const auto module = sb.parse({"-m", "pkg.train", "--standalone", "--lr=3"});
   CHECK_FALSE(module.config.standalone);
-  CHECK(module.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "-m", "pkg.train", "--standalone", "--lr=3"});
+  CHECK(module.config.worker_argv ==
+        Strings{sb.path("bin/python3"), "-u", "-m", "pkg.train", "--standalone", "--lr=3"});
   CHECK(module.config.user_args_index == 4);
 
   const auto exe = sb.parse({"--no-python", "tool", "-r", "3", "--nnodes=9"});
@@ -420,7 +444,8 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   CHECK(sb.parse({"--nproc-per-node", "2", "--", "train.py", "x"}).config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "x"});
   // Arguments with spaces and empty arguments survive.
-  CHECK(sb.parse({"train.py", "a b", ""}).config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "a b", ""});
+  CHECK(sb.parse({"train.py", "a b", ""}).config.worker_argv ==
+        Strings{sb.path("bin/python3"), "-u", "train.py", "a b", ""});
 }
 
 TEST_CASE("usage errors: no program, unknown options, missing values") {
@@ -477,9 +502,8 @@ TEST_CASE("bad values name the flag") {
 
 TEST_CASE("--standalone overrides the rendezvous settings") {
   Sandbox sb;
-  const auto o = sb.parse(
-      {"--standalone", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "--rdzv-id", "x", "--master-port", "5",
-       "train.py"});
+  const auto o = sb.parse({"--standalone", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "--rdzv-id", "x",
+                           "--master-port", "5", "train.py"});
   const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
   CHECK(o.config.standalone);
   CHECK(o.config.rdzv_backend == "c10d");
@@ -522,8 +546,9 @@ TEST_CASE("log level: flag, DDPRUN_LOG_LEVEL, LOGLEVEL, info") {
 
 TEST_CASE("log line prefix template comes from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") {
   Sandbox sb;
-  CHECK(sb.parse({"train.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}}).config.log_line_prefix_template ==
-        "${rank}|");
+  CHECK(
+      sb.parse({"train.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}}).config.log_line_prefix_template ==
+      "${rank}|");
 }
 
 TEST_CASE("--help and --version") {
@@ -531,9 +556,9 @@ TEST_CASE("--help and --version") {
   for (const char* h : {"--help", "-h"}) {
     const auto o = sb.parse({"--nproc-per-node", "2", h});
     CHECK(o.command == CommandKind::help);
-    CHECK_THAT(o.text, Contains("--nproc-per-node") && Contains("--nproc_per_node") &&
-                           Contains("PET_NPROC_PER_NODE") && Contains("--monitor-interval") &&
-                           Contains("event") && Contains("--local-rank-arg") && Contains("Exit codes"));
+    CHECK_THAT(o.text, Contains("--nproc-per-node") && Contains("--nproc_per_node") && Contains("PET_NPROC_PER_NODE") &&
+                           Contains("--monitor-interval") && Contains("event") && Contains("--local-rank-arg") &&
+                           Contains("Exit codes"));
   }
   const auto v = sb.parse({"--version"});
   CHECK(v.command == CommandKind::version);
@@ -559,7 +584,8 @@ TEST_CASE("ParseContext::from_process reads the real environment") {
 
 TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   Sandbox sb;
-  const auto o = sb.parse({"--nproc", "3", "--max_re=2", "--stand", "--master-a", "10.0.0.1", "train.py", "--nproc", "9"});
+  const auto o =
+      sb.parse({"--nproc", "3", "--max_re=2", "--stand", "--master-a", "10.0.0.1", "train.py", "--nproc", "9"});
   CHECK(o.config.nproc_per_node == 3);
   CHECK(o.config.max_restarts == 2);
   CHECK(o.config.standalone);

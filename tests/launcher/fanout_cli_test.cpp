@@ -11,9 +11,9 @@
 #include "sandbox.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
 using ddprun::UsageError;
 using ddprun::test::Sandbox;
-using Catch::Matchers::Contains;
 using Strings = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
 
@@ -50,7 +50,7 @@ TEST_CASE("--hosts makes a fan-out plan: hosts, workers per host, the program as
   CHECK(p.hosts[0].nproc == "2");
   CHECK(p.hosts[1].host == "h1");
   CHECK(p.hosts[1].user == "u");
-  CHECK(p.hosts[1].nproc == "2");  // an explicit --nproc-per-node beats the slot count
+  CHECK(p.hosts[1].nproc == "2");                          // an explicit --nproc-per-node beats the slot count
   CHECK(p.program == Strings{"train.py", "--lr", "0.1"});  // resolved by each host's agent
   CHECK(p.remote_cwd == sb.dir().string());
   CHECK_FALSE(p.remote_ddprun.empty());
@@ -158,10 +158,13 @@ TEST_CASE("the rendezvous token never goes on a command line") {
 TEST_CASE("the carried environment: the default set, --env and --env-file; device selection stays behind") {
   FanoutSandbox sb;
   Sandbox::write(sb.dir() / "job.env", "export FROM_FILE=1\n# c\nFOO=file\n", false);
-  const auto o = sb.parse({"--hosts", "h0", "--env", "FOO=flag", "--env", "ONLY_HERE", "--env-file", "job.env",
-                           "train.py"},
-                          {{"NCCL_DEBUG", "INFO"}, {"CUDA_VISIBLE_DEVICES", "1"}, {"ONLY_HERE", "x y"},
-                           {"UNRELATED", "no"}, {"MASTER_ADDR", "1.2.3.4"}});
+  const auto o =
+      sb.parse({"--hosts", "h0", "--env", "FOO=flag", "--env", "ONLY_HERE", "--env-file", "job.env", "train.py"},
+               {{"NCCL_DEBUG", "INFO"},
+                {"CUDA_VISIBLE_DEVICES", "1"},
+                {"ONLY_HERE", "x y"},
+                {"UNRELATED", "no"},
+                {"MASTER_ADDR", "1.2.3.4"}});
   REQUIRE(o.fanout);
   const auto& p = *o.fanout;
   REQUIRE(env_value(p, "NCCL_DEBUG"));
@@ -179,8 +182,8 @@ TEST_CASE("the carried environment: the default set, --env and --env-file; devic
 
 TEST_CASE("remote_command: the agent's flags, the host label in the prefix, every word quoted") {
   FanoutSandbox sb;
-  const auto o = sb.parse({"--hosts", "h0", "--nproc-per-node", "2", "--ranks-filter", "0,3-5", "train.py", "a b",
-                           "it's"});
+  const auto o =
+      sb.parse({"--hosts", "h0", "--nproc-per-node", "2", "--ranks-filter", "0,3-5", "train.py", "a b", "it's"});
   REQUIRE(o.fanout);
   const std::string cmd = remote_command(*o.fanout, o.fanout->hosts[0], "10.0.0.1:5", "job-1");
   CHECK_THAT(cmd, Contains("cd -- "));
@@ -202,8 +205,8 @@ TEST_CASE("--ranks-filter takes ranks and ranges") {
   CHECK_THROWS_WITH(parse_ranks_filter("x", "--ranks-filter"), Contains("--ranks-filter"));
   CHECK_THROWS_AS(parse_ranks_filter("-1", "--ranks-filter"), UsageError);
   Sandbox sb;
-  const auto o = sb.parse({"--ranks-filter", "1-2", "--prefix-output", "--log-line-prefix-template", "<${rank}>",
-                           "train.py"});
+  const auto o =
+      sb.parse({"--ranks-filter", "1-2", "--prefix-output", "--log-line-prefix-template", "<${rank}>", "train.py"});
   CHECK(o.config.ranks_filter == std::set<int>{1, 2});
   CHECK(o.config.prefix_console);
   CHECK(o.config.log_line_prefix_template == "<${rank}>");
@@ -211,8 +214,8 @@ TEST_CASE("--ranks-filter takes ranks and ranges") {
 
 TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come from Slurm") {
   Sandbox sb;
-  const Env slurm = {{"SLURM_JOB_ID", "77"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"},
-                     {"SLURM_JOB_NODELIST", "gpu[07-08]"}};
+  const Env slurm = {
+      {"SLURM_JOB_ID", "77"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}};
   auto o = sb.parse({"--nproc-per-node", "4", "train.py"}, slurm);
   CHECK(o.config.rdzv_backend == "c10d");
   CHECK(o.config.min_nodes == 2);

@@ -14,10 +14,10 @@
 #include "ddprun/launcher/remote_env.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
+using ddprun::UsageError;
 using ddprun::agent::ControlReader;
 using ddprun::agent::encode_control_signal;
-using ddprun::UsageError;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -81,10 +81,19 @@ TEST_CASE("env file: accepted forms") {
       "CRLF=v\r\n"
       "A=again\n"
       "exporter=1\n";
-  const EnvEntries want = {{"A", "1"},      {"B", "two words"}, {"C", "single # not a comment"},
-                           {"D", "double 'inner'"}, {"E", "spaced"}, {"F", ""}, {"G", ""},
-                           {"H", "a=b"},   {"I", "\""},        {"J", "x'y"}, {"CRLF", "v"},
-                           {"A", "again"}, {"exporter", "1"}};
+  const EnvEntries want = {{"A", "1"},
+                           {"B", "two words"},
+                           {"C", "single # not a comment"},
+                           {"D", "double 'inner'"},
+                           {"E", "spaced"},
+                           {"F", ""},
+                           {"G", ""},
+                           {"H", "a=b"},
+                           {"I", "\""},
+                           {"J", "x'y"},
+                           {"CRLF", "v"},
+                           {"A", "again"},
+                           {"exporter", "1"}};
   CHECK(parse_env_file_text(text, "job.env") == want);
   CHECK(parse_env_file_text("", "job.env").empty());
 }
@@ -147,26 +156,52 @@ TEST_CASE("name patterns") {
 }
 
 TEST_CASE("select_remote_env: the default set") {
-  const std::map<std::string, std::string> env = {
-      {"NCCL_DEBUG", "INFO"},     {"NCCL_SOCKET_IFNAME", "eth0"}, {"CUDA_HOME", "/cuda"},
-      {"CUDA_VISIBLE_DEVICES", "0,1"}, {"PYTHONPATH", "/p"},      {"PATH", "/bin"},
-      {"LD_LIBRARY_PATH", "/l"},  {"OMP_NUM_THREADS", "4"},       {"TORCH_SHOW_CPP_STACKTRACES", "1"},
-      {"GLOO_SOCKET_IFNAME", "lo"}, {"PYTHON_EXEC", "/py"},       {"VIRTUAL_ENV", "/venv"},
-      {"HF_HOME", "/hf"},         {"WANDB_MODE", "offline"},      {"DDPRUN_LOG_LEVEL", "debug"},
-      {"LOGLEVEL", "INFO"},       {"MASTER_ADDR", "x"},           {"MASTER_PORT", "1"},
-      {"RANK", "0"},              {"LOCAL_RANK", "0"},            {"WORLD_SIZE", "1"},
-      {"GROUP_RANK", "0"},        {"LOCAL_WORLD_SIZE", "1"},      {"PET_NNODES", "2"},
-      {"TORCHELASTIC_RUN_ID", "r"}, {"HOME", "/root"},            {"TMPDIR", "/tmp"},
-      {"USER", "me"},             {"SSH_AUTH_SOCK", "/s"},        {"PATHEXT", "x"},
-      {"DDPRUN_RDZV_TOKEN", "secret"}};
+  const std::map<std::string, std::string> env = {{"NCCL_DEBUG", "INFO"},
+                                                  {"NCCL_SOCKET_IFNAME", "eth0"},
+                                                  {"CUDA_HOME", "/cuda"},
+                                                  {"CUDA_VISIBLE_DEVICES", "0,1"},
+                                                  {"PYTHONPATH", "/p"},
+                                                  {"PATH", "/bin"},
+                                                  {"LD_LIBRARY_PATH", "/l"},
+                                                  {"OMP_NUM_THREADS", "4"},
+                                                  {"TORCH_SHOW_CPP_STACKTRACES", "1"},
+                                                  {"GLOO_SOCKET_IFNAME", "lo"},
+                                                  {"PYTHON_EXEC", "/py"},
+                                                  {"VIRTUAL_ENV", "/venv"},
+                                                  {"HF_HOME", "/hf"},
+                                                  {"WANDB_MODE", "offline"},
+                                                  {"DDPRUN_LOG_LEVEL", "debug"},
+                                                  {"LOGLEVEL", "INFO"},
+                                                  {"MASTER_ADDR", "x"},
+                                                  {"MASTER_PORT", "1"},
+                                                  {"RANK", "0"},
+                                                  {"LOCAL_RANK", "0"},
+                                                  {"WORLD_SIZE", "1"},
+                                                  {"GROUP_RANK", "0"},
+                                                  {"LOCAL_WORLD_SIZE", "1"},
+                                                  {"PET_NNODES", "2"},
+                                                  {"TORCHELASTIC_RUN_ID", "r"},
+                                                  {"HOME", "/root"},
+                                                  {"TMPDIR", "/tmp"},
+                                                  {"USER", "me"},
+                                                  {"SSH_AUTH_SOCK", "/s"},
+                                                  {"PATHEXT", "x"},
+                                                  {"DDPRUN_RDZV_TOKEN", "secret"}};
   const EnvEntries got = select_remote_env(env, {}, {});
-  const EnvEntries want = {{"CUDA_HOME", "/cuda"},     {"DDPRUN_LOG_LEVEL", "debug"},
-                           {"GLOO_SOCKET_IFNAME", "lo"}, {"HF_HOME", "/hf"},
-                           {"LD_LIBRARY_PATH", "/l"},  {"LOGLEVEL", "INFO"},
-                           {"NCCL_DEBUG", "INFO"},     {"NCCL_SOCKET_IFNAME", "eth0"},
-                           {"OMP_NUM_THREADS", "4"},   {"PATH", "/bin"},
-                           {"PYTHONPATH", "/p"},       {"PYTHON_EXEC", "/py"},
-                           {"TORCH_SHOW_CPP_STACKTRACES", "1"}, {"VIRTUAL_ENV", "/venv"},
+  const EnvEntries want = {{"CUDA_HOME", "/cuda"},
+                           {"DDPRUN_LOG_LEVEL", "debug"},
+                           {"GLOO_SOCKET_IFNAME", "lo"},
+                           {"HF_HOME", "/hf"},
+                           {"LD_LIBRARY_PATH", "/l"},
+                           {"LOGLEVEL", "INFO"},
+                           {"NCCL_DEBUG", "INFO"},
+                           {"NCCL_SOCKET_IFNAME", "eth0"},
+                           {"OMP_NUM_THREADS", "4"},
+                           {"PATH", "/bin"},
+                           {"PYTHONPATH", "/p"},
+                           {"PYTHON_EXEC", "/py"},
+                           {"TORCH_SHOW_CPP_STACKTRACES", "1"},
+                           {"VIRTUAL_ENV", "/venv"},
                            {"WANDB_MODE", "offline"}};
   CHECK(got == want);
 }
@@ -180,8 +215,11 @@ TEST_CASE("select_remote_env: env file then --env, later wins") {
                                       {"OVER", std::string("flag")},
                                       {"CUDA_VISIBLE_DEVICES", std::nullopt},
                                       {"NCCL_DEBUG", std::string("TRACE")}};
-  const EnvEntries want = {{"NCCL_DEBUG", "TRACE"}, {"FILE_ONLY", "f"}, {"OVER", "flag"},
-                           {"MY_VAR", "from-launcher"}, {"CUDA_VISIBLE_DEVICES", "3"}};
+  const EnvEntries want = {{"NCCL_DEBUG", "TRACE"},
+                           {"FILE_ONLY", "f"},
+                           {"OVER", "flag"},
+                           {"MY_VAR", "from-launcher"},
+                           {"CUDA_VISIBLE_DEVICES", "3"}};
   CHECK(select_remote_env(env, flags, file) == want);
   CHECK_THROWS_WITH(select_remote_env(env, {}, {{"WORLD_SIZE", "2"}}), Contains("--env-file: WORLD_SIZE"));
   CHECK_THROWS_WITH(select_remote_env(env, {{"MASTER_PORT", std::nullopt}}, {}), Contains("--env MASTER_PORT"));
@@ -229,7 +267,8 @@ TEST_CASE("env block: encode and decode errors") {
   CHECK_THROWS_WITH(encode_env_block({{"A", std::string("x\0y", 3)}}), Contains("value of A contains a NUL"));
   CHECK_THROWS_WITH(encode_env_block({{"A=B", "x"}}), Contains("'A=B' is not a variable name"));
   CHECK_THROWS_WITH(encode_env_block({{"", "x"}}), Contains("is not a variable name"));
-  CHECK_THROWS_WITH(decode_env_block(std::string("A=1\0", 4)), Contains("env block on stdin") && Contains("before its terminator"));
+  CHECK_THROWS_WITH(decode_env_block(std::string("A=1\0", 4)),
+                    Contains("env block on stdin") && Contains("before its terminator"));
   CHECK_THROWS_WITH(decode_env_block(""), Contains("before its terminator"));
   CHECK_THROWS_WITH(decode_env_block(std::string("NOEQUALS\0\0", 10)), Contains("'NOEQUALS' has no '='"));
   CHECK_THROWS_WITH(decode_env_block(std::string("1A=x\0\0", 6)), Contains("'1A' is not a variable name"));
@@ -297,9 +336,7 @@ TEST_CASE("read_env_block from a pipe") {
     p.write_all(std::string(200, 'a'));
     CHECK_THROWS_WITH(read_env_block(p.r, 100), Contains("larger than 100 bytes"));
   }
-  SECTION("a read error names the cause") {
-    CHECK_THROWS_WITH(read_env_block(-1), Contains("read failed"));
-  }
+  SECTION("a read error names the cause") { CHECK_THROWS_WITH(read_env_block(-1), Contains("read failed")); }
 }
 
 TEST_CASE("control channel") {

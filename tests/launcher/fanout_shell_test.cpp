@@ -7,9 +7,9 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/shell.hpp"
 
+using Catch::Matchers::Contains;
 using ddprun::shell_join;
 using ddprun::shell_quote;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -63,11 +63,41 @@ TEST_CASE("shell_join: spaces between words; a first word with '=' is quoted") {
 }
 
 TEST_CASE("shell_quote round-trips through /bin/sh") {
-  std::vector<std::string> words = {
-      "plain", "", " ", "two words", "it's", "''", "\"double\"", "$HOME", "${x:-y}", "`id`", "$(id)",
-      "a\\b", "\\", "back\\\\slash", "semi;colon", "amp&", "pipe|", "<in>", "glob*?[a]", "~root", "#hash",
-      "!bang", "tab\there", "new\nline", "cr\r", "unicode h\xC3\xA9llo \xE2\x9C\x93", "\x01\x02\x7f\xff",
-      "-n", "-e", "--", "a=b", "%s", "{a,b}", "'\\''", "end'"};
+  std::vector<std::string> words = {"plain",
+                                    "",
+                                    " ",
+                                    "two words",
+                                    "it's",
+                                    "''",
+                                    "\"double\"",
+                                    "$HOME",
+                                    "${x:-y}",
+                                    "`id`",
+                                    "$(id)",
+                                    "a\\b",
+                                    "\\",
+                                    "back\\\\slash",
+                                    "semi;colon",
+                                    "amp&",
+                                    "pipe|",
+                                    "<in>",
+                                    "glob*?[a]",
+                                    "~root",
+                                    "#hash",
+                                    "!bang",
+                                    "tab\there",
+                                    "new\nline",
+                                    "cr\r",
+                                    "unicode h\xC3\xA9llo \xE2\x9C\x93",
+                                    "\x01\x02\x7f\xff",
+                                    "-n",
+                                    "-e",
+                                    "--",
+                                    "a=b",
+                                    "%s",
+                                    "{a,b}",
+                                    "'\\''",
+                                    "end'"};
   std::string all_bytes;
   for (int c = 1; c < 256; ++c) all_bytes.push_back(static_cast<char>(c));
   words.push_back(all_bytes);

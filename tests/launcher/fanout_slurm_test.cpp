@@ -5,8 +5,8 @@
 #include "ddprun/launcher/slurm.hpp"
 
 using namespace ddprun::launcher;
-using ddprun::UsageError;
 using Catch::Matchers::Contains;
+using ddprun::UsageError;
 using Names = std::vector<std::string>;
 
 TEST_CASE("hostlist: plain names, ranges, padding, lists") {
@@ -15,8 +15,7 @@ TEST_CASE("hostlist: plain names, ranges, padding, lists") {
   CHECK(expand_hostlist(" a , b ") == Names{"a", "b"});
   CHECK(expand_hostlist("node[01-04,07],gpu-a[1-2]") ==
         Names{"node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"});
-  CHECK(expand_hostlist("n[01-10]") ==
-        Names{"n01", "n02", "n03", "n04", "n05", "n06", "n07", "n08", "n09", "n10"});
+  CHECK(expand_hostlist("n[01-10]") == Names{"n01", "n02", "n03", "n04", "n05", "n06", "n07", "n08", "n09", "n10"});
   CHECK(expand_hostlist("n[8-10]") == Names{"n8", "n9", "n10"});
   CHECK(expand_hostlist("n[001-002]") == Names{"n001", "n002"});
   CHECK(expand_hostlist("n[098-101]") == Names{"n098", "n099", "n100", "n101"});

@@ -10,8 +10,8 @@
 #include "ddprun/launcher/hosts.hpp"
 
 using namespace ddprun::launcher;
-using ddprun::UsageError;
 using Catch::Matchers::Contains;
+using ddprun::UsageError;
 
 namespace {
 
@@ -54,10 +54,10 @@ TEST_CASE("hostfile: every accepted line form") {
       "crlf-host slots=2\r\n";
   std::vector<std::string> notes;
   const auto hosts = parse_hostfile_text(text, "hosts.txt", &notes);
-  const std::vector<HostEntry> want = {
-      host("worker-0", 4), host("worker-1", 8),      host("node-a", 2),  host("node-b"),
-      host("node-c", 2, "alice"), host("node-d", 3, "bob"), host("node-e", 1), host("10.0.0.7"),
-      host("fe80::1", 2), host("fe80::2"),          host("crlf-host", 2)};
+  const std::vector<HostEntry> want = {host("worker-0", 4), host("worker-1", 8),        host("node-a", 2),
+                                       host("node-b"),      host("node-c", 2, "alice"), host("node-d", 3, "bob"),
+                                       host("node-e", 1),   host("10.0.0.7"),           host("fe80::1", 2),
+                                       host("fe80::2"),     host("crlf-host", 2)};
   CHECK(hosts == want);
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Contains("hosts.txt:10") && Contains("max_slots=4"));
@@ -220,15 +220,15 @@ TEST_CASE("select_hosts: include/exclude semantics") {
 
 TEST_CASE("select_hosts: errors") {
   const std::vector<HostEntry> pool = {host("a", 4), host("b", 2), host("c")};
-  CHECK_THROWS_WITH(select_hosts(pool, "a", "b", {}, {}, {}), Contains("--include and --exclude") &&
-                                                                  Contains("mutually exclusive"));
+  CHECK_THROWS_WITH(select_hosts(pool, "a", "b", {}, {}, {}),
+                    Contains("--include and --exclude") && Contains("mutually exclusive"));
   CHECK_THROWS_WITH(select_hosts(pool, "zzz", "", {}, {}, {}),
                     Contains("--include=zzz: host 'zzz' is not in the host list") && Contains("a, b, c"));
   CHECK_THROWS_WITH(select_hosts(pool, "", "a@zzz:1", {}, {}, {}), Contains("--exclude=a@zzz:1") && Contains("'zzz'"));
   CHECK_THROWS_WITH(select_hosts(pool, "b:2", "", {}, {}, {}), Contains("host 'b' has no slot 2") && Contains("0..1"));
   CHECK_THROWS_WITH(select_hosts(pool, "", "a:4", {}, {}, {}), Contains("no slot 4"));
-  CHECK_THROWS_WITH(select_hosts(pool, "", "c:0", {}, {}, {}), Contains("'c' has no slot count") &&
-                                                                   Contains("--nproc-per-node"));
+  CHECK_THROWS_WITH(select_hosts(pool, "", "c:0", {}, {}, {}),
+                    Contains("'c' has no slot count") && Contains("--nproc-per-node"));
   CHECK_THROWS_WITH(select_hosts(pool, "", "c:3", {}, {}, 2), Contains("'c' has no slot 3"));
   CHECK_THROWS_WITH(select_hosts(pool, "", "a@b@c", {}, {}, {}), Contains("leaves no host"));
   CHECK_THROWS_WITH(select_hosts(pool, "a", "", 1, {}, {}), Contains("cannot be combined"));

@@ -12,11 +12,11 @@
 #include "sandbox.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
 using ddprun::FlagKind;
 using ddprun::FlagScope;
 using ddprun::UsageError;
 using ddprun::test::Sandbox;
-using Catch::Matchers::Contains;
 using Strings = std::vector<std::string>;
 using Names = std::set<std::string>;
 
@@ -62,11 +62,28 @@ TEST_CASE("every flag has help text, a scope, and a metavar when it takes a valu
 
 TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
   // Forwarded as typed to every remote agent by the fan-out launcher.
-  CHECK(names_in(FlagScope::forwarded) ==
-        Names{"max-restarts", "redirects", "tee", "local-ranks-filter", "signals-to-handle", "shutdown-timeout",
-              "nccl-id", "nccl-roots", "role", "log-dir", "local-rank-arg", "log-level", "virtual-local-rank",
-              "gpu-isolation", "gpu-sharing", "module", "no-python", "run-path", "numa-binding", "containment",
-              "hang-timeout", "stacks"});
+  CHECK(names_in(FlagScope::forwarded) == Names{"max-restarts",
+                                                "redirects",
+                                                "tee",
+                                                "local-ranks-filter",
+                                                "signals-to-handle",
+                                                "shutdown-timeout",
+                                                "nccl-id",
+                                                "nccl-roots",
+                                                "role",
+                                                "log-dir",
+                                                "local-rank-arg",
+                                                "log-level",
+                                                "virtual-local-rank",
+                                                "gpu-isolation",
+                                                "gpu-sharing",
+                                                "module",
+                                                "no-python",
+                                                "run-path",
+                                                "numa-binding",
+                                                "containment",
+                                                "hang-timeout",
+                                                "stacks"});
   // Rewritten per host or for the job by the fan-out plan.
   CHECK(names_in(FlagScope::planned) == Names{"nproc-per-node", "rdzv-conf", "gpus", "ranks-filter"});
   // Refused with a host list.
@@ -88,28 +105,80 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
 
 TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded as typed") {
   FanoutSandbox sb;
-  const auto o = sb.parse({"--hosts", "h0", "--max-restarts", "2", "-r", "1", "-t", "0:3", "--local-ranks-filter", "0",
-                           "--signals-to-handle", "TERM", "--shutdown-timeout", "5", "--nccl-id", "off",
-                           "--nccl-roots", "2", "--role", "trainer", "--log-dir", "logs", "--local-rank-arg", "dash",
-                           "--log-level", "debug", "--virtual-local-rank", "--gpu-isolation", "--gpu-sharing", "-m",
-                           "--no-python", "--run-path", "--numa-binding", "node", "--containment", "proc",
-                           "--hang-timeout", "30", "--stacks", "off", "pkg.train"});
+  const auto o = sb.parse({"--hosts",
+                           "h0",
+                           "--max-restarts",
+                           "2",
+                           "-r",
+                           "1",
+                           "-t",
+                           "0:3",
+                           "--local-ranks-filter",
+                           "0",
+                           "--signals-to-handle",
+                           "TERM",
+                           "--shutdown-timeout",
+                           "5",
+                           "--nccl-id",
+                           "off",
+                           "--nccl-roots",
+                           "2",
+                           "--role",
+                           "trainer",
+                           "--log-dir",
+                           "logs",
+                           "--local-rank-arg",
+                           "dash",
+                           "--log-level",
+                           "debug",
+                           "--virtual-local-rank",
+                           "--gpu-isolation",
+                           "--gpu-sharing",
+                           "-m",
+                           "--no-python",
+                           "--run-path",
+                           "--numa-binding",
+                           "node",
+                           "--containment",
+                           "proc",
+                           "--hang-timeout",
+                           "30",
+                           "--stacks",
+                           "off",
+                           "pkg.train"});
   REQUIRE(o.fanout);
   const Strings& a = o.fanout->agent_args;
-  CHECK(Names(a.begin(), a.end()) ==
-        Names{"--rdzv-conf=is_host=false", "--max-restarts=2", "--redirects=1", "--tee=0:3",
-              "--local-ranks-filter=0", "--signals-to-handle=TERM", "--shutdown-timeout=5", "--nccl-id=off",
-              "--nccl-roots=2", "--role=trainer", "--log-dir=logs", "--local-rank-arg=dash", "--log-level=debug",
-              "--virtual-local-rank", "--gpu-isolation", "--gpu-sharing", "--module", "--no-python", "--run-path",
-              "--numa-binding=node", "--containment=proc", "--hang-timeout=30", "--stacks=off"});
+  CHECK(Names(a.begin(), a.end()) == Names{"--rdzv-conf=is_host=false",
+                                           "--max-restarts=2",
+                                           "--redirects=1",
+                                           "--tee=0:3",
+                                           "--local-ranks-filter=0",
+                                           "--signals-to-handle=TERM",
+                                           "--shutdown-timeout=5",
+                                           "--nccl-id=off",
+                                           "--nccl-roots=2",
+                                           "--role=trainer",
+                                           "--log-dir=logs",
+                                           "--local-rank-arg=dash",
+                                           "--log-level=debug",
+                                           "--virtual-local-rank",
+                                           "--gpu-isolation",
+                                           "--gpu-sharing",
+                                           "--module",
+                                           "--no-python",
+                                           "--run-path",
+                                           "--numa-binding=node",
+                                           "--containment=proc",
+                                           "--hang-timeout=30",
+                                           "--stacks=off"});
   // Each forwarded value flag fails before any ssh when its value is bad.
-  for (const Strings& bad : {Strings{"--max-restarts", "-1"}, Strings{"--redirects", "7"}, Strings{"--tee", "x"},
-                             Strings{"--local-ranks-filter", "a"}, Strings{"--signals-to-handle", "KILL"},
-                             Strings{"--shutdown-timeout", "soon"}, Strings{"--nccl-id", "maybe"},
-                             Strings{"--nccl-roots", "0"}, Strings{"--role", " "}, Strings{"--log-dir", ""},
-                             Strings{"--local-rank-arg", "both"}, Strings{"--log-level", "loud"},
-                             Strings{"--numa-binding", "nowhere"}, Strings{"--containment", "jail"},
-                             Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}}) {
+  for (const Strings& bad :
+       {Strings{"--max-restarts", "-1"}, Strings{"--redirects", "7"}, Strings{"--tee", "x"},
+        Strings{"--local-ranks-filter", "a"}, Strings{"--signals-to-handle", "KILL"},
+        Strings{"--shutdown-timeout", "soon"}, Strings{"--nccl-id", "maybe"}, Strings{"--nccl-roots", "0"},
+        Strings{"--role", " "}, Strings{"--log-dir", ""}, Strings{"--local-rank-arg", "both"},
+        Strings{"--log-level", "loud"}, Strings{"--numa-binding", "nowhere"}, Strings{"--containment", "jail"},
+        Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}}) {
     Strings args = {"--hosts", "h0"};
     args.insert(args.end(), bad.begin(), bad.end());
     args.emplace_back("train.py");
@@ -125,8 +194,8 @@ TEST_CASE("every value of a fixed set is accepted, and the error lists the set")
     for (auto choice : f.choices) {
       INFO("--" << f.dash << "=" << choice);
       // (c10d needs an endpoint; the static backend ignores it.)
-      CHECK_NOTHROW(sb.parse({"--rdzv-endpoint=localhost:1", "--" + std::string(f.dash) + "=" + std::string(choice),
-                              "train.py"}));
+      CHECK_NOTHROW(sb.parse(
+          {"--rdzv-endpoint=localhost:1", "--" + std::string(f.dash) + "=" + std::string(choice), "train.py"}));
     }
     INFO("--" << f.dash);
     CHECK_THROWS_AS(sb.parse({"--" + std::string(f.dash) + "=bogus", "train.py"}), UsageError);

@@ -5,9 +5,9 @@
 #include "sandbox.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
 using ddprun::UsageError;
 using ddprun::test::Sandbox;
-using Catch::Matchers::Contains;
 using Strings = std::vector<std::string>;
 
 namespace {

@@ -136,9 +136,9 @@ TEST_CASE("status arguments: the etcd backend") {
   CHECK_FALSE(parse_status_args({"--rdzv-endpoint", "h:1"}, {}).etcd);
   CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "h:1", "--rdzv-conf", "username=u"}, {}),
                     Contains("only to --rdzv-backend etcd"));
-  CHECK_THROWS_WITH(parse_status_args({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf", "join_timeout=3"},
-                                      {}),
-                    Contains("'join_timeout' does not apply"));
+  CHECK_THROWS_WITH(
+      parse_status_args({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf", "join_timeout=3"}, {}),
+      Contains("'join_timeout' does not apply"));
   CHECK_THROWS_WITH(parse_status_args({"--rdzv-backend", "static", "--rdzv-endpoint", "h"}, {}),
                     Contains("c10d or etcd"));
 }

@@ -7,9 +7,9 @@
 #include "ddprun/launcher/values.hpp"
 
 using namespace ddprun::launcher;
+using Catch::Matchers::Contains;
 using ddprun::UsageError;
 using ddprun::agent::Streams;
-using Catch::Matchers::Contains;
 
 TEST_CASE("nnodes: N and MIN:MAX") {
   CHECK(parse_nnodes("1", "--nnodes") == NodeRange{1, 1});
@@ -19,9 +19,8 @@ TEST_CASE("nnodes: N and MIN:MAX") {
 }
 
 TEST_CASE("nnodes: errors name the flag and the accepted forms") {
-  CHECK_THROWS_WITH(parse_nnodes("2:1", "--nnodes"),
-                    Contains("--nnodes=2:1: MIN must be <= MAX") &&
-                        Contains("accepted forms: N or MIN:MAX with 0 < MIN <= MAX"));
+  CHECK_THROWS_WITH(parse_nnodes("2:1", "--nnodes"), Contains("--nnodes=2:1: MIN must be <= MAX") &&
+                                                         Contains("accepted forms: N or MIN:MAX with 0 < MIN <= MAX"));
   CHECK_THROWS_WITH(parse_nnodes("0", "--nnodes"), Contains("--nnodes=0") && Contains("> 0"));
   CHECK_THROWS_WITH(parse_nnodes("0:2", "--nnodes"), Contains("> 0"));
   CHECK_THROWS_WITH(parse_nnodes("-1", "--nnodes"), Contains("--nnodes=-1"));
@@ -93,7 +92,8 @@ TEST_CASE("rdzv-conf: k=v pairs") {
   CHECK(parse_rdzv_conf("", "--rdzv-conf").empty());
   const auto conf = parse_rdzv_conf("join_timeout=900, read_timeout = 60", "--rdzv-conf");
   CHECK(conf == std::map<std::string, std::string>{{"join_timeout", "900"}, {"read_timeout", "60"}});
-  CHECK_THROWS_WITH(parse_rdzv_conf("join_timeout", "--rdzv-conf"), Contains("--rdzv-conf=join_timeout") && Contains("no '='"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("join_timeout", "--rdzv-conf"),
+                    Contains("--rdzv-conf=join_timeout") && Contains("no '='"));
   CHECK_THROWS_WITH(parse_rdzv_conf("=3", "--rdzv-conf"), Contains("empty key"));
   CHECK_THROWS_WITH(parse_rdzv_conf("a=", "--rdzv-conf"), Contains("key 'a' has no value"));
   CHECK_THROWS_WITH(parse_rdzv_conf("a=1,,b=2", "PET_RDZV_CONF"), Contains("PET_RDZV_CONF"));
@@ -113,9 +113,9 @@ TEST_CASE("signals: names with or without SIG, numbers, errors list accepted nam
   CHECK(parse_signals("15,10", "x") == std::vector<int>{SIGTERM, SIGUSR1});
   CHECK(parse_signals("TERM,15,SIGTERM", "x") == std::vector<int>{SIGTERM});
   CHECK(parse_signals("SIGRTMIN+1", "x") == std::vector<int>{SIGRTMIN + 1});
-  CHECK_THROWS_WITH(parse_signals("SIGFOO", "--signals-to-handle"),
-                    Contains("--signals-to-handle=SIGFOO") && Contains("unknown signal 'SIGFOO'") &&
-                        Contains("SIGTERM") && Contains("SIGUSR1"));
+  CHECK_THROWS_WITH(parse_signals("SIGFOO", "--signals-to-handle"), Contains("--signals-to-handle=SIGFOO") &&
+                                                                        Contains("unknown signal 'SIGFOO'") &&
+                                                                        Contains("SIGTERM") && Contains("SIGUSR1"));
   CHECK_THROWS_WITH(parse_signals("SIGKILL", "--signals-to-handle"), Contains("cannot be caught"));
   CHECK_THROWS_WITH(parse_signals("9", "--signals-to-handle"), Contains("cannot be caught"));
   CHECK_THROWS_WITH(parse_signals("SIGCHLD", "--signals-to-handle"), Contains("SIGCHLD"));
@@ -173,7 +173,8 @@ TEST_CASE("rdzv-conf keys become typed settings") {
   CHECK(s.token == "s3cret");  // the key wins over DDPRUN_RDZV_TOKEN
 
   CHECK(parse_rdzv_settings({}, "--rdzv-conf", std::string("envtok")).token == "envtok");
-  CHECK(parse_rdzv_settings({{"timeout", "900"}}, "--rdzv-conf", std::nullopt).join_timeout == std::chrono::seconds(900));
+  CHECK(parse_rdzv_settings({{"timeout", "900"}}, "--rdzv-conf", std::nullopt).join_timeout ==
+        std::chrono::seconds(900));
   CHECK(parse_rdzv_settings({{"is_host", "false"}}, "--rdzv-conf", std::nullopt).is_host == false);
 }
 
@@ -205,8 +206,11 @@ TEST_CASE("etcd conf: endpoints, TLS, prefix, credentials") {
   CHECK(plain.settings.prefix == "/ddprun/");
 
   const auto tls = parse_etcd_conf("h1:2379", "--rdzv-endpoint",
-                                   {{"protocol", "https"}, {"cacert", "ca.pem"}, {"etcd_prefix", "/jobs"},
-                                    {"username", "u"}, {"password_file", "pw"}},
+                                   {{"protocol", "https"},
+                                    {"cacert", "ca.pem"},
+                                    {"etcd_prefix", "/jobs"},
+                                    {"username", "u"},
+                                    {"password_file", "pw"}},
                                    "--rdzv-conf", std::nullopt);
   CHECK(tls.settings.tls);
   CHECK(tls.settings.cacert == "ca.pem");

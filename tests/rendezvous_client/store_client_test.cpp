@@ -128,9 +128,9 @@ TEST_CASE("basic ops in both generations", "[store_client]") {
   CHECK(c.add("cnt", 0) == 3);
 
   // compare_set, the four branches of protocol §4.4.
-  CHECK(c.compare_set("cas", "", "first") == "first");        // missing, expected empty
+  CHECK(c.compare_set("cas", "", "first") == "first");  // missing, expected empty
   CHECK(c.get("cas") == "first");
-  CHECK(c.compare_set("nocas", "x", "y") == "x");            // missing, expected non-empty
+  CHECK(c.compare_set("nocas", "x", "y") == "x");  // missing, expected non-empty
   CHECK_FALSE(c.check({"nocas"}));
   CHECK(c.compare_set("cas", "first", "second") == "second");  // present, equal
   CHECK(c.compare_set("cas", "wrong", "third") == "second");   // present, different
@@ -334,8 +334,8 @@ TEST_CASE("connect timeout names host:port", "[store_client]") {
     FAIL("connected to a port nobody listens on");
   } catch (const ddprun::NetworkError& e) {
     const std::string where = "127.0.0.1:" + std::to_string(refusing.port());
-    CHECK_THAT(e.what(), Catch::Contains(where) && Catch::Contains("within 200 ms") &&
-                             Catch::Contains("refused") && Catch::Contains("ddprun-rdzvd"));
+    CHECK_THAT(e.what(), Catch::Contains(where) && Catch::Contains("within 200 ms") && Catch::Contains("refused") &&
+                             Catch::Contains("ddprun-rdzvd"));
   }
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took >= 200ms);
@@ -382,11 +382,9 @@ TEST_CASE("limits are enforced before sending", "[store_client]") {
 
 TEST_CASE("detect_generation sees a modern server", "[store_client]") {
   ServerThread srv;
-  CHECK(ddprun::rendezvous::detect_generation("127.0.0.1", srv.port(), 2s) ==
-        DetectedGeneration::modern);
+  CHECK(ddprun::rendezvous::detect_generation("127.0.0.1", srv.port(), 2s) == DetectedGeneration::modern);
   RefusingPort refusing;
-  CHECK_THROWS_AS(ddprun::rendezvous::detect_generation("127.0.0.1", refusing.port(), 100ms),
-                  ddprun::NetworkError);
+  CHECK_THROWS_AS(ddprun::rendezvous::detect_generation("127.0.0.1", refusing.port(), 100ms), ddprun::NetworkError);
 }
 
 TEST_CASE("the client reconnects after the server closed its connection", "[store_client]") {
@@ -461,8 +459,8 @@ TEST_CASE("values larger than the receive buffer", "[store_client]") {
     for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + static_cast<char>(i * 7));
     return s;
   };
-  for (std::size_t n : {std::size_t{4095}, std::size_t{4096}, std::size_t{4097}, std::size_t{100000},
-                        std::size_t{3} << 20}) {
+  for (std::size_t n :
+       {std::size_t{4095}, std::size_t{4096}, std::size_t{4097}, std::size_t{100000}, std::size_t{3} << 20}) {
     INFO("value size " << n);
     const std::string v = pattern(n, static_cast<char>(n));
     c.set("big", v);

@@ -35,7 +35,8 @@ std::pair<std::optional<EtcdError>, T> call(boost::asio::io_context& io, Start s
     value = std::move(v);
     done = true;
   });
-  REQUIRE(run_until(io, [&] { return done; }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return done; }, 20s));
   return {err, std::move(value)};
 }
 
@@ -50,7 +51,9 @@ TEST_CASE("etcd client: kv, prefixes, txn, leases and a watch against one member
   REQUIRE_FALSE(e1);
   call<ResponseHeader>(io, [&](auto cb) { c.put({"/t/b", "vb", 0}, cb); });
   call<ResponseHeader>(io, [&](auto cb) { c.put({"/u", "other", 0}, cb); });
-  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb); });
+  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) {
+    c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb);
+  });
   REQUIRE_FALSE(e2);
   REQUIRE(r.kvs.size() == 2);
   CHECK(r.kvs[0].value == std::string("v\0a", 3));
@@ -80,7 +83,8 @@ TEST_CASE("etcd client: kv, prefixes, txn, leases and a watch against one member
   wh.on_message = [&](const WatchMessage& m) { seen.insert(seen.end(), m.events.begin(), m.events.end()); };
   wh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
   c.watch({"/t/", prefix_range_end("/t/"), rev + 1, false}, wh);
-  REQUIRE(run_until(io, [&] { return !seen.empty(); }, 10s));
+  REQUIRE(run_until(
+      io, [&] { return !seen.empty(); }, 10s));
   CHECK(seen[0].kv.value == "first");
 
   // Lease: a key attached to it vanishes on revoke, and the watch reports the delete.
@@ -92,17 +96,22 @@ TEST_CASE("etcd client: kv, prefixes, txn, leases and a watch against one member
   REQUIRE_FALSE(e6);
   CHECK(k.ttl == 5);
   call<ResponseHeader>(io, [&](auto cb) { c.lease_revoke(g.id, cb); });
-  REQUIRE(run_until(io, [&] {
-    return std::any_of(seen.begin(), seen.end(), [](const WatchEvent& e) {
-      return e.type == WatchEvent::Type::del && e.kv.key == "/t/leased";
-    });
-  }, 10s));
+  REQUIRE(run_until(
+      io,
+      [&] {
+        return std::any_of(seen.begin(), seen.end(), [](const WatchEvent& e) {
+          return e.type == WatchEvent::Type::del && e.kv.key == "/t/leased";
+        });
+      },
+      10s));
   auto [e7, k2] = call<LeaseKeepAliveResponse>(io, [&](auto cb) { c.lease_keepalive(g.id, cb); });
   REQUIRE_FALSE(e7);
   CHECK(k2.ttl <= 0);
   auto [e8, hd] = call<ResponseHeader>(io, [&](auto cb) { c.delete_range({"/t/", prefix_range_end("/t/")}, cb); });
   REQUIRE_FALSE(e8);
-  auto [e9, r2] = call<RangeResponse>(io, [&](auto cb) { c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb); });
+  auto [e9, r2] = call<RangeResponse>(io, [&](auto cb) {
+    c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb);
+  });
   CHECK(r2.kvs.empty());
 }
 
@@ -133,14 +142,18 @@ TEST_CASE("etcd client: watch resumes on another member after its member is kill
   wh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
   c.watch({"/w/", prefix_range_end("/w/"), 0, false}, wh);
   call<ResponseHeader>(io, [&](auto cb) { c.put({"/w/1", "one", 0}, cb); });
-  REQUIRE(run_until(io, [&] { return values.size() == 1; }, 10s));
+  REQUIRE(run_until(
+      io, [&] { return values.size() == 1; }, 10s));
   // The watch and the unary connection both sit on member 0: kill it.
   cluster.member(0).kill_now();
   for (int i = 2; i <= 5; ++i) {
-    auto [e, h] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/w/" + std::to_string(i), std::to_string(i), 0}, cb); });
+    auto [e, h] = call<ResponseHeader>(io, [&](auto cb) {
+      c.put({"/w/" + std::to_string(i), std::to_string(i), 0}, cb);
+    });
     REQUIRE_FALSE(e);
   }
-  REQUIRE(run_until(io, [&] { return values.size() == 5; }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return values.size() == 5; }, 20s));
   CHECK(values == std::vector<std::string>{"one", "2", "3", "4", "5"});  // nothing lost, nothing twice
 }
 
@@ -184,10 +197,10 @@ TEST_CASE("etcd client: auth with username/password, token refresh, wrong passwo
 TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client][tls]") {
   const auto certs_dir = ddprun::test::make_temp_dir("certs");
   const auto f = ddprun::test::make_tls_files(certs_dir);
-  EtcdCluster cluster(1, "tls",
-                      {"--cert-file", f.server_cert, "--key-file", f.server_key, "--trusted-ca-file", f.ca,
-                       "--client-cert-auth"},
-                      true);
+  EtcdCluster cluster(
+      1, "tls",
+      {"--cert-file", f.server_cert, "--key-file", f.server_key, "--trusted-ca-file", f.ca, "--client-cert-auth"},
+      true);
   boost::asio::io_context io;
   auto o = options_for(cluster.endpoints());
   o.tls = true;
@@ -201,7 +214,8 @@ TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client]
   WatchHandlers wh;
   wh.on_message = [&](const WatchMessage& m) { got = m.events.at(0).kv.value; };
   c.watch({"/tls", {}, 1, false}, wh);
-  REQUIRE(run_until(io, [&] { return got.has_value(); }, 10s));
+  REQUIRE(run_until(
+      io, [&] { return got.has_value(); }, 10s));
   CHECK(*got == "ok");
 
   auto wrong_ca = o;

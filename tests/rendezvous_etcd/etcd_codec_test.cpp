@@ -17,7 +17,7 @@ TEST_CASE("base64 round-trips every length and rejects non-canonical text", "[et
   CHECK(base64_encode("fo") == "Zm8=");
   CHECK(base64_encode("f") == "Zg==");
   CHECK(base64_decode("Zm8=") == std::string("fo"));
-  CHECK_FALSE(base64_decode("Zm8"));      // not a multiple of 4
+  CHECK_FALSE(base64_decode("Zm8"));       // not a multiple of 4
   CHECK_FALSE(base64_decode("Zm9=Zm9v"));  // padding in the middle
   CHECK_FALSE(base64_decode("Zm!v"));      // bad character
   CHECK_FALSE(base64_decode("Zm9="));      // non-zero bits under the padding
@@ -48,8 +48,7 @@ TEST_CASE("endpoint lists: several hosts, default port, schemes", "[etcd][codec]
 }
 
 TEST_CASE("request bodies use proto field names, base64 bytes and string int64", "[etcd][codec]") {
-  CHECK(encode_range({"a", "b", 5, 0, false, false}) ==
-        R"({"key":"YQ==","range_end":"Yg==","limit":"5"})");
+  CHECK(encode_range({"a", "b", 5, 0, false, false}) == R"({"key":"YQ==","range_end":"Yg==","limit":"5"})");
   CHECK(encode_put({"k", "v", 42}) == R"({"key":"aw==","value":"dg==","lease":"42"})");
   TxnRequest t;
   t.compare.push_back({"k", Compare::Target::create_revision, Compare::Result::equal, 0, {}});
@@ -57,11 +56,10 @@ TEST_CASE("request bodies use proto field names, base64 bytes and string int64",
   t.success.emplace_back(PutRequest{"k", "v", 0});
   t.failure.emplace_back(RangeRequest{"k", {}, 0, 0, false, false});
   t.failure.emplace_back(DeleteRangeRequest{"k", {}});
-  CHECK(encode_txn(t) ==
-        R"({"compare":[{"key":"aw==","target":"CREATE","result":"EQUAL","create_revision":"0"},)"
-        R"({"key":"aw==","target":"VALUE","result":"NOT_EQUAL","value":"eA=="}],)"
-        R"("success":[{"request_put":{"key":"aw==","value":"dg=="}}],)"
-        R"("failure":[{"request_range":{"key":"aw=="}},{"request_delete_range":{"key":"aw=="}}]})");
+  CHECK(encode_txn(t) == R"({"compare":[{"key":"aw==","target":"CREATE","result":"EQUAL","create_revision":"0"},)"
+                         R"({"key":"aw==","target":"VALUE","result":"NOT_EQUAL","value":"eA=="}],)"
+                         R"("success":[{"request_put":{"key":"aw==","value":"dg=="}}],)"
+                         R"("failure":[{"request_range":{"key":"aw=="}},{"request_delete_range":{"key":"aw=="}}]})");
   CHECK(encode_watch_create({"p/", "p0", 7, false}) ==
         R"({"create_request":{"key":"cC8=","range_end":"cDA=","start_revision":"7"}})");
   CHECK(encode_lease_id(9007199254740993) == R"({"ID":"9007199254740993"})");
@@ -94,15 +92,16 @@ TEST_CASE("responses: defaults omitted, strings or numbers for int64", "[etcd][c
 
   WatchMessage w;
   std::optional<GatewayError> se;
-  REQUIRE(decode_watch_message(R"({"result":{"header":{"revision":"8"},"events":[{"kv":{"key":"YQ==","mod_revision":"8"}},)"
-                               R"({"type":"DELETE","kv":{"key":"Yg==","mod_revision":"8"}}]}})",
-                               w, se) == "");
+  REQUIRE(
+      decode_watch_message(R"({"result":{"header":{"revision":"8"},"events":[{"kv":{"key":"YQ==","mod_revision":"8"}},)"
+                           R"({"type":"DELETE","kv":{"key":"Yg==","mod_revision":"8"}}]}})",
+                           w, se) == "");
   CHECK_FALSE(se);
   REQUIRE(w.events.size() == 2);
   CHECK(w.events[0].type == WatchEvent::Type::put);
   CHECK(w.events[1].type == WatchEvent::Type::del);
-  REQUIRE(decode_watch_message(R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}})",
-                               w, se) == "");
+  REQUIRE(decode_watch_message(R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}})", w,
+                               se) == "");
   REQUIRE(se);
   CHECK(is_failover_error(*se));
 
@@ -121,8 +120,7 @@ TEST_CASE("hostile responses are errors naming the field, never exceptions", "[e
   CHECK_THAT(decode_range(R"({"kvs":[{"key":"!!"}]})", r), Catch::Contains("'key'"));
   CHECK_THAT(decode_range(R"({"kvs":{}})", r), Catch::Contains("'kvs'"));
   CHECK_THAT(decode_range(R"({"header":{"revision":"12x"}})", r), Catch::Contains("'revision'"));
-  CHECK_THAT(decode_range(R"({"header":{"revision":"99999999999999999999"}})", r),
-             Catch::Contains("'revision'"));
+  CHECK_THAT(decode_range(R"({"header":{"revision":"99999999999999999999"}})", r), Catch::Contains("'revision'"));
   CHECK_THAT(decode_range(R"({"more":"yes"})", r), Catch::Contains("'more'"));
   std::string deep(100, '[');
   CHECK_THAT(decode_range(deep, r), Catch::Contains("not valid JSON"));
@@ -137,7 +135,8 @@ TEST_CASE("hostile responses are errors naming the field, never exceptions", "[e
   const GatewayError e = decode_error("<html>bad gateway</html>");
   CHECK(e.code == 2);
   CHECK_THAT(e.message, Catch::Contains("<html>"));
-  const GatewayError a = decode_error(R"({"error":"etcdserver: invalid auth token","code":16,"message":"etcdserver: invalid auth token"})");
+  const GatewayError a = decode_error(
+      R"({"error":"etcdserver: invalid auth token","code":16,"message":"etcdserver: invalid auth token"})");
   CHECK(a.code == 16);
   CHECK(is_invalid_token_error(a));
   CHECK_FALSE(is_failover_error(a));

@@ -147,26 +147,27 @@ struct TlsFiles {
 inline TlsFiles make_tls_files(const std::filesystem::path& dir) {
   const std::string d = dir.string();
   const std::string script =
-      "set -e; cd '" + d + "'; "
+      "set -e; cd '" + d +
+      "'; "
       "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ddprun-test-ca -keyout ca.key -out ca.pem; "
       "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout other.key -out other.pem; "
       "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > srv.ext; "
       "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr; "
-      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext -out server.pem; "
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext -out "
+      "server.pem; "
       "printf 'extendedKeyUsage=clientAuth\\n' > cli.ext; "
       "openssl req -newkey rsa:2048 -nodes -subj /CN=root -keyout client.key -out client.csr; "
-      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext -out client.pem";
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext -out "
+      "client.pem";
   std::string out;
   if (run_shell(script, &out) != 0) throw std::runtime_error("openssl failed: " + out);
-  return {d + "/ca.pem", d + "/server.pem", d + "/server.key", d + "/client.pem", d + "/client.key",
-          d + "/other.pem"};
+  return {d + "/ca.pem", d + "/server.pem", d + "/server.key", d + "/client.pem", d + "/client.key", d + "/other.pem"};
 }
 
 // One etcd cluster of `n` members on loopback.
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int n, const std::string& tag, std::vector<std::string> extra = {},
-                       bool tls = false)
+  explicit EtcdCluster(int n, const std::string& tag, std::vector<std::string> extra = {}, bool tls = false)
       : dir_(make_temp_dir(tag)), tls_(tls), extra_(std::move(extra)) {
     for (int i = 0; i < n; ++i) {
       auto m = std::make_unique<EtcdMember>();
@@ -232,13 +233,32 @@ class EtcdCluster {
     EtcdMember& m = member(i);
     std::string cluster;
     for (const auto& x : members_) cluster += (cluster.empty() ? "" : ",") + x->name + "=" + x->peer_url();
-    std::vector<std::string> args = {
-        "--name", m.name, "--data-dir", m.data_dir.string(),
-        "--listen-client-urls", m.client_url(tls_), "--advertise-client-urls", m.client_url(tls_),
-        "--listen-peer-urls", m.peer_url(), "--initial-advertise-peer-urls", m.peer_url(),
-        "--initial-cluster", cluster, "--initial-cluster-state", state,
-        "--initial-cluster-token", "ddprun-test", "--heartbeat-interval", "50",
-        "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr"};
+    std::vector<std::string> args = {"--name",
+                                     m.name,
+                                     "--data-dir",
+                                     m.data_dir.string(),
+                                     "--listen-client-urls",
+                                     m.client_url(tls_),
+                                     "--advertise-client-urls",
+                                     m.client_url(tls_),
+                                     "--listen-peer-urls",
+                                     m.peer_url(),
+                                     "--initial-advertise-peer-urls",
+                                     m.peer_url(),
+                                     "--initial-cluster",
+                                     cluster,
+                                     "--initial-cluster-state",
+                                     state,
+                                     "--initial-cluster-token",
+                                     "ddprun-test",
+                                     "--heartbeat-interval",
+                                     "50",
+                                     "--election-timeout",
+                                     "500",
+                                     "--logger",
+                                     "zap",
+                                     "--log-outputs",
+                                     "stderr"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     m.start(args);
   }

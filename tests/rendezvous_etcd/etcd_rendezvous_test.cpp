@@ -82,7 +82,8 @@ struct Agent {
 
   void rejoin() {
     // Like the agent: a new NCCL id for the round it joins.
-    rdzv->set_nccl_ids(std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(10 * static_cast<std::size_t>(index) + restarts.size())));
+    rdzv->set_nccl_ids(std::vector<std::uint8_t>(
+        128, static_cast<std::uint8_t>(10 * static_cast<std::size_t>(index) + restarts.size())));
     rdzv->join();
   }
   std::uint64_t round() const { return assignments.empty() ? ~0ULL : assignments.back().round; }
@@ -90,8 +91,8 @@ struct Agent {
 
 using Agents = std::vector<std::unique_ptr<Agent>>;
 
-Agents make_agents(boost::asio::io_context& io, int n, const std::string& endpoints,
-                   const std::string& run_id, const JobConfig& c) {
+Agents make_agents(boost::asio::io_context& io, int n, const std::string& endpoints, const std::string& run_id,
+                   const JobConfig& c) {
   Agents a;
   for (int i = 0; i < n; ++i) a.push_back(std::make_unique<Agent>(io, i, endpoints, run_id, c));
   return a;
@@ -99,8 +100,7 @@ Agents make_agents(boost::asio::io_context& io, int n, const std::string& endpoi
 
 // Every agent in `who` holds an assignment for the same round, above `after` (when given).
 bool same_round(const std::vector<Agent*>& who, std::optional<std::uint64_t> after = {}) {
-  if (who.empty() || who[0]->assignments.empty() || who[0]->rdzv->current_assignment() == std::nullopt)
-    return false;
+  if (who.empty() || who[0]->assignments.empty() || who[0]->rdzv->current_assignment() == std::nullopt) return false;
   const std::uint64_t r = who[0]->round();
   if (after && r <= *after) return false;
   for (Agent* a : who) {
@@ -146,7 +146,8 @@ TEST_CASE("etcd rendezvous: a round, a worker failure restarts everyone, the spe
   Agents agents = make_agents(io, 3, cluster.endpoints(), "job1", test_config(3, 3, 1));
   for (auto& a : agents) a->rejoin();
   auto all = ptrs(agents);
-  REQUIRE(run_until(io, [&] { return same_round(all); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(all); }, 20s));
   check_consistent_round(all);
   std::map<int, int> rank_of;
   for (auto& a : agents) rank_of[a->index] = a->assignments.back().group_rank;
@@ -170,7 +171,8 @@ TEST_CASE("etcd rendezvous: a round, a worker failure restarts everyone, the spe
   f.exit_code = 3;
   f.message = "boom";
   agents[1]->rdzv->report_failure(f);
-  REQUIRE(run_until(io, [&] { return same_round(all, r0); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(all, r0); }, 20s));
   for (auto& a : agents) {
     REQUIRE(a->restarts.size() == 1);
     CHECK(a->restarts[0].kind == RoundEnd::worker_failure);
@@ -184,9 +186,9 @@ TEST_CASE("etcd rendezvous: a round, a worker failure restarts everyone, the spe
   f.node = agents[2]->node.id;
   f.exit_code = 7;
   agents[2]->rdzv->report_failure(f);
-  REQUIRE(run_until(io, [&] {
-    return std::all_of(agents.begin(), agents.end(), [](auto& a) { return a->failed.has_value(); });
-  }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return std::all_of(agents.begin(), agents.end(), [](auto& a) { return a->failed.has_value(); }); },
+      20s));
   for (auto& a : agents) {
     CHECK(a->failed->exit_code == 7);
     REQUIRE(a->failed->root_cause);
@@ -203,13 +205,15 @@ TEST_CASE("etcd rendezvous: a stopped agent's lease expires (shrink), a late joi
   const JobConfig c = test_config(2, 3, 0);
   Agents agents = make_agents(io, 3, cluster.endpoints(), "job2", c);
   for (auto& a : agents) a->rejoin();
-  REQUIRE(run_until(io, [&] { return same_round(ptrs(agents)); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(ptrs(agents)); }, 20s));
   const std::uint64_t r0 = agents[0]->round();
 
   // Agent 2 stops heartbeating (as if SIGKILLed): etcd drops its key after the 2 s lease.
   agents[2]->rdzv->stop();
   auto survivors = ptrs(agents, {0, 1});
-  REQUIRE(run_until(io, [&] { return same_round(survivors, r0); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(survivors, r0); }, 20s));
   for (Agent* a : survivors) {
     REQUIRE(a->restarts.size() == 1);
     CHECK(a->restarts[0].kind == RoundEnd::membership_change);
@@ -223,23 +227,23 @@ TEST_CASE("etcd rendezvous: a stopped agent's lease expires (shrink), a late joi
   agents.push_back(std::make_unique<Agent>(io, 3, cluster.endpoints(), "job2", c));
   agents.back()->rejoin();
   auto grown = ptrs(agents, {0, 1, 3});
-  REQUIRE(run_until(io, [&] { return same_round(grown, r1); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(grown, r1); }, 20s));
   check_consistent_round(grown);
 
   // Exit barrier: completed only once every participant succeeded.
   const std::uint64_t r2 = agents[0]->round();
   agents[0]->rdzv->report_success(r2);
   agents[1]->rdzv->report_success(r2);
-  run_until(io, [&] { return agents[0]->completed; }, 1000ms);
+  run_until(
+      io, [&] { return agents[0]->completed; }, 1000ms);
   CHECK_FALSE(agents[0]->completed);
   agents[3]->rdzv->report_success(r2);
-  REQUIRE(run_until(io, [&] {
-    return std::all_of(grown.begin(), grown.end(), [](Agent* a) { return a->completed; });
-  }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return std::all_of(grown.begin(), grown.end(), [](Agent* a) { return a->completed; }); }, 20s));
 }
 
-TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint",
-          "[etcd][rendezvous]") {
+TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint", "[etcd][rendezvous]") {
   boost::asio::io_context io;
   const std::string dead = "127.0.0.1:" + std::to_string(ddprun::test::free_port());
   JobConfig c = test_config(1, 1, 0);
@@ -247,7 +251,8 @@ TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout namin
   Agent a(io, 0, dead, "job3", c);
   const auto t0 = std::chrono::steady_clock::now();
   a.rejoin();
-  REQUIRE(run_until(io, [&] { return a.unreachable.has_value(); }, 15s));
+  REQUIRE(run_until(
+      io, [&] { return a.unreachable.has_value(); }, 15s));
   CHECK(std::chrono::steady_clock::now() - t0 < 8s);
   CHECK_THAT(*a.unreachable, Catch::Contains(dead));
   CHECK_FALSE(a.rdzv->connected());
@@ -261,11 +266,13 @@ TEST_CASE("etcd rendezvous: wrong credentials are refused naming the endpoint", 
   boost::asio::io_context io;
   Agent bad(io, 0, cluster.endpoints(), "job4", test_config(1, 1, 0), "root", "wrong");
   bad.rejoin();
-  REQUIRE(run_until(io, [&] { return bad.refused.has_value(); }, 15s));
+  REQUIRE(run_until(
+      io, [&] { return bad.refused.has_value(); }, 15s));
   CHECK_THAT(*bad.refused, Catch::Contains(cluster.endpoints()) && Catch::Contains("credentials"));
   Agent good(io, 1, cluster.endpoints(), "job4", test_config(1, 1, 0), "root", "rootpw");
   good.rejoin();
-  REQUIRE(run_until(io, [&] { return !good.assignments.empty(); }, 15s));
+  REQUIRE(run_until(
+      io, [&] { return !good.assignments.empty(); }, 15s));
 }
 
 TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart", "[etcd][rendezvous][ha]") {
@@ -274,16 +281,17 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   Agents agents = make_agents(io, 3, cluster.endpoints(), "job5", test_config(3, 3, 3));
   for (auto& a : agents) a->rejoin();
   auto all = ptrs(agents);
-  REQUIRE(run_until(io, [&] { return same_round(all); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(all); }, 20s));
   const std::uint64_t r0 = agents[0]->round();
 
   // Kill the leader while the round is held; watch for three lease TTLs: no restart may follow.
   const int leader = cluster.leader();
   REQUIRE(leader >= 0);
   cluster.member(leader).kill_now();
-  run_until(io, [&] {
-    return std::any_of(agents.begin(), agents.end(), [](auto& a) { return !a->restarts.empty(); });
-  }, 6000ms);
+  run_until(
+      io, [&] { return std::any_of(agents.begin(), agents.end(), [](auto& a) { return !a->restarts.empty(); }); },
+      6000ms);
   for (auto& a : agents) {
     CHECK(a->restarts.empty());
     CHECK(a->round() == r0);
@@ -296,7 +304,8 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   f.exit_code = 1;
   f.message = "after failover";
   agents[0]->rdzv->report_failure(f);
-  REQUIRE(run_until(io, [&] { return same_round(all, r0); }, 30s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(all, r0); }, 30s));
   for (auto& a : agents) CHECK(a->restarts.size() == 1);
   check_consistent_round(all);
 
@@ -309,7 +318,8 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   const int leader2 = cluster.leader();
   REQUIRE(leader2 >= 0);
   cluster.member(leader2).kill_now();
-  REQUIRE(run_until(io, [&] { return same_round(all, r1); }, 30s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(all, r1); }, 30s));
   for (auto& a : agents) {
     CHECK(a->restarts.size() == 2);
     CHECK(a->assignments.back().restart_count == 2);
@@ -317,26 +327,28 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   check_consistent_round(all);
   // Still quiet afterwards.
   const std::uint64_t r2 = agents[0]->round();
-  run_until(io, [&] {
-    return std::any_of(agents.begin(), agents.end(), [](auto& a) { return a->restarts.size() > 2; });
-  }, 4000ms);
+  run_until(
+      io, [&] { return std::any_of(agents.begin(), agents.end(), [](auto& a) { return a->restarts.size() > 2; }); },
+      4000ms);
   for (auto& a : agents) CHECK(a->round() == r2);
 }
 
-TEST_CASE("etcd rendezvous: leave() ends the round for the others and the job goes on smaller",
-          "[etcd][rendezvous]") {
+TEST_CASE("etcd rendezvous: leave() ends the round for the others and the job goes on smaller", "[etcd][rendezvous]") {
   EtcdCluster cluster(1, "rdzv-leave");
   boost::asio::io_context io;
   Agents agents = make_agents(io, 2, cluster.endpoints(), "job6", test_config(1, 2, 0));
   for (auto& a : agents) a->rejoin();
-  REQUIRE(run_until(io, [&] { return same_round(ptrs(agents)) && agents[0]->assignments.back().group_world_size == 2; }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(ptrs(agents)) && agents[0]->assignments.back().group_world_size == 2; }, 20s));
   const std::uint64_t r0 = agents[0]->round();
   agents[1]->rdzv->leave();
   auto rest = ptrs(agents, {0});
-  REQUIRE(run_until(io, [&] { return same_round(rest, r0); }, 20s));
+  REQUIRE(run_until(
+      io, [&] { return same_round(rest, r0); }, 20s));
   REQUIRE(agents[0]->restarts.size() == 1);
   CHECK_THAT(agents[0]->restarts[0].reason, Catch::Contains("left"));
   CHECK(agents[0]->assignments.back().group_world_size == 1);
   CHECK(agents[1]->restarts.empty());
-  CHECK(run_until(io, [&] { return !agents[1]->rdzv->connected(); }, 10s));
+  CHECK(run_until(
+      io, [&] { return !agents[1]->rdzv->connected(); }, 10s));
 }

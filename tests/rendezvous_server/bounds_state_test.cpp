@@ -61,8 +61,7 @@ TEST_CASE("max_keys caps keys plus queued items; replacing a key is always allow
   CHECK(state.apply(1, add, box).ok);
 }
 
-TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wake and disconnect",
-          "[state][bounds]") {
+TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wake and disconnect", "[state][bounds]") {
   StoreLimits limits;
   limits.max_waits = 3;
   StoreState state(limits);

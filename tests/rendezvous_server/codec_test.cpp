@@ -34,26 +34,51 @@ std::vector<Sample> samples() {
       if (!encode_op(gen, op)) continue;
       Request r = make(op);
       switch (op) {
-        case Op::validate: r.u32 = validation_magic; break;
-        case Op::ping: r.u32 = 0x12345678u; break;
+        case Op::validate:
+          r.u32 = validation_magic;
+          break;
+        case Op::ping:
+          r.u32 = 0x12345678u;
+          break;
         case Op::set:
         case Op::append:
-        case Op::queue_push: r.key = "//worker/attempt_0/k"; r.value = std::string_view("v\0x", 3); break;
-        case Op::compare_set: r.key = "/cas"; r.value = ""; r.desired = "new"; break;
+        case Op::queue_push:
+          r.key = "//worker/attempt_0/k";
+          r.value = std::string_view("v\0x", 3);
+          break;
+        case Op::compare_set:
+          r.key = "/cas";
+          r.value = "";
+          r.desired = "new";
+          break;
         case Op::get:
         case Op::delete_key:
         case Op::watch_key:
         case Op::queue_pop:
-        case Op::queue_len: r.key = "/k1"; break;
-        case Op::add: r.key = "init/"; r.number = -2; break;
-        case Op::barrier: r.key = "/b"; r.number = 4; break;
+        case Op::queue_len:
+          r.key = "/k1";
+          break;
+        case Op::add:
+          r.key = "init/";
+          r.number = -2;
+          break;
+        case Op::barrier:
+          r.key = "/b";
+          r.number = 4;
+          break;
         case Op::check:
         case Op::wait:
-        case Op::multi_get: r.keys = {"/a", "", "/a"}; break;
-        case Op::multi_set: r.keys = {"/a", "/b"}; r.values = {"1", ""}; break;
+        case Op::multi_get:
+          r.keys = {"/a", "", "/a"};
+          break;
+        case Op::multi_set:
+          r.keys = {"/a", "/b"};
+          r.values = {"1", ""};
+          break;
         case Op::get_num_keys:
         case Op::cancel_wait:
-        case Op::list_keys: break;
+        case Op::list_keys:
+          break;
       }
       out.push_back({gen, r});
     }

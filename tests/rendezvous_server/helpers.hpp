@@ -101,7 +101,8 @@ class RawClient {
     std::string out;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (out.size() < n) {
-      if (!wait_readable(deadline)) throw std::runtime_error("recv timed out after " + std::to_string(out.size()) + " bytes");
+      if (!wait_readable(deadline))
+        throw std::runtime_error("recv timed out after " + std::to_string(out.size()) + " bytes");
       char buf[65536];
       const ssize_t r = ::recv(fd_, buf, std::min(sizeof buf, n - out.size()), 0);
       if (r <= 0) throw std::runtime_error("connection closed after " + std::to_string(out.size()) + " bytes");
@@ -130,7 +131,8 @@ class RawClient {
  private:
   bool wait_readable(std::chrono::steady_clock::time_point deadline) {
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() < 0) return false;
       pollfd p{fd_, POLLIN, 0};
       const int r = ::poll(&p, 1, static_cast<int>(left.count()));

@@ -75,7 +75,7 @@ TEST_CASE("modern client: VALIDATE, PING and every op", "[server]") {
   c.send(hex("04") + test::str("init/") + test::i64(1));  // ADD
   CHECK(c.recv(8) == test::i64(1));
   c.send(hex("01") + test::str("/k1") + test::str("v1"));  // SET
-  c.send(hex("06") + test::u64(1) + test::str("/k1"));      // WAIT
+  c.send(hex("06") + test::u64(1) + test::str("/k1"));     // WAIT
   CHECK(c.recv(1) == stop_waiting);
   c.send(hex("03") + test::str("/k1"));  // GET
   CHECK(c.recv(10) == test::str("v1"));
@@ -87,7 +87,7 @@ TEST_CASE("modern client: VALIDATE, PING and every op", "[server]") {
   CHECK(c.recv(1) == hex("01"));
   c.send(hex("07"));  // GETNUMKEYS
   CHECK(c.recv(8) == test::i64(3));
-  c.send(hex("09") + test::str("/k1") + test::str("+x"));  // APPEND
+  c.send(hex("09") + test::str("/k1") + test::str("+x"));                   // APPEND
   c.send(hex("0a") + test::u64(2) + test::str("/k1") + test::str("/cas"));  // MULTI_GET
   CHECK(c.recv(8 + 4 + 8 + 3) == test::str("v1+x") + test::str("new"));
   c.send(hex("0b") + test::u64(2) + test::str("/m1") + test::str("a") + test::str("/m2") + test::str("b"));
@@ -396,7 +396,7 @@ TEST_CASE("on_drained runs once the last connection has closed, and at once when
   auto fired = drained.get_future();
   auto a = std::make_unique<RawClient>(server.port());
   auto b = std::make_unique<RawClient>(server.port());
-  for (RawClient* c : {a.get(), b.get()}) {  // served, so accepted, before the callback exists
+  for (RawClient* c : {a.get(), b.get()}) {              // served, so accepted, before the callback exists
     c->send(hex("03") + test::str("k") + test::i64(1));  // legacy (1.13) ADD
     c->recv(8);
   }

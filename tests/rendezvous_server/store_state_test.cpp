@@ -74,7 +74,9 @@ TEST_CASE("parse_counter follows std::stoll", "[state]") {
   CHECK(parse_counter("\t\n-12") == -12);
   CHECK(parse_counter("+5") == 5);
   CHECK(parse_counter("7abc") == 7);
-  CHECK(parse_counter(std::string_view("9\0" "1", 3)) == 9);
+  CHECK(parse_counter(std::string_view("9\0"
+                                       "1",
+                                       3)) == 9);
   CHECK(parse_counter("9223372036854775807") == INT64_MAX);
   CHECK(parse_counter("-9223372036854775808") == INT64_MIN);
   CHECK_FALSE(parse_counter("9223372036854775808"));
@@ -96,8 +98,9 @@ TEST_CASE("ADD: lenient parse, decimal storage, errors keep the value", "[state]
     const char* after;
   };
   const Row rows[] = {
-      {" 7", 1, true, 8, "8"},    {"7abc", 1, true, 8, "8"}, {"-3", 5, true, 2, "2"},
-      {"abc", 1, false, 0, "abc"}, {"", 1, false, 0, ""},    {"99999999999999999999", 1, false, 0, "99999999999999999999"},
+      {" 7", 1, true, 8, "8"}, {"7abc", 1, true, 8, "8"},
+      {"-3", 5, true, 2, "2"}, {"abc", 1, false, 0, "abc"},
+      {"", 1, false, 0, ""},   {"99999999999999999999", 1, false, 0, "99999999999999999999"},
   };
   for (const auto& row : rows) {
     INFO("before '" << row.before << "'");

@@ -344,7 +344,8 @@ TEST_CASE("no daemon at all: the first connect is bounded by give_up_after too",
   }
   auto a = make_agent(io, port, 0, test_config(1, 1), {}, 500ms);
   a->client->join();
-  REQUIRE(run_until(io, [&] { return !a->unreachable.empty(); }, 5s));
+  REQUIRE(run_until(
+      io, [&] { return !a->unreachable.empty(); }, 5s));
   CHECK_THAT(a->unreachable, Catch::Contains("connect failed"));
 }
 
@@ -410,7 +411,8 @@ TEST_CASE("torch 1.13's TCPStore client works on the same port while rendezvous 
     ::pclose(p);
     return out;
   });
-  REQUIRE(run_until(io, [&] { return torch.wait_for(0s) == std::future_status::ready; }, 90s));
+  REQUIRE(run_until(
+      io, [&] { return torch.wait_for(0s) == std::future_status::ready; }, 90s));
   const std::string out = torch.get();
   INFO(out);
   CHECK_THAT(out, Catch::Contains("TORCH_OK"));
@@ -441,7 +443,8 @@ TEST_CASE("a node that leaves, or whose connection dies, ends the round as a mem
   // about one heartbeat interval after the close.
   const auto t0 = std::chrono::steady_clock::now();
   rest[1]->client.reset();
-  REQUIRE(run_until(io, [&] { return rest[0]->assignments.size() == 3; }, 5s));
+  REQUIRE(run_until(
+      io, [&] { return rest[0]->assignments.size() == 3; }, 5s));
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   CHECK(rest[0]->restarts.size() == 2);
   CHECK(rest[0]->assignments.back().group_world_size == 1);

@@ -98,8 +98,8 @@ std::vector<rdzv::ServerMessage> server_messages() {
   j.max_nodes = 4;
   j.restarts_used = 1;
   j.max_restarts = 3;
-  j.members.push_back(rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, true, false,
-                                         250ms, 2750ms});
+  j.members.push_back(
+      rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, true, false, 250ms, 2750ms});
   j.members.push_back(rdzv::MemberStatus{node(2), "10.0.0.2", 2, rdzv::MemberRole::late, -1, false, true, 1s, 0ms});
   j.exit_barrier_in = 299s;
   j.progress = "running round 3";
@@ -319,7 +319,9 @@ TEST_CASE("malformed payloads are errors naming the op and field", "[wire]") {
   REQUIRE(wrong_dir.status == rdzv::DecodeStatus::error);
   CHECK_THAT(wrong_dir.reason, Catch::Contains("not a server-to-client"));
   const auto bad_kind = rdzv::decode_server(
-      frame(0x61, R"({"run_id":"j","node":{"addr":"a","pid":1,"instance":"i"},"ended_round":1,"kind":"x","restart_count":0})"),
+      frame(
+          0x61,
+          R"({"run_id":"j","node":{"addr":"a","pid":1,"instance":"i"},"ended_round":1,"kind":"x","restart_count":0})"),
       {}, back);
   REQUIRE(bad_kind.status == rdzv::DecodeStatus::error);
   CHECK_THAT(bad_kind.reason, Catch::Contains("field 'kind' must be worker_failure or membership_change"));
@@ -339,8 +341,7 @@ TEST_CASE("pipelined frames decode one at a time", "[wire]") {
   CHECK(std::get<rdzv::SucceededMessage>(m).round == 42);
 }
 
-TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encoder would write",
-          "[wire]") {
+TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encoder would write", "[wire]") {
   // Strings that need escaping: quotes, backslash, control characters, non-ASCII UTF-8.
   const std::string nasty = "a\"b\\c\n\t\x01\x1f \xc3\xa9 /";
   rdzv::NodeId id{nasty, -7, "inst\"" + nasty};
@@ -352,21 +353,23 @@ TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encode
 
   namespace json = boost::json;
   const json::object id_json{{"addr", id.addr}, {"pid", id.pid}, {"instance", id.instance}};
-  const json::object expect_assignment{
-      {"run_id", sa.run_id},
-      {"node", id_json},
-      {"assignment",
-       json::object{{"round", a.round}, {"group_rank", a.group_rank},
-                    {"group_world_size", a.group_world_size}, {"local_world_size", a.local_world_size},
-                    {"rank_offset", a.rank_offset}, {"world_size", a.world_size},
-                    {"master_addr", a.master_addr}, {"master_port", a.master_port},
-                    {"restart_count", a.restart_count}, {"max_restarts", a.max_restarts},
-                    {"nccl_id", "00abff"}}}};
+  const json::object expect_assignment{{"run_id", sa.run_id},
+                                       {"node", id_json},
+                                       {"assignment", json::object{{"round", a.round},
+                                                                   {"group_rank", a.group_rank},
+                                                                   {"group_world_size", a.group_world_size},
+                                                                   {"local_world_size", a.local_world_size},
+                                                                   {"rank_offset", a.rank_offset},
+                                                                   {"world_size", a.world_size},
+                                                                   {"master_addr", a.master_addr},
+                                                                   {"master_port", a.master_port},
+                                                                   {"restart_count", a.restart_count},
+                                                                   {"max_restarts", a.max_restarts},
+                                                                   {"nccl_id", "00abff"}}}};
   const json::object expect_progress{{"run_id", pr.run_id}, {"node", id_json}, {"text", pr.text}};
 
-  for (const auto& [message, expect] :
-       {std::pair<rdzv::ServerMessage, json::object>{sa, expect_assignment},
-        std::pair<rdzv::ServerMessage, json::object>{pr, expect_progress}}) {
+  for (const auto& [message, expect] : {std::pair<rdzv::ServerMessage, json::object>{sa, expect_assignment},
+                                        std::pair<rdzv::ServerMessage, json::object>{pr, expect_progress}}) {
     std::string bytes = encoded(message);
     // encode_decision writes the same bytes as encode_server.
     std::string via_action;

@@ -52,8 +52,7 @@ JobConfig property_config() {
 
 // next_deadline() recomputed from scratch out of status(now). Valid right after on_tick(now):
 // then every pending deadline lies after `now`, so status' clamped "time left" values are exact.
-std::optional<TimePoint> brute_next_deadline(const RendezvousJob& job, const JobStatus& s,
-                                             TimePoint now) {
+std::optional<TimePoint> brute_next_deadline(const RendezvousJob& job, const JobStatus& s, TimePoint now) {
   std::optional<TimePoint> best;
   auto consider = [&](std::optional<Duration> left) {
     if (left && (!best || now + *left < *best)) best = now + *left;
@@ -62,9 +61,8 @@ std::optional<TimePoint> brute_next_deadline(const RendezvousJob& job, const Job
   if (job.finished()) return best;
   for (const MemberStatus& m : s.members) consider(m.lease_left);
   if (s.state == JobState::waiting) {
-    const auto joined = std::count_if(s.members.begin(), s.members.end(), [](const MemberStatus& m) {
-      return m.role == MemberRole::joined;
-    });
+    const auto joined = std::count_if(s.members.begin(), s.members.end(),
+                                      [](const MemberStatus& m) { return m.role == MemberRole::joined; });
     consider(joined >= job.config().min_nodes ? s.last_call_in : s.join_timeout_in);
   } else {
     consider(s.exit_barrier_in);
@@ -77,10 +75,9 @@ void check_indexes(const RendezvousJob& job, TimePoint now, int step) {
   INFO("step " << step << ", state " << to_string(job.state()) << ", round " << job.round());
   REQUIRE(job.audit() == "");
   const JobStatus s = job.status(now);
-  for (MemberRole role : {MemberRole::joined, MemberRole::expected, MemberRole::participant,
-                          MemberRole::late}) {
-    const auto brute = std::count_if(s.members.begin(), s.members.end(),
-                                     [role](const MemberStatus& m) { return m.role == role; });
+  for (MemberRole role : {MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late}) {
+    const auto brute =
+        std::count_if(s.members.begin(), s.members.end(), [role](const MemberStatus& m) { return m.role == role; });
     INFO("role " << to_string(role));
     REQUIRE(job.count(role) == static_cast<int>(brute));
   }
@@ -91,8 +88,7 @@ void check_indexes(const RendezvousJob& job, TimePoint now, int step) {
 
 }  // namespace
 
-TEST_CASE("incremental counters and the lease index equal a brute-force recomputation",
-          "[rdzv][property]") {
+TEST_CASE("incremental counters and the lease index equal a brute-force recomputation", "[rdzv][property]") {
   const std::uint32_t seed = GENERATE(1u, 7u, 42u, 20261122u);
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -114,12 +110,22 @@ TEST_CASE("incremental counters and the lease index equal a brute-force recomput
     const std::size_t members_before = before.members.size();
     switch (pick(9)) {
       case 0:
-      case 1: job->join(n, config, now); break;
-      case 2: job->rejoin(RejoinRequest{n, config, {}, std::nullopt}, now); break;
+      case 1:
+        job->join(n, config, now);
+        break;
+      case 2:
+        job->rejoin(RejoinRequest{n, config, {}, std::nullopt}, now);
+        break;
       case 3:
-      case 4: job->heartbeat(n.id, now); break;
-      case 5: job->disconnected(n.id, now); break;
-      case 6: job->leave(n.id, now); break;
+      case 4:
+        job->heartbeat(n.id, now);
+        break;
+      case 5:
+        job->disconnected(n.id, now);
+        break;
+      case 6:
+        job->leave(n.id, now);
+        break;
       case 7: {
         WorkerFailure f;
         f.round = job->round();
@@ -129,7 +135,8 @@ TEST_CASE("incremental counters and the lease index equal a brute-force recomput
         job->worker_failed(f, now);
         break;
       }
-      default: job->succeeded(n.id, job->round() - static_cast<std::uint64_t>(pick(2) == 0 && job->round() > 0), now);
+      default:
+        job->succeeded(n.id, job->round() - static_cast<std::uint64_t>(pick(2) == 0 && job->round() > 0), now);
     }
     REQUIRE(job->audit() == "");
     job->on_tick(now);

@@ -64,9 +64,7 @@ struct Fixture {
   RendezvousRegistry reg;
   std::string job = "job7";
 
-  Decisions join(const NodeInfo& n, const JobConfig& c) {
-    return reg.join(job, JoinRequest{n, c, {}}, clock.now());
-  }
+  Decisions join(const NodeInfo& n, const JobConfig& c) { return reg.join(job, JoinRequest{n, c, {}}, clock.now()); }
   Decisions tick() { return reg.on_tick(clock.now()); }
   // Heartbeats every given node (keeps leases alive while time passes).
   void beat(const std::vector<NodeInfo>& nodes) {
@@ -114,8 +112,7 @@ TEST_CASE("join below min waits, then fails at join_timeout with a named error",
   CHECK(f.state().state() == JobState::failed);
 }
 
-TEST_CASE("min reached starts the last call; the round closes at the deadline with the nodes present",
-          "[rdzv]") {
+TEST_CASE("min reached starts the last call; the round closes at the deadline with the nodes present", "[rdzv]") {
   Fixture f;
   f.join(node(1), cfg(2, 4));
   auto a = f.join(node(2), cfg(2, 4));
@@ -183,8 +180,7 @@ TEST_CASE("heterogeneous local_world_size gives prefix-sum rank offsets", "[rdzv
   CHECK(assignment_of(a, node(2).id).world_size == 8);
 }
 
-TEST_CASE("a late join ends the running round as a free membership change with stable ranks",
-          "[rdzv]") {
+TEST_CASE("a late join ends the running round as a free membership change with stable ranks", "[rdzv]") {
   Fixture f;
   const auto c = cfg(2, 4, 3);
   f.join(node(1), c);
@@ -232,8 +228,8 @@ TEST_CASE("a survivor that misses the last call joins late as a scale-up", "[rdz
   CHECK(assignment_of(a, node(1).id).group_rank == 0);
   CHECK(assignment_of(a, node(3).id).group_rank == 1);
   auto st = f.reg.status(f.clock.now()).jobs.at(0);
-  auto it = std::find_if(st.members.begin(), st.members.end(),
-                         [](const MemberStatus& m) { return m.id == node(2).id; });
+  auto it =
+      std::find_if(st.members.begin(), st.members.end(), [](const MemberStatus& m) { return m.id == node(2).id; });
   REQUIRE(it != st.members.end());
   CHECK(it->role == MemberRole::late);
   // Its join now ends round 1 (room: 2 < 3) and it keeps its old rank 1 if free: 1 is taken by
@@ -335,8 +331,7 @@ TEST_CASE("lease expiry below min waits for replacements, then fails", "[rdzv]")
   auto a = f.tick();
   auto restarts = of<SendRestart>(a);
   REQUIRE(restarts.size() == 1);
-  CHECK(restarts[0].reason.find("1 nodes remain (min 2), waiting up to 600 s for replacements") !=
-        std::string::npos);
+  CHECK(restarts[0].reason.find("1 nodes remain (min 2), waiting up to 600 s for replacements") != std::string::npos);
   f.join(node(1), c);
 
   SECTION("a replacement arrives in time") {
@@ -350,12 +345,13 @@ TEST_CASE("lease expiry below min waits for replacements, then fails", "[rdzv]")
     auto b = f.advance(600s, {node(1)});
     auto failed = for_node<SendJobFailed>(b, node(1).id);
     REQUIRE(failed.size() == 1);
-    CHECK(failed[0].reason.rfind("rendezvous 'job7' timed out after 600 s waiting for nodes: 1/2 joined (min 2); the last round ended because node 10.0.0.2", 0) == 0);
+    CHECK(failed[0].reason.rfind("rendezvous 'job7' timed out after 600 s waiting for nodes: 1/2 joined (min 2); the "
+                                 "last round ended because node 10.0.0.2",
+                                 0) == 0);
   }
 }
 
-TEST_CASE("disconnected shortens the lease to one heartbeat; reconnecting keeps the node",
-          "[rdzv]") {
+TEST_CASE("disconnected shortens the lease to one heartbeat; reconnecting keeps the node", "[rdzv]") {
   Fixture f;
   const auto c = cfg(2, 2);
   f.join(node(1), c);
@@ -392,8 +388,7 @@ TEST_CASE("disconnected shortens the lease to one heartbeat; reconnecting keeps 
   }
 }
 
-TEST_CASE("a worker failure with budget left restarts every node and counts the restart",
-          "[rdzv]") {
+TEST_CASE("a worker failure with budget left restarts every node and counts the restart", "[rdzv]") {
   Fixture f;
   const auto c = cfg(2, 2, 2);
   f.join(node(1), c);
@@ -405,8 +400,9 @@ TEST_CASE("a worker failure with budget left restarts every node and counts the 
   for (const auto& r : restarts) {
     CHECK(r.kind == RoundEnd::worker_failure);
     CHECK(r.restart_count == 1);
-    CHECK(r.reason == "rank 3 (local rank 1 on node 10.0.0.2, group rank 1) exited with code 7: "
-                      "CUDA error (restart 1/2)");
+    CHECK(r.reason ==
+          "rank 3 (local rank 1 on node 10.0.0.2, group rank 1) exited with code 7: "
+          "CUDA error (restart 1/2)");
   }
   CHECK(f.state().restarts_used() == 1);
   f.join(node(1), c);
@@ -434,8 +430,7 @@ TEST_CASE("a spent budget fails the job with the failing rank's exit code", "[rd
   f.join(node(1), c);
   f.join(node(2), c);
   // Restart 1/1.
-  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""},
-                      f.clock.now());
+  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""}, f.clock.now());
   f.join(node(1), c);
   f.join(node(2), c);
   REQUIRE(f.state().state() == JobState::running);
@@ -450,8 +445,9 @@ TEST_CASE("a spent budget fails the job with the failing rank's exit code", "[rd
       REQUIRE(x.root_cause.has_value());
       CHECK(x.root_cause->failure.global_rank == 3);
       CHECK(x.root_cause->node_addr == "10.0.0.2");
-      CHECK(x.reason == "rank 3 (local rank 1 on node 10.0.0.2, group rank 1) exited with code "
-                        "42: boom; the restart budget is spent (1/1 restarts used)");
+      CHECK(x.reason ==
+            "rank 3 (local rank 1 on node 10.0.0.2, group rank 1) exited with code "
+            "42: boom; the restart budget is spent (1/1 restarts used)");
     }
     CHECK(f.state().state() == JobState::failed);
     // First failure wins: a second report is stale and does not change the result.
@@ -476,8 +472,7 @@ TEST_CASE("a spent budget fails the job with the failing rank's exit code", "[rd
 TEST_CASE("max_restarts 0: the first failure fails the job", "[rdzv]") {
   Fixture f;
   f.join(node(1), cfg(1, 1));
-  auto a = f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 0, std::nullopt, ""},
-                               f.clock.now());
+  auto a = f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 0, std::nullopt, ""}, f.clock.now());
   REQUIRE(of<SendJobFailed>(a).size() == 1);
   CHECK(of<SendJobFailed>(a)[0].exit_code == 1);  // exit code 0 reported as a failure -> 1
 }
@@ -496,8 +491,7 @@ TEST_CASE("success: the exit barrier passes when every participant succeeded", "
   auto a = f.reg.succeeded(f.job, node(1).id, 0, f.clock.now());
   CHECK(of<SendJobCompleted>(a).empty());
   REQUIRE(for_node<Progress>(a, node(1).id).size() == 1);
-  CHECK(for_node<Progress>(a, node(1).id)[0].text ==
-        "exit barrier: 1/2 nodes finished, timeout in 300 s");
+  CHECK(for_node<Progress>(a, node(1).id)[0].text == "exit barrier: 1/2 nodes finished, timeout in 300 s");
   CHECK(f.reg.status(f.clock.now()).jobs.at(0).exit_barrier_in == 300s);
 
   SECTION("complete") {
@@ -534,13 +528,13 @@ TEST_CASE("success: the exit barrier passes when every participant succeeded", "
     auto d = f.advance(1s, {node(1), node(2)});
     auto failed = of<SendJobFailed>(d);
     REQUIRE(failed.size() == 2);
-    CHECK(failed[0].reason == "rendezvous 'job7': exit barrier timed out after 300 s: 1/2 nodes "
-                              "finished; still running: group rank 1 on 10.0.0.2");
+    CHECK(failed[0].reason ==
+          "rendezvous 'job7': exit barrier timed out after 300 s: 1/2 nodes "
+          "finished; still running: group rank 1 on 10.0.0.2");
     CHECK(failed[0].exit_code == kRendezvousFailureExitCode);
   }
   SECTION("a failure during the barrier restarts everyone") {
-    auto b = f.reg.worker_failed(f.job, WorkerFailure{0, node(2).id, 2, 0, 1, std::nullopt, ""},
-                                 f.clock.now());
+    auto b = f.reg.worker_failed(f.job, WorkerFailure{0, node(2).id, 2, 0, 1, std::nullopt, ""}, f.clock.now());
     REQUIRE(of<SendJobFailed>(b).size() == 2);  // budget 0 here
   }
 }
@@ -552,8 +546,7 @@ TEST_CASE("daemon restart: agents rebuild the running job with rejoin", "[rdzv]"
   f.join(node(2), c);
   f.advance(30s, {node(1), node(2)});
   REQUIRE(f.state().state() == JobState::running);
-  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""},
-                      f.clock.now());
+  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""}, f.clock.now());
   f.join(node(1), c);
   f.join(node(2), c);
   REQUIRE(f.state().round() == 1);
@@ -608,8 +601,9 @@ TEST_CASE("daemon restart: agents rebuild the running job with rejoin", "[rdzv]"
       } else {
         auto r = of<SendRestart>(t);
         REQUIRE(r.size() == 2);
-        CHECK(r[0].reason == "group ranks 2 of round 2 did not re-register within 10 s after "
-                             "the daemon restarted");
+        CHECK(r[0].reason ==
+              "group ranks 2 of round 2 did not re-register within 10 s after "
+              "the daemon restarted");
       }
     }
   }
@@ -645,8 +639,7 @@ TEST_CASE("rejoin on a live daemon: missed pushes are re-sent", "[rdzv]") {
     CHECK(assignment_of(r, node(2).id) == a2);
   }
   SECTION("missed restart") {
-    f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""},
-                        f.clock.now());
+    f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""}, f.clock.now());
     auto r = f.reg.rejoin(f.job, RejoinRequest{node(2), c, {}, a2}, f.clock.now());
     auto restarts = for_node<SendRestart>(r, node(2).id);
     REQUIRE(restarts.size() == 1);
@@ -675,8 +668,7 @@ TEST_CASE("token, config and request checks refuse with a clear reason", "[rdzv]
                                         "token=... or DDPRUN_RDZV_TOKEN",
                                         0) == 0);
   CHECK(reg.job_count() == 0);
-  auto bad_rejoin = reg.rejoin("j", RejoinRequest{node(1), cfg(1, 1), "", std::nullopt},
-                               clock.now());
+  auto bad_rejoin = reg.rejoin("j", RejoinRequest{node(1), cfg(1, 1), "", std::nullopt}, clock.now());
   REQUIRE(of<Refuse>(bad_rejoin).size() == 1);
 
   reg.join("j", JoinRequest{node(1), cfg(2, 4, 3), "s3cret"}, clock.now());
@@ -698,8 +690,7 @@ TEST_CASE("token, config and request checks refuse with a clear reason", "[rdzv]
   NodeInfo no_procs = node(1, 0);
   auto np = reg.join("k", JoinRequest{no_procs, cfg(1, 1), "s3cret"}, clock.now());
   REQUIRE(of<Refuse>(np).size() == 1);
-  CHECK(reg.rejoin("", RejoinRequest{node(1), cfg(1, 1), "s3cret", std::nullopt}, clock.now())
-            .size() == 1);
+  CHECK(reg.rejoin("", RejoinRequest{node(1), cfg(1, 1), "s3cret", std::nullopt}, clock.now()).size() == 1);
 }
 
 TEST_CASE("close refuses new nodes; an empty closed job is collected", "[rdzv]") {
@@ -709,8 +700,7 @@ TEST_CASE("close refuses new nodes; an empty closed job is collected", "[rdzv]")
   f.reg.close(f.job, f.clock.now());
   auto a = f.join(node(2), c);
   REQUIRE(of<Refuse>(a).size() == 1);
-  CHECK(of<Refuse>(a)[0].reason ==
-        "rendezvous 'job7' is closed: it accepts no new nodes (pick a new --rdzv-id)");
+  CHECK(of<Refuse>(a)[0].reason == "rendezvous 'job7' is closed: it accepts no new nodes (pick a new --rdzv-id)");
   CHECK(f.reg.status(f.clock.now()).jobs.at(0).closed);
   // The existing member still works: it can leave, after which the job is collected.
   f.reg.leave(f.job, node(1).id, f.clock.now());
@@ -818,8 +808,7 @@ TEST_CASE("status lists jobs, members, roles and timers", "[rdzv]") {
   CHECK(st2.members[0].group_rank == 0);
   CHECK(st2.members[1].group_rank == 1);
   CHECK(st2.progress == "running round 0 with 2 nodes (restarts 0/4)");
-  f.reg.worker_failed(f.job, WorkerFailure{0, node(2).id, 5, 1, 3, std::nullopt, "x"},
-                      f.clock.now());
+  f.reg.worker_failed(f.job, WorkerFailure{0, node(2).id, 5, 1, 3, std::nullopt, "x"}, f.clock.now());
   auto st3 = f.reg.status(f.clock.now()).jobs.at(0);
   CHECK(st3.restarts_used == 1);
   CHECK(st3.round == 1);
@@ -837,8 +826,7 @@ TEST_CASE("format_seconds", "[rdzv]") {
   CHECK(format_seconds(0s) == "0 s");
 }
 
-TEST_CASE("remaining branches: late node refused when full, late lease expiry, rejoin corners",
-          "[rdzv]") {
+TEST_CASE("remaining branches: late node refused when full, late lease expiry, rejoin corners", "[rdzv]") {
   Fixture f;
   const auto c = cfg(1, 2);
   f.join(node(1), c);
@@ -863,23 +851,21 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
     CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 1);
   }
   SECTION("a late node is refused when the job is full and forgotten") {
-    f.join(node(3), c);  // round 2 collects: node 3 joined, node 1 expected
+    f.join(node(3), c);                  // round 2 collects: node 3 joined, node 1 expected
     f.advance(30s, {node(1), node(3)});  // node 3 alone; node 1 late
-    auto b = f.join(node(4), c);  // room: 1 participant < 2 -> round 3
+    auto b = f.join(node(4), c);         // room: 1 participant < 2 -> round 3
     REQUIRE(of<SendRestart>(b).size() == 1);
     auto e = f.join(node(3), c);  // J = 2 (nodes 3, 4) = max: closes without node 1
     REQUIRE(of<SendAssignment>(e).size() == 2);
     auto d = f.join(node(1), c);  // late, and the job is full: refused and forgotten
     REQUIRE(for_node<Refuse>(d, node(1).id).size() == 1);
-    CHECK(for_node<Refuse>(d, node(1).id)[0].reason.find("is full: 2 of max 2") !=
-          std::string::npos);
+    CHECK(for_node<Refuse>(d, node(1).id)[0].reason.find("is full: 2 of max 2") != std::string::npos);
     CHECK(of<SendRestart>(d).empty());
     CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 2);
   }
   SECTION("rejoin corners") {
     // Unknown job without an assignment: a plain join that creates it.
-    auto b = f.reg.rejoin("fresh", RejoinRequest{node(5), cfg(1, 1), {}, std::nullopt},
-                          f.clock.now());
+    auto b = f.reg.rejoin("fresh", RejoinRequest{node(5), cfg(1, 1), {}, std::nullopt}, f.clock.now());
     REQUIRE(of<SendAssignment>(b).size() == 1);
     // Unknown job with a nonsense assignment: refused.
     Assignment bad;
@@ -887,12 +873,10 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
     bad.group_world_size = 2;
     auto d = f.reg.rejoin("fresh2", RejoinRequest{node(5), cfg(1, 1), {}, bad}, f.clock.now());
     REQUIRE(of<Refuse>(d).size() == 1);
-    CHECK(of<Refuse>(d)[0].reason.find("inconsistent assignment (group rank 3 of 2") !=
-          std::string::npos);
+    CHECK(of<Refuse>(d)[0].reason.find("inconsistent assignment (group rank 3 of 2") != std::string::npos);
     // Finished job: the final result.
     f.reg.succeeded("fresh", node(5).id, 0, f.clock.now());
-    auto e = f.reg.rejoin("fresh", RejoinRequest{node(5), cfg(1, 1), {}, std::nullopt},
-                          f.clock.now());
+    auto e = f.reg.rejoin("fresh", RejoinRequest{node(5), cfg(1, 1), {}, std::nullopt}, f.clock.now());
     REQUIRE(of<SendJobCompleted>(e).size() == 1);
     // Disconnect for unknown jobs/nodes is a no-op.
     CHECK(f.reg.disconnected("nope", node(1).id, f.clock.now()).empty());
@@ -904,8 +888,7 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
 TEST_CASE("rejoin of a node that is waiting in the collecting round reports progress", "[rdzv]") {
   Fixture f;
   f.join(node(1), cfg(2, 2));
-  auto a = f.reg.rejoin(f.job, RejoinRequest{node(1), cfg(2, 2), {}, std::nullopt},
-                        f.clock.now());
+  auto a = f.reg.rejoin(f.job, RejoinRequest{node(1), cfg(2, 2), {}, std::nullopt}, f.clock.now());
   REQUIRE(for_node<Progress>(a, node(1).id).size() == 1);
   CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 1);
 }
@@ -913,8 +896,7 @@ TEST_CASE("rejoin of a node that is waiting in the collecting round reports prog
 TEST_CASE("failed job: strangers are refused, status shows the result", "[rdzv]") {
   Fixture f;
   f.join(node(1), cfg(1, 1));
-  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, std::nullopt, std::nullopt, ""},
-                      f.clock.now());
+  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, std::nullopt, std::nullopt, ""}, f.clock.now());
   auto a = f.join(node(2), cfg(1, 1));
   REQUIRE(of<Refuse>(a).size() == 1);
   CHECK(of<Refuse>(a)[0].reason.find("already failed (rank 0 (local rank 0 on node 10.0.0.1, "

@@ -79,14 +79,25 @@ TEST_CASE("matches the captured torch 1.13 static-agent-store environment") {
   o.python_worker = true;
   o.error_file_dir = "/tmp/run/logsB/none_3c11smjh/attempt_0";
   const auto env = as_map(build_worker_env(a, 1, o, {}));
-  const EnvMap expected = {
-      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-      {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29810"}, {"NCCL_ASYNC_ERROR_HANDLING", "1"},
-      {"OMP_NUM_THREADS", "1"}, {"PYTHONUNBUFFERED", "1"}, {"RANK", "1"}, {"ROLE_NAME", "default"},
-      {"ROLE_RANK", "1"}, {"ROLE_WORLD_SIZE", "2"},
-      {"TORCHELASTIC_ERROR_FILE", "/tmp/run/logsB/none_3c11smjh/attempt_0/1/error.json"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"}, {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_RUN_ID", "none"},
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"WORLD_SIZE", "2"}};
+  const EnvMap expected = {{"GROUP_RANK", "0"},
+                           {"GROUP_WORLD_SIZE", "1"},
+                           {"LOCAL_RANK", "1"},
+                           {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", "29810"},
+                           {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                           {"OMP_NUM_THREADS", "1"},
+                           {"PYTHONUNBUFFERED", "1"},
+                           {"RANK", "1"},
+                           {"ROLE_NAME", "default"},
+                           {"ROLE_RANK", "1"},
+                           {"ROLE_WORLD_SIZE", "2"},
+                           {"TORCHELASTIC_ERROR_FILE", "/tmp/run/logsB/none_3c11smjh/attempt_0/1/error.json"},
+                           {"TORCHELASTIC_MAX_RESTARTS", "0"},
+                           {"TORCHELASTIC_RESTART_COUNT", "0"},
+                           {"TORCHELASTIC_RUN_ID", "none"},
+                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                           {"WORLD_SIZE", "2"}};
   for (const auto& [k, v] : expected) {
     INFO(k);
     REQUIRE(env.count(k) == 1);

@@ -15,9 +15,15 @@ namespace w = ddprun::worker;
 namespace {
 
 w::Environment base_env() {
-  return {{"RANK", "3"},        {"LOCAL_RANK", "1"},  {"WORLD_SIZE", "8"},   {"LOCAL_WORLD_SIZE", "4"},
-          {"GROUP_RANK", "0"},  {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29501"},
-          {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_RUN_ID", "job7"}};
+  return {{"RANK", "3"},
+          {"LOCAL_RANK", "1"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_WORLD_SIZE", "4"},
+          {"GROUP_RANK", "0"},
+          {"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29501"},
+          {"TORCHELASTIC_RESTART_COUNT", "2"},
+          {"TORCHELASTIC_RUN_ID", "job7"}};
 }
 
 std::string hex_id(int seed) {

@@ -46,9 +46,10 @@ int main(int argc, char** argv) {
       }
       roots = static_cast<int>(*v);
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: ddprun-nccl-id [--roots K]\n"
-                  "Prints K ncclUniqueIds (256 hex chars each, one per line) and keeps their bootstrap\n"
-                  "roots alive until stdin closes or SIGTERM. Exit 3 when NCCL is unavailable.\n");
+      std::printf(
+          "usage: ddprun-nccl-id [--roots K]\n"
+          "Prints K ncclUniqueIds (256 hex chars each, one per line) and keeps their bootstrap\n"
+          "roots alive until stdin closes or SIGTERM. Exit 3 when NCCL is unavailable.\n");
       return 0;
     } else {
       std::fprintf(stderr, "ddprun-nccl-id: unknown argument '%s' (usage: ddprun-nccl-id [--roots K])\n", a.c_str());

@@ -18,7 +18,7 @@ namespace {
 // --- NVML (nvml.h), only what is used ---
 using NvmlReturn = int;  // nvmlReturn_t; 0 = NVML_SUCCESS
 using NvmlDevice = void*;
-struct NvmlPciInfo {     // nvmlPciInfo_t (v3 layout, NVML >= 11)
+struct NvmlPciInfo {  // nvmlPciInfo_t (v3 layout, NVML >= 11)
   char bus_id_legacy[16];
   unsigned int domain;
   unsigned int bus;
@@ -80,8 +80,8 @@ std::string normalize_bus_id(std::string_view id) {
 
 std::string format_uuid(const std::array<unsigned char, 16>& b) {
   std::string hex = to_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
-  return "GPU-" + hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) +
-         "-" + hex.substr(20);
+  return "GPU-" + hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
+         hex.substr(20);
 }
 
 std::optional<std::string> env_value(const EnvMap& env, const std::string& name) {

@@ -203,8 +203,9 @@ GpuPlan plan_gpus(const GpuRequest& r) {
           continue;
         }
         if (hits.size() != 1) {
-          throw UsageError("--gpus: " + e + (hits.empty() ? " matches no visible GPU" : " is ambiguous (matches " +
-                                                                 std::to_string(hits.size()) + " GPUs)"),
+          throw UsageError("--gpus: " + e +
+                               (hits.empty() ? " matches no visible GPU"
+                                             : " is ambiguous (matches " + std::to_string(hits.size()) + " GPUs)"),
                            "give a longer UUID prefix; visible under " + cvd_what + ": " +
                                (visible.empty() ? std::string("none") : join_tokens(visible)));
         }
@@ -273,10 +274,11 @@ GpuPlan plan_gpus(const GpuRequest& r) {
   }
   plan.summary = std::to_string(n) + " GPU(s) selected [" + selected_cvd + "] of " + std::to_string(visible.size()) +
                  " visible under " + cvd_what + " (" + r.inventory.source + "), mode " +
-                 (r.mode == GpuMode::shared ? "shared" : r.mode == GpuMode::isolate ? "isolate" : "virtual");
+                 (r.mode == GpuMode::shared    ? "shared"
+                  : r.mode == GpuMode::isolate ? "isolate"
+                                               : "virtual");
   return plan;
 }
-
 
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root, std::string* why) {
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) {

@@ -55,9 +55,9 @@ NcclUniqueId decode_nccl_id(std::string_view hex, std::string_view what) {
     const int hi = hex_value(t[2 * i]);
     const int lo = hex_value(t[2 * i + 1]);
     if (hi < 0 || lo < 0) {
-      throw Error(std::string(what) + " has a non-hex character at position " +
-                      std::to_string(hi < 0 ? 2 * i : 2 * i + 1),
-                  "pass the value ddprun exported unchanged");
+      throw Error(
+          std::string(what) + " has a non-hex character at position " + std::to_string(hi < 0 ? 2 * i : 2 * i + 1),
+          "pass the value ddprun exported unchanged");
     }
     id[i] = static_cast<std::uint8_t>(hi * 16 + lo);
   }
@@ -125,7 +125,7 @@ std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env)
                           "install NCCL or set DDPRUN_NCCL_LIBRARY=/path/to/libnccl.so.2");
   }
   // Never dlclose: the bootstrap root threads run NCCL code until the process exits.
-  auto get_id = reinterpret_cast<NcclGetUniqueId>(dlsym(handle, "ncclGetUniqueId"));  // NOLINT
+  auto get_id = reinterpret_cast<NcclGetUniqueId>(dlsym(handle, "ncclGetUniqueId"));           // NOLINT
   auto get_error = reinterpret_cast<NcclGetErrorString>(dlsym(handle, "ncclGetErrorString"));  // NOLINT
   if (get_id == nullptr) throw NcclUnavailable(path + " has no ncclGetUniqueId");
   std::vector<NcclUniqueId> ids(static_cast<std::size_t>(count));
@@ -234,8 +234,8 @@ NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, st
   }
   const auto parts = split(out, '\n');
   for (int i = 0; i < roots; ++i) {
-    h.ids_.push_back(decode_nccl_id(parts[static_cast<std::size_t>(i)], "ddprun-nccl-id output line " +
-                                                                            std::to_string(i + 1)));
+    h.ids_.push_back(
+        decode_nccl_id(parts[static_cast<std::size_t>(i)], "ddprun-nccl-id output line " + std::to_string(i + 1)));
   }
   return h;
 }
@@ -295,8 +295,8 @@ std::string pick_nccl_comm_id(const std::string& host, const std::string& avoid)
   sockaddr_storage addr{};
   socklen_t len = 0;
   bool v6 = false;
-  auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);    // NOLINT: sockaddr API
-  auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);   // NOLINT: sockaddr API
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);   // NOLINT: sockaddr API
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);  // NOLINT: sockaddr API
   if (::inet_pton(AF_INET6, bare.c_str(), &a6->sin6_addr) == 1) {
     a6->sin6_family = AF_INET6;
     len = sizeof(sockaddr_in6);
@@ -326,8 +326,8 @@ std::string pick_nccl_comm_id(const std::string& host, const std::string& avoid)
     const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&got), &got_len);  // NOLINT: sockaddr API
     ::close(fd);
     if (rc != 0) throw NetworkError(std::string("--nccl-id comm-id: getsockname failed: ") + std::strerror(errno));
-    const std::uint16_t port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&got)->sin6_port     // NOLINT
-                                        : reinterpret_cast<sockaddr_in*>(&got)->sin_port);     // NOLINT
+    const std::uint16_t port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&got)->sin6_port  // NOLINT
+                                        : reinterpret_cast<sockaddr_in*>(&got)->sin_port);  // NOLINT
     std::string value = shown + ":" + std::to_string(port);
     if (value != avoid) return value;
   }

@@ -213,8 +213,8 @@ NumaBindingPlan plan_numa_binding(NumaBinding mode, const std::string& sysfs_roo
   const CpuTopology topology = read_cpu_topology(sysfs_root);
   NumaBindingPlan plan;
   const auto count = static_cast<std::size_t>(std::max(nproc, 0));
-  const bool by_gpu = !rank_bus_ids.empty() &&
-                      std::none_of(rank_bus_ids.begin(), rank_bus_ids.end(), [](const std::string& b) { return b.empty(); });
+  const bool by_gpu = !rank_bus_ids.empty() && std::none_of(rank_bus_ids.begin(), rank_bus_ids.end(),
+                                                            [](const std::string& b) { return b.empty(); });
   if (by_gpu) {
     for (std::size_t r = 0; r < count; ++r) {
       plan.rank_nodes.push_back(read_pci_numa_node(sysfs_root, rank_bus_ids[r % rank_bus_ids.size()]));
@@ -228,13 +228,13 @@ NumaBindingPlan plan_numa_binding(NumaBinding mode, const std::string& sysfs_roo
       if (allow.empty() || allow.count(c.id) != 0) nodes.insert(c.node);
     }
     if (nodes.empty()) {
-      throw Error("CPU binding: none of the CPUs in " + sysfs_root + "/devices/system/cpu/online is in this process's affinity",
-                  "run ddprun without --numa-binding, or with a wider affinity (taskset)");
+      throw Error(
+          "CPU binding: none of the CPUs in " + sysfs_root + "/devices/system/cpu/online is in this process's affinity",
+          "run ddprun without --numa-binding, or with a wider affinity (taskset)");
     }
     const std::vector<int> order(nodes.begin(), nodes.end());
     for (std::size_t r = 0; r < count; ++r) plan.rank_nodes.push_back(order[r % order.size()]);
-    plan.note = "no GPU bus id known: local ranks are spread round robin over NUMA node(s) " +
-                format_cpu_list(order);
+    plan.note = "no GPU bus id known: local ranks are spread round robin over NUMA node(s) " + format_cpu_list(order);
   }
   plan.per_rank = plan_cpu_binding(mode, topology, plan.rank_nodes, allowed);
   return plan;

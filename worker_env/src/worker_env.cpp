@@ -33,8 +33,8 @@ std::string virtual_device(const EnvMap& parent, int local_rank) {
   }
   if (local_rank < 0 || static_cast<std::size_t>(local_rank) >= devices.size()) {
     throw UsageError("--virtual-local-rank: CUDA_VISIBLE_DEVICES='" + it->second + "' lists " +
-                         std::to_string(devices.size()) + " device(s) but local rank " +
-                         std::to_string(local_rank) + " needs its own",
+                         std::to_string(devices.size()) + " device(s) but local rank " + std::to_string(local_rank) +
+                         " needs its own",
                      "list at least --nproc-per-node devices in CUDA_VISIBLE_DEVICES, or unset it");
   }
   return devices[static_cast<std::size_t>(local_rank)];

@@ -87,8 +87,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   std::string in;
   std::size_t in_begin = 0;
-  std::string pending;   // frames queued for the current connection
-  std::string writing;   // owned by the async_write in flight
+  std::string pending;           // frames queued for the current connection
+  std::string writing;           // owned by the async_write in flight
   bool write_in_flight = false;  // the write pipeline: one async_write at a time
   // Success/failure reports of the current round, re-sent after every REJOIN: a report written
   // just before the daemon died may never have been read, and the registry ignores duplicates.
@@ -181,18 +181,17 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
             boost::system::error_code ignored;
             s->socket.close(ignored);  // the pending connect completes with operation_aborted
           });
-          asio::async_connect(self->socket, results,
-                              [self, gen](boost::system::error_code cec, const tcp::endpoint&) {
-                                self->connect_timer.cancel();
-                                if (gen != self->generation || self->stopped()) return;
-                                if (cec) {
-                                  self->connect_failed(cec == asio::error::operation_aborted
-                                                           ? std::string("connect timed out")
-                                                           : fmt::format("connect failed: {}", cec.message()));
-                                  return;
-                                }
-                                self->on_connected();
-                              });
+          asio::async_connect(self->socket, results, [self, gen](boost::system::error_code cec, const tcp::endpoint&) {
+            self->connect_timer.cancel();
+            if (gen != self->generation || self->stopped()) return;
+            if (cec) {
+              self->connect_failed(cec == asio::error::operation_aborted
+                                       ? std::string("connect timed out")
+                                       : fmt::format("connect failed: {}", cec.message()));
+              return;
+            }
+            self->on_connected();
+          });
         });
   }
 
@@ -267,12 +266,13 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   void arm_heartbeat() {
     if (!is_connected()) return;
-    heartbeat_timer->arm(timers.clock().now() + options.config.heartbeat_interval, [self = shared_from_this(),
-                                                                                    gen = generation] {
-      if (gen != self->generation || !self->is_connected()) return;
-      if (self->registered()) self->send_frame(HeartbeatMessage{self->options.run_id, self->options.node.id});
-      self->arm_heartbeat();
-    });
+    heartbeat_timer->arm(timers.clock().now() + options.config.heartbeat_interval,
+                         [self = shared_from_this(), gen = generation] {
+                           if (gen != self->generation || !self->is_connected()) return;
+                           if (self->registered())
+                             self->send_frame(HeartbeatMessage{self->options.run_id, self->options.node.id});
+                           self->arm_heartbeat();
+                         });
   }
 
   // ---- incoming ----
@@ -284,20 +284,19 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
     const std::size_t old = in.size();
     in.resize(old + 64 * 1024);
-    socket.async_read_some(asio::buffer(in.data() + old, in.size() - old),
-                           [self = shared_from_this(), gen = generation, old](boost::system::error_code ec,
-                                                                              std::size_t n) {
-                             if (gen != self->generation || self->stopped()) return;
-                             self->in.resize(old + n);
-                             if (ec) {
-                               self->connection_lost(ec == asio::error::eof ? std::string("closed by the server")
-                                                                            : ec.message());
-                               return;
-                             }
-                             self->process();
-                             if (gen != self->generation || self->stopped()) return;
-                             self->start_read();
-                           });
+    socket.async_read_some(
+        asio::buffer(in.data() + old, in.size() - old),
+        [self = shared_from_this(), gen = generation, old](boost::system::error_code ec, std::size_t n) {
+          if (gen != self->generation || self->stopped()) return;
+          self->in.resize(old + n);
+          if (ec) {
+            self->connection_lost(ec == asio::error::eof ? std::string("closed by the server") : ec.message());
+            return;
+          }
+          self->process();
+          if (gen != self->generation || self->stopped()) return;
+          self->start_read();
+        });
   }
 
   void process() {
@@ -386,7 +385,9 @@ RendezvousClient::~RendezvousClient() {
   if (impl_) impl_->core->stop();
 }
 
-void RendezvousClient::set_nccl_ids(std::vector<std::uint8_t> ids) { impl_->core->options.node.nccl_ids = std::move(ids); }
+void RendezvousClient::set_nccl_ids(std::vector<std::uint8_t> ids) {
+  impl_->core->options.node.nccl_ids = std::move(ids);
+}
 
 void RendezvousClient::join() {
   auto& s = *impl_->core;
@@ -474,26 +475,26 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
                              read_more();
                            });
   };
-  resolver.async_resolve(server.host, std::to_string(server.port),
-                         [&](boost::system::error_code ec, tcp::resolver::results_type results) {
-                           if (ec) {
-                             error = fmt::format("cannot resolve '{}': {}", server.host, ec.message());
-                             return;
-                           }
-                           asio::async_connect(socket, results, [&](boost::system::error_code cec, const tcp::endpoint&) {
-                             if (cec) {
-                               error = cec.message();
-                               return;
-                             }
-                             asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
-                               if (wec) {
-                                 error = wec.message();
-                                 return;
-                               }
-                               read_more();
-                             });
-                           });
-                         });
+  resolver.async_resolve(
+      server.host, std::to_string(server.port), [&](boost::system::error_code ec, tcp::resolver::results_type results) {
+        if (ec) {
+          error = fmt::format("cannot resolve '{}': {}", server.host, ec.message());
+          return;
+        }
+        asio::async_connect(socket, results, [&](boost::system::error_code cec, const tcp::endpoint&) {
+          if (cec) {
+            error = cec.message();
+            return;
+          }
+          asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
+            if (wec) {
+              error = wec.message();
+              return;
+            }
+            read_more();
+          });
+        });
+      });
   io.run_for(timeout);
   if (result) return std::move(*result);
   if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());

@@ -15,14 +15,10 @@ using detail::nnodes;
 using detail::node_label;
 using detail::until;
 
-
 RendezvousJob::RendezvousJob(std::string run_id, JobConfig config, TimePoint now)
-    : run_id_(std::move(run_id)),
-      config_(config),
-      join_deadline_(now + config.join_timeout) {}
+    : run_id_(std::move(run_id)), config_(config), join_deadline_(now + config.join_timeout) {}
 
-RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& request,
-                                     TimePoint now, Decisions& out) {
+RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& request, TimePoint now, Decisions& out) {
   const Assignment& a = *request.assignment;
   RendezvousJob job(std::move(run_id), request.config, now);
   job.state_ = JobState::running;
@@ -48,8 +44,7 @@ RendezvousJob::Member* RendezvousJob::find(const NodeId& id) {
   return it == members_.end() ? nullptr : &it->second;
 }
 
-RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRole role,
-                                                 TimePoint now) {
+RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRole role, TimePoint now) {
   if (auto old = members_.find(info.id); old != members_.end()) erase_member(old);
   const auto it = members_.try_emplace(info.id).first;
   Member& m = it->second;
@@ -100,22 +95,20 @@ void RendezvousJob::set_lease(Member& m, TimePoint deadline) {
 
 std::string RendezvousJob::config_mismatch(const JobConfig& requested) const {
   std::string diffs;
-  auto add = [&diffs](const std::string& text) {
-    diffs += diffs.empty() ? text : "; " + text;
-  };
+  auto add = [&diffs](const std::string& text) { diffs += diffs.empty() ? text : "; " + text; };
   if (requested.min_nodes != config_.min_nodes || requested.max_nodes != config_.max_nodes) {
-    add(fmt::format("--nnodes: the job has {}, this node asked for {}",
-                    nnodes(config_.min_nodes, config_.max_nodes),
+    add(fmt::format("--nnodes: the job has {}, this node asked for {}", nnodes(config_.min_nodes, config_.max_nodes),
                     nnodes(requested.min_nodes, requested.max_nodes)));
   }
   if (requested.max_restarts != config_.max_restarts) {
-    add(fmt::format("--max-restarts: the job has {}, this node asked for {}",
-                    config_.max_restarts, requested.max_restarts));
+    add(fmt::format("--max-restarts: the job has {}, this node asked for {}", config_.max_restarts,
+                    requested.max_restarts));
   }
   if (diffs.empty()) return {};
-  return fmt::format("configuration mismatch for rendezvous '{}': {} (start every node with the "
-                     "same values)",
-                     run_id_, diffs);
+  return fmt::format(
+      "configuration mismatch for rendezvous '{}': {} (start every node with the "
+      "same values)",
+      run_id_, diffs);
 }
 
 Decisions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) const {
@@ -124,18 +117,14 @@ Decisions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) con
     return {Refuse{run_id_, node,
                    fmt::format("rendezvous '{}' already completed; its id can be reused in {} "
                                "(close_timeout) or pick a new --rdzv-id",
-                               run_id_,
-                               format_seconds(gc_deadline_ ? until(*gc_deadline_, now)
-                                                           : Duration::zero()))}};
+                               run_id_, format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero()))}};
   }
-  if (members_.count(node) != 0)
-    return {SendJobFailed{run_id_, node, result_reason_, root_cause_, result_exit_code_}};
+  if (members_.count(node) != 0) return {SendJobFailed{run_id_, node, result_reason_, root_cause_, result_exit_code_}};
   return {Refuse{run_id_, node,
                  fmt::format("rendezvous '{}' already failed ({}); pick a new --rdzv-id or retry "
                              "in {}",
                              run_id_, result_reason_,
-                             format_seconds(gc_deadline_ ? until(*gc_deadline_, now)
-                                                         : Duration::zero()))}};
+                             format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero()))}};
 }
 
 void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
@@ -154,9 +143,9 @@ void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
   } else {
     last_call_.reset();
     if (now >= join_deadline_) {
-      std::string reason = fmt::format(
-          "rendezvous '{}' timed out after {} waiting for nodes: {}/{} joined (min {})", run_id_,
-          format_seconds(config_.join_timeout), joined, config_.min_nodes, config_.min_nodes);
+      std::string reason =
+          fmt::format("rendezvous '{}' timed out after {} waiting for nodes: {}/{} joined (min {})", run_id_,
+                      format_seconds(config_.join_timeout), joined, config_.min_nodes, config_.min_nodes);
       if (!last_end_reason_.empty()) reason += "; the last round ended because " + last_end_reason_;
       fail_job(out, reason, std::nullopt, kRendezvousFailureExitCode, now);
     }
@@ -169,8 +158,7 @@ void RendezvousJob::close_round(Decisions& out) {
     if (m.role == MemberRole::joined) roster.push_back(&m);
   }
   const int n = static_cast<int>(roster.size());
-  std::sort(roster.begin(), roster.end(),
-            [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
+  std::sort(roster.begin(), roster.end(), [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
   // Stable ranks: keep the previous rank when it still fits and is free, then fill the gaps in
   // join order.
   std::vector<Member*> by_rank(static_cast<std::size_t>(n), nullptr);
@@ -189,8 +177,7 @@ void RendezvousJob::close_round(Decisions& out) {
   }
 
   Member& master = *by_rank.front();
-  const std::string master_addr =
-      master.info.store_host.empty() ? master.info.addr : master.info.store_host;
+  const std::string master_addr = master.info.store_host.empty() ? master.info.addr : master.info.store_host;
   int world_size = 0;
   for (const Member* m : by_rank) world_size += m->info.local_world_size;
 
@@ -229,8 +216,7 @@ void RendezvousJob::close_round(Decisions& out) {
   }
 }
 
-void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& reason,
-                              TimePoint now) {
+void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& reason, TimePoint now) {
   const std::uint64_t ended = round_;
   ++round_;
   state_ = JobState::waiting;
@@ -259,8 +245,8 @@ void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& 
   send_progress(out, now);
 }
 
-void RendezvousJob::fail_job(Decisions& out, const std::string& reason,
-                             std::optional<RootCause> cause, int exit_code, TimePoint now) {
+void RendezvousJob::fail_job(Decisions& out, const std::string& reason, std::optional<RootCause> cause, int exit_code,
+                             TimePoint now) {
   state_ = JobState::failed;
   result_reason_ = reason;
   root_cause_ = std::move(cause);
@@ -294,15 +280,14 @@ void RendezvousJob::mark_gc_if_empty(TimePoint now) {
   if (closed_ && members_.empty() && !gc_deadline_) gc_deadline_ = now + config_.close_timeout;
 }
 
-void RendezvousJob::remove_members(Decisions& out, const std::vector<NodeId>& ids,
-                                   const std::string& reason, TimePoint now) {
+void RendezvousJob::remove_members(Decisions& out, const std::vector<NodeId>& ids, const std::string& reason,
+                                   TimePoint now) {
   bool running_participant_lost = false;
   for (const NodeId& id : ids) {
     auto it = members_.find(id);
     if (it == members_.end()) continue;
     // A participant that already succeeded has done its part: losing it ends nothing.
-    if (it->second.role == MemberRole::participant && !it->second.succeeded)
-      running_participant_lost = true;
+    if (it->second.role == MemberRole::participant && !it->second.succeeded) running_participant_lost = true;
     erase_member(it);
   }
   mark_gc_if_empty(now);
@@ -314,8 +299,8 @@ void RendezvousJob::remove_members(Decisions& out, const std::vector<NodeId>& id
       const int remaining = count(MemberRole::participant) + count(MemberRole::joined);
       std::string text = reason;
       if (remaining < config_.min_nodes) {
-        text += fmt::format("; {} nodes remain (min {}), waiting up to {} for replacements",
-                            remaining, config_.min_nodes, format_seconds(config_.join_timeout));
+        text += fmt::format("; {} nodes remain (min {}), waiting up to {} for replacements", remaining,
+                            config_.min_nodes, format_seconds(config_.join_timeout));
       }
       end_round(out, RoundEnd::membership_change, text, now);
     } else {
@@ -339,10 +324,8 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                                      run_id_)});
     return out;
   }
-  const int capacity_used =
-      state_ == JobState::waiting
-          ? count(MemberRole::joined) + count(MemberRole::expected)
-          : count(MemberRole::participant) + count(MemberRole::joined);
+  const int capacity_used = state_ == JobState::waiting ? count(MemberRole::joined) + count(MemberRole::expected)
+                                                        : count(MemberRole::participant) + count(MemberRole::joined);
   auto refuse_full = [&] {
     out.push_back(Refuse{run_id_, node.id,
                          fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking "
@@ -365,9 +348,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
       m->assignment.reset();
       set_role(*m, MemberRole::joined);
       end_round(out, RoundEnd::membership_change,
-                fmt::format("node {} re-joined while round {} was running", node_label(node),
-                            round_),
-                now);
+                fmt::format("node {} re-joined while round {} was running", node_label(node), round_), now);
     } else if (m->role == MemberRole::late) {
       if (capacity_used >= config_.max_nodes) {
         refuse_full();
@@ -375,8 +356,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
         return out;
       }
       set_role(*m, MemberRole::joined);
-      end_round(out, RoundEnd::membership_change,
-                fmt::format("node {} joined late", node_label(node)), now);
+      end_round(out, RoundEnd::membership_change, fmt::format("node {} joined late", node_label(node)), now);
     }
     // joined while running: already on the wait list, nothing changes.
     return out;
@@ -390,8 +370,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
     evaluate_waiting(out, now);
     send_progress(out, now, &node.id);
   } else {
-    end_round(out, RoundEnd::membership_change,
-              fmt::format("new node {} joined", node_label(node)), now);
+    end_round(out, RoundEnd::membership_change, fmt::format("new node {} joined", node_label(node)), now);
   }
   return out;
 }
@@ -399,8 +378,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
 Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
   const NodeId& id = request.node.id;
   if (finished()) return final_result_for(id, now);
-  if (std::string why = config_mismatch(request.config); !why.empty())
-    return {Refuse{run_id_, id, why}};
+  if (std::string why = config_mismatch(request.config); !why.empty()) return {Refuse{run_id_, id, why}};
   const std::optional<Assignment>& a = request.assignment;
   auto restart_stale = [&](std::uint64_t old_round) -> Decisions {
     return {SendRestart{run_id_, id, old_round, RoundEnd::membership_change, restarts_used_,
@@ -413,14 +391,11 @@ Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
     refresh(*m, now);
     if (state_ == JobState::running && m->role == MemberRole::participant) {
       if (a && a->round == round_) {
-        return {Progress{run_id_, id,
-                         fmt::format("re-registered with rendezvous '{}' in round {}", run_id_,
-                                     round_)}};
+        return {Progress{run_id_, id, fmt::format("re-registered with rendezvous '{}' in round {}", run_id_, round_)}};
       }
       return {SendAssignment{run_id_, id, *m->assignment}};  // it missed the push
     }
-    if (a && a->round < round_ &&
-        (m->role == MemberRole::expected || m->role == MemberRole::late)) {
+    if (a && a->round < round_ && (m->role == MemberRole::expected || m->role == MemberRole::late)) {
       return restart_stale(a->round);  // it missed the SendRestart
     }
     if (m->role == MemberRole::joined) {
@@ -438,12 +413,9 @@ Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
   }
   if (!a) return join(request.node, request.config, now);
   if (state_ == JobState::running && a->round == round_ && rebuilt_template_ &&
-      absent_ranks_.count(a->group_rank) != 0 &&
-      a->group_world_size == rebuilt_template_->group_world_size &&
-      a->world_size == rebuilt_template_->world_size &&
-      a->restart_count == rebuilt_template_->restart_count &&
-      a->master_addr == rebuilt_template_->master_addr &&
-      a->master_port == rebuilt_template_->master_port &&
+      absent_ranks_.count(a->group_rank) != 0 && a->group_world_size == rebuilt_template_->group_world_size &&
+      a->world_size == rebuilt_template_->world_size && a->restart_count == rebuilt_template_->restart_count &&
+      a->master_addr == rebuilt_template_->master_addr && a->master_port == rebuilt_template_->master_port &&
       a->nccl_id == rebuilt_template_->nccl_id) {
     Member& added = add_member(request.node, MemberRole::participant, now);
     added.group_rank = a->group_rank;
@@ -499,13 +471,10 @@ Decisions RendezvousJob::worker_failed(const WorkerFailure& failure, TimePoint n
   if (restarts_used_ < config_.max_restarts) {
     ++restarts_used_;
     end_round(out, RoundEnd::worker_failure,
-              fmt::format("{} (restart {}/{})", cause.describe(), restarts_used_,
-                          config_.max_restarts),
-              now);
+              fmt::format("{} (restart {}/{})", cause.describe(), restarts_used_, config_.max_restarts), now);
   } else {
-    const std::string reason =
-        fmt::format("{}; the restart budget is spent ({}/{} restarts used)", cause.describe(),
-                    restarts_used_, config_.max_restarts);
+    const std::string reason = fmt::format("{}; the restart budget is spent ({}/{} restarts used)", cause.describe(),
+                                           restarts_used_, config_.max_restarts);
     fail_job(out, reason, cause, failure.ddprun_exit_code(), now);
   }
   return out;
@@ -536,26 +505,22 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
   if (finished()) return out;
   // Expired leases come first in the index; report them in node order, as a scan would.
   std::vector<const NodeId*> expired;
-  for (auto it = leases_.begin(); it != leases_.end() && it->first <= now; ++it)
-    expired.push_back(it->second);
-  std::sort(expired.begin(), expired.end(),
-            [](const NodeId* a, const NodeId* b) { return *a < *b; });
+  for (auto it = leases_.begin(); it != leases_.end() && it->first <= now; ++it) expired.push_back(it->second);
+  std::sort(expired.begin(), expired.end(), [](const NodeId* a, const NodeId* b) { return *a < *b; });
   std::vector<NodeId> lost;
   std::string reason;
   for (const NodeId* id : expired) {
     const Member& m = members_.find(*id)->second;
     lost.push_back(*id);
-    const std::string why =
-        m.disconnected
-            ? fmt::format("node {} lost: connection closed and not re-registered within {}",
-                          node_label(m.info), format_seconds(config_.heartbeat_interval))
-            : fmt::format("node {} lost: no heartbeat for {}", node_label(m.info),
-                          format_seconds(now - m.last_heartbeat));
+    const std::string why = m.disconnected
+                                ? fmt::format("node {} lost: connection closed and not re-registered within {}",
+                                              node_label(m.info), format_seconds(config_.heartbeat_interval))
+                                : fmt::format("node {} lost: no heartbeat for {}", node_label(m.info),
+                                              format_seconds(now - m.last_heartbeat));
     reason += reason.empty() ? why : "; " + why;
   }
   if (!lost.empty()) remove_members(out, lost, reason, now);
-  if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ &&
-      !absent_ranks_.empty()) {
+  if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ && !absent_ranks_.empty()) {
     std::string ranks;
     for (int r : absent_ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     end_round(out, RoundEnd::membership_change,
@@ -572,8 +537,7 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
       if (m.succeeded) {
         ++done;
       } else {
-        pending += fmt::format("{}group rank {} on {}", pending.empty() ? "" : ", ", m.group_rank,
-                               m.info.addr);
+        pending += fmt::format("{}group rank {} on {}", pending.empty() ? "" : ", ", m.group_rank, m.info.addr);
       }
     }
     for (int r : absent_ranks_) {
@@ -583,8 +547,7 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
     fail_job(out,
              fmt::format("rendezvous '{}': exit barrier timed out after {}: {}/{} nodes "
                          "finished; still running: {}",
-                         run_id_, format_seconds(config_.exit_barrier_timeout), done, total,
-                         pending),
+                         run_id_, format_seconds(config_.exit_barrier_timeout), done, total, pending),
              std::nullopt, kRendezvousFailureExitCode, now);
   }
   evaluate_waiting(out, now);

@@ -13,12 +13,9 @@ inline std::string node_label(const NodeInfo& info) {
 }
 
 inline std::string nnodes(int min_nodes, int max_nodes) {
-  return min_nodes == max_nodes ? std::to_string(min_nodes)
-                                : fmt::format("{}:{}", min_nodes, max_nodes);
+  return min_nodes == max_nodes ? std::to_string(min_nodes) : fmt::format("{}:{}", min_nodes, max_nodes);
 }
 
-inline Duration until(TimePoint deadline, TimePoint now) {
-  return deadline > now ? deadline - now : Duration::zero();
-}
+inline Duration until(TimePoint deadline, TimePoint now) { return deadline > now ? deadline - now : Duration::zero(); }
 
 }  // namespace ddprun::rendezvous::detail

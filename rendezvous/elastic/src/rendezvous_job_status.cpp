@@ -29,12 +29,10 @@ std::string RendezvousJob::audit() const {
   }
   for (int r = 0; r < 4; ++r) {
     if (roles[r] != role_count_[r]) {
-      add(fmt::format("{} count {} != {} members", to_string(static_cast<MemberRole>(r)),
-                      role_count_[r], roles[r]));
+      add(fmt::format("{} count {} != {} members", to_string(static_cast<MemberRole>(r)), role_count_[r], roles[r]));
     }
   }
-  if (succeeded != succeeded_count_)
-    add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
+  if (succeeded != succeeded_count_) add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
   if (leases_.size() != members_.size())
     add(fmt::format("lease index holds {} entries for {} members", leases_.size(), members_.size()));
   return diffs;
@@ -46,9 +44,8 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
       const int joined = count(MemberRole::joined);
       const int expected = count(MemberRole::expected);
       const int target = std::max(config_.min_nodes, joined + expected);
-      std::string text =
-          fmt::format("waiting for nodes: {}/{} joined (min {}, max {})", joined, target,
-                      config_.min_nodes, config_.max_nodes);
+      std::string text = fmt::format("waiting for nodes: {}/{} joined (min {}, max {})", joined, target,
+                                     config_.min_nodes, config_.max_nodes);
       if (joined >= config_.min_nodes && last_call_) {
         text += ", last call in " + format_seconds(until(*last_call_, now));
       } else {
@@ -63,11 +60,13 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
                            participants + static_cast<int>(absent_ranks_.size()),
                            format_seconds(until(*exit_barrier_, now)));
       }
-      return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants,
-                         restarts_used_, config_.max_restarts);
+      return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants, restarts_used_,
+                         config_.max_restarts);
     }
-    case JobState::completed: return "completed";
-    case JobState::failed: return "failed: " + result_reason_;
+    case JobState::completed:
+      return "completed";
+    case JobState::failed:
+      return "failed: " + result_reason_;
   }
   return {};
 }

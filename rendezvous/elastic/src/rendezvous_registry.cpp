@@ -7,8 +7,7 @@
 
 namespace ddprun::rendezvous {
 
-std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token,
-                                              const NodeInfo& node,
+std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token, const NodeInfo& node,
                                               const JobConfig& config) const {
   if (!token_.empty() && token != token_) {
     return "token mismatch: the daemon requires --rdzv-conf token=... or DDPRUN_RDZV_TOKEN "
@@ -16,18 +15,16 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const s
   }
   if (run_id.empty()) return "empty rendezvous id: pass --rdzv-id";
   if (node.local_world_size < 1) {
-    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1",
-                       node.id.to_string(), node.local_world_size);
+    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1", node.id.to_string(),
+                       node.local_world_size);
   }
   if (std::string why = config.validate(); !why.empty())
     return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
   return {};
 }
 
-Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request,
-                                 TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
-      !why.empty()) {
+Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request, TimePoint now) {
+  if (std::string why = check_request(run_id, request.token, request.node, request.config); !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
   auto it = jobs_.find(run_id);
@@ -35,10 +32,8 @@ Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest&
   return it->second.join(request.node, request.config, now);
 }
 
-Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request,
-                                   TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
-      !why.empty()) {
+Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now) {
+  if (std::string why = check_request(run_id, request.token, request.node, request.config); !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
   auto it = jobs_.find(run_id);
@@ -48,8 +43,7 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     return it->second.join(request.node, request.config, now);
   }
   const Assignment& a = *request.assignment;
-  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size ||
-      a.restart_count < 0) {
+  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size || a.restart_count < 0) {
     return {Refuse{run_id, request.node.id,
                    fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
                                "(group rank {} of {}, restart count {})",
@@ -60,8 +54,7 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
   return out;
 }
 
-Decisions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId& node,
-                                      TimePoint now) {
+Decisions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId& node, TimePoint now) {
   auto it = jobs_.find(run_id);
   if (it == jobs_.end()) {
     return {AskRejoin{run_id, node,
@@ -72,8 +65,7 @@ Decisions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId&
   return it->second.heartbeat(node, now);
 }
 
-Decisions RendezvousRegistry::disconnected(const std::string& run_id, const NodeId& node,
-                                         TimePoint now) {
+Decisions RendezvousRegistry::disconnected(const std::string& run_id, const NodeId& node, TimePoint now) {
   auto it = jobs_.find(run_id);
   return it == jobs_.end() ? Decisions{} : it->second.disconnected(node, now);
 }
@@ -83,14 +75,13 @@ Decisions RendezvousRegistry::leave(const std::string& run_id, const NodeId& nod
   return it == jobs_.end() ? Decisions{} : it->second.leave(node, now);
 }
 
-Decisions RendezvousRegistry::worker_failed(const std::string& run_id, const WorkerFailure& failure,
-                                          TimePoint now) {
+Decisions RendezvousRegistry::worker_failed(const std::string& run_id, const WorkerFailure& failure, TimePoint now) {
   auto it = jobs_.find(run_id);
   return it == jobs_.end() ? Decisions{} : it->second.worker_failed(failure, now);
 }
 
-Decisions RendezvousRegistry::succeeded(const std::string& run_id, const NodeId& node,
-                                      std::uint64_t round, TimePoint now) {
+Decisions RendezvousRegistry::succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round,
+                                        TimePoint now) {
   auto it = jobs_.find(run_id);
   return it == jobs_.end() ? Decisions{} : it->second.succeeded(node, round, now);
 }
@@ -104,8 +95,7 @@ Decisions RendezvousRegistry::on_tick(TimePoint now) {
   Decisions out;
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Decisions job_actions = it->second.on_tick(now);
-    out.insert(out.end(), std::make_move_iterator(job_actions.begin()),
-               std::make_move_iterator(job_actions.end()));
+    out.insert(out.end(), std::make_move_iterator(job_actions.begin()), std::make_move_iterator(job_actions.end()));
     if (it->second.collectable(now)) {
       it = jobs_.erase(it);
     } else {

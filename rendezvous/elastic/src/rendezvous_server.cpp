@@ -21,18 +21,22 @@ namespace {
 
 const char* signal_text(int signo) {
   switch (signo) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    default: return "a signal";
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGQUIT:
+      return "SIGQUIT";
+    default:
+      return "a signal";
   }
 }
 
 }  // namespace
 
-RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options,
-                                   Timers& timers)
+RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options, Timers& timers)
     : options_(std::move(options)) {
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;

@@ -8,12 +8,8 @@
 
 namespace ddprun::rendezvous {
 
-RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
-                                     Timers& timers)
-    : options_(std::move(options)),
-      clock_(timers.clock()),
-      registry_(options_.token),
-      timer_(timers.make_timer(io)) {}
+RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers)
+    : options_(std::move(options)), clock_(timers.clock()), registry_(options_.token), timer_(timers.make_timer(io)) {}
 
 RendezvousService::~RendezvousService() = default;
 

@@ -19,18 +19,17 @@ std::string NodeId::to_string() const { return fmt::format("{}:{}/{}", addr, pid
 
 std::string JobConfig::validate() const {
   if (min_nodes < 1) return fmt::format("min_nodes must be >= 1, got {}", min_nodes);
-  if (max_nodes < min_nodes)
-    return fmt::format("max_nodes ({}) must be >= min_nodes ({})", max_nodes, min_nodes);
+  if (max_nodes < min_nodes) return fmt::format("max_nodes ({}) must be >= min_nodes ({})", max_nodes, min_nodes);
   if (max_restarts < 0) return fmt::format("max_restarts must be >= 0, got {}", max_restarts);
-  if (missed_heartbeats < 1)
-    return fmt::format("missed_heartbeats must be >= 1, got {}", missed_heartbeats);
-  const std::pair<const char*, Duration> positive[] = {
-      {"join_timeout", join_timeout},           {"last_call_timeout", last_call_timeout},
-      {"close_timeout", close_timeout},         {"heartbeat_interval", heartbeat_interval},
-      {"exit_barrier_timeout", exit_barrier_timeout}, {"rebuild_grace", rebuild_grace}};
+  if (missed_heartbeats < 1) return fmt::format("missed_heartbeats must be >= 1, got {}", missed_heartbeats);
+  const std::pair<const char*, Duration> positive[] = {{"join_timeout", join_timeout},
+                                                       {"last_call_timeout", last_call_timeout},
+                                                       {"close_timeout", close_timeout},
+                                                       {"heartbeat_interval", heartbeat_interval},
+                                                       {"exit_barrier_timeout", exit_barrier_timeout},
+                                                       {"rebuild_grace", rebuild_grace}};
   for (const auto& [name, value] : positive) {
-    if (value <= Duration::zero())
-      return fmt::format("{} must be > 0, got {}", name, format_seconds(value));
+    if (value <= Duration::zero()) return fmt::format("{} must be > 0, got {}", name, format_seconds(value));
   }
   return {};
 }
@@ -42,10 +41,9 @@ int WorkerFailure::ddprun_exit_code() const {
 }
 
 std::string RootCause::describe() const {
-  std::string text = fmt::format("rank {} (local rank {} on node {}, group rank {})",
-                                 failure.global_rank, failure.local_rank,
-                                 node_addr.empty() ? failure.node.to_string() : node_addr,
-                                 group_rank);
+  std::string text =
+      fmt::format("rank {} (local rank {} on node {}, group rank {})", failure.global_rank, failure.local_rank,
+                  node_addr.empty() ? failure.node.to_string() : node_addr, group_rank);
   if (failure.signal) {
     text += fmt::format(" was killed by signal {}", *failure.signal);
   } else if (failure.exit_code) {
@@ -59,20 +57,28 @@ std::string RootCause::describe() const {
 
 const char* to_string(JobState state) {
   switch (state) {
-    case JobState::waiting: return "waiting";
-    case JobState::running: return "running";
-    case JobState::completed: return "completed";
-    case JobState::failed: return "failed";
+    case JobState::waiting:
+      return "waiting";
+    case JobState::running:
+      return "running";
+    case JobState::completed:
+      return "completed";
+    case JobState::failed:
+      return "failed";
   }
   return "?";
 }
 
 const char* to_string(MemberRole role) {
   switch (role) {
-    case MemberRole::joined: return "joined";
-    case MemberRole::expected: return "expected";
-    case MemberRole::participant: return "participant";
-    case MemberRole::late: return "late";
+    case MemberRole::joined:
+      return "joined";
+    case MemberRole::expected:
+      return "expected";
+    case MemberRole::participant:
+      return "participant";
+    case MemberRole::late:
+      return "late";
   }
   return "?";
 }

@@ -24,9 +24,7 @@ namespace {
 
 // ---- encoding helpers ----
 
-std::int64_t ms(Duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
+std::int64_t ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
 json::object node_id_json(const NodeId& id) {
   return json::object{{"addr", id.addr}, {"pid", id.pid}, {"instance", id.instance}};
@@ -88,8 +86,7 @@ json::object failure_json(const WorkerFailure& f) {
 }
 
 json::object root_cause_json(const RootCause& r) {
-  return json::object{
-      {"failure", failure_json(r.failure)}, {"node_addr", r.node_addr}, {"group_rank", r.group_rank}};
+  return json::object{{"failure", failure_json(r.failure)}, {"node_addr", r.node_addr}, {"group_rank", r.group_rank}};
 }
 
 void put_optional_ms(json::object& o, const char* key, const std::optional<Duration>& d) {
@@ -197,11 +194,9 @@ void frame_assignment(std::string& out, const SendAssignment& m) {
   fmt::format_to(std::back_inserter(out),
                  ",\"assignment\":{{\"round\":{},\"group_rank\":{},\"group_world_size\":{},"
                  "\"local_world_size\":{},\"rank_offset\":{},\"world_size\":{},\"master_addr\":",
-                 a.round, a.group_rank, a.group_world_size, a.local_world_size, a.rank_offset,
-                 a.world_size);
+                 a.round, a.group_rank, a.group_world_size, a.local_world_size, a.rank_offset, a.world_size);
   put_json_string(out, a.master_addr);
-  fmt::format_to(std::back_inserter(out),
-                 ",\"master_port\":{},\"restart_count\":{},\"max_restarts\":{},\"nccl_id\":\"",
+  fmt::format_to(std::back_inserter(out), ",\"master_port\":{},\"restart_count\":{},\"max_restarts\":{},\"nccl_id\":\"",
                  a.master_port, a.restart_count, a.max_restarts);
   out.append(hex(a.nccl_id));
   out.append("\"}}");
@@ -224,22 +219,38 @@ void frame_progress(std::string& out, const Progress& m) {
 
 const char* native_op_name(std::uint8_t op) {
   switch (static_cast<NativeOp>(op)) {
-    case NativeOp::join: return "JOIN";
-    case NativeOp::rejoin: return "REJOIN";
-    case NativeOp::heartbeat: return "HEARTBEAT";
-    case NativeOp::leave: return "LEAVE";
-    case NativeOp::worker_failed: return "WORKER_FAILED";
-    case NativeOp::succeeded: return "SUCCEEDED";
-    case NativeOp::close: return "CLOSE";
-    case NativeOp::status: return "STATUS";
-    case NativeOp::assignment: return "ASSIGNMENT";
-    case NativeOp::restart: return "RESTART";
-    case NativeOp::job_failed: return "JOB_FAILED";
-    case NativeOp::job_completed: return "JOB_COMPLETED";
-    case NativeOp::refused: return "REFUSED";
-    case NativeOp::ask_rejoin: return "ASK_REJOIN";
-    case NativeOp::progress: return "PROGRESS";
-    case NativeOp::status_reply: return "STATUS_REPLY";
+    case NativeOp::join:
+      return "JOIN";
+    case NativeOp::rejoin:
+      return "REJOIN";
+    case NativeOp::heartbeat:
+      return "HEARTBEAT";
+    case NativeOp::leave:
+      return "LEAVE";
+    case NativeOp::worker_failed:
+      return "WORKER_FAILED";
+    case NativeOp::succeeded:
+      return "SUCCEEDED";
+    case NativeOp::close:
+      return "CLOSE";
+    case NativeOp::status:
+      return "STATUS";
+    case NativeOp::assignment:
+      return "ASSIGNMENT";
+    case NativeOp::restart:
+      return "RESTART";
+    case NativeOp::job_failed:
+      return "JOB_FAILED";
+    case NativeOp::job_completed:
+      return "JOB_COMPLETED";
+    case NativeOp::refused:
+      return "REFUSED";
+    case NativeOp::ask_rejoin:
+      return "ASK_REJOIN";
+    case NativeOp::progress:
+      return "PROGRESS";
+    case NativeOp::status_reply:
+      return "STATUS_REPLY";
   }
   static constexpr std::array<const char*, 256> names = [] {
     std::array<const char*, 256> a{};
@@ -302,10 +313,8 @@ void encode_one(std::string& out, const T& m) {
                        {"restart_count", m.restart_count},
                        {"reason", m.reason}});
   } else if constexpr (std::is_same_v<T, SendJobFailed>) {
-    json::object o{{"run_id", m.run_id},
-                   {"node", node_id_json(m.node)},
-                   {"reason", m.reason},
-                   {"exit_code", m.exit_code}};
+    json::object o{
+        {"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}, {"exit_code", m.exit_code}};
     if (m.root_cause) o["root_cause"] = root_cause_json(*m.root_cause);
     frame(out, NativeOp::job_failed, o);
   } else if constexpr (std::is_same_v<T, SendJobCompleted>) {

@@ -51,15 +51,14 @@ class Reader {
     if (!v.is_string()) bad(key, "a string");
     return std::string(v.get_string());
   }
-  std::string str_or(const char* key, std::string fallback) const {
-    return find(key) ? str(key) : fallback;
-  }
+  std::string str_or(const char* key, std::string fallback) const { return find(key) ? str(key) : fallback; }
   std::int64_t i64(const char* key, std::int64_t lo, std::int64_t hi) const {
     const json::value& v = need(key);
     std::int64_t x = 0;
     if (v.is_int64()) {
       x = v.get_int64();
-    } else if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    } else if (v.is_uint64() &&
+               v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
       x = static_cast<std::int64_t>(v.get_uint64());
     } else {
       bad(key, "an integer");
@@ -203,8 +202,8 @@ Enum read_enum(const Reader& r, const char* key, const std::array<Enum, N>& valu
 JobStatus read_job_status(const Reader& r) {
   JobStatus j;
   j.run_id = r.str("run_id");
-  j.state = read_enum(r, "state",
-                      std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed});
+  j.state =
+      read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed});
   j.closed = r.boolean("closed");
   j.round = r.u64("round");
   j.min_nodes = r.i32("min_nodes");
@@ -221,8 +220,7 @@ JobStatus read_job_status(const Reader& r) {
     s.addr = m.str("addr");
     s.local_world_size = m.i32("local_world_size");
     s.role = read_enum(m, "role",
-                       std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant,
-                                  MemberRole::late});
+                       std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late});
     s.group_rank = m.i32("group_rank");
     s.succeeded = m.boolean("succeeded");
     s.disconnected = m.boolean("disconnected");

@@ -120,7 +120,8 @@ std::optional<TimePoint> ManualTimers::next_expiry() const {
 }
 
 std::size_t ManualTimers::armed() const {
-  return static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry* e) { return e->at.has_value(); }));
+  return static_cast<std::size_t>(
+      std::count_if(entries_.begin(), entries_.end(), [](const Entry* e) { return e->at.has_value(); }));
 }
 
 void ManualTimers::fire_due() {

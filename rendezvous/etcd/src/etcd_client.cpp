@@ -54,8 +54,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
  public:
   using Tls = beast::ssl_stream<beast::tcp_stream>;
 
-  Conn(asio::io_context& io, ssl::context* tls, Endpoint ep)
-      : ep_(std::move(ep)), resolver_(io) {
+  Conn(asio::io_context& io, ssl::context* tls, Endpoint ep) : ep_(std::move(ep)), resolver_(io) {
     if (tls != nullptr) {
       tls_ = std::make_unique<Tls>(io, *tls);
     } else {
@@ -80,16 +79,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
     auto self = shared_from_this();
     resolver_.async_resolve(
         ep_.host, std::to_string(ep_.port),
-        [self, timeout, done = std::move(done)](const error_code& ec,
-                                                tcp::resolver::results_type results) mutable {
+        [self, timeout, done = std::move(done)](const error_code& ec, tcp::resolver::results_type results) mutable {
           if (ec) return done("cannot resolve the host name: " + ec.message());
           self->lowest().expires_after(timeout);
           self->lowest().async_connect(
-              results, [self, done = std::move(done)](const error_code& ec2,
-                                                     const tcp::endpoint&) mutable {
+              results, [self, done = std::move(done)](const error_code& ec2, const tcp::endpoint&) mutable {
                 if (ec2) {
-                  return done(ec2 == beast::error::timeout ? "connect timed out"
-                                                           : "cannot connect: " + ec2.message());
+                  return done(ec2 == beast::error::timeout ? "connect timed out" : "cannot connect: " + ec2.message());
                 }
                 error_code ignored;
                 self->lowest().socket().set_option(tcp::no_delay(true), ignored);
@@ -99,19 +95,17 @@ class Conn : public std::enable_shared_from_this<Conn> {
                   return done("");
                 }
                 if (!is_ip_literal(self->ep_.host) &&
-                    SSL_ctrl(self->tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME,
-                             TLSEXT_NAMETYPE_host_name,
+                    SSL_ctrl(self->tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
                              const_cast<char*>(self->ep_.host.c_str())) != 1) {
                   return done("cannot set the TLS server name");
                 }
                 self->tls_->set_verify_callback(ssl::host_name_verification(self->ep_.host));
-                self->tls_->async_handshake(
-                    ssl::stream_base::client,
-                    [self, done = std::move(done)](const error_code& ec3) mutable {
-                      if (ec3) return done("TLS handshake failed: " + ec3.message());
-                      self->open_ = true;
-                      done("");
-                    });
+                self->tls_->async_handshake(ssl::stream_base::client,
+                                            [self, done = std::move(done)](const error_code& ec3) mutable {
+                                              if (ec3) return done("TLS handshake failed: " + ec3.message());
+                                              self->open_ = true;
+                                              done("");
+                                            });
               });
         });
   }
@@ -133,8 +127,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool open_ = false;
 };
 
-http::request<http::string_body> make_request(const Endpoint& ep, const std::string& target,
-                                              std::string body, const std::string& token) {
+http::request<http::string_body> make_request(const Endpoint& ep, const std::string& target, std::string body,
+                                              const std::string& token) {
   http::request<http::string_body> req{http::verb::post, target, 11};
   req.set(http::field::host, ep.to_string());
   req.set(http::field::content_type, "application/json");
@@ -223,9 +217,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   }
 
   std::string scheme() const { return options.tls ? "https://" : "http://"; }
-  std::string endpoint_text(std::size_t i) const {
-    return scheme() + options.endpoints[i].to_string();
-  }
+  std::string endpoint_text(std::size_t i) const { return scheme() + options.endpoints[i].to_string(); }
 
   // ---- unary calls ----
 
@@ -246,8 +238,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     run(queue.front());
   }
 
-  void finish(const std::shared_ptr<Call>& call, const std::optional<EtcdError>& err,
-              std::string body) {
+  void finish(const std::shared_ptr<Call>& call, const std::optional<EtcdError>& err, std::string body) {
     if (closed) return;
     queue.pop_front();
     busy = false;
@@ -279,8 +270,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (options.username.empty() || !token.empty()) return send(std::move(call));
     auto self = shared_from_this();
     exchange("/v3/auth/authenticate", encode_authenticate(options.username, options.password), "",
-             options.max_response_bytes,
-             [self, call](const std::string& terr, unsigned status, std::string body) {
+             options.max_response_bytes, [self, call](const std::string& terr, unsigned status, std::string body) {
                if (!terr.empty()) return self->failover(call, terr);
                if (status != 200) {
                  GatewayError g = decode_error(body);
@@ -308,25 +298,22 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                if (!terr.empty()) return self->failover(call, terr);
                if (status == 200) return self->finish(call, std::nullopt, std::move(body));
                GatewayError g = decode_error(body);
-               if (!self->options.username.empty() && is_invalid_token_error(g) &&
-                   !call->token_retry) {
+               if (!self->options.username.empty() && is_invalid_token_error(g) && !call->token_retry) {
                  call->token_retry = true;
                  self->token.clear();
                  return self->run(call);
                }
                if (is_failover_error(g)) return self->failover(call, g.message);
                const std::size_t i = self->current;
-               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}",
-                                       self->endpoint_text(i), call->path, status, g.message),
-                           self->options.endpoints[i].to_string(), g.code,
-                           g.code == 16 || g.code == 7};
+               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}", self->endpoint_text(i), call->path,
+                                       status, g.message),
+                           self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7};
                self->finish(call, e, {});
              });
   }
 
   // One request/response on the unary connection. `done(transport_error, status, body)`.
-  void exchange(const std::string& path, std::string body, const std::string& tok,
-                std::size_t limit,
+  void exchange(const std::string& path, std::string body, const std::string& tok, std::size_t limit,
                 std::function<void(const std::string&, unsigned, std::string)> done) {
     struct Ex {
       http::request<http::string_body> req;
@@ -344,14 +331,13 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
         if (self->closed || c != self->conn) return;
         if (ec) return done("cannot send the request: " + describe(ec), 0, {});
         c->with_stream([&](auto& s2) {
-          http::async_read(s2, c->buffer(), ex->parser,
-                           [self, c, ex, done](const error_code& ec2, std::size_t) {
-                             if (self->closed || c != self->conn) return;
-                             if (ec2) return done("no reply: " + describe(ec2), 0, {});
-                             auto& res = ex->parser.get();
-                             if (!res.keep_alive()) c->close();
-                             done("", res.result_int(), std::move(res.body()));
-                           });
+          http::async_read(s2, c->buffer(), ex->parser, [self, c, ex, done](const error_code& ec2, std::size_t) {
+            if (self->closed || c != self->conn) return;
+            if (ec2) return done("no reply: " + describe(ec2), 0, {});
+            auto& res = ex->parser.get();
+            if (!res.keep_alive()) c->close();
+            done("", res.result_int(), std::move(res.body()));
+          });
         });
       });
     });
@@ -360,16 +346,15 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   void failover(std::shared_ptr<Call> call, const std::string& why) {
     if (closed) return;
     const std::size_t failed = current;
-    call->errors += fmt::format("{}{}: {}", call->errors.empty() ? "" : "; ",
-                                endpoint_text(failed), why);
+    call->errors += fmt::format("{}{}: {}", call->errors.empty() ? "" : "; ", endpoint_text(failed), why);
     spdlog::debug("etcd: {} failed ({}); trying the next endpoint", endpoint_text(failed), why);
     if (conn) conn->close();
     conn.reset();
     current = (current + 1) % options.endpoints.size();
     endpoint_failed(failed);
     if (++call->tried >= options.endpoints.size()) {
-      EtcdError e{fmt::format("no etcd endpoint answered {}: {}",
-                              call->path.empty() ? "authenticate" : call->path, call->errors),
+      EtcdError e{fmt::format("no etcd endpoint answered {}: {}", call->path.empty() ? "authenticate" : call->path,
+                              call->errors),
                   options.endpoints[failed].to_string(), 0, false};
       return finish(call, e, {});
     }
@@ -394,8 +379,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     w->handlers = std::move(handlers);
     w->endpoint = current;
     w->retry = std::make_unique<asio::steady_timer>(io);
-    w->backoff = std::make_unique<Backoff>(Backoff::Options{std::chrono::milliseconds(50),
-                                                            std::chrono::seconds(2), 2.0, 0.3});
+    w->backoff =
+        std::make_unique<Backoff>(Backoff::Options{std::chrono::milliseconds(50), std::chrono::seconds(2), 2.0, 0.3});
     watches[w->id] = w;
     connect_watch(w);
     return w->id;
@@ -423,8 +408,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     w->pending.clear();
     const std::string where = endpoint_text(w->endpoint);
     if (rotate) w->endpoint = (w->endpoint + 1) % options.endpoints.size();
-    spdlog::debug("etcd: watch on {} broke ({}); resuming at revision {} on {}", where, why,
-                  w->next_revision, endpoint_text(w->endpoint));
+    spdlog::debug("etcd: watch on {} broke ({}); resuming at revision {} on {}", where, why, w->next_revision,
+                  endpoint_text(w->endpoint));
     if (w->handlers.on_reconnect) w->handlers.on_reconnect(where + ": " + why);
     if (closed || w->cancelled) return;
     w->retry->expires_after(w->backoff->next_delay());
@@ -490,14 +475,14 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
         if (!self->alive(w, gen)) return;
         if (ec) return self->watch_broken(w, "cannot send the watch: " + describe(ec), true);
         c->with_stream([&](auto& s2) {
-          http::async_read_header(
-              s2, c->buffer(), st->parser, [self, w, gen, c, st](const error_code& ec2, std::size_t) {
-                if (!self->alive(w, gen)) return;
-                if (ec2) return self->watch_broken(w, "no watch reply: " + describe(ec2), true);
-                st->status = st->parser.get().result_int();
-                c->lowest().expires_never();
-                self->read_watch(w, gen, st);
-              });
+          http::async_read_header(s2, c->buffer(), st->parser,
+                                  [self, w, gen, c, st](const error_code& ec2, std::size_t) {
+                                    if (!self->alive(w, gen)) return;
+                                    if (ec2) return self->watch_broken(w, "no watch reply: " + describe(ec2), true);
+                                    st->status = st->parser.get().result_int();
+                                    c->lowest().expires_never();
+                                    self->read_watch(w, gen, st);
+                                  });
         });
       });
     });
@@ -533,8 +518,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     }
     if (is_failover_error(g) || st.status >= 500) return watch_broken(w, g.message, true);
     watch_fatal(w,
-                fmt::format("etcd at {} refused the watch on '{}' with HTTP {}: {}",
-                            endpoint_text(w->endpoint), w->create.key, st.status, g.message),
+                fmt::format("etcd at {} refused the watch on '{}' with HTTP {}: {}", endpoint_text(w->endpoint),
+                            w->create.key, st.status, g.message),
                 g.code);
   }
 
@@ -549,8 +534,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
       const std::string_view part = bytes.substr(0, nl);
       if (w->pending.size() + part.size() > options.max_watch_message_bytes) {
         watch_fatal(w,
-                    fmt::format("etcd at {} sent a watch message over {} bytes",
-                                endpoint_text(w->endpoint), options.max_watch_message_bytes),
+                    fmt::format("etcd at {} sent a watch message over {} bytes", endpoint_text(w->endpoint),
+                                options.max_watch_message_bytes),
                     0);
         return false;
       }
@@ -570,9 +555,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     WatchMessage m;
     std::optional<GatewayError> se;
     if (std::string why = decode_watch_message(line, m, se); !why.empty()) {
-      watch_fatal(w, fmt::format("etcd at {} sent a malformed watch message: {}",
-                                 endpoint_text(w->endpoint), why),
-                  0);
+      watch_fatal(w, fmt::format("etcd at {} sent a malformed watch message: {}", endpoint_text(w->endpoint), why), 0);
       return false;
     }
     if (se) {
@@ -585,23 +568,24 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
         watch_broken(w, se->message, true);
         return false;
       }
-      watch_fatal(w, fmt::format("etcd at {} ended the watch on '{}': {}",
-                                 endpoint_text(w->endpoint), w->create.key, se->message),
-                  se->code);
+      watch_fatal(
+          w,
+          fmt::format("etcd at {} ended the watch on '{}': {}", endpoint_text(w->endpoint), w->create.key, se->message),
+          se->code);
       return false;
     }
     if (m.created && w->next_revision == 0) w->next_revision = m.header.revision + 1;
     if (m.canceled) {
       if (m.compact_revision > 0) {
-        watch_fatal(w, fmt::format("etcd at {}: revision {} of '{}' was compacted (oldest kept: {}); "
-                                   "re-read the state",
-                                   endpoint_text(w->endpoint), w->next_revision, w->create.key,
-                                   m.compact_revision),
+        watch_fatal(w,
+                    fmt::format("etcd at {}: revision {} of '{}' was compacted (oldest kept: {}); "
+                                "re-read the state",
+                                endpoint_text(w->endpoint), w->next_revision, w->create.key, m.compact_revision),
                     11);
       } else {
-        watch_fatal(w, fmt::format("etcd at {} cancelled the watch on '{}': {}",
-                                   endpoint_text(w->endpoint), w->create.key,
-                                   m.cancel_reason.empty() ? "no reason given" : m.cancel_reason),
+        watch_fatal(w,
+                    fmt::format("etcd at {} cancelled the watch on '{}': {}", endpoint_text(w->endpoint), w->create.key,
+                                m.cancel_reason.empty() ? "no reason given" : m.cancel_reason),
                     0);
       }
       return false;
@@ -642,8 +626,7 @@ void EtcdClient::shutdown() { impl_->shutdown(); }
 
 std::string EtcdClient::endpoints_text() const {
   std::string s;
-  for (std::size_t i = 0; i < impl_->options.endpoints.size(); ++i)
-    s += (i == 0 ? "" : ",") + impl_->endpoint_text(i);
+  for (std::size_t i = 0; i < impl_->options.endpoints.size(); ++i) s += (i == 0 ? "" : ",") + impl_->endpoint_text(i);
   return s;
 }
 
@@ -651,32 +634,28 @@ namespace {
 
 // Wraps a typed callback around a raw body callback.
 template <class T, class Decode>
-std::function<void(const std::optional<EtcdError>&, std::string)> typed(EtcdCallback<T> done,
-                                                                        Decode decode,
+std::function<void(const std::optional<EtcdError>&, std::string)> typed(EtcdCallback<T> done, Decode decode,
                                                                         std::string what) {
-  return [done = std::move(done), decode, what = std::move(what)](
-             const std::optional<EtcdError>& err, std::string body) {
-    if (!done) return;
-    if (err) return done(err, T{});
-    T value{};
-    if (std::string why = decode(body, value); !why.empty()) {
-      return done(EtcdError{fmt::format("malformed etcd reply to {}: {}", what, why), "", 0, false},
-                  T{});
-    }
-    done(std::nullopt, std::move(value));
-  };
+  return
+      [done = std::move(done), decode, what = std::move(what)](const std::optional<EtcdError>& err, std::string body) {
+        if (!done) return;
+        if (err) return done(err, T{});
+        T value{};
+        if (std::string why = decode(body, value); !why.empty()) {
+          return done(EtcdError{fmt::format("malformed etcd reply to {}: {}", what, why), "", 0, false}, T{});
+        }
+        done(std::nullopt, std::move(value));
+      };
 }
 
 }  // namespace
 
 void EtcdClient::range(RangeRequest request, EtcdCallback<RangeResponse> done) {
-  impl_->submit("/v3/kv/range", encode_range(request),
-                typed<RangeResponse>(std::move(done), decode_range, "range"));
+  impl_->submit("/v3/kv/range", encode_range(request), typed<RangeResponse>(std::move(done), decode_range, "range"));
 }
 
 void EtcdClient::put(PutRequest request, EtcdCallback<ResponseHeader> done) {
-  impl_->submit("/v3/kv/put", encode_put(request),
-                typed<ResponseHeader>(std::move(done), decode_header_only, "put"));
+  impl_->submit("/v3/kv/put", encode_put(request), typed<ResponseHeader>(std::move(done), decode_header_only, "put"));
 }
 
 void EtcdClient::delete_range(DeleteRangeRequest request, EtcdCallback<ResponseHeader> done) {
@@ -685,8 +664,7 @@ void EtcdClient::delete_range(DeleteRangeRequest request, EtcdCallback<ResponseH
 }
 
 void EtcdClient::txn(TxnRequest request, EtcdCallback<TxnResponse> done) {
-  impl_->submit("/v3/kv/txn", encode_txn(request),
-                typed<TxnResponse>(std::move(done), decode_txn, "txn"));
+  impl_->submit("/v3/kv/txn", encode_txn(request), typed<TxnResponse>(std::move(done), decode_txn, "txn"));
 }
 
 void EtcdClient::lease_grant(std::int64_t ttl_seconds, EtcdCallback<LeaseGrantResponse> done) {

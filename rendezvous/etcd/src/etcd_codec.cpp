@@ -220,8 +220,7 @@ const json::object* stream_result(const json::object& o, std::optional<GatewayEr
   if (const json::value* e = member(o, "error")) {
     const json::object& eo = as_object(*e, "error");
     GatewayError g;
-    g.code = static_cast<int>(get_i64(eo, "grpc_code") != 0 ? get_i64(eo, "grpc_code")
-                                                            : get_i64(eo, "code"));
+    g.code = static_cast<int>(get_i64(eo, "grpc_code") != 0 ? get_i64(eo, "grpc_code") : get_i64(eo, "code"));
     g.message = get_string(eo, "message");
     if (g.message.empty()) g.message = get_string(eo, "error");
     err = g;
@@ -281,8 +280,7 @@ std::optional<std::string> base64_decode(std::string_view text) {
       v[k] = b64_value(c);
       if (v[k] < 0) return std::nullopt;
     }
-    const std::uint32_t n = static_cast<std::uint32_t>(v[0]) << 18 |
-                            static_cast<std::uint32_t>(v[1]) << 12 |
+    const std::uint32_t n = static_cast<std::uint32_t>(v[0]) << 18 | static_cast<std::uint32_t>(v[1]) << 12 |
                             static_cast<std::uint32_t>(v[2]) << 6 | static_cast<std::uint32_t>(v[3]);
     // Canonical form: the bits dropped by padding must be zero.
     if ((pad == 1 && (n & 0xff) != 0) || (pad == 2 && (n & 0xffff) != 0)) return std::nullopt;
@@ -343,8 +341,8 @@ EndpointList parse_endpoints(std::string_view text, std::string_view what) {
 
 bool is_failover_error(const GatewayError& e) {
   if (e.code == 14 || e.code == 4) return true;  // Unavailable, DeadlineExceeded
-  for (const char* m : {"no leader", "leader changed", "request timed out", "not capable",
-                        "too many requests", "stopped"}) {
+  for (const char* m :
+       {"no leader", "leader changed", "request timed out", "not capable", "too many requests", "stopped"}) {
     if (e.message.find(m) != std::string::npos) return true;
   }
   return false;
@@ -357,9 +355,7 @@ bool is_invalid_token_error(const GatewayError& e) {
 
 std::string encode_range(const RangeRequest& r) { return json::serialize(range_json(r)); }
 std::string encode_put(const PutRequest& r) { return json::serialize(put_json(r)); }
-std::string encode_delete_range(const DeleteRangeRequest& r) {
-  return json::serialize(delete_json(r));
-}
+std::string encode_delete_range(const DeleteRangeRequest& r) { return json::serialize(delete_json(r)); }
 
 std::string encode_txn(const TxnRequest& r) {
   json::array cmp;
@@ -370,25 +366,33 @@ std::string encode_txn(const TxnRequest& r) {
                    {"target", kTarget[static_cast<int>(c.target)]},
                    {"result", kResult[static_cast<int>(c.result)]}};
     switch (c.target) {
-      case Compare::Target::version: o["version"] = i64_text(c.number); break;
-      case Compare::Target::create_revision: o["create_revision"] = i64_text(c.number); break;
-      case Compare::Target::mod_revision: o["mod_revision"] = i64_text(c.number); break;
-      case Compare::Target::value: o["value"] = base64_encode(c.value); break;
-      case Compare::Target::lease: o["lease"] = i64_text(c.number); break;
+      case Compare::Target::version:
+        o["version"] = i64_text(c.number);
+        break;
+      case Compare::Target::create_revision:
+        o["create_revision"] = i64_text(c.number);
+        break;
+      case Compare::Target::mod_revision:
+        o["mod_revision"] = i64_text(c.number);
+        break;
+      case Compare::Target::value:
+        o["value"] = base64_encode(c.value);
+        break;
+      case Compare::Target::lease:
+        o["lease"] = i64_text(c.number);
+        break;
     }
     cmp.push_back(std::move(o));
   }
-  return json::serialize(json::object{
-      {"compare", std::move(cmp)}, {"success", ops_json(r.success)}, {"failure", ops_json(r.failure)}});
+  return json::serialize(
+      json::object{{"compare", std::move(cmp)}, {"success", ops_json(r.success)}, {"failure", ops_json(r.failure)}});
 }
 
 std::string encode_lease_grant(std::int64_t ttl_seconds) {
   return json::serialize(json::object{{"TTL", i64_text(ttl_seconds)}});
 }
 
-std::string encode_lease_id(std::int64_t id) {
-  return json::serialize(json::object{{"ID", i64_text(id)}});
-}
+std::string encode_lease_id(std::int64_t id) { return json::serialize(json::object{{"ID", i64_text(id)}}); }
 
 std::string encode_watch_create(const WatchCreate& w) {
   json::object o{{"key", base64_encode(w.key)}};
@@ -467,8 +471,7 @@ std::string decode_lease_keepalive(std::string_view body, LeaseKeepAliveResponse
   });
 }
 
-std::string decode_watch_message(std::string_view body, WatchMessage& out,
-                                 std::optional<GatewayError>& stream_error) {
+std::string decode_watch_message(std::string_view body, WatchMessage& out, std::optional<GatewayError>& stream_error) {
   return guarded([&] {
     const json::value v = parse_body(body);
     const json::object* o = stream_result(v.get_object(), stream_error);

@@ -28,9 +28,12 @@ constexpr std::string_view kMagic = "ddprun-etcd-event 1 ";
 
 const char* kind_name(EventKind k) {
   switch (k) {
-    case EventKind::message: return "message";
-    case EventKind::tick: return "tick";
-    case EventKind::expired: return "expired";
+    case EventKind::message:
+      return "message";
+    case EventKind::tick:
+      return "tick";
+    case EventKind::expired:
+      return "expired";
   }
   return "?";
 }
@@ -43,9 +46,7 @@ bool valid_id(std::string_view id) {
   return true;
 }
 
-std::int64_t ceil_seconds(Duration d) {
-  return std::chrono::ceil<std::chrono::seconds>(d).count();
-}
+std::int64_t ceil_seconds(Duration d) { return std::chrono::ceil<std::chrono::seconds>(d).count(); }
 
 }  // namespace
 
@@ -65,8 +66,7 @@ std::string decode_event(std::string_view value, const WireLimits& limits, LogEv
   const std::size_t s1 = head.find(' ');
   const std::size_t s2 = s1 == std::string_view::npos ? s1 : head.find(' ', s1 + 1);
   if (s2 == std::string_view::npos) return "event header is not '<time> <kind> <id>'";
-  const std::string_view t = head.substr(0, s1), kind = head.substr(s1 + 1, s2 - s1 - 1),
-                         id = head.substr(s2 + 1);
+  const std::string_view t = head.substr(0, s1), kind = head.substr(s1 + 1, s2 - s1 - 1), id = head.substr(s2 + 1);
   LogEvent e;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), e.time_ms);
   if (ec != std::errc{} || p != t.data() + t.size() || e.time_ms < 0)
@@ -88,8 +88,7 @@ std::string decode_event(std::string_view value, const WireLimits& limits, LogEv
   }
   DecodeResult r = decode_client(frame, limits, e.message);
   if (r.status != DecodeStatus::ok) {
-    return r.status == DecodeStatus::need_more ? std::string("event frame is truncated")
-                                               : "event frame: " + r.reason;
+    return r.status == DecodeStatus::need_more ? std::string("event frame is truncated") : "event frame: " + r.reason;
   }
   if (r.consumed != frame.size()) return "event carries bytes after its frame";
   if (e.kind == EventKind::expired && !std::holds_alternative<LeaveMessage>(e.message))
@@ -108,9 +107,7 @@ std::optional<std::int64_t> parse_log_seq(std::string_view text) {
   return v;
 }
 
-std::int64_t node_lease_ttl(const JobConfig& user) {
-  return std::max<std::int64_t>(2, ceil_seconds(user.lease()));
-}
+std::int64_t node_lease_ttl(const JobConfig& user) { return std::max<std::int64_t>(2, ceil_seconds(user.lease())); }
 
 std::int64_t job_lease_ttl(const JobConfig& user) {
   return std::max<std::int64_t>({10, ceil_seconds(user.close_timeout), 3 * node_lease_ttl(user)});
@@ -186,9 +183,7 @@ std::optional<std::int64_t> JobLog::next_deadline_ms() const {
   return t0_ms_ + ms;
 }
 
-RegistryStatus JobLog::status(std::int64_t now_ms) const {
-  return registry_.status(at(std::max(now_ms, last_ms_)));
-}
+RegistryStatus JobLog::status(std::int64_t now_ms) const { return registry_.status(at(std::max(now_ms, last_ms_))); }
 
 std::optional<MemberStatus> JobLog::member(const NodeId& id) const {
   const RendezvousJob* job = registry_.find(run_id_);
@@ -207,8 +202,7 @@ std::optional<MemberStatus> JobLog::member(const NodeId& id) const {
 namespace {
 
 std::int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -303,16 +297,16 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
 
   template <class F>
   auto guard(F f) {
-    return [self = shared_from_this(), f = std::move(f)](const std::optional<etcd::EtcdError>& err,
-                                                         auto value) mutable {
-      if (self->stopped()) return;
-      if (err) {
-        self->on_error(*err);
-        return;
-      }
-      self->on_ok();
-      f(std::move(value));
-    };
+    return
+        [self = shared_from_this(), f = std::move(f)](const std::optional<etcd::EtcdError>& err, auto value) mutable {
+          if (self->stopped()) return;
+          if (err) {
+            self->on_error(*err);
+            return;
+          }
+          self->on_ok();
+          f(std::move(value));
+        };
   }
 
   void on_ok() {
@@ -338,9 +332,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (now - since >= budget) {
       auto cb = events.on_unreachable;
       const std::string msg = fmt::format(
-          "etcd rendezvous '{}': no etcd endpoint of {} answered for {} ({}); last error: {}",
-          options.run_id, where(), format_seconds(now - since),
-          last_ok ? "after working before" : "since the start", err.message);
+          "etcd rendezvous '{}': no etcd endpoint of {} answered for {} ({}); last error: {}", options.run_id, where(),
+          format_seconds(now - since), last_ok ? "after working before" : "since the start", err.message);
       stop();
       if (cb) cb(msg);
       return;
@@ -377,31 +370,31 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   }
 
   void claim_job_lease() {
-    client.lease_grant(job_ttl, guard([this](etcd::LeaseGrantResponse r) {
-      const std::int64_t mine = r.id;
-      etcd::TxnRequest t;
-      t.compare.push_back({lease_key, etcd::Compare::Target::create_revision,
-                           etcd::Compare::Result::equal, 0, {}});
-      t.success.emplace_back(etcd::PutRequest{lease_key, std::to_string(mine), mine});
-      t.failure.emplace_back(etcd::RangeRequest{lease_key, {}, 0, 0, false, false});
-      client.txn(std::move(t), guard([this, mine](etcd::TxnResponse tr) {
-                   if (tr.succeeded) {
-                     job_lease = mine;
-                   } else {
-                     client.lease_revoke(mine, [](const auto&, auto) {});
-                     std::int64_t other = 0;
-                     if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
-                       const std::string& v = tr.responses[0].range.kvs[0].value;
-                       std::from_chars(v.data(), v.data() + v.size(), other);
-                     }
-                     if (other <= 0) {  // vanished meanwhile, or garbage: try again
-                       return claim_job_lease();
-                     }
-                     job_lease = other;
-                   }
-                   sync();
-                 }));
-    }));
+    client.lease_grant(
+        job_ttl, guard([this](etcd::LeaseGrantResponse r) {
+          const std::int64_t mine = r.id;
+          etcd::TxnRequest t;
+          t.compare.push_back({lease_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
+          t.success.emplace_back(etcd::PutRequest{lease_key, std::to_string(mine), mine});
+          t.failure.emplace_back(etcd::RangeRequest{lease_key, {}, 0, 0, false, false});
+          client.txn(std::move(t), guard([this, mine](etcd::TxnResponse tr) {
+                       if (tr.succeeded) {
+                         job_lease = mine;
+                       } else {
+                         client.lease_revoke(mine, [](const auto&, auto) {});
+                         std::int64_t other = 0;
+                         if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
+                           const std::string& v = tr.responses[0].range.kvs[0].value;
+                           std::from_chars(v.data(), v.data() + v.size(), other);
+                         }
+                         if (other <= 0) {  // vanished meanwhile, or garbage: try again
+                           return claim_job_lease();
+                         }
+                         job_lease = other;
+                       }
+                       sync();
+                     }));
+        }));
   }
 
   // Reads everything under the job prefix, applies the log, then follows it with a watch.
@@ -452,12 +445,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   // The job's state expired in etcd (every agent was cut off for the job lease TTL). Start a
   // fresh log; an agent with an assignment re-registers it (the registry's rebuild path).
   void job_vanished(const std::string& why) {
-    spdlog::warn("etcd rendezvous '{}': the job's state in etcd vanished ({}); re-registering",
-                 options.run_id, why);
+    spdlog::warn("etcd rendezvous '{}': the job's state in etcd vanished ({}); re-registering", options.run_id, why);
     log = etcd::JobLog(options.run_id);
     job_lease = 0;
-    ops.erase(std::remove_if(ops.begin(), ops.end(),
-                             [](const Op& o) { return o.kind != etcd::EventKind::message; }),
+    ops.erase(std::remove_if(ops.begin(), ops.end(), [](const Op& o) { return o.kind != etcd::EventKind::message; }),
               ops.end());
     if (assignment) {
       RejoinRequest rq{node_info(), replica, {}, assignment};
@@ -529,10 +520,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     etcd::LogEvent ev;
     if (std::string why = etcd::decode_event(value, WireLimits{}, ev); !why.empty()) {
       // Every replica skips the same bad entry, so they stay in step.
-      spdlog::error("etcd rendezvous '{}': log entry {} under {} is malformed ({}); skipped",
-                    options.run_id, seq, log_prefix, why);
-      ev = etcd::LogEvent{log.last_time_ms(), etcd::EventKind::message, "invalid",
-                          StatusMessage{options.run_id}};
+      spdlog::error("etcd rendezvous '{}': log entry {} under {} is malformed ({}); skipped", options.run_id, seq,
+                    log_prefix, why);
+      ev = etcd::LogEvent{log.last_time_ms(), etcd::EventKind::message, "invalid", StatusMessage{options.run_id}};
     }
     Decisions actions = log.apply(seq, ev);
     spdlog::debug("etcd rendezvous '{}' [{}]: applied entry {} ({}, {} actions)", options.run_id,
@@ -599,7 +589,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (job != nullptr && !job->finished() && !job_done && !pending_join && !leaving) {
       const auto me = log.member(options.node.id);
       if (assignment && (!me || me->role != MemberRole::participant)) {
-        SendRestart r{options.run_id, options.node.id, assignment->round, RoundEnd::membership_change,
+        SendRestart r{options.run_id,
+                      options.node.id,
+                      assignment->round,
+                      RoundEnd::membership_change,
                       job->restarts_used(),
                       fmt::format("this node is no longer a member of round {} of rendezvous '{}' "
                                   "(its etcd lease expired); stop the workers and join again",
@@ -625,8 +618,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     deadline_timer.expires_after(std::chrono::milliseconds(wait));
     deadline_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->stopped()) return;
-      const bool queued = std::any_of(self->ops.begin(), self->ops.end(),
-                                      [](const Op& o) { return o.kind == etcd::EventKind::tick; });
+      const bool queued =
+          std::any_of(self->ops.begin(), self->ops.end(), [](const Op& o) { return o.kind == etcd::EventKind::tick; });
       if (!queued) {
         Op op;
         op.kind = etcd::EventKind::tick;
@@ -637,9 +630,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
 
   // ---- appending ----
 
-  std::string next_op_id() {
-    return fmt::format("{}-{}", sanitize_id(options.node.id.instance), ++op_counter);
-  }
+  std::string next_op_id() { return fmt::format("{}-{}", sanitize_id(options.node.id.instance), ++op_counter); }
 
   void enqueue(ClientMessage m, bool put_key = false, bool delete_key = false) {
     Op op;
@@ -690,7 +681,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     t.compare.push_back({key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     if (seq > 0) {
       t.compare.push_back({log_prefix + etcd::log_seq_text(seq - 1),
-                           etcd::Compare::Target::create_revision, etcd::Compare::Result::greater, 0, {}});
+                           etcd::Compare::Target::create_revision,
+                           etcd::Compare::Result::greater,
+                           0,
+                           {}});
     }
     t.success.emplace_back(etcd::PutRequest{key, etcd::encode_event(ev), job_lease});
     if (op.put_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
@@ -707,8 +701,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     const std::string id = op.id;
     client.txn(std::move(t), guard([this, seq, ev, id, gone_key](etcd::TxnResponse r) {
                  appending = false;
-                 if (!r.succeeded && !gone_key.empty() && r.responses.size() > 1 &&
-                     !r.responses[1].range.kvs.empty()) {
+                 if (!r.succeeded && !gone_key.empty() && r.responses.size() > 1 && !r.responses[1].range.kvs.empty()) {
                    live.insert(gone_key);  // alive after all: the expiry is not due
                    if (!ops.empty() && ops.front().id == id) ops.pop_front();
                    if (r.responses[0].range.kvs.empty()) return after_apply();
@@ -724,15 +717,14 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                  }
                  // Someone appended first: apply what they wrote (it may be our own event from
                  // an attempt whose answer was lost) and decide again.
-                 const auto& kvs = r.responses.empty() ? std::vector<etcd::KeyValue>{}
-                                                       : r.responses[0].range.kvs;
+                 const auto& kvs = r.responses.empty() ? std::vector<etcd::KeyValue>{} : r.responses[0].range.kvs;
                  if (kvs.empty() && seq > 0) return job_vanished("its log was removed");
                  for (const etcd::KeyValue& kv : kvs) {
                    auto s = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size()));
                    if (!s || *s != log.next_seq()) continue;
                    etcd::LogEvent other;
-                   if (etcd::decode_event(kv.value, WireLimits{}, other).empty() && other.id == id &&
-                       !ops.empty() && ops.front().id == id) {
+                   if (etcd::decode_event(kv.value, WireLimits{}, other).empty() && other.id == id && !ops.empty() &&
+                       ops.front().id == id) {
                      ops.pop_front();
                    }
                    apply_entry(*s, kv.value);
@@ -751,9 +743,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       // replaced says nothing about the current one (acting on it would drop a live lease).
       client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
                                if (r.ttl > 0 || id != node_lease) return;
-                               spdlog::warn("etcd rendezvous '{}': this node's lease expired; "
-                                            "taking a new one",
-                                            options.run_id);
+                               spdlog::warn(
+                                   "etcd rendezvous '{}': this node's lease expired; "
+                                   "taking a new one",
+                                   options.run_id);
                                node_lease = 0;
                                client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
                                                     node_lease = g.id;
@@ -780,9 +773,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     assignment.reset();
     std::string why;
     if (options.run_id.empty() || options.run_id.find('/') != std::string::npos) {
-      why = fmt::format("rendezvous id '{}' cannot be used as an etcd key part: pass a --rdzv-id "
-                        "without '/'",
-                        options.run_id);
+      why = fmt::format(
+          "rendezvous id '{}' cannot be used as an etcd key part: pass a --rdzv-id "
+          "without '/'",
+          options.run_id);
     } else if (std::string v = options.config.validate(); !v.empty()) {
       why = fmt::format("invalid configuration for rendezvous '{}': {}", options.run_id, v);
     }
@@ -828,16 +822,13 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   }
 };
 
-EtcdRendezvous::EtcdRendezvous(asio::io_context& io, EtcdRendezvousOptions options,
-                               RendezvousEvents events)
+EtcdRendezvous::EtcdRendezvous(asio::io_context& io, EtcdRendezvousOptions options, RendezvousEvents events)
     : impl_(std::make_shared<Impl>(io, std::move(options), std::move(events))) {}
 
 EtcdRendezvous::~EtcdRendezvous() { impl_->stop(); }
 
 void EtcdRendezvous::join() { impl_->join(); }
-void EtcdRendezvous::set_nccl_ids(std::vector<std::uint8_t> ids) {
-  impl_->options.node.nccl_ids = std::move(ids);
-}
+void EtcdRendezvous::set_nccl_ids(std::vector<std::uint8_t> ids) { impl_->options.node.nccl_ids = std::move(ids); }
 void EtcdRendezvous::report_failure(const WorkerFailure& failure) {
   if (impl_->stopped()) return;
   impl_->enqueue(WorkerFailedMessage{impl_->options.run_id, failure});
@@ -848,12 +839,8 @@ void EtcdRendezvous::report_success(std::uint64_t round) {
 }
 void EtcdRendezvous::leave() { impl_->leave(); }
 void EtcdRendezvous::stop() { impl_->stop(); }
-const std::optional<Assignment>& EtcdRendezvous::current_assignment() const {
-  return impl_->assignment;
-}
-bool EtcdRendezvous::connected() const {
-  return impl_->phase == Impl::Phase::ready && impl_->healthy;
-}
+const std::optional<Assignment>& EtcdRendezvous::current_assignment() const { return impl_->assignment; }
+bool EtcdRendezvous::connected() const { return impl_->phase == Impl::Phase::ready && impl_->healthy; }
 
 RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const std::string& prefix,
                                  const std::string& run_id, std::chrono::milliseconds timeout) {
@@ -870,8 +857,7 @@ RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const s
   io.run_for(timeout);
   if (error) throw NetworkError(error->message, "check --rdzv-endpoint and --rdzv-conf");
   if (!reply) {
-    throw NetworkError(fmt::format("etcd at {} did not answer within {} ms", client.endpoints_text(),
-                                   timeout.count()),
+    throw NetworkError(fmt::format("etcd at {} did not answer within {} ms", client.endpoints_text(), timeout.count()),
                        "check --rdzv-endpoint");
   }
   // Group "<prefix><run>/log/<seq>" entries by run; keys arrive sorted, so each log is in order.
@@ -888,8 +874,7 @@ RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const s
     auto it = logs.try_emplace(run, run).first;
     etcd::LogEvent ev;
     if (!etcd::decode_event(kv.value, WireLimits{}, ev).empty()) {
-      ev = etcd::LogEvent{it->second.last_time_ms(), etcd::EventKind::message, "invalid",
-                          StatusMessage{run}};
+      ev = etcd::LogEvent{it->second.last_time_ms(), etcd::EventKind::message, "invalid", StatusMessage{run}};
     }
     it->second.apply(*seq, ev);
   }

@@ -45,8 +45,8 @@ class FieldParser {
     const auto len = load<std::uint64_t>();
     if (len > max_len) {
       res_.status = DecodeStatus::error;
-      res_.reason = fmt::format("{} {} length {} exceeds the limit of {} bytes ({})", op_name(op_), what,
-                                len, max_len, flag);
+      res_.reason =
+          fmt::format("{} {} length {} exceeds the limit of {} bytes ({})", op_name(op_), what, len, max_len, flag);
       return false;
     }
     const auto n = static_cast<std::size_t>(len);
@@ -63,8 +63,8 @@ class FieldParser {
     if (!u64(n)) return false;
     if (n > max_count) {
       res_.status = DecodeStatus::error;
-      res_.reason = fmt::format("{} key count {} exceeds the limit of {} (--max-keys-per-request)",
-                                op_name(op_), n, max_count);
+      res_.reason =
+          fmt::format("{} key count {} exceeds the limit of {} (--max-keys-per-request)", op_name(op_), n, max_count);
       return false;
     }
     return true;
@@ -95,38 +95,46 @@ class FieldParser {
 
 // The field layout of every op: the one mapping the decoder and the encoder share.
 enum class Layout : std::uint8_t {
-  u32,             // VALIDATE magic, PING nonce
-  key,             // GET DELETE_KEY WATCH_KEY QUEUE_POP QUEUE_LEN
-  key_value,       // SET APPEND QUEUE_PUSH
-  key_two_values,  // COMPARE_SET: key, expected, desired
-  key_number,      // ADD delta, BARRIER world size
-  keys,            // CHECK WAIT MULTI_GET: count + keys
-  key_value_pairs, // MULTI_SET: count + (key, value) pairs
-  none,            // GETNUMKEYS CANCEL_WAIT LIST_KEYS
+  u32,              // VALIDATE magic, PING nonce
+  key,              // GET DELETE_KEY WATCH_KEY QUEUE_POP QUEUE_LEN
+  key_value,        // SET APPEND QUEUE_PUSH
+  key_two_values,   // COMPARE_SET: key, expected, desired
+  key_number,       // ADD delta, BARRIER world size
+  keys,             // CHECK WAIT MULTI_GET: count + keys
+  key_value_pairs,  // MULTI_SET: count + (key, value) pairs
+  none,             // GETNUMKEYS CANCEL_WAIT LIST_KEYS
 };
 
 constexpr Layout layout_of(Op op) {
   switch (op) {
     case Op::validate:
-    case Op::ping: return Layout::u32;
+    case Op::ping:
+      return Layout::u32;
     case Op::get:
     case Op::delete_key:
     case Op::watch_key:
     case Op::queue_pop:
-    case Op::queue_len: return Layout::key;
+    case Op::queue_len:
+      return Layout::key;
     case Op::set:
     case Op::append:
-    case Op::queue_push: return Layout::key_value;
-    case Op::compare_set: return Layout::key_two_values;
+    case Op::queue_push:
+      return Layout::key_value;
+    case Op::compare_set:
+      return Layout::key_two_values;
     case Op::add:
-    case Op::barrier: return Layout::key_number;
+    case Op::barrier:
+      return Layout::key_number;
     case Op::check:
     case Op::wait:
-    case Op::multi_get: return Layout::keys;
-    case Op::multi_set: return Layout::key_value_pairs;
+    case Op::multi_get:
+      return Layout::keys;
+    case Op::multi_set:
+      return Layout::key_value_pairs;
     case Op::get_num_keys:
     case Op::cancel_wait:
-    case Op::list_keys: return Layout::none;
+    case Op::list_keys:
+      return Layout::none;
   }
   return Layout::none;
 }
@@ -140,8 +148,7 @@ DecodeResult error(std::string reason) {
 
 }  // namespace
 
-DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits,
-                            Request& out) {
+DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits, Request& out) {
   DecodeResult res;
   if (buffer.empty()) {
     res.min_total = 1;

@@ -124,8 +124,7 @@ struct StoreClient::Impl {
         } else {
           const auto got = bytes::load_le<std::uint32_t>(echo.data());
           if (got != nonce) {
-            last_error = "PING echo mismatch (sent " + std::to_string(nonce) + ", got " +
-                         std::to_string(got) + ")";
+            last_error = "PING echo mismatch (sent " + std::to_string(nonce) + ", got " + std::to_string(got) + ")";
             ::close(s);
             s = -1;
           }
@@ -141,14 +140,11 @@ struct StoreClient::Impl {
       const SteadyTime t = now();
       if (t >= deadline) {
         std::string hint = "is ddprun-rdzvd running there?";
-        if (opt.generation == Generation::modern &&
-            last_error.find("handshake") != std::string::npos) {
+        if (opt.generation == Generation::modern && last_error.find("handshake") != std::string::npos) {
           hint += " A PyTorch 1.13/2.0 server needs generation=legacy";
         }
-        throw NetworkError("could not connect to " + where + " within " +
-                               format_duration(opt.connect_timeout) +
-                               " (last error: " + last_error + ", " + std::to_string(attempts) +
-                               " attempts)",
+        throw NetworkError("could not connect to " + where + " within " + format_duration(opt.connect_timeout) +
+                               " (last error: " + last_error + ", " + std::to_string(attempts) + " attempts)",
                            hint);
       }
       const auto left = deadline - t;
@@ -167,8 +163,8 @@ struct StoreClient::Impl {
     const int c = codes[static_cast<unsigned>(op)];
     if (c < 0) {
       throw Error(std::string(op_name(op)) + " is not supported by the " +
-                      (opt.generation == Generation::legacy ? "1.13" : "modern") +
-                      " protocol generation (store " + where + ")",
+                      (opt.generation == Generation::legacy ? "1.13" : "modern") + " protocol generation (store " +
+                      where + ")",
                   "use generation=modern with ddprun-rdzvd or a PyTorch >= 2.5 server");
     }
     return static_cast<std::uint8_t>(c);
@@ -197,8 +193,8 @@ struct StoreClient::Impl {
   void check_key(std::string_view key) const {
     const std::size_t n = opt.key_prefix.size() + key.size();
     if (n > opt.limits.max_key_bytes) {
-      throw Error("store key '" + std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : "") +
-                      "' is " + std::to_string(n) + " bytes with its prefix, over the limit of " +
+      throw Error("store key '" + std::string(key.substr(0, 64)) + (key.size() > 64 ? "..." : "") + "' is " +
+                      std::to_string(n) + " bytes with its prefix, over the limit of " +
                       std::to_string(opt.limits.max_key_bytes) + " bytes",
                   "use a shorter key or raise StoreClientOptions::limits.max_key_bytes (the "
                   "server must allow it too)");
@@ -213,8 +209,7 @@ struct StoreClient::Impl {
   }
   void check_value(std::string_view value) const {
     if (value.size() > opt.limits.max_value_bytes) {
-      throw Error("store value of " + std::to_string(value.size()) +
-                      " bytes is over the limit of " +
+      throw Error("store value of " + std::to_string(value.size()) + " bytes is over the limit of " +
                       std::to_string(opt.limits.max_value_bytes) + " bytes",
                   "split the value or raise StoreClientOptions::limits.max_value_bytes (the "
                   "server must allow it too)");
@@ -236,8 +231,7 @@ struct StoreClient::Impl {
 
   [[noreturn]] void fail_network(const std::string& what) {
     close_fd();
-    throw NetworkError("store connection to " + where + " failed during " +
-                           std::string(op_name(current)) + ": " + what,
+    throw NetworkError("store connection to " + where + " failed during " + std::string(op_name(current)) + ": " + what,
                        "the server closes a connection on a malformed or unsupported request; "
                        "the next call reconnects");
   }
@@ -275,8 +269,7 @@ struct StoreClient::Impl {
     if (r == 0) fail_network("connection closed by the server");
     if (is_would_block(err)) {
       close_fd();
-      throw TimeoutError("no reply from store " + where + " to " +
-                             std::string(op_name(current)) + " within " +
+      throw TimeoutError("no reply from store " + where + " to " + std::string(op_name(current)) + " within " +
                              format_duration(opt.timeout),
                          "the server is overloaded or stuck; the connection was closed and the "
                          "next call reconnects");
@@ -325,8 +318,8 @@ struct StoreClient::Impl {
     const std::uint64_t len = read_u64();
     const std::uint64_t cap = std::max(opt.limits.max_value_bytes, opt.limits.max_key_bytes);
     if (len > cap) {
-      fail_network("reply announces a " + std::to_string(len) + "-byte string, over the " +
-                   std::to_string(cap) + "-byte limit (stream out of sync?)");
+      fail_network("reply announces a " + std::to_string(len) + "-byte string, over the " + std::to_string(cap) +
+                   "-byte limit (stream out of sync?)");
     }
     std::string s(static_cast<std::size_t>(len), '\0');
     read_exact(s.data(), s.size());
@@ -347,8 +340,7 @@ struct StoreClient::Impl {
       }
       return;
     }
-    const std::string msg = what + " on store " + where + " timed out after " +
-                            format_duration(timeout);
+    const std::string msg = what + " on store " + where + " timed out after " + format_duration(timeout);
     if (opt.generation == Generation::legacy) {
       // See the file comment: a late STOP_WAITING would desynchronise this connection.
       close_fd();
@@ -392,8 +384,7 @@ struct StoreClient::Impl {
 
 // ---- public API ---------------------------------------------------------------------
 
-StoreClient::StoreClient(StoreClientOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {
+StoreClient::StoreClient(StoreClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->connect();
 }
 StoreClient::~StoreClient() = default;
@@ -456,8 +447,7 @@ std::int64_t StoreClient::add_raw(std::string_view raw_key, std::int64_t delta) 
   return impl_->add_raw(raw_key, delta);
 }
 
-std::string StoreClient::compare_set(std::string_view key, std::string_view expected,
-                                     std::string_view desired) {
+std::string StoreClient::compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
   auto& m = *impl_;
   m.check_key(key);
   m.check_value(expected);
@@ -531,13 +521,12 @@ std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& 
   return values;
 }
 
-void StoreClient::multi_set(const std::vector<std::string>& keys,
-                            const std::vector<std::string>& values) {
+void StoreClient::multi_set(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
   auto& m = *impl_;
   m.code(Op::multi_set);
   if (keys.size() != values.size()) {
-    throw Error("multi_set got " + std::to_string(keys.size()) + " keys but " +
-                std::to_string(values.size()) + " values");
+    throw Error("multi_set got " + std::to_string(keys.size()) + " keys but " + std::to_string(values.size()) +
+                " values");
   }
   m.check_keys(keys);
   for (const auto& v : values) m.check_value(v);
@@ -617,8 +606,7 @@ std::vector<std::string> StoreClient::list_keys() {
   return keys;
 }
 
-void StoreClient::barrier(std::string_view key, std::int64_t world_size,
-                          std::chrono::milliseconds timeout) {
+void StoreClient::barrier(std::string_view key, std::int64_t world_size, std::chrono::milliseconds timeout) {
   auto& m = *impl_;
   m.code(Op::barrier);
   m.check_key(key);
@@ -626,8 +614,7 @@ void StoreClient::barrier(std::string_view key, std::int64_t world_size,
   m.begin(Op::barrier);
   m.req.key = key;
   m.req.number = world_size;
-  m.await_stop_waiting(timeout, "barrier '" + std::string(key) + "' (world size " +
-                                    std::to_string(world_size) + ")");
+  m.await_stop_waiting(timeout, "barrier '" + std::string(key) + "' (world size " + std::to_string(world_size) + ")");
 }
 
 std::uint32_t StoreClient::ping(std::uint32_t nonce) {
@@ -640,8 +627,6 @@ std::uint32_t StoreClient::ping(std::uint32_t nonce) {
 }
 
 std::uint64_t StoreClient::connect_attempts() const { return impl_->attempts; }
-std::uint64_t StoreClient::reconnects() const {
-  return impl_->connects > 0 ? impl_->connects - 1 : 0;
-}
+std::uint64_t StoreClient::reconnects() const { return impl_->connects > 0 ? impl_->connects - 1 : 0; }
 
 }  // namespace ddprun::rendezvous

@@ -82,7 +82,6 @@ bool is_would_block(int err) {
   return err == EAGAIN;
 }
 
-
 // Waits until `fd` has `events` (or an error/hangup) or the deadline passes.
 // Returns false on timeout.
 bool wait_fd(int fd, short events, SteadyTime deadline) {
@@ -98,11 +97,10 @@ bool wait_fd(int fd, short events, SteadyTime deadline) {
   }
 }
 
-
 // One TCP connect to any address of host:port (all families, in getaddrinfo order), before
 // `deadline`. Returns a connected blocking socket, or -1 with `last_error` set.
-int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadline,
-                 milliseconds io_timeout, std::string& last_error) {
+int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadline, milliseconds io_timeout,
+                 std::string& last_error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -116,8 +114,7 @@ int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadlin
   }
   int result = -1;
   for (addrinfo* ai = res; ai != nullptr && result < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                            ai->ai_protocol);
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
       last_error = "socket(): " + errno_text(errno);
       continue;
@@ -208,8 +205,7 @@ using std::chrono::milliseconds;
 
 // ---- probing (protocol §2.3) --------------------------------------------------------
 
-DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
-                                     std::chrono::milliseconds timeout) {
+DetectedGeneration detect_generation(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout) {
   const SteadyTime deadline = now() + timeout;
   // A 1.13 server reads our VALIDATE as a SET with a ~2^40-byte key and sits in a blocking
   // recv() for it, stalling all its clients until we close (protocol §2.5, §10.14). So each
@@ -222,13 +218,12 @@ DetectedGeneration detect_generation(const std::string& host, std::uint16_t port
       const int fd = connect_once(host, port, deadline, timeout, err);
       if (fd >= 0) return fd;
       if (now() >= deadline) {
-        throw NetworkError("could not connect to " + where + " within " +
-                               format_duration(timeout) + " to probe its protocol (last error: " +
-                               err + ")",
+        throw NetworkError("could not connect to " + where + " within " + format_duration(timeout) +
+                               " to probe its protocol (last error: " + err + ")",
                            "is a TCPStore server running there?");
       }
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          backoff.next_delay(), deadline - now()));
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(backoff.next_delay(), deadline - now()));
     }
   };
   auto probe_deadline = [&]() { return std::min(deadline, now() + probe_wait); };

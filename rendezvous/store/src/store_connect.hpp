@@ -27,8 +27,8 @@ bool is_would_block(int err);
 bool wait_fd(int fd, short events, SteadyTime deadline);
 // One TCP connect to any address of host:port before `deadline`: a connected blocking socket
 // with TCP_NODELAY and `io_timeout` as SO_RCVTIMEO/SO_SNDTIMEO, or -1 with `last_error` set.
-int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadline,
-                 std::chrono::milliseconds io_timeout, std::string& last_error);
+int connect_once(const std::string& host, std::uint16_t port, SteadyTime deadline, std::chrono::milliseconds io_timeout,
+                 std::string& last_error);
 bool send_all_raw(int fd, const char* data, std::size_t len, std::string& err);
 // Reads exactly `len` bytes before `deadline` (handshakes and probes).
 bool recv_exact_raw(int fd, char* out, std::size_t len, SteadyTime deadline, std::string& err);

@@ -96,18 +96,18 @@ struct Connection {
   std::string peer;
   std::string peer_address;  // without the port: the key of the per-peer connection count
   std::vector<char> in;
-  std::size_t begin = 0;   // first unparsed byte
-  std::size_t end = 0;     // one past the last received byte
-  std::size_t need = 1;    // do not parse before this many unparsed bytes are buffered
+  std::size_t begin = 0;  // first unparsed byte
+  std::size_t end = 0;    // one past the last received byte
+  std::size_t need = 1;   // do not parse before this many unparsed bytes are buffered
   DecoderState decoder;
-  std::string pending;     // produced, not yet handed to async_write
-  std::string writing;     // owned by the async_write in flight
+  std::string pending;  // produced, not yet handed to async_write
+  std::string writing;  // owned by the async_write in flight
   bool write_in_flight = false;
   bool read_paused = false;  // output backlog over pause_output_above
   bool dirty = false;
   bool closed = false;
-  std::size_t accounted = 0;     // this connection's share of Core::buffered
-  std::string overflow;          // set by reserve_push: why the connection must be closed
+  std::size_t accounted = 0;      // this connection's share of Core::buffered
+  std::string overflow;           // set by reserve_push: why the connection must be closed
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
   std::size_t queued() const { return pending.size() + writing.size(); }
@@ -144,7 +144,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   std::size_t pause_above = pause_output_above;
   std::size_t pushed = 0;  // bytes admitted by reserve_push since the last flush (not yet accounted)
   std::unordered_map<std::string, std::size_t> per_peer;  // open connections per peer address
-  int spare_fd = -1;                // released to accept-and-close when out of descriptors
+  int spare_fd = -1;                                      // released to accept-and-close when out of descriptors
   RateLimitedWarning refuse_warning;
   std::unordered_map<ConnectionId, ConnectionPtr> connections;
   std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
@@ -206,13 +206,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (!c->overflow.empty()) return false;
     const std::size_t cap = options.limits.max_queued_reply_bytes;
     if (c->queued() + n > cap) {
-      c->overflow = fmt::format("{} reply bytes queued and {} more pushed by another client's write, over the limit "
-                                "of {} (--max-queued-reply-bytes): the client does not read its replies",
-                                c->queued(), n, cap);
+      c->overflow = fmt::format(
+          "{} reply bytes queued and {} more pushed by another client's write, over the limit "
+          "of {} (--max-queued-reply-bytes): the client does not read its replies",
+          c->queued(), n, cap);
     } else if (buffered + pushed + n > options.limits.max_buffered_bytes) {
-      c->overflow = fmt::format("{} bytes pushed by another client's write do not fit: the server's buffers hold {} "
-                                "bytes, the limit is {} (--max-buffered-bytes), and this connection has {} unread",
-                                n, buffered + pushed, options.limits.max_buffered_bytes, c->queued());
+      c->overflow = fmt::format(
+          "{} bytes pushed by another client's write do not fit: the server's buffers hold {} "
+          "bytes, the limit is {} (--max-buffered-bytes), and this connection has {} unread",
+          n, buffered + pushed, options.limits.max_buffered_bytes, c->queued());
     } else {
       pushed += n;
       return true;
@@ -335,8 +337,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           return;
         }
         // EMFILE and friends: accepting again at once would spin; retry shortly.
-        spdlog::warn("store: accept failed on port {}: {} (raise the open-files limit, ulimit -n)",
-                     self->bound_port, ec.message());
+        spdlog::warn("store: accept failed on port {}: {} (raise the open-files limit, ulimit -n)", self->bound_port,
+                     ec.message());
         self->retry_timer.expires_after(std::chrono::milliseconds(100));
         self->retry_timer.async_wait([self](boost::system::error_code tec) {
           if (!tec) self->do_accept();
@@ -369,9 +371,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         peer = endpoint_text(ep);
       }
       ++counters.connections_rejected;
-      refuse_warning.warn("store: closing new connection from {}: out of file descriptors (raise ulimit -n or lower "
-                          "--max-connections)",
-                          peer);
+      refuse_warning.warn(
+          "store: closing new connection from {}: out of file descriptors (raise ulimit -n or lower "
+          "--max-connections)",
+          peer);
       ::close(fd);
       refused = true;
     }
@@ -396,9 +399,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       auto it = per_peer.find(peer_address);
       if (it != per_peer.end() && it->second >= per_peer_cap) {
         ++counters.connections_rejected;
-        refuse_warning.warn("store: closing new connection from {}: {} connections from that address are open, the "
-                            "limit per address (--max-connections-per-peer)",
-                            peer, it->second);
+        refuse_warning.warn(
+            "store: closing new connection from {}: {} connections from that address are open, the "
+            "limit per address (--max-connections-per-peer)",
+            peer, it->second);
         socket.close(ec);
         return;
       }
@@ -454,10 +458,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         account(*c);
       }
     }
-    c->socket.async_read_some(asio::buffer(c->in.data() + c->end, c->in.size() - c->end),
-                              [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) {
-                                self->on_read(c, ec, n);
-                              });
+    c->socket.async_read_some(
+        asio::buffer(c->in.data() + c->end, c->in.size() - c->end),
+        [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) { self->on_read(c, ec, n); });
   }
 
   void on_read(const ConnectionPtr& c, boost::system::error_code ec, std::size_t n) {
@@ -496,8 +499,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
       if (r.status == DecodeStatus::extension) {
         if (!options.extension) {
-          close(c, fmt::format("opcode 0x{:02x} is in the extension range and no extension is installed",
-                               static_cast<unsigned char>(view[0])), true);
+          close(c,
+                fmt::format("opcode 0x{:02x} is in the extension range and no extension is installed",
+                            static_cast<unsigned char>(view[0])),
+                true);
           break;
         }
         r = options.extension->on_frame(c->id, view, state, *this);
@@ -563,7 +568,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                         if (c->read_paused && c->queued() < self->pause_above) {
                           c->read_paused = false;
                           c->frame_start = c->last_active;  // the pause was the server's doing
-                          self->process(c);  // requests left buffered when the pause began
+                          self->process(c);                 // requests left buffered when the pause began
                           self->flush();
                           if (c->closed) return;
                           if (c->queued() >= self->pause_above) {
@@ -624,16 +629,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       const bool partial = c->end > c->begin && c->end - c->begin < c->need;
       if (options.frame_timeout.count() > 0 && partial && !c->read_paused &&
           now - c->frame_start > options.frame_timeout) {
-        expired.emplace_back(c, fmt::format("incomplete request: {} of at least {} bytes received in {} ms "
-                                            "(--frame-timeout-ms {})",
-                                            c->end - c->begin, c->need,
-                                            std::chrono::duration_cast<std::chrono::milliseconds>(now - c->frame_start)
-                                                .count(),
-                                            options.frame_timeout.count()));
+        expired.emplace_back(
+            c, fmt::format("incomplete request: {} of at least {} bytes received in {} ms "
+                           "(--frame-timeout-ms {})",
+                           c->end - c->begin, c->need,
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - c->frame_start).count(),
+                           options.frame_timeout.count()));
       } else if (options.idle_timeout.count() > 0 && c->end == c->begin && c->queued() == 0 &&
                  now - c->last_active > options.idle_timeout && !state.waiting(id)) {
-        expired.emplace_back(c, fmt::format("idle for more than {} ms (--idle-timeout-ms)",
-                                            options.idle_timeout.count()));
+        expired.emplace_back(c,
+                             fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
       }
     }
     for (auto& [c, why] : expired) close(c, why, true);

@@ -33,8 +33,8 @@ const std::string* find(const Environment& env, const char* name) {
   return it == env.end() ? nullptr : &it->second;
 }
 
-std::int64_t int_var(const Environment& env, const char* name, std::optional<std::int64_t> fallback,
-                     std::int64_t min, std::int64_t max) {
+std::int64_t int_var(const Environment& env, const char* name, std::optional<std::int64_t> fallback, std::int64_t min,
+                     std::int64_t max) {
   const std::string* v = find(env, name);
   if (v == nullptr) {
     if (fallback) return *fallback;
@@ -43,7 +43,8 @@ std::int64_t int_var(const Environment& env, const char* name, std::optional<std
   const auto n = parse_int(trim(*v));
   if (!n) throw Invalid(std::string(name) + "='" + *v + "' is not an integer");
   if (*n < min || *n > max) {
-    throw Invalid(std::string(name) + "=" + *v + " is outside [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    throw Invalid(std::string(name) + "=" + *v + " is outside [" + std::to_string(min) + ", " + std::to_string(max) +
+                  "]");
   }
   return *n;
 }
@@ -71,8 +72,8 @@ Info parse_info_impl(const Environment& env) {
     throw Invalid("RANK=" + std::to_string(i.rank) + " is not below WORLD_SIZE=" + std::to_string(i.world_size));
   }
   if (i.local_rank >= i.local_world_size) {
-    throw Invalid("LOCAL_RANK=" + std::to_string(i.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
-                  std::to_string(i.local_world_size));
+    throw Invalid("LOCAL_RANK=" + std::to_string(i.local_rank) +
+                  " is not below LOCAL_WORLD_SIZE=" + std::to_string(i.local_world_size));
   }
   return i;
 }
@@ -226,7 +227,8 @@ void Store::barrier() {
 }
 void Store::barrier(std::string_view name, int count) {
   cxx([&] {
-    if (count < 1) throw Invalid("barrier '" + std::string(name) + "': count " + std::to_string(count) + " must be >= 1");
+    if (count < 1)
+      throw Invalid("barrier '" + std::string(name) + "': count " + std::to_string(count) + " must be >= 1");
     impl_->barrier_named("named_" + std::string(name), count);
   });
 }
@@ -315,7 +317,8 @@ int ddprun_nccl_unique_id(unsigned char out[DDPRUN_NCCL_UNIQUE_ID_BYTES]) {
 
 int ddprun_nccl_unique_id_count(int* count) {
   if (count == nullptr) return invalid("ddprun_nccl_unique_id_count: count is NULL");
-  return c_call([&] { *count = static_cast<int>(ddprun::worker::nccl_ids_impl(ddprun::worker::process_env()).size()); });
+  return c_call(
+      [&] { *count = static_cast<int>(ddprun::worker::nccl_ids_impl(ddprun::worker::process_env()).size()); });
 }
 
 int ddprun_nccl_unique_id_at(int index, unsigned char out[DDPRUN_NCCL_UNIQUE_ID_BYTES]) {
@@ -342,7 +345,8 @@ int ddprun_store_open(ddprun_store** out) {
 void ddprun_store_close(ddprun_store* store) { delete store; }
 
 int ddprun_store_set(ddprun_store* store, const char* key, const void* value, size_t len) {
-  if (store == nullptr || key == nullptr || (value == nullptr && len > 0)) return invalid("ddprun_store_set: NULL argument");
+  if (store == nullptr || key == nullptr || (value == nullptr && len > 0))
+    return invalid("ddprun_store_set: NULL argument");
   return c_call([&] { store->core.client.set(key, std::string_view(static_cast<const char*>(value), len)); });
 }
 

@@ -61,7 +61,7 @@ struct AgentConfig {
   // The worker command, fully resolved: e.g. {"/usr/bin/python3", "-u", "train.py", "--lr", "1"}
   // or {"/abs/path/train", "--x"}. argv[0] is an absolute path or a name found on PATH.
   std::vector<std::string> worker_argv;
-  bool python_worker = false;   // the worker is a Python interpreter (PYTHONUNBUFFERED=1)
+  bool python_worker = false;  // the worker is a Python interpreter (PYTHONUNBUFFERED=1)
   // Legacy torch.distributed.launch behaviour (--use-env off): append --local-rank=N /
   // --local_rank=N to each worker's arguments.
   enum class LocalRankArg : std::uint8_t { none, dash, underscore } local_rank_arg = LocalRankArg::none;
@@ -81,7 +81,7 @@ struct AgentConfig {
   EtcdSettings etcd;                    // etcd only
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;  // as given (for messages)
-  RendezvousSettings rdzv;                        // rdzv_conf translated and validated
+  RendezvousSettings rdzv;                       // rdzv_conf translated and validated
   bool standalone = false;
   int max_restarts = 0;
   // Set by the launcher from decide_job_mode(); nullopt = decide from the fields above.
@@ -110,10 +110,10 @@ struct AgentConfig {
   std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
   // Containment and diagnosis (containment.hpp, diagnosis.hpp).
-  std::string containment = "auto";            // auto | cgroup2 | cgroup1 | proc | off
-  std::chrono::milliseconds hang_timeout{0};   // 0 = no hang detection
-  bool stacks = true;                          // collect survivors' stacks on failure
-  bool virtual_local_rank = false;  // as given; the GPU plan implements it when gpu_env is set
+  std::string containment = "auto";           // auto | cgroup2 | cgroup1 | proc | off
+  std::chrono::milliseconds hang_timeout{0};  // 0 = no hang detection
+  bool stacks = true;                         // collect survivors' stacks on failure
+  bool virtual_local_rank = false;            // as given; the GPU plan implements it when gpu_env is set
 
   // GPU plan (worker_env::plan_gpus, computed by the launcher; docs/gpus.md). Empty when no GPU
   // is involved (a CPU job behaves exactly as before). Otherwise one entry per local rank: the
@@ -128,7 +128,7 @@ struct AgentConfig {
   // attempt> (docs/gpus.md: one communicator at a time).
   enum class NcclIdMode : std::uint8_t { automatic, env, off, comm_id } nccl_id = NcclIdMode::automatic;
   std::string nccl_id_holder;  // the holder binary; "" = ddprun-nccl-id next to the running executable
-  int nccl_roots = 0;  // --nccl-roots; 0 = automatic: 1, or ceil(world_size / 256) above 256 ranks
+  int nccl_roots = 0;          // --nccl-roots; 0 = automatic: 1, or ceil(world_size / 256) above 256 ranks
 
   // --numa-binding (docs/gpus.md), planned by the launcher (worker_env::plan_numa_binding): the
   // CPU ids each local rank is bound to (sched_setaffinity in the child before exec; best effort).

@@ -36,9 +36,9 @@ enum class ContainmentMode : std::uint8_t { automatic, cgroup2, cgroup1, proc, o
 ContainmentMode parse_containment_mode(const std::string& text);
 
 struct RankMemory {
-  std::uint64_t oom_kills = 0;          // OOM kills in the rank's cgroup since the attempt began
-  std::optional<std::uint64_t> peak;    // bytes (memory.peak / max_usage_in_bytes)
-  std::optional<std::uint64_t> limit;   // bytes, the effective limit when one is set
+  std::uint64_t oom_kills = 0;         // OOM kills in the rank's cgroup since the attempt began
+  std::optional<std::uint64_t> peak;   // bytes (memory.peak / max_usage_in_bytes)
+  std::optional<std::uint64_t> limit;  // bytes, the effective limit when one is set
 };
 
 class Containment {
@@ -69,8 +69,8 @@ class Containment {
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
-  std::string job_dir_;                 // the containment cgroup (v2 or v1 freezer); empty = proc/off
-  std::string memory_dir_;              // the job's memory cgroup; empty = none
+  std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
+  std::string memory_dir_;  // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
   std::vector<std::uint64_t> oom_base_;
   int nproc_ = 0;

@@ -29,12 +29,12 @@ struct RankStacks {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
-  std::string method;   // "faulthandler", "eu-stack", or "" (none could be taken)
-  std::string text;     // the raw stacks
+  std::string method;       // "faulthandler", "eu-stack", or "" (none could be taken)
+  std::string text;         // the raw stacks
   std::string main_thread;  // eu-stack: the main thread's part of `text` ("" for faulthandler)
-  std::string file;     // where they were written
-  std::string where;    // one-line summary: "time.sleep at train.py:42" style, or why none
-  double millis = 0;    // what collecting them cost
+  std::string file;         // where they were written
+  std::string where;        // one-line summary: "time.sleep at train.py:42" style, or why none
+  double millis = 0;        // what collecting them cost
 };
 
 // Collects the stacks of `pid` into `rank_dir`/stacks.txt (faulthandler writes to the file the

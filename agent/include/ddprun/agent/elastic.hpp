@@ -1,7 +1,8 @@
 #pragma once
 // Pure (or nearly pure) pieces of the multi-node rendezvous backends (backend_rendezvous.cpp):
 // the rendezvous JobConfig a node asks for, the address it advertises, whether it may host an
-// embedded rendezvous, and the failure / summary texts it exchanges with the rendezvous. Stateless free functions; safe from any thread.
+// embedded rendezvous, and the failure / summary texts it exchanges with the rendezvous. Stateless free functions; safe
+// from any thread.
 //
 // advertised_address() and is_local_address() ask the kernel (a UDP socket's connect() +
 // getsockname(), which sends nothing; getifaddrs()) and never do reverse DNS or FQDN lookups:
@@ -45,8 +46,8 @@ std::string advertised_address(const AgentConfig& config, const Endpoint& peer);
 bool is_local_address(const std::string& host);
 
 // Whether this agent may host an embedded rendezvous at `endpoint` when no server answers there:
-// static: node rank 0 only. c10d: is_host from --rdzv-conf when given; else, with --local-addr, only when the endpoint host is
-// exactly that address; without it, when the endpoint host is one of this machine's addresses.
+// static: node rank 0 only. c10d: is_host from --rdzv-conf when given; else, with --local-addr, only when the endpoint
+// host is exactly that address; without it, when the endpoint host is one of this machine's addresses.
 bool may_host(const AgentConfig& config, const Endpoint& endpoint, const std::string& advertised);
 
 // Whether a TCP connection to `endpoint` succeeds within `timeout` (blocking; used once at start

@@ -19,8 +19,8 @@
 namespace ddprun::agent {
 
 struct ErrorFileContents {
-  std::string message;                 // message.message, or the message string itself
-  std::string traceback;               // message.extraInfo.py_callstack (may be empty)
+  std::string message;                    // message.message, or the message string itself
+  std::string traceback;                  // message.extraInfo.py_callstack (may be empty)
   std::optional<std::int64_t> timestamp;  // unix seconds, when present
 };
 
@@ -34,11 +34,11 @@ struct FailureReport {
   pid_t pid = 0;
   ExitStatus status;
   std::chrono::system_clock::time_point time;
-  std::string error_file;              // path given to the worker; empty = none
+  std::string error_file;                  // path given to the worker; empty = none
   std::optional<ErrorFileContents> error;  // parsed contents, when the worker wrote one
-  std::string note;                    // e.g. why the error file could not be used, spawn error
-  std::string cause;                   // why it ended: out of memory, core dump, hang detector (diagnosis.hpp)
-  std::string diagnosis;               // the attempt's diagnosis block (culprit, stacks), when one was made
+  std::string note;                        // e.g. why the error file could not be used, spawn error
+  std::string cause;                       // why it ended: out of memory, core dump, hang detector (diagnosis.hpp)
+  std::string diagnosis;                   // the attempt's diagnosis block (culprit, stacks), when one was made
 };
 
 // The diagnosis block: culprits first, then one line per rank (cause of death or stack

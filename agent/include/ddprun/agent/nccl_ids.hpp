@@ -31,9 +31,9 @@ int nccl_roots_to_offer(const AgentConfig& config);
 std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std::size_t offered);
 
 struct RoundNccl {
-  bool keep_holder = false;           // this node's holder serves the round's bootstrap roots
-  worker_env::EnvList env;            // DDPRUN_NCCL_UNIQUE_ID(S) or NCCL_COMM_ID; empty = none
-  std::optional<std::string> warning; // an offer that does not fit this node's --nccl-id
+  bool keep_holder = false;            // this node's holder serves the round's bootstrap roots
+  worker_env::EnvList env;             // DDPRUN_NCCL_UNIQUE_ID(S) or NCCL_COMM_ID; empty = none
+  std::optional<std::string> warning;  // an offer that does not fit this node's --nccl-id
 };
 
 // The decision for one round: `chosen` is the assignment's IDs (the group-rank-0 node's offer),

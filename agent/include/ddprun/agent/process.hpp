@@ -15,9 +15,9 @@
 // agent); prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
 // worker, even if the agent died during the spawn); dup2 of the requested stdin/stdout/stderr; every
 // other descriptor above 2 closed (close_range; the agent's sockets never leak into workers);
-// joining the requested cgroups (containment); CPU affinity (--numa-binding: the raw sched_setaffinity syscall with a mask built by the
-// parent; a failure is recorded in SpawnResult::affinity_error and the worker still starts,
-// unbound: binding is a performance hint, not a correctness requirement); chdir; execve.
+// joining the requested cgroups (containment); CPU affinity (--numa-binding: the raw sched_setaffinity syscall with a
+// mask built by the parent; a failure is recorded in SpawnResult::affinity_error and the worker still starts, unbound:
+// binding is a performance hint, not a correctness requirement); chdir; execve.
 //
 // Not thread-safe: call from the agent's io_context thread (the clone stack is shared).
 #include <sys/types.h>
@@ -32,14 +32,14 @@
 namespace ddprun::agent {
 
 struct SpawnRequest {
-  std::string path;                // executable, already resolved (see resolve_executable)
-  std::vector<std::string> argv;   // argv[0] included
-  std::vector<std::string> envp;   // complete environment, KEY=VALUE
-  std::string cwd;                 // empty = inherit
-  int stdin_fd = -1;               // -1 = inherit the agent's
-  int stdout_fd = -1;              // -1 = inherit the agent's
+  std::string path;               // executable, already resolved (see resolve_executable)
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> envp;  // complete environment, KEY=VALUE
+  std::string cwd;                // empty = inherit
+  int stdin_fd = -1;              // -1 = inherit the agent's
+  int stdout_fd = -1;             // -1 = inherit the agent's
   int stderr_fd = -1;
-  std::vector<int> cpus;           // CPU ids to bind the worker to; empty = inherit the agent's affinity
+  std::vector<int> cpus;  // CPU ids to bind the worker to; empty = inherit the agent's affinity
   // cgroup.procs files the child joins (writes "0") before exec, so everything it starts stays
   // in them (containment.hpp). A failure is recorded in SpawnResult::cgroup_error.
   std::vector<std::string> cgroup_procs;
@@ -47,11 +47,11 @@ struct SpawnRequest {
 
 struct SpawnResult {
   pid_t pid = -1;
-  int pidfd = -1;      // owned by the caller (close after reap)
-  int error = 0;       // errno of the failed step when pid == -1 or the child failed before exec
+  int pidfd = -1;                     // owned by the caller (close after reap)
+  int error = 0;                      // errno of the failed step when pid == -1 or the child failed before exec
   const char* failed_step = nullptr;  // "clone", "setpgid", "prctl", "dup2", "chdir", "execve", ...
-  int affinity_error = 0;  // errno of sched_setaffinity when `cpus` was given and binding failed (not fatal)
-  int cgroup_error = 0;     // errno of joining one of `cgroup_procs` (not fatal; the caller warns)
+  int affinity_error = 0;             // errno of sched_setaffinity when `cpus` was given and binding failed (not fatal)
+  int cgroup_error = 0;               // errno of joining one of `cgroup_procs` (not fatal; the caller warns)
   bool ok() const { return pid > 0 && error == 0; }
 };
 

@@ -57,7 +57,7 @@ class EnvBlockReader {
 // Whole-buffer form: the entries of the block at the start of `bytes`; `consumed` (if not null)
 // receives the block's length. Throws ddprun::Error when the terminator is missing.
 RemoteEnv decode_env_block(std::string_view bytes, std::size_t* consumed = nullptr,
-                            std::size_t max_bytes = kDefaultEnvBlockMax);
+                           std::size_t max_bytes = kDefaultEnvBlockMax);
 
 // Blocking read of an env block from `fd` (retries EINTR). Reads in chunks, so it may read past
 // the terminator: those bytes are returned in `rest` (the start of the control channel).

@@ -45,9 +45,9 @@ struct RoundAssignment {
 
 struct BackendEvents {
   std::function<void(const RoundAssignment&)> on_assignment;
-  std::function<void()> on_restart;                         // every node restarts: stop, then next_round
-  std::function<void(int exit_code)> on_job_failed;         // stop the workers, exit with this code
-  std::function<void()> on_job_completed;                   // every node succeeded: exit 0
+  std::function<void()> on_restart;                                // every node restarts: stop, then next_round
+  std::function<void(int exit_code)> on_job_failed;                // stop the workers, exit with this code
+  std::function<void()> on_job_completed;                          // every node succeeded: exit 0
   std::function<void(const std::string& message)> on_refused;      // stop, exit 1
   std::function<void(const std::string& text)> on_progress;        // a status line while waiting
   std::function<void(const std::string& message)> on_unreachable;  // stop, exit 1
@@ -88,8 +88,7 @@ std::string bind_host(const std::string& addr);
 // at `port` (0 = any free port). Throws NetworkError with `hint` when it cannot bind (naming the
 // port when `name_port`).
 std::unique_ptr<rendezvous::StoreServer> host_worker_store(boost::asio::io_context& io, const std::string& addr,
-                                                           std::uint16_t port, bool name_port,
-                                                           const std::string& hint);
+                                                           std::uint16_t port, bool name_port, const std::string& hint);
 
 // The backend for job_mode(config). `config` must outlive it.
 std::unique_ptr<RendezvousBackend> make_rendezvous_backend(boost::asio::io_context& io, const AgentConfig& config,

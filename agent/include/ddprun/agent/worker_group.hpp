@@ -17,18 +17,23 @@
 //   init         start                                                healthy       start_attempt(0)
 //   healthy      exited(ok)                 not all done              healthy       -
 //   healthy      exited(ok)/drained         all done                  succeeded     finish(0)
-//   healthy      exited(failed)                                       stopping[F]   record failure, signal_groups(SIGTERM),
+//   healthy      exited(failed)                                       stopping[F]   record failure,
+//   signal_groups(SIGTERM),
 //                                                                                   arm_grace
 //   healthy      signal(s)                                            stopping[S]   signal_groups(s), arm_grace
 //   stopping     exited(any)/drained        not all done              stopping      -
 //   stopping     grace_expired                                        stopping      signal_groups(SIGKILL)
-//   stopping[F]  signal(s)                                            stopping[S]   signal_groups(s) (grace keeps running)
-//   stopping[S]  signal(any)                                          stopping[S]   signal_groups(SIGKILL) (second signal)
-//   stopping[F]  all done                   restarts left             healthy       cancel_grace, signal_groups(SIGKILL)
-//                                                                                   (sweep leftovers), start_attempt(n+1)
-//   stopping[F]  all done                   budget spent              failed        cancel_grace, signal_groups(SIGKILL),
+//   stopping[F]  signal(s)                                            stopping[S]   signal_groups(s) (grace keeps
+//   running) stopping[S]  signal(any)                                          stopping[S]   signal_groups(SIGKILL)
+//   (second signal) stopping[F]  all done                   restarts left             healthy       cancel_grace,
+//   signal_groups(SIGKILL)
+//                                                                                   (sweep leftovers),
+//                                                                                   start_attempt(n+1)
+//   stopping[F]  all done                   budget spent              failed        cancel_grace,
+//   signal_groups(SIGKILL),
 //                                                                                   finish(first failure's code)
-//   stopping[S]  all done                                             interrupted   cancel_grace, signal_groups(SIGKILL),
+//   stopping[S]  all done                                             interrupted   cancel_grace,
+//   signal_groups(SIGKILL),
 //                                                                                   finish(128 + s)
 //   succeeded/failed/interrupted   any                                (same)        - (terminal)
 //
@@ -51,11 +56,11 @@ const char* to_string(GroupState state);
 
 struct GroupAction {
   enum class Kind : std::uint8_t {
-    start_attempt,   // value = restart count (0 for the first attempt); reset store, spawn all
-    signal_groups,   // value = signal to send to every worker process group of the attempt
-    arm_grace,       // start the shutdown grace timer (shutdown_timeout)
+    start_attempt,  // value = restart count (0 for the first attempt); reset store, spawn all
+    signal_groups,  // value = signal to send to every worker process group of the attempt
+    arm_grace,      // start the shutdown grace timer (shutdown_timeout)
     cancel_grace,
-    finish,          // value = ddprun's exit code; the run is over
+    finish,  // value = ddprun's exit code; the run is over
   };
   Kind kind;
   int value = 0;

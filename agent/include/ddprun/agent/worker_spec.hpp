@@ -14,23 +14,23 @@ namespace ddprun::agent {
 
 // What an attempt adds to every worker's spec.
 struct AttemptContext {
-  std::string dir;                 // error files go to <dir>/<local_rank>/error.json
-  worker_env::EnvList nccl_env;    // the round's NCCL variables (nccl_ids.hpp)
+  std::string dir;               // error files go to <dir>/<local_rank>/error.json
+  worker_env::EnvList nccl_env;  // the round's NCCL variables (nccl_ids.hpp)
 };
 
 struct WorkerSpec {
   int local_rank = 0;
-  int rank = 0;                    // global rank
-  std::vector<std::string> argv;   // argv[0] as given; the spawner resolves the executable
+  int rank = 0;                   // global rank
+  std::vector<std::string> argv;  // argv[0] as given; the spawner resolves the executable
   // The variables on top of the agent's environment: build_worker_env's, then the GPU plan's,
   // then the round's NCCL variables, each later source winning; one entry per name, sorted.
   worker_env::EnvList env;
-  std::string cwd;                 // "" = the agent's working directory
-  std::vector<int> cpus;           // --numa-binding; empty = unbound
-  std::string device;              // the GPU plan's device column ("" = none)
-  std::string error_file;          // TORCHELASTIC_ERROR_FILE ("" = none)
+  std::string cwd;         // "" = the agent's working directory
+  std::vector<int> cpus;   // --numa-binding; empty = unbound
+  std::string device;      // the GPU plan's device column ("" = none)
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE ("" = none)
   RankRoutes routes;
-  std::string prefix;              // the console prefix of its lines
+  std::string prefix;  // the console prefix of its lines
 };
 
 // Worker argv with the legacy --local-rank / --local_rank argument when asked for.

@@ -32,17 +32,14 @@ class Backoff {
   };
 
   // `random` defaults to a per-instance std::minstd_rand seeded from std::random_device.
-  explicit Backoff(Options options, RandomSource random = {})
-      : options_(options), random_(std::move(random)) {
+  explicit Backoff(Options options, RandomSource random = {}) : options_(options), random_(std::move(random)) {
     options_.jitter = std::clamp(options_.jitter, 0.0, 1.0);
     if (options_.multiplier < 1.0) options_.multiplier = 1.0;
     if (options_.initial < Duration::zero()) options_.initial = Duration::zero();
     if (options_.max < options_.initial) options_.max = options_.initial;
     if (!random_) {
       random_ = [engine = std::minstd_rand(std::random_device{}()),
-                 dist = std::uniform_real_distribution<double>(0.0, 1.0)]() mutable {
-        return dist(engine);
-      };
+                 dist = std::uniform_real_distribution<double>(0.0, 1.0)]() mutable { return dist(engine); };
     }
     current_base_ = initial_ns();
   }

@@ -9,7 +9,7 @@
 namespace ddprun {
 
 struct Endpoint {
-  std::string host;     // without brackets
+  std::string host;  // without brackets
   std::uint16_t port = 0;
 
   // "host:port", with brackets around IPv6 literals.

@@ -13,9 +13,7 @@ class Error : public std::runtime_error {
  public:
   // `what`: one sentence, names the object (flag/host:port/file). `hint`: what to do, may be empty.
   explicit Error(const std::string& what, std::string hint = {})
-      : std::runtime_error(hint.empty() ? what : what + " (" + hint + ")"),
-        message_(what),
-        hint_(std::move(hint)) {}
+      : std::runtime_error(hint.empty() ? what : what + " (" + hint + ")"), message_(what), hint_(std::move(hint)) {}
   const std::string& message() const noexcept { return message_; }
   const std::string& hint() const noexcept { return hint_; }
 

@@ -40,9 +40,9 @@ struct FlagSpec {
   std::string_view short_name;  // "m" for -m; "" when none
   FlagKind kind = FlagKind::value;
   FlagScope scope = FlagScope::local;
-  bool env_form = false;         // has a PET_<NAME> environment variable
-  std::string_view metavar;      // the value's placeholder in --help, e.g. "N|MIN:MAX"; "" for booleans
-  std::string_view help;         // one paragraph, without the default
+  bool env_form = false;          // has a PET_<NAME> environment variable
+  std::string_view metavar;       // the value's placeholder in --help, e.g. "N|MIN:MAX"; "" for booleans
+  std::string_view help;          // one paragraph, without the default
   std::string_view default_text;  // what applies when the flag is not given; "" = nothing to say
   // The value's fixed set (or, with choices_open, its keywords beside other forms such as numbers).
   std::span<const std::string_view> choices = {};
@@ -73,7 +73,8 @@ inline std::string pet_variable(std::string_view dash) {
 // The help paragraph as --help prints it: the help text, then "Default: X." when there is one.
 inline std::string help_with_default(const FlagSpec& spec) {
   std::string text(spec.help);
-  if (!spec.default_text.empty()) text += (text.empty() ? "" : " ") + std::string("Default: ") + std::string(spec.default_text) + ".";
+  if (!spec.default_text.empty())
+    text += (text.empty() ? "" : " ") + std::string("Default: ") + std::string(spec.default_text) + ".";
   return text;
 }
 

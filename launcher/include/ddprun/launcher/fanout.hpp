@@ -32,10 +32,10 @@
 namespace ddprun::launcher {
 
 struct FanoutHost {
-  std::string user;  // "" = ssh's default (its config, else the local user name)
-  std::string host;  // a name, an address, or an alias of the ssh config
+  std::string user;         // "" = ssh's default (its config, else the local user name)
+  std::string host;         // a name, an address, or an alias of the ssh config
   std::string nproc = "1";  // --nproc-per-node for this host's agent: N, or gpu|cpu|auto (counted there)
-  std::string gpus;  // --gpus for this host's agent ("" = the agent's default: every visible device)
+  std::string gpus;         // --gpus for this host's agent ("" = the agent's default: every visible device)
   // How the host is named in output prefixes and messages.
   const std::string& label() const { return host; }
 };
@@ -52,10 +52,10 @@ struct FanoutPlan {
   std::vector<std::string> agent_args;
   std::vector<std::string> program;                      // the program and its arguments, as typed
   std::vector<std::pair<std::string, std::string>> env;  // carried to every host over stdin
-  std::string launcher_addr;  // where the hosts reach the embedded rendezvous ("" = pick)
-  std::string ranks_filter;   // --ranks-filter as typed ("" = every rank)
-  std::string rdzv_token;     // "" = a random one
-  std::string run_id;         // "" = a random one
+  std::string launcher_addr;                             // where the hosts reach the embedded rendezvous ("" = pick)
+  std::string ranks_filter;                              // --ranks-filter as typed ("" = every rank)
+  std::string rdzv_token;                                // "" = a random one
+  std::string run_id;                                    // "" = a random one
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
 };
 

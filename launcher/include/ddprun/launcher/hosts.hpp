@@ -41,7 +41,7 @@ namespace ddprun::launcher {
 struct HostEntry {
   std::string user;  // ssh login name, empty if none given
   std::string host;
-  int slots = -1;    // -1: not given
+  int slots = -1;  // -1: not given
   // The slots (device indices) this host runs on, set when --include/--exclude named slot
   // indices or --num-gpus applied; nullopt: all `slots` (or --nproc-per-node) devices.
   std::optional<std::vector<int>> slot_indices;
@@ -73,8 +73,8 @@ std::map<std::string, std::optional<std::vector<int>>> parse_include_exclude(std
 // stands in for the slot count of hosts that have none when checking or removing slot indices;
 // a host with neither cannot have slot indices excluded or range-checked (error).
 std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::string_view include,
-                                    std::string_view exclude, std::optional<int> num_nodes,
-                                    std::optional<int> num_gpus, std::optional<int> default_slots);
+                                    std::string_view exclude, std::optional<int> num_nodes, std::optional<int> num_gpus,
+                                    std::optional<int> default_slots);
 
 // Processes per host, in `hosts` order:
 //   1. slot_indices set  -> its size (the devices selected by include/exclude/--num-gpus);

@@ -30,16 +30,17 @@ using agent::read_env_block;
 // Launcher variables carried to every host by default. "X_*" matches names starting with "X_";
 // other entries match exactly.
 inline constexpr std::array<std::string_view, 14> kDefaultRemoteEnvPatterns = {
-    "NCCL_*", "CUDA_*", "PYTHONPATH", "PATH",    "LD_LIBRARY_PATH",  "OMP_*",   "TORCH_*",
-    "GLOO_*", "PYTHON_EXEC", "VIRTUAL_ENV", "HF_*", "WANDB_*", "DDPRUN_LOG_LEVEL", "LOGLEVEL"};
+    "NCCL_*",      "CUDA_*",      "PYTHONPATH", "PATH",    "LD_LIBRARY_PATH",  "OMP_*",   "TORCH_*", "GLOO_*",
+    "PYTHON_EXEC", "VIRTUAL_ENV", "HF_*",       "WANDB_*", "DDPRUN_LOG_LEVEL", "LOGLEVEL"};
 // Never carried by default even when a pattern above matches: the launcher's own device
 // visibility says nothing about a remote host's devices.
 inline constexpr std::array<std::string_view, 1> kDefaultRemoteEnvExceptions = {"CUDA_VISIBLE_DEVICES"};
 // Never carried at all (and an error in --env / --env-file): the remote agent sets these per
 // worker, a value from the launcher would be wrong or overwritten.
 inline constexpr std::array<std::string_view, 12> kReservedRemoteEnv = {
-    "MASTER_ADDR", "MASTER_PORT", "RANK",      "LOCAL_RANK",   "WORLD_SIZE", "GROUP_RANK",
-    "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "PET_*", "TORCHELASTIC_*"};
+    "MASTER_ADDR", "MASTER_PORT",      "RANK",      "LOCAL_RANK",      "WORLD_SIZE",
+    "GROUP_RANK",  "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "PET_*",       "TORCHELASTIC_*"};
 
 // True when `name` matches `pattern` (exact, or "X_*" prefix).
 bool env_name_matches(std::string_view name, std::string_view pattern);

@@ -39,7 +39,7 @@ struct StatusRequest {
   bool help = false;
   bool json = false;
   std::optional<std::chrono::milliseconds> watch;  // --watch: the interval between updates
-  int watch_count = 0;                              // --watch-count: stop after N updates; 0 = never
+  int watch_count = 0;                             // --watch-count: stop after N updates; 0 = never
 };
 
 // The flags of `ddprun status`, in --help order (`-h/--help` is not a row).

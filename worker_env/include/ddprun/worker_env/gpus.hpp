@@ -69,7 +69,7 @@ bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::st
 // A device a CUDA program started with the parent's environment would see, in CUDA ordinal
 // order (cuda:0, cuda:1, …).
 struct VisibleDevice {
-  std::string token;  // how to name it in a child's CUDA_VISIBLE_DEVICES (physical index or UUID)
+  std::string token;                // how to name it in a child's CUDA_VISIBLE_DEVICES (physical index or UUID)
   std::optional<GpuDevice> device;  // the inventory entry, when one matches
 };
 

@@ -17,11 +17,11 @@ namespace ddprun::worker_env {
 // assignment (or, on a single node, its own settings) into it.
 struct Placement {
   std::string role = "default";
-  int local_world_size = 1;   // workers on this node (--nproc-per-node)
-  int group_rank = 0;         // this node's rank among nodes
-  int group_world_size = 1;   // number of nodes
-  int rank_offset = 0;        // global rank of this node's local rank 0
-  int world_size = 1;         // total workers
+  int local_world_size = 1;  // workers on this node (--nproc-per-node)
+  int group_rank = 0;        // this node's rank among nodes
+  int group_world_size = 1;  // number of nodes
+  int rank_offset = 0;       // global rank of this node's local rank 0
+  int world_size = 1;        // total workers
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;
   int restart_count = 0;
@@ -31,7 +31,7 @@ struct Placement {
 };
 
 struct EnvOptions {
-  bool python_worker = false;   // adds PYTHONUNBUFFERED=1
+  bool python_worker = false;  // adds PYTHONUNBUFFERED=1
   // Directory for per-worker error files: <dir>/<local_rank>/error.json (TORCHELASTIC_ERROR_FILE).
   std::optional<std::string> error_file_dir;
   bool virtual_local_rank = false;  // LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its one device>

@@ -16,11 +16,11 @@ extern "C" {
 
 enum ddprun_status {
   DDPRUN_OK = 0,
-  DDPRUN_ERR_NOT_SET = 1,   /* a required variable is missing */
-  DDPRUN_ERR_INVALID = 2,   /* malformed variable or bad argument */
-  DDPRUN_ERR_NETWORK = 3,   /* store unreachable / connection lost */
-  DDPRUN_ERR_TIMEOUT = 4,   /* get/barrier ran past the timeout */
-  DDPRUN_ERR_BUFFER = 5,    /* value larger than the buffer (*len says how large) */
+  DDPRUN_ERR_NOT_SET = 1, /* a required variable is missing */
+  DDPRUN_ERR_INVALID = 2, /* malformed variable or bad argument */
+  DDPRUN_ERR_NETWORK = 3, /* store unreachable / connection lost */
+  DDPRUN_ERR_TIMEOUT = 4, /* get/barrier ran past the timeout */
+  DDPRUN_ERR_BUFFER = 5,  /* value larger than the buffer (*len says how large) */
   DDPRUN_ERR_INTERNAL = 6
 };
 

@@ -34,18 +34,18 @@ class DDPRUN_WORKER_API Error : public std::runtime_error {
 using Environment = std::map<std::string, std::string>;
 
 struct Info {
-  int rank = 0;              // RANK
-  int local_rank = 0;        // LOCAL_RANK
-  int world_size = 1;        // WORLD_SIZE
-  int local_world_size = 1;  // LOCAL_WORLD_SIZE
-  int group_rank = 0;        // GROUP_RANK (node rank)
-  int group_world_size = 1;  // GROUP_WORLD_SIZE (default 1 when unset)
-  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT (default 0)
-  int max_restarts = 0;      // TORCHELASTIC_MAX_RESTARTS (default 0)
-  std::string master_addr;   // MASTER_ADDR
+  int rank = 0;                   // RANK
+  int local_rank = 0;             // LOCAL_RANK
+  int world_size = 1;             // WORLD_SIZE
+  int local_world_size = 1;       // LOCAL_WORLD_SIZE
+  int group_rank = 0;             // GROUP_RANK (node rank)
+  int group_world_size = 1;       // GROUP_WORLD_SIZE (default 1 when unset)
+  int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT (default 0)
+  int max_restarts = 0;           // TORCHELASTIC_MAX_RESTARTS (default 0)
+  std::string master_addr;        // MASTER_ADDR
   std::uint16_t master_port = 0;  // MASTER_PORT
-  std::string run_id;        // TORCHELASTIC_RUN_ID (default "none")
-  int cuda_device = 0;       // DDPRUN_CUDA_DEVICE when set, else LOCAL_RANK
+  std::string run_id;             // TORCHELASTIC_RUN_ID (default "none")
+  int cuda_device = 0;            // DDPRUN_CUDA_DEVICE when set, else LOCAL_RANK
 };
 
 // The worker's place in the job, from this process's environment / from `env`.

@@ -39,11 +39,11 @@ class io_context;
 namespace ddprun::rendezvous {
 
 struct RendezvousClientOptions {
-  Endpoint server;          // host:port of the rendezvous
+  Endpoint server;  // host:port of the rendezvous
   std::string run_id = "none";
-  std::string token;        // sent with join/rejoin; "" = none
-  NodeInfo node;            // who we are (id, advertised addr, nproc, our worker store)
-  JobConfig config;         // min/max nodes, restart budget, timeouts, heartbeat
+  std::string token;  // sent with join/rejoin; "" = none
+  NodeInfo node;      // who we are (id, advertised addr, nproc, our worker store)
+  JobConfig config;   // min/max nodes, restart budget, timeouts, heartbeat
   // Reconnect budget: how long the server may stay unreachable (first connect included)
   // before on_unreachable fires.
   Duration give_up_after = std::chrono::seconds(60);
@@ -51,12 +51,12 @@ struct RendezvousClientOptions {
 
 struct RendezvousEvents {
   std::function<void(const Assignment&)> on_assignment;
-  std::function<void(const SendRestart&)> on_restart;       // stop workers, then join() again
-  std::function<void(const SendJobFailed&)> on_job_failed;  // stop workers, exit with exit_code
-  std::function<void()> on_job_completed;                   // exit barrier passed: exit 0
-  std::function<void(const std::string& reason)> on_refused;      // fatal (token, config, full…)
-  std::function<void(const std::string& text)> on_progress;       // "waiting for nodes: 2/3 …"
-  std::function<void(const std::string& error)> on_unreachable;   // gave up reconnecting
+  std::function<void(const SendRestart&)> on_restart;            // stop workers, then join() again
+  std::function<void(const SendJobFailed&)> on_job_failed;       // stop workers, exit with exit_code
+  std::function<void()> on_job_completed;                        // exit barrier passed: exit 0
+  std::function<void(const std::string& reason)> on_refused;     // fatal (token, config, full…)
+  std::function<void(const std::string& text)> on_progress;      // "waiting for nodes: 2/3 …"
+  std::function<void(const std::string& error)> on_unreachable;  // gave up reconnecting
 };
 
 class RendezvousClient {
@@ -92,7 +92,6 @@ class RendezvousClient {
 
 // `ddprun status`: one synchronous round trip to a rendezvous server. `run_id` empty = all
 // jobs. Throws NetworkError naming host:port when it cannot be reached within `timeout`.
-RegistryStatus query_status(const Endpoint& server, const std::string& run_id,
-                            std::chrono::milliseconds timeout);
+RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout);
 
 }  // namespace ddprun::rendezvous

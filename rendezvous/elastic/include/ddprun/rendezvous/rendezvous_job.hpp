@@ -85,8 +85,7 @@ class RendezvousJob {
 
   // Rebuilds a running job from the first rejoiner after a daemon restart.
   // REQUIRES: request.assignment is set and consistent (checked by the registry).
-  static RendezvousJob rebuild(std::string run_id, const RejoinRequest& request, TimePoint now,
-                               Decisions& out);
+  static RendezvousJob rebuild(std::string run_id, const RejoinRequest& request, TimePoint now, Decisions& out);
 
   const std::string& run_id() const { return run_id_; }
   const JobConfig& config() const { return config_; }
@@ -163,11 +162,10 @@ class RendezvousJob {
   void evaluate_waiting(Decisions& out, TimePoint now);
   void close_round(Decisions& out);
   void end_round(Decisions& out, RoundEnd kind, const std::string& reason, TimePoint now);
-  void fail_job(Decisions& out, const std::string& reason, std::optional<RootCause> cause,
-                int exit_code, TimePoint now);
+  void fail_job(Decisions& out, const std::string& reason, std::optional<RootCause> cause, int exit_code,
+                TimePoint now);
   void complete_job(Decisions& out, TimePoint now);
-  void remove_members(Decisions& out, const std::vector<NodeId>& ids, const std::string& reason,
-                      TimePoint now);
+  void remove_members(Decisions& out, const std::vector<NodeId>& ids, const std::string& reason, TimePoint now);
   void mark_gc_if_empty(TimePoint now);
   void check_completion(Decisions& out, TimePoint now);
 

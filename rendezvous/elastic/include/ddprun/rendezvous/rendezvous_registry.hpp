@@ -26,8 +26,7 @@ class RendezvousRegistry {
   Decisions disconnected(const std::string& run_id, const NodeId& node, TimePoint now);
   Decisions leave(const std::string& run_id, const NodeId& node, TimePoint now);
   Decisions worker_failed(const std::string& run_id, const WorkerFailure& failure, TimePoint now);
-  Decisions succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round,
-                    TimePoint now);
+  Decisions succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round, TimePoint now);
   // Unknown run ids are ignored (nothing to refuse later).
   Decisions close(const std::string& run_id, TimePoint now);
   // Runs every job's timers and drops collectable jobs.
@@ -39,8 +38,8 @@ class RendezvousRegistry {
   std::size_t job_count() const { return jobs_.size(); }
 
  private:
-  std::string check_request(const std::string& run_id, const std::string& token,
-                            const NodeInfo& node, const JobConfig& config) const;
+  std::string check_request(const std::string& run_id, const std::string& token, const NodeInfo& node,
+                            const JobConfig& config) const;
 
   std::string token_;
   std::map<std::string, RendezvousJob> jobs_;

@@ -63,8 +63,7 @@ struct RendezvousServerOptions {
 class RendezvousServer {
  public:
   // `timers`: the service's clock and deadline timer (tests: ManualTimers).
-  RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options,
-                   Timers& timers = Timers::steady());
+  RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options, Timers& timers = Timers::steady());
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;

@@ -10,7 +10,8 @@
 // keeps the node). Progress lines are throttled per job: the node whose message caused them
 // always gets its line, the other waiting nodes at most one per progress_interval (a round of
 // N joins would otherwise push N^2/2 lines). One asio::steady_timer is armed at
-// registry.next_deadline() after every event and tick (a Timer of timers.hpp); nothing polls. STATUS frames get a STATUS_REPLY snapshot.
+// registry.next_deadline() after every event and tick (a Timer of timers.hpp); nothing polls. STATUS frames get a
+// STATUS_REPLY snapshot.
 //
 // Lifetime: RendezvousServer (rendezvous_server.hpp) does the wiring: it creates the service with
 // std::make_shared, installs it as StoreServerOptions::extension, builds the StoreServer, calls
@@ -55,8 +56,7 @@ struct RendezvousServiceStats {
 class RendezvousService final : public StoreExtension, public std::enable_shared_from_this<RendezvousService> {
  public:
   // `timers`: the clock of every decision and the one deadline timer (tests: ManualTimers).
-  RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options,
-                    Timers& timers = Timers::steady());
+  RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers = Timers::steady());
   ~RendezvousService() override;
   RendezvousService(const RendezvousService&) = delete;
   RendezvousService& operator=(const RendezvousService&) = delete;

@@ -34,9 +34,9 @@ struct NodeId {
 // What an agent tells the rendezvous about itself when it joins.
 struct NodeInfo {
   NodeId id;
-  std::string addr;           // advertised address (messages, status; fallback for store_host)
-  int local_world_size = 1;   // nproc on this node; may differ between nodes
-  std::string store_host;     // the worker store this agent already bound: MASTER_ADDR if the
+  std::string addr;              // advertised address (messages, status; fallback for store_host)
+  int local_world_size = 1;      // nproc on this node; may differ between nodes
+  std::string store_host;        // the worker store this agent already bound: MASTER_ADDR if the
   std::uint16_t store_port = 0;  // node gets group rank 0 (empty host -> addr)
   // NCCL unique IDs (K x 128 bytes, or empty) created by this node's holder for the round it
   // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's.
@@ -176,8 +176,8 @@ struct Progress {
   bool broadcast = false;
 };
 
-using Decision = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse,
-                            AskRejoin, Progress>;
+using Decision =
+    std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse, AskRejoin, Progress>;
 using Decisions = std::vector<Decision>;
 
 // ---- status (for `ddprun status`) ----
@@ -220,8 +220,8 @@ struct JobStatus {
   std::optional<Duration> exit_barrier_in;
   std::optional<Duration> rebuild_in;
   std::optional<Duration> gc_in;
-  std::string progress;        // one line, e.g. the waiting text
-  std::string result;          // final reason when failed; "" otherwise
+  std::string progress;                   // one line, e.g. the waiting text
+  std::string result;                     // final reason when failed; "" otherwise
   std::optional<RootCause> last_failure;  // most recent worker failure (any round)
 };
 

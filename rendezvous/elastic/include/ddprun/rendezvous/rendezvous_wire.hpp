@@ -88,13 +88,12 @@ struct StatusMessage {
   std::string run_id;  // "" = every job
 };
 
-using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage,
-                                   WorkerFailedMessage, SucceededMessage, CloseMessage,
-                                   StatusMessage>;
+using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage, WorkerFailedMessage,
+                                   SucceededMessage, CloseMessage, StatusMessage>;
 
 // ---- server -> client messages: the registry's actions plus the STATUS reply ----
-using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted,
-                                   Refuse, AskRejoin, Progress, RegistryStatus>;
+using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse, AskRejoin,
+                                   Progress, RegistryStatus>;
 
 // Appends one frame. Throws ddprun::Error only if the payload exceeds 4 GiB (never in practice).
 void encode_client(std::string& out, const ClientMessage& message);

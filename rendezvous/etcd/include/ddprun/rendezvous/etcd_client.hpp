@@ -58,9 +58,9 @@ struct EtcdClientOptions {
 };
 
 struct EtcdError {
-  std::string message;   // one sentence, names the endpoint(s)
-  std::string endpoint;  // "host:port" of the last endpoint tried
-  int grpc_code = 0;     // 0 when the failure was not an etcd answer (network, protocol)
+  std::string message;       // one sentence, names the endpoint(s)
+  std::string endpoint;      // "host:port" of the last endpoint tried
+  int grpc_code = 0;         // 0 when the failure was not an etcd answer (network, protocol)
   bool auth_failed = false;  // etcd refused the username/password
 };
 

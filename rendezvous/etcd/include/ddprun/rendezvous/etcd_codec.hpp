@@ -109,7 +109,7 @@ struct TxnRequest {
 struct TxnOpResponse {
   enum class Kind { range, put, delete_range };
   Kind kind = Kind::put;
-  RangeResponse range;      // Kind::range
+  RangeResponse range;       // Kind::range
   std::int64_t deleted = 0;  // Kind::delete_range
 };
 
@@ -188,8 +188,7 @@ std::string decode_lease_grant(std::string_view body, LeaseGrantResponse& out);
 // an error sets `stream_error` and returns "".
 std::string decode_lease_keepalive(std::string_view body, LeaseKeepAliveResponse& out,
                                    std::optional<GatewayError>& stream_error);
-std::string decode_watch_message(std::string_view body, WatchMessage& out,
-                                 std::optional<GatewayError>& stream_error);
+std::string decode_watch_message(std::string_view body, WatchMessage& out, std::optional<GatewayError>& stream_error);
 std::string decode_authenticate(std::string_view body, std::string& token);
 // Decodes an error body ({"error": "...", "code": N, "message": "..."}); a body that is not
 // such an object yields code 2 and a message quoting the start of the body.

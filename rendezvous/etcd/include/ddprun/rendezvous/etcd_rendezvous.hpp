@@ -49,7 +49,7 @@
 namespace ddprun::rendezvous {
 
 struct EtcdRendezvousOptions {
-  etcd::EtcdClientOptions etcd;   // endpoints, TLS, credentials, timeouts
+  etcd::EtcdClientOptions etcd;     // endpoints, TLS, credentials, timeouts
   std::string prefix = "/ddprun/";  // --rdzv-conf etcd_prefix
   std::string run_id = "none";      // --rdzv-id (no '/')
   NodeInfo node;                    // who we are (id, advertised addr, nproc, our worker store)
@@ -62,8 +62,7 @@ struct EtcdRendezvousOptions {
 class EtcdRendezvous {
  public:
   // Throws ddprun::Error / UsageError for unusable options (TLS files, empty endpoint list).
-  EtcdRendezvous(boost::asio::io_context& io, EtcdRendezvousOptions options,
-                 RendezvousEvents events);
+  EtcdRendezvous(boost::asio::io_context& io, EtcdRendezvousOptions options, RendezvousEvents events);
   ~EtcdRendezvous();
   EtcdRendezvous(const EtcdRendezvous&) = delete;
   EtcdRendezvous& operator=(const EtcdRendezvous&) = delete;
@@ -103,8 +102,8 @@ enum class EventKind { message, tick, expired };
 struct LogEvent {
   std::int64_t time_ms = 0;  // wall clock of the appending agent, ms since the Unix epoch
   EventKind kind = EventKind::message;
-  std::string id;            // unique per event: "<instance>-<counter>" of the appending agent
-  ClientMessage message;     // message: what happened; expired: a LeaveMessage naming the node
+  std::string id;         // unique per event: "<instance>-<counter>" of the appending agent
+  ClientMessage message;  // message: what happened; expired: a LeaveMessage naming the node
 };
 
 // Value of a log key: "ddprun-etcd-event 1 <time_ms> <kind> <id>\n" + a native wire frame

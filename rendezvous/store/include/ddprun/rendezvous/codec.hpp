@@ -37,11 +37,11 @@ inline constexpr std::uint8_t extension_opcode_base = 0x40;
 
 struct Request {
   Op op = Op::get_num_keys;
-  std::string_view key;       // SET CAS GET ADD DELETE APPEND QUEUE_* BARRIER WATCH_KEY
-  std::string_view value;     // SET APPEND QUEUE_PUSH value; COMPARE_SET expected
-  std::string_view desired;   // COMPARE_SET desired
-  std::int64_t number = 0;    // ADD delta, BARRIER world size
-  std::uint32_t u32 = 0;      // PING nonce, VALIDATE magic
+  std::string_view key;                  // SET CAS GET ADD DELETE APPEND QUEUE_* BARRIER WATCH_KEY
+  std::string_view value;                // SET APPEND QUEUE_PUSH value; COMPARE_SET expected
+  std::string_view desired;              // COMPARE_SET desired
+  std::int64_t number = 0;               // ADD delta, BARRIER world size
+  std::uint32_t u32 = 0;                 // PING nonce, VALIDATE magic
   std::vector<std::string_view> keys;    // CHECK WAIT MULTI_GET MULTI_SET
   std::vector<std::string_view> values;  // MULTI_SET
 
@@ -74,8 +74,7 @@ struct DecodeResult {
 
 // Decodes one request at the start of `buffer`. On ok, `state.generation` is set if it was
 // unset. `out` is overwritten (its vectors keep their capacity).
-DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits,
-                            Request& out);
+DecodeResult decode_request(std::string_view buffer, DecoderState& state, const StoreLimits& limits, Request& out);
 
 // Appends the wire form of `req` for generation `gen` (the store client, tests and the fuzzer's
 // seed generator). Every key (`key`, `keys`) is sent as `key_prefix` + key, without the caller
@@ -91,8 +90,8 @@ void str(std::string& out, std::string_view s);
 void check(std::string& out, CheckResponse r);
 void wait(std::string& out, WaitResponse r);
 // 1.13 watch event on the callback connection: type | S key | S old | S new.
-void watch_event(std::string& out, WatchResponse type, std::string_view key,
-                 std::string_view old_value, std::string_view new_value);
+void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
+                 std::string_view new_value);
 }  // namespace reply
 
 }  // namespace ddprun::rendezvous

@@ -55,39 +55,69 @@ enum class WatchResponse : std::uint8_t {
 constexpr std::optional<Op> decode_op(Generation gen, std::uint8_t byte) {
   if (gen == Generation::legacy) {
     switch (byte) {
-      case 0: return Op::set;
-      case 1: return Op::compare_set;
-      case 2: return Op::get;
-      case 3: return Op::add;
-      case 4: return Op::check;
-      case 5: return Op::wait;
-      case 6: return Op::get_num_keys;
-      case 7: return Op::watch_key;
-      case 8: return Op::delete_key;
-      default: return std::nullopt;
+      case 0:
+        return Op::set;
+      case 1:
+        return Op::compare_set;
+      case 2:
+        return Op::get;
+      case 3:
+        return Op::add;
+      case 4:
+        return Op::check;
+      case 5:
+        return Op::wait;
+      case 6:
+        return Op::get_num_keys;
+      case 7:
+        return Op::watch_key;
+      case 8:
+        return Op::delete_key;
+      default:
+        return std::nullopt;
     }
   }
   switch (byte) {
-    case 0: return Op::validate;
-    case 1: return Op::set;
-    case 2: return Op::compare_set;
-    case 3: return Op::get;
-    case 4: return Op::add;
-    case 5: return Op::check;
-    case 6: return Op::wait;
-    case 7: return Op::get_num_keys;
-    case 8: return Op::delete_key;
-    case 9: return Op::append;
-    case 10: return Op::multi_get;
-    case 11: return Op::multi_set;
-    case 12: return Op::cancel_wait;
-    case 13: return Op::ping;
-    case 14: return Op::queue_push;
-    case 15: return Op::queue_pop;
-    case 16: return Op::queue_len;
-    case 17: return Op::list_keys;
-    case 18: return Op::barrier;
-    default: return std::nullopt;
+    case 0:
+      return Op::validate;
+    case 1:
+      return Op::set;
+    case 2:
+      return Op::compare_set;
+    case 3:
+      return Op::get;
+    case 4:
+      return Op::add;
+    case 5:
+      return Op::check;
+    case 6:
+      return Op::wait;
+    case 7:
+      return Op::get_num_keys;
+    case 8:
+      return Op::delete_key;
+    case 9:
+      return Op::append;
+    case 10:
+      return Op::multi_get;
+    case 11:
+      return Op::multi_set;
+    case 12:
+      return Op::cancel_wait;
+    case 13:
+      return Op::ping;
+    case 14:
+      return Op::queue_push;
+    case 15:
+      return Op::queue_pop;
+    case 16:
+      return Op::queue_len;
+    case 17:
+      return Op::list_keys;
+    case 18:
+      return Op::barrier;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -101,26 +131,46 @@ constexpr std::optional<std::uint8_t> encode_op(Generation gen, Op op) {
 
 constexpr std::string_view op_name(Op op) {
   switch (op) {
-    case Op::validate: return "VALIDATE";
-    case Op::set: return "SET";
-    case Op::compare_set: return "COMPARE_SET";
-    case Op::get: return "GET";
-    case Op::add: return "ADD";
-    case Op::check: return "CHECK";
-    case Op::wait: return "WAIT";
-    case Op::get_num_keys: return "GETNUMKEYS";
-    case Op::watch_key: return "WATCH_KEY";
-    case Op::delete_key: return "DELETE_KEY";
-    case Op::append: return "APPEND";
-    case Op::multi_get: return "MULTI_GET";
-    case Op::multi_set: return "MULTI_SET";
-    case Op::cancel_wait: return "CANCEL_WAIT";
-    case Op::ping: return "PING";
-    case Op::queue_push: return "QUEUE_PUSH";
-    case Op::queue_pop: return "QUEUE_POP";
-    case Op::queue_len: return "QUEUE_LEN";
-    case Op::list_keys: return "LIST_KEYS";
-    case Op::barrier: return "BARRIER";
+    case Op::validate:
+      return "VALIDATE";
+    case Op::set:
+      return "SET";
+    case Op::compare_set:
+      return "COMPARE_SET";
+    case Op::get:
+      return "GET";
+    case Op::add:
+      return "ADD";
+    case Op::check:
+      return "CHECK";
+    case Op::wait:
+      return "WAIT";
+    case Op::get_num_keys:
+      return "GETNUMKEYS";
+    case Op::watch_key:
+      return "WATCH_KEY";
+    case Op::delete_key:
+      return "DELETE_KEY";
+    case Op::append:
+      return "APPEND";
+    case Op::multi_get:
+      return "MULTI_GET";
+    case Op::multi_set:
+      return "MULTI_SET";
+    case Op::cancel_wait:
+      return "CANCEL_WAIT";
+    case Op::ping:
+      return "PING";
+    case Op::queue_push:
+      return "QUEUE_PUSH";
+    case Op::queue_pop:
+      return "QUEUE_POP";
+    case Op::queue_len:
+      return "QUEUE_LEN";
+    case Op::list_keys:
+      return "LIST_KEYS";
+    case Op::barrier:
+      return "BARRIER";
   }
   return "?";
 }

@@ -56,8 +56,7 @@ enum class DetectedGeneration : std::uint8_t {
 // Throws NetworkError when nothing accepts a connection within `timeout`. Prefer
 // configuring the generation: against a 1.13 server each probe waits max(250 ms,
 // timeout/8) for an answer that never comes, and that server serves nobody else meanwhile.
-DetectedGeneration detect_generation(const std::string& host, std::uint16_t port,
-                                     std::chrono::milliseconds timeout);
+DetectedGeneration detect_generation(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout);
 
 class StoreClient {
  public:

@@ -25,8 +25,7 @@ class StoreExtension {
   // Decode and execute at most one frame, appending replies through `outbox` (which may also
   // address other connections). Return need_more (with min_total), ok (with consumed > 0) or
   // error (with reason: the connection is closed and logged). `state` is the shared key space.
-  virtual DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state,
-                                Outbox& outbox) = 0;
+  virtual DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) = 0;
   // The connection closed (peer, error, reset or stop).
   virtual void on_disconnect(ConnectionId conn) { (void)conn; }
   // StoreServer::reset() dropped the key space.

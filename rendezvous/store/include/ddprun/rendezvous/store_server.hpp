@@ -44,7 +44,7 @@ struct StoreServerOptions {
   std::string host = "0.0.0.0";  // address to bind; "::" for dual stack
   std::uint16_t port = 0;        // 0 = pick a free port, read it back with port()
   StoreLimits limits;
-  int backlog = 4096;            // listen backlog (clamped by net.core.somaxconn)
+  int backlog = 4096;  // listen backlog (clamped by net.core.somaxconn)
   bool reuse_address = true;
   // Accept legacy (1.13) and modern connections on the same port. When false, a connection
   // that does not open with VALIDATE is closed (modern-only, like the 2.x legacy backend).
@@ -63,15 +63,15 @@ struct StoreServerOptions {
 };
 
 struct StoreStats {
-  std::size_t connections = 0;        // open now
-  std::size_t connections_total = 0;  // accepted since start
+  std::size_t connections = 0;           // open now
+  std::size_t connections_total = 0;     // accepted since start
   std::size_t connections_rejected = 0;  // closed for a protocol error or limit
   std::size_t keys = 0;
-  std::size_t bytes = 0;              // keys + values held
-  std::size_t pending_waits = 0;      // connections blocked in WAIT/BARRIER
+  std::size_t bytes = 0;          // keys + values held
+  std::size_t pending_waits = 0;  // connections blocked in WAIT/BARRIER
   std::uint64_t requests = 0;
-  std::size_t buffered_bytes = 0;     // read buffers + queued replies of every connection
-  std::size_t max_connections = 0;    // effective connection cap (after the open-files clamp)
+  std::size_t buffered_bytes = 0;   // read buffers + queued replies of every connection
+  std::size_t max_connections = 0;  // effective connection cap (after the open-files clamp)
 };
 
 class StoreServer {

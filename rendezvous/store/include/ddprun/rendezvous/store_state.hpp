@@ -109,8 +109,8 @@ class StoreState {
   using ConnList = std::unordered_map<std::string, std::vector<ConnectionId>, Hash, std::equal_to<>>;
 
   struct Awaiting {
-    std::int64_t missing = 0;        // registrations still to be satisfied
-    std::vector<std::string> keys;   // keys this connection is registered on (with duplicates)
+    std::int64_t missing = 0;       // registrations still to be satisfied
+    std::vector<std::string> keys;  // keys this connection is registered on (with duplicates)
   };
 
   bool exists(std::string_view key) const;
@@ -128,22 +128,22 @@ class StoreState {
   bool can_add_entry(ApplyResult& res, std::string_view key) const;
   // False (and `res` set) when a reply of `size` bytes does not fit in the outbox's room.
   bool reply_fits(ApplyResult& res, ConnectionId conn, Op op, std::size_t size, Outbox& outbox) const;
-  void notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value,
-                       std::string_view new_value, Outbox& outbox);
+  void notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value, std::string_view new_value,
+                       Outbox& outbox);
   ApplyResult too_big(std::string_view key, std::size_t extra) const;
-  ApplyResult add(ConnectionId conn, std::string_view key, std::int64_t delta, std::int64_t& result,
-                  Outbox& outbox, bool wake);
+  ApplyResult add(ConnectionId conn, std::string_view key, std::int64_t delta, std::int64_t& result, Outbox& outbox,
+                  bool wake);
 
   StoreLimits limits_;
   KeyMap kv_;
   QueueMap queues_;
-  ConnList waiters_;   // key -> connections registered on it (one entry per registration)
+  ConnList waiters_;  // key -> connections registered on it (one entry per registration)
   std::unordered_map<ConnectionId, Awaiting> awaited_;
   ConnList watchers_;  // key -> connections watching it (1.13 WATCH_KEY)
   std::unordered_map<ConnectionId, std::vector<std::string>> watched_;
   std::size_t bytes_ = 0;
-  std::size_t queued_items_ = 0;   // items in queues_
-  std::size_t registrations_ = 0;  // entries of awaited_[*].keys plus watched_[*]
+  std::size_t queued_items_ = 0;      // items in queues_
+  std::size_t registrations_ = 0;     // entries of awaited_[*].keys plus watched_[*]
   std::size_t registered_bytes_ = 0;  // key bytes copied by those registrations
 };
 
