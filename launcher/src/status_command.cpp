@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/strings.hpp"
 
 namespace ddprun::launcher {
@@ -47,10 +48,16 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       return req;
     }
     const bool known = arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint" || arg == "--rdzv-id" ||
-                       arg == "--rdzv_id" || arg == "--timeout";
+                       arg == "--rdzv_id" || arg == "--timeout" || arg == "--token-file";
+    if (arg == "--token") {
+      throw UsageError("ddprun status: --token on the command line is refused (every local user can read it in "
+                       "/proc/*/cmdline)",
+                       "set DDPRUN_RDZV_TOKEN or pass --token-file FILE");
+    }
     if (!known) {
       throw UsageError("ddprun status: unknown argument '" + args[i] + "'",
-                       "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS]");
+                       "usage: ddprun status --rdzv-endpoint HOST[:PORT] [--rdzv-id ID] [--timeout SECONDS] "
+                       "[--token-file FILE]");
     }
     if (!has_value) {
       if (i + 1 >= args.size()) throw UsageError("ddprun status: " + arg + " needs a value");
@@ -61,6 +68,12 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       endpoint_what = arg;
     } else if (arg == "--rdzv-id" || arg == "--rdzv_id") {
       id = value;
+    } else if (arg == "--token-file") {
+      try {
+        req.token = read_secret_file(value, "--token-file").secret;
+      } catch (const Error& e) {
+        throw UsageError(std::string("ddprun status: ") + e.what(), "point --token-file at the daemon's token file");
+      }
     } else {
       const auto v = parse_seconds(trim(value));
       if (!v || *v <= 0.0 || *v > 1e6) {
@@ -74,6 +87,9 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       endpoint = it->second;
       endpoint_what = "PET_RDZV_ENDPOINT";
     }
+  }
+  if (req.token.empty()) {
+    if (auto it = env.find("DDPRUN_RDZV_TOKEN"); it != env.end()) req.token = std::string(trim(it->second));
   }
   if (!id) {
     if (auto it = env.find("PET_RDZV_ID"); it != env.end() && !trim(it->second).empty()) id = it->second;

@@ -7,17 +7,15 @@
 
 namespace ddprun::rendezvous {
 
-std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token,
-                                              const NodeInfo& node,
+std::string RendezvousRegistry::check_request(const std::string& run_id, const NodeInfo& node,
                                               const JobConfig& config) const {
-  if (!token_.empty() && token != token_) {
-    return "token mismatch: the daemon requires --rdzv-conf token=... or DDPRUN_RDZV_TOKEN "
-           "with the value it was started with";
-  }
   if (run_id.empty()) return "empty rendezvous id: pass --rdzv-id";
-  if (node.local_world_size < 1) {
-    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1",
-                       node.id.to_string(), node.local_world_size);
+  if (run_id.size() > max_run_id_bytes)
+    return fmt::format("rendezvous id of {} bytes is longer than {} bytes: pass a shorter --rdzv-id", run_id.size(),
+                       max_run_id_bytes);
+  if (node.local_world_size < 1 || node.local_world_size > max_local_world_size) {
+    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be between 1 and {}",
+                       node.id.to_string(), node.local_world_size, max_local_world_size);
   }
   if (std::string why = config.validate(); !why.empty())
     return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
@@ -26,7 +24,7 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const s
 
 Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request,
                                  TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
+  if (std::string why = check_request(run_id, request.node, request.config);
       !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
@@ -37,7 +35,7 @@ Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest&
 
 Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request,
                                    TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config);
+  if (std::string why = check_request(run_id, request.node, request.config);
       !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
@@ -48,12 +46,18 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     return it->second.join(request.node, request.config, now);
   }
   const Assignment& a = *request.assignment;
-  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size ||
-      a.restart_count < 0) {
+  if (a.group_world_size < 1 || a.group_world_size > request.config.max_nodes || a.group_rank < 0 ||
+      a.group_rank >= a.group_world_size || a.restart_count < 0 || a.restart_count > max_restarts_limit ||
+      a.local_world_size != request.node.local_world_size || a.rank_offset < 0 || a.world_size < 1 ||
+      a.rank_offset > a.world_size - a.local_world_size ||
+      static_cast<std::int64_t>(a.world_size) >
+          static_cast<std::int64_t>(a.group_world_size) * max_local_world_size) {
     return {Refuse{run_id, request.node.id,
                    fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
-                               "(group rank {} of {}, restart count {})",
-                               run_id, a.group_rank, a.group_world_size, a.restart_count)}};
+                               "(group rank {} of {} with max_nodes {}, restart count {}, local world size {} "
+                               "at rank offset {} of world size {})",
+                               run_id, a.group_rank, a.group_world_size, request.config.max_nodes, a.restart_count,
+                               a.local_world_size, a.rank_offset, a.world_size)}};
   }
   Decisions out;
   jobs_.emplace(run_id, RendezvousJob::rebuild(run_id, request, now, out));

@@ -21,11 +21,13 @@ struct StatusRequest {
   Endpoint server;
   std::string run_id;  // "" = every job
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
+  std::string token;  // from --token-file or DDPRUN_RDZV_TOKEN; "" = none (never printed)
   bool help = false;
 };
 
 // `args` are the words after "status". The endpoint may also come from PET_RDZV_ENDPOINT and the
-// id from PET_RDZV_ID (flags win). Throws UsageError naming the flag.
+// id from PET_RDZV_ID (flags win), the token from --token-file FILE or DDPRUN_RDZV_TOKEN.
+// Throws UsageError naming the flag.
 StatusRequest parse_status_args(const std::vector<std::string>& args, const std::map<std::string, std::string>& env);
 
 std::string status_usage();

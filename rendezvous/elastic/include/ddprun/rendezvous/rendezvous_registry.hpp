@@ -17,8 +17,9 @@ namespace ddprun::rendezvous {
 
 class RendezvousRegistry {
  public:
-  // `token`: when non-empty, every join/rejoin must carry the same token.
-  explicit RendezvousRegistry(std::string token = {}) : token_(std::move(token)) {}
+  // Authentication is the service's (rendezvous_service.hpp): the registry sees only requests
+  // from connections that passed it.
+  RendezvousRegistry() = default;
 
   Decisions join(const std::string& run_id, const JoinRequest& request, TimePoint now);
   Decisions rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now);
@@ -39,10 +40,8 @@ class RendezvousRegistry {
   std::size_t job_count() const { return jobs_.size(); }
 
  private:
-  std::string check_request(const std::string& run_id, const std::string& token,
-                            const NodeInfo& node, const JobConfig& config) const;
+  std::string check_request(const std::string& run_id, const NodeInfo& node, const JobConfig& config) const;
 
-  std::string token_;
   std::map<std::string, RendezvousJob> jobs_;
 };
 

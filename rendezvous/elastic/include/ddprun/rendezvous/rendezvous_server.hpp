@@ -46,7 +46,12 @@ struct RendezvousLimits {
 struct RendezvousServerOptions {
   std::string host = "0.0.0.0";  // address to bind; "::" for dual stack
   std::uint16_t port = 0;        // 0 = pick a free port, read it back with port()
-  std::string token;             // "" = joins need no token
+  // "" = no authentication (node binding still applies). Otherwise every connection must
+  // authenticate with it (rendezvous_auth.hpp) before any native frame or store op.
+  std::string token;
+  // With a token: let connections that did not authenticate use TCPStore ops (torchrun's c10d
+  // backend cannot authenticate). Anyone who reaches the port can then read and delete keys.
+  bool allow_unauthenticated_store = false;
   RendezvousLimits limits;
   // Throttle for Progress lines to the nodes waiting in a collecting round.
   Duration progress_interval = std::chrono::seconds(1);
