@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/common/error.hpp"
@@ -53,6 +54,8 @@ class ClientBackend final : public RendezvousBackend {
     store_ = host_worker_store(io_, addr_, 0, false, "pass --local-addr with an address of this machine");
     if (static_) {
       if (may_host(config_, endpoint_, addr_)) host_embedded(endpoint_);
+    } else if (endpoint_.port == 0) {
+      host_on_free_port();
     } else if (may_host(config_, endpoint_, addr_) && !tcp_connects(endpoint_, kProbeTimeout)) {
       host_embedded(endpoint_);
     }
@@ -135,6 +138,25 @@ class ClientBackend final : public RendezvousBackend {
     spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint.to_string());
   }
 
+  // torchrun's recipe for several single-node jobs on one machine, --rdzv-endpoint HOST:0: this
+  // agent hosts the rendezvous on a free port of HOST and joins it there (no other node could
+  // learn the port; the launcher allows port 0 only with one node).
+  void host_on_free_port() {
+    if (!may_host(config_, endpoint_, addr_)) {
+      throw UsageError("--rdzv-endpoint " + endpoint_.to_string() + ": port 0 means 'host on a free port here', but " +
+                           endpoint_.host + " is not an address of this machine",
+                       "use an address of this machine (e.g. localhost:0) or a fixed port");
+    }
+    rendezvous::RendezvousServerOptions opts;
+    opts.host = bind_host(endpoint_.host);
+    opts.port = 0;
+    opts.token = config_.rdzv.token;
+    host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
+    host_server_->start();
+    endpoint_.port = host_server_->port();
+    spdlog::info("--rdzv-endpoint with port 0: this agent hosts the rendezvous at {}", endpoint_.to_string());
+  }
+
   void stop_host() {
     if (host_stopped_) return;
     host_stopped_ = true;
@@ -153,6 +175,7 @@ class ClientBackend final : public RendezvousBackend {
     opts.node.store_host = addr_;
     opts.node.store_port = store_->port();
     opts.node.nccl_ids = offer_;
+    if (config_.node_order) opts.node.order = *config_.node_order;
     opts.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
     opts.give_up_after =
@@ -172,7 +195,7 @@ class ClientBackend final : public RendezvousBackend {
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
       if (stopped_) return;
       if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-        write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
+        write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_)));
       } else {
         // A fan-out launch shows every host's output in one terminal: one summary is enough, the
         // failing worker's node prints it.

@@ -43,6 +43,9 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"numa-binding", [](std::string_view t, std::string_view w) { worker_env::parse_numa_binding(t, w); }},
       {"local-rank-arg", [](std::string_view t, std::string_view w) { parse_local_rank_arg(t, w); }},
       {"log-level", [](std::string_view t, std::string_view w) { parse_log_level_value(t, w); }},
+      {"event-log-handler", [](std::string_view t, std::string_view w) { parse_event_log_handler(t, w); }},
+      {"duplicate-stdout-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
+      {"duplicate-stderr-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
   };
   const auto it = checks.find(dash);
   if (it == checks.end()) throw std::logic_error("no value check for the forwarded flag --" + std::string(dash));
@@ -112,6 +115,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     } else if (global_gpus) {
       h.gpus = std::string(trim(global_gpus->text));
     }
+    h.index = plan.hosts.size();
     plan.hosts.push_back(std::move(h));
   }
 
@@ -160,7 +164,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
   std::map<std::string, std::string> conf;
   if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
-  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
+  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
   conf.erase("token");
   conf["is_host"] = "false";  // the launcher hosts it
