@@ -204,4 +204,18 @@ std::optional<FailureReport> WorkerRun::root_cause() const {
   return r;
 }
 
+WorkerRun::WorkerCounts WorkerRun::worker_counts() const {
+  WorkerCounts counts;
+  for (const auto& w : workers_) {
+    if (!w->note.empty() || (w->child.exited() && !w->child.status().ok())) {
+      ++counts.failed;
+    } else if (w->child.exited()) {
+      ++counts.succeeded;
+    } else {
+      ++counts.running;
+    }
+  }
+  return counts;
+}
+
 }  // namespace ddprun::agent

@@ -187,6 +187,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
     if (connections.size() >= options.limits.max_connections) {
       ++counters.connections_rejected;
+      ++counters.refused_connection_limit;
       spdlog::warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
                    peer, options.limits.max_connections);
       socket.close(ec);
@@ -241,6 +242,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       return;
     }
     c->end += n;
+    counters.bytes_in += n;
     process(c);
     flush();
     if (c->closed) return;
@@ -266,6 +268,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         r = options.extension->on_frame(c->id, view, state, *this);
       } else if (r.status == DecodeStatus::ok) {
         ++counters.requests;
+        ++counters.ops[static_cast<std::size_t>(request.op)];
         ApplyResult res = state.apply(c->id, request, *this);
         if (!res.ok) {
           close(c, fmt::format("{} failed: {}", op_name(request.op), res.reason), true);
@@ -299,6 +302,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->writing.swap(c->pending);
     c->pending.clear();
     c->write_in_flight = true;
+    counters.bytes_out += c->writing.size();
     asio::async_write(c->socket, asio::buffer(c->writing),
                       [self = shared_from_this(), c](boost::system::error_code ec, std::size_t) {
                         c->write_in_flight = false;
@@ -322,6 +326,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->closed = true;
     if (protocol_error) {
       ++counters.connections_rejected;
+      ++counters.closed_protocol_error;
       spdlog::warn("store: closing connection from {}: {}", c->peer, reason);
     } else if (!reason.empty()) {
       spdlog::debug("store: closing connection from {}: {}", c->peer, reason);

@@ -10,6 +10,7 @@
 // first bytes. A malformed frame or a limit violation closes that one connection and logs
 // the peer; the server keeps running. WAITs are registrations woken by the write that
 // satisfies them; nothing polls.
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +51,13 @@ struct StoreStats {
   std::size_t bytes = 0;              // keys + values held
   std::size_t pending_waits = 0;      // connections blocked in WAIT/BARRIER
   std::uint64_t requests = 0;
+  // For the metrics endpoint: connections_rejected split by reason, store requests by op
+  // (indexed by Op; extension frames are not store ops), bytes read from and written to clients.
+  std::size_t refused_connection_limit = 0;
+  std::size_t closed_protocol_error = 0;
+  std::array<std::uint64_t, static_cast<std::size_t>(Op::barrier) + 1> ops{};
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
 };
 
 class StoreServer {
