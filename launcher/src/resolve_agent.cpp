@@ -27,24 +27,6 @@ std::filesystem::path absolute_in(const std::string& file, const std::filesystem
   return f.is_absolute() ? f : cwd / f;
 }
 
-// --rdzv-conf password_file=FILE: the first line, without its line end. A file, not the command
-// line, because every user of the machine can read a process' arguments in /proc.
-std::string read_password_file(const std::string& file, const std::filesystem::path& cwd, const std::string& what) {
-  std::ifstream in(absolute_in(file, cwd), std::ios::binary);
-  if (!in) {
-    throw UsageError(what + " key password_file=" + file + ": cannot read the file",
-                     "give a readable file holding the etcd password");
-  }
-  std::string line;
-  std::getline(in, line);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  if (line.empty()) {
-    throw UsageError(what + " key password_file=" + file + ": the file's first line is empty",
-                     "write the etcd password on the file's first line");
-  }
-  return line;
-}
-
 void check_readable(const std::string& file, const std::filesystem::path& cwd, const std::string& what,
                     const char* key) {
   std::ifstream in(absolute_in(file, cwd), std::ios::binary);
@@ -195,7 +177,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       auto etcd =
           parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
       if (!etcd.password_file.empty())
-        etcd.settings.password = read_password_file(etcd.password_file, ctx.cwd, conf_what);
+        etcd.settings.password = read_password_file(absolute_in(etcd.password_file, ctx.cwd).string(), conf_what);
       for (const auto* key : {"cacert", "cert", "key"}) {
         if (auto it = cfg.rdzv_conf.find(key); it != cfg.rdzv_conf.end())
           check_readable(it->second, ctx.cwd, conf_what, key);

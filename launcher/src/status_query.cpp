@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <chrono>
 #include <ctime>
-#include <fstream>
 #include <ostream>
 #include <tuple>
 #include <utility>
@@ -16,6 +15,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/launcher/status_command.hpp"
+#include "ddprun/launcher/values.hpp"
 #include "ddprun/rendezvous/etcd_rendezvous.hpp"
 #include "ddprun/rendezvous/rendezvous_client.hpp"
 
@@ -34,14 +34,7 @@ std::pair<rendezvous::RegistryStatus, std::string> etcd_status(const StatusReque
   opts.username = e.username;
   opts.password = e.password;
   if (!request.etcd_password_file.empty()) {
-    std::ifstream in(request.etcd_password_file, std::ios::binary);
-    std::getline(in, opts.password);
-    if (!opts.password.empty() && opts.password.back() == '\r') opts.password.pop_back();
-    if (!in && opts.password.empty()) {
-      throw UsageError(
-          request.etcd_conf_what + " key password_file=" + request.etcd_password_file + ": cannot read the file",
-          "give a readable file holding the etcd password on its first line");
-    }
+    opts.password = read_password_file(request.etcd_password_file, request.etcd_conf_what);
   }
   const auto status = rendezvous::query_etcd_status(opts, e.prefix, request.run_id, request.timeout);
   std::string where;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <fstream>
 #include <random>
 
 #include "ddprun/common/endpoint.hpp"
@@ -481,6 +482,32 @@ std::string random_uuid4() {
   const std::string hex = to_hex(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
          hex.substr(20);
+}
+
+// --rdzv-conf password_file=FILE: the first line, without its line end. A file, not the command
+// line, because every user of the machine can read a process' arguments in /proc. At most
+// kMaxPasswordBytes are read, whatever the file holds.
+std::string read_password_file(const std::string& file, const std::string& what) {
+  constexpr std::size_t kMaxPasswordBytes = 4096;
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw UsageError(what + " key password_file=" + file + ": cannot read the file",
+                     "give a readable file holding the etcd password");
+  }
+  std::string line(kMaxPasswordBytes + 1, '\0');
+  in.getline(line.data(), static_cast<std::streamsize>(line.size()));
+  line.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  if (!line.empty() && line.back() == '\0') line.pop_back();  // getline counts the consumed '\n'
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.size() >= kMaxPasswordBytes) {
+    throw UsageError(what + " key password_file=" + file + ": the first line is longer than 4096 bytes",
+                     "write only the etcd password on the file's first line");
+  }
+  if (line.empty()) {
+    throw UsageError(what + " key password_file=" + file + ": the file's first line is empty",
+                     "write the etcd password on the file's first line");
+  }
+  return line;
 }
 
 }  // namespace ddprun::launcher

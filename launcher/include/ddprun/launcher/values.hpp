@@ -128,4 +128,8 @@ std::string parse_non_empty(std::string_view text, std::string_view what, std::s
 // A random version-4 UUID in the canonical 8-4-4-4-12 lowercase hex form (--standalone run id).
 std::string random_uuid4();
 
+// The etcd password from --rdzv-conf password_file=FILE (an absolute path, or relative to the
+// current directory): its first line, at most 4 KiB. Throws UsageError naming `what` and the file.
+std::string read_password_file(const std::string& file, const std::string& what);
+
 }  // namespace ddprun::launcher
