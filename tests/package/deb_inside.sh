@@ -50,7 +50,7 @@ cat >/root/t/worker.sh <<'W'
 echo "worker rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK"
 W
 chmod +x /root/t/worker.sh
-out=$(timeout 60 ddprun --nproc-per-node 2 /root/t/worker.sh 2>&1) || { echo "$out"; fail "2-rank shell job"; }
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 /root/t/worker.sh 2>&1) || { echo "$out"; fail "2-rank shell job"; }
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
 
@@ -67,10 +67,10 @@ read -r -t 30 line <&3 || { cat /tmp/rdzvd.err; fail "ddprun-rdzvd printed no 'l
 port=${line##*:}
 [[ "$line" == "listening on 127.0.0.1:$port" ]] || fail "unexpected first line '$line'"
 timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" >status.out 2>&1 || { cat status.out; fail "ddprun status"; }
-out=$(DDPRUN_RDZV_TOKEN=$token timeout 120 ddprun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
+out=$(DDPRUN_RDZV_TOKEN=$token timeout 120 ddprun --master-port 0 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob /root/t/worker.sh 2>&1) || { echo "$out"; fail "job via the daemon"; }
 grep -q "worker rank=1 world=2" <<<"$out" || { echo "$out"; fail "job via the daemon: rank 1 missing"; }
-if out=$(DDPRUN_RDZV_TOKEN=wrong timeout 120 ddprun --nnodes 1 --nproc-per-node 1 --rdzv-backend c10d \
+if out=$(DDPRUN_RDZV_TOKEN=wrong timeout 120 ddprun --master-port 0 --nnodes 1 --nproc-per-node 1 --rdzv-backend c10d \
            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob2 /root/t/worker.sh 2>&1); then
   fail "a job with the wrong token ran"
 fi
@@ -100,10 +100,10 @@ P
 
 # The worker library from the package: find_package(ddprun) and pkg-config.
 cmake -S consumer -B cbuild >cmake.log 2>&1 && cmake --build cbuild >>cmake.log 2>&1 || { cat cmake.log; fail "consumer via find_package(ddprun)"; }
-out=$(timeout 60 ddprun --nproc-per-node 2 cbuild/consumer_cxx 2>&1) || { echo "$out"; fail "native consumer job"; }
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 cbuild/consumer_cxx 2>&1) || { echo "$out"; fail "native consumer job"; }
 for r in 0 1; do grep -q "cxx rank=$r/2 local=$r/2" <<<"$out" || { echo "$out"; fail "consumer_cxx rank $r"; }; done
 flags=$(pkg-config --cflags --libs ddprun-worker) || fail "pkg-config ddprun-worker"
 cc consumer/consumer.c -o consumer_pc $flags || fail "cc consumer.c $flags"
-out=$(timeout 60 ddprun --nproc-per-node 2 ./consumer_pc 2>&1) || { echo "$out"; fail "pkg-config consumer job"; }
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 ./consumer_pc 2>&1) || { echo "$out"; fail "pkg-config consumer job"; }
 grep -q "c rank=1/2 local=1/2" <<<"$out" || { echo "$out"; fail "consumer_pc rank 1"; }
 echo "ok: worker library via find_package(ddprun) and pkg-config ($flags), run as 2-rank native jobs"

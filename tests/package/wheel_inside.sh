@@ -19,7 +19,7 @@ cat >"$work/worker.sh" <<'W'
 echo "worker rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK"
 W
 chmod +x "$work/worker.sh"
-out=$(timeout 60 ddprun --nproc-per-node 2 "$work/worker.sh" 2>&1) || { echo "$out"; fail "2-rank shell job"; }
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 "$work/worker.sh" 2>&1) || { echo "$out"; fail "2-rank shell job"; }
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
 

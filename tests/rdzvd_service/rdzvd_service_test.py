@@ -61,7 +61,7 @@ def fake_systemd(abstract, tmp):
 
 def job(port, token, rdzv_id, timeout=120):
     env = dict(os.environ, DDPRUN_RDZV_TOKEN=token)
-    return subprocess.run([DDPRUN, "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+    return subprocess.run([DDPRUN, "--master-port", "0", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                            "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", rdzv_id, "/bin/true"],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
