@@ -7,8 +7,11 @@ cd /root/t
 deb=$(ls ddprun_*.deb)
 
 # The base root has none of ddprun's libraries: Depends must bring them.
+# (The cache is read once into a variable: `ldconfig -p | grep -q` under pipefail fails at random
+# when grep exits at the first match and ldconfig dies of SIGPIPE.)
+cache=$(ldconfig -p)
 for lib in libspdlog libfmt libboost_filesystem; do
-  if ldconfig -p | grep -q "$lib"; then fail "the base root already has $lib; the Depends check would prove nothing"; fi
+  if grep -q "$lib" <<<"$cache"; then fail "the base root already has $lib; the Depends check would prove nothing"; fi
 done
 t0=$(date +%s)
 export DEBIAN_FRONTEND=noninteractive
@@ -19,8 +22,9 @@ if ! apt-get install -y -q --no-install-recommends "./$deb" >apt.log 2>&1; then
 fi
 pulled=$(grep -oE '^Setting up [^ ]+' apt.log | cut -d' ' -f3 | tr '\n' ' ')
 echo "ok: apt-get install ./$deb in $(( $(date +%s) - t0 )) s; set up: $pulled"
+cache=$(ldconfig -p)
 for lib in libspdlog libfmt; do
-  ldconfig -p | grep -q "$lib" || fail "$lib is still missing after installing the .deb (Depends incomplete?)"
+  grep -q "$lib" <<<"$cache" || fail "$lib is still missing after installing the .deb (Depends incomplete?)"
 done
 
 # The files, in one place (man pages and completions join this list when they are generated).

@@ -67,7 +67,7 @@ unshare --mount --propagation private --pid --fork bash -euo pipefail -c '
   cp "$whl" "$work/wheel_inside.sh" "$m/root/t/"
   chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 bash -euo pipefail -c "
     for lib in libspdlog libfmt libboost_filesystem; do
-      if ldconfig -p | grep -q \$lib; then echo \"FAIL: the fresh root has \$lib\"; exit 1; fi
+      if grep -q \$lib <<<\"\$(ldconfig -p)\"; then echo \"FAIL: the fresh root has \$lib\"; exit 1; fi
     done
     python3 -m venv /root/venv
     /root/venv/bin/python -m pip install -q --no-index --no-deps /root/t/*.whl
