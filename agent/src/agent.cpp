@@ -33,6 +33,7 @@
 #include <string_view>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/agent_metrics.hpp"
 #include "ddprun/agent/containment.hpp"
 #include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/elastic.hpp"
@@ -119,6 +120,7 @@ class Agent {
     ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
 
     backend_->start();
+    metrics_ = std::make_unique<AgentMetrics>(io_, config_, run_);
     nccl_.emplace(config_, backend_->comm_id_host());
     next_round();
     if (!finished_) {
@@ -152,9 +154,11 @@ class Agent {
     ev.on_assignment = [this](const RoundAssignment& a) {
       if (finished_) return;
       latest_ = a;
+      if (metrics_) metrics_->round_assigned(a);
       apply(machine_.on_assignment());
     };
     ev.on_restart = [this] {
+      if (metrics_) metrics_->restarted();
       if (!finished_) apply(machine_.on_restart());
     };
     ev.on_job_failed = [this](int code) {
@@ -285,6 +289,7 @@ class Agent {
   // Fresh NCCL IDs for the next round, then ask the backend for it.
   void next_round() {
     backend_->set_nccl_offer(nccl_->prepare_offer());
+    if (metrics_) metrics_->rendezvous_started();
     backend_->next_round();
   }
 
@@ -341,6 +346,7 @@ class Agent {
   std::unique_ptr<asio::posix::stream_descriptor> control_;
   std::array<char, 256> control_buf_{};
   ControlReader control_reader_;
+  std::unique_ptr<AgentMetrics> metrics_;  // after run_: reads it at scrape time
   bool control_error_reported_ = false;
   struct sigaction old_sigpipe_ {};
 };

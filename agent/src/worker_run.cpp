@@ -404,4 +404,18 @@ void WorkerRun::on_hang_check() {
   arm_hang_check();
 }
 
+WorkerRun::WorkerCounts WorkerRun::worker_counts() const {
+  WorkerCounts counts;
+  for (const auto& w : workers_) {
+    if (!w->note.empty() || (w->child.exited() && !w->child.status().ok())) {
+      ++counts.failed;
+    } else if (w->child.exited()) {
+      ++counts.succeeded;
+    } else {
+      ++counts.running;
+    }
+  }
+  return counts;
+}
+
 }  // namespace ddprun::agent

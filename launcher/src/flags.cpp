@@ -51,6 +51,9 @@ constexpr FlagSpec kFlags[] = {
    .overrides_slurm = true},
   {.dash = "max-restarts", .scope = S::forwarded, .env_form = true, .metavar = "N",
    .help = "Worker group restarts before failing.", .default_text = "0"},
+  {.dash = "metrics-port", .scope = S::local, .metavar = "PORT",
+   .help = "Serve this agent's Prometheus metrics on GET /metrics over HTTP at this port on every address; "
+           "0 picks a free one (logged as 'metrics on http://HOST:PORT/metrics')."},
   {.dash = "monitor-interval", .scope = S::local, .env_form = true, .metavar = "SECONDS",
    .help = "Accepted for compatibility, no effect: ddprun reacts to worker exits as they happen (event "
            "driven, no polling).",

@@ -222,6 +222,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
                      "pass the same --master-addr and --master-port on every node (node rank 0 serves there)");
   }
   if (auto g = p.given("local-addr")) cfg.local_addr = parse_host(g->text, g->what);
+  if (auto g = p.given("metrics-port")) cfg.metrics_port = parse_port_value(g->text, g->what, 0);
 
   // Output.
   if (auto g = p.given("log-dir")) {

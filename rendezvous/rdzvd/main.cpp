@@ -29,9 +29,12 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "ddprun/common/metrics.hpp"
+#include "ddprun/common/metrics_http.hpp"
 #include "ddprun/common/sd_notify.hpp"
 #include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/version.hpp"
+#include "ddprun/rendezvous/rendezvous_metrics.hpp"
 #include "ddprun/rendezvous/rendezvous_server.hpp"
 
 namespace {
@@ -81,6 +84,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--port", port, "TCP port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
+  int metrics_port = -1;  // -1: no metrics endpoint
+  std::string metrics_port_file;
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve Prometheus metrics on GET /metrics over HTTP at this port (on --host); 0 picks a free one")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "Write the bound metrics port number (and a newline) to this file, atomically");
   app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")->capture_default_str();
   app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")
       ->capture_default_str();
@@ -176,6 +186,22 @@ int main(int argc, char** argv) {
   try {
     rdzv::RendezvousServer server(io, options);
     server.start();
+    std::optional<ddprun::metrics::MetricsHttpServer> metrics;
+    if (metrics_port >= 0) {
+      metrics.emplace(io, server.host(), static_cast<std::uint16_t>(metrics_port), [&server] {
+        ddprun::metrics::Exposition out;
+        out.gauge("ddprun_build_info", "Always 1; the version label names the ddprun build.",
+                  {ddprun::metrics::Sample{{{"version", ddprun::version_string}}, 1}});
+        rdzv::add_rendezvous_metrics(out, server, std::chrono::steady_clock::now());
+        return out.text();
+      });
+      metrics->start();
+      spdlog::info("metrics on http://{}:{}/metrics", ddprun::bracket_host(host), metrics->port());
+      if (!metrics_port_file.empty()) write_port_file(metrics_port_file, metrics->port());
+    } else if (!metrics_port_file.empty()) {
+      std::cerr << "ddprun-rdzvd: error: --metrics-port-file needs --metrics-port\n";
+      return 2;
+    }
     // server.start() installed the SIGINT/SIGTERM handlers: a service manager may send SIGTERM
     // as soon as it sees readiness.
     if (!options.token.empty()) {

@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "ddprun/rendezvous/rendezvous_metrics.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 
 namespace ddprun::rendezvous {
@@ -36,6 +37,7 @@ DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buf
                                          Outbox& outbox) {
   (void)state;
   DecodeResult r = decode_client(buffer, options_.limits, message_);
+  if (r.status == DecodeStatus::error) ++counters_.frames_malformed;
   if (r.status != DecodeStatus::ok) return r;
   ++counters_.frames;
   outbox_ = &outbox;
@@ -63,6 +65,10 @@ void RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
   std::visit(
       [&](auto& m) {
         using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
+          ++counters_.joins;
+          round_open_.try_emplace(m.run_id, now);
+        }
         if constexpr (std::is_same_v<T, JoinMessage>) {
           bind(conn, m.run_id, m.request.node.id);
           apply(registry_.join(m.run_id, m.request, now), &m.request.node.id);
@@ -125,6 +131,7 @@ void RendezvousService::on_disconnect(ConnectionId conn) {
 
 void RendezvousService::apply(const Decisions& actions, const NodeId* origin) {
   for (const Decision& action : actions) {
+    count(action);
     if (const auto* p = std::get_if<Progress>(&action); p != nullptr && p->broadcast) {
       broadcast_progress(*p, origin);
       continue;
@@ -140,6 +147,28 @@ void RendezvousService::apply(const Decisions& actions, const NodeId* origin) {
     scratch_.clear();
     encode_decision(scratch_, action);
     emit(it->second, scratch_);
+  }
+}
+
+void RendezvousService::count(const Decision& action) {
+  if (const auto* a = std::get_if<SendAssignment>(&action); a != nullptr && a->assignment.group_rank == 0) {
+    ++counters_.rounds_closed;
+    if (auto it = round_open_.find(a->run_id); it != round_open_.end()) {
+      counters_.round_close_seconds.observe(std::chrono::duration<double>(clock_.now() - it->second).count());
+      round_open_.erase(it);
+    }
+  } else if (const auto* r = std::get_if<SendRestart>(&action)) {
+    auto [it, inserted] = last_restart_.try_emplace(r->run_id, r->ended_round);
+    if (inserted || it->second != r->ended_round) {
+      it->second = r->ended_round;
+      ++counters_.restarts;
+    }
+  } else if (const auto* f = std::get_if<Refuse>(&action)) {
+    ++counters_.refused[std::string(refuse_reason_label(f->reason))];
+  }
+  if (round_open_.size() + last_restart_.size() > 4 * registry_.job_count() + 32) {
+    std::erase_if(round_open_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
+    std::erase_if(last_restart_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
   }
 }
 

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -51,6 +52,8 @@ constexpr std::size_t shrink_above = 1024 * 1024;
 constexpr std::size_t pause_output_above = 4 * 1024 * 1024;
 
 using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t idx(RefusedReason r) { return static_cast<std::size_t>(r); }
 
 // Descriptors kept free beyond --max-connections for the process's own files, pipes and the
 // accept-and-close path: an eighth of the open-files limit, between 32 and 1024.
@@ -255,13 +258,13 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (c->closed) return;
     account(*c);
     if (!c->overflow.empty()) {
-      close(c, c->overflow, true);
+      close(c, c->overflow, RefusedReason::buffer_limit);
     } else if (c->queued() > options.limits.max_queued_reply_bytes) {
       close(c,
             fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
                         "read its replies",
                         c->queued(), options.limits.max_queued_reply_bytes),
-            true);
+            RefusedReason::buffer_limit);
     }
   }
 
@@ -279,7 +282,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
             fmt::format("the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), and this "
                         "connection has the largest unread reply backlog ({} bytes)",
                         buffered, options.limits.max_buffered_bytes, conn->queued()),
-            true);
+            RefusedReason::buffer_limit);
     }
   }
 
@@ -371,6 +374,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         peer = endpoint_text(ep);
       }
       ++counters.connections_rejected;
+      ++counters.refused[idx(RefusedReason::out_of_descriptors)];
       refuse_warning.warn(
           "store: closing new connection from {}: out of file descriptors (raise ulimit -n or lower "
           "--max-connections)",
@@ -391,6 +395,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       ++counters.connections_rejected;
       refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
                           peer, max_connections);
+      ++counters.refused[idx(RefusedReason::connection_limit)];
       socket.close(ec);
       return;
     }
@@ -399,6 +404,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       auto it = per_peer.find(peer_address);
       if (it != per_peer.end() && it->second >= per_peer_cap) {
         ++counters.connections_rejected;
+        ++counters.refused[idx(RefusedReason::peer_limit)];
         refuse_warning.warn(
             "store: closing new connection from {}: {} connections from that address are open, the "
             "limit per address (--max-connections-per-peer)",
@@ -450,7 +456,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                 fmt::format("a request of at least {} bytes does not fit: the server's buffers hold {} bytes, the "
                             "limit is {} (--max-buffered-bytes)",
                             c->need, buffered, options.limits.max_buffered_bytes),
-                true);
+                RefusedReason::buffer_limit);
           flush();
           return;
         }
@@ -468,9 +474,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (ec) {
       if (ec == asio::error::eof || ec == asio::error::connection_reset) {
         spdlog::debug("store: connection {} from {} closed by peer", c->id, c->peer);
-        close(c, {}, false);
+        close(c, {});
       } else if (ec != asio::error::operation_aborted) {
-        close(c, fmt::format("read failed: {}", ec.message()), false);
+        close(c, fmt::format("read failed: {}", ec.message()));
       }
       flush();
       return;
@@ -479,6 +485,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (c->begin == c->end) c->frame_start = now;
     c->last_active = now;
     c->end += n;
+    counters.bytes_in += n;
     process(c);
     flush();
     if (c->closed) return;
@@ -502,15 +509,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           close(c,
                 fmt::format("opcode 0x{:02x} is in the extension range and no extension is installed",
                             static_cast<unsigned char>(view[0])),
-                true);
+                RefusedReason::protocol_error);
           break;
         }
         r = options.extension->on_frame(c->id, view, state, *this);
       } else if (r.status == DecodeStatus::ok) {
         ++counters.requests;
+        ++counters.ops[static_cast<std::size_t>(request.op)];
         ApplyResult res = state.apply(c->id, request, *this);
         if (!res.ok) {
-          close(c, fmt::format("{} failed: {}", op_name(request.op), res.reason), true);
+          close(c, fmt::format("{} failed: {}", op_name(request.op), res.reason), RefusedReason::protocol_error);
           break;
         }
       }
@@ -522,7 +530,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         c->need = std::max<std::size_t>(r.min_total, (c->end - c->begin) + 1);
         break;
       } else {
-        close(c, r.reason, true);
+        close(c, r.reason, RefusedReason::protocol_error);
         break;
       }
     }
@@ -549,6 +557,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->writing.swap(c->pending);
     c->pending.clear();
     c->write_in_flight = true;
+    counters.bytes_out += c->writing.size();
     asio::async_write(c->socket, asio::buffer(c->writing),
                       [self = shared_from_this(), c](boost::system::error_code ec, std::size_t) {
                         c->write_in_flight = false;
@@ -560,7 +569,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                         if (c->closed || self->stopped) return;
                         self->account(*c);
                         if (ec) {
-                          self->close(c, fmt::format("write failed: {}", ec.message()), false);
+                          self->close(c, fmt::format("write failed: {}", ec.message()));
                           return;
                         }
                         c->last_active = Clock::now();
@@ -580,12 +589,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                       });
   }
 
-  // `reason` empty: a normal close. `protocol_error`: counted and logged as a warning.
-  void close(const ConnectionPtr& c, const std::string& reason, bool protocol_error) {
+  // `reason` empty: a normal close. With `refused`: counted under that reason and logged as a
+  // warning.
+  void close(const ConnectionPtr& c, const std::string& reason, std::optional<RefusedReason> refused = std::nullopt) {
     if (c->closed) return;
     c->closed = true;
-    if (protocol_error) {
+    if (refused) {
       ++counters.connections_rejected;
+      ++counters.refused[idx(*refused)];
       spdlog::warn("store: closing connection from {}: {}", c->peer, reason);
     } else if (!reason.empty()) {
       spdlog::debug("store: closing connection from {}: {}", c->peer, reason);
@@ -641,7 +652,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                              fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
       }
     }
-    for (auto& [c, why] : expired) close(c, why, true);
+    for (auto& [c, why] : expired) close(c, why, RefusedReason::timeout);
     if (!expired.empty()) flush();
   }
 
@@ -654,7 +665,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::vector<ConnectionPtr> all;
     all.reserve(connections.size());
     for (auto& [id, c] : connections) all.push_back(c);
-    for (auto& c : all) close(c, {}, false);
+    for (auto& c : all) close(c, {});
   }
 };
 
@@ -668,6 +679,18 @@ StoreServer::StoreServer(asio::io_context& io, StoreServerOptions options) : imp
 }
 
 StoreServer::~StoreServer() { stop(); }
+
+std::string_view refused_reason_name(RefusedReason reason) {
+  switch (reason) {
+    case RefusedReason::connection_limit: return "connection_limit";
+    case RefusedReason::peer_limit: return "peer_limit";
+    case RefusedReason::out_of_descriptors: return "out_of_descriptors";
+    case RefusedReason::protocol_error: return "protocol_error";
+    case RefusedReason::buffer_limit: return "buffer_limit";
+    case RefusedReason::timeout: return "timeout";
+  }
+  return "unknown";
+}
 
 std::uint16_t StoreServer::port() const { return impl_->core->bound_port; }
 const std::string& StoreServer::host() const { return impl_->core->bound_host; }
@@ -735,7 +758,7 @@ void StoreServer::close_connection(ConnectionId conn, std::string_view reason) {
   auto& core = *impl_->core;
   auto it = core.connections.find(conn);
   if (it == core.connections.end()) return;
-  core.close(ConnectionPtr(it->second), std::string(reason), true);
+  core.close(ConnectionPtr(it->second), std::string(reason), RefusedReason::protocol_error);
 }
 
 }  // namespace ddprun::rendezvous

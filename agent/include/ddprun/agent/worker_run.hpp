@@ -61,6 +61,13 @@ class WorkerRun {
   void set_diagnostics(Containment* containment, std::string python_hook_dir);
   // Whether a log file was written for any worker so far.
   bool wrote_files() const { return wrote_files_; }
+  // The current attempt's workers by state, for the metrics endpoint.
+  struct WorkerCounts {
+    int running = 0;
+    int succeeded = 0;
+    int failed = 0;
+  };
+  WorkerCounts worker_counts() const;
   // The failing worker of the attempt, as a report (nullopt when no worker failed).
   std::optional<FailureReport> root_cause() const;
 

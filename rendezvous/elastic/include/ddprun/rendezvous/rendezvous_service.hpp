@@ -24,8 +24,10 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "ddprun/common/clock.hpp"
+#include "ddprun/common/metrics.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 #include "ddprun/rendezvous/store_extension.hpp"
@@ -51,6 +53,17 @@ struct RendezvousServiceStats {
   std::uint64_t frames = 0;
   std::uint64_t pushes = 0;
   std::uint64_t progress_dropped = 0;  // throttled Progress lines
+  // Counted for the metrics endpoint (rendezvous_metrics.hpp).
+  std::uint64_t joins = 0;             // join and rejoin frames
+  std::uint64_t rounds_closed = 0;     // assignments to group rank 0: one per closed round
+  std::uint64_t restarts = 0;          // distinct (run id, ended round) restart decisions
+  std::uint64_t frames_malformed = 0;  // native frames that failed to decode
+  std::map<std::string, std::uint64_t> refused;  // Refuse decisions by refuse_reason_label()
+  // From the first join of the round being collected to its close.
+  metrics::Histogram round_close_seconds{round_close_buckets()};
+  static std::vector<double> round_close_buckets() {
+    return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
+  }
 };
 
 class RendezvousService final : public StoreExtension, public std::enable_shared_from_this<RendezvousService> {
@@ -106,6 +119,10 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   std::string scratch_;
   ClientMessage message_;
   RendezvousServiceStats counters_;
+  // Metrics bookkeeping per run id, pruned like last_broadcast_.
+  void count(const Decision& action);
+  std::unordered_map<std::string, TimePoint> round_open_;            // first join of the collecting round
+  std::unordered_map<std::string, std::uint64_t> last_restart_;      // last ended round counted
 };
 
 }  // namespace ddprun::rendezvous

@@ -22,6 +22,7 @@
 // peer address. A connection stuck inside a request is closed after frame_timeout; an idle
 // connection after idle_timeout (off by default: torch keeps its store connection idle for a
 // whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle.
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -62,16 +63,39 @@ struct StoreServerOptions {
   std::chrono::milliseconds idle_timeout{0};
 };
 
+// Why a connection was refused at accept or closed by the server (StoreStats::refused):
+// connection_limit: --max-connections reached; peer_limit: --max-connections-per-peer reached;
+// out_of_descriptors: accepted with the spare descriptor and closed; protocol_error: a
+// malformed frame or a failed request; buffer_limit: a reply backlog or read buffer over its
+// cap; timeout: --frame-timeout-ms or --idle-timeout-ms.
+enum class RefusedReason : std::uint8_t {
+  connection_limit,
+  peer_limit,
+  out_of_descriptors,
+  protocol_error,
+  buffer_limit,
+  timeout,
+};
+inline constexpr std::size_t kRefusedReasons = 6;
+std::string_view refused_reason_name(RefusedReason reason);
+
 struct StoreStats {
   std::size_t connections = 0;           // open now
   std::size_t connections_total = 0;     // accepted since start
-  std::size_t connections_rejected = 0;  // closed for a protocol error or limit
+  std::size_t connections_rejected = 0;  // refused at accept or closed for a protocol error or limit
   std::size_t keys = 0;
   std::size_t bytes = 0;          // keys + values held
   std::size_t pending_waits = 0;  // connections blocked in WAIT/BARRIER
   std::uint64_t requests = 0;
   std::size_t buffered_bytes = 0;   // read buffers + queued replies of every connection
   std::size_t max_connections = 0;  // effective connection cap (after the open-files clamp)
+  // For the metrics endpoint: connections_rejected split by reason (indexed by RefusedReason),
+  // store requests by op (indexed by Op; extension frames are not store ops), and bytes read
+  // from and written to clients.
+  std::array<std::size_t, kRefusedReasons> refused{};
+  std::array<std::uint64_t, static_cast<std::size_t>(Op::barrier) + 1> ops{};
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
 };
 
 class StoreServer {

@@ -1,0 +1,94 @@
+// The daemon's metric families (rendezvous_metrics.hpp has the contract).
+#include "ddprun/rendezvous/rendezvous_metrics.hpp"
+
+#include <array>
+#include <string>
+
+#include "ddprun/rendezvous/rendezvous_server.hpp"
+
+namespace ddprun::rendezvous {
+
+namespace {
+
+constexpr std::array<std::string_view, 7> kRefuseLabels = {"token",    "invalid_request",     "job_finished", "job_closed",
+                                                           "job_full", "inconsistent_rejoin", "other"};
+
+}  // namespace
+
+std::string_view refuse_reason_label(std::string_view reason) {
+  // The registry's Refuse texts (rendezvous_registry.cpp, rendezvous_job.cpp) start with or
+  // contain these fixed phrases; a text that matches none is "other", never a new label.
+  if (reason.starts_with("token")) return "token";
+  if (reason.find("already completed") != reason.npos || reason.find("already failed") != reason.npos) {
+    return "job_finished";
+  }
+  if (reason.find("' is closed") != reason.npos) return "job_closed";
+  if (reason.find("' is full") != reason.npos) return "job_full";
+  if (reason.find("inconsistent assignment") != reason.npos) return "inconsistent_rejoin";
+  if (reason.starts_with("empty rendezvous id") || reason.starts_with("invalid configuration") ||
+      reason.find("local_world_size") != reason.npos) {
+    return "invalid_request";
+  }
+  return "other";
+}
+
+void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& server, TimePoint now) {
+  using metrics::Sample;
+  const StoreStats store = server.store_stats();
+  const RendezvousServiceStats service = server.service_stats();
+
+  out.gauge("ddprun_rdzvd_connections", "Client connections open now (agents, workers, tools).",
+            static_cast<double>(store.connections));
+  out.counter("ddprun_rdzvd_connections_accepted_total", "Client connections accepted since start.",
+              static_cast<double>(store.connections_total));
+  out.counter("ddprun_rdzvd_connections_refused_total",
+              "Connections refused at accept (connection_limit) or closed for a protocol error or limit "
+              "(protocol_error).",
+              {Sample{{{"reason", "connection_limit"}}, static_cast<double>(store.refused_connection_limit)},
+               Sample{{{"reason", "protocol_error"}}, static_cast<double>(store.closed_protocol_error)}});
+
+  std::array<double, 4> by_state{};
+  for (const JobStatus& job : server.registry().status(now).jobs) ++by_state[static_cast<std::size_t>(job.state)];
+  std::vector<Sample> jobs;
+  for (JobState s : {JobState::waiting, JobState::running, JobState::completed, JobState::failed}) {
+    jobs.push_back(Sample{{{"state", to_string(s)}}, by_state[static_cast<std::size_t>(s)]});
+  }
+  out.gauge("ddprun_rdzvd_jobs", "Rendezvous jobs known to the daemon, by state.", jobs);
+  out.gauge("ddprun_rdzvd_nodes", "Agents with a live connection.", static_cast<double>(service.nodes));
+  out.counter("ddprun_rdzvd_joins_total", "Join and rejoin requests received.", static_cast<double>(service.joins));
+  out.counter("ddprun_rdzvd_rounds_closed_total", "Rendezvous rounds closed (assignments sent).",
+              static_cast<double>(service.rounds_closed));
+  out.counter("ddprun_rdzvd_restarts_total", "Rounds ended by a restart decision (worker failure or membership change).",
+              static_cast<double>(service.restarts));
+  out.histogram("ddprun_rdzvd_round_close_seconds",
+                "Seconds from the first join of a round to its close.", service.round_close_seconds);
+  out.counter("ddprun_rdzvd_frames_total", "Native rendezvous frames decoded.", static_cast<double>(service.frames));
+
+  std::vector<Sample> refused;
+  refused.push_back(Sample{{{"reason", "malformed"}}, static_cast<double>(service.frames_malformed)});
+  for (std::string_view label : kRefuseLabels) {
+    const auto it = service.refused.find(std::string(label));
+    refused.push_back(Sample{{{"reason", std::string(label)}},
+                             it == service.refused.end() ? 0.0 : static_cast<double>(it->second)});
+  }
+  out.counter("ddprun_rdzvd_refused_frames_total",
+              "Native rendezvous frames refused: malformed (connection closed) or a refused join, by reason.",
+              refused);
+
+  std::vector<Sample> ops;
+  for (std::size_t i = 0; i < store.ops.size(); ++i) {
+    ops.push_back(Sample{{{"op", std::string(op_name(static_cast<Op>(i)))}}, static_cast<double>(store.ops[i])});
+  }
+  out.counter("ddprun_rdzvd_store_ops_total", "TCPStore requests executed, by operation.", ops);
+  out.counter("ddprun_rdzvd_received_bytes_total", "Bytes read from clients (store and rendezvous frames).",
+              static_cast<double>(store.bytes_in));
+  out.counter("ddprun_rdzvd_sent_bytes_total", "Bytes written to clients (store replies and rendezvous pushes).",
+              static_cast<double>(store.bytes_out));
+  out.gauge("ddprun_rdzvd_store_keys", "Keys held in the store.", static_cast<double>(store.keys));
+  out.gauge("ddprun_rdzvd_store_held_bytes", "Bytes of keys and values held in the store.",
+            static_cast<double>(store.bytes));
+  out.gauge("ddprun_rdzvd_store_pending_waits", "Connections blocked in WAIT or BARRIER.",
+            static_cast<double>(store.pending_waits));
+}
+
+}  // namespace ddprun::rendezvous
