@@ -2,7 +2,7 @@
 // ddprun's native rendezvous operations on the same port (docs/daemon.md).
 //
 //   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T | --token-file F] [limits...]
-//                [--log-level L] [--log-format text|json]
+//                [--log-level L] [--log-format text|json] [--metrics-port P [--metrics-port-file F]]
 //
 // Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // prints help/version, or the error
     return code == 0 ? 0 : 2;
   }
+  if (!metrics_port_file.empty() && metrics_port < 0) {
+    std::cerr << "ddprun-rdzvd: error: --metrics-port-file needs --metrics-port (0 picks a free port)\n";
+    return 2;
+  }
   const auto level = log_level.empty() ? std::optional(ddprun::log_level_from_env(spdlog::level::info))
                                        : ddprun::parse_log_level(log_level);
   if (!level) {
@@ -198,9 +202,6 @@ int main(int argc, char** argv) {
       metrics->start();
       spdlog::info("metrics on http://{}:{}/metrics", ddprun::bracket_host(host), metrics->port());
       if (!metrics_port_file.empty()) write_port_file(metrics_port_file, metrics->port());
-    } else if (!metrics_port_file.empty()) {
-      std::cerr << "ddprun-rdzvd: error: --metrics-port-file needs --metrics-port\n";
-      return 2;
     }
     // server.start() installed the SIGINT/SIGTERM handlers: a service manager may send SIGTERM
     // as soon as it sees readiness.
