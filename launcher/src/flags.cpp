@@ -51,7 +51,7 @@ constexpr FlagSpec kFlags[] = {
    .overrides_slurm = true},
   {.dash = "max-restarts", .scope = S::forwarded, .env_form = true, .metavar = "N",
    .help = "Worker group restarts before failing.", .default_text = "0"},
-  {.dash = "metrics-port", .scope = S::local, .metavar = "PORT",
+  {.dash = "metrics-port", .scope = S::local, .env_form = true, .metavar = "PORT",
    .help = "Serve this agent's Prometheus metrics on GET /metrics over HTTP at this port on every address; "
            "0 picks a free one (logged as 'metrics on http://HOST:PORT/metrics')."},
   {.dash = "monitor-interval", .scope = S::local, .env_form = true, .metavar = "SECONDS",
