@@ -101,6 +101,10 @@ class Agent {
     containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
     run_.set_diagnostics(containment_.get(), config_.stacks ? install_python_hook(job_dir_) : std::string());
 
+    // Before the backend joins anything: a metrics port that cannot be bound stops the agent
+    // before it takes a place in a round.
+    metrics_ = std::make_unique<AgentMetrics>(io_, config_, run_);
+
     for (int sig : handled_signals(config_)) {
       boost::system::error_code ec;
       signals_.add(sig, ec);
@@ -120,7 +124,6 @@ class Agent {
     ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
 
     backend_->start();
-    metrics_ = std::make_unique<AgentMetrics>(io_, config_, run_);
     nccl_.emplace(config_, backend_->comm_id_host());
     next_round();
     if (!finished_) {

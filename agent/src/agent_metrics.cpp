@@ -3,18 +3,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/metrics.hpp"
 #include "ddprun/common/version.hpp"
 
 namespace ddprun::agent {
 
-AgentMetrics::AgentMetrics(boost::asio::io_context& io, const AgentConfig& config, const WorkerRun& run)
-    : run_(run) {
+AgentMetrics::AgentMetrics(boost::asio::io_context& io, const AgentConfig& config, const WorkerRun& run) : run_(run) {
   if (config.metrics_port < 0) return;
-  server_ = std::make_unique<metrics::MetricsHttpServer>(io, "0.0.0.0", static_cast<std::uint16_t>(config.metrics_port),
-                                                         [this] { return render(); });
+  server_ = std::make_unique<metrics::MetricsHttpServer>(
+      io, config.metrics_host, static_cast<std::uint16_t>(config.metrics_port), [this] { return render(); });
   server_->start();
-  spdlog::info("metrics on http://0.0.0.0:{}/metrics", server_->port());
+  spdlog::info("metrics on http://{}:{}/metrics", bracket_host(config.metrics_host), server_->port());
 }
 
 void AgentMetrics::rendezvous_started() {

@@ -51,10 +51,11 @@ std::string plain(int code, std::string_view reason, std::string_view text) {
 
 struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::io_context& io_, std::function<std::string()> render_, MetricsHttpLimits limits_)
-      : io(io_), acceptor(io_), render(std::move(render_)), limits(limits_) {}
+      : io(io_), acceptor(io_), retry(io_), render(std::move(render_)), limits(limits_) {}
 
   asio::io_context& io;
   tcp::acceptor acceptor;
+  asio::steady_timer retry;  // re-arms accept after a failed one
   std::function<std::string()> render;
   MetricsHttpLimits limits;
   std::map<std::uint64_t, std::shared_ptr<Connection>> connections;
@@ -67,9 +68,9 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
     boost::system::error_code ec;
     asio::ip::address addr = asio::ip::make_address(host, ec);
     if (ec) {
-      throw NetworkError("cannot listen for metrics on " + bracket_host(host) + ":" + std::to_string(port) +
-                             ": '" + host + "' is not an IP address",
-                         "pass an IP address with --host");
+      throw NetworkError("cannot listen for metrics on " + bracket_host(host) + ":" + std::to_string(port) + ": '" +
+                             host + "' is not an IP address",
+                         "pass an IP address with --metrics-host, e.g. 127.0.0.1 or 0.0.0.0");
     }
     const tcp::endpoint ep(addr, port);
     acceptor.open(ep.protocol(), ec);
@@ -78,9 +79,9 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
     if (!ec) acceptor.bind(ep, ec);
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      throw NetworkError("cannot listen for metrics on " + bracket_host(host) + ":" + std::to_string(port) + ": " +
-                             ec.message(),
-                         "pick another --metrics-port, or 0 for a free one");
+      throw NetworkError(
+          "cannot listen for metrics on " + bracket_host(host) + ":" + std::to_string(port) + ": " + ec.message(),
+          "pick another --metrics-port, or 0 for a free one");
     }
     bound_port = acceptor.local_endpoint().port();
   }
@@ -89,8 +90,18 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
     if (stopped) return;
     acceptor.async_accept([self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
       if (self->stopped || ec == asio::error::operation_aborted) return;
-      if (!ec) self->on_accept(std::move(socket));
-      self->do_accept();
+      if (!ec) {
+        self->on_accept(std::move(socket));
+        self->do_accept();
+        return;
+      }
+      // Out of descriptors or memory: the pending connection stays queued, so accepting again
+      // at once would spin. Retry after a pause; scrapes are not latency-critical.
+      spdlog::warn("metrics: accept failed: {}; retrying in 1 s", ec.message());
+      self->retry.expires_after(std::chrono::seconds(1));
+      self->retry.async_wait([self](boost::system::error_code tec) {
+        if (!tec && !self->stopped) self->do_accept();
+      });
     });
   }
 
@@ -113,10 +124,9 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
                     self->limits.read_timeout.count());
       self->close(c);
     });
-    asio::async_read_until(c->socket, c->in, "\r\n\r\n",
-                           [self = shared_from_this(), c](boost::system::error_code rec, std::size_t n) {
-                             self->on_head(c, rec, n);
-                           });
+    asio::async_read_until(
+        c->socket, c->in, "\r\n\r\n",
+        [self = shared_from_this(), c](boost::system::error_code rec, std::size_t n) { self->on_head(c, rec, n); });
   }
 
   void on_head(const std::shared_ptr<Connection>& c, boost::system::error_code ec, std::size_t n) {
@@ -165,9 +175,8 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
     c->timer.async_wait([self = shared_from_this(), c](boost::system::error_code tec) {
       if (!tec) self->close(c);
     });
-    asio::async_write(c->socket, asio::buffer(c->reply), [self = shared_from_this(), c](boost::system::error_code, std::size_t) {
-      self->close(c);
-    });
+    asio::async_write(c->socket, asio::buffer(c->reply),
+                      [self = shared_from_this(), c](boost::system::error_code, std::size_t) { self->close(c); });
   }
 
   void close(const std::shared_ptr<Connection>& c) {
@@ -185,6 +194,7 @@ struct MetricsHttpServer::Impl : std::enable_shared_from_this<Impl> {
     stopped = true;
     boost::system::error_code ec;
     acceptor.close(ec);
+    retry.cancel();
     auto open = connections;
     for (auto& [id, c] : open) close(c);
   }

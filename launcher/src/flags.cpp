@@ -51,9 +51,14 @@ constexpr FlagSpec kFlags[] = {
    .overrides_slurm = true},
   {.dash = "max-restarts", .scope = S::forwarded, .env_form = true, .metavar = "N",
    .help = "Worker group restarts before failing.", .default_text = "0"},
-  {.dash = "metrics-port", .scope = S::local, .env_form = true, .metavar = "PORT",
-   .help = "Serve this agent's Prometheus metrics on GET /metrics over HTTP at this port on every address; "
-           "0 picks a free one (logged as 'metrics on http://HOST:PORT/metrics')."},
+  {.dash = "metrics-host", .scope = S::forwarded, .env_form = true, .metavar = "ADDR",
+   .help = "The IP address the agent's metrics endpoint (--metrics-port) listens on: 0.0.0.0 or :: for every "
+           "address. With a host list, every host's agent listens on it.",
+   .default_text = "127.0.0.1"},
+  {.dash = "metrics-port", .scope = S::forwarded, .env_form = true, .metavar = "PORT",
+   .help = "Serve this agent's Prometheus metrics on GET /metrics over HTTP at this port on --metrics-host; 0 "
+           "picks a free one (logged as 'metrics on http://ADDR:PORT/metrics'). With a host list, every host's "
+           "agent serves its own."},
   {.dash = "monitor-interval", .scope = S::local, .env_form = true, .metavar = "SECONDS",
    .help = "Accepted for compatibility, no effect: ddprun reacts to worker exits as they happen (event "
            "driven, no polling).",

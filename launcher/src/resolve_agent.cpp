@@ -223,6 +223,14 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   }
   if (auto g = p.given("local-addr")) cfg.local_addr = parse_host(g->text, g->what);
   if (auto g = p.given("metrics-port")) cfg.metrics_port = parse_port_value(g->text, g->what, 0);
+  if (auto g = p.given("metrics-host")) {
+    cfg.metrics_host = parse_ip_address(g->text, g->what);
+    if (cfg.metrics_port < 0) {
+      throw UsageError(
+          std::string(g->what) + " is given without --metrics-port",
+          "add --metrics-port PORT (0 picks a free one) to serve metrics, or drop " + std::string(g->what));
+    }
+  }
 
   // Output.
   if (auto g = p.given("log-dir")) {

@@ -1,5 +1,8 @@
 #include "ddprun/launcher/values.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -457,6 +460,18 @@ std::string parse_host(std::string_view text, std::string_view what) {
          "a host name, an IPv4 address, or an IPv6 address in brackets like [::1]");
   }
   return std::string(host);
+}
+
+std::string parse_ip_address(std::string_view text, std::string_view what) {
+  std::string_view host = trim(text);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string literal(host);
+  in6_addr buf{};
+  if (::inet_pton(AF_INET, literal.c_str(), &buf) != 1 && ::inet_pton(AF_INET6, literal.c_str(), &buf) != 1) {
+    fail(what, text, "not an IP address",
+         "an IPv4 address (127.0.0.1, 0.0.0.0 for every address) or an IPv6 address (::1, :: for every address)");
+  }
+  return literal;
 }
 
 std::uint16_t parse_port_value(std::string_view text, std::string_view what, int min_port) {

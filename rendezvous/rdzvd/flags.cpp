@@ -16,8 +16,12 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "port", .metavar = "PORT", .help = "TCP port; 0 picks a free one.", .default_text = "29400"},
   {.dash = "port-file", .metavar = "FILE",
    .help = "Write the bound port number (and a newline) to this file, atomically."},
+  {.dash = "metrics-host", .metavar = "ADDR",
+   .help = "IP address the metrics endpoint listens on (0.0.0.0 or :: for every address).",
+   .default_text = "127.0.0.1"},
   {.dash = "metrics-port", .metavar = "PORT",
-   .help = "Serve Prometheus metrics on GET /metrics over HTTP at this port (on --host); 0 picks a free one."},
+   .help = "Serve Prometheus metrics on GET /metrics over HTTP at this port (on --metrics-host); 0 picks a free "
+           "one."},
   {.dash = "metrics-port-file", .metavar = "FILE",
    .help = "Write the bound metrics port number (and a newline) to this file, atomically."},
   {.dash = "max-key-bytes", .metavar = "N", .help = "Largest key accepted.", .default_text = "65536"},

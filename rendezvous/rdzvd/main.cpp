@@ -2,7 +2,8 @@
 // ddprun's native rendezvous operations on the same port (docs/daemon.md).
 //
 //   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T | --token-file F] [limits...]
-//                [--log-level L] [--log-format text|json] [--metrics-port P [--metrics-port-file F]]
+//                [--log-level L] [--log-format text|json]
+//                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
 //
 // Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
@@ -16,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -86,8 +88,13 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "Write the bound port number (and a newline) to this file, atomically");
   int metrics_port = -1;  // -1: no metrics endpoint
   std::string metrics_port_file;
+  std::string metrics_host = "127.0.0.1";
+  app.add_option("--metrics-host", metrics_host,
+                 "IP address the metrics endpoint listens on (0.0.0.0 or :: for every address)")
+      ->capture_default_str();
   app.add_option("--metrics-port", metrics_port,
-                 "Serve Prometheus metrics on GET /metrics over HTTP at this port (on --host); 0 picks a free one")
+                 "Serve Prometheus metrics on GET /metrics over HTTP at this port (on --metrics-host); 0 picks a free "
+                 "one")
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-port-file", metrics_port_file,
                  "Write the bound metrics port number (and a newline) to this file, atomically");
@@ -156,6 +163,19 @@ int main(int argc, char** argv) {
     std::cerr << "ddprun-rdzvd: error: --metrics-port-file needs --metrics-port (0 picks a free port)\n";
     return 2;
   }
+  if (app.count("--metrics-host") > 0 && metrics_port < 0) {
+    std::cerr << "ddprun-rdzvd: error: --metrics-host needs --metrics-port (0 picks a free port)\n";
+    return 2;
+  }
+  if (metrics_host.size() >= 2 && metrics_host.front() == '[' && metrics_host.back() == ']') {
+    metrics_host = metrics_host.substr(1, metrics_host.size() - 2);
+  }
+  if (boost::system::error_code ec; (boost::asio::ip::make_address(metrics_host, ec), ec)) {
+    std::cerr << "ddprun-rdzvd: error: --metrics-host '" << metrics_host
+              << "' is not an IP address: give one such as 127.0.0.1 (the default), 0.0.0.0 or :: for every "
+                 "address\n";
+    return 2;
+  }
   const auto level = log_level.empty() ? std::optional(ddprun::log_level_from_env(spdlog::level::info))
                                        : ddprun::parse_log_level(log_level);
   if (!level) {
@@ -192,7 +212,7 @@ int main(int argc, char** argv) {
     server.start();
     std::optional<ddprun::metrics::MetricsHttpServer> metrics;
     if (metrics_port >= 0) {
-      metrics.emplace(io, server.host(), static_cast<std::uint16_t>(metrics_port), [&server] {
+      metrics.emplace(io, metrics_host, static_cast<std::uint16_t>(metrics_port), [&server] {
         ddprun::metrics::Exposition out;
         out.gauge("ddprun_build_info", "Always 1; the version label names the ddprun build.",
                   {ddprun::metrics::Sample{{{"version", ddprun::version_string}}, 1}});
@@ -200,7 +220,7 @@ int main(int argc, char** argv) {
         return out.text();
       });
       metrics->start();
-      spdlog::info("metrics on http://{}:{}/metrics", ddprun::bracket_host(host), metrics->port());
+      spdlog::info("metrics on http://{}:{}/metrics", ddprun::bracket_host(metrics_host), metrics->port());
       if (!metrics_port_file.empty()) write_port_file(metrics_port_file, metrics->port());
     }
     // server.start() installed the SIGINT/SIGTERM handlers: a service manager may send SIGTERM

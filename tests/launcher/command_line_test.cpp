@@ -62,6 +62,8 @@ TEST_CASE("defaults equal torchrun's") {
   CHECK(c.master_addr == "127.0.0.1");
   CHECK(c.master_port == 29500);
   CHECK_FALSE(c.local_addr.has_value());
+  CHECK(c.metrics_port == -1);  // no metrics endpoint unless asked
+  CHECK(c.metrics_host == "127.0.0.1");
   CHECK_FALSE(c.log_dir.has_value());
   CHECK(c.redirects_all == Streams::none);
   CHECK(c.redirects.empty());
@@ -106,6 +108,12 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
          return o.config.rdzv_conf == Env{{"join_timeout", "5"}, {"is_host", "1"}};
        }},
       {"max-restarts", "2", [](auto& o, auto&) { return o.config.max_restarts == 2; }},
+      {"metrics-port", "0",
+       [](auto& o, auto&) { return o.config.metrics_port == 0 && o.config.metrics_host == "127.0.0.1"; }},
+      {"metrics-host",
+       "[::1]",
+       [](auto& o, auto&) { return o.config.metrics_host == "::1"; },
+       {"--metrics-port", "9400"}},
       {"monitor-interval", "0.5", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
       {"start-method", "fork", [](auto& o, auto&) { return has_note(o, "has no effect"); }},
       {"role", "trainer", [](auto& o, auto&) { return o.config.role == "trainer"; }},
@@ -479,6 +487,9 @@ TEST_CASE("bad values name the flag") {
       {{"--nnodes", "2", "--node-rank", "2"}, "--node-rank=2 is not below --nnodes=2"},
       {{"--master-port", "70000"}, "--master-port=70000"},
       {{"--master-addr", "[::1"}, "--master-addr"},
+      {{"--metrics-port", "70000"}, "--metrics-port=70000"},
+      {{"--metrics-port", "0", "--metrics-host", "node1"}, "--metrics-host=node1: not an IP address"},
+      {{"--metrics-host", "0.0.0.0"}, "--metrics-host is given without --metrics-port"},
       {{"--signals-to-handle", "SIGNOPE"}, "--signals-to-handle=SIGNOPE"},
       {{"--shutdown-timeout", "-3"}, "--shutdown-timeout=-3"},
       {{"--local-rank-arg", "both"}, "--local-rank-arg=both"},

@@ -63,6 +63,8 @@ TEST_CASE("every flag has help text, a scope, and a metavar when it takes a valu
 TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
   // Forwarded as typed to every remote agent by the fan-out launcher.
   CHECK(names_in(FlagScope::forwarded) == Names{"max-restarts",
+                                                "metrics-host",
+                                                "metrics-port",
                                                 "redirects",
                                                 "tee",
                                                 "local-ranks-filter",
@@ -109,6 +111,10 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
                            "h0",
                            "--max-restarts",
                            "2",
+                           "--metrics-host",
+                           "0.0.0.0",
+                           "--metrics-port",
+                           "9400",
                            "-r",
                            "1",
                            "-t",
@@ -150,6 +156,8 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
   const Strings& a = o.fanout->agent_args;
   CHECK(Names(a.begin(), a.end()) == Names{"--rdzv-conf=is_host=false",
                                            "--max-restarts=2",
+                                           "--metrics-host=0.0.0.0",
+                                           "--metrics-port=9400",
                                            "--redirects=1",
                                            "--tee=0:3",
                                            "--local-ranks-filter=0",
@@ -178,7 +186,8 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
         Strings{"--shutdown-timeout", "soon"}, Strings{"--nccl-id", "maybe"}, Strings{"--nccl-roots", "0"},
         Strings{"--role", " "}, Strings{"--log-dir", ""}, Strings{"--local-rank-arg", "both"},
         Strings{"--log-level", "loud"}, Strings{"--numa-binding", "nowhere"}, Strings{"--containment", "jail"},
-        Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}}) {
+        Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}, Strings{"--metrics-host", "node1"},
+        Strings{"--metrics-port", "70000"}}) {
     Strings args = {"--hosts", "h0"};
     args.insert(args.end(), bad.begin(), bad.end());
     args.emplace_back("train.py");

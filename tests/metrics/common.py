@@ -21,6 +21,21 @@ def scrape(port, path="/metrics"):
     return prom_text.parse(text)
 
 
+def listen_addresses(port):
+    """The local addresses of the sockets listening on TCP `port` (from /proc/net/tcp and tcp6),
+    as hex strings the kernel writes: "0100007F" is 127.0.0.1, "00000000" is 0.0.0.0."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for row in f:
+                cols = row.split()
+                addr, hexport = cols[1].split(":")
+                if int(hexport, 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                    out.append(addr)
+    return out
+
+
 def http_status(port, path, method="GET"):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
     try:

@@ -6,6 +6,7 @@
 
 #include "ddprun/common/metrics.hpp"
 #include "ddprun/rendezvous/rendezvous_metrics.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
 
 using namespace ddprun::metrics;
 
@@ -69,5 +70,19 @@ TEST_CASE("refuse reasons map to a bounded label set") {
   CHECK(refuse_reason_label("rendezvous 'j' is full: 2 of max 2 nodes") == "job_full");
   CHECK(refuse_reason_label("rejoin for rendezvous 'j' carries an inconsistent assignment") == "inconsistent_rejoin");
   CHECK(refuse_reason_label("empty rendezvous id: pass --rdzv-id") == "invalid_request");
+  CHECK(refuse_reason_label("configuration mismatch for rendezvous 'j': --nnodes: the job has 2, this node asked "
+                            "for 3 (start every node with the same values)") == "config_mismatch");
   CHECK(refuse_reason_label("something new") == "other");
+}
+
+TEST_CASE("refused connection reasons have fixed names") {
+  using ddprun::rendezvous::refused_reason_name;
+  using ddprun::rendezvous::RefusedReason;
+  CHECK(refused_reason_name(RefusedReason::connection_limit) == "connection_limit");
+  CHECK(refused_reason_name(RefusedReason::peer_limit) == "peer_limit");
+  CHECK(refused_reason_name(RefusedReason::out_of_descriptors) == "out_of_descriptors");
+  CHECK(refused_reason_name(RefusedReason::protocol_error) == "protocol_error");
+  CHECK(refused_reason_name(RefusedReason::buffer_limit) == "buffer_limit");
+  CHECK(refused_reason_name(RefusedReason::timeout) == "timeout");
+  CHECK(static_cast<std::size_t>(RefusedReason::timeout) + 1 == ddprun::rendezvous::kRefusedReasons);
 }

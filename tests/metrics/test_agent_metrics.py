@@ -1,7 +1,8 @@
 """ddprun --metrics-port 0 --nproc-per-node 2: scrape a running agent with urllib (every line
 parsed strictly) while its workers run, let one worker fail so the group restarts, and check that
-the attempt, restarts, rounds and worker states move. Readiness: the agent's log line
-`metrics on http://0.0.0.0:PORT/metrics`; the workers announce themselves with files and wait
+the attempt, restarts, rounds and worker states move; the endpoint listens on loopback unless
+--metrics-host says otherwise (checked in /proc/net/tcp). Readiness: the agent's log line
+`metrics on http://127.0.0.1:PORT/metrics`; the workers announce themselves with files and wait
 for a `go` file, so the test never guesses timing."""
 import os
 import re
@@ -14,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prom_text  # noqa: E402
-from common import BIN_DIR, PYTHON, check_hostile, scrape  # noqa: E402
+from common import BIN_DIR, PYTHON, check_hostile, listen_addresses, scrape  # noqa: E402
 from prom_text import value  # noqa: E402
 
 WORKER = """
@@ -39,9 +40,57 @@ def wait_files(paths, proc, timeout=60):
         time.sleep(0.02)
 
 
+def metrics_line(agent):
+    """The port of the agent's `metrics on http://ADDR:PORT/metrics` line and ADDR."""
+    buf = b""
+    deadline = time.monotonic() + 30
+    while True:
+        m = re.search(rb"metrics on http://(\S+):(\d+)/metrics", buf)
+        if m:
+            return m.group(1).decode(), int(m.group(2))
+        left = deadline - time.monotonic()
+        assert left > 0, f"no metrics line (have {buf!r})"
+        r, _, _ = select.select([agent.stderr], [], [], left)
+        if r:
+            chunk = os.read(agent.stderr.fileno(), 4096)
+            assert chunk, f"agent exited early: {buf!r}"
+            buf += chunk
+
+
+def check_flags(tmp):
+    """--metrics-host: every address when told, an IP literal only, and only with --metrics-port."""
+    ddprun = os.path.join(BIN_DIR, "ddprun")
+    ok = os.path.join(tmp, "ok.py")
+    with open(ok, "w") as w:
+        w.write("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\n")
+    go = os.path.join(tmp, "go_flags")
+    agent = subprocess.Popen([ddprun, "--metrics-port", "0", "--metrics-host", "0.0.0.0", "--nproc-per-node", "1",
+                              PYTHON, ok, go], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        addr, port = metrics_line(agent)
+        assert addr == "0.0.0.0", addr
+        assert listen_addresses(port) == ["00000000"], listen_addresses(port)
+        assert value(scrape(port), "ddprun_agent_rounds_total") == 1
+        open(go, "w").close()
+        _, err = agent.communicate(timeout=60)
+        assert agent.returncode == 0, err.decode()[-3000:]
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+    r = subprocess.run([ddprun, "--metrics-port", "0", "--metrics-host", "my-host", "--nproc-per-node", "1", PYTHON,
+                        ok, go], capture_output=True, timeout=60)
+    assert r.returncode != 0 and b"--metrics-host=my-host: not an IP address" in r.stderr, r
+    r = subprocess.run([ddprun, "--metrics-host", "127.0.0.1", "--nproc-per-node", "1", PYTHON, ok, go],
+                       capture_output=True, timeout=60)
+    assert r.returncode != 0 and b"--metrics-host is given without --metrics-port" in r.stderr, r
+
+
 def main():
     prom_text.self_test()
     with tempfile.TemporaryDirectory() as tmp:
+        check_flags(tmp)
         worker = os.path.join(tmp, "worker.py")
         with open(worker, "w") as w:
             w.write(WORKER)
@@ -60,8 +109,9 @@ def main():
                     chunk = os.read(agent.stderr.fileno(), 4096)
                     assert chunk, f"agent exited early: {buf!r}"
                     buf += chunk
-                    m = re.search(rb"metrics on http://0\.0\.0\.0:(\d+)/metrics", buf)
+                    m = re.search(rb"metrics on http://127\.0\.0\.1:(\d+)/metrics", buf)
             port = int(m.group(1))
+            assert listen_addresses(port) == ["0100007F"], listen_addresses(port)
 
             wait_files([os.path.join(tmp, f"ready_0_{r}") for r in (0, 1)], agent)
             f = scrape(port)

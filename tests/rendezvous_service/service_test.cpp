@@ -450,3 +450,45 @@ TEST_CASE("a node that leaves, or whose connection dies, ends the round as a mem
   CHECK(rest[0]->assignments.back().group_world_size == 1);
   CHECK(rest[0]->assignments.back().round == 2);
 }
+
+TEST_CASE("metrics count each round once and time it from the first join, across a daemon restart", "[service]") {
+  boost::asio::io_context io(1);
+  auto d = std::make_unique<Daemon>(io, 0);
+  const std::uint16_t port = d->port();
+  auto agents = start_job(io, port, 2, test_config(2, 2, 2));
+  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.assignments.empty(); }); }));
+  auto stats = d->server->service_stats();
+  CHECK(stats.joins == 2);
+  CHECK(stats.rounds_closed == 1);
+  CHECK(stats.round_close_seconds.count() == 1);
+  CHECK_FALSE(d->server->round_opened_at("job1").has_value());  // closed: nothing collects
+
+  // A new daemon learns the running round from rejoins that carry the assignment: they
+  // re-register, they open no round (else the next round's latency would include the run).
+  d.reset();
+  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.client->connected(); }); }));
+  d = std::make_unique<Daemon>(io, port);
+  REQUIRE(run_until(io, [&] {
+    const auto* job = d->server->registry().find("job1");
+    return job != nullptr && job->status(std::chrono::steady_clock::now()).members.size() == 2;
+  }));
+  CHECK_FALSE(d->server->round_opened_at("job1").has_value());
+  CHECK(d->server->service_stats().rounds_closed == 0);
+
+  // A worker failure: both join the next round, which closes once and is timed from its first join.
+  const auto failed_at = std::chrono::steady_clock::now();
+  rdzv::WorkerFailure f;
+  f.round = 0;
+  f.global_rank = 0;
+  f.exit_code = 3;
+  f.message = "failure";
+  agents[0]->client->report_failure(f);
+  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return a.assignments.size() == 2; }); }));
+  const double bound = std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count();
+  stats = d->server->service_stats();
+  CHECK(stats.restarts == 1);
+  CHECK(stats.rounds_closed == 1);
+  REQUIRE(stats.round_close_seconds.count() == 1);
+  CHECK(stats.round_close_seconds.sum() <= bound);
+  CHECK_FALSE(d->server->round_opened_at("job1").has_value());
+}

@@ -1,7 +1,9 @@
 // The daemon's metric families (rendezvous_metrics.hpp has the contract).
 #include "ddprun/rendezvous/rendezvous_metrics.hpp"
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <string>
 
 #include "ddprun/rendezvous/rendezvous_server.hpp"
@@ -10,8 +12,9 @@ namespace ddprun::rendezvous {
 
 namespace {
 
-constexpr std::array<std::string_view, 7> kRefuseLabels = {"token",    "invalid_request",     "job_finished", "job_closed",
-                                                           "job_full", "inconsistent_rejoin", "other"};
+constexpr std::array<std::string_view, 8> kRefuseLabels = {
+    "token",      "invalid_request", "config_mismatch",     "job_finished",
+    "job_closed", "job_full",        "inconsistent_rejoin", "other"};
 
 }  // namespace
 
@@ -25,6 +28,7 @@ std::string_view refuse_reason_label(std::string_view reason) {
   if (reason.find("' is closed") != reason.npos) return "job_closed";
   if (reason.find("' is full") != reason.npos) return "job_full";
   if (reason.find("inconsistent assignment") != reason.npos) return "inconsistent_rejoin";
+  if (reason.starts_with("configuration mismatch")) return "config_mismatch";
   if (reason.starts_with("empty rendezvous id") || reason.starts_with("invalid configuration") ||
       reason.find("local_world_size") != reason.npos) {
     return "invalid_request";
@@ -41,39 +45,59 @@ void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& se
             static_cast<double>(store.connections));
   out.counter("ddprun_rdzvd_connections_accepted_total", "Client connections accepted since start.",
               static_cast<double>(store.connections_total));
+  std::vector<Sample> refused_connections;
+  for (std::size_t i = 0; i < kRefusedReasons; ++i) {
+    refused_connections.push_back(Sample{{{"reason", std::string(refused_reason_name(static_cast<RefusedReason>(i)))}},
+                                         static_cast<double>(store.refused[i])});
+  }
   out.counter("ddprun_rdzvd_connections_refused_total",
-              "Connections refused at accept (connection_limit) or closed for a protocol error or limit "
-              "(protocol_error).",
-              {Sample{{{"reason", "connection_limit"}}, static_cast<double>(store.refused_connection_limit)},
-               Sample{{{"reason", "protocol_error"}}, static_cast<double>(store.closed_protocol_error)}});
+              "Connections refused at accept (connection_limit, peer_limit, out_of_descriptors) or closed by the "
+              "server (protocol_error, buffer_limit, timeout).",
+              refused_connections);
 
   std::array<double, 4> by_state{};
-  for (const JobStatus& job : server.registry().status(now).jobs) ++by_state[static_cast<std::size_t>(job.state)];
+  Duration longest_wait{};
+  double missing = 0;
+  for (const JobStatus& job : server.registry().status(now).jobs) {
+    ++by_state[static_cast<std::size_t>(job.state)];
+    if (job.state != JobState::waiting) continue;
+    if (const auto since = server.round_opened_at(job.run_id); since && now - *since > longest_wait) {
+      longest_wait = now - *since;
+    }
+    const auto joined = std::count_if(job.members.begin(), job.members.end(),
+                                      [](const MemberStatus& m) { return m.role == MemberRole::joined; });
+    if (joined < job.min_nodes) missing += static_cast<double>(job.min_nodes - joined);
+  }
   std::vector<Sample> jobs;
   for (JobState s : {JobState::waiting, JobState::running, JobState::completed, JobState::failed}) {
     jobs.push_back(Sample{{{"state", to_string(s)}}, by_state[static_cast<std::size_t>(s)]});
   }
   out.gauge("ddprun_rdzvd_jobs", "Rendezvous jobs known to the daemon, by state.", jobs);
+  out.gauge("ddprun_rdzvd_waiting_seconds_max",
+            "Seconds the longest-waiting job has been collecting its current round (0 when none waits).",
+            std::chrono::duration<double>(longest_wait).count());
+  out.gauge("ddprun_rdzvd_waiting_nodes_missing",
+            "Nodes the waiting jobs still need to reach their minimum (--nnodes MIN), summed over jobs.", missing);
   out.gauge("ddprun_rdzvd_nodes", "Agents with a live connection.", static_cast<double>(service.nodes));
   out.counter("ddprun_rdzvd_joins_total", "Join and rejoin requests received.", static_cast<double>(service.joins));
   out.counter("ddprun_rdzvd_rounds_closed_total", "Rendezvous rounds closed (assignments sent).",
               static_cast<double>(service.rounds_closed));
-  out.counter("ddprun_rdzvd_restarts_total", "Rounds ended by a restart decision (worker failure or membership change).",
+  out.counter("ddprun_rdzvd_restarts_total",
+              "Rounds ended by a restart decision (worker failure or membership change).",
               static_cast<double>(service.restarts));
-  out.histogram("ddprun_rdzvd_round_close_seconds",
-                "Seconds from the first join of a round to its close.", service.round_close_seconds);
+  out.histogram("ddprun_rdzvd_round_close_seconds", "Seconds from the first join of a round to its close.",
+                service.round_close_seconds);
   out.counter("ddprun_rdzvd_frames_total", "Native rendezvous frames decoded.", static_cast<double>(service.frames));
 
   std::vector<Sample> refused;
   refused.push_back(Sample{{{"reason", "malformed"}}, static_cast<double>(service.frames_malformed)});
   for (std::string_view label : kRefuseLabels) {
     const auto it = service.refused.find(std::string(label));
-    refused.push_back(Sample{{{"reason", std::string(label)}},
-                             it == service.refused.end() ? 0.0 : static_cast<double>(it->second)});
+    refused.push_back(
+        Sample{{{"reason", std::string(label)}}, it == service.refused.end() ? 0.0 : static_cast<double>(it->second)});
   }
   out.counter("ddprun_rdzvd_refused_frames_total",
-              "Native rendezvous frames refused: malformed (connection closed) or a refused join, by reason.",
-              refused);
+              "Native rendezvous frames refused: malformed (connection closed) or a refused join, by reason.", refused);
 
   std::vector<Sample> ops;
   for (std::size_t i = 0; i < store.ops.size(); ++i) {

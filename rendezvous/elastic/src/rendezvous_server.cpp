@@ -102,5 +102,8 @@ void RendezvousServer::on_drained(std::function<void()> callback) { store_->on_d
 StoreStats RendezvousServer::store_stats() const { return store_->stats(); }
 RendezvousServiceStats RendezvousServer::service_stats() const { return service_->stats(); }
 const RendezvousRegistry& RendezvousServer::registry() const { return service_->registry(); }
+std::optional<TimePoint> RendezvousServer::round_opened_at(const std::string& run_id) const {
+  return service_->round_opened_at(run_id);
+}
 
 }  // namespace ddprun::rendezvous

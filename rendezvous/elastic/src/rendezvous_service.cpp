@@ -26,6 +26,12 @@ void RendezvousService::shutdown() {
   timer_.reset();
 }
 
+std::optional<TimePoint> RendezvousService::round_opened_at(const std::string& run_id) const {
+  const auto it = round_open_.find(run_id);
+  if (it == round_open_.end()) return std::nullopt;
+  return it->second;
+}
+
 RendezvousServiceStats RendezvousService::stats() const {
   RendezvousServiceStats s = counters_;
   s.jobs = registry_.job_count();
@@ -67,7 +73,11 @@ void RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
           ++counters_.joins;
-          round_open_.try_emplace(m.run_id, now);
+          // A rejoin that carries an assignment re-registers with a running round (or is told
+          // to restart); only a join starts the collection of a round.
+          bool collects = true;
+          if constexpr (std::is_same_v<T, RejoinMessage>) collects = !m.request.assignment.has_value();
+          if (collects) round_open_.try_emplace(m.run_id, now);
         }
         if constexpr (std::is_same_v<T, JoinMessage>) {
           bind(conn, m.run_id, m.request.node.id);
@@ -152,10 +162,16 @@ void RendezvousService::apply(const Decisions& actions, const NodeId* origin) {
 
 void RendezvousService::count(const Decision& action) {
   if (const auto* a = std::get_if<SendAssignment>(&action); a != nullptr && a->assignment.group_rank == 0) {
-    ++counters_.rounds_closed;
-    if (auto it = round_open_.find(a->run_id); it != round_open_.end()) {
-      counters_.round_close_seconds.observe(std::chrono::duration<double>(clock_.now() - it->second).count());
-      round_open_.erase(it);
+    // Rank 0's assignment goes out once per round, and again when it rejoins having missed
+    // the push: count each round once.
+    auto [last, inserted] = last_closed_.try_emplace(a->run_id, a->assignment.round);
+    if (inserted || last->second != a->assignment.round) {
+      last->second = a->assignment.round;
+      ++counters_.rounds_closed;
+      if (auto it = round_open_.find(a->run_id); it != round_open_.end()) {
+        counters_.round_close_seconds.observe(std::chrono::duration<double>(clock_.now() - it->second).count());
+        round_open_.erase(it);
+      }
     }
   } else if (const auto* r = std::get_if<SendRestart>(&action)) {
     auto [it, inserted] = last_restart_.try_emplace(r->run_id, r->ended_round);
@@ -166,9 +182,11 @@ void RendezvousService::count(const Decision& action) {
   } else if (const auto* f = std::get_if<Refuse>(&action)) {
     ++counters_.refused[std::string(refuse_reason_label(f->reason))];
   }
-  if (round_open_.size() + last_restart_.size() > 4 * registry_.job_count() + 32) {
-    std::erase_if(round_open_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
-    std::erase_if(last_restart_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
+  if (round_open_.size() + last_restart_.size() + last_closed_.size() > 6 * registry_.job_count() + 32) {
+    auto gone = [&](const auto& kv) { return registry_.find(kv.first) == nullptr; };
+    std::erase_if(round_open_, gone);
+    std::erase_if(last_restart_, gone);
+    std::erase_if(last_closed_, gone);
   }
 }
 

@@ -682,12 +682,18 @@ StoreServer::~StoreServer() { stop(); }
 
 std::string_view refused_reason_name(RefusedReason reason) {
   switch (reason) {
-    case RefusedReason::connection_limit: return "connection_limit";
-    case RefusedReason::peer_limit: return "peer_limit";
-    case RefusedReason::out_of_descriptors: return "out_of_descriptors";
-    case RefusedReason::protocol_error: return "protocol_error";
-    case RefusedReason::buffer_limit: return "buffer_limit";
-    case RefusedReason::timeout: return "timeout";
+    case RefusedReason::connection_limit:
+      return "connection_limit";
+    case RefusedReason::peer_limit:
+      return "peer_limit";
+    case RefusedReason::out_of_descriptors:
+      return "out_of_descriptors";
+    case RefusedReason::protocol_error:
+      return "protocol_error";
+    case RefusedReason::buffer_limit:
+      return "buffer_limit";
+    case RefusedReason::timeout:
+      return "timeout";
   }
   return "unknown";
 }

@@ -6,8 +6,9 @@
 // arrives, restarted when the backend ends one); worker states are read from the WorkerRun at
 // scrape time.
 //
-// When config.metrics_port >= 0 the constructor binds a MetricsHttpServer on 0.0.0.0 at that
-// port (0 = a free one), starts it and logs `metrics on http://0.0.0.0:PORT/metrics` at info
+// When config.metrics_port >= 0 the constructor binds a MetricsHttpServer on
+// config.metrics_host at that port (0 = a free one), starts it and logs
+// `metrics on http://HOST:PORT/metrics` at info
 // level (the readiness line a caller reads the port from); it throws ddprun::NetworkError when
 // the port cannot be bound. With metrics_port < 0 it only counts. Not thread-safe: the agent's
 // io_context thread; destroy it before that io_context.

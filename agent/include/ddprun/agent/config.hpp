@@ -137,8 +137,10 @@ struct AgentConfig {
   std::vector<std::vector<int>> cpu_binding;
 
   bool dry_run = false;  // print each rank's argv/env/cwd and exit 0
-  // Prometheus metrics over HTTP on every address (agent_metrics.hpp): -1 = none, 0 = a free port.
+  // Prometheus metrics over HTTP (agent_metrics.hpp): -1 = none, 0 = a free port; on
+  // metrics_host, an IP address literal (loopback unless told otherwise).
   int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
 
   // Remote-agent mode (ddprun --remote-agent, started by a fan-out launcher over ssh; see
   // docs/multinode.md). control_fd is the launcher's control channel (the agent owns it; -1 =

@@ -120,6 +120,9 @@ int parse_nccl_roots(std::string_view text, std::string_view what);
 // A host name or address (--master-addr, --local-addr, --launcher-addr): trimmed, IPv6 brackets
 // removed ("[::1]" -> "::1"); empty or containing blanks or brackets is an error.
 std::string parse_host(std::string_view text, std::string_view what);
+// An IPv4 or IPv6 address literal to listen on (--metrics-host): trimmed, IPv6 brackets removed.
+// A host name is an error (a listener binds one address, not what a name resolves to).
+std::string parse_ip_address(std::string_view text, std::string_view what);
 // A TCP port in [min_port, 65535].
 std::uint16_t parse_port_value(std::string_view text, std::string_view what, int min_port);
 // The trimmed text; empty is an error whose hint is `hint` (--role, --rdzv-id, --log-dir, --gpus).

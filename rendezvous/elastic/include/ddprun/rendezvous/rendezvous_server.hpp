@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,8 @@ class RendezvousServer {
   StoreStats store_stats() const;
   RendezvousServiceStats service_stats() const;
   const RendezvousRegistry& registry() const;
+  // RendezvousService::round_opened_at: when the round `run_id` collects now saw its first join.
+  std::optional<TimePoint> round_opened_at(const std::string& run_id) const;
 
   struct Signals;
 

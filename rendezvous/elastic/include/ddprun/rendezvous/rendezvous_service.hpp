@@ -54,10 +54,10 @@ struct RendezvousServiceStats {
   std::uint64_t pushes = 0;
   std::uint64_t progress_dropped = 0;  // throttled Progress lines
   // Counted for the metrics endpoint (rendezvous_metrics.hpp).
-  std::uint64_t joins = 0;             // join and rejoin frames
-  std::uint64_t rounds_closed = 0;     // assignments to group rank 0: one per closed round
-  std::uint64_t restarts = 0;          // distinct (run id, ended round) restart decisions
-  std::uint64_t frames_malformed = 0;  // native frames that failed to decode
+  std::uint64_t joins = 0;                       // join and rejoin frames
+  std::uint64_t rounds_closed = 0;               // assignments to group rank 0: one per closed round
+  std::uint64_t restarts = 0;                    // distinct (run id, ended round) restart decisions
+  std::uint64_t frames_malformed = 0;            // native frames that failed to decode
   std::map<std::string, std::uint64_t> refused;  // Refuse decisions by refuse_reason_label()
   // From the first join of the round being collected to its close.
   metrics::Histogram round_close_seconds{round_close_buckets()};
@@ -89,6 +89,9 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
 
   const RendezvousRegistry& registry() const { return registry_; }
   RendezvousServiceStats stats() const;
+  // When the round `run_id` is collecting now saw its first join (nullopt: none is collecting,
+  // or its joins predate this daemon). For the metrics endpoint.
+  std::optional<TimePoint> round_opened_at(const std::string& run_id) const;
 
  private:
   struct NodeKey {
@@ -121,8 +124,9 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   RendezvousServiceStats counters_;
   // Metrics bookkeeping per run id, pruned like last_broadcast_.
   void count(const Decision& action);
-  std::unordered_map<std::string, TimePoint> round_open_;            // first join of the collecting round
-  std::unordered_map<std::string, std::uint64_t> last_restart_;      // last ended round counted
+  std::unordered_map<std::string, TimePoint> round_open_;        // first join of the collecting round
+  std::unordered_map<std::string, std::uint64_t> last_restart_;  // last ended round counted
+  std::unordered_map<std::string, std::uint64_t> last_closed_;   // last closed round counted
 };
 
 }  // namespace ddprun::rendezvous
