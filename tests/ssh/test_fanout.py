@@ -27,6 +27,8 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from netns_hosts import SshCluster, preflight, skip, SkipTest  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "metrics"))
+import prom_text  # noqa: E402
 
 BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
@@ -478,6 +480,31 @@ class Fanout(unittest.TestCase):
 
     def test_l_daemons_end_on_launcher_sigkill(self):
         self.daemons_then(signal.SIGKILL)
+
+    # ---------- (m) --metrics-port / --metrics-host reach every host's agent ----------
+
+    def test_m_metrics_on_every_host(self):
+        hold = self.c.path("release_m")
+        self.launch(["--hosts", HOSTS3], self.worker("--hold", hold, "--max", "120"),
+                    extra=["--metrics-port", "9400", "--metrics-host", "0.0.0.0"])
+        self.wait_workers(6)
+        # Scraped from the launcher's namespace over the bed's network with a real HTTP client;
+        # every line parsed by the strict parser of tests/metrics.
+        fetch = ("import sys, urllib.request\n"
+                 "with urllib.request.urlopen(sys.argv[1], timeout=10) as r:\n"
+                 "    sys.stdout.write(r.read().decode())\n")
+        for host, addr in zip(self.c.hosts, self.c.addrs):
+            p = self.c.run_in_launcher_ns([PYTHON, "-c", fetch, "http://%s:9400/metrics" % addr],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = p.communicate(timeout=30)
+            self.assertEqual(p.returncode, 0, "%s: %s" % (host, err.decode()[-2000:]))
+            families = prom_text.parse(out.decode())
+            self.assertEqual(prom_text.value(families, "ddprun_agent_workers", state="running"), 2, host)
+            self.assertEqual(prom_text.value(families, "ddprun_agent_rounds_total"), 1, host)
+            self.assertEqual(prom_text.value(families, "ddprun_agent_in_rendezvous"), 0, host)
+        open(hold, "w").close()
+        self.assertEqual(self.wait_exit(60), 0, self.stderr()[-3000:])
+        self.assert_clean()
 
 
 
