@@ -198,11 +198,14 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       return false;
     }
     for (int r = 0; r < nproc; ++r) {
-      if (!make_cgroup(rank_dir(job, r))) {
-        why = "cannot create " + rank_dir(job, r);
-        ::rmdir(job.c_str());
-        return false;
+      if (::mkdir(rank_dir(job, r).c_str(), 0755) == 0) continue;
+      if (errno == EEXIST) {
+        c->memory_fresh_ = false;  // left over: its counters are not at zero
+        continue;
       }
+      why = "cannot create " + rank_dir(job, r);
+      ::rmdir(job.c_str());
+      return false;
     }
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup2;
@@ -264,7 +267,9 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       const std::string job = mm->dir + mm->path + "/" + leaf;
       if (make_cgroup(job)) {
         c->memory_dir_ = job;
-        for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
+        for (int r = 0; r < nproc; ++r) {
+          if (::mkdir(rank_dir(job, r).c_str(), 0755) != 0) c->memory_fresh_ = false;  // EEXIST: counters not at 0
+        }
       }
     }
   }
@@ -341,6 +346,12 @@ std::vector<std::string> Containment::join_files(int local_rank) const {
 
 void Containment::begin_attempt() {
   if (memory_dir_.empty()) return;
+  if (memory_fresh_) {
+    // Cgroups this agent just created start at zero OOM kills and zero peak: nothing to reset
+    // (2 file operations per rank off the path to the first exec).
+    memory_fresh_ = false;
+    return;
+  }
   for (int r = 0; r < nproc_; ++r) {
     const std::string d = rank_dir(memory_dir_, r);
     if (memory_v2_) {
@@ -386,6 +397,12 @@ RankMemory Containment::rank_memory(int local_rank) const {
 
 int Containment::sweep() {
   if (mode_ == ContainmentMode::off) return 0;
+  if (mode_ == ContainmentMode::cgroup2) {
+    // One read answers for the whole job: "populated 0" once no process is left in any rank's
+    // cgroup (an exited process leaves the count at its exit, zombie or not).
+    const auto events = read_text(job_dir_ + "/cgroup.events");
+    if (events && events->find("populated 0") != std::string::npos) return 0;
+  }
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
   for (;;) {

@@ -72,6 +72,7 @@ class Containment {
   std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
   std::string memory_dir_;  // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
+  bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
   int nproc_ = 0;
   pid_t watchdog_ = -1;
