@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -209,6 +210,10 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     }
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup2;
+    for (int r = 0; r < nproc; ++r) {
+      // Not inherited by the watchdog's exec-less child nor by workers (O_CLOEXEC, close_range).
+      c->rank_dir_fds_.push_back(::open(rank_dir(job, r).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    }
     c->mechanism_ = "cgroup v2 " + job;
     // Memory accounting per rank when the controller can be delegated here.
     const auto ctrls = read_text(job + "/cgroup.controllers");
@@ -294,12 +299,28 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
-    char buf[64];
-    bool swept = false;  // the agent ended normally and swept the job itself ('d')
+    // Lines from the agent: "m RANK PID" (join_memory), "d" (it ended normally and swept the
+    // job itself); EOF when it is gone, however it ended.
+    char buf[256];
+    std::string pending;
+    bool swept = false;
     for (;;) {
       const ssize_t n = ::read(3, buf, sizeof(buf));
-      if (n > 0 && std::memchr(buf, 'd', static_cast<std::size_t>(n)) != nullptr) swept = true;
       if (n == 0 || (n < 0 && errno != EINTR)) break;
+      if (n < 0) continue;
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        int rank = -1;
+        int worker = 0;
+        if (line == "d") {
+          swept = true;
+        } else if (std::sscanf(line.c_str(), "m %d %d", &rank, &worker) == 2 && rank >= 0 && rank < nproc &&
+                   worker > 0) {
+          c->move_to_memory_cgroup(rank, worker);
+        }
+      }
     }
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
@@ -316,12 +337,16 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 }
 
 Containment::~Containment() {
+  for (int fd : rank_dir_fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  rank_dir_fds_.clear();
   sweep();
   if (watchdog_fd_ >= 0) {
     // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
     // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
     // It is not waited for: it ends on its own and is reaped by init.
-    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d", 1);
+    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d\n", 2);
     ::close(watchdog_fd_);
     return;
   }
@@ -339,9 +364,32 @@ std::string Containment::token_env() const { return std::string(kTokenVar) + "="
 std::vector<std::string> Containment::join_files(int local_rank) const {
   std::vector<std::string> out;
   if (!job_dir_.empty()) out.push_back(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
-  if (!memory_dir_.empty() && memory_dir_ != job_dir_)
-    out.push_back(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
   return out;
+}
+
+void Containment::join_memory(int local_rank, pid_t pid) const {
+  if (memory_dir_.empty() || memory_dir_ == job_dir_) return;
+  if (watchdog_fd_ >= 0) {
+    // A line of a few bytes into an idle pipe: never blocks, the watchdog does the write.
+    const std::string line = "m " + std::to_string(local_rank) + " " + std::to_string(pid) + "\n";
+    if (::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size())) return;
+  }
+  move_to_memory_cgroup(local_rank, pid);
+}
+
+int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
+  const std::string file = rank_dir(memory_dir_, local_rank) + "/cgroup.procs";
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const std::string text = std::to_string(pid);
+  const int err = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) ? 0 : errno;
+  ::close(fd);
+  return err;
+}
+
+int Containment::join_dir_fd(int local_rank) const {
+  const auto i = static_cast<std::size_t>(local_rank);
+  return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
 
 void Containment::begin_attempt() {
