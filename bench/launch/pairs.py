@@ -8,8 +8,11 @@ and the CPU time (user + sys of the launcher and every process it reaped, from w
 CPU time is much less sensitive to other jobs on a shared box than wall time. Prints, per N, the
 medians and the median of the pair-by-pair ratios ddprun / floor.
 
-Usage: pairs.py --ddprun build/bin/ddprun [--floor .../spawn_floor] [--sizes 1,8,64] [--reps 15]
-       [--json out.json] [-- extra ddprun flags]
+With --before OTHER_DDPRUN a second ddprun build (e.g. the previous commit's) joins the rotation,
+so a change is measured against the floor and against its predecessor in the same minutes.
+
+Usage: pairs.py --ddprun build/bin/ddprun [--before old/ddprun] [--floor .../spawn_floor]
+       [--sizes 1,8,64] [--reps 15] [--json out.json] [-- extra ddprun flags]
 """
 import argparse
 import json
@@ -41,6 +44,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--floor")
+    ap.add_argument("--before", help="a second ddprun binary measured in the same rotation")
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json")
@@ -50,33 +54,43 @@ def main():
     floor = a.floor or os.path.join(os.path.dirname(ddprun), "spawn_floor")
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reps": a.reps,
            "load_before": os.getloadavg()[0], "sizes": {}}
-    print("| N | floor wall | ddprun wall | wall ratio | floor CPU | ddprun CPU | CPU ratio |")
-    print("|---|---|---|---|---|---|---|")
+    kinds = ["floor", "ddprun"] + (["before"] if a.before else [])
+    head = "| N | floor wall | ddprun wall | wall ratio | floor CPU | ddprun CPU | CPU ratio |"
+    if a.before:
+        head += " before wall | before CPU | before wall ratio | before CPU ratio |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
     for n in [int(x) for x in a.sizes.split(",")]:
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, TMPDIR=d)
-            cmds = {"floor": [floor, str(n), "/bin/true"],
-                    "ddprun": [ddprun, "--standalone", f"--nproc-per-node={n}", *a.extra,
-                               "--no-python", "/bin/true"]}
-            res = {"floor": [], "ddprun": []}
-            run(cmds["ddprun"], env)  # warm the page cache once
+            def ddprun_cmd(binary):
+                return [binary, "--standalone", f"--nproc-per-node={n}", *a.extra, "--no-python", "/bin/true"]
+            cmds = {"floor": [floor, str(n), "/bin/true"], "ddprun": ddprun_cmd(ddprun)}
+            if a.before:
+                cmds["before"] = ddprun_cmd(os.path.abspath(a.before))
+            res = {k: [] for k in kinds}
+            for k in kinds[1:]:
+                run(cmds[k], env)  # warm the page cache once
             for i in range(a.reps):
-                order = ("floor", "ddprun") if i % 2 == 0 else ("ddprun", "floor")
-                for k in order:
+                for k in (kinds if i % 2 == 0 else kinds[::-1]):
                     res[k].append(run(cmds[k], env))
+        row = {"runs": res}
         fw = [w for w, _ in res["floor"]]
-        dw = [w for w, _ in res["ddprun"]]
         fc = [c for _, c in res["floor"]]
-        dc = [c for _, c in res["ddprun"]]
-        row = {"floor_wall_ms": med(fw), "ddprun_wall_ms": med(dw),
-               "wall_ratio": med([b / x for x, b in zip(fw, dw)]),
-               "floor_cpu_ms": med(fc), "ddprun_cpu_ms": med(dc),
-               "cpu_ratio": med([b / max(x, 1e-3) for x, b in zip(fc, dc)]),
-               "runs": res}
+        row["floor_wall_ms"], row["floor_cpu_ms"] = med(fw), med(fc)
+        for k in kinds[1:]:
+            w = [x for x, _ in res[k]]
+            c = [x for _, x in res[k]]
+            row[f"{k}_wall_ms"], row[f"{k}_cpu_ms"] = med(w), med(c)
+            row[f"{k}_wall_ratio"] = med([b / x for x, b in zip(fw, w)])
+            row[f"{k}_cpu_ratio"] = med([b / max(x, 1e-3) for x, b in zip(fc, c)])
         out["sizes"][n] = row
-        print(f"| {n} | {row['floor_wall_ms']:.2f} | {row['ddprun_wall_ms']:.2f} | "
-              f"{row['wall_ratio']:.2f}x | {row['floor_cpu_ms']:.1f} | {row['ddprun_cpu_ms']:.1f} | "
-              f"{row['cpu_ratio']:.2f}x |", flush=True)
+        line = (f"| {n} | {row['floor_wall_ms']:.2f} | {row['ddprun_wall_ms']:.2f} | {row['ddprun_wall_ratio']:.2f}x | "
+                f"{row['floor_cpu_ms']:.1f} | {row['ddprun_cpu_ms']:.1f} | {row['ddprun_cpu_ratio']:.2f}x |")
+        if a.before:
+            line += (f" {row['before_wall_ms']:.2f} | {row['before_cpu_ms']:.1f} | {row['before_wall_ratio']:.2f}x |"
+                     f" {row['before_cpu_ratio']:.2f}x |")
+        print(line, flush=True)
     out["load_after"] = os.getloadavg()[0]
     print(f"load average {out['load_before']:.1f} before, {out['load_after']:.1f} after", file=sys.stderr)
     if a.json:
