@@ -312,8 +312,9 @@ def markdown(r):
                  "which other load on the box disturbs much less than the wall time:\n")
     others = [k for k in kinds if k not in ("ddprun", "floor")]
     has_cpu = any("ddprun_over_floor_cpu" in r["launch"].get(f"floor/{n}", {}) for n in ns)
-    lines.append("| N | ddprun / floor | " + ("ddprun / floor, CPU time | " if has_cpu else "")
-                 + " | ".join(f"{LABEL[k]} / ddprun" for k in others) + " |")
+    heads = ["N", "ddprun / floor"] + (["ddprun / floor, CPU time"] if has_cpu else [])
+    heads += [f"{LABEL[k]} / ddprun" for k in others]
+    lines.append("| " + " | ".join(heads) + " |")
     lines.append("|---" * (len(others) + 2 + (1 if has_cpu else 0)) + "|")
     for n in ns:
         row = [ratio_cell(r["launch"].get(f"floor/{n}"), "ddprun_over_floor", 2)]
