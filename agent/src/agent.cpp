@@ -99,7 +99,10 @@ class Agent {
     }
     // Before any thread exists: containment forks its watchdog.
     containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
-    run_.set_diagnostics(containment_.get(), config_.stacks ? install_python_hook(job_dir_) : std::string());
+    // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
+    // trainer) gets its stacks from eu-stack and is spared the hook's files.
+    const bool hook = config_.stacks && (config_.python_worker || may_run_python(executable_, config_.worker_argv));
+    run_.set_diagnostics(containment_.get(), hook ? install_python_hook(job_dir_) : std::string());
 
     // Before the backend joins anything: a metrics port that cannot be bound stops the agent
     // before it takes a place in a round.

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -198,14 +199,21 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       return false;
     }
     for (int r = 0; r < nproc; ++r) {
-      if (!make_cgroup(rank_dir(job, r))) {
-        why = "cannot create " + rank_dir(job, r);
-        ::rmdir(job.c_str());
-        return false;
+      if (::mkdir(rank_dir(job, r).c_str(), 0755) == 0) continue;
+      if (errno == EEXIST) {
+        c->memory_fresh_ = false;  // left over: its counters are not at zero
+        continue;
       }
+      why = "cannot create " + rank_dir(job, r);
+      ::rmdir(job.c_str());
+      return false;
     }
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup2;
+    for (int r = 0; r < nproc; ++r) {
+      // Not inherited by the watchdog's exec-less child nor by workers (O_CLOEXEC, close_range).
+      c->rank_dir_fds_.push_back(::open(rank_dir(job, r).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    }
     c->mechanism_ = "cgroup v2 " + job;
     // Memory accounting per rank when the controller can be delegated here.
     const auto ctrls = read_text(job + "/cgroup.controllers");
@@ -264,7 +272,9 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       const std::string job = mm->dir + mm->path + "/" + leaf;
       if (make_cgroup(job)) {
         c->memory_dir_ = job;
-        for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
+        for (int r = 0; r < nproc; ++r) {
+          if (::mkdir(rank_dir(job, r).c_str(), 0755) != 0) c->memory_fresh_ = false;  // EEXIST: counters not at 0
+        }
       }
     }
   }
@@ -289,12 +299,28 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
-    char buf[64];
-    bool swept = false;  // the agent ended normally and swept the job itself ('d')
+    // Lines from the agent: "m RANK PID" (join_memory), "d" (it ended normally and swept the
+    // job itself); EOF when it is gone, however it ended.
+    char buf[256];
+    std::string pending;
+    bool swept = false;
     for (;;) {
       const ssize_t n = ::read(3, buf, sizeof(buf));
-      if (n > 0 && std::memchr(buf, 'd', static_cast<std::size_t>(n)) != nullptr) swept = true;
       if (n == 0 || (n < 0 && errno != EINTR)) break;
+      if (n < 0) continue;
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        int rank = -1;
+        int worker = 0;
+        if (line == "d") {
+          swept = true;
+        } else if (std::sscanf(line.c_str(), "m %d %d", &rank, &worker) == 2 && rank >= 0 && rank < nproc &&
+                   worker > 0) {
+          c->move_to_memory_cgroup(rank, worker);
+        }
+      }
     }
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
@@ -311,12 +337,16 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 }
 
 Containment::~Containment() {
+  for (int fd : rank_dir_fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  rank_dir_fds_.clear();
   sweep();
   if (watchdog_fd_ >= 0) {
     // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
     // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
     // It is not waited for: it ends on its own and is reaped by init.
-    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d", 1);
+    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d\n", 2);
     ::close(watchdog_fd_);
     return;
   }
@@ -334,13 +364,42 @@ std::string Containment::token_env() const { return std::string(kTokenVar) + "="
 std::vector<std::string> Containment::join_files(int local_rank) const {
   std::vector<std::string> out;
   if (!job_dir_.empty()) out.push_back(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
-  if (!memory_dir_.empty() && memory_dir_ != job_dir_)
-    out.push_back(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
   return out;
+}
+
+void Containment::join_memory(int local_rank, pid_t pid) const {
+  if (memory_dir_.empty() || memory_dir_ == job_dir_) return;
+  if (watchdog_fd_ >= 0) {
+    // A line of a few bytes into an idle pipe: never blocks, the watchdog does the write.
+    const std::string line = "m " + std::to_string(local_rank) + " " + std::to_string(pid) + "\n";
+    if (::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size())) return;
+  }
+  move_to_memory_cgroup(local_rank, pid);
+}
+
+int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
+  const std::string file = rank_dir(memory_dir_, local_rank) + "/cgroup.procs";
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const std::string text = std::to_string(pid);
+  const int err = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) ? 0 : errno;
+  ::close(fd);
+  return err;
+}
+
+int Containment::join_dir_fd(int local_rank) const {
+  const auto i = static_cast<std::size_t>(local_rank);
+  return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
 
 void Containment::begin_attempt() {
   if (memory_dir_.empty()) return;
+  if (memory_fresh_) {
+    // Cgroups this agent just created start at zero OOM kills and zero peak: nothing to reset
+    // (2 file operations per rank off the path to the first exec).
+    memory_fresh_ = false;
+    return;
+  }
   for (int r = 0; r < nproc_; ++r) {
     const std::string d = rank_dir(memory_dir_, r);
     if (memory_v2_) {
@@ -386,6 +445,12 @@ RankMemory Containment::rank_memory(int local_rank) const {
 
 int Containment::sweep() {
   if (mode_ == ContainmentMode::off) return 0;
+  if (mode_ == ContainmentMode::cgroup2) {
+    // One read answers for the whole job: "populated 0" once no process is left in any rank's
+    // cgroup (an exited process leaves the count at its exit, zombie or not).
+    const auto events = read_text(job_dir_ + "/cgroup.events");
+    if (events && events->find("populated 0") != std::string::npos) return 0;
+  }
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
   for (;;) {

@@ -125,6 +125,19 @@ std::string source_line(const std::string& file, int line) {
 
 int stacks_signal() { return SIGRTMAX - 3; }
 
+bool may_run_python(const std::string& executable, const std::vector<std::string>& argv) {
+  if (base_name(executable).find("python") != std::string::npos) return true;
+  for (const auto& a : argv) {
+    if (a.find("python") != std::string::npos) return true;
+  }
+  char magic[4] = {};
+  const int fd = ::open(executable.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;  // cannot tell: install it
+  const auto n = ::read(fd, magic, sizeof(magic));
+  ::close(fd);
+  return !(n == 4 && magic[0] == '\x7f' && magic[1] == 'E' && magic[2] == 'L' && magic[3] == 'F');
+}
+
 std::string install_python_hook(const std::string& job_dir) {
   const std::string dir = job_dir + "/.ddprun-python";
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {

@@ -2,6 +2,7 @@
 #include "ddprun/agent/process.hpp"
 
 #include <fcntl.h>
+#include <linux/sched.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -12,6 +13,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 
 #include "ddprun/common/error.hpp"
@@ -35,6 +37,7 @@ struct ChildArgs {
   const unsigned long* cpu_mask = nullptr;  // NOLINT: the kernel's cpumask unit; nullptr = no binding
   std::size_t cpu_mask_bytes = 0;
   const char* const* cgroup_procs = nullptr;  // nullptr-terminated
+  bool in_first_cgroup = false;               // started in cgroup_procs[0]'s cgroup (CLONE_INTO_CGROUP)
   // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
   // suspension ends (exec or _exit).
   volatile int error = 0;
@@ -95,7 +98,9 @@ int child_main(void* raw) {
     ::_exit(127);  // the agent died before the death signal was armed
   }
   // Join the job's cgroups before anything else can be started from here.
-  for (const char* const* p = args->cgroup_procs; p != nullptr && *p != nullptr; ++p) {
+  const char* const* first = args->cgroup_procs;
+  if (first != nullptr && *first != nullptr && args->in_first_cgroup) ++first;
+  for (const char* const* p = first; p != nullptr && *p != nullptr; ++p) {
     const int fd = ::open(*p, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || ::write(fd, "0", 1) != 1) args->cgroup_error = errno;
     if (fd >= 0) ::close(fd);
@@ -137,6 +142,39 @@ std::vector<char*> c_array(const std::vector<std::string>& items) {
 // The child's stack. CLONE_VFORK suspends the parent until exec/_exit, so one stack serves
 // every spawn of the (single) agent thread.
 alignas(64) char g_child_stack[64 * 1024];
+
+#if defined(__x86_64__) && defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
+// clone3 has no glibc wrapper: the child of a CLONE_VM clone starts on its own stack, so it must
+// not return into this function's frame. The child calls fn(arg) and exits with its result
+// (child_main never returns: it execs or _exits). Returns the child's pid or -errno.
+long clone3_call(clone_args* cl, int (*fn)(void*), void* arg) {
+  long ret = SYS_clone3;
+  register long r12 asm("r12") = reinterpret_cast<long>(fn);   // NOLINT: kept across the syscall
+  register long r13 asm("r13") = reinterpret_cast<long>(arg);  // NOLINT
+  asm volatile(
+      "syscall\n\t"
+      "testq %%rax, %%rax\n\t"
+      "jnz 1f\n\t"
+      "xorl %%ebp, %%ebp\n\t"
+      "movq %%r13, %%rdi\n\t"
+      "callq *%%r12\n\t"
+      "movl %%eax, %%edi\n\t"
+      "movl $60, %%eax\n\t"  // SYS_exit
+      "syscall\n\t"
+      "hlt\n\t"
+      "1:\n\t"
+      : "+a"(ret)
+      : "D"(cl), "S"(sizeof(*cl)), "r"(r12), "r"(r13)
+      : "rcx", "r11", "memory", "cc");
+  return ret;
+}
+constexpr bool kHaveClone3 = true;
+#else
+constexpr bool kHaveClone3 = false;
+#endif
+
+// Set once the kernel refused CLONE_INTO_CGROUP: later spawns go straight to clone.
+bool g_clone3_refused = false;
 
 }  // namespace
 
@@ -181,9 +219,38 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
   int pidfd = -1;
-  const pid_t pid = ::clone(child_main, g_child_stack + sizeof(g_child_stack),
-                            CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &args, &pidfd);
-  const int clone_errno = errno;
+  pid_t pid = -1;
+  int clone_errno = 0;
+  bool cloned = false;
+#if defined(__x86_64__) && defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
+  if (kHaveClone3 && request.cgroup_dir_fd >= 0 && !request.cgroup_procs.empty() && !g_clone3_refused) {
+    clone_args cl{};
+    cl.flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_INTO_CGROUP;
+    cl.pidfd = reinterpret_cast<__u64>(&pidfd);  // NOLINT: the kernel's u64 pointer
+    cl.exit_signal = SIGCHLD;
+    cl.stack = reinterpret_cast<__u64>(g_child_stack);  // NOLINT
+    cl.stack_size = sizeof(g_child_stack);
+    cl.cgroup = static_cast<__u64>(request.cgroup_dir_fd);
+    args.in_first_cgroup = true;
+    const long r = clone3_call(&cl, child_main, &args);
+    if (r >= 0) {
+      pid = static_cast<pid_t>(r);
+      cloned = true;
+    } else if (r == -ENOSYS || r == -EINVAL || r == -E2BIG || r == -EOPNOTSUPP || r == -EPERM) {
+      // An older kernel, a seccomp filter or a cgroup it will not start us in: join by writing.
+      g_clone3_refused = true;
+      args.in_first_cgroup = false;
+    } else {
+      clone_errno = static_cast<int>(-r);
+      cloned = true;  // a real failure (EAGAIN, ENOMEM): reported below, as clone's would be
+    }
+  }
+#endif
+  if (!cloned) {
+    pid = ::clone(child_main, g_child_stack + sizeof(g_child_stack), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD,
+                  &args, &pidfd);
+    clone_errno = errno;
+  }
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 
   SpawnResult result;

@@ -81,6 +81,11 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
     if (a.kind != GroupAction::Kind::start_attempt) continue;
     for (auto& w : workers_) spawn(*w, executable, parent_env);
   }
+  if (containment_ != nullptr) {
+    for (auto& w : workers_) {
+      if (w->child.pid() > 0 && !w->child.exited()) containment_->join_memory(w->spec.local_rank, w->child.pid());
+    }
+  }
   if (config_.hang_timeout.count() > 0) {
     last_progress_ = sample_progress(job_pids());
     last_change_ = std::chrono::steady_clock::now();
@@ -101,6 +106,7 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   req.cpus = w.spec.cpus;  // --numa-binding
   if (containment_ != nullptr) {
     req.cgroup_procs = containment_->join_files(local_rank);
+    req.cgroup_dir_fd = containment_->join_dir_fd(local_rank);
     req.envp.push_back(containment_->token_env());
   }
   if (config_.stacks && !python_hook_dir_.empty()) {

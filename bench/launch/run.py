@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
@@ -102,20 +103,28 @@ def run_once(cmd, env_extra, timeout=120):
 
 
 def whole_command_ms(kind, n):
-    """One timed run of N x /bin/true; None when mpirun hung (killed after MPI_HANG_S)."""
+    """One timed run of N x /bin/true: (wall ms, CPU ms) where CPU is user + sys of the launcher
+    and every process it reaped (wait4's rusage), much less sensitive to other load on the box
+    than the wall time; None when mpirun hung (killed after MPI_HANG_S)."""
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, TMPDIR=d, **(MPI_ENV if kind == "mpirun" else {}))
         t0 = time.time()
+        p = subprocess.Popen(launcher_cmd(kind, n, worker="/bin/true"), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        limit = MPI_HANG_S if kind == "mpirun" else 120
+        timer = threading.Timer(limit, p.kill)
+        timer.start()
         try:
-            subprocess.run(launcher_cmd(kind, n, worker="/bin/true"), check=True,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=env,
-                           timeout=MPI_HANG_S if kind == "mpirun" else 120)
-        except subprocess.TimeoutExpired:
-            if kind != "mpirun":
-                raise
+            _, status, ru = os.wait4(p.pid, 0)
+        finally:
+            timer.cancel()
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        wall = (time.time() - t0) * 1e3
+        if kind == "mpirun" and p.returncode == -9 and wall >= limit * 1e3:
             return None
-        return (time.time() - t0) * 1e3
+        if p.returncode != 0:
+            raise RuntimeError(f"{launcher_cmd(kind, n, worker='/bin/true')} exited {p.returncode}")
+        return wall, (ru.ru_utime + ru.ru_stime) * 1e3
 
 
 def bench_sweep(kinds, nprocs, reps_for):
@@ -124,6 +133,7 @@ def bench_sweep(kinds, nprocs, reps_for):
     res = {}
     for n in nprocs:
         xs = {k: [] for k in kinds}
+        cpu = {k: [] for k in kinds}
         hung = {k: 0 for k in kinds}
         reps = {k: reps_for(k, n) for k in kinds}
         for i in range(max(reps.values())):
@@ -132,19 +142,25 @@ def bench_sweep(kinds, nprocs, reps_for):
                     v = whole_command_ms(kind, n)
                     if v is None:
                         hung[kind] += 1
-                    xs[kind].append(v)
+                    xs[kind].append(None if v is None else v[0])
+                    cpu[kind].append(None if v is None else v[1])
         for kind in kinds:
             if reps[kind] == 0:
                 continue
             ok = [v for v in xs[kind] if v is not None]
-            entry = {"runs_ms": xs[kind], "hung": hung[kind]}
+            entry = {"runs_ms": xs[kind], "cpu_runs_ms": cpu[kind], "hung": hung[kind]}
             if ok:
                 entry["total_ms"] = summary(ok)
+                entry["cpu_ms"] = summary([c for c in cpu[kind] if c is not None])
             if kind != "ddprun":
                 pairs = [(a, b) for a, b in zip(xs[kind], xs["ddprun"]) if a is not None]
                 if pairs:
                     key = "ddprun_over_floor" if kind == "floor" else "over_ddprun"
                     entry[key] = summary([b / a if kind == "floor" else a / b for a, b in pairs])
+                if kind == "floor":
+                    cpairs = [(a, b) for a, b in zip(cpu[kind], cpu["ddprun"]) if a and b]
+                    if cpairs:
+                        entry["ddprun_over_floor_cpu"] = summary([b / a for a, b in cpairs])
             res[f"{kind}/{n}"] = entry
             med = entry.get("total_ms", {}).get("median", float("nan"))
             print(f"launch {kind:15s} N={n:3d}: total {med:8.1f} ms"
@@ -254,13 +270,13 @@ def cell(entry, key="total_ms", digits=1):
     return text
 
 
-def ratio_cell(entry, key):
+def ratio_cell(entry, key, digits=1):
     if entry is None or key not in entry:
         return "–"
     s = entry[key]
     if s["n"] == 1:
-        return f"{s['median']:.1f}×"
-    return f"{s['median']:.1f}× ({s['min']:.1f}–{s['max']:.1f})"
+        return f"{s['median']:.{digits}f}×"
+    return f"{s['median']:.{digits}f}× ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
 def markdown(r):
@@ -291,12 +307,19 @@ def markdown(r):
         lines.append(f"| {n} | " + " | ".join(cell(r["launch"].get(f"{k}/{n}")) for k in kinds) + " |")
     lines.append("")
     lines.append("**Ratios**, computed pair by pair (rep i of a launcher against rep i of ddprun, "
-                 "run moments apart), median (min–max):\n")
+                 "run moments apart), median (min–max); the goal is ddprun / floor ≤ 1.25× "
+                 "(issue 18); CPU time = user + sys of the launcher and all it reaped (wait4), "
+                 "which other load on the box disturbs much less than the wall time:\n")
     others = [k for k in kinds if k not in ("ddprun", "floor")]
-    lines.append("| N | ddprun / floor | " + " | ".join(f"{LABEL[k]} / ddprun" for k in others) + " |")
-    lines.append("|---" * (len(others) + 2) + "|")
+    has_cpu = any("ddprun_over_floor_cpu" in r["launch"].get(f"floor/{n}", {}) for n in ns)
+    heads = ["N", "ddprun / floor"] + (["ddprun / floor, CPU time"] if has_cpu else [])
+    heads += [f"{LABEL[k]} / ddprun" for k in others]
+    lines.append("| " + " | ".join(heads) + " |")
+    lines.append("|---" * (len(others) + 2 + (1 if has_cpu else 0)) + "|")
     for n in ns:
-        row = [ratio_cell(r["launch"].get(f"floor/{n}"), "ddprun_over_floor")]
+        row = [ratio_cell(r["launch"].get(f"floor/{n}"), "ddprun_over_floor", 2)]
+        if has_cpu:
+            row.append(ratio_cell(r["launch"].get(f"floor/{n}"), "ddprun_over_floor_cpu", 2))
         row += [ratio_cell(r["launch"].get(f"{k}/{n}"), "over_ddprun") for k in others]
         lines.append(f"| {n} | " + " | ".join(row) + " |")
     fit = r.get("per_worker_fit")

@@ -65,3 +65,22 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Finder())
+
+
+def _chain():
+    """Run the sitecustomize this file shadows (python3-torch2 puts this directory first on
+    PYTHONPATH, ahead of e.g. ddprun's stack hook, docs/errors.md): without this, a ddprun worker
+    run through python3-torch2 would never register its faulthandler hook."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # This directory holds nothing else: off the path, so the import below finds the next one.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    me = sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401  (the next one on the path)
+    except ImportError:
+        sys.modules["sitecustomize"] = me
+
+
+_chain()

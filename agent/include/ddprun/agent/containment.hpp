@@ -54,8 +54,20 @@ class Containment {
   const std::string& mechanism() const { return mechanism_; }
   // KEY=VALUE to add to every worker's environment (the job token).
   std::string token_env() const;
-  // cgroup.procs files a worker of `local_rank` writes "0" to before exec.
+  // cgroup.procs files a worker of `local_rank` writes "0" to before exec (the containment
+  // cgroup; the memory cgroup is joined by join_memory).
   std::vector<std::string> join_files(int local_rank) const;
+  // Moves `pid` (a worker just started) into its rank's memory cgroup when that is a separate
+  // hierarchy (cgroup v1 memory), asynchronously: the watchdog process does the write. A
+  // migration waits for the kernel's cgroup rwsem (an RCU grace period, milliseconds on a loaded
+  // box); done by the child before exec it held back the first exec, done by the agent it held
+  // back the agent's event loop. The price: a process the worker starts in its first moments
+  // stays accounted to the agent's memory cgroup (containment does not depend on it). Failures
+  // are silent: the rank's memory figures are then missing from a diagnosis.
+  void join_memory(int local_rank, pid_t pid) const;
+  // With cgroup v2: an fd of the rank's cgroup directory to start the worker in
+  // (SpawnRequest::cgroup_dir_fd; join_files(local_rank).front() is its cgroup.procs). Else -1.
+  int join_dir_fd(int local_rank) const;
   // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
   void begin_attempt();
   // Every live process of the rank (its cgroup), or empty when the mechanism cannot tell.
@@ -66,13 +78,16 @@ class Containment {
 
  private:
   Containment() = default;
+  int move_to_memory_cgroup(int local_rank, pid_t pid) const;  // 0 or errno
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
   std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
   std::string memory_dir_;  // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
+  bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
+  std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups (join_dir_fd)
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;

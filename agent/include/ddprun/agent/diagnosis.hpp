@@ -25,6 +25,12 @@ int stacks_signal();
 // workers' PYTHONPATH.
 std::string install_python_hook(const std::string& job_dir);
 
+// Whether a worker started as `executable` with `argv` may be (or start) a Python interpreter,
+// so the hook is worth installing: true unless the executable is an ELF binary whose name and
+// arguments never mention python (e.g. /bin/true, a compiled trainer). Scripts count as Python
+// (their interpreter may be), and so does `env python3 ...` or `bash -c "python ..."`.
+bool may_run_python(const std::string& executable, const std::vector<std::string>& argv);
+
 struct RankStacks {
   int rank = 0;
   int local_rank = 0;

@@ -43,6 +43,12 @@ struct SpawnRequest {
   // cgroup.procs files the child joins (writes "0") before exec, so everything it starts stays
   // in them (containment.hpp). A failure is recorded in SpawnResult::cgroup_error.
   std::vector<std::string> cgroup_procs;
+  // A cgroup v2 directory (an fd of it, owned by the caller) to start the child in, atomically
+  // with clone3(CLONE_INTO_CGROUP): no migration, so no wait for the kernel's cgroup rwsem (an
+  // RCU grace period, milliseconds on a loaded box) before the first exec. When the kernel
+  // refuses it (before 5.7, or not x86-64), cgroup_procs.front() is the same cgroup's
+  // cgroup.procs and the child joins it by writing instead. -1 = none.
+  int cgroup_dir_fd = -1;
 };
 
 struct SpawnResult {
