@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/common/error.hpp"
@@ -46,6 +47,8 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
   void start(const std::string& advertised) override {
     if (job_mode(config_) == JobMode::static_multi_node) {
       if (may_host(config_, endpoint_, advertised)) host_embedded();
+    } else if (endpoint_.port == 0) {
+      host_on_free_port(advertised);
     } else if (may_host(config_, endpoint_, advertised) && !tcp_connects(endpoint_, kProbeTimeout)) {
       host_embedded();
     }
@@ -100,6 +103,25 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
     spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint_.to_string());
   }
 
+  // torchrun's recipe for several single-node jobs on one machine, --rdzv-endpoint HOST:0: this
+  // agent hosts the rendezvous on a free port of HOST and joins it there (no other node could
+  // learn the port; the launcher allows port 0 only with one node).
+  void host_on_free_port(const std::string& advertised) {
+    if (!may_host(config_, endpoint_, advertised)) {
+      throw UsageError("--rdzv-endpoint " + endpoint_.to_string() + ": port 0 means 'host on a free port here', but " +
+                           endpoint_.host + " is not an address of this machine",
+                       "use an address of this machine (e.g. localhost:0) or a fixed port");
+    }
+    rendezvous::RendezvousServerOptions opts;
+    opts.host = bind_host(endpoint_.host);
+    opts.port = 0;
+    opts.token = config_.rdzv.token;
+    host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
+    host_server_->start();
+    endpoint_.port = host_server_->port();
+    spdlog::info("--rdzv-endpoint with port 0: this agent hosts the rendezvous at {}", endpoint_.to_string());
+  }
+
   void stop_host() {
     if (host_stopped_) return;
     host_stopped_ = true;
@@ -109,7 +131,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
 
   asio::io_context& io_;
   const AgentConfig& config_;
-  const Endpoint endpoint_;
+  Endpoint endpoint_;  // port 0 until host_on_free_port() learns the one it bound
   std::unique_ptr<rendezvous::RendezvousServer> host_server_;
   asio::steady_timer linger_timer_;
   std::function<void()> on_host_stopped_;
@@ -192,6 +214,7 @@ class ClientBackend final : public RendezvousBackend {
     p.node.store_host = addr_;
     p.node.store_port = store_->port();
     p.node.nccl_ids = offer_;
+    p.node.order = config_.node_order;
     p.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
     p.give_up_after =
@@ -211,7 +234,7 @@ class ClientBackend final : public RendezvousBackend {
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
       if (stopped_) return;
       if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-        write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
+        write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_)));
       } else {
         // A fan-out launch shows every host's output in one terminal: one summary is enough, the
         // failing worker's node prints it.

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/agent/worker_spec.hpp"
@@ -71,7 +72,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     }
     FailureReport report = failure_;
     load_error_file(report);
-    write_all(STDERR_FILENO, format_failure_summary(config_.worker_argv.front(), hostname(), report, {}));
+    write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 

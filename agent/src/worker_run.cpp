@@ -1,6 +1,8 @@
 // WorkerRun; see worker_run.hpp.
 #include "ddprun/agent/worker_run.hpp"
 
+#include "ddprun/agent/duplicate_filter.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -125,6 +127,14 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   const char* names[2] = {"stdout.log", "stderr.log"};
   for (int s = 0; s < 2; ++s) {
     ChildStream& st = streams[s];
+    if (const auto& filters = s == 0 ? config_.duplicate_stdout_filters : config_.duplicate_stderr_filters;
+        !filters.empty()) {  // duplicate_filter.hpp
+      st = duplicating_stream(route[s], rank_dir + "/" + names[s],
+                              attempt_dir_ + (s == 0 ? "/filtered_stdout.log" : "/filtered_stderr.log"),
+                              s == 0 ? STDOUT_FILENO : STDERR_FILENO, w.spec.prefix, filters);
+      wrote_files_ = true;
+      continue;
+    }
     if (route[s] == Route::inherit) continue;
     if (route[s] == Route::file) {
       st.kind = ChildStream::Kind::fd;

@@ -46,6 +46,9 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"containment", [](std::string_view t, std::string_view w) { parse_containment_value(t, w); }},
       {"hang-timeout", [](std::string_view t, std::string_view w) { parse_seconds_value(t, w); }},
       {"stacks", [](std::string_view t, std::string_view w) { parse_on_off(t, w); }},
+      {"event-log-handler", [](std::string_view t, std::string_view w) { parse_event_log_handler(t, w); }},
+      {"duplicate-stdout-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
+      {"duplicate-stderr-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
   };
   const auto it = checks.find(dash);
   if (it == checks.end()) throw std::logic_error("no value check for the forwarded flag --" + std::string(dash));
@@ -116,6 +119,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     } else if (global_gpus) {
       h.gpus = std::string(trim(global_gpus->text));
     }
+    h.index = plan.hosts.size();
     plan.hosts.push_back(std::move(h));
   }
 
@@ -165,7 +169,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
   std::map<std::string, std::string> conf;
   if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
-  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
+  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
   conf.erase("token");
   conf["is_host"] = "false";  // the launcher hosts it

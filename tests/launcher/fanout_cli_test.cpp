@@ -195,6 +195,14 @@ TEST_CASE("remote_command: the agent's flags, the host label in the prefix, ever
   CHECK_THAT(cmd, Contains("'--log-line-prefix-template=[h0:${rank}]:'"));  // quoted: no shell expansion
   CHECK_THAT(cmd, Contains("--ranks-filter=0,3-5"));
   CHECK_THAT(cmd, Contains(" -- train.py 'a b' 'it'\\''s'"));
+  // Group ranks follow the host list: each agent is told its position.
+  const auto three = sb.parse({"--hosts", "h2,h0,h1", "train.py"});
+  REQUIRE(three.fanout);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK_THAT(remote_command(*three.fanout, three.fanout->hosts[i], "10.0.0.1:5", "j"),
+               Contains("--node-order=" + std::to_string(i)) && Contains("--node-label=" + three.fanout->hosts[i].host));
+  }
+  CHECK(three.fanout->hosts[0].host == "h2");
 }
 
 TEST_CASE("--ranks-filter takes ranks and ranges") {
