@@ -29,6 +29,7 @@ PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 def run(args, timeout=90, env=None, cwd=None):
     e = dict(os.environ)
     e["PYTHON_EXEC"] = PYTHON
+    e["PET_MASTER_PORT"] = "0"  # the worker store on a free port: other jobs may hold 29500
     e.update(env or {})
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
 
