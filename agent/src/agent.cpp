@@ -157,7 +157,7 @@ class Agent {
     };
     h.on_done = [this](bool ok, int code) {
       if (finished_) return;
-      if (!ok && machine_.state() == ElasticState::running) backend_->await_verdict(code);
+      if (!ok && machine_.state() == ElasticState::running) backend_->await_verdict(code, run_.other_failures());
       apply(machine_.on_group_done(ok));
     };
     return h;

@@ -174,12 +174,17 @@ class ClientBackend final : public RendezvousBackend {
       return;
     }
     store_->reset();  // a fresh key space for the next round's workers
+    local_first_.reset();
+    local_others_.clear();
     transport_->join();
   }
 
   void report_failure(std::uint64_t round, const FailureReport& f) override {
     // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
     if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
+    local_first_ = f;
+    load_error_file(*local_first_);
+    local_first_->diagnosis.clear();  // printed above
     transport_->report_failure(
         make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
   }
@@ -190,7 +195,8 @@ class ClientBackend final : public RendezvousBackend {
     transport_->report_success(round);
   }
 
-  void await_verdict(int exit_code) override {
+  void await_verdict(int exit_code, std::vector<FailureReport> others) override {
+    local_others_ = std::move(others);
     spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
   }
 
@@ -206,6 +212,18 @@ class ClientBackend final : public RendezvousBackend {
   }
 
  private:
+  // The failed ranks of this node that the job summary lists besides the root cause: this
+  // node's first failure unless it is the root cause itself, then the ranks that failed after it.
+  std::vector<FailureReport> local_failures(const rendezvous::SendJobFailed& f) const {
+    std::vector<FailureReport> out;
+    const bool root_here = f.root_cause && f.root_cause->failure.node == node_id_ && local_first_ &&
+                           f.root_cause->failure.global_rank == local_first_->rank;
+    if (local_first_ && !root_here) out.push_back(*local_first_);
+    out.insert(out.end(), local_others_.begin(), local_others_.end());
+    for (auto& r : out) r.host = addr_;
+    return out;
+  }
+
   void create_client() {
     ClientParams p;
     p.node.id = node_id_;
@@ -234,7 +252,7 @@ class ClientBackend final : public RendezvousBackend {
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
       if (stopped_) return;
       if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-        write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_)));
+        write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f)));
       } else {
         // A fan-out launch shows every host's output in one terminal: one summary is enough, the
         // failing worker's node prints it.
@@ -298,6 +316,10 @@ class ClientBackend final : public RendezvousBackend {
   rendezvous::NodeId node_id_;
   std::vector<std::uint8_t> offer_;
   std::unique_ptr<rendezvous::StoreServer> store_;
+  // This round's local failures, for the job summary: the first one (reported to the
+  // rendezvous) and the ranks that failed on their own after it (await_verdict).
+  std::optional<FailureReport> local_first_;
+  std::vector<FailureReport> local_others_;
   bool stopped_ = false;
 };
 

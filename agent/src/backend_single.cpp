@@ -64,7 +64,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this] { events_.on_job_completed(); });
   }
 
-  void await_verdict(int exit_code) override {
+  void await_verdict(int exit_code, std::vector<FailureReport> others) override {
     if (restarts_ < config_.max_restarts) {
       ++restarts_;
       post([this] { events_.on_restart(); });
@@ -72,7 +72,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     }
     FailureReport report = failure_;
     load_error_file(report);
-    write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
+    write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 

@@ -15,7 +15,8 @@ namespace {
 
 struct OwnedFd {
   int fd = -1;
-  explicit OwnedFd(const std::string& path) : fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+  explicit OwnedFd(const std::string& path)
+      : fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
     if (fd < 0) throw Error("cannot open log file " + path + ": " + std::strerror(errno));
   }
   ~OwnedFd() {

@@ -49,7 +49,8 @@ std::string EventLog::format(const std::string& name, const char* source, std::i
 void EventLog::emit(const std::string& name, const char* source, const EventFields& metadata) {
   if (out_ == nullptr) return;
   const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   const std::string line = format(name, source, ms, metadata) + "\n";
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);

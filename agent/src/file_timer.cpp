@@ -104,9 +104,7 @@ void FileTimerTable::clear_pid(pid_t pid) {
 
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -127,8 +125,9 @@ FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::string path, 
     : path_(std::move(path)), killer_(std::move(killer)), reader_(io), timer_(io) {
   ::unlink(path_.c_str());
   if (::mkfifo(path_.c_str(), 0600) != 0) {
-    throw Error("cannot create the file-timer FIFO " + path_ + ": " + std::strerror(errno),
-                "set TORCHELASTIC_TIMER_FILE to a path in a writable directory, or unset TORCHELASTIC_ENABLE_FILE_TIMER");
+    throw Error(
+        "cannot create the file-timer FIFO " + path_ + ": " + std::strerror(errno),
+        "set TORCHELASTIC_TIMER_FILE to a path in a writable directory, or unset TORCHELASTIC_ENABLE_FILE_TIMER");
   }
   const int rfd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   keeper_fd_ = rfd < 0 ? -1 : ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
@@ -157,7 +156,8 @@ void FileTimerServer::start() {
 void FileTimerServer::read() {
   reader_.async_read_some(boost::asio::buffer(buf_), [this](const boost::system::error_code& ec, std::size_t n) {
     if (ec) {
-      if (ec != boost::asio::error::operation_aborted) spdlog::warn("file timer: reading {} failed: {}", path_, ec.message());
+      if (ec != boost::asio::error::operation_aborted)
+        spdlog::warn("file timer: reading {} failed: {}", path_, ec.message());
       return;
     }
     partial_.append(buf_.data(), n);

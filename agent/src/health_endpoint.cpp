@@ -79,8 +79,8 @@ HealthEndpoint::HealthEndpoint(asio::io_context& io, std::uint16_t port, std::ch
   }
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    throw NetworkError("cannot serve the health endpoint on port " + std::to_string(port) + " (TORCHELASTIC_HEALTH_CHECK_PORT): " +
-                           ec.message(),
+    throw NetworkError("cannot serve the health endpoint on port " + std::to_string(port) +
+                           " (TORCHELASTIC_HEALTH_CHECK_PORT): " + ec.message(),
                        "pick a free port, or unset TORCHELASTIC_HEALTH_CHECK_PORT");
   }
   port_ = acceptor_.local_endpoint().port();

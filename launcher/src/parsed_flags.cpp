@@ -196,8 +196,9 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     }
     if (!exact && !prefixed.empty()) {
       if (const PeerFlag* peer = peer_flag(name)) {
-        throw UsageError("--" + name + " is " + std::string(peer->tool) + " option, not an abbreviation of " + candidates,
-                         std::string(peer->hint));
+        throw UsageError(
+            "--" + name + " is " + std::string(peer->tool) + " option, not an abbreviation of " + candidates,
+            std::string(peer->hint));
       }
     }
     if (!exact && prefixed.size() == 1) {

@@ -170,8 +170,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
         const Endpoint e = parse_endpoint(g->text, 29400, g->what);
         cfg.rdzv_endpoint = e.to_string();
         if (e.port == 0 && cfg.rdzv_backend == "c10d" && cfg.max_nodes > 1) {
-          throw UsageError(g->what + "=" + g->text + ": port 0 hosts the rendezvous on a free port of this machine, "
-                                                      "which the other nodes cannot know",
+          throw UsageError(g->what + "=" + g->text +
+                               ": port 0 hosts the rendezvous on a free port of this machine, "
+                               "which the other nodes cannot know",
                            "port 0 is for one node (several jobs on one machine); give a fixed port for " +
                                std::to_string(cfg.max_nodes) + " nodes");
         }
@@ -359,8 +360,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   }
   if (auto g = p.given("logs-specs")) {
     if (trim(g->text) != "default") {
-      throw UsageError(g->what + "=" + g->text + ": ddprun cannot load torchrun.logs_specs Python plugins",
-                       "drop the option or write 'default' (ddprun's log layout, the same as torchrun's DefaultLogsSpecs)");
+      throw UsageError(
+          g->what + "=" + g->text + ": ddprun cannot load torchrun.logs_specs Python plugins",
+          "drop the option or write 'default' (ddprun's log layout, the same as torchrun's DefaultLogsSpecs)");
     }
   }
   if (auto g = p.given("event-log-handler")) cfg.event_log = parse_event_log_handler(g->text, g->what);

@@ -25,9 +25,7 @@ using namespace ddprun::agent;
 using Catch::Matchers::Contains;
 
 namespace {
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 TEST_CASE("file timer: FileTimerClient's JSON line") {
@@ -94,10 +92,14 @@ TEST_CASE("file timer: a real FIFO, a writer, and the kill at the deadline") {
     // A client opens the FIFO non-blocking (FileTimerClient does): the server's reader is there.
     const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     REQUIRE(fd >= 0);
-    const std::string lines =
-        R"({"version": 1, "pid": 31337, "scope_id": "later", "expiration_time": )" + std::to_string(unix_now() + 300) +
-        R"(, "signal": 9})" "\n" R"({"version": 1, "pid": 31338, "scope_id": "now", "expiration_time": )" +
-        std::to_string(unix_now() + 0.2) + R"(, "signal": 15})" "\n";
+    const std::string lines = R"({"version": 1, "pid": 31337, "scope_id": "later", "expiration_time": )" +
+                              std::to_string(unix_now() + 300) +
+                              R"(, "signal": 9})"
+                              "\n"
+                              R"({"version": 1, "pid": 31338, "scope_id": "now", "expiration_time": )" +
+                              std::to_string(unix_now() + 0.2) +
+                              R"(, "signal": 15})"
+                              "\n";
     REQUIRE(::write(fd, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
     ::close(fd);
     io.run_for(std::chrono::seconds(20));

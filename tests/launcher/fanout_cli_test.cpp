@@ -199,8 +199,9 @@ TEST_CASE("remote_command: the agent's flags, the host label in the prefix, ever
   const auto three = sb.parse({"--hosts", "h2,h0,h1", "train.py"});
   REQUIRE(three.fanout);
   for (std::size_t i = 0; i < 3; ++i) {
-    CHECK_THAT(remote_command(*three.fanout, three.fanout->hosts[i], "10.0.0.1:5", "j"),
-               Contains("--node-order=" + std::to_string(i)) && Contains("--node-label=" + three.fanout->hosts[i].host));
+    CHECK_THAT(
+        remote_command(*three.fanout, three.fanout->hosts[i], "10.0.0.1:5", "j"),
+        Contains("--node-order=" + std::to_string(i)) && Contains("--node-label=" + three.fanout->hosts[i].host));
   }
   CHECK(three.fanout->hosts[0].host == "h2");
 }

@@ -102,7 +102,8 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
   CHECK(names_where([](const ddprun::FlagSpec& f) { return f.overrides_slurm; }) ==
         Names{"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr", "standalone"});
   CHECK(names_where([](const ddprun::FlagSpec& f) { return !f.env_form; }) ==
-        Names{"ssh-option", "env", "node-label", "node-order", "numa-binding", "logs-specs", "dry-run", "log-level", "version"});
+        Names{"ssh-option", "env", "node-label", "node-order", "numa-binding", "logs-specs", "dry-run", "log-level",
+              "version"});
   CHECK(names_where([](const ddprun::FlagSpec& f) { return f.hidden; }) == Names{"node-label", "node-order"});
 }
 

@@ -213,8 +213,11 @@ TEST_CASE("rdzv-conf is as lenient as torchrun: unknown keys, quotes, timeout be
 
   // torch's own key names and the ignored ones.
   notes.clear();
-  const auto torch_keys = parse_rdzv_settings({{"keep_alive_interval", "2"}, {"keep_alive_max_attempt", "5"},
-                                               {"use_libuv", "0"}, {"store_type", "tcp"}, {"is_host", "t"}},
+  const auto torch_keys = parse_rdzv_settings({{"keep_alive_interval", "2"},
+                                               {"keep_alive_max_attempt", "5"},
+                                               {"use_libuv", "0"},
+                                               {"store_type", "tcp"},
+                                               {"is_host", "t"}},
                                               "--rdzv-conf", std::nullopt, &notes);
   CHECK(torch_keys.heartbeat_interval == std::chrono::seconds(2));
   CHECK(torch_keys.missed_heartbeats == 5);

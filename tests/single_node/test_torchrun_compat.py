@@ -246,6 +246,29 @@ class Summary(Base):
         self.assertIn("train.py FAILED", r.stderr)
         self.assertNotIn("python3 FAILED", r.stderr)
 
+    def test_every_rank_that_failed_on_its_own_is_listed_root_cause_first(self):
+        # Rank 1 fails first (exit 5). Rank 2 ignores SIGTERM and exits 4 by itself once rank 1 is
+        # gone: a failure of its own, listed under "Failures:". Rank 0 is ended by ddprun's
+        # SIGTERM: a consequence, not listed.
+        script = ('case $RANK in '
+                  '1) touch "$0/one"; exit 5;; '
+                  '2) trap "" TERM; i=0; while [ ! -e "$0/one" ]; do i=$((i+1)); [ $i -gt 3000 ] && exit 9; '
+                  'sleep 0.01; done; sleep 0.3; exit 4;; '
+                  '*) exec sleep 60;; esac')
+        r = run(["--nproc-per-node=3", "--no-python", "/bin/sh", "-c", script, self.dir])
+        self.assertEqual(r.returncode, 5, r.stderr)
+        summary = r.stderr[r.stderr.index("/bin/sh FAILED"):]
+        failures, _, root = summary.partition("Root Cause (first observed failure):")
+        self.assertIn("[0]:", root)
+        self.assertIn("rank       : 1 (local_rank: 1)", root)
+        self.assertIn("exitcode   : 5", root)
+        self.assertIn("[1]:", failures)
+        self.assertIn("rank       : 2 (local_rank: 2)", failures)
+        self.assertIn("exitcode   : 4", failures)
+        self.assertIn("failed on its own after the first failure", failures)
+        self.assertNotIn("<NO_OTHER_FAILURES>", failures)
+        self.assertNotIn("rank       : 0 ", summary)
+
 
 class PeerFlags(Base):
     def test_deepspeed_launcher_flag(self):

@@ -148,4 +148,3 @@ std::string parse_event_log_handler(std::string_view text, std::string_view what
 std::vector<std::string> parse_duplicate_filters(std::string_view text);
 
 }  // namespace ddprun::launcher
-
