@@ -275,6 +275,15 @@ class PeerFlags(Base):
         r = run(["--launcher", "pdsh", "--hosts", "h1,h2", "--no-python", "/bin/true"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("DeepSpeed's option", r.stderr)
+        self.assertNotIn("cannot host the rendezvous", r.stderr)
+
+    def test_mpirun_flags(self):
+        for flag, tool in (("--np", "horovodrun"), ("--prefix", "mpirun")):
+            r = run([flag, "4", "--no-python", "/bin/true"])
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(tool, r.stderr)
+        # The flags themselves, spelled out, still work.
+        self.ok(run(["--prefix-output", "--no-python", "/bin/true"]))
 
 
 if __name__ == "__main__":
