@@ -6,6 +6,7 @@
 // Heartbeats and reconnects are the client's job.
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
@@ -176,6 +177,8 @@ class ClientBackend final : public RendezvousBackend {
     store_->reset();  // a fresh key space for the next round's workers
     local_first_.reset();
     local_others_.clear();
+    group_done_ = false;
+    deferred_job_failed_.reset();
     transport_->join();
   }
 
@@ -197,6 +200,15 @@ class ClientBackend final : public RendezvousBackend {
 
   void await_verdict(int exit_code, std::vector<FailureReport> others) override {
     local_others_ = std::move(others);
+    group_done_ = true;
+    if (deferred_job_failed_) {
+      // Posted: the shell is still inside its group-done handler.
+      asio::post(io_, [this, f = std::move(*deferred_job_failed_)] {
+        if (!stopped_) job_failed(f);
+      });
+      deferred_job_failed_.reset();
+      return;
+    }
     spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
   }
 
@@ -212,6 +224,17 @@ class ClientBackend final : public RendezvousBackend {
   }
 
  private:
+  void job_failed(const rendezvous::SendJobFailed& f) {
+    if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
+      write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f)));
+    } else {
+      // A fan-out launch shows every host's output in one terminal: one summary is enough, the
+      // failing worker's node prints it.
+      spdlog::error("job '{}' failed: {}", config_.run_id, f.root_cause->describe());
+    }
+    events_.on_job_failed(f.exit_code);
+  }
+
   // The failed ranks of this node that the job summary lists besides the root cause: this
   // node's first failure unless it is the root cause itself, then the ranks that failed after it.
   std::vector<FailureReport> local_failures(const rendezvous::SendJobFailed& f) const {
@@ -251,14 +274,13 @@ class ClientBackend final : public RendezvousBackend {
     };
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
       if (stopped_) return;
-      if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-        write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f)));
-      } else {
-        // A fan-out launch shows every host's output in one terminal: one summary is enough, the
-        // failing worker's node prints it.
-        spdlog::error("job '{}' failed: {}", config_.run_id, f.root_cause->describe());
+      if (local_first_ && !group_done_) {
+        // This node's workers are still stopping after its own failure: the summary waits for
+        // them (await_verdict), so it can list every local rank that failed on its own.
+        deferred_job_failed_ = f;
+        return;
       }
-      events_.on_job_failed(f.exit_code);
+      job_failed(f);
     };
     ev.on_job_completed = [this] {
       if (stopped_) return;
@@ -320,6 +342,8 @@ class ClientBackend final : public RendezvousBackend {
   // rendezvous) and the ranks that failed on their own after it (await_verdict).
   std::optional<FailureReport> local_first_;
   std::vector<FailureReport> local_others_;
+  bool group_done_ = false;  // this round's local workers have all exited (await_verdict)
+  std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };
 
