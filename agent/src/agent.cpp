@@ -157,7 +157,16 @@ class Agent {
     };
     h.on_done = [this](bool ok, int code) {
       if (finished_) return;
-      if (!ok && machine_.state() == ElasticState::running) backend_->await_verdict(code, run_.other_failures());
+      if (!ok && machine_.state() == ElasticState::running) {
+        auto others = run_.other_failures();
+        for (const auto& f : others) {
+          event("torchelastic.worker.status.FAILED", "WORKER",
+                {{"local_rank", std::int64_t{f.local_rank}},
+                 {"global_rank", std::int64_t{f.rank}},
+                 {"raw_error", describe(f.status)}});
+        }
+        backend_->await_verdict(code, std::move(others));
+      }
       apply(machine_.on_group_done(ok));
     };
     return h;

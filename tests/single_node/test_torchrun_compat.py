@@ -255,8 +255,16 @@ class Summary(Base):
                   '2) trap "" TERM; i=0; while [ ! -e "$0/one" ]; do i=$((i+1)); [ $i -gt 3000 ] && exit 9; '
                   'sleep 0.01; done; sleep 0.3; exit 4;; '
                   '*) exec sleep 60;; esac')
-        r = run(["--nproc-per-node=3", "--no-python", "/bin/sh", "-c", script, self.dir])
+        events = self.p("events.jsonl")
+        r = run(["--nproc-per-node=3", "--event-log-handler=file:" + events, "--no-python", "/bin/sh", "-c", script,
+                 self.dir])
         self.assertEqual(r.returncode, 5, r.stderr)
+        with open(events) as f:
+            failed = [json.loads(line)["metadata"] for line in f
+                      if json.loads(line)["name"] == "torchelastic.worker.status.FAILED"
+                      and json.loads(line)["source"] == "WORKER"]
+        self.assertEqual([(e["global_rank"], e["raw_error"]) for e in failed],
+                         [(1, "exit code 5"), (2, "exit code 4")])
         summary = r.stderr[r.stderr.index("/bin/sh FAILED"):]
         failures, _, root = summary.partition("Root Cause (first observed failure):")
         self.assertIn("[0]:", root)
