@@ -172,6 +172,15 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
   conf.erase("token");
+  for (auto it = conf.begin(); it != conf.end();) {
+    if (is_etcd_conf_key(it->first)) {
+      throw UsageError("--rdzv-conf: key '" + it->first + "' applies only to --rdzv-backend etcd",
+                       "drop it: a --hostfile/--hosts launch hosts its own c10d rendezvous");
+    }
+    // What was reported as ignored above is not forwarded, so the hosts do not repeat the notes.
+    const bool ignored = !is_rdzv_setting_key(it->first) || (it->first == "timeout" && conf.count("join_timeout") != 0);
+    it = ignored ? conf.erase(it) : std::next(it);
+  }
   conf["is_host"] = "false";  // the launcher hosts it
   std::string conf_text;
   for (const auto& [k, v] : conf) conf_text += (conf_text.empty() ? "" : ",") + k + "=" + v;

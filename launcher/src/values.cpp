@@ -233,6 +233,22 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
   return out;
 }
 
+bool is_rdzv_setting_key(std::string_view key) {
+  static constexpr std::string_view kRead[] = {"join_timeout",
+                                               "timeout",
+                                               "last_call_timeout",
+                                               "close_timeout",
+                                               "read_timeout",
+                                               "heartbeat_interval",
+                                               "keep_alive_interval",
+                                               "exit_barrier_timeout",
+                                               "missed_heartbeats",
+                                               "keep_alive_max_attempt",
+                                               "is_host",
+                                               "token"};
+  return std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead);
+}
+
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
                                               const std::optional<std::string>& env_token,
                                               std::vector<std::string>* notes) {

@@ -83,6 +83,9 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
 // unknown key does not stop the job: it, use_libuv and store_type=tcp add a one-line
 // "ignored: ..." to `notes` (when not null). A bad value of a known key throws UsageError naming
 // `what` and the key. The etcd-only keys (is_etcd_conf_key) are left to parse_etcd_conf.
+// Whether parse_rdzv_settings reads `key` (the keys above, torch's spellings included); the
+// others it reports as ignored.
+bool is_rdzv_setting_key(std::string_view key);
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
                                               const std::optional<std::string>& env_token,
                                               std::vector<std::string>* notes = nullptr);
