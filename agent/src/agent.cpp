@@ -38,6 +38,10 @@
 #include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/elastic_machine.hpp"
+#include "ddprun/agent/entrypoint.hpp"
+#include "ddprun/agent/event_log.hpp"
+#include "ddprun/agent/file_timer.hpp"
+#include "ddprun/agent/health_endpoint.hpp"
 #include "ddprun/agent/job_dir.hpp"
 #include "ddprun/agent/nccl_ids.hpp"
 #include "ddprun/agent/output.hpp"
@@ -70,7 +74,8 @@ class Agent {
         signals_(io_),
         parent_env_(worker_env::current_environment()),
         run_(io_, config, worker_hooks()),
-        backend_(make_rendezvous_backend(io_, config, backend_events())) {}
+        backend_(make_rendezvous_backend(io_, config, backend_events())),
+        event_log_(config.event_log) {}
 
   ~Agent() {
     run_.kill_and_reap_all();
@@ -116,6 +121,13 @@ class Agent {
                          "remove it from --signals-to-handle");
       }
     }
+    // torch's agent environment: the worker watchdog FIFO and the health endpoint.
+    file_timer_ = start_file_timer(io_, config_, parent_env_);
+    if (config_.health_check_port) {
+      health_ = std::make_unique<HealthEndpoint>(io_, *config_.health_check_port);
+      health_->start();
+    }
+    event("ddprun.agent.started", "AGENT", {});
     wait_signal();
     if (config_.control_fd >= 0) {
       start_control();
@@ -145,11 +157,24 @@ class Agent {
       // The first local failure ends the round for every node: the backend decides whether that
       // is a restart or the end of the job.
       pending_failure_ = failure;
+      event("torchelastic.worker.status.FAILED", "WORKER",
+            {{"local_rank", std::int64_t{failure.local_rank}},
+             {"global_rank", std::int64_t{failure.rank}},
+             {"raw_error", describe(failure.status)}});
       apply(machine_.on_local_failure());
     };
     h.on_done = [this](bool ok, int code) {
       if (finished_) return;
-      if (!ok && machine_.state() == ElasticState::running) backend_->await_verdict(code);
+      if (!ok && machine_.state() == ElasticState::running) {
+        auto others = run_.other_failures();
+        for (const auto& f : others) {
+          event("torchelastic.worker.status.FAILED", "WORKER",
+                {{"local_rank", std::int64_t{f.local_rank}},
+                 {"global_rank", std::int64_t{f.rank}},
+                 {"raw_error", describe(f.status)}});
+        }
+        backend_->await_verdict(code, std::move(others));
+      }
       apply(machine_.on_group_done(ok));
     };
     return h;
@@ -165,6 +190,7 @@ class Agent {
     };
     ev.on_restart = [this] {
       if (metrics_) metrics_->restarted();
+      if (!finished_) event("ddprun.round.restart", "AGENT", {});
       if (!finished_) apply(machine_.on_restart());
     };
     ev.on_job_failed = [this](int code) {
@@ -306,6 +332,13 @@ class Agent {
         nccl_->begin_round(a.round, a.placement.group_rank, a.placement.world_size, a.nccl_id, &withdrawn);
     if (withdrawn) backend_->set_nccl_offer({});
     if (!a.summary.empty()) spdlog::info("{}", a.summary);
+    if (health_) health_->set_state("running round " + std::to_string(a.round), a.round);
+    event("ddprun.round.started", "AGENT",
+          {{"round", static_cast<std::int64_t>(a.round)},
+           {"group_rank", std::int64_t{a.placement.group_rank}},
+           {"group_world_size", std::int64_t{a.placement.group_world_size}},
+           {"world_size", std::int64_t{a.placement.world_size}},
+           {"agent_restarts", std::int64_t{a.placement.restart_count}}});
     last_progress_.clear();
     pending_failure_.reset();
     const AttemptContext attempt{job_dir_ + "/" + a.dir_name, nccl.env};
@@ -322,12 +355,34 @@ class Agent {
     }
     finished_ = true;
     exit_code_ = code;
+    event(code == 0 ? "torchelastic.worker.status.SUCCEEDED" : "torchelastic.worker.status.FAILED", "AGENT",
+          {{"exit_code", std::int64_t{code}}});
+    if (health_) health_->stop();
     nccl_->stop();  // the round is over: end its NCCL bootstrap roots
     run_.kill_and_reap_all();
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     signals_.clear(ignored);
     backend_->stop([this] { io_.stop(); });
+  }
+
+  // One --event-log-handler line with the fields every event carries.
+  void event(const std::string& name, const char* source, EventFields fields) {
+    if (!event_log_.enabled()) return;
+    fields.emplace("run_id", config_.run_id);
+    fields.emplace("role", config_.role);
+    fields.emplace("entry_point", entrypoint_name(config_));
+    fields.emplace("rdzv_backend", config_.rdzv_backend);
+    if (config_.node_label.empty()) {
+      std::array<char, 256> host{};
+      ::gethostname(host.data(), host.size() - 1);
+      fields.emplace("hostname", std::string(host.data()));
+    } else {
+      fields.emplace("hostname", config_.node_label);
+    }
+    fields.emplace("agent_pid", static_cast<std::int64_t>(::getpid()));
+    fields.emplace("local_world_size", std::int64_t{config_.nproc_per_node});
+    event_log_.emit(name, source, fields);
   }
 
   const AgentConfig& config_;
@@ -337,6 +392,9 @@ class Agent {
   std::unique_ptr<Containment> containment_;  // outlives run_, whose end sweeps it
   WorkerRun run_;
   std::unique_ptr<RendezvousBackend> backend_;
+  EventLog event_log_;
+  std::unique_ptr<FileTimerServer> file_timer_;
+  std::unique_ptr<HealthEndpoint> health_;
   std::optional<NcclIdOwner> nccl_;
   ElasticMachine machine_;
   std::optional<RoundAssignment> latest_;

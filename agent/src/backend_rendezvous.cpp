@@ -6,10 +6,12 @@
 // Heartbeats and reconnects are the client's job.
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/common/error.hpp"
@@ -46,6 +48,8 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
   void start(const std::string& advertised) override {
     if (job_mode(config_) == JobMode::static_multi_node) {
       if (may_host(config_, endpoint_, advertised)) host_embedded();
+    } else if (endpoint_.port == 0) {
+      host_on_free_port(advertised);
     } else if (may_host(config_, endpoint_, advertised) && !tcp_connects(endpoint_, kProbeTimeout)) {
       host_embedded();
     }
@@ -100,6 +104,25 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
     spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint_.to_string());
   }
 
+  // torchrun's recipe for several single-node jobs on one machine, --rdzv-endpoint HOST:0: this
+  // agent hosts the rendezvous on a free port of HOST and joins it there (no other node could
+  // learn the port; the launcher allows port 0 only with one node).
+  void host_on_free_port(const std::string& advertised) {
+    if (!may_host(config_, endpoint_, advertised)) {
+      throw UsageError("--rdzv-endpoint " + endpoint_.to_string() + ": port 0 means 'host on a free port here', but " +
+                           endpoint_.host + " is not an address of this machine",
+                       "use an address of this machine (e.g. localhost:0) or a fixed port");
+    }
+    rendezvous::RendezvousServerOptions opts;
+    opts.host = bind_host(endpoint_.host);
+    opts.port = 0;
+    opts.token = config_.rdzv.token;
+    host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
+    host_server_->start();
+    endpoint_.port = host_server_->port();
+    spdlog::info("--rdzv-endpoint with port 0: this agent hosts the rendezvous at {}", endpoint_.to_string());
+  }
+
   void stop_host() {
     if (host_stopped_) return;
     host_stopped_ = true;
@@ -109,7 +132,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
 
   asio::io_context& io_;
   const AgentConfig& config_;
-  const Endpoint endpoint_;
+  Endpoint endpoint_;  // port 0 until host_on_free_port() learns the one it bound
   std::unique_ptr<rendezvous::RendezvousServer> host_server_;
   asio::steady_timer linger_timer_;
   std::function<void()> on_host_stopped_;
@@ -152,12 +175,19 @@ class ClientBackend final : public RendezvousBackend {
       return;
     }
     store_->reset();  // a fresh key space for the next round's workers
+    local_first_.reset();
+    local_others_.clear();
+    group_done_ = false;
+    deferred_job_failed_.reset();
     transport_->join();
   }
 
   void report_failure(std::uint64_t round, const FailureReport& f) override {
     // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
     if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
+    local_first_ = f;
+    load_error_file(*local_first_);
+    local_first_->diagnosis.clear();  // printed above
     transport_->report_failure(
         make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
   }
@@ -168,7 +198,17 @@ class ClientBackend final : public RendezvousBackend {
     transport_->report_success(round);
   }
 
-  void await_verdict(int exit_code) override {
+  void await_verdict(int exit_code, std::vector<FailureReport> others) override {
+    local_others_ = std::move(others);
+    group_done_ = true;
+    if (deferred_job_failed_) {
+      // Posted: the shell is still inside its group-done handler.
+      asio::post(io_, [this, f = std::move(*deferred_job_failed_)] {
+        if (!stopped_) job_failed(f);
+      });
+      deferred_job_failed_.reset();
+      return;
+    }
     spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
   }
 
@@ -184,6 +224,29 @@ class ClientBackend final : public RendezvousBackend {
   }
 
  private:
+  void job_failed(const rendezvous::SendJobFailed& f) {
+    if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
+      write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f)));
+    } else {
+      // A fan-out launch shows every host's output in one terminal: one summary is enough, the
+      // failing worker's node prints it.
+      spdlog::error("job '{}' failed: {}", config_.run_id, f.root_cause->describe());
+    }
+    events_.on_job_failed(f.exit_code);
+  }
+
+  // The failed ranks of this node that the job summary lists besides the root cause: this
+  // node's first failure unless it is the root cause itself, then the ranks that failed after it.
+  std::vector<FailureReport> local_failures(const rendezvous::SendJobFailed& f) const {
+    std::vector<FailureReport> out;
+    const bool root_here = f.root_cause && f.root_cause->failure.node == node_id_ && local_first_ &&
+                           f.root_cause->failure.global_rank == local_first_->rank;
+    if (local_first_ && !root_here) out.push_back(*local_first_);
+    out.insert(out.end(), local_others_.begin(), local_others_.end());
+    for (auto& r : out) r.host = addr_;
+    return out;
+  }
+
   void create_client() {
     ClientParams p;
     p.node.id = node_id_;
@@ -192,6 +255,7 @@ class ClientBackend final : public RendezvousBackend {
     p.node.store_host = addr_;
     p.node.store_port = store_->port();
     p.node.nccl_ids = offer_;
+    p.node.order = config_.node_order;
     p.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
     p.give_up_after =
@@ -210,14 +274,13 @@ class ClientBackend final : public RendezvousBackend {
     };
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
       if (stopped_) return;
-      if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-        write_all(STDERR_FILENO, format_job_failed(f, config_.worker_argv.front()));
-      } else {
-        // A fan-out launch shows every host's output in one terminal: one summary is enough, the
-        // failing worker's node prints it.
-        spdlog::error("job '{}' failed: {}", config_.run_id, f.root_cause->describe());
+      if (local_first_ && !group_done_) {
+        // This node's workers are still stopping after its own failure: the summary waits for
+        // them (await_verdict), so it can list every local rank that failed on its own.
+        deferred_job_failed_ = f;
+        return;
       }
-      events_.on_job_failed(f.exit_code);
+      job_failed(f);
     };
     ev.on_job_completed = [this] {
       if (stopped_) return;
@@ -275,6 +338,12 @@ class ClientBackend final : public RendezvousBackend {
   rendezvous::NodeId node_id_;
   std::vector<std::uint8_t> offer_;
   std::unique_ptr<rendezvous::StoreServer> store_;
+  // This round's local failures, for the job summary: the first one (reported to the
+  // rendezvous) and the ranks that failed on their own after it (await_verdict).
+  std::optional<FailureReport> local_first_;
+  std::vector<FailureReport> local_others_;
+  bool group_done_ = false;  // this round's local workers have all exited (await_verdict)
+  std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/rendezvous_backend.hpp"
 #include "ddprun/agent/worker_spec.hpp"
@@ -63,7 +64,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this] { events_.on_job_completed(); });
   }
 
-  void await_verdict(int exit_code) override {
+  void await_verdict(int exit_code, std::vector<FailureReport> others) override {
     if (restarts_ < config_.max_restarts) {
       ++restarts_;
       post([this] { events_.on_restart(); });
@@ -71,7 +72,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     }
     FailureReport report = failure_;
     load_error_file(report);
-    write_all(STDERR_FILENO, format_failure_summary(config_.worker_argv.front(), hostname(), report, {}));
+    write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 

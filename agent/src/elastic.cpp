@@ -238,7 +238,8 @@ rendezvous::WorkerFailure make_failure(std::uint64_t round, const rendezvous::No
   return f;
 }
 
-std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command) {
+std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command,
+                              const std::vector<FailureReport>& local_others) {
   std::string out = "ddprun: job '" + failed.run_id + "' failed: " + failed.reason + "\n";
   if (!failed.root_cause) return out;
   const auto& rc = *failed.root_cause;
@@ -255,7 +256,7 @@ std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std
     report.error = e;
   }
   report.note = "group rank " + std::to_string(rc.group_rank) + ", node " + rc.failure.node.to_string();
-  out += format_failure_summary(command, rc.node_addr, report, {});
+  out += format_failure_summary(command, rc.node_addr, report, local_others);
   return out;
 }
 

@@ -71,7 +71,7 @@ void append_report(std::string& out, std::size_t index, std::string_view host, c
   const std::string indent(15, ' ');
   out += "[" + std::to_string(index) + "]:\n";
   out += "  time       : " + format_time(r.time) + "\n";
-  out += "  host       : " + std::string(host) + "\n";
+  out += "  host       : " + (r.host.empty() ? std::string(host) : r.host) + "\n";
   out += "  rank       : " + std::to_string(r.rank) + " (local_rank: " + std::to_string(r.local_rank) + ")\n";
   // pid 0: the failure happened on another node (multi-node summary); its pid is not known here.
   const std::string pid = r.pid > 0 ? "pid: " + std::to_string(r.pid) : std::string("pid: on that node");

@@ -1,6 +1,8 @@
 // WorkerRun; see worker_run.hpp.
 #include "ddprun/agent/worker_run.hpp"
 
+#include "ddprun/agent/duplicate_filter.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -74,6 +76,7 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
   make_dir(attempt_dir_);
   machine_ = WorkerGroupMachine(static_cast<int>(specs.size()), 0);
   diagnosis_.clear();
+  teardown_signals_.clear();
   hang_fired_ = false;
   if (containment_ != nullptr) containment_->begin_attempt();
   for (auto& s : specs) workers_.push_back(std::make_unique<Worker>(io_, std::move(s)));
@@ -131,6 +134,14 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   const char* names[2] = {"stdout.log", "stderr.log"};
   for (int s = 0; s < 2; ++s) {
     ChildStream& st = streams[s];
+    if (const auto& filters = s == 0 ? config_.duplicate_stdout_filters : config_.duplicate_stderr_filters;
+        !filters.empty()) {  // duplicate_filter.hpp
+      st = duplicating_stream(route[s], rank_dir + "/" + names[s],
+                              attempt_dir_ + (s == 0 ? "/filtered_stdout.log" : "/filtered_stderr.log"),
+                              s == 0 ? STDOUT_FILENO : STDERR_FILENO, w.spec.prefix, filters);
+      wrote_files_ = true;
+      continue;
+    }
     if (route[s] == Route::inherit) continue;
     if (route[s] == Route::file) {
       st.kind = ChildStream::Kind::fd;
@@ -230,6 +241,7 @@ void WorkerRun::signal_groups(int sig) {
       }
     }
   }
+  teardown_signals_.push_back(sig);
   // Exited workers are zombies until reaped, so their process-group id cannot have been reused:
   // signalling it reaches only what is left of that worker's group.
   for (const auto& w : workers_) w->child.signal_group(sig);
@@ -268,6 +280,32 @@ FailureReport WorkerRun::report_of(const Worker& w) const {
   return r;
 }
 
+bool WorkerRun::by_teardown(const ExitStatus& status) const {
+  return status.signal != 0 &&
+         std::find(teardown_signals_.begin(), teardown_signals_.end(), status.signal) != teardown_signals_.end();
+}
+
+std::vector<FailureReport> WorkerRun::other_failures() const {
+  const auto root = machine_.root_cause();
+  std::vector<const Worker*> failed;
+  for (const auto& w : workers_) {
+    if (root && w->spec.local_rank == root->local_rank) continue;
+    if (!w->child.exited() || w->child.status().ok() || !w->killed_by.empty()) continue;
+    if (by_teardown(w->child.status())) continue;  // a consequence of the first failure
+    failed.push_back(w.get());
+  }
+  std::stable_sort(failed.begin(), failed.end(),
+                   [](const Worker* a, const Worker* b) { return a->exit_time < b->exit_time; });
+  std::vector<FailureReport> out;
+  for (const auto* w : failed) {
+    FailureReport r = report_of(*w);
+    r.diagnosis.clear();  // the attempt's block goes with the root cause only
+    load_error_file(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 std::optional<FailureReport> WorkerRun::root_cause() const {
   const auto root = machine_.root_cause();
   if (!root) return std::nullopt;
@@ -284,7 +322,9 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
   if (!w.killed_by.empty()) {
     parts.push_back("killed by ddprun's " + w.killed_by);
   } else if (machine_.state() != GroupState::healthy) {
-    parts.push_back("stopped by ddprun's teardown after the first failure (a consequence, not a cause)");
+    parts.push_back(by_teardown(status)
+                        ? "stopped by ddprun's teardown after the first failure (a consequence, not a cause)"
+                        : "failed on its own after the first failure (not ended by ddprun's teardown)");
   }
   const RankMemory mem = containment_ != nullptr ? containment_->rank_memory(w.spec.local_rank) : RankMemory{};
   const auto detail = peek_exit_detail(w.child.pid());

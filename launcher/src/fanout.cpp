@@ -527,6 +527,7 @@ std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const
   std::vector<std::string> words = {plan.remote_ddprun,
                                     "--remote-agent",
                                     "--node-label=" + host.label(),
+                                    "--node-order=" + std::to_string(host.index),
                                     "--rdzv-backend=c10d",
                                     "--rdzv-endpoint=" + rdzv_endpoint,
                                     "--rdzv-id=" + run_id,

@@ -48,6 +48,9 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"stacks", [](std::string_view t, std::string_view w) { parse_on_off(t, w); }},
       {"metrics-host", [](std::string_view t, std::string_view w) { parse_ip_address(t, w); }},
       {"metrics-port", [](std::string_view t, std::string_view w) { parse_port_value(t, w, 0); }},
+      {"event-log-handler", [](std::string_view t, std::string_view w) { parse_event_log_handler(t, w); }},
+      {"duplicate-stdout-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
+      {"duplicate-stderr-filters", [](std::string_view t, std::string_view) { parse_duplicate_filters(t); }},
   };
   const auto it = checks.find(dash);
   if (it == checks.end()) throw std::logic_error("no value check for the forwarded flag --" + std::string(dash));
@@ -118,6 +121,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     } else if (global_gpus) {
       h.gpus = std::string(trim(global_gpus->text));
     }
+    h.index = plan.hosts.size();
     plan.hosts.push_back(std::move(h));
   }
 
@@ -167,9 +171,18 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
   std::map<std::string, std::string> conf;
   if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
-  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
+  const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
   conf.erase("token");
+  for (auto it = conf.begin(); it != conf.end();) {
+    if (is_etcd_conf_key(it->first)) {
+      throw UsageError("--rdzv-conf: key '" + it->first + "' applies only to --rdzv-backend etcd",
+                       "drop it: a --hostfile/--hosts launch hosts its own c10d rendezvous");
+    }
+    // What was reported as ignored above is not forwarded, so the hosts do not repeat the notes.
+    const bool ignored = !is_rdzv_setting_key(it->first) || (it->first == "timeout" && conf.count("join_timeout") != 0);
+    it = ignored ? conf.erase(it) : std::next(it);
+  }
   conf["is_host"] = "false";  // the launcher hosts it
   std::string conf_text;
   for (const auto& [k, v] : conf) conf_text += (conf_text.empty() ? "" : ",") + k + "=" + v;

@@ -163,12 +163,28 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "node-label", .scope = S::placement, .metavar = "LABEL",
    .help = "The host name a fan-out launcher gives its remote agent, for log prefixes and messages.",
    .hidden = true},
+  {.dash = "node-order", .scope = S::placement, .metavar = "N",
+   .help = "The host's position in a fan-out launcher's host list: group ranks follow it (c10d backend).",
+   .hidden = true},
   {.dash = "numa-binding", .scope = S::forwarded, .metavar = "node|socket|exclusive|core-complex",
    .help = "Bind each worker to the CPUs near its GPU: node (the GPU's NUMA node), socket (its sockets), "
            "exclusive (the node's cores split among its workers), core-complex (one L3 group each). "
            "Without a GPU, workers are spread over the NUMA nodes. Best effort.",
    .default_text = "no binding", .choices = kNumaModes},
-  {.dash = "logs-specs", .scope = S::local, .metavar = "NAME", .help = "Not supported yet (a torchrun Python plugin)."},
+  {.dash = "logs-specs", .scope = S::local, .metavar = "NAME",
+   .help = "torchrun's torchrun.logs_specs entry point: only 'default' (ddprun's own log layout, torchrun's "
+           "DefaultLogsSpecs); Python plugins cannot be loaded.",
+   .default_text = "default"},
+  {.dash = "event-log-handler", .scope = S::forwarded, .env_form = true, .metavar = "null|console|file:PATH",
+   .help = "Where the agent's events go, as JSON lines: null (nowhere), console (stderr), file:PATH (appended); "
+           "torchrun's dynamic_rendezvous writes nothing, as in torchrun.",
+   .default_text = "null"},
+  {.dash = "duplicate-stdout-filters", .scope = S::forwarded, .env_form = true, .metavar = "TEXT,...",
+   .help = "Copy every worker stdout line containing any of these substrings to filtered_stdout.log in the "
+           "attempt's log directory (',,' is a literal comma).",
+   .default_text = "none"},
+  {.dash = "duplicate-stderr-filters", .scope = S::forwarded, .env_form = true, .metavar = "TEXT,...",
+   .help = "The same for stderr, into filtered_stderr.log.", .default_text = "none"},
   // ddprun extras and torch.distributed.launch compatibility.
   {.dash = "local-rank-arg", .scope = S::forwarded, .env_form = true, .metavar = "dash|underscore",
    .help = "Legacy torch.distributed.launch behaviour: append --local-rank=N (dash) or --local_rank=N "

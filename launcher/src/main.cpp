@@ -78,7 +78,10 @@ int run(int argc, char** argv) {
   }
   const std::string label = options.config.node_label;
   ddprun::setup_logging(label.empty() ? std::string("ddprun") : "ddprun@" + label, options.log_level);
-  for (const auto& note : options.notes) spdlog::info("{}", note);
+  // Notes that drop part of the user's input ("ignored: ...") are warnings; the rest information.
+  for (const auto& note : options.notes) {
+    spdlog::log(note.find("ignored: ") != std::string::npos ? spdlog::level::warn : spdlog::level::info, "{}", note);
+  }
   if (options.fanout) {
     if (options.config.dry_run) {
       ddprun::launcher::print_fanout_dry_run(*options.fanout, std::cout);

@@ -1,5 +1,6 @@
 #include "parsed_flags.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include "ddprun/common/error.hpp"
@@ -41,6 +42,35 @@ std::string footer() {
          "\n"
          "Exit codes: 0 success; the failing worker's own exit code (128+N for a worker killed by signal N);\n"
          "128+N when ddprun is stopped by signal N; 2 usage error; 1 other ddprun error.";
+}
+
+// Long options of the tools ddprun stands in for (DeepSpeed's runner, mpirun, horovodrun,
+// accelerate) that would otherwise read as an abbreviation of a DIFFERENT ddprun flag: their
+// users mean the peer tool's option, so a prefix match must not pick ours. Spelled with dashes;
+// the underscore spelling is compared the same way.
+struct PeerFlag {
+  std::string_view name;
+  std::string_view tool;
+  std::string_view hint;
+};
+constexpr PeerFlag kPeerFlags[] = {
+    {"launcher", "DeepSpeed's",
+     "ddprun starts the remote agents over ssh itself (--hostfile/--hosts): drop --launcher; "
+     "write --launcher-addr in full if you meant the address the hosts reach this launcher at"},
+    {"prefix", "mpirun's",
+     "drop it (the hosts run --remote-ddprun); write --prefix-output in full if you meant prefixed console lines"},
+    {"np", "mpirun's and horovodrun's",
+     "--np counts the processes of the whole job; ddprun takes --nproc-per-node (workers per node) with "
+     "--nnodes or a host list (slots)"},
+};
+
+const PeerFlag* peer_flag(const std::string& name) {
+  std::string dashed = name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  for (const auto& peer : kPeerFlags) {
+    if (peer.name == dashed) return &peer;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -163,6 +193,13 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     }
     if (!exact && prefixed.size() > 1) {
       throw UsageError("ambiguous option --" + name + " could match " + candidates, "spell the option out");
+    }
+    if (!exact && !prefixed.empty()) {
+      if (const PeerFlag* peer = peer_flag(name)) {
+        throw UsageError(
+            "--" + name + " is " + std::string(peer->tool) + " option, not an abbreviation of " + candidates,
+            std::string(peer->hint));
+      }
     }
     if (!exact && prefixed.size() == 1) {
       match = *prefixed.begin();

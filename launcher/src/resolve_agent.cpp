@@ -79,6 +79,19 @@ void apply_slurm(const ParsedFlags& p, const ParseContext& ctx, LaunchOptions& o
                       (slurm->node_id == 0 ? " (hosted here)" : ""));
 }
 
+// torch's elastic-agent variables (docs/worker-env.md), read from the launcher's environment.
+void resolve_torchelastic_env(const ParsedFlags& p, agent::AgentConfig& cfg) {
+  if (auto e = p.env("TORCHELASTIC_ENABLE_FILE_TIMER")) cfg.file_timer = trim(*e) == "1";  // torch: exactly "1"
+  if (auto e = p.env("TORCHELASTIC_TIMER_FILE"); e && !trim(*e).empty()) {
+    std::filesystem::path path(std::string(trim(*e)));
+    if (path.is_relative()) path = p.context().cwd / path;
+    cfg.file_timer_path = path.lexically_normal().string();
+  }
+  if (auto e = p.env("TORCHELASTIC_HEALTH_CHECK_PORT"); e && !trim(*e).empty()) {
+    cfg.health_check_port = parse_port_value(*e, "TORCHELASTIC_HEALTH_CHECK_PORT", 0);
+  }
+}
+
 }  // namespace
 
 void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
@@ -151,8 +164,19 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (auto g = p.given("rdzv-backend")) cfg.rdzv_backend = parse_rdzv_backend(g->text, g->what);
     if (auto g = p.given("rdzv-endpoint")) {
       // etcd takes a list of members (parsed with --rdzv-conf below).
-      cfg.rdzv_endpoint =
-          cfg.rdzv_backend == "etcd" ? std::string(trim(g->text)) : parse_endpoint(g->text, 29400, g->what).to_string();
+      if (cfg.rdzv_backend == "etcd") {
+        cfg.rdzv_endpoint = std::string(trim(g->text));
+      } else {
+        const Endpoint e = parse_endpoint(g->text, 29400, g->what);
+        cfg.rdzv_endpoint = e.to_string();
+        if (e.port == 0 && cfg.rdzv_backend == "c10d" && cfg.max_nodes > 1) {
+          throw UsageError(g->what + "=" + g->text +
+                               ": port 0 hosts the rendezvous on a free port of this machine, "
+                               "which the other nodes cannot know",
+                           "port 0 is for one node (several jobs on one machine); give a fixed port for " +
+                               std::to_string(cfg.max_nodes) + " nodes");
+        }
+      }
       endpoint_what = g->what;
     }
     if (cfg.rdzv_backend == "etcd" && cfg.rdzv_endpoint.empty()) {
@@ -172,7 +196,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       cfg.rdzv_conf = parse_rdzv_conf(g->text, g->what);
       conf_what = g->what;
     }
-    cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"));
+    cfg.rdzv = parse_rdzv_settings(cfg.rdzv_conf, conf_what, p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
     if (!cfg.standalone && cfg.rdzv_backend == "etcd") {
       auto etcd =
           parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
@@ -253,6 +277,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.prefix_console = p.flag("prefix-output");
   if (auto g = p.given("ranks-filter")) cfg.ranks_filter = parse_ranks_filter(g->text, g->what);
   if (auto g = p.given("node-label")) cfg.node_label = std::string(trim(g->text));
+  if (auto g = p.given("node-order")) cfg.node_order = parse_int_value(g->text, g->what, 0, 1'000'000);
 
   // Signals and shutdown.
   {
@@ -343,8 +368,16 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     }
   }
   if (auto g = p.given("logs-specs")) {
-    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
+    if (trim(g->text) != "default") {
+      throw UsageError(
+          g->what + "=" + g->text + ": ddprun cannot load torchrun.logs_specs Python plugins",
+          "drop the option or write 'default' (ddprun's log layout, the same as torchrun's DefaultLogsSpecs)");
+    }
   }
+  if (auto g = p.given("event-log-handler")) cfg.event_log = parse_event_log_handler(g->text, g->what);
+  resolve_torchelastic_env(p, cfg);
+  if (auto g = p.given("duplicate-stdout-filters")) cfg.duplicate_stdout_filters = parse_duplicate_filters(g->text);
+  if (auto g = p.given("duplicate-stderr-filters")) cfg.duplicate_stderr_filters = parse_duplicate_filters(g->text);
 
   // Legacy --local-rank argument.
   const bool use_env = p.flag("use-env");

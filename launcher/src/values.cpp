@@ -139,17 +139,28 @@ StreamSpec parse_streams(std::string_view text, std::string_view what) {
   return spec;
 }
 
+namespace {
+// One pair of matching quotes around `v` ('...' or "..."), as a shell leaves them when the user
+// quoted twice (PET_RDZV_CONF="'a=1'") or wrote them in a config file.
+std::string_view strip_quotes(std::string_view v) {
+  if (v.size() >= 2 && (v.front() == '\'' || v.front() == '"') && v.back() == v.front()) {
+    return trim(v.substr(1, v.size() - 2));
+  }
+  return v;
+}
+}  // namespace
+
 std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what) {
   const std::string forms = "KEY=VALUE,KEY=VALUE (e.g. join_timeout=900,read_timeout=60)";
   std::map<std::string, std::string> conf;
-  const std::string_view t = trim(text);
+  const std::string_view t = strip_quotes(trim(text));
   if (t.empty()) return conf;
   for (const auto& item : split(t, ',')) {
     const auto eq = item.find('=');
-    const std::string key(trim(std::string_view(item).substr(0, eq)));
+    const std::string key(strip_quotes(trim(std::string_view(item).substr(0, eq))));
     if (eq == std::string::npos) fail(what, text, "'" + item + "' has no '='", forms);
     if (key.empty()) fail(what, text, "'" + item + "' has an empty key", forms);
-    const std::string value(trim(std::string_view(item).substr(eq + 1)));
+    const std::string value(strip_quotes(trim(std::string_view(item).substr(eq + 1))));
     if (value.empty()) fail(what, text, "key '" + key + "' has no value", forms);
     conf[key] = value;
   }
@@ -225,12 +236,33 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
   return out;
 }
 
+bool is_rdzv_setting_key(std::string_view key) {
+  static constexpr std::string_view kRead[] = {"join_timeout",
+                                               "timeout",
+                                               "last_call_timeout",
+                                               "close_timeout",
+                                               "read_timeout",
+                                               "heartbeat_interval",
+                                               "keep_alive_interval",
+                                               "exit_barrier_timeout",
+                                               "missed_heartbeats",
+                                               "keep_alive_max_attempt",
+                                               "is_host",
+                                               "token"};
+  return std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead);
+}
+
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
-                                              const std::optional<std::string>& env_token) {
+                                              const std::optional<std::string>& env_token,
+                                              std::vector<std::string>* notes) {
   static constexpr std::string_view kKeys =
-      "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval, missed_heartbeats, "
-      "exit_barrier_timeout, is_host, token, timeout (alias of join_timeout); with --rdzv-backend etcd also "
-      "protocol, cacert, cert, key, etcd_prefix, username, password_file, password";
+      "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval (keep_alive_interval), "
+      "missed_heartbeats (keep_alive_max_attempt), exit_barrier_timeout, is_host, token, timeout (alias of "
+      "join_timeout); with --rdzv-backend etcd also protocol, cacert, cert, key, etcd_prefix, username, "
+      "password_file, password; ignored: use_libuv, store_type";
+  auto note = [&](std::string text) {
+    if (notes != nullptr) notes->push_back(std::string(what) + ": " + std::move(text));
+  };
   agent::RendezvousSettings s;
   auto seconds = [&](const std::string& key, const std::string& value) {
     const std::string where = std::string(what) + " key " + key;
@@ -243,25 +275,34 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
   bool token_given = false;
   for (const auto& [key, value] : conf) {
     if (is_etcd_conf_key(key)) continue;  // parse_etcd_conf's
-    if (key == "join_timeout" || key == "timeout") {
+    if (key == "join_timeout") {
       s.join_timeout = seconds(key, value);
+    } else if (key == "timeout") {
+      // torchrun's c10d backend reads only join_timeout; its static and etcd backends read
+      // timeout. Alone it sets the join timeout; beside join_timeout it is ignored.
+      const auto t = seconds(key, value);
+      if (conf.count("join_timeout") == 0) {
+        s.join_timeout = t;
+      } else {
+        note("ignored: timeout=" + value + " (join_timeout is given and wins, as in torchrun's c10d backend)");
+      }
     } else if (key == "last_call_timeout") {
       s.last_call_timeout = seconds(key, value);
     } else if (key == "close_timeout") {
       s.close_timeout = seconds(key, value);
     } else if (key == "read_timeout") {
       s.read_timeout = seconds(key, value);
-    } else if (key == "heartbeat_interval") {
+    } else if (key == "heartbeat_interval" || key == "keep_alive_interval") {
       s.heartbeat_interval = seconds(key, value);
     } else if (key == "exit_barrier_timeout") {
       s.exit_barrier_timeout = seconds(key, value);
-    } else if (key == "missed_heartbeats") {
+    } else if (key == "missed_heartbeats" || key == "keep_alive_max_attempt") {
       s.missed_heartbeats = parse_int_value(value, std::string(what) + " key " + key, 1, 1000);
     } else if (key == "is_host") {
       const std::string v = to_lower(trim(value));
-      if (v == "1" || v == "true" || v == "yes") {
+      if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
         s.is_host = true;
-      } else if (v == "0" || v == "false" || v == "no") {
+      } else if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {
         s.is_host = false;
       } else {
         fail(std::string(what) + " key is_host", value, "not a boolean", "1, 0, true, false");
@@ -269,15 +310,23 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
     } else if (key == "token") {
       s.token = value;
       token_given = true;
+    } else if (key == "use_libuv") {
+      note("ignored: use_libuv=" + value + " (ddprun's store is native C++ on Boost.Asio; there is no libuv choice)");
+    } else if (key == "store_type") {
+      if (to_lower(trim(value)) != "tcp") {
+        throw UsageError(std::string(what) + " key store_type=" + value + ": only the TCP store is supported",
+                         "drop store_type or write store_type=tcp");
+      }
+      note("ignored: store_type=tcp (the only store ddprun has)");
     } else {
-      throw UsageError(std::string(what) + ": unknown key '" + key + "'", "accepted keys: " + std::string(kKeys));
+      // torchrun passes unknown keys through to the backend, which ignores what it does not read.
+      note("ignored: unknown key '" + key + "' (accepted keys: " + std::string(kKeys) + ")");
     }
   }
-  if (!token_given && env_token) s.token = std::string(trim(*env_token));
-  if (conf.count("timeout") != 0 && conf.count("join_timeout") != 0) {
-    throw UsageError(std::string(what) + ": both timeout and join_timeout given",
-                     "timeout is torchrun's alias of join_timeout; give only one");
+  if (conf.count("heartbeat_interval") != 0 && conf.count("keep_alive_interval") != 0) {
+    s.heartbeat_interval = seconds("heartbeat_interval", conf.at("heartbeat_interval"));
   }
+  if (!token_given && env_token) s.token = std::string(trim(*env_token));
   return s;
 }
 
@@ -523,6 +572,34 @@ std::string read_password_file(const std::string& file, const std::string& what)
                      "write the etcd password on the file's first line");
   }
   return line;
+}
+
+std::string parse_event_log_handler(std::string_view text, std::string_view what) {
+  const std::string t(trim(text));
+  if (t == "null" || t == "dynamic_rendezvous") return "null";
+  if (t == "console") return t;
+  if (t.rfind("file:", 0) == 0 && t.size() > 5) return t;
+  fail(what, text, "not an event log handler", "null, console, dynamic_rendezvous (torchrun's names) or file:PATH");
+  return {};
+}
+
+std::vector<std::string> parse_duplicate_filters(std::string_view text) {
+  // torchrun's comma_separated_list: ',,' stands for a literal comma; empty items are dropped.
+  std::vector<std::string> out;
+  std::string cur;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      cur += ',';
+      ++i;
+    } else if (text[i] == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += text[i];
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
 }
 
 }  // namespace ddprun::launcher

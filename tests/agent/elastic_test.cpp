@@ -172,6 +172,19 @@ TEST_CASE("job-failed summary names the node and the rank") {
   CHECK_THAT(text, Contains("exitcode   : 3"));
   CHECK_THAT(text, Contains("ValueError: bad"));
   CHECK_THAT(text, Contains("group rank 2"));
+  CHECK_THAT(text, Contains("<NO_OTHER_FAILURES>"));
+  // This node's own failed ranks of the round are listed under "Failures:" with its host.
+  FailureReport mine;
+  mine.rank = 0;
+  mine.local_rank = 0;
+  mine.pid = 77;
+  mine.status = ExitStatus::exited(4);
+  mine.host = "127.0.0.1";
+  const auto with_local = format_job_failed(failed, "train.py", {mine});
+  CHECK_THAT(with_local, Contains("[1]:\n"));
+  CHECK_THAT(with_local, Contains("host       : 127.0.0.1"));
+  CHECK_THAT(with_local, Contains("exitcode   : 4 (pid: 77)"));
+  CHECK(with_local.find("exitcode   : 4") < with_local.find("Root Cause"));
   failed.root_cause.reset();
   CHECK(format_job_failed(failed, "train.py") == "ddprun: job 'job7' failed: worker failure with no restarts left\n");
 }

@@ -89,3 +89,36 @@ TEST_CASE("summary spells out signals and missing error files") {
   CHECK_THAT(text, Catch::Contains("note       : error file could not be used"));
   CHECK_THAT(text, Catch::Contains("[1]:"));  // the "other failures" list
 }
+
+TEST_CASE("summary lists the other failed ranks as [1], [2], ... before the root cause [0]") {
+  FailureReport root;
+  root.rank = 1;
+  root.local_rank = 1;
+  root.pid = 11;
+  root.status = ExitStatus::exited(5);
+  FailureReport second = root;
+  second.rank = 2;
+  second.local_rank = 2;
+  second.pid = 12;
+  second.status = ExitStatus::exited(4);
+  second.cause = "failed on its own after the first failure (not ended by ddprun's teardown)";
+  FailureReport third = second;
+  third.rank = 6;
+  third.pid = 13;
+  third.host = "node9";  // another node's rank in a multi-node summary
+  const auto text = format_failure_summary("train.py", "node7", root, {second, third});
+  const auto failures = text.find("Failures:");
+  const auto one = text.find("[1]:");
+  const auto two = text.find("[2]:");
+  const auto root_at = text.find("Root Cause (first observed failure):\n[0]:");
+  REQUIRE(failures != std::string::npos);
+  REQUIRE(root_at != std::string::npos);
+  CHECK(failures < one);
+  CHECK(one < two);
+  CHECK(two < root_at);
+  CHECK_THAT(text.substr(one, two - one), Catch::Contains("rank       : 2 (local_rank: 2)"));
+  CHECK_THAT(text.substr(one, two - one), Catch::Contains("host       : node7"));
+  CHECK_THAT(text.substr(two, root_at - two), Catch::Contains("host       : node9"));
+  CHECK_THAT(text.substr(root_at), Catch::Contains("exitcode   : 5 (pid: 11)"));
+  CHECK_THAT(text, !Catch::Contains("<NO_OTHER_FAILURES>"));
+}

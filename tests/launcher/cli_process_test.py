@@ -163,8 +163,13 @@ class ExitCodes(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--nproc-per-node=gpu: no GPU found", r.stderr)
 
-    def test_unknown_rdzv_conf_key(self):
-        self.check_usage_error(["--rdzv-conf", "join_timeot=5", "train.py"], "unknown key 'join_timeot'")
+    def test_unknown_rdzv_conf_key_warns(self):
+        # As torchrun: an unknown key does not stop the job; it is named in a warning.
+        with tempfile.TemporaryDirectory(prefix="ddprun-cli-") as d:
+            open(os.path.join(d, "train.py"), "w").close()
+            r = ddprun(["--dry-run", "--rdzv-conf", "join_timeot=5", "train.py"], cwd=d)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[ddprun warning] --rdzv-conf: ignored: unknown key 'join_timeot'", r.stderr)
 
     def test_bad_rdzv_conf_value(self):
         self.check_usage_error(["--rdzv-conf", "heartbeat_interval=0", "train.py"], "heartbeat_interval")

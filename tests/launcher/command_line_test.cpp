@@ -495,7 +495,8 @@ TEST_CASE("bad values name the flag") {
       {{"--local-rank-arg", "both"}, "--local-rank-arg=both"},
       {{"--log-level", "loud"}, "--log-level=loud"},
       {{"--numa-binding", "near"}, "--numa-binding='near'"},
-      {{"--logs-specs", "x"}, "--logs-specs is not supported yet"},
+      {{"--logs-specs", "x"}, "--logs-specs=x: ddprun cannot load torchrun.logs_specs"},
+      {{"--event-log-handler", "syslog"}, "--event-log-handler=syslog"},
       {{"--use-env", "--local-rank-arg", "dash"}, "--use-env and --local-rank-arg"},
       {{"--role", ""}, "--role"},
       {{"--standalone", "--nnodes", "2"}, "--standalone"},
@@ -611,4 +612,19 @@ TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   const auto s = sb.parse({"-r3", "-t", "0:1", "train.py"});
   CHECK(s.config.redirects_all == Streams::both);
   CHECK(s.config.tee == std::map<int, Streams>{{0, Streams::out}});
+}
+
+TEST_CASE("a peer tool's option is never taken as an abbreviation of another ddprun flag") {
+  Sandbox sb;
+  // DeepSpeed's --launcher pdsh used to become --launcher-addr pdsh.
+  CHECK_THROWS_WITH(sb.parse({"--launcher", "pdsh", "--hosts", "a,b", "train.py"}),
+                    Contains("--launcher is DeepSpeed's option") && Contains("--launcher-addr") &&
+                        Contains("write --launcher-addr in full"));
+  CHECK_THROWS_WITH(sb.parse({"--launcher=openmpi", "train.py"}), Contains("DeepSpeed's option"));
+  CHECK_THROWS_WITH(sb.parse({"--np", "8", "train.py"}),
+                    Contains("--np is mpirun's and horovodrun's option") && Contains("--nproc-per-node"));
+  CHECK_THROWS_WITH(sb.parse({"--prefix", "/opt/ompi", "train.py"}), Contains("mpirun's option"));
+  // Other abbreviations of the same flags still work, and so do the full names.
+  CHECK(sb.parse({"--nproc", "2", "train.py"}).config.nproc_per_node == 2);
+  CHECK(sb.parse({"--prefix-o", "train.py"}).config.prefix_console);
 }

@@ -155,6 +155,17 @@ TEST_CASE("the rendezvous token never goes on a command line") {
   CHECK(o2.fanout->rdzv_token == "envtok");
 }
 
+TEST_CASE("rdzv-conf keys the launcher reported as ignored are not forwarded; etcd keys are refused") {
+  FanoutSandbox sb;
+  const auto o = sb.parse(
+      {"--hosts", "h0", "--rdzv-conf", "foo=1,use_libuv=0,timeout=9,join_timeout=5,keep_alive_interval=2", "train.py"});
+  REQUIRE(o.fanout);
+  CHECK(has(o.fanout->agent_args, "--rdzv-conf=is_host=false,join_timeout=5,keep_alive_interval=2"));
+  CHECK(any_contains(o.notes, "ignored: unknown key 'foo'"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--rdzv-conf", "cacert=/x.pem", "train.py"}),
+                    Catch::Contains("applies only to --rdzv-backend etcd"));
+}
+
 TEST_CASE("the carried environment: the default set, --env and --env-file; device selection stays behind") {
   FanoutSandbox sb;
   Sandbox::write(sb.dir() / "job.env", "export FROM_FILE=1\n# c\nFOO=file\n", false);
@@ -195,6 +206,15 @@ TEST_CASE("remote_command: the agent's flags, the host label in the prefix, ever
   CHECK_THAT(cmd, Contains("'--log-line-prefix-template=[h0:${rank}]:'"));  // quoted: no shell expansion
   CHECK_THAT(cmd, Contains("--ranks-filter=0,3-5"));
   CHECK_THAT(cmd, Contains(" -- train.py 'a b' 'it'\\''s'"));
+  // Group ranks follow the host list: each agent is told its position.
+  const auto three = sb.parse({"--hosts", "h2,h0,h1", "train.py"});
+  REQUIRE(three.fanout);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK_THAT(
+        remote_command(*three.fanout, three.fanout->hosts[i], "10.0.0.1:5", "j"),
+        Contains("--node-order=" + std::to_string(i)) && Contains("--node-label=" + three.fanout->hosts[i].host));
+  }
+  CHECK(three.fanout->hosts[0].host == "h2");
 }
 
 TEST_CASE("--ranks-filter takes ranks and ranges") {

@@ -85,12 +85,15 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
                                                 "numa-binding",
                                                 "containment",
                                                 "hang-timeout",
-                                                "stacks"});
+                                                "stacks",
+                                                "event-log-handler",
+                                                "duplicate-stdout-filters",
+                                                "duplicate-stderr-filters"});
   // Rewritten per host or for the job by the fan-out plan.
   CHECK(names_in(FlagScope::planned) == Names{"nproc-per-node", "rdzv-conf", "gpus", "ranks-filter"});
   // Refused with a host list.
   CHECK(names_in(FlagScope::placement) == Names{"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank",
-                                                "master-addr", "master-port", "local-addr", "node-label",
+                                                "master-addr", "master-port", "local-addr", "node-label", "node-order",
                                                 "standalone"});
   // Refused without a host list.
   CHECK(names_in(FlagScope::fanout) == Names{"include", "exclude", "num-nodes", "num-gpus", "ssh-port", "ssh-config",
@@ -101,8 +104,9 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
   CHECK(names_where([](const ddprun::FlagSpec& f) { return f.overrides_slurm; }) ==
         Names{"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr", "standalone"});
   CHECK(names_where([](const ddprun::FlagSpec& f) { return !f.env_form; }) ==
-        Names{"ssh-option", "env", "node-label", "numa-binding", "logs-specs", "dry-run", "log-level", "version"});
-  CHECK(names_where([](const ddprun::FlagSpec& f) { return f.hidden; }) == Names{"node-label"});
+        Names{"ssh-option", "env", "node-label", "node-order", "numa-binding", "logs-specs", "dry-run", "log-level",
+              "version"});
+  CHECK(names_where([](const ddprun::FlagSpec& f) { return f.hidden; }) == Names{"node-label", "node-order"});
 }
 
 TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded as typed") {

@@ -179,8 +179,6 @@ TEST_CASE("rdzv-conf keys become typed settings") {
 }
 
 TEST_CASE("rdzv-conf: bad keys and values are named") {
-  CHECK_THROWS_WITH(parse_rdzv_settings({{"join_timeot", "5"}}, "--rdzv-conf", std::nullopt),
-                    Contains("unknown key 'join_timeot'") && Contains("last_call_timeout"));
   CHECK_THROWS_WITH(parse_rdzv_settings({{"join_timeout", "-1"}}, "PET_RDZV_CONF", std::nullopt),
                     Contains("PET_RDZV_CONF key join_timeout=-1"));
   CHECK_THROWS_WITH(parse_rdzv_settings({{"heartbeat_interval", "0"}}, "--rdzv-conf", std::nullopt),
@@ -188,8 +186,45 @@ TEST_CASE("rdzv-conf: bad keys and values are named") {
   CHECK_THROWS_WITH(parse_rdzv_settings({{"missed_heartbeats", "0"}}, "--rdzv-conf", std::nullopt),
                     Contains("missed_heartbeats"));
   CHECK_THROWS_WITH(parse_rdzv_settings({{"is_host", "maybe"}}, "--rdzv-conf", std::nullopt), Contains("is_host"));
-  CHECK_THROWS_WITH(parse_rdzv_settings({{"timeout", "5"}, {"join_timeout", "6"}}, "--rdzv-conf", std::nullopt),
-                    Contains("both timeout and join_timeout"));
+  CHECK_THROWS_WITH(parse_rdzv_settings({{"store_type", "file"}}, "--rdzv-conf", std::nullopt),
+                    Contains("store_type=file") && Contains("only the TCP store"));
+}
+
+TEST_CASE("rdzv-conf is as lenient as torchrun: unknown keys, quotes, timeout beside join_timeout") {
+  std::vector<std::string> notes;
+  const auto s = parse_rdzv_settings({{"join_timeot", "5"}}, "--rdzv-conf", std::nullopt, &notes);
+  CHECK(s.join_timeout == std::chrono::seconds(600));
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("ignored: unknown key 'join_timeot'") && Contains("last_call_timeout"));
+
+  // Literal quotes around the whole text (PET_RDZV_CONF="'...'") are dropped.
+  const auto quoted = parse_rdzv_conf("'join_timeout=5,last_call_timeout=1'", "--rdzv-conf");
+  CHECK(quoted.at("join_timeout") == "5");
+  CHECK(quoted.at("last_call_timeout") == "1");
+  CHECK(parse_rdzv_conf("\"join_timeout=7\"", "--rdzv-conf").at("join_timeout") == "7");
+  CHECK(parse_rdzv_conf("join_timeout='8'", "--rdzv-conf").at("join_timeout") == "8");
+
+  // torchrun's c10d backend reads join_timeout only: beside it, timeout is ignored with a note.
+  notes.clear();
+  const auto both = parse_rdzv_settings({{"timeout", "5"}, {"join_timeout", "6"}}, "--rdzv-conf", std::nullopt, &notes);
+  CHECK(both.join_timeout == std::chrono::seconds(6));
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("ignored: timeout=5"));
+
+  // torch's own key names and the ignored ones.
+  notes.clear();
+  const auto torch_keys = parse_rdzv_settings({{"keep_alive_interval", "2"},
+                                               {"keep_alive_max_attempt", "5"},
+                                               {"use_libuv", "0"},
+                                               {"store_type", "tcp"},
+                                               {"is_host", "t"}},
+                                              "--rdzv-conf", std::nullopt, &notes);
+  CHECK(torch_keys.heartbeat_interval == std::chrono::seconds(2));
+  CHECK(torch_keys.missed_heartbeats == 5);
+  CHECK(torch_keys.is_host == true);
+  REQUIRE(notes.size() == 2);
+  CHECK_THAT(notes[0], Contains("ignored: store_type=tcp"));
+  CHECK_THAT(notes[1], Contains("ignored: use_libuv=0"));
 }
 
 TEST_CASE("rdzv-backend: etcd and torchrun's etcd-v2 spelling") {

@@ -2,11 +2,15 @@
 """Controllable worker for the multi-node tests (no torch import: starts fast).
 
     mn_worker.py MARKER --out DIR [--fail-rank R --fail-attempt A --exit N]
+                 [--second-fail-rank R2 --second-exit N2]
                  [--exit-when-world W] [--wait-file PATH] [--sleep S] [--slow-rank R --slow-sleep S]
 
 At start it writes DIR/env_<RANK>_a<RESTART_COUNT>_w<WORLD_SIZE>_<pid>.json with the
 distributed variables and its agent's pid (its parent). Then, in this order:
-  * RANK == R and TORCHELASTIC_RESTART_COUNT == A: write $TORCHELASTIC_ERROR_FILE, exit N at once;
+  * RANK == R and TORCHELASTIC_RESTART_COUNT == A: (with R2: once DIR/armed_R2 exists) write
+    $TORCHELASTIC_ERROR_FILE and DIR/failed_R, exit N;
+  * RANK == R2 in attempt A: ignore SIGTERM, write DIR/armed_R2, wait for DIR/failed_R, exit N2
+    by itself (a second failure of its own, after the first);
   * WORLD_SIZE == W: exit 0 at once;
   * --wait-file: exit 0 once PATH exists (checked every 20 ms, at most --sleep seconds);
   * sleep --sleep seconds (default 60; RANK == --slow-rank: --slow-sleep) and exit 0.
@@ -16,12 +20,19 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "DDPRUN_NCCL_UNIQUE_ID", "DDPRUN_NCCL_UNIQUE_IDS"]
+
+
+def wait_for(path, limit=20.0):
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def main():
@@ -31,6 +42,8 @@ def main():
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-attempt", type=int, default=0)
     p.add_argument("--exit", type=int, default=1)
+    p.add_argument("--second-fail-rank", type=int, default=-1)
+    p.add_argument("--second-exit", type=int, default=5)
     p.add_argument("--exit-when-world", type=int, default=-1)
     p.add_argument("--wait-file")
     p.add_argument("--sleep", type=float, default=60.0)
@@ -50,13 +63,22 @@ def main():
         json.dump(env, f)
     os.rename(tmp, os.path.join(a.out, name))
     if rank == a.fail_rank and attempt == a.fail_attempt:
+        if a.second_fail_rank >= 0:  # fail only once the second rank ignores SIGTERM
+            wait_for(os.path.join(a.out, "armed_%d" % a.second_fail_rank))
         # torch's @record format, so the agent can report the message to every node.
         path = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if path:
             with open(path, "w") as f:
                 json.dump({"message": {"message": "MnWorkerError: rank %d failed on purpose" % rank,
                                        "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}}, f)
+        open(os.path.join(a.out, "failed_%d" % rank), "w").close()
         sys.exit(a.exit)
+    if rank == a.second_fail_rank and attempt == a.fail_attempt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(os.path.join(a.out, "armed_%d" % rank), "w").close()
+        wait_for(os.path.join(a.out, "failed_%d" % a.fail_rank))
+        time.sleep(0.2)
+        sys.exit(a.second_exit)
     if world == a.exit_when_world:
         sys.exit(0)
     deadline = time.monotonic() + (a.slow_sleep if rank == a.slow_rank else a.sleep)

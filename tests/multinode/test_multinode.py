@@ -422,6 +422,34 @@ def budget_spent(c):
     check(time.monotonic() - t0 < 20, "stopping took too long")
 
 
+def summary_lists_failed_ranks(c):
+    # Rank 3 fails first (exit 7); rank 2, on the same node, ignores the teardown's SIGTERM and
+    # exits 5 by itself. That node's summary lists rank 2 under "Failures:" and rank 3 as the
+    # root cause; the other nodes' ranks were ended by the teardown and are not listed.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=0,
+                      worker_args=["--fail-rank", "3", "--exit", "7", "--second-fail-rank", "2", "--second-exit", "5",
+                                   "--sleep", "30"])
+    codes = c.wait_agents(40)
+    check(set(codes.values()) == {7}, "exit codes %s (want 7 everywhere)\n%s" % (codes, c.all_logs()))
+    failing = [e for e in c.envs() if e["RANK"] == "3"]
+    agent_pid = failing[0]["agent_pid"]
+    (node,) = [a for a, (p, _) in c.agents.items() if p.pid == agent_pid]
+    for a in ADDRS:
+        log = c.log(a)
+        summary = log[log.index("FAILED\n"):] if "FAILED\n" in log else ""
+        failures, _, root = summary.partition("Root Cause (first observed failure):")
+        check("rank       : 3 (local_rank: 1)" in root, "root cause on %s is not rank 3:\n%s" % (a, log))
+        if a == node:
+            check("[1]:" in failures and "rank       : 2 (local_rank: 0)" in failures and
+                  "exitcode   : 5" in failures and "host       : %s" % node in failures,
+                  "the failing node's summary does not list rank 2:\n%s" % log)
+        else:
+            check("<NO_OTHER_FAILURES>" in failures, "summary on %s lists ranks the teardown ended:\n%s" % (a, log))
+
+
 def shrink(c, how):
     port = c.start_daemon()
     ep = "127.0.0.1:%d" % port
@@ -630,6 +658,7 @@ def embedded_failure_restart(c):
 
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
+                                      summary_lists_failed_ranks,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, static_backend,
                                       exit_barrier, nccl_ids]}

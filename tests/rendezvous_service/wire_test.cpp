@@ -248,6 +248,20 @@ TEST_CASE("the payload limit is enforced from the header, before the body arrive
   CHECK(decode_c(at_limit, limits).status == rdzv::DecodeStatus::ok);
 }
 
+TEST_CASE("NodeInfo.order travels as an optional field", "[wire]") {
+  rdzv::NodeInfo n = info(0);
+  n.order = 7;
+  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config(), ""}});
+  CHECK(bytes.find("\"order\":7") != std::string::npos);
+  rdzv::ClientMessage back;
+  REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::JoinMessage>(back).request.node.order == 7);
+  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), ""}});
+  CHECK(plain.find("order") == std::string::npos);
+  REQUIRE(rdzv::decode_client(plain, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK_FALSE(std::get<rdzv::JoinMessage>(back).request.node.order);
+}
+
 TEST_CASE("NodeInfo.nccl_ids travels as an optional hex field", "[wire][nccl]") {
   rdzv::NodeInfo n = info(0);
   for (std::size_t i = 0; i < 256; ++i) n.nccl_ids.push_back(static_cast<std::uint8_t>(255 - i));  // K = 2

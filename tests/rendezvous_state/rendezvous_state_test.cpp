@@ -160,6 +160,25 @@ TEST_CASE("reaching max closes the round immediately", "[rdzv]") {
   CHECK(f.state().state() == JobState::running);
 }
 
+TEST_CASE("nodes with an order key get group ranks by key, the others follow in join order", "[rdzv]") {
+  // A fan-out launcher passes each host's position (NodeInfo::order): ranks follow the host list
+  // whatever order the ssh connections joined in.
+  Fixture f;
+  NodeInfo a = node(1), b = node(2), c = node(3), d = node(4);
+  a.order = 2;
+  b.order = 0;
+  c.order = 1;  // d has none: an independent agent, after the ordered ones
+  f.join(d, cfg(4, 4));
+  f.join(a, cfg(4, 4));
+  f.join(c, cfg(4, 4));
+  const auto out = f.join(b, cfg(4, 4));
+  CHECK(assignment_of(out, b.id).group_rank == 0);
+  CHECK(assignment_of(out, c.id).group_rank == 1);
+  CHECK(assignment_of(out, a.id).group_rank == 2);
+  CHECK(assignment_of(out, d.id).group_rank == 3);
+  CHECK(assignment_of(out, c.id).rank_offset == 2);
+}
+
 TEST_CASE("master falls back to the advertised address when no store host is given", "[rdzv]") {
   Fixture f;
   NodeInfo n = node(1);

@@ -288,6 +288,25 @@ class Fanout(unittest.TestCase):
         self.assertEqual([i["env"].get("CUDA_VISIBLE_DEVICES") for i in infos if i["host"] == "h2"], ["1"])
         self.assert_clean()
 
+    # ---------- (l) ranks follow the host list, not the ssh join order ----------
+
+    def test_l_ranks_follow_host_order(self):
+        # Two launches on one bed with different orders, neither sorted: the group rank of each
+        # host is its position in the list, whatever order the agents joined in (DeepSpeed,
+        # mpirun and horovodrun place ranks the same way).
+        for order in (["h2", "h0", "h1"], ["h1", "h2", "h0"]):
+            for path in glob.glob(os.path.join(self.out, "w_*.json")):
+                os.remove(path)
+            self.launch(["--hosts", ",".join(order)], self.worker(), nproc=2)
+            self.assertEqual(self.wait_exit(90), 0, self.stderr()[-4000:])
+            infos = self.infos()
+            self.assert_placement(infos, {"h0": 2, "h1": 2, "h2": 2})
+            for i in infos:
+                pos = order.index(i["host"])
+                self.assertEqual(i["group_rank"], pos, (order, i["host"]))
+                self.assertEqual(i["rank"], 2 * pos + i["local_rank"], (order, i["host"]))
+        self.assert_clean()
+
     # ---------- (e) one worker fails ----------
 
     def test_e_worker_failure_stops_all(self):

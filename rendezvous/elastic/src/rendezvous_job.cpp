@@ -158,7 +158,12 @@ void RendezvousJob::close_round(Decisions& out) {
     if (m.role == MemberRole::joined) roster.push_back(&m);
   }
   const int n = static_cast<int>(roster.size());
-  std::sort(roster.begin(), roster.end(), [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
+  // Join order, except that nodes with an order key (NodeInfo::order) come first, by key.
+  std::sort(roster.begin(), roster.end(), [](const Member* a, const Member* b) {
+    if (a->info.order.has_value() != b->info.order.has_value()) return a->info.order.has_value();
+    if (a->info.order && *a->info.order != *b->info.order) return *a->info.order < *b->info.order;
+    return a->join_seq < b->join_seq;
+  });
   // Stable ranks: keep the previous rank when it still fits and is free, then fill the gaps in
   // join order.
   std::vector<Member*> by_rank(static_cast<std::size_t>(n), nullptr);

@@ -40,6 +40,7 @@ json::object node_info_json(const NodeInfo& n) {
                  {"store_port", n.store_port}};
   // Optional (absent = none), so frames without it stay valid both ways.
   if (!n.nccl_ids.empty()) o["nccl_ids"] = hex(n.nccl_ids);
+  if (n.order) o["order"] = *n.order;
   return o;
 }
 

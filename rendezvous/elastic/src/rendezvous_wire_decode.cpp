@@ -130,6 +130,7 @@ NodeInfo read_node_info(const Reader& r) {
   n.store_port = r.find("store_port") ? static_cast<std::uint16_t>(r.i64("store_port", 0, 65535)) : 0;
   n.nccl_ids = unhex(r, "nccl_ids");
   if (n.nccl_ids.size() % 128 != 0) r.bad("nccl_ids", "a whole number of 128-byte NCCL unique IDs in hex");
+  if (r.find("order")) n.order = r.i64("order", 0, std::numeric_limits<std::int32_t>::max());
   return n;
 }
 

@@ -142,6 +142,21 @@ struct AgentConfig {
   int metrics_port = -1;
   std::string metrics_host = "127.0.0.1";
 
+  // torch's elastic-agent environment (docs/worker-env.md), read by the launcher:
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1 serves torch's FileTimerClient on a FIFO (file_timer.hpp) at
+  // file_timer_path (TORCHELASTIC_TIMER_FILE; "" = /tmp/watchdog_timer_<uuid>, as torch's agent),
+  // exported to the workers as TORCHELASTIC_TIMER_FILE.
+  bool file_timer = false;
+  std::string file_timer_path;
+  // TORCHELASTIC_HEALTH_CHECK_PORT: the HTTP health endpoint (health_endpoint.hpp); nullopt = none.
+  std::optional<std::uint16_t> health_check_port;
+  // --event-log-handler (event_log.hpp): "null" = none, "console" = stderr, "file:PATH" = append to PATH.
+  std::string event_log = "null";
+  // --duplicate-stdout-filters / --duplicate-stderr-filters: worker lines containing any of these
+  // substrings are also copied to <attempt>/filtered_std{out,err}.log. Empty = none.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+
   // Remote-agent mode (ddprun --remote-agent, started by a fan-out launcher over ssh; see
   // docs/multinode.md). control_fd is the launcher's control channel (the agent owns it; -1 =
   // none): lines "S<signo>\n" forward a signal as if the agent had received it; EOF means the
@@ -150,6 +165,9 @@ struct AgentConfig {
   // by the node whose worker failed (the launcher shows every host's output in one terminal).
   int control_fd = -1;
   std::string node_label;
+  // The place of this node in the group-rank order (hidden --node-order, set by a fan-out
+  // launcher to the host's position in its list; rendezvous NodeInfo::order). nullopt = join order.
+  std::optional<int> node_order;
 };
 
 // The mode the flags above ask for (pure; see JobMode).

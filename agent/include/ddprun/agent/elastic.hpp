@@ -11,9 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ddprun/agent/config.hpp"
 #include "ddprun/agent/exit_status.hpp"
+#include "ddprun/agent/failure.hpp"
 #include "ddprun/agent/nccl_ids.hpp"
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
@@ -62,7 +64,9 @@ rendezvous::WorkerFailure make_failure(std::uint64_t round, const rendezvous::No
                                        const ExitStatus& status, const std::string& message);
 
 // The text every agent prints when the job fails: the reason, then the bordered root-cause block
-// naming the failing node and rank (when a worker failure caused it).
-std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command);
+// naming the failing node and rank (when a worker failure caused it), with `local_others` (this
+// node's other failed ranks of the round) listed under "Failures:".
+std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command,
+                              const std::vector<FailureReport>& local_others = {});
 
 }  // namespace ddprun::agent

@@ -39,6 +39,7 @@ struct FailureReport {
   std::string note;                        // e.g. why the error file could not be used, spawn error
   std::string cause;                       // why it ended: out of memory, core dump, hang detector (diagnosis.hpp)
   std::string diagnosis;                   // the attempt's diagnosis block (culprit, stacks), when one was made
+  std::string host;                        // where it failed; "" = the summary's host
 };
 
 // The diagnosis block: culprits first, then one line per rank (cause of death or stack
@@ -48,7 +49,8 @@ std::string format_diagnosis_block(std::string_view host, std::string_view headl
                                    const std::vector<std::string>& files);
 
 // The bordered root-cause block (torchrun's ChildFailedError layout, with the exit code or the
-// signal name spelled out). `others` lists further failures of the same attempt.
+// signal name spelled out): `others` under "Failures:" as [1], [2], ... (further ranks of the
+// same attempt that failed on their own, in exit order), then the root cause as [0].
 std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
                                    const std::vector<FailureReport>& others);
 

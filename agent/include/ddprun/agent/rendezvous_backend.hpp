@@ -71,8 +71,10 @@ class RendezvousBackend {
   // All local workers of `round` exited 0 (the exit barrier): on_job_completed (or a restart) follows.
   virtual void report_success(std::uint64_t round) = 0;
   // The local workers stopped after that failure and no verdict came yet: on_restart or
-  // on_job_failed follows. `exit_code` is the group's (the failure's) code.
-  virtual void await_verdict(int exit_code) = 0;
+  // on_job_failed follows. `exit_code` is the group's (the failure's) code; `others` are the
+  // attempt's other local ranks that failed on their own (WorkerRun::other_failures), which a
+  // failure summary lists after the root cause.
+  virtual void await_verdict(int exit_code, std::vector<FailureReport> others) = 0;
   // This node stops after a signal and exits with `exit_code`.
   virtual void leave(int exit_code) = 0;
   // The agent is done: stop serving, then call `stopped` (at once, or once peers had their

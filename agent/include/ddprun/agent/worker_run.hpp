@@ -70,6 +70,11 @@ class WorkerRun {
   WorkerCounts worker_counts() const;
   // The failing worker of the attempt, as a report (nullopt when no worker failed).
   std::optional<FailureReport> root_cause() const;
+  // The attempt's other failed ranks, in exit order, with their error files read: every worker
+  // that ended unsuccessfully on its own. Ranks ended by ddprun (its teardown signals after the
+  // first failure, the hang detector) are consequences and are left out, as torchrun lists only
+  // the workers that had failed when it noticed the first failure.
+  std::vector<FailureReport> other_failures() const;
 
  private:
   struct Worker;
@@ -81,6 +86,8 @@ class WorkerRun {
   void arm_grace();
   FailureReport report_of(const Worker& w) const;
   std::string cause_of(Worker& w, const ExitStatus& status);
+  // Whether `status` is a kill by a signal ddprun sent to the group this attempt.
+  bool by_teardown(const ExitStatus& status) const;
   std::string diagnose(const Worker* failed, const std::string& headline);
   void arm_hang_check();
   void on_hang_check();
@@ -97,7 +104,8 @@ class WorkerRun {
   Progress last_progress_;
   std::chrono::steady_clock::time_point last_change_;
   bool hang_fired_ = false;
-  std::string diagnosis_;  // this attempt's diagnosis block
+  std::string diagnosis_;              // this attempt's diagnosis block
+  std::vector<int> teardown_signals_;  // what signal_groups() sent this attempt
   std::string attempt_dir_;
   std::vector<std::unique_ptr<Worker>> workers_;
   bool wrote_files_ = false;

@@ -36,6 +36,9 @@ struct FanoutHost {
   std::string host;         // a name, an address, or an alias of the ssh config
   std::string nproc = "1";  // --nproc-per-node for this host's agent: N, or gpu|cpu|auto (counted there)
   std::string gpus;         // --gpus for this host's agent ("" = the agent's default: every visible device)
+  // Position in the host list (after --include/--exclude/--num-nodes): the agents' group ranks
+  // follow it (--node-order), as with DeepSpeed, mpirun and horovodrun.
+  std::size_t index = 0;
   // How the host is named in output prefixes and messages.
   const std::string& label() const { return host; }
 };

@@ -50,14 +50,11 @@ struct StreamSpec {
 };
 StreamSpec parse_streams(std::string_view text, std::string_view what);
 
-// --rdzv-conf: "k1=v1,k2=v2"; "" -> empty. Keys and values are trimmed and must be non-empty.
+// --rdzv-conf: "k1=v1,k2=v2"; "" -> empty. Keys and values are trimmed and must be non-empty;
+// one pair of literal quotes around the whole text, a key or a value is dropped
+// ('join_timeout=5,last_call_timeout=1' as typed with doubled shell quoting).
 std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::string_view what);
 
-// --rdzv-conf keys -> typed settings: join_timeout, last_call_timeout, close_timeout,
-// read_timeout, heartbeat_interval, exit_barrier_timeout (seconds, > 0, floats ok),
-// missed_heartbeats (1..1000), is_host (1/0/true/false), token; torchrun's `timeout` is the
-// alias of join_timeout. `env_token` (DDPRUN_RDZV_TOKEN) is used when no token key is given.
-// An unknown key or bad value throws UsageError naming `what`, the key and the accepted keys.
 // --rdzv-conf keys that only the etcd backend reads (parse_rdzv_settings skips them; the
 // launcher refuses them with another backend): protocol, cacert, cert, key, etcd_prefix,
 // username, password, password_file.
@@ -77,8 +74,21 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
                          const std::map<std::string, std::string>& conf, std::string_view what,
                          const std::optional<std::string>& env_password);
 
+// --rdzv-conf keys -> typed settings: join_timeout, last_call_timeout, close_timeout,
+// read_timeout, heartbeat_interval, exit_barrier_timeout (seconds, > 0, floats ok),
+// missed_heartbeats (1..1000), is_host (torch's booleans), token; torchrun's keep_alive_interval
+// and keep_alive_max_attempt name heartbeat_interval and missed_heartbeats; `timeout` sets the
+// join timeout unless join_timeout is given (then it is ignored, as torchrun's c10d backend
+// does). `env_token` (DDPRUN_RDZV_TOKEN) is used when no token key is given. As torchrun, an
+// unknown key does not stop the job: it, use_libuv and store_type=tcp add a one-line
+// "ignored: ..." to `notes` (when not null). A bad value of a known key throws UsageError naming
+// `what` and the key. The etcd-only keys (is_etcd_conf_key) are left to parse_etcd_conf.
+// Whether parse_rdzv_settings reads `key` (the keys above, torch's spellings included); the
+// others it reports as ignored.
+bool is_rdzv_setting_key(std::string_view key);
 agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::string>& conf, std::string_view what,
-                                              const std::optional<std::string>& env_token);
+                                              const std::optional<std::string>& env_token,
+                                              std::vector<std::string>* notes = nullptr);
 
 // --local-ranks-filter: comma list of non-negative local ranks; "" -> nullopt (all ranks).
 std::optional<std::set<int>> parse_local_ranks_filter(std::string_view text, std::string_view what);
@@ -134,5 +144,13 @@ std::string random_uuid4();
 // The etcd password from --rdzv-conf password_file=FILE (an absolute path, or relative to the
 // current directory): its first line, at most 4 KiB. Throws UsageError naming `what` and the file.
 std::string read_password_file(const std::string& file, const std::string& what);
+
+// --event-log-handler: null | dynamic_rendezvous (both: nowhere, as torchrun) | console | file:PATH.
+// Returns "null", "console" or "file:PATH"; anything else throws UsageError naming `what`.
+std::string parse_event_log_handler(std::string_view text, std::string_view what);
+
+// --duplicate-stdout-filters / --duplicate-stderr-filters: torchrun's comma list, ',,' for a
+// literal comma, empty items dropped.
+std::vector<std::string> parse_duplicate_filters(std::string_view text);
 
 }  // namespace ddprun::launcher

@@ -41,6 +41,11 @@ struct NodeInfo {
   // NCCL unique IDs (K x 128 bytes, or empty) created by this node's holder for the round it
   // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's.
   std::vector<std::uint8_t> nccl_ids;
+  // Where this node wants to be in the group-rank order (a fan-out launcher passes each host's
+  // position in its host list, so ranks follow the hostfile). Nodes with a key get the first
+  // free ranks in key order; nodes without one (independent agents: the c10d default) follow in
+  // join order. Absent on the wire = none.
+  std::optional<std::int64_t> order;
 };
 
 // Job configuration, fixed by the first joiner. Only min/max/max_restarts must agree between

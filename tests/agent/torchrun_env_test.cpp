@@ -1,0 +1,180 @@
+// torch's agent environment on the agent side: the file timer (FileTimerClient's JSON lines,
+// torch's expiry rules, a real FIFO), the health endpoint's answer, the event log's line and the
+// entry-point name of the failure summary.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/json.hpp>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "ddprun/agent/entrypoint.hpp"
+#include "ddprun/agent/event_log.hpp"
+#include "ddprun/agent/file_timer.hpp"
+#include "ddprun/agent/health_endpoint.hpp"
+
+using namespace ddprun::agent;
+using Catch::Matchers::Contains;
+
+namespace {
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+TEST_CASE("file timer: FileTimerClient's JSON line") {
+  // As torch's FileTimerRequest.to_json writes it.
+  const auto r = parse_timer_request(
+      R"({"version": 1, "pid": 4242, "scope_id": "train_step", "expiration_time": 1700000000.25, "signal": 9})");
+  REQUIRE(r);
+  CHECK(r->pid == 4242);
+  CHECK(r->scope_id == "train_step");
+  CHECK(r->expiration_time == Approx(1700000000.25));
+  CHECK(r->signal == 9);
+  const auto release = parse_timer_request(R"({"version":1,"pid":7,"scope_id":"s","expiration_time":-1,"signal":0})");
+  REQUIRE(release);
+  CHECK(release->expiration_time < 0);
+  std::string problem;
+  CHECK_FALSE(parse_timer_request("not json", &problem));
+  CHECK_THAT(problem, Contains("not valid JSON"));
+  CHECK_FALSE(parse_timer_request(R"({"pid": 1, "expiration_time": 1})", &problem));
+  CHECK_THAT(problem, Contains("scope_id"));
+  CHECK_FALSE(parse_timer_request(R"({"pid": -3, "scope_id": "s", "expiration_time": 1})", &problem));
+  CHECK_THAT(problem, Contains("pid"));
+}
+
+TEST_CASE("file timer: torch's rules for acquire, release and expiry") {
+  FileTimerTable t;
+  t.apply({1, 100, "a", 10.0, 0});
+  t.apply({1, 100, "b", 12.0, 15});
+  t.apply({1, 100, "c", 11.0, 9});
+  t.apply({1, 200, "x", 20.0, 9});
+  t.apply({1, 300, "y", 5.0, 9});
+  t.apply({1, 300, "y", -1, 0});  // released
+  CHECK(t.size() == 4);
+  CHECK(t.next_deadline() == Approx(10.0));
+  CHECK(t.take_expired(9.0).empty());
+  const auto reaped = t.take_expired(12.0);
+  REQUIRE(reaped.size() == 1);
+  CHECK(reaped[0].pid == 100);
+  CHECK(reaped[0].signal == 9);  // the earliest expired timer with a signal > 0 ("c"), not "a" (0)
+  CHECK(reaped[0].scope_id == "c");
+  CHECK(t.size() == 1);  // every timer of pid 100 is gone
+  CHECK(t.next_deadline() == Approx(20.0));
+  t.apply({1, 400, "quiet", 1.0, 0});
+  const auto quiet = t.take_expired(21.0);
+  REQUIRE(quiet.size() == 2);
+  CHECK(quiet[1].pid == 400);
+  CHECK(quiet[1].signal == 0);  // expired without a signal: not killed
+}
+
+TEST_CASE("file timer: a real FIFO, a writer, and the kill at the deadline") {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("ddprun_timer_test_" + std::to_string(::getpid()));
+  boost::asio::io_context io;
+  pid_t killed = 0;
+  int signal_sent = 0;
+  {
+    FileTimerServer server(io, path.string(), [&](pid_t pid, int sig) {
+      killed = pid;
+      signal_sent = sig;
+      io.stop();
+      return true;
+    });
+    server.start();
+    CHECK(fs::is_fifo(path));
+    // A client opens the FIFO non-blocking (FileTimerClient does): the server's reader is there.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const std::string lines = R"({"version": 1, "pid": 31337, "scope_id": "later", "expiration_time": )" +
+                              std::to_string(unix_now() + 300) +
+                              R"(, "signal": 9})"
+                              "\n"
+                              R"({"version": 1, "pid": 31338, "scope_id": "now", "expiration_time": )" +
+                              std::to_string(unix_now() + 0.2) +
+                              R"(, "signal": 15})"
+                              "\n";
+    REQUIRE(::write(fd, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
+    ::close(fd);
+    io.run_for(std::chrono::seconds(20));
+    CHECK(server.requests_seen() == 2);
+  }
+  CHECK(killed == 31338);
+  CHECK(signal_sent == SIGTERM);
+  CHECK_FALSE(fs::exists(path));  // removed with the server
+}
+
+TEST_CASE("file timer: never signals the agent itself or init") {
+  CHECK_FALSE(kill_timer_pid(::getpid(), SIGKILL));
+  CHECK_FALSE(kill_timer_pid(1, SIGKILL));
+  CHECK_FALSE(kill_timer_pid(0, SIGKILL));
+}
+
+TEST_CASE("health endpoint: the answer and a real request") {
+  const std::string ok = HealthEndpoint::response(true, 1700000000, 42, 3, "running round 3");
+  CHECK_THAT(ok, Contains("HTTP/1.1 200 OK\r\n") && Contains("Content-Type: application/json"));
+  const auto body = boost::json::parse(ok.substr(ok.find("\r\n\r\n") + 4)).as_object();
+  CHECK(body.at("status").as_string() == "alive");
+  CHECK(body.at("last_progress_time").as_int64() == 1700000000);
+  CHECK(body.at("round").to_number<int>() == 3);
+  CHECK_THAT(HealthEndpoint::response(false, 1, 42, 0, "x"), Contains("503") && Contains("\"stale\""));
+
+  boost::asio::io_context io;
+  HealthEndpoint ep(io, 0);
+  ep.start();
+  ep.set_state("running round 1", 1);
+  std::string answer;
+  std::thread client([&] {
+    boost::asio::io_context cio;
+    boost::asio::ip::tcp::socket s(cio);
+    s.connect({boost::asio::ip::make_address("127.0.0.1"), ep.port()});
+    const std::string req = "GET / HTTP/1.1\r\n\r\n";
+    boost::asio::write(s, boost::asio::buffer(req));
+    boost::system::error_code ec;
+    std::array<char, 4096> buf{};
+    for (;;) {
+      const auto n = s.read_some(boost::asio::buffer(buf), ec);
+      if (ec) break;
+      answer.append(buf.data(), n);
+    }
+    io.stop();
+  });
+  io.run_for(std::chrono::seconds(20));
+  client.join();
+  CHECK_THAT(answer, Contains("200 OK") && Contains("\"state\":\"running round 1\""));
+}
+
+TEST_CASE("event log: torch's Event layout") {
+  const auto line = EventLog::format("ddprun.round.started", "AGENT", 1700000000123,
+                                     {{"round", std::int64_t{2}}, {"role", std::string("trainer")}});
+  const auto o = boost::json::parse(line).as_object();
+  CHECK(o.at("name").as_string() == "ddprun.round.started");
+  CHECK(o.at("source").as_string() == "AGENT");
+  CHECK(o.at("timestamp").as_int64() == 1700000000123);
+  CHECK(o.at("metadata").as_object().at("round").as_int64() == 2);
+  CHECK(o.at("metadata").as_object().at("role").as_string() == "trainer");
+  CHECK_FALSE(EventLog("null").enabled());
+  CHECK(EventLog("console").enabled());
+  CHECK_THROWS_WITH(EventLog("file:/nonexistent-dir/x.jsonl"), Contains("/nonexistent-dir/x.jsonl"));
+}
+
+TEST_CASE("the failure summary names the script, not the interpreter") {
+  AgentConfig c;
+  c.worker_argv = {"/usr/bin/python3", "-u", "train.py", "--lr", "1"};
+  c.python_worker = true;
+  c.user_args_index = 3;
+  CHECK(entrypoint_name(c) == "train.py");
+  c.worker_argv = {"/usr/bin/python3", "-u", "-m", "pkg.train"};
+  c.user_args_index = 4;
+  CHECK(entrypoint_name(c) == "pkg.train");
+  c.worker_argv = {"/opt/bin/train", "--x"};
+  c.python_worker = false;
+  c.user_args_index = 1;
+  CHECK(entrypoint_name(c) == "/opt/bin/train");
+}

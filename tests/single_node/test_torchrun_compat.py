@@ -1,0 +1,298 @@
+"""torchrun's current flags and agent environment under ddprun, end to end (real processes).
+
+Classes (each runnable alone, e.g. `test_torchrun_compat.py FileTimer`):
+  PortZero    --rdzv-endpoint HOST:0: several jobs on one machine, each hosting on a free port.
+  RdzvConf    --rdzv-conf as lenient as torchrun (unknown keys, literal quotes, timeout+join_timeout).
+  FileTimer   TORCHELASTIC_ENABLE_FILE_TIMER with torch's FileTimerClient ($PYTHON_EXEC: 1.13, or
+              2.6 through the torch2 tier) and with a native writer.
+  Health      TORCHELASTIC_HEALTH_CHECK_PORT answers over HTTP while the job runs.
+  EventLog    --event-log-handler console / file:PATH / null, --logs-specs.
+  Summary     the failure summary names the script and lists the failed ranks.
+  PeerFlags   a peer tool's option is refused instead of read as an abbreviation.
+Every wait is bounded by a subprocess timeout; readiness comes from the workers' own files.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+BIN = os.environ.get("DDPRUN_BIN_DIR", "")
+DDPRUN = os.path.join(BIN, "ddprun")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+
+def run(args, timeout=90, env=None, cwd=None):
+    e = dict(os.environ)
+    e["PYTHON_EXEC"] = PYTHON
+    e["PET_MASTER_PORT"] = "0"  # the worker store on a free port: other jobs may hold 29500
+    e.update(env or {})
+    return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_compat_")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def p(self, name):
+        return os.path.join(self.dir, name)
+
+    def ok(self, r):
+        self.assertEqual(r.returncode, 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+
+
+class PortZero(Base):
+    def test_two_c10d_jobs_on_port_zero_at_once(self):
+        # torchrun's recipe for several single-node jobs on one machine. Both run at the same time:
+        # each waits for a file only the other one writes, so neither can finish alone.
+        prog = ["--no-python", "/bin/sh", "-c"]
+        script = ('touch "$1/started.$2"; i=0; while [ ! -e "$1/started.$3" ]; do i=$((i+1)); '
+                  '[ $i -gt 3000 ] && exit 7; sleep 0.01; done; echo "port=$MASTER_PORT"')
+        e = dict(os.environ, PYTHON_EXEC=PYTHON)
+        procs = [subprocess.Popen([DDPRUN, "--rdzv-backend=c10d", "--nnodes=1", "--rdzv-endpoint=localhost:0",
+                                   "--nproc-per-node=2"] + prog + [script, "sh", self.dir, me, other],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+                 for me, other in (("a", "b"), ("b", "a"))]
+        outs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=45)  # the old behaviour gave up after 60 s
+                self.assertEqual(p.returncode, 0, f"stdout:\n{out}\nstderr:\n{err}")
+                self.assertIn("hosts the rendezvous at localhost:", err)
+                outs.append(out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        self.assertEqual(sum(o.count("port=") for o in outs), 4)
+
+    def test_static_single_node_ignores_port_zero(self):
+        self.ok(run(["--rdzv-endpoint=localhost:0", "--nproc-per-node=2", "--no-python", "/bin/true"]))
+
+    def test_port_zero_with_several_nodes_is_refused(self):
+        r = run(["--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=localhost:0", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("port 0", r.stderr)
+        self.assertIn("give a fixed port for 2 nodes", r.stderr)
+
+
+class RdzvConf(Base):
+    def test_lenient_keys_and_literal_quotes(self):
+        r = run(["--rdzv-backend=c10d", "--nnodes=1", "--rdzv-endpoint=localhost:0",
+                 "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=9,foo=bar,use_libuv=0,store_type=tcp,"
+                 "keep_alive_interval=2,read_timeout=30'", "--no-python", "/bin/true"])
+        self.ok(r)
+        self.assertIn("ignored: unknown key 'foo'", r.stderr)
+        self.assertIn("ignored: use_libuv=0", r.stderr)
+        self.assertIn("ignored: timeout=9", r.stderr)
+
+    def test_bad_value_of_a_known_key_is_still_an_error(self):
+        r = run(["--rdzv-conf=join_timeout=soon", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("join_timeout", r.stderr)
+
+
+class FileTimer(Base):
+    def test_torch_file_timer_client_kills_and_the_group_restarts(self):
+        fifo = self.p("watchdog.fifo")
+        r = run(["--nproc-per-node=2", "--max-restarts=1", os.path.join(HERE, "file_timer_worker.py"), self.dir],
+                timeout=150, env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": fifo})
+        self.ok(r)
+        self.assertTrue(os.path.exists(self.p("armed")), r.stderr)
+        with open(self.p("timer_file.0.0")) as f:
+            self.assertEqual(f.read(), fifo)
+        self.assertIn("scope 'stuck_step' of worker pid", r.stderr)
+        self.assertIn("SIGKILL", r.stderr)
+        self.assertTrue(os.path.exists(self.p("restarted.0")) and os.path.exists(self.p("restarted.1")))
+        self.assertFalse(os.path.exists(fifo), "the agent removes its FIFO")
+
+    def test_requested_signal_is_used(self):
+        r = run(["--max-restarts=0", os.path.join(HERE, "file_timer_worker.py"), self.dir, str(int(signal.SIGTERM))],
+                timeout=150, env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr)
+        self.assertIn("killing it with SIGTERM", r.stderr)
+        with open(self.p("timer_file.0.0")) as f:
+            path = f.read()
+        self.assertTrue(path.startswith("/tmp/watchdog_timer_"), path)  # torch's default name
+        self.assertFalse(os.path.exists(path))
+
+    def test_native_writer(self):
+        # What FileTimerClient writes, from a shell: one JSON line per request.
+        script = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]; then exit 0; fi; '
+                  'printf \'{"version": 1, "pid": %d, "scope_id": "release_me", "expiration_time": %d, '
+                  '"signal": 9}\\n\' $$ $(( $(date +%s) + 1 )) > "$TORCHELASTIC_TIMER_FILE"; '
+                  'printf \'{"version": 1, "pid": %d, "scope_id": "release_me", "expiration_time": -1, '
+                  '"signal": 0}\\n\' $$ > "$TORCHELASTIC_TIMER_FILE"; '
+                  'printf \'{"version": 1, "pid": %d, "scope_id": "native", "expiration_time": %d.5, '
+                  '"signal": 15}\\n\' $$ $(( $(date +%s) + 1 )) > "$TORCHELASTIC_TIMER_FILE"; '
+                  'echo not json > "$TORCHELASTIC_TIMER_FILE"; exec sleep 60')
+        r = run(["--max-restarts=1", "--no-python", "/bin/sh", "-c", script], timeout=90,
+                env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+        self.ok(r)
+        self.assertIn("scope 'native' of worker pid", r.stderr)
+        self.assertIn("killing it with SIGTERM", r.stderr)
+        self.assertNotIn("release_me", r.stderr)
+        self.assertIn("ignoring a line", r.stderr)
+
+    def test_off_by_default(self):
+        r = run(["--no-python", "/bin/sh", "-c", 'test -z "$TORCHELASTIC_TIMER_FILE"'])
+        self.ok(r)
+
+
+class Health(Base):
+    def test_health_endpoint_answers_while_the_job_runs(self):
+        port = free_port()
+        out = self.p("answer")
+        r = run([os.path.join(HERE, "health_probe.py"), str(port), out],
+                env={"TORCHELASTIC_HEALTH_CHECK_PORT": str(port), "PYTHON_EXEC": "/usr/bin/python3"})
+        self.ok(r)
+        with open(out, "rb") as f:
+            raw = f.read().decode()
+        head, _, body = raw.partition("\r\n\r\n")
+        self.assertTrue(head.startswith("HTTP/1.1 200 OK"), raw)
+        doc = json.loads(body)
+        self.assertEqual(doc["status"], "alive")
+        self.assertEqual(doc["state"], "running round 0")
+        self.assertIsInstance(doc["last_progress_time"], int)
+
+    def test_bad_port_is_an_error(self):
+        r = run(["--no-python", "/bin/true"], env={"TORCHELASTIC_HEALTH_CHECK_PORT": "http"})
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("TORCHELASTIC_HEALTH_CHECK_PORT", r.stderr)
+
+
+class EventLog(Base):
+    def test_file_handler_records_the_job(self):
+        log = self.p("events.jsonl")
+        r = run(["--event-log-handler", "file:" + log, "--max-restarts=1", "--no-python", "/bin/sh", "-c",
+                 'exit $((1 - TORCHELASTIC_RESTART_COUNT))'])
+        self.ok(r)
+        with open(log) as f:
+            events = [json.loads(line) for line in f]
+        names = [e["name"] for e in events]
+        self.assertEqual(names, ["ddprun.agent.started", "ddprun.round.started", "torchelastic.worker.status.FAILED",
+                                 "ddprun.round.restart", "ddprun.round.started",
+                                 "torchelastic.worker.status.SUCCEEDED"])
+        failed = events[2]
+        self.assertEqual(failed["source"], "WORKER")
+        self.assertEqual(failed["metadata"]["global_rank"], 0)
+        self.assertEqual(events[4]["metadata"]["agent_restarts"], 1)
+        for e in events:
+            self.assertIsInstance(e["timestamp"], int)
+            self.assertEqual(e["metadata"]["entry_point"], "/bin/sh")
+
+    def test_console_and_null(self):
+        r = run(["--event-log-handler=console", "--no-python", "/bin/true"])
+        self.ok(r)
+        self.assertIn('"name":"torchelastic.worker.status.SUCCEEDED"', r.stderr)
+        for handler in ("null", "dynamic_rendezvous"):
+            r = run(["--event-log-handler=" + handler, "--no-python", "/bin/true"])
+            self.ok(r)
+            self.assertNotIn('"name":', r.stderr)
+        r = run(["--event-log-handler=syslog", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("console", r.stderr)
+
+    def test_logs_specs(self):
+        self.ok(run(["--logs-specs=default", "--no-python", "/bin/true"]))
+        r = run(["--logs-specs=my_plugin", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("torchrun.logs_specs", r.stderr)
+
+
+class DuplicateFilters(Base):
+    def test_matching_lines_are_copied_to_the_filtered_logs(self):
+        import glob
+        script = ('echo "apple pie"; echo banana; echo "or,ange juice"; echo "apple err" >&2; '
+                  'echo "kiwi err" >&2')
+        r = run(["--log-dir", self.dir, "--nproc-per-node=2", "--duplicate-stdout-filters=apple,or,,ange",
+                 "--duplicate-stderr-filters=kiwi", "--no-python", "/bin/sh", "-c", script])
+        self.ok(r)
+        # The console still gets every line, unprefixed as without the filters.
+        self.assertEqual(r.stdout.count("banana\n"), 2)
+        self.assertEqual(r.stdout.count("apple pie\n"), 2)
+        self.assertEqual(r.stderr.count("apple err\n"), 2)
+        [attempt] = glob.glob(os.path.join(self.dir, "*", "attempt_0"))
+        with open(os.path.join(attempt, "filtered_stdout.log")) as f:
+            out = sorted(f.read().splitlines())
+        self.assertEqual(out, ["[default0]:apple pie", "[default0]:or,ange juice",
+                               "[default1]:apple pie", "[default1]:or,ange juice"])
+        with open(os.path.join(attempt, "filtered_stderr.log")) as f:
+            self.assertEqual(sorted(f.read().splitlines()), ["[default0]:kiwi err", "[default1]:kiwi err"])
+
+
+class Summary(Base):
+    def test_summary_names_the_script(self):
+        script = self.p("train.py")
+        with open(script, "w") as f:
+            f.write("import sys\nsys.exit(3)\n")
+        r = run(["--nproc-per-node=1", "train.py"], cwd=self.dir)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("train.py FAILED", r.stderr)
+        self.assertNotIn("python3 FAILED", r.stderr)
+
+    def test_every_rank_that_failed_on_its_own_is_listed_root_cause_first(self):
+        # Rank 1 fails first (exit 5). Rank 2 ignores SIGTERM and exits 4 by itself once rank 1 is
+        # gone: a failure of its own, listed under "Failures:". Rank 0 is ended by ddprun's
+        # SIGTERM: a consequence, not listed.
+        script = ('case $RANK in '
+                  '1) touch "$0/one"; exit 5;; '
+                  '2) trap "" TERM; i=0; while [ ! -e "$0/one" ]; do i=$((i+1)); [ $i -gt 3000 ] && exit 9; '
+                  'sleep 0.01; done; sleep 0.3; exit 4;; '
+                  '*) exec sleep 60;; esac')
+        events = self.p("events.jsonl")
+        r = run(["--nproc-per-node=3", "--event-log-handler=file:" + events, "--no-python", "/bin/sh", "-c", script,
+                 self.dir])
+        self.assertEqual(r.returncode, 5, r.stderr)
+        with open(events) as f:
+            failed = [json.loads(line)["metadata"] for line in f
+                      if json.loads(line)["name"] == "torchelastic.worker.status.FAILED"
+                      and json.loads(line)["source"] == "WORKER"]
+        self.assertEqual([(e["global_rank"], e["raw_error"]) for e in failed],
+                         [(1, "exit code 5"), (2, "exit code 4")])
+        summary = r.stderr[r.stderr.index("/bin/sh FAILED"):]
+        failures, _, root = summary.partition("Root Cause (first observed failure):")
+        self.assertIn("[0]:", root)
+        self.assertIn("rank       : 1 (local_rank: 1)", root)
+        self.assertIn("exitcode   : 5", root)
+        self.assertIn("[1]:", failures)
+        self.assertIn("rank       : 2 (local_rank: 2)", failures)
+        self.assertIn("exitcode   : 4", failures)
+        self.assertIn("failed on its own after the first failure", failures)
+        self.assertNotIn("<NO_OTHER_FAILURES>", failures)
+        self.assertNotIn("rank       : 0 ", summary)
+
+
+class PeerFlags(Base):
+    def test_deepspeed_launcher_flag(self):
+        r = run(["--launcher", "pdsh", "--hosts", "h1,h2", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("DeepSpeed's option", r.stderr)
+        self.assertNotIn("cannot host the rendezvous", r.stderr)
+
+    def test_mpirun_flags(self):
+        for flag, tool in (("--np", "horovodrun"), ("--prefix", "mpirun")):
+            r = run([flag, "4", "--no-python", "/bin/true"])
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(tool, r.stderr)
+        # The flags themselves, spelled out, still work.
+        self.ok(run(["--prefix-output", "--no-python", "/bin/true"]))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
