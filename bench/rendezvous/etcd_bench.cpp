@@ -17,6 +17,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +72,8 @@ int main(int argc, char** argv) {
     }
   }
   if (nodes < 2) die("--nodes must be at least 2");
+  // DDPRUN_TEST_DEBUG=1 logs every applied log entry (with times) to stderr.
+  if (std::getenv("DDPRUN_TEST_DEBUG") != nullptr) spdlog::set_level(spdlog::level::debug);
   if (endpoints.empty()) die("give --endpoints H:P");
   rlimit rl{};
   getrlimit(RLIMIT_NOFILE, &rl);
