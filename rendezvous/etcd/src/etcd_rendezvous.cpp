@@ -742,10 +742,22 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         expiry_candidates.insert(node_key(j->request.node.id));
       }
     }
-    for (const Decision& a : actions) {
-      deliver(a);
+    // Of the progress lines for this node only the last of the entry is news: a batch of N
+    // joins would otherwise report N intermediate counts at once.
+    std::size_t last_progress = actions.size();
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (const auto* p = std::get_if<Progress>(&actions[i]); p != nullptr && progress_is_mine(*p)) last_progress = i;
+    }
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (std::holds_alternative<Progress>(actions[i]) && i != last_progress) continue;
+      deliver(actions[i]);
       if (stopped()) return;
     }
+  }
+
+  bool progress_is_mine(const Progress& p) const {
+    const NodeId& me = options.node.id;
+    return p.node == me || (p.broadcast && log.role(me) == MemberRole::joined);
   }
 
   void deliver(const Decision& action) {
@@ -754,9 +766,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         [&](const auto& a) {
           using A = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<A, Progress>) {
-            bool mine = a.node == me;
-            if (!mine && a.broadcast) mine = log.role(me) == MemberRole::joined;
-            if (mine && events.on_progress) events.on_progress(a.text);
+            if (progress_is_mine(a) && events.on_progress) events.on_progress(a.text);
             return;
           } else {
             if (!(a.node == me)) return;
