@@ -685,7 +685,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   // ---- sequencer election ----
 
   void campaign() {
-    if (phase != Phase::ready || leader || leader_known || campaigning || leaving || syncing) return;
+    if (phase != Phase::ready || leader || leader_known || campaigning || leaving || syncing || node_lease == 0) return;
     campaigning = true;
     etcd::TxnRequest t;
     t.compare.push_back({leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
@@ -870,7 +870,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   // Puts the first event not yet in the inbox (one at a time, so the inbox holds our events in
   // the order of their counters and mod revisions).
   void process_ops() {
-    if (phase != Phase::ready || putting || syncing) return;
+    // Without a lease (being replaced) a put would leave keys that never expire.
+    if (phase != Phase::ready || putting || syncing || node_lease == 0) return;
     auto it = std::find_if(ops.begin(), ops.end(), [](const Op& o) { return !o.put; });
     if (it == ops.end()) return;
     if (it->id.empty()) it->id = fmt::format("{}-{:012d}", source, ++op_counter);
