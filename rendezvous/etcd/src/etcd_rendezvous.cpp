@@ -318,6 +318,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   EtcdRendezvousOptions options;
   RendezvousEvents events;
   etcd::EtcdClient client;
+  // Keepalives go on their own connection: a call stuck on a member that lost its leader (up to
+  // the request timeout per member) must not hold this node's lease renewal behind it.
+  etcd::EtcdClient lease_client;
   etcd::JobLog log;
   std::string job_prefix, log_prefix, nodes_prefix, inbox_prefix, lease_key, leader_key, my_key;
   std::string source;  // this object's event-id source: "<instance>.<nonce>"
@@ -359,6 +362,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         options(std::move(o)),
         events(std::move(ev)),
         client(io_, options.etcd),
+        lease_client(io_, options.etcd),
         log(options.run_id),
         node_ttl(etcd::node_lease_ttl(options.config)),
         job_ttl(etcd::job_lease_ttl(options.config)),
@@ -413,6 +417,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     retry_timer.cancel();
     leave_timer.cancel();
     client.shutdown();
+    lease_client.shutdown();
     ops.clear();
   }
 
@@ -1014,28 +1019,28 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (node_lease != 0) {
       // Keepalives queue up while a member stalls; an answer about a lease this node already
       // replaced says nothing about the current one (acting on it would drop a live lease).
-      client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
-                               if (r.ttl > 0 || id != node_lease) return;
-                               spdlog::warn(
-                                   "etcd rendezvous '{}': this node's lease expired; "
-                                   "taking a new one",
-                                   options.run_id);
-                               node_lease = 0;
-                               if (leader) step_down("its lease expired");
-                               // The inbox keys went with the lease: put what is not applied again.
-                               for (Op& op : ops) op.put = false;
-                               client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
-                                                    node_lease = g.id;
-                                                    after_apply();
-                                                  }));
-                             }));
+      lease_client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
+                                     if (r.ttl > 0 || id != node_lease) return;
+                                     spdlog::warn(
+                                         "etcd rendezvous '{}': this node's lease expired; "
+                                         "taking a new one",
+                                         options.run_id);
+                                     node_lease = 0;
+                                     if (leader) step_down("its lease expired");
+                                     // The inbox keys went with the lease: put what is not applied again.
+                                     for (Op& op : ops) op.put = false;
+                                     client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
+                                                          node_lease = g.id;
+                                                          after_apply();
+                                                        }));
+                                   }));
     }
     // The job lease needs one keeper: the sequencer (or, while none is known, everyone). A
     // sequencer that dies is replaced within a node TTL; the job TTL is at least three.
     if (job_lease != 0 && (leader || !leader_known)) {
-      client.lease_keepalive(job_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
-                               if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
-                             }));
+      lease_client.lease_keepalive(job_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
+                                     if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
+                                   }));
     }
     // Three keepalives per TTL, like etcd's own clients: one lost or late keepalive costs nothing.
     keepalive_timer.expires_after(std::chrono::milliseconds(node_ttl * 1000 / 3));
