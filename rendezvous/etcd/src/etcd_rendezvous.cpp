@@ -1125,6 +1125,7 @@ void EtcdRendezvous::report_success(std::uint64_t round) {
 void EtcdRendezvous::leave() { impl_->leave(); }
 void EtcdRendezvous::stop() { impl_->stop(); }
 const std::optional<Assignment>& EtcdRendezvous::current_assignment() const { return impl_->assignment; }
+bool EtcdRendezvous::sequencing() const { return impl_->leader && impl_->phase == Impl::Phase::ready; }
 bool EtcdRendezvous::connected() const { return impl_->phase == Impl::Phase::ready && impl_->healthy; }
 
 RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const std::string& prefix,

@@ -95,6 +95,8 @@ class EtcdRendezvous {
   const std::optional<Assignment>& current_assignment() const;
   // True while the log is being followed and the last exchange with etcd succeeded.
   bool connected() const;
+  // True while this agent is the job's sequencer (holds P"leader" and appends to the log).
+  bool sequencing() const;
 
   struct Impl;
 
