@@ -33,8 +33,10 @@
 // event (the registry's lost-node path). When the sequencer itself stops, its P"leader" key
 // goes with its lease, every agent sees that and one of them takes over (re-reading the whole
 // job first). Every key of the job lives under P = <etcd_prefix><run_id>/; the log and the lease
-// key are attached to a shared job lease that every agent keeps alive: once no agent is left,
-// etcd removes the whole job after its TTL.
+// key are attached to a shared job lease that the sequencer keeps alive (every agent, while no
+// sequencer is known): once no agent is left, etcd removes the whole job after its TTL.
+// Keepalives use a connection of their own, so a call stuck on a member that lost its leader
+// never delays a lease renewal.
 //
 // Key layout: P"inbox/<source>-<counter, 12 digits>" = one pending event (owner's node lease);
 // P"leader" = node id of the sequencer (its node lease); P"lease" = decimal id of the job
