@@ -11,11 +11,17 @@
 // Every replica applies every event in this one process, so the figures include N replicas'
 // work done one after another; real agents do it in parallel on their own machines.
 //
-//   etcd_bench --nodes N --endpoints H:P[,H:P...] [--timeout S]
+//   etcd_bench --nodes N --endpoints H:P[,H:P...] [--timeout S] [--lease-ttl S]
+//
+// --lease-ttl is each agent's etcd lease TTL (heartbeat 1 s x S missed; default 5 s). N agents
+// keep N leases alive from this one thread, so on a small shared machine a large N needs a
+// longer TTL than real agents on their own machines would.
 //
 // Prints one JSON object on stdout; exit 0, or 1 with a message on stderr.
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <spdlog/spdlog.h>
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -45,6 +51,15 @@ struct Agent {
   bool restarted = false;
 };
 
+// `s` with JSON's special characters dropped (messages only, for the "error" field).
+std::string json_text(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
+
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 }  // namespace
@@ -53,6 +68,7 @@ int main(int argc, char** argv) {
   int nodes = 16;
   std::string endpoints;
   double timeout_s = 300;
+  int lease_ttl_s = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -65,11 +81,16 @@ int main(int argc, char** argv) {
       endpoints = value();
     } else if (a == "--timeout") {
       timeout_s = std::atof(value().c_str());
+    } else if (a == "--lease-ttl") {
+      lease_ttl_s = std::atoi(value().c_str());
     } else {
       die("unknown argument '" + a + "' (see the header of bench/rendezvous/etcd_bench.cpp)");
     }
   }
   if (nodes < 2) die("--nodes must be at least 2");
+  if (lease_ttl_s < 2) die("--lease-ttl must be at least 2 (etcd's minimum)");
+  // DDPRUN_TEST_DEBUG=1 logs every applied log entry (with times) to stderr.
+  if (std::getenv("DDPRUN_TEST_DEBUG") != nullptr) spdlog::set_level(spdlog::level::debug);
   if (endpoints.empty()) die("give --endpoints H:P");
   rlimit rl{};
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -78,9 +99,16 @@ int main(int argc, char** argv) {
 
   boost::asio::io_context io;
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  // What finished before a phase timed out is still printed (with "error"), so a run that
+  // cannot complete a phase at some N still reports the phases before it.
+  std::string partial;
   auto run_until = [&](const char* what, auto done) {
     while (!done()) {
-      if (Clock::now() > deadline) die(std::string("timed out: ") + what);
+      if (Clock::now() > deadline) {
+        std::printf("{\"nodes\": %d%s, \"error\": \"timed out: %s\"}\n", nodes, partial.c_str(), what);
+        std::fflush(stdout);
+        die(std::string("timed out: ") + what);
+      }
       io.run_one_for(std::chrono::milliseconds(50));
     }
   };
@@ -107,7 +135,7 @@ int main(int argc, char** argv) {
     o.config.join_timeout = std::chrono::seconds(static_cast<int>(timeout_s));
     o.config.last_call_timeout = std::chrono::seconds(30);
     o.config.heartbeat_interval = std::chrono::seconds(1);
-    o.config.missed_heartbeats = 5;
+    o.config.missed_heartbeats = lease_ttl_s;
     o.give_up_after = std::chrono::seconds(60);
     Agent& ag = agents[static_cast<std::size_t>(i)];
     rdzv::RendezvousEvents ev;
@@ -129,7 +157,11 @@ int main(int argc, char** argv) {
     ag.r = std::make_unique<rdzv::EtcdRendezvous>(io, std::move(o), std::move(ev));
   }
   auto check_failures = [&] {
-    if (failures > 0) die(failure_text);
+    if (failures == 0) return;
+    std::printf("{\"nodes\": %d%s, \"error\": \"%d agent(s) failed, e.g. %s\"}\n", nodes, partial.c_str(), failures,
+                json_text(failure_text).c_str());
+    std::fflush(stdout);
+    die(failure_text);
   };
 
   const auto t_setup = Clock::now();
@@ -142,6 +174,7 @@ int main(int argc, char** argv) {
     return true;
   });
   const double setup_ms = ms_since(t_setup);
+  partial += ", \"setup_ms\": " + std::to_string(setup_ms);
 
   const auto t_close = Clock::now();
   agents.back().r->join();
@@ -153,6 +186,7 @@ int main(int argc, char** argv) {
     return true;
   });
   const double close_ms = ms_since(t_close);
+  partial += ", \"close_ms\": " + std::to_string(close_ms);
   const std::uint64_t round0 = agents.front().assigned_round;
 
   const auto t_restart = Clock::now();

@@ -129,3 +129,48 @@ TEST_CASE("lease TTLs and the replica config", "[etcd][log]") {
   CHECK(r.lease() > std::chrono::hours(24 * 365 * 10));
   CHECK(r.validate() == "");
 }
+
+TEST_CASE("a batch carries many events in one log entry and replicas apply each id once", "[etcd][log]") {
+  const JobConfig c = config(3, 3);
+  std::vector<LogEvent> batch;
+  for (int i = 1; i <= 3; ++i) {
+    LogEvent e = join_event(2000, i, c);
+    e.id = "src" + std::to_string(i) + ".7-" + std::string(11, '0') + "1";
+    batch.push_back(e);
+  }
+  const std::string value = encode_batch(batch);
+  std::vector<LogEvent> back;
+  REQUIRE(decode_batch(value, WireLimits{}, back) == "");
+  REQUIRE(back.size() == 3);
+  CHECK(back[2].id == batch[2].id);
+  CHECK(std::get<JoinMessage>(back[1].message).request.node.id == node(2).id);
+
+  // One entry holding every join closes the round at once, the same way on every replica.
+  JobLog a("job"), b("job");
+  const auto ra = only<SendAssignment>(a.apply(0, back));
+  REQUIRE(ra.size() == 3);
+  CHECK(only<SendAssignment>(b.apply(0, batch)).size() == 3);
+  CHECK(a.role(node(1).id) == MemberRole::participant);
+  CHECK_FALSE(a.role(NodeId{"10.9.9.9", 1, "nobody"}));
+
+  // The same ids again (a re-put inbox key, a second sequencer racing a takeover): skipped.
+  CHECK(a.seen(batch[0].id));
+  CHECK(a.seen("src1.7-000000000000"));
+  CHECK_FALSE(a.seen("src1.7-000000000002"));
+  CHECK_FALSE(a.seen("other-000000000001"));
+  CHECK(a.apply(1, batch).empty());
+  CHECK(a.job()->round() == 0);
+  // Ids without a counter are never taken for duplicates.
+  CHECK_FALSE(split_event_id("plain"));
+  CHECK_FALSE(split_event_id("a-"));
+  CHECK(split_event_id("a-b-12") == std::make_pair(std::string("a-b"), std::uint64_t{12}));
+
+  // Hostile batches are refused whole, with the reason.
+  CHECK_THAT(decode_batch("nonsense", WireLimits{}, back), Catch::Contains("magic"));
+  CHECK_THAT(decode_batch("ddprun-etcd-batch 1 0\n", WireLimits{}, back), Catch::Contains("0 events"));
+  CHECK_THAT(decode_batch("ddprun-etcd-batch 1 99999\n", WireLimits{}, back), Catch::Contains("allowed"));
+  CHECK_THAT(decode_batch(value.substr(0, value.size() - 5), WireLimits{}, back), Catch::Contains("truncated"));
+  CHECK_THAT(decode_batch(value + "x", WireLimits{}, back), Catch::Contains("after its last event"));
+  CHECK_THAT(decode_batch("ddprun-etcd-batch 1 1\n5\nhello", WireLimits{}, back), Catch::Contains("batch event 0"));
+  CHECK_THAT(decode_batch("ddprun-etcd-batch 1 2\nxx\n", WireLimits{}, back), Catch::Contains("no length"));
+}

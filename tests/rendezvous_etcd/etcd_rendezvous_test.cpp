@@ -243,6 +243,52 @@ TEST_CASE("etcd rendezvous: a stopped agent's lease expires (shrink), a late joi
       io, [&] { return std::all_of(grown.begin(), grown.end(), [](Agent* a) { return a->completed; }); }, 20s));
 }
 
+TEST_CASE("etcd rendezvous: the sequencer dies, another agent takes over and the job goes on smaller",
+          "[etcd][rendezvous]") {
+  EtcdCluster cluster(1, "rdzv-sequencer");
+  boost::asio::io_context io;
+  const JobConfig c = test_config(2, 3, 0);
+  Agents agents = make_agents(io, 3, cluster.endpoints(), "job7", c);
+  for (auto& a : agents) a->rejoin();
+  REQUIRE(run_until(
+      io, [&] { return same_round(ptrs(agents)); }, 20s));
+  const std::uint64_t r0 = agents[0]->round();
+  // Exactly one agent appends to the log.
+  REQUIRE(std::count_if(agents.begin(), agents.end(), [](auto& a) { return a->rdzv->sequencing(); }) == 1);
+  const int seq = static_cast<int>(
+      std::find_if(agents.begin(), agents.end(), [](auto& a) { return a->rdzv->sequencing(); }) - agents.begin());
+
+  // The sequencer stops (as if SIGKILLed): its lease, its node key and P/leader expire; another
+  // agent takes over and appends the old sequencer's expiry (a free membership change).
+  agents[static_cast<std::size_t>(seq)]->rdzv->stop();
+  std::vector<int> rest_idx;
+  for (int i = 0; i < 3; ++i) {
+    if (i != seq) rest_idx.push_back(i);
+  }
+  auto rest = ptrs(agents, rest_idx);
+  REQUIRE(run_until(
+      io, [&] { return same_round(rest, r0); }, 20s));
+  for (Agent* a : rest) {
+    REQUIRE(a->restarts.size() == 1);
+    CHECK(a->restarts[0].kind == RoundEnd::membership_change);
+    CHECK_THAT(a->restarts[0].reason, Catch::Contains("lost"));
+  }
+  check_consistent_round(rest);
+  CHECK(rest[0]->assignments.back().restart_count == 0);
+  CHECK(std::count_if(rest.begin(), rest.end(), [](Agent* a) { return a->rdzv->sequencing(); }) == 1);
+
+  // The new sequencer serves reports: a failure with no budget left fails the job everywhere.
+  WorkerFailure f;
+  f.round = rest[0]->round();
+  f.node = rest[0]->node.id;
+  f.exit_code = 7;
+  f.message = "after the takeover";
+  rest[1]->rdzv->report_failure(f);
+  REQUIRE(run_until(
+      io, [&] { return std::all_of(rest.begin(), rest.end(), [](Agent* a) { return a->failed.has_value(); }); }, 20s));
+  CHECK(rest[0]->failed->exit_code == 7);
+}
+
 TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint", "[etcd][rendezvous]") {
   boost::asio::io_context io;
   const std::string dead = "127.0.0.1:" + std::to_string(ddprun::test::free_port());

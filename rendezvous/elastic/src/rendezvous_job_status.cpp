@@ -85,6 +85,12 @@ void RendezvousJob::send_progress(Decisions& out, TimePoint now, const NodeId* o
   if (others > 0) out.push_back(Progress{run_id_, NodeId{}, text, /*broadcast=*/true});
 }
 
+std::optional<MemberRole> RendezvousJob::role_of(const NodeId& node) const {
+  auto it = members_.find(node);
+  if (it == members_.end()) return std::nullopt;
+  return it->second.role;
+}
+
 std::vector<NodeId> RendezvousJob::joined_nodes() const {
   std::vector<NodeId> out;
   for (const auto& [id, m] : members_) {

@@ -97,6 +97,61 @@ std::string decode_event(std::string_view value, const WireLimits& limits, LogEv
   return {};
 }
 
+namespace {
+constexpr std::string_view kBatchMagic = "ddprun-etcd-batch 1 ";
+}  // namespace
+
+std::string encode_batch(const std::vector<LogEvent>& events) {
+  std::string out = fmt::format("{}{}\n", kBatchMagic, events.size());
+  for (const LogEvent& e : events) {
+    const std::string one = encode_event(e);
+    out += fmt::format("{}\n", one.size());
+    out += one;
+  }
+  return out;
+}
+
+std::string decode_batch(std::string_view value, const WireLimits& limits, std::vector<LogEvent>& out) {
+  if (!value.starts_with(kBatchMagic)) return "not a ddprun etcd batch (bad magic or version)";
+  value.remove_prefix(kBatchMagic.size());
+  auto read_number = [&value](std::size_t& n) {
+    const std::size_t nl = value.find('\n');
+    if (nl == std::string_view::npos || nl == 0 || nl > 12) return false;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + nl, n);
+    if (ec != std::errc{} || p != value.data() + nl) return false;
+    value.remove_prefix(nl + 1);
+    return true;
+  };
+  std::size_t count = 0;
+  if (!read_number(count)) return "batch header has no event count";
+  if (count == 0 || count > kMaxBatchEvents)
+    return fmt::format("batch holds {} events (1..{} allowed)", count, kMaxBatchEvents);
+  std::vector<LogEvent> events;
+  events.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::size_t size = 0;
+    if (!read_number(size)) return fmt::format("batch event {} has no length", i);
+    if (size > value.size()) return fmt::format("batch event {} is truncated", i);
+    LogEvent e;
+    if (std::string why = decode_event(value.substr(0, size), limits, e); !why.empty())
+      return fmt::format("batch event {}: {}", i, why);
+    value.remove_prefix(size);
+    events.push_back(std::move(e));
+  }
+  if (!value.empty()) return "batch carries bytes after its last event";
+  out = std::move(events);
+  return {};
+}
+
+std::optional<std::pair<std::string, std::uint64_t>> split_event_id(std::string_view id) {
+  const std::size_t dash = id.rfind('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == id.size()) return std::nullopt;
+  std::uint64_t n = 0;
+  auto [p, ec] = std::from_chars(id.data() + dash + 1, id.data() + id.size(), n);
+  if (ec != std::errc{} || p != id.data() + id.size()) return std::nullopt;
+  return std::make_pair(std::string(id.substr(0, dash)), n);
+}
+
 std::string log_seq_text(std::int64_t seq) { return fmt::format("{:012d}", seq); }
 
 std::optional<std::int64_t> parse_log_seq(std::string_view text) {
@@ -130,10 +185,35 @@ TimePoint JobLog::at(std::int64_t ms) const {
   return TimePoint{} + std::chrono::hours(1) + std::chrono::milliseconds(ms - t0_ms_);
 }
 
-Decisions JobLog::apply(std::int64_t seq, const LogEvent& e) {
+bool JobLog::seen(std::string_view id) const {
+  const auto split = split_event_id(id);
+  if (!split) return false;
+  auto it = applied_.find(split->first);
+  return it != applied_.end() && it->second >= split->second;
+}
+
+Decisions JobLog::apply(std::int64_t seq, const std::vector<LogEvent>& batch) {
   if (seq != next_seq_) return {};
-  if (next_seq_ == 0) t0_ms_ = last_ms_ = e.time_ms;
   ++next_seq_;
+  if (!started_ && !batch.empty()) {
+    started_ = true;
+    t0_ms_ = last_ms_ = batch.front().time_ms;
+  }
+  Decisions out;
+  for (const LogEvent& e : batch) {
+    if (seen(e.id)) continue;
+    if (auto split = split_event_id(e.id)) applied_[split->first] = split->second;
+    Decisions more = apply_one(seq, e);
+    if (out.empty()) {
+      out = std::move(more);
+    } else {
+      out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
+  }
+  return out;
+}
+
+Decisions JobLog::apply_one(std::int64_t seq, const LogEvent& e) {
   // Replicas never go back in time, whatever a skewed or hostile appender wrote.
   last_ms_ = std::max(last_ms_, e.time_ms);
   const TimePoint now = at(last_ms_);
@@ -185,6 +265,11 @@ std::optional<std::int64_t> JobLog::next_deadline_ms() const {
 
 RegistryStatus JobLog::status(std::int64_t now_ms) const { return registry_.status(at(std::max(now_ms, last_ms_))); }
 
+std::optional<MemberRole> JobLog::role(const NodeId& id) const {
+  const RendezvousJob* job = registry_.find(run_id_);
+  return job == nullptr ? std::nullopt : job->role_of(id);
+}
+
 std::optional<MemberStatus> JobLog::member(const NodeId& id) const {
   const RendezvousJob* job = registry_.find(run_id_);
   if (job == nullptr) return std::nullopt;
@@ -216,31 +301,39 @@ std::string sanitize_id(std::string_view s) {
 
 struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl> {
   enum class Phase { idle, starting, ready, stopped };
+  // An event of this agent on its way into the log: put under its inbox key, then applied.
   struct Op {
-    etcd::EventKind kind = etcd::EventKind::message;
     ClientMessage message;
-    std::string id;
-    bool put_node_key = false;
-    bool delete_node_key = false;
+    std::string id;              // "" until first put (ids grow in put order)
+    bool put = false;            // the inbox key is written (under the current node lease)
+    bool with_node_key = false;  // join / rejoin: the same transaction puts nodes/<self>
+    bool is_leave = false;
+  };
+  struct InboxEntry {
+    std::int64_t mod_revision = 0;
+    std::string value;
   };
 
   asio::io_context& io;
   EtcdRendezvousOptions options;
   RendezvousEvents events;
   etcd::EtcdClient client;
+  // Keepalives go on their own connection: a call stuck on a member that lost its leader (up to
+  // the request timeout per member) must not hold this node's lease renewal behind it.
+  etcd::EtcdClient lease_client;
   etcd::JobLog log;
-  std::string job_prefix, log_prefix, nodes_prefix, lease_key, my_key;
+  std::string job_prefix, log_prefix, nodes_prefix, inbox_prefix, lease_key, leader_key, my_key;
+  std::string source;  // this object's event-id source: "<instance>.<nonce>"
   std::int64_t node_ttl, job_ttl;
   JobConfig replica;
   Phase phase = Phase::idle;
   std::int64_t node_lease = 0, job_lease = 0;
-  std::set<std::string> live;
   std::optional<Assignment> assignment;
   bool want_join = false;
   bool leaving = false;
   bool job_done = false;
   std::deque<Op> ops;
-  bool appending = false;
+  bool putting = false;
   std::uint64_t op_counter = 0;
   std::optional<std::uint64_t> watch_id;
   asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer;
@@ -250,12 +343,26 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   std::string last_error;
   bool healthy = false;
   bool syncing = false;
+  std::uint64_t sync_gen = 0;
+
+  // Sequencer election.
+  bool leader_known = false;  // a P"leader" key exists, as far as this agent has seen
+  bool campaigning = false;
+  bool leader = false;          // this agent holds P"leader"
+  std::int64_t leader_rev = 0;  // create_revision of our P"leader" key
+  // Sequencer state (only while `leader`): pending inbox keys, live node keys, nodes that may
+  // have to be expired, and whether an append is in flight.
+  std::map<std::string, InboxEntry> inbox;
+  std::set<std::string> live;
+  std::set<std::string> expiry_candidates;
+  bool folding = false;
 
   Impl(asio::io_context& io_, EtcdRendezvousOptions o, RendezvousEvents ev)
       : io(io_),
         options(std::move(o)),
         events(std::move(ev)),
         client(io_, options.etcd),
+        lease_client(io_, options.etcd),
         log(options.run_id),
         node_ttl(etcd::node_lease_ttl(options.config)),
         job_ttl(etcd::job_lease_ttl(options.config)),
@@ -267,13 +374,31 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     job_prefix = options.prefix + options.run_id + "/";
     log_prefix = job_prefix + "log/";
     nodes_prefix = job_prefix + "nodes/";
+    inbox_prefix = job_prefix + "inbox/";
     lease_key = job_prefix + "lease";
+    leader_key = job_prefix + "leader";
     my_key = node_key(options.node.id);
+    new_source();
+  }
+
+  // A fresh id source: the node instance plus a nonce, so two objects of one agent (or a
+  // restarted one reusing an instance name) never share counters.
+  void new_source() {
+    source = fmt::format("{}.{:x}", sanitize_id(options.node.id.instance),
+                         static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                             reinterpret_cast<std::uintptr_t>(this));
+    op_counter = 0;
   }
 
   std::string node_key(const NodeId& id) const { return nodes_prefix + id.to_string(); }
   bool stopped() const { return phase == Phase::stopped; }
   std::string where() const { return client.endpoints_text(); }
+  // What this agent reads and watches: everything while it is the sequencer, else only the
+  // leader key, the lease key and the log (contiguous: "leader" < "lease" < "log/").
+  std::pair<std::string, std::string> view_range() const {
+    if (leader) return {job_prefix, etcd::prefix_range_end(job_prefix)};
+    return {leader_key, etcd::prefix_range_end(log_prefix)};
+  }
 
   // ---- lifecycle ----
 
@@ -292,6 +417,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     retry_timer.cancel();
     leave_timer.cancel();
     client.shutdown();
+    lease_client.shutdown();
     ops.clear();
   }
 
@@ -349,8 +475,13 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       if (self->phase == Phase::starting) {
         self->start_sequence();
       } else {
-        self->appending = false;
-        self->process_ops();
+        // Whatever was in flight failed (a late answer is harmless: puts are idempotent and
+        // an append is a compare-and-swap).
+        self->putting = false;
+        self->folding = false;
+        self->campaigning = false;
+        if (self->syncing) return self->sync();  // the read failed: read again
+        self->pump();
       }
     });
   }
@@ -397,28 +528,37 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         }));
   }
 
-  // Reads everything under the job prefix, applies the log, then follows it with a watch.
+  // Reads this agent's view of the job (view_range), applies the log, then follows it with a
+  // watch from the revision of the read.
   void sync() {
     syncing = true;
     if (watch_id) client.cancel_watch(*watch_id);
     watch_id.reset();
-    client.range({job_prefix, etcd::prefix_range_end(job_prefix), 0, 0, false, false},
-                 guard([this](etcd::RangeResponse r) {
+    const auto [from, to] = view_range();
+    // Only the latest read counts: the role (and with it the range) may have changed since.
+    const std::uint64_t gen = ++sync_gen;
+    client.range({from, to, 0, 0, false, false}, guard([this, gen](etcd::RangeResponse r) {
+                   if (gen != sync_gen) return;
                    syncing = false;
                    bool has_lease_key = false;
+                   std::optional<etcd::KeyValue> leader_kv;
                    std::set<std::string> now_live;
+                   std::map<std::string, InboxEntry> now_inbox;
                    std::vector<std::pair<std::int64_t, std::string>> entries;
                    for (etcd::KeyValue& kv : r.kvs) {
                      if (kv.key == lease_key) {
                        has_lease_key = true;
+                     } else if (kv.key == leader_key) {
+                       leader_kv = kv;
                      } else if (kv.key.starts_with(nodes_prefix)) {
                        now_live.insert(kv.key);
+                     } else if (kv.key.starts_with(inbox_prefix)) {
+                       now_inbox[kv.key] = InboxEntry{kv.mod_revision, std::move(kv.value)};
                      } else if (kv.key.starts_with(log_prefix)) {
                        if (auto seq = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size())))
                          entries.emplace_back(*seq, std::move(kv.value));
                      }
                    }
-                   live = std::move(now_live);
                    if (!has_lease_key) {
                      job_vanished("its lease key is gone");
                      return;
@@ -427,11 +567,31 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                      job_vanished("its log was removed");
                      return;
                    }
+                   leader_known = leader_kv.has_value();
+                   if (leader && !(leader_kv && leader_kv->create_revision == leader_rev)) {
+                     spdlog::info("etcd rendezvous '{}': this agent no longer sequences the log", options.run_id);
+                     leader = false;
+                   }
+                   if (leader) {
+                     live = std::move(now_live);
+                     inbox = std::move(now_inbox);
+                   } else {
+                     live.clear();
+                     inbox.clear();
+                   }
                    for (auto& [seq, value] : entries) {
                      if (seq < log.next_seq()) continue;
                      if (seq != log.next_seq()) break;
                      apply_entry(seq, value);
                      if (stopped()) return;
+                   }
+                   if (leader) {
+                     // A member whose node key is absent may have died while nobody sequenced.
+                     if (const RendezvousJob* job = log.job()) {
+                       for (const MemberStatus& m : job->status(TimePoint{}).members) {
+                         if (!live.count(node_key(m.id))) expiry_candidates.insert(node_key(m.id));
+                       }
+                     }
                    }
                    start_watch(r.header.revision + 1);
                    if (phase == Phase::starting) {
@@ -448,8 +608,21 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     spdlog::warn("etcd rendezvous '{}': the job's state in etcd vanished ({}); re-registering", options.run_id, why);
     log = etcd::JobLog(options.run_id);
     job_lease = 0;
-    ops.erase(std::remove_if(ops.begin(), ops.end(), [](const Op& o) { return o.kind != etcd::EventKind::message; }),
-              ops.end());
+    leader = false;
+    leader_known = false;
+    inbox.clear();
+    live.clear();
+    expiry_candidates.clear();
+    deadline_timer.cancel();
+    // Events not applied yet go again, with ids of a new source, after the re-registration;
+    // the old inbox keys are dropped so the fresh log cannot apply them first.
+    client.delete_range({inbox_prefix + source + "-", etcd::prefix_range_end(inbox_prefix + source + "-")},
+                        [](const auto&, auto) {});
+    new_source();
+    for (Op& op : ops) {
+      op.put = false;
+      op.id.clear();
+    }
     if (assignment) {
       RejoinRequest rq{node_info(), replica, {}, assignment};
       enqueue_front(RejoinMessage{options.run_id, rq}, true);
@@ -469,73 +642,127 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       watch_id.reset();
       sync();
     };
-    watch_id = client.watch({job_prefix, etcd::prefix_range_end(job_prefix), from, false}, std::move(h));
+    const auto [key, end] = view_range();
+    watch_id = client.watch({key, end, from, false}, std::move(h));
   }
 
   void on_watch(const etcd::WatchMessage& m) {
     if (stopped() || syncing) return;
     for (const etcd::WatchEvent& e : m.events) {
       const std::string& key = e.kv.key;
-      if (key.starts_with(nodes_prefix)) {
-        if (e.type == etcd::WatchEvent::Type::put) {
-          live.insert(key);
-        } else {
-          live.erase(key);
-          expire_if_member(key);
-        }
-      } else if (key.starts_with(log_prefix)) {
+      const bool put = e.type == etcd::WatchEvent::Type::put;
+      if (key.starts_with(log_prefix)) {
         auto seq = etcd::parse_log_seq(std::string_view(key).substr(log_prefix.size()));
         if (!seq) continue;
-        if (e.type == etcd::WatchEvent::Type::del) {
+        if (!put) {
           if (*seq == 0) return job_vanished("its log was removed");
           continue;
         }
         if (*seq < log.next_seq()) continue;
         if (*seq > log.next_seq()) return sync();  // a gap: re-read
         apply_entry(*seq, e.kv.value);
-      } else if (key == lease_key && e.type == etcd::WatchEvent::Type::del) {
-        return job_vanished("its lease expired");
+      } else if (key == leader_key) {
+        leader_known = put;
+        if (leader && (!put || e.kv.create_revision != leader_rev)) return step_down("its leader key is gone");
+      } else if (key == lease_key) {
+        if (!put) return job_vanished("its lease expired");
+      } else if (!leader) {
+        continue;
+      } else if (key.starts_with(nodes_prefix)) {
+        if (put) {
+          live.insert(key);
+        } else {
+          live.erase(key);
+          expiry_candidates.insert(key);
+        }
+      } else if (key.starts_with(inbox_prefix)) {
+        if (put) {
+          inbox[key] = InboxEntry{e.kv.mod_revision, e.kv.value};
+        } else {
+          inbox.erase(key);
+        }
       }
       if (stopped()) return;
     }
     after_apply();
   }
 
-  void expire_if_member(const std::string& key) {
-    const RendezvousJob* job = log.job();
-    if (job == nullptr || job->finished()) return;
-    for (const MemberStatus& m : job->status(TimePoint{}).members) {
-      if (node_key(m.id) != key) continue;
-      Op op;
-      op.kind = etcd::EventKind::expired;
-      op.message = LeaveMessage{options.run_id, m.id};
-      enqueue(std::move(op));
-      return;
-    }
+  // ---- sequencer election ----
+
+  void campaign() {
+    if (phase != Phase::ready || leader || leader_known || campaigning || leaving || syncing || node_lease == 0) return;
+    campaigning = true;
+    etcd::TxnRequest t;
+    t.compare.push_back({leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
+    t.success.emplace_back(etcd::PutRequest{leader_key, options.node.id.to_string(), node_lease});
+    t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, true, false});
+    client.txn(std::move(t), guard([this](etcd::TxnResponse r) {
+                 campaigning = false;
+                 if (!r.succeeded) {
+                   leader_known = !r.responses.empty() && !r.responses[0].range.kvs.empty();
+                   return pump();
+                 }
+                 spdlog::debug("etcd rendezvous '{}' [{}]: sequencing the log", options.run_id,
+                               options.node.id.to_string());
+                 leader = true;
+                 leader_known = true;
+                 leader_rev = r.header.revision;
+                 sync();  // read the inbox and the node keys, watch everything
+               }));
+  }
+
+  void step_down(const std::string& why) {
+    spdlog::info("etcd rendezvous '{}': this agent stops sequencing the log ({})", options.run_id, why);
+    leader = false;
+    inbox.clear();
+    live.clear();
+    expiry_candidates.clear();
+    deadline_timer.cancel();
+    sync();
   }
 
   NodeInfo node_info() const { return options.node; }
 
   void apply_entry(std::int64_t seq, const std::string& value) {
-    etcd::LogEvent ev;
-    if (std::string why = etcd::decode_event(value, WireLimits{}, ev); !why.empty()) {
+    std::vector<etcd::LogEvent> batch;
+    if (std::string why = etcd::decode_batch(value, WireLimits{}, batch); !why.empty()) {
       // Every replica skips the same bad entry, so they stay in step.
       spdlog::error("etcd rendezvous '{}': log entry {} under {} is malformed ({}); skipped", options.run_id, seq,
                     log_prefix, why);
-      ev = etcd::LogEvent{log.last_time_ms(), etcd::EventKind::message, "invalid", StatusMessage{options.run_id}};
+      batch.clear();
     }
-    Decisions actions = log.apply(seq, ev);
-    spdlog::debug("etcd rendezvous '{}' [{}]: applied entry {} ({}, {} actions)", options.run_id,
-                  options.node.id.to_string(), seq, value.substr(0, value.find('\n')), actions.size());
-    // A join of a node whose key is already gone: nobody saw it alive, so expire it now.
-    if (const auto* j = std::get_if<JoinMessage>(&ev.message);
-        j != nullptr && ev.kind == etcd::EventKind::message && !live.count(node_key(j->request.node.id))) {
-      expire_if_member(node_key(j->request.node.id));
+    Decisions actions = log.apply(seq, batch);
+    spdlog::debug("etcd rendezvous '{}' [{}]: applied entry {} ({} events, {} actions)", options.run_id,
+                  options.node.id.to_string(), seq, batch.size(), actions.size());
+    for (const etcd::LogEvent& ev : batch) {
+      // Our own event is in: forget it and drop its inbox key.
+      auto mine = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return !o.id.empty() && o.id == ev.id; });
+      if (mine != ops.end()) {
+        client.delete_range({inbox_prefix + mine->id, {}}, [](const auto&, auto) {});
+        ops.erase(mine);
+      }
+      // A join of a node whose key is already gone: nobody saw it alive, so expire it now.
+      if (const auto* j = std::get_if<JoinMessage>(&ev.message);
+          leader && j != nullptr && ev.kind == etcd::EventKind::message && !live.count(node_key(j->request.node.id))) {
+        expiry_candidates.insert(node_key(j->request.node.id));
+      }
     }
-    for (const Decision& a : actions) {
-      deliver(a);
+    // Of the progress lines for this node only the last of the entry is news: a batch of N
+    // joins would otherwise report N intermediate counts at once.
+    std::size_t last_progress = actions.size();
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (const auto* p = std::get_if<Progress>(&actions[i]); p != nullptr && progress_is_mine(*p)) last_progress = i;
+    }
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (std::holds_alternative<Progress>(actions[i]) && i != last_progress) continue;
+      deliver(actions[i]);
       if (stopped()) return;
     }
+  }
+
+  bool progress_is_mine(const Progress& p) const {
+    const NodeId& me = options.node.id;
+    return p.node == me || (p.broadcast && log.role(me) == MemberRole::joined);
   }
 
   void deliver(const Decision& action) {
@@ -544,11 +771,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         [&](const auto& a) {
           using A = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<A, Progress>) {
-            bool mine = a.node == me;
-            if (!mine && a.broadcast && log.job() != nullptr) {
-              for (const NodeId& n : log.job()->joined_nodes()) mine = mine || n == me;
-            }
-            if (mine && events.on_progress) events.on_progress(a.text);
+            if (progress_is_mine(a) && events.on_progress) events.on_progress(a.text);
             return;
           } else {
             if (!(a.node == me)) return;
@@ -579,7 +802,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   }
 
   // After a batch of entries: catch what no action said (our membership vanished), re-arm the
-  // deadline timer and send what is queued.
+  // deadline timer (sequencer) and send what is queued.
   void after_apply() {
     if (stopped()) return;
     const RendezvousJob* job = log.job();
@@ -587,8 +810,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       return std::holds_alternative<JoinMessage>(o.message) || std::holds_alternative<RejoinMessage>(o.message);
     });
     if (job != nullptr && !job->finished() && !job_done && !pending_join && !leaving) {
-      const auto me = log.member(options.node.id);
-      if (assignment && (!me || me->role != MemberRole::participant)) {
+      const auto role = log.role(options.node.id);
+      if (assignment && role != MemberRole::participant) {
         SendRestart r{options.run_id,
                       options.node.id,
                       assignment->round,
@@ -600,16 +823,16 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         assignment.reset();
         if (events.on_restart) events.on_restart(r);
         if (stopped()) return;
-      } else if (want_join && !me) {
+      } else if (want_join && !role) {
         enqueue(JoinMessage{options.run_id, JoinRequest{node_info(), replica, {}}}, true);
       }
     }
     arm_deadline();
-    process_ops();
+    pump();
   }
 
   void arm_deadline() {
-    const auto due = log.next_deadline_ms();
+    const auto due = leader ? log.next_deadline_ms() : std::nullopt;
     if (!due) {
       deadline_timer.cancel();
       return;
@@ -618,65 +841,126 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     deadline_timer.expires_after(std::chrono::milliseconds(wait));
     deadline_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->stopped()) return;
-      const bool queued =
-          std::any_of(self->ops.begin(), self->ops.end(), [](const Op& o) { return o.kind == etcd::EventKind::tick; });
-      if (!queued) {
-        Op op;
-        op.kind = etcd::EventKind::tick;
-        self->enqueue(std::move(op));
-      }
+      self->fold();
     });
   }
 
-  // ---- appending ----
-
-  std::string next_op_id() { return fmt::format("{}-{}", sanitize_id(options.node.id.instance), ++op_counter); }
-
-  void enqueue(ClientMessage m, bool put_key = false, bool delete_key = false) {
-    Op op;
-    op.message = std::move(m);
-    op.put_node_key = put_key;
-    op.delete_node_key = delete_key;
-    enqueue(std::move(op));
-  }
-
-  void enqueue_front(ClientMessage m, bool put_key) {
-    Op op;
-    op.message = std::move(m);
-    op.put_node_key = put_key;
-    op.id = next_op_id();
-    ops.push_front(std::move(op));
-  }
-
-  void enqueue(Op op) {
+  // Everything this agent may have to send now.
+  void pump() {
     if (stopped()) return;
-    op.id = next_op_id();
+    process_ops();
+    if (!leader_known) campaign();
+    fold();
+  }
+
+  // ---- reporting: our events into our inbox ----
+
+  void enqueue(ClientMessage m, bool with_node_key = false, bool is_leave = false) {
+    if (stopped()) return;
+    Op op;
+    op.message = std::move(m);
+    op.with_node_key = with_node_key;
+    op.is_leave = is_leave;
     ops.push_back(std::move(op));
     process_ops();
   }
 
-  // Is the op still worth appending, judged on the replica as it is now?
-  bool still_due(const Op& op) const {
-    if (op.kind == etcd::EventKind::tick) {
-      const auto due = log.next_deadline_ms();
-      return due && *due <= wall_ms();
-    }
-    if (op.kind == etcd::EventKind::expired) {
-      const NodeId& n = std::get<LeaveMessage>(op.message).node;
-      return log.member(n).has_value() && !live.count(node_key(n));
-    }
-    return true;
+  void enqueue_front(ClientMessage m, bool with_node_key) {
+    Op op;
+    op.message = std::move(m);
+    op.with_node_key = with_node_key;
+    ops.push_front(std::move(op));
   }
 
+  // Puts the first event not yet in the inbox (one at a time, so the inbox holds our events in
+  // the order of their counters and mod revisions).
   void process_ops() {
-    if (phase != Phase::ready || appending || syncing) return;
-    while (!ops.empty() && !still_due(ops.front())) ops.pop_front();
-    if (ops.empty()) return;
-    appending = true;
-    const Op& op = ops.front();
-    etcd::LogEvent ev{std::max(wall_ms(), log.last_time_ms()), op.kind, op.id, op.message};
+    // Without a lease (being replaced) a put would leave keys that never expire.
+    if (phase != Phase::ready || putting || syncing || node_lease == 0) return;
+    auto it = std::find_if(ops.begin(), ops.end(), [](const Op& o) { return !o.put; });
+    if (it == ops.end()) return;
+    if (it->id.empty()) it->id = fmt::format("{}-{:012d}", source, ++op_counter);
+    putting = true;
+    const etcd::LogEvent ev{wall_ms(), etcd::EventKind::message, it->id, it->message};
+    etcd::TxnRequest t;
+    t.success.emplace_back(etcd::PutRequest{inbox_prefix + it->id, etcd::encode_event(ev), node_lease});
+    if (it->with_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
+    client.txn(std::move(t), guard([this, id = it->id, lease = node_lease](etcd::TxnResponse) {
+                 putting = false;
+                 auto op = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id == id; });
+                 // Under a lease we since replaced the key is gone again: put it once more.
+                 if (op != ops.end() && lease == node_lease) op->put = true;
+                 process_ops();
+               }));
+  }
+
+  // ---- sequencing: pending events into the log ----
+
+  void fold() {
+    if (!leader || folding || syncing || phase != Phase::ready) return;
+    const RendezvousJob* job = log.job();
+    const std::int64_t now = std::max(wall_ms(), log.last_time_ms());
+    std::vector<etcd::LogEvent> batch;
+    std::vector<std::string> gone;
+    std::size_t bytes = 0;
+    auto next_id = [this] { return fmt::format("{}-{:012d}", source, ++op_counter); };
+    // Deadlines that passed come first: they passed before the events still pending.
+    if (const auto due = log.next_deadline_ms(); due && *due <= wall_ms()) {
+      batch.push_back(etcd::LogEvent{now, etcd::EventKind::tick, next_id(), StatusMessage{options.run_id}});
+    }
+    // Members whose node key etcd deleted (at most 32 per batch: one compare each).
+    if (!expiry_candidates.empty()) {
+      std::map<std::string, NodeId> members;
+      if (job != nullptr && !job->finished()) {
+        for (const MemberStatus& m : job->status(TimePoint{}).members) members.emplace(node_key(m.id), m.id);
+      }
+      for (auto it = expiry_candidates.begin(); it != expiry_candidates.end();) {
+        auto m = members.find(*it);
+        if (m == members.end() || live.count(*it)) {
+          it = expiry_candidates.erase(it);
+          continue;
+        }
+        if (gone.size() < 32) {
+          gone.push_back(*it);
+          batch.push_back(
+              etcd::LogEvent{now, etcd::EventKind::expired, next_id(), LeaveMessage{options.run_id, m->second}});
+        }
+        ++it;
+      }
+    }
+    // Pending inbox events, oldest first.
+    std::vector<std::pair<std::int64_t, std::string>> order;
+    for (const auto& [key, entry] : inbox) order.emplace_back(entry.mod_revision, key);
+    std::sort(order.begin(), order.end());
+    std::vector<std::string> taken;
+    for (const auto& [rev, key] : order) {
+      if (batch.size() >= etcd::kMaxBatchEvents) break;
+      const std::string& value = inbox[key].value;
+      etcd::LogEvent ev;
+      std::string why = etcd::decode_event(value, WireLimits{}, ev);
+      if (why.empty() && ev.kind != etcd::EventKind::message) why = "only agents' messages may be reported";
+      if (why.empty() && "inbox/" + ev.id != std::string_view(key).substr(job_prefix.size()))
+        why = "its id does not match its key";
+      if (!why.empty()) {
+        spdlog::error("etcd rendezvous '{}': inbox key {} is malformed ({}); ignored", options.run_id, key, why);
+        inbox.erase(key);
+        continue;
+      }
+      if (log.seen(ev.id)) {  // applied already; its owner deletes the key
+        inbox.erase(key);
+        continue;
+      }
+      if (bytes + value.size() > etcd::kMaxBatchBytes && !taken.empty()) break;
+      bytes += value.size();
+      ev.time_ms = now;
+      batch.push_back(std::move(ev));
+      taken.push_back(key);
+    }
+    if (batch.empty()) return;
+    folding = true;
     const std::int64_t seq = log.next_seq();
     const std::string key = log_prefix + etcd::log_seq_text(seq);
+    std::string value = etcd::encode_batch(batch);
     etcd::TxnRequest t;
     t.compare.push_back({key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     if (seq > 0) {
@@ -686,50 +970,44 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                            0,
                            {}});
     }
-    t.success.emplace_back(etcd::PutRequest{key, etcd::encode_event(ev), job_lease});
-    if (op.put_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
-    if (op.delete_node_key) t.success.emplace_back(etcd::DeleteRangeRequest{my_key, {}});
-    t.failure.emplace_back(etcd::RangeRequest{key, etcd::prefix_range_end(log_prefix), 256, 0, false, false});
-    std::string gone_key;
-    if (op.kind == etcd::EventKind::expired) {
-      // Our view of the node keys may lag the log (a conflict reply carries log entries before
-      // the watch delivers the keys written with them): etcd itself confirms the key is gone.
-      gone_key = node_key(std::get<LeaveMessage>(op.message).node);
-      t.compare.push_back({gone_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
-      t.failure.emplace_back(etcd::RangeRequest{gone_key, {}, 0, 0, true, false});
+    t.compare.push_back(
+        {leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, leader_rev, {}});
+    // Our view of the node keys may lag: etcd itself confirms each expired node's key is gone.
+    for (const std::string& g : gone) {
+      t.compare.push_back({g, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     }
-    const std::string id = op.id;
-    client.txn(std::move(t), guard([this, seq, ev, id, gone_key](etcd::TxnResponse r) {
-                 appending = false;
-                 if (!r.succeeded && !gone_key.empty() && r.responses.size() > 1 && !r.responses[1].range.kvs.empty()) {
-                   live.insert(gone_key);  // alive after all: the expiry is not due
-                   if (!ops.empty() && ops.front().id == id) ops.pop_front();
-                   if (r.responses[0].range.kvs.empty()) return after_apply();
-                 }
+    t.success.emplace_back(etcd::PutRequest{key, value, job_lease});
+    t.failure.emplace_back(etcd::RangeRequest{key, etcd::prefix_range_end(log_prefix), 256, 0, false, false});
+    t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, true, false});
+    for (const std::string& g : gone) t.failure.emplace_back(etcd::RangeRequest{g, {}, 0, 0, true, false});
+    client.txn(std::move(t), guard([this, seq, value = std::move(value), taken = std::move(taken),
+                                    gone = std::move(gone)](etcd::TxnResponse r) {
+                 folding = false;
+                 if (!leader) return;
                  if (r.succeeded) {
-                   if (!ops.empty() && ops.front().id == id) {
-                     if (ops.front().put_node_key) live.insert(my_key);
-                     if (ops.front().delete_node_key) live.erase(my_key);
-                     ops.pop_front();
-                   }
-                   if (log.next_seq() == seq) apply_entry(seq, etcd::encode_event(ev));
+                   for (const std::string& k : taken) inbox.erase(k);
+                   if (log.next_seq() == seq) apply_entry(seq, value);
                    return after_apply();
                  }
-                 // Someone appended first: apply what they wrote (it may be our own event from
-                 // an attempt whose answer was lost) and decide again.
-                 const auto& kvs = r.responses.empty() ? std::vector<etcd::KeyValue>{} : r.responses[0].range.kvs;
-                 if (kvs.empty() && seq > 0) return job_vanished("its log was removed");
-                 for (const etcd::KeyValue& kv : kvs) {
+                 if (r.responses.size() < 2 + gone.size()) return sync();
+                 const auto& lk = r.responses[1].range.kvs;
+                 if (lk.empty() || lk[0].create_revision != leader_rev) return step_down("another agent took over");
+                 bool changed = false;
+                 for (std::size_t i = 0; i < gone.size(); ++i) {
+                   if (!r.responses[2 + i].range.kvs.empty()) {
+                     live.insert(gone[i]);  // alive after all: the expiry is not due
+                     changed = true;
+                   }
+                 }
+                 // Someone appended first (a former sequencer): apply what it wrote, decide again.
+                 for (const etcd::KeyValue& kv : r.responses[0].range.kvs) {
                    auto s = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size()));
                    if (!s || *s != log.next_seq()) continue;
-                   etcd::LogEvent other;
-                   if (etcd::decode_event(kv.value, WireLimits{}, other).empty() && other.id == id && !ops.empty() &&
-                       ops.front().id == id) {
-                     ops.pop_front();
-                   }
                    apply_entry(*s, kv.value);
+                   changed = true;
                    if (stopped()) return;
                  }
+                 if (!changed && seq > 0) return job_vanished("its log was removed");
                  after_apply();
                }));
   }
@@ -741,25 +1019,31 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (node_lease != 0) {
       // Keepalives queue up while a member stalls; an answer about a lease this node already
       // replaced says nothing about the current one (acting on it would drop a live lease).
-      client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
-                               if (r.ttl > 0 || id != node_lease) return;
-                               spdlog::warn(
-                                   "etcd rendezvous '{}': this node's lease expired; "
-                                   "taking a new one",
-                                   options.run_id);
-                               node_lease = 0;
-                               client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
-                                                    node_lease = g.id;
-                                                    after_apply();
-                                                  }));
-                             }));
+      lease_client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
+                                     if (r.ttl > 0 || id != node_lease) return;
+                                     spdlog::warn(
+                                         "etcd rendezvous '{}': this node's lease expired; "
+                                         "taking a new one",
+                                         options.run_id);
+                                     node_lease = 0;
+                                     if (leader) step_down("its lease expired");
+                                     // The inbox keys went with the lease: put what is not applied again.
+                                     for (Op& op : ops) op.put = false;
+                                     client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
+                                                          node_lease = g.id;
+                                                          after_apply();
+                                                        }));
+                                   }));
     }
-    if (job_lease != 0) {
-      client.lease_keepalive(job_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
-                               if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
-                             }));
+    // The job lease needs one keeper: the sequencer (or, while none is known, everyone). A
+    // sequencer that dies is replaced within a node TTL; the job TTL is at least three.
+    if (job_lease != 0 && (leader || !leader_known)) {
+      lease_client.lease_keepalive(job_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
+                                     if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
+                                   }));
     }
-    keepalive_timer.expires_after(options.config.heartbeat_interval);
+    // Three keepalives per TTL, like etcd's own clients: one lost or late keepalive costs nothing.
+    keepalive_timer.expires_after(std::chrono::milliseconds(node_ttl * 1000 / 3));
     keepalive_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->stopped()) return;
       self->keepalive_tick();
@@ -805,14 +1089,15 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     wait_leave_done();
   }
 
+  // The leave is applied once it left `ops`; then the lease goes (and with it our node key).
   void wait_leave_done() {
     if (stopped()) return;
-    const bool pending = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.delete_node_key; });
+    const bool pending = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.is_leave; });
     if (pending) {
       retry_timer.expires_after(10ms);
       retry_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec || self->stopped()) return;
-        if (!self->appending) self->process_ops();
+        self->pump();
         self->wait_leave_done();
       });
       return;
@@ -840,6 +1125,7 @@ void EtcdRendezvous::report_success(std::uint64_t round) {
 void EtcdRendezvous::leave() { impl_->leave(); }
 void EtcdRendezvous::stop() { impl_->stop(); }
 const std::optional<Assignment>& EtcdRendezvous::current_assignment() const { return impl_->assignment; }
+bool EtcdRendezvous::sequencing() const { return impl_->leader && impl_->phase == Impl::Phase::ready; }
 bool EtcdRendezvous::connected() const { return impl_->phase == Impl::Phase::ready && impl_->healthy; }
 
 RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const std::string& prefix,
@@ -872,11 +1158,9 @@ RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const s
     auto seq = etcd::parse_log_seq(rest.substr(slash + 5));
     if (!seq) continue;
     auto it = logs.try_emplace(run, run).first;
-    etcd::LogEvent ev;
-    if (!etcd::decode_event(kv.value, WireLimits{}, ev).empty()) {
-      ev = etcd::LogEvent{it->second.last_time_ms(), etcd::EventKind::message, "invalid", StatusMessage{run}};
-    }
-    it->second.apply(*seq, ev);
+    std::vector<etcd::LogEvent> batch;
+    if (!etcd::decode_batch(kv.value, WireLimits{}, batch).empty()) batch.clear();  // skipped, as replicas do
+    it->second.apply(*seq, batch);
   }
   RegistryStatus out;
   const std::int64_t now = wall_ms();

@@ -117,6 +117,8 @@ class RendezvousJob {
   std::string progress_text(TimePoint now) const;
   // Nodes waiting in the collecting round (the targets of a broadcast Progress).
   std::vector<NodeId> joined_nodes() const;
+  // The role of `node`, nullopt when it is not a member: O(log N).
+  std::optional<MemberRole> role_of(const NodeId& node) const;
   // Number of members in `role`: O(1), kept incrementally.
   int count(MemberRole role) const { return role_count_[static_cast<int>(role)]; }
 

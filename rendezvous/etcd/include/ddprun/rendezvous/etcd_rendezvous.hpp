@@ -5,40 +5,56 @@
 //
 // How agents decide consistently: every agent keeps a replica of the job's decision state, a
 // RendezvousRegistry (rendezvous_state.hpp, the same pure decision core ddprun-rdzvd runs), and
-// etcd holds the ordered log of the events that drive it. To report something (join, failure,
-// success, leave, a lost node, a deadline that passed) an agent appends one event with a
-// transaction that succeeds only if the log has exactly the entries the agent has applied
-// (compare: log/<seq> absent and log/<seq-1> present). On conflict it applies what others
-// appended (returned by the same txn) and re-decides whether its event is still due. Every
-// agent watches the log and applies each entry in order, so all replicas run the same events at
-// the same recorded times and reach the same decisions; each agent delivers the actions
-// addressed to its own NodeId (assignment, restart, job failed/completed, refusal, progress).
+// etcd holds the ordered log of the events that drive it. Every agent watches the log and applies
+// each entry in order, so all replicas run the same events at the same recorded times and reach
+// the same decisions; each agent delivers the actions addressed to its own NodeId (assignment,
+// restart, job failed/completed, refusal, progress).
 //
-// Time: an event carries the wall-clock time (ms) of the agent that appended it, clamped so the
-// log never goes back in time; replicas replay that time, never their own clock. Deadlines
-// (join, last call, exit barrier) are armed locally from the replica's next_deadline(); the
-// first agent whose clock reaches it appends a tick. Clock skew between agents therefore moves
-// a deadline by at most the skew of the earliest agent (NTP keeps that to milliseconds) and can
-// never make replicas disagree.
+// Who writes the log: one agent at a time, the sequencer (the holder of P"leader", a key on its
+// own node lease, taken with a create-if-absent transaction). To report something (join,
+// failure, success, leave) an agent puts the event under its own inbox key P"inbox/<id>": a put
+// of a key nobody else writes never conflicts, so N agents joining cost N puts. The sequencer
+// watches the inbox and appends everything pending as ONE log entry (a batch) with a
+// transaction that succeeds only if the log has exactly the entries it applied and it still
+// holds P"leader"; the owner deletes its inbox key once it sees its event applied. Forming a
+// round of N nodes therefore costs O(N) etcd operations in total, not O(N^2) retried
+// compare-and-swaps on one log slot. Event ids are "<source>-<counter>" with a counter that
+// grows per source, and a replica skips an id it has applied (a re-put, or a second sequencer
+// that raced a leadership change), so an event is applied at most once.
+//
+// Time: every event of a batch carries the sequencer's wall-clock time (ms), clamped so the log
+// never goes back in time; replicas replay that time, never their own clock. Deadlines (join,
+// last call, exit barrier) are armed by the sequencer from its replica's next_deadline(); it
+// appends a tick when its clock reaches one.
 //
 // Liveness: each agent's membership key (nodes/<node id>) is attached to its own etcd lease,
 // kept alive every heartbeat_interval; when an agent stops (SIGKILL, SIGSTOP, partition) etcd
-// deletes the key after the lease TTL, every watcher sees the deletion, and one of them appends
-// an "expired" event (the registry's lost-node path). Every key of the job lives under
-// <etcd_prefix><run_id>/ and the log and the lease key are attached to a shared job lease that
-// every agent keeps alive: once no agent is left, etcd removes the whole job after its TTL.
+// deletes the key after the lease TTL, the sequencer sees the deletion and appends an "expired"
+// event (the registry's lost-node path). When the sequencer itself stops, its P"leader" key
+// goes with its lease, every agent sees that and one of them takes over (re-reading the whole
+// job first). Every key of the job lives under P = <etcd_prefix><run_id>/; the log and the lease
+// key are attached to a shared job lease that the sequencer keeps alive (every agent, while no
+// sequencer is known): once no agent is left, etcd removes the whole job after its TTL.
+// Keepalives use a connection of their own, so a call stuck on a member that lost its leader
+// never delays a lease renewal.
 //
-// Key layout (P = etcd_prefix + run_id + "/"): P"lease" = decimal id of the job lease;
-// P"log/<seq, 12 digits>" = one event; P"nodes/<addr:pid/instance>" = a live agent.
+// Key layout: P"inbox/<source>-<counter, 12 digits>" = one pending event (owner's node lease);
+// P"leader" = node id of the sequencer (its node lease); P"lease" = decimal id of the job
+// lease; P"log/<seq, 12 digits>" = one batch of events; P"nodes/<addr:pid/instance>" = a live
+// agent. Agents other than the sequencer read and watch only [P"leader", P"log/\xff"): the
+// log, the leader and the lease key, never the other agents' inbox and node keys.
 //
 // Not thread-safe: every member and every callback runs on the io_context thread. Callbacks may
 // call back into the object (e.g. join() from on_restart).
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ddprun/rendezvous/etcd_client.hpp"
@@ -81,6 +97,8 @@ class EtcdRendezvous {
   const std::optional<Assignment>& current_assignment() const;
   // True while the log is being followed and the last exchange with etcd succeeded.
   bool connected() const;
+  // True while this agent is the job's sequencer (holds P"leader" and appends to the log).
+  bool sequencing() const;
 
   struct Impl;
 
@@ -106,10 +124,23 @@ struct LogEvent {
   ClientMessage message;  // message: what happened; expired: a LeaveMessage naming the node
 };
 
-// Value of a log key: "ddprun-etcd-event 1 <time_ms> <kind> <id>\n" + a native wire frame
-// (rendezvous_wire.hpp) for message/expired. decode returns "" or what is wrong.
+// One event (the value of an inbox key, and one element of a batch): "ddprun-etcd-event 1
+// <time_ms> <kind> <id>\n" + a native wire frame (rendezvous_wire.hpp) for message/expired.
+// decode returns "" or what is wrong.
 std::string encode_event(const LogEvent& event);
 std::string decode_event(std::string_view value, const WireLimits& limits, LogEvent& out);
+
+// Value of a log key: "ddprun-etcd-batch 1 <count>\n" then, per event, "<bytes>\n" + the
+// encoded event. decode returns "" or what is wrong (a batch is applied whole or not at all).
+std::string encode_batch(const std::vector<LogEvent>& events);
+std::string decode_batch(std::string_view value, const WireLimits& limits, std::vector<LogEvent>& out);
+// Most events and bytes the sequencer puts in one batch: etcd refuses requests above
+// --max-request-bytes (1.5 MiB by default).
+inline constexpr std::size_t kMaxBatchEvents = 4096;
+inline constexpr std::size_t kMaxBatchBytes = std::size_t{512} << 10;
+
+// "<source>-<counter>" -> (source, counter); nullopt when the id has no numeric counter.
+std::optional<std::pair<std::string, std::uint64_t>> split_event_id(std::string_view id);
 
 // "0000000000042"-style key suffix and its inverse (nullopt unless exactly 12 digits).
 std::string log_seq_text(std::int64_t seq);
@@ -127,25 +158,35 @@ std::int64_t job_lease_ttl(const JobConfig& user);
 class JobLog {
  public:
   explicit JobLog(std::string run_id);
-  // REQUIRES seq == next_seq(). Returns every action of the event (for every node).
-  Decisions apply(std::int64_t seq, const LogEvent& event);
+  // REQUIRES seq == next_seq() (else nothing happens). Applies the events of one log entry in
+  // order, skipping any whose id was applied before (seen()), and returns every action (for
+  // every node).
+  Decisions apply(std::int64_t seq, const std::vector<LogEvent>& batch);
+  Decisions apply(std::int64_t seq, const LogEvent& event) { return apply(seq, std::vector<LogEvent>{event}); }
+  // True when an event with this id, or a later one of the same source, was applied.
+  bool seen(std::string_view id) const;
   std::int64_t next_seq() const { return next_seq_; }
   std::int64_t last_time_ms() const { return last_ms_; }
   // Wall-clock ms when a tick is next due; nullopt when no timer is pending.
   std::optional<std::int64_t> next_deadline_ms() const;
   const RendezvousJob* job() const { return registry_.find(run_id_); }
   RegistryStatus status(std::int64_t now_ms) const;
-  // This node's status in the job (nullopt when not a member).
+  // This node's status in the job (nullopt when not a member). O(N): status of every member.
   std::optional<MemberStatus> member(const NodeId& id) const;
+  // This node's role in the job (nullopt when not a member). O(log N).
+  std::optional<MemberRole> role(const NodeId& id) const;
 
  private:
   TimePoint at(std::int64_t ms) const;
+  Decisions apply_one(std::int64_t seq, const LogEvent& event);
 
   std::string run_id_;
   RendezvousRegistry registry_;
   std::int64_t next_seq_ = 0;
+  bool started_ = false;  // t0_ms_ is the time of the first event applied
   std::int64_t t0_ms_ = 0;
   std::int64_t last_ms_ = 0;
+  std::map<std::string, std::uint64_t, std::less<>> applied_;  // source -> highest counter applied
 };
 
 }  // namespace etcd
