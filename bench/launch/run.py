@@ -307,7 +307,7 @@ def markdown(r):
         lines.append(f"| {n} | " + " | ".join(cell(r["launch"].get(f"{k}/{n}")) for k in kinds) + " |")
     lines.append("")
     lines.append("**Ratios**, computed pair by pair (rep i of a launcher against rep i of ddprun, "
-                 "run moments apart), median (min–max); the goal is ddprun / floor ≤ 1.25× "
+                 "run moments apart), median (min–max); the goal is ddprun / floor ≤ 1.25×"
                  "; CPU time = user + sys of the launcher and all it reaped (wait4), "
                  "which other load on the box disturbs much less than the wall time:\n")
     others = [k for k in kinds if k not in ("ddprun", "floor")]
