@@ -168,6 +168,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"));
   plan.rdzv_token = settings.token;
   conf.erase("token");
+  conf.erase("token_file");
   conf["is_host"] = "false";  // the launcher hosts it
   std::string conf_text;
   for (const auto& [k, v] : conf) conf_text += (conf_text.empty() ? "" : ",") + k + "=" + v;

@@ -11,6 +11,7 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/etcd_codec.hpp"
 
@@ -226,14 +227,19 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
                                               const std::optional<std::string>& env_token) {
   static constexpr std::string_view kKeys =
       "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval, missed_heartbeats, "
-      "exit_barrier_timeout, is_host, token, timeout (alias of join_timeout); with --rdzv-backend etcd also "
+      "exit_barrier_timeout, is_host, token_file, timeout (alias of join_timeout); with --rdzv-backend etcd also "
       "protocol, cacert, cert, key, etcd_prefix, username, password_file, password";
   agent::RendezvousSettings s;
   auto seconds = [&](const std::string& key, const std::string& value) {
     const std::string where = std::string(what) + " key " + key;
     const auto v = parse_seconds(trim(value));
-    if (!v || *v <= 0.0 || *v > 1e8) {
-      fail(where, value, "not a positive number of seconds", "a number of seconds > 0, e.g. 30 or 0.5");
+    // The daemon's bounds (rendezvous_types.hpp): 1 ms .. 30 days; a heartbeat 10 ms .. 1 h.
+    const bool heartbeat = key == "heartbeat_interval";
+    const double lo = heartbeat ? 0.01 : 0.001;
+    const double hi = heartbeat ? 3600.0 : 30.0 * 86400.0;
+    if (!v || !(*v >= lo && *v <= hi)) {
+      fail(where, value, "not a number of seconds in range",
+           heartbeat ? "a number of seconds from 0.01 to 3600, e.g. 1" : "a number of seconds from 0.001 to 2592000 (30 days), e.g. 30 or 0.5");
     }
     return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::llround(*v * 1000.0))));
   };
@@ -264,7 +270,17 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
         fail(std::string(what) + " key is_host", value, "not a boolean", "1, 0, true, false");
       }
     } else if (key == "token") {
-      s.token = value;
+      throw UsageError(std::string(what) + ": key 'token' is refused: a token on the command line is readable by every "
+                       "local user in /proc/*/cmdline",
+                       "set DDPRUN_RDZV_TOKEN in the environment or pass token_file=FILE (a file readable only by you)");
+    } else if (key == "token_file") {
+      try {
+        auto secret = read_secret_file(std::string(trim(value)), std::string(what) + " key token_file");
+        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+        s.token = std::move(secret.secret);
+      } catch (const Error& e) {
+        throw UsageError(e.what(), "point token_file at a readable, non-empty file holding the daemon's token");
+      }
       token_given = true;
     } else {
       throw UsageError(std::string(what) + ": unknown key '" + key + "'", "accepted keys: " + std::string(kKeys));
@@ -385,7 +401,9 @@ std::vector<int> parse_signals(std::string_view text, std::string_view what) {
 
 double parse_seconds_value(std::string_view text, std::string_view what) {
   const auto v = parse_seconds(trim(text));
-  if (!v || *v > 1e9) fail(what, text, "not a number of seconds", "a non-negative number of seconds, e.g. 30 or 0.5");
+  if (!v || *v > 1e7) {
+    fail(what, text, "not a number of seconds", "a finite, non-negative number of seconds up to 10000000, e.g. 30 or 0.5");
+  }
   return *v;
 }
 

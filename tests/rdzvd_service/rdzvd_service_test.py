@@ -121,7 +121,7 @@ class Service(unittest.TestCase):
             self.assertEqual(ok.returncode, 0, ok.stderr)
             bad = job(port, token + "x", "bad")
             self.assertNotEqual(bad.returncode, 0)
-            self.assertIn("token mismatch", bad.stderr)
+            self.assertIn("authentication failed", bad.stderr)
         finally:
             err = d.stop()
         self.assertEqual(d.proc.returncode, 0, err)

@@ -40,8 +40,11 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
     : options_(std::move(options)) {
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
+  service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
   service_options.limits = options_.limits.wire;
   service_options.progress_interval = options_.progress_interval;
+  service_options.job_expiry = options_.job_expiry;
+  service_options.max_jobs = options_.max_jobs;
   service_ = std::make_shared<RendezvousService>(io, std::move(service_options), timers);
 
   StoreServerOptions store_options;

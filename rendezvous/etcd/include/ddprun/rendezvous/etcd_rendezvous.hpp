@@ -142,7 +142,7 @@ class JobLog {
   TimePoint at(std::int64_t ms) const;
 
   std::string run_id_;
-  RendezvousRegistry registry_;
+  RendezvousRegistry registry_{std::nullopt};  // no expiry: the log alone decides when the job ends
   std::int64_t next_seq_ = 0;
   std::int64_t t0_ms_ = 0;
   std::int64_t last_ms_ = 0;
