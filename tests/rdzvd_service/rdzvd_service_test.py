@@ -162,7 +162,8 @@ class Service(unittest.TestCase):
         r = subprocess.run([RDZVD, "--token", "a", "--token-file", cases[0][0]], capture_output=True, text=True,
                            timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("excludes", r.stderr)
+        self.assertIn("--token on the command line is refused", r.stderr)
+        self.assertNotIn(" a\n", r.stderr)
         r = subprocess.run([RDZVD, "--log-format", "xml"], capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--log-format", r.stderr)

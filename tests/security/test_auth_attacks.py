@@ -237,6 +237,8 @@ def main():
                                "node_secret": secrets[1]}))
     op, msg = read_frame(moved)
     assert op == 0x6A and msg["node_secret"] == secrets[1], (op, msg)
+    op, msg = read_frame(moved)  # the rejoin's answer: the running assignment
+    assert op == 0x60, (op, msg)
     honest[1].sendall(frame(0x42, {"run_id": "victim", "node": node_id(1)}))
     expect_refused(honest[1], "heartbeat from the old connection", "not owned by this connection")
     moved.sendall(frame(0x42, {"run_id": "victim", "node": node_id(1)}))
