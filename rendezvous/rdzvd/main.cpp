@@ -9,7 +9,8 @@
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
 // --port-file is given the file holds the bound port number and a newline, written atomically
 // (temporary file + rename); under systemd (Type=notify) READY=1 goes to $NOTIFY_SOCKET at the
-// same moment. SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
+// same moment. SIGINT/SIGTERM stop the daemon cleanly with exit code 0; SIGHUP re-reads
+// --token-file (new connections use the new token, authenticated ones stay); a bind
 // failure prints an error naming host:port and exits 1; a bad flag exits 2.
 
 #include <sys/resource.h>
@@ -19,12 +20,14 @@
 #include <algorithm>
 #include <chrono>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <iostream>
 #include <string>
@@ -227,6 +230,28 @@ int main(int argc, char** argv) {
     } else if (options.allow_unauthenticated_store) {
       spdlog::warn("--allow-unauthenticated-store has no effect without a token (--token-file or DDPRUN_RDZV_TOKEN)");
     }
+    // SIGHUP re-reads --token-file: new connections must prove the new token, connections that
+    // already authenticated stay (rotating the token does not stop running jobs).
+    boost::asio::signal_set hup(io, SIGHUP);
+    std::function<void()> wait_hup = [&] {
+      hup.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        if (token_file.empty()) {
+          spdlog::warn("SIGHUP: no --token-file to re-read; the token is unchanged");
+        } else {
+          try {
+            auto secret = ddprun::read_secret_file(token_file, "--token-file");
+            if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+            server.set_token(std::move(secret.secret));
+            spdlog::info("SIGHUP: re-read the token from --token-file {}; new connections must use it", token_file);
+          } catch (const ddprun::Error& e) {
+            spdlog::error("SIGHUP: keeping the old token: {}", e.what());
+          }
+        }
+        wait_hup();
+      });
+    };
+    wait_hup();
     if (!port_file.empty()) write_port_file(port_file, server.port());
     const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(server.port());
     std::cout << listening << std::endl;

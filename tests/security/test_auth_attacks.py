@@ -25,6 +25,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
 TORCH_PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 TOKEN = "attack-suite-token"
@@ -36,8 +39,11 @@ def start_daemon(extra=()):
     env = dict(os.environ)
     env["DDPRUN_RDZV_TOKEN"] = TOKEN
 
+    capped = not harness.sanitized(os.path.join(BIN_DIR, "ddprun-rdzvd"))  # ASan reserves terabytes
+
     def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+        if capped:
+            resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
 
     p = subprocess.Popen([os.path.join(BIN_DIR, "ddprun-rdzvd"), "--host", "127.0.0.1", "--port", "0",
                           "--log-level", "warning"] + list(extra), stdout=subprocess.PIPE,

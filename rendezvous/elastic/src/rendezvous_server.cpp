@@ -104,6 +104,11 @@ void RendezvousServer::on_drained(std::function<void()> callback) { store_->on_d
 
 StoreStats RendezvousServer::store_stats() const { return store_->stats(); }
 RendezvousServiceStats RendezvousServer::service_stats() const { return service_->stats(); }
+
+void RendezvousServer::set_token(std::string token) {
+  options_.token = token;
+  service_->set_token(std::move(token));
+}
 const RendezvousRegistry& RendezvousServer::registry() const { return service_->registry(); }
 
 }  // namespace ddprun::rendezvous

@@ -93,6 +93,10 @@ class RendezvousServer {
   // StoreServer::on_drained): an agent hosting the rendezvous lingers until its peers left.
   void on_drained(std::function<void()> callback);
 
+  // Replaces the token for every authentication from now on (RendezvousService::set_token);
+  // already-authenticated connections stay.
+  void set_token(std::string token);
+
   StoreStats store_stats() const;
   RendezvousServiceStats service_stats() const;
   const RendezvousRegistry& registry() const;

@@ -94,6 +94,10 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // on_reset: the default (nothing). The server closes every connection right after a reset
   // (on_disconnect follows for each); the jobs themselves survive a key-space reset.
 
+  // A new token (ddprun-rdzvd's SIGHUP re-read of --token-file): connections that already
+  // authenticated keep their binding; every AUTH from now on is checked against `token`.
+  void set_token(std::string token) { options_.token = std::move(token); }
+
   const RendezvousRegistry& registry() const { return registry_; }
   RendezvousServiceStats stats() const;
 
