@@ -523,6 +523,8 @@ def token(c):
     c.start_agent(ADDRS[2], ep, nnodes="1:1", worker_args=["--sleep", "0"], env={"DDPRUN_RDZV_TOKEN": "s3cret"})
     codes = c.wait_agents(20)
     check(codes[ADDRS[2]] == 0, "agent with the right token: %s\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(envs and not any(e["token_seen"] for e in envs), "a worker inherited DDPRUN_RDZV_TOKEN: %s" % envs)
 
 
 def static_backend(c):
