@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     const double most = std::chrono::duration<double>(rdzv::max_timeout).count();
     if (!v || *v > most) {
       std::cerr << "ddprun-rdzvd: error: --job-expiry " << job_expiry_text << ": not a number of seconds from 0 to "
-                << most << " (e.g. --job-expiry 600; 0 = never)\n";
+                << static_cast<long long>(most) << " (e.g. --job-expiry 600; 0 = never)\n";
       return 2;
     }
     if (*v == 0.0) {
