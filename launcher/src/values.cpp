@@ -239,7 +239,8 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
     const double hi = heartbeat ? 3600.0 : 30.0 * 86400.0;
     if (!v || !(*v >= lo && *v <= hi)) {
       fail(where, value, "not a number of seconds in range",
-           heartbeat ? "a number of seconds from 0.01 to 3600, e.g. 1" : "a number of seconds from 0.001 to 2592000 (30 days), e.g. 30 or 0.5");
+           heartbeat ? "a number of seconds from 0.01 to 3600, e.g. 1"
+                     : "a number of seconds from 0.001 to 2592000 (30 days), e.g. 30 or 0.5");
     }
     return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::llround(*v * 1000.0))));
   };
@@ -270,9 +271,11 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
         fail(std::string(what) + " key is_host", value, "not a boolean", "1, 0, true, false");
       }
     } else if (key == "token") {
-      throw UsageError(std::string(what) + ": key 'token' is refused: a token on the command line is readable by every "
-                       "local user in /proc/*/cmdline",
-                       "set DDPRUN_RDZV_TOKEN in the environment or pass token_file=FILE (a file readable only by you)");
+      throw UsageError(
+          std::string(what) +
+              ": key 'token' is refused: a token on the command line is readable by every "
+              "local user in /proc/*/cmdline",
+          "set DDPRUN_RDZV_TOKEN in the environment or pass token_file=FILE (a file readable only by you)");
     } else if (key == "token_file") {
       try {
         auto secret = read_secret_file(std::string(trim(value)), std::string(what) + " key token_file");
@@ -402,7 +405,8 @@ std::vector<int> parse_signals(std::string_view text, std::string_view what) {
 double parse_seconds_value(std::string_view text, std::string_view what) {
   const auto v = parse_seconds(trim(text));
   if (!v || *v > 1e7) {
-    fail(what, text, "not a number of seconds", "a finite, non-negative number of seconds up to 10000000, e.g. 30 or 0.5");
+    fail(what, text, "not a number of seconds",
+         "a finite, non-negative number of seconds up to 10000000, e.g. 30 or 0.5");
   }
   return *v;
 }

@@ -144,7 +144,8 @@ TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
 TEST_CASE("the rendezvous token never goes on a command line") {
   FanoutSandbox sb;
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--rdzv-conf", "token=s3cret", "train.py"}), UsageError);
-  const auto o = sb.parse({"--hosts", "h0", "--rdzv-conf", "join_timeout=5", "train.py"}, {{"DDPRUN_RDZV_TOKEN", "s3cret"}});
+  const auto o =
+      sb.parse({"--hosts", "h0", "--rdzv-conf", "join_timeout=5", "train.py"}, {{"DDPRUN_RDZV_TOKEN", "s3cret"}});
   REQUIRE(o.fanout);
   CHECK(o.fanout->rdzv_token == "s3cret");
   CHECK_FALSE(any_contains(o.fanout->agent_args, "s3cret"));

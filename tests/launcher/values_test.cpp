@@ -172,8 +172,8 @@ TEST_CASE("rdzv-conf keys become typed settings") {
   CHECK(s.is_host == true);
   CHECK(s.token == "from-env");
   // A token on the command line is refused; NaN, infinities and absurd heartbeats too.
-  for (const char* bad : {"token=s3cret", "heartbeat_interval=1e-12", "heartbeat_interval=nan",
-                          "join_timeout=inf", "join_timeout=-1", "last_call_timeout=1e300"}) {
+  for (const char* bad : {"token=s3cret", "heartbeat_interval=1e-12", "heartbeat_interval=nan", "join_timeout=inf",
+                          "join_timeout=-1", "last_call_timeout=1e300"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_rdzv_settings(parse_rdzv_conf(bad, "--rdzv-conf"), "--rdzv-conf", std::nullopt), UsageError);
   }

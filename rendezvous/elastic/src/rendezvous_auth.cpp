@@ -60,8 +60,8 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
   unsigned int len = 0;
   const unsigned char* r =
-      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
-           message.size(), out.data(), &len);
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len);
   if (r == nullptr) throw Error("HMAC-SHA256 failed (OpenSSL)");
   return to_hex(out.data(), len);
 }
