@@ -67,12 +67,20 @@ std::vector<int> handled_signals(const AgentConfig& config) {
   return {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 }
 
+// The environment the workers inherit: ours without the rendezvous token (the agent has
+// already read it into its config; a worker must not be able to impersonate its node).
+worker_env::EnvMap workers_parent_env() {
+  worker_env::EnvMap env = worker_env::current_environment();
+  env.erase("DDPRUN_RDZV_TOKEN");
+  return env;
+}
+
 class Agent {
  public:
   explicit Agent(const AgentConfig& config)
       : config_(config),
         signals_(io_),
-        parent_env_(worker_env::current_environment()),
+        parent_env_(workers_parent_env()),
         run_(io_, config, worker_hooks()),
         backend_(make_rendezvous_backend(io_, config, backend_events())),
         event_log_(config.event_log) {}

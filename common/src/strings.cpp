@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 
 namespace ddprun {
 
@@ -52,7 +53,8 @@ std::optional<double> parse_seconds(std::string_view text) {
   const char* first = text.data();
   const char* last = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(first, last, value);
-  if (ec != std::errc{} || ptr != last || value < 0) return std::nullopt;
+  // NaN and infinities parse, but are never a duration.
+  if (ec != std::errc{} || ptr != last || !std::isfinite(value) || value < 0) return std::nullopt;
   return value;
 }
 

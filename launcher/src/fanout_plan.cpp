@@ -174,6 +174,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
   conf.erase("token");
+  conf.erase("token_file");
   for (auto it = conf.begin(); it != conf.end();) {
     if (is_etcd_conf_key(it->first)) {
       throw UsageError("--rdzv-conf: key '" + it->first + "' applies only to --rdzv-backend etcd",

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/launcher/values.hpp"
 
@@ -43,6 +44,10 @@ constexpr FlagSpec kStatusFlags[] = {
            "password (as for the agent)."},
   {.dash = "timeout", .scope = FlagScope::process, .metavar = "SECONDS",
    .help = "How long to wait for the server's answer.", .default_text = "5"},
+  {.dash = "token-file", .scope = FlagScope::process, .metavar = "FILE",
+   .help = "Read the daemon's token from FILE (one trailing newline removed) to authenticate; DDPRUN_RDZV_TOKEN is used when "
+           "not given. Never pass the token itself on a command line.",
+   .default_text = "DDPRUN_RDZV_TOKEN, else none"},
   {.dash = "json", .kind = FlagKind::boolean, .scope = FlagScope::process,
    .help = "Print the status as one JSON object per line (field names in docs/cli.md)."},
   {.dash = "watch", .scope = FlagScope::process, .metavar = "[SECONDS]",
@@ -138,6 +143,12 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
       req.help = true;
       return req;
     }
+    if (arg == "--token") {
+      throw UsageError(
+          "ddprun status: --token on the command line is refused (every local user can read it in "
+          "/proc/*/cmdline)",
+          "set DDPRUN_RDZV_TOKEN or pass --token-file FILE");
+    }
     const FlagSpec* spec = starts_with(arg, "--") ? find_status_flag(std::string_view(arg).substr(2)) : nullptr;
     if (spec == nullptr) {
       throw UsageError("ddprun status: unknown argument '" + args[i] + "'",
@@ -165,6 +176,15 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     if (!f.env_form || given.contains(f.dash)) continue;
     const std::string var = pet_variable(f.dash);
     if (auto it = env.find(var); it != env.end() && !trim(it->second).empty()) given[f.dash] = {it->second, var};
+  }
+  if (auto it = given.find("token-file"); it != given.end()) {
+    try {
+      req.token = read_secret_file(it->second.first, it->second.second).secret;
+    } catch (const Error& e) {
+      throw UsageError(std::string("ddprun status: ") + e.what(), "point --token-file at the daemon's token file");
+    }
+  } else if (auto env_token = env.find("DDPRUN_RDZV_TOKEN"); env_token != env.end()) {
+    req.token = std::string(trim(env_token->second));
   }
   if (watch && !req.watch) req.watch = kDefaultWatch;
   if (auto it = given.find("timeout"); it != given.end()) {

@@ -68,7 +68,7 @@ Update one_update(const StatusRequest& request, bool watching) {
     if (request.etcd) {
       std::tie(status, endpoint) = etcd_status(request);
     } else {
-      status = rendezvous::query_status(request.server, request.run_id, request.timeout);
+      status = rendezvous::query_status(request.server, request.run_id, request.timeout, request.token);
     }
     const int code = (!request.run_id.empty() && status.jobs.empty()) ? 1 : 0;
     if (request.json) return {format_status_json(status, endpoint, request.run_id, watching ? time : "") + "\n", code};

@@ -14,6 +14,7 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "ddprun/common/secret_file.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/etcd_codec.hpp"
 
@@ -248,7 +249,8 @@ bool is_rdzv_setting_key(std::string_view key) {
                                                "missed_heartbeats",
                                                "keep_alive_max_attempt",
                                                "is_host",
-                                               "token"};
+                                               "token",
+                                               "token_file"};
   return std::find(std::begin(kRead), std::end(kRead), key) != std::end(kRead);
 }
 
@@ -257,7 +259,7 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
                                               std::vector<std::string>* notes) {
   static constexpr std::string_view kKeys =
       "join_timeout, last_call_timeout, close_timeout, read_timeout, heartbeat_interval (keep_alive_interval), "
-      "missed_heartbeats (keep_alive_max_attempt), exit_barrier_timeout, is_host, token, timeout (alias of "
+      "missed_heartbeats (keep_alive_max_attempt), exit_barrier_timeout, is_host, token_file, timeout (alias of "
       "join_timeout); with --rdzv-backend etcd also protocol, cacert, cert, key, etcd_prefix, username, "
       "password_file, password; ignored: use_libuv, store_type";
   auto note = [&](std::string text) {
@@ -267,8 +269,14 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
   auto seconds = [&](const std::string& key, const std::string& value) {
     const std::string where = std::string(what) + " key " + key;
     const auto v = parse_seconds(trim(value));
-    if (!v || *v <= 0.0 || *v > 1e8) {
-      fail(where, value, "not a positive number of seconds", "a number of seconds > 0, e.g. 30 or 0.5");
+    // The daemon's bounds (rendezvous_types.hpp): 1 ms .. 30 days; a heartbeat 10 ms .. 1 h.
+    const bool heartbeat = key == "heartbeat_interval";
+    const double lo = heartbeat ? 0.01 : 0.001;
+    const double hi = heartbeat ? 3600.0 : 30.0 * 86400.0;
+    if (!v || !(*v >= lo && *v <= hi)) {
+      fail(where, value, "not a number of seconds in range",
+           heartbeat ? "a number of seconds from 0.01 to 3600, e.g. 1"
+                     : "a number of seconds from 0.001 to 2592000 (30 days), e.g. 30 or 0.5");
     }
     return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::llround(*v * 1000.0))));
   };
@@ -308,7 +316,19 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
         fail(std::string(what) + " key is_host", value, "not a boolean", "1, 0, true, false");
       }
     } else if (key == "token") {
-      s.token = value;
+      throw UsageError(
+          std::string(what) +
+              ": key 'token' is refused: a token on the command line is readable by every "
+              "local user in /proc/*/cmdline",
+          "set DDPRUN_RDZV_TOKEN in the environment or pass token_file=FILE (a file readable only by you)");
+    } else if (key == "token_file") {
+      try {
+        auto secret = read_secret_file(std::string(trim(value)), std::string(what) + " key token_file");
+        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+        s.token = std::move(secret.secret);
+      } catch (const Error& e) {
+        throw UsageError(e.what(), "point token_file at a readable, non-empty file holding the daemon's token");
+      }
       token_given = true;
     } else if (key == "use_libuv") {
       note("ignored: use_libuv=" + value + " (ddprun's store is native C++ on Boost.Asio; there is no libuv choice)");
@@ -437,7 +457,10 @@ std::vector<int> parse_signals(std::string_view text, std::string_view what) {
 
 double parse_seconds_value(std::string_view text, std::string_view what) {
   const auto v = parse_seconds(trim(text));
-  if (!v || *v > 1e9) fail(what, text, "not a number of seconds", "a non-negative number of seconds, e.g. 30 or 0.5");
+  if (!v || *v > 1e7) {
+    fail(what, text, "not a number of seconds",
+         "a finite, non-negative number of seconds up to 10000000, e.g. 30 or 0.5");
+  }
   return *v;
 }
 

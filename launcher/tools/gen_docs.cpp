@@ -88,7 +88,8 @@ PageDoc ddprun_page() {
               "ddprun's own log level when --log-level is not given.\n"
               "\n"
               "= DDPRUN_RDZV_TOKEN\n"
-              "The token a rendezvous join carries when ddprun-rdzvd requires one.\n"
+              "The token the agent proves to ddprun-rdzvd in the handshake (never sent itself); removed from the "
+              "workers' environment.\n"
               "\n"
               "= SLURM_*\n"
               "Inside a Slurm allocation the node count, node rank and rendezvous come from Slurm's "
@@ -136,7 +137,7 @@ PageDoc rdzvd_page() {
   page.sections = {
       Section{"ENVIRONMENT",
               "= DDPRUN_RDZV_TOKEN\n"
-              "The token every rendezvous join must carry when --token is not given.\n"
+              "The token every client must prove in the handshake when --token-file is not given.\n"
               "\n"
               "= DDPRUN_LOG_LEVEL\n"
               "The log level when --log-level is not given."},
@@ -144,8 +145,8 @@ PageDoc rdzvd_page() {
               "0 clean stop (SIGINT or SIGTERM); 1 cannot listen (the message names host:port) or cannot "
               "write the port file; 2 bad command line."},
       Section{"EXAMPLES",
-              "  ddprun-rdzvd --port 29400 --token \"$(cat /etc/ddprun/token)\"\n"
-              "  ddprun status --rdzv-endpoint localhost:29400"},
+              "  ddprun-rdzvd --port 29400 --token-file /etc/ddprun/token\n"
+              "  ddprun status --rdzv-endpoint localhost:29400 --token-file /etc/ddprun/token"},
       Section{"SEE ALSO", "ddprun(1)"},
   };
   return page;

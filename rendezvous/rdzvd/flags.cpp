@@ -46,12 +46,23 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "idle-timeout-ms", .metavar = "MS",
    .help = "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job).",
    .default_text = "0"},
-  {.dash = "token", .metavar = "TOKEN", .help = "Shared secret every rendezvous join must carry.",
-   .default_text = "$DDPRUN_RDZV_TOKEN; empty = none"},
+  {.dash = "token", .metavar = "TOKEN", .help = "Refused: use --token-file or DDPRUN_RDZV_TOKEN.", .hidden = true},
   {.dash = "token-file", .metavar = "FILE",
-   .help = "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential."},
+   .help = "Shared secret every client must prove in the handshake, read from this file (one trailing newline is "
+           "dropped), e.g. a systemd credential.",
+   .default_text = "$DDPRUN_RDZV_TOKEN; empty = none"},
+  {.dash = "allow-unauthenticated-store", .kind = FlagKind::boolean,
+   .help = "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend cannot "
+           "authenticate). RISK: anyone who reaches the port can then read and delete every key."},
   {.dash = "max-rdzv-payload-bytes", .metavar = "N", .help = "Largest native rendezvous message accepted.",
    .default_text = "1048576"},
+  {.dash = "job-expiry", .metavar = "SECONDS",
+   .help = "Forget a job this many seconds after it last had a live member (every node left, was lost or "
+           "finished), whatever timeouts its clients chose; 0 = never.",
+   .default_text = "600"},
+  {.dash = "max-jobs", .metavar = "N", .help = "Most jobs held at once; a JOIN that would start one more is refused "
+                                               "(0 = no cap).",
+   .default_text = "100000"},
   {.dash = "log-level", .metavar = "LEVEL", .help = "trace|debug|info|warning|error|critical|off.",
    .default_text = "$DDPRUN_LOG_LEVEL, else info", .choices = kLogLevels},
   {.dash = "log-format", .metavar = "FORMAT",

@@ -1,7 +1,8 @@
 // ddprun-rdzvd: a standalone store/rendezvous daemon speaking the c10d TCPStore protocol and
 // ddprun's native rendezvous operations on the same port (docs/daemon.md).
 //
-//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token T | --token-file F] [limits...]
+//   ddprun-rdzvd [--host H] [--port P] [--port-file F] [--token-file F] [--allow-unauthenticated-store]
+//                [limits...]
 //                [--log-level L] [--log-format text|json]
 //                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
 //
@@ -9,21 +10,26 @@
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
 // --port-file is given the file holds the bound port number and a newline, written atomically
 // (temporary file + rename); under systemd (Type=notify) READY=1 goes to $NOTIFY_SOCKET at the
-// same moment. SIGINT/SIGTERM stop the daemon cleanly with exit code 0; a bind
+// same moment. SIGINT/SIGTERM stop the daemon cleanly with exit code 0; SIGHUP re-reads
+// --token-file (new connections use the new token, authenticated ones stay); a bind
 // failure prints an error naming host:port and exits 1; a bad flag exits 2.
 
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <iostream>
 #include <string>
@@ -35,6 +41,7 @@
 #include "ddprun/common/metrics_http.hpp"
 #include "ddprun/common/sd_notify.hpp"
 #include "ddprun/common/secret_file.hpp"
+#include "ddprun/common/strings.hpp"
 #include "ddprun/common/version.hpp"
 #include "ddprun/rendezvous/rendezvous_metrics.hpp"
 #include "ddprun/rendezvous/rendezvous_server.hpp"
@@ -105,6 +112,7 @@ int main(int argc, char** argv) {
                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
       ->capture_default_str();
   app.add_option("--max-connections", options.limits.store.max_connections, "Most open client connections")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
       ->capture_default_str();
@@ -135,15 +143,28 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.idle_timeout.count()));
   // --- end of store bounds ---
+  // Accepted only to refuse it with a hint: a token on the command line is readable by every
+  // local user in /proc/*/cmdline.
+  std::string token_on_command_line;
   auto* token_opt =
-      app.add_option("--token", options.token,
-                     "Shared secret every rendezvous join must carry (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+      app.add_option("--token", token_on_command_line, "Refused: use --token-file or DDPRUN_RDZV_TOKEN")->group("");
   std::string token_file;
   app.add_option("--token-file", token_file,
-                 "Read the token from this file (one trailing newline is dropped), e.g. a systemd credential")
-      ->excludes(token_opt);
+                 "Shared secret every client must prove in the handshake, read from this file (one trailing "
+                 "newline is dropped), e.g. a systemd credential (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  app.add_flag("--allow-unauthenticated-store", options.allow_unauthenticated_store,
+               "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend "
+               "cannot authenticate). RISK: anyone who reaches the port can then read and delete every key");
   app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes,
                  "Largest native rendezvous message accepted")
+      ->capture_default_str();
+  std::string job_expiry_text;
+  app.add_option("--job-expiry", job_expiry_text,
+                 "Forget a job this many seconds after it last had a live member (every node left, was lost or "
+                 "finished), whatever timeouts its clients chose; 0 = never")
+      ->default_str("600");
+  app.add_option("--max-jobs", options.max_jobs,
+                 "Most jobs held at once; a JOIN that would start one more is refused (0 = no cap)")
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
@@ -187,7 +208,29 @@ int main(int argc, char** argv) {
                         log_format.empty() ? ddprun::log_format_from_env(ddprun::LogFormat::text)
                                            : *ddprun::parse_log_format(log_format));
   raise_fd_limit();
+  if (token_opt->count() > 0) {
+    std::cerr << "ddprun-rdzvd: error: --token on the command line is refused: every local user can read it in "
+                 "/proc/*/cmdline. Put it in a file readable only by the daemon and pass --token-file FILE, or set "
+                 "DDPRUN_RDZV_TOKEN in the daemon's environment\n";
+    return 2;
+  }
 
+  if (!job_expiry_text.empty()) {
+    // Seconds, finite, at most the longest rendezvous timeout (30 days); 0 turns expiry off.
+    const auto v = ddprun::parse_seconds(ddprun::trim(job_expiry_text));
+    const double most = std::chrono::duration<double>(rdzv::max_timeout).count();
+    if (!v || *v > most) {
+      std::cerr << "ddprun-rdzvd: error: --job-expiry " << job_expiry_text << ": not a number of seconds from 0 to "
+                << static_cast<long long>(most) << " (e.g. --job-expiry 600; 0 = never)\n";
+      return 2;
+    }
+    if (*v == 0.0) {
+      options.job_expiry.reset();
+    } else {
+      options.job_expiry = std::max(ddprun::Duration(1),
+                                    std::chrono::duration_cast<ddprun::Duration>(std::chrono::duration<double>(*v)));
+    }
+  }
   if (!token_file.empty()) {
     try {
       auto secret = ddprun::read_secret_file(token_file, "--token-file");
@@ -226,9 +269,36 @@ int main(int argc, char** argv) {
     // server.start() installed the SIGINT/SIGTERM handlers: a service manager may send SIGTERM
     // as soon as it sees readiness.
     if (!options.token.empty()) {
-      spdlog::info("rendezvous joins must carry the token ({})",
-                   token_file.empty() ? "--token / DDPRUN_RDZV_TOKEN" : "--token-file " + token_file);
+      spdlog::info("every client must authenticate with the token ({}){}",
+                   token_file.empty() ? "DDPRUN_RDZV_TOKEN" : "--token-file " + token_file,
+                   options.allow_unauthenticated_store
+                       ? "; --allow-unauthenticated-store: TCPStore ops are open to anyone who reaches the port"
+                       : "");
+    } else if (options.allow_unauthenticated_store) {
+      spdlog::warn("--allow-unauthenticated-store has no effect without a token (--token-file or DDPRUN_RDZV_TOKEN)");
     }
+    // SIGHUP re-reads --token-file: new connections must prove the new token, connections that
+    // already authenticated stay (rotating the token does not stop running jobs).
+    boost::asio::signal_set hup(io, SIGHUP);
+    std::function<void()> wait_hup = [&] {
+      hup.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        if (token_file.empty()) {
+          spdlog::warn("SIGHUP: no --token-file to re-read; the token is unchanged");
+        } else {
+          try {
+            auto secret = ddprun::read_secret_file(token_file, "--token-file");
+            if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+            server.set_token(std::move(secret.secret));
+            spdlog::info("SIGHUP: re-read the token from --token-file {}; new connections must use it", token_file);
+          } catch (const ddprun::Error& e) {
+            spdlog::error("SIGHUP: keeping the old token: {}", e.what());
+          }
+        }
+        wait_hup();
+      });
+    };
+    wait_hup();
     if (!port_file.empty()) write_port_file(port_file, server.port());
     const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(server.port());
     std::cout << listening << std::endl;

@@ -143,16 +143,21 @@ TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
 
 TEST_CASE("the rendezvous token never goes on a command line") {
   FanoutSandbox sb;
-  const auto o = sb.parse({"--hosts", "h0", "--rdzv-conf", "token=s3cret,join_timeout=5", "train.py"});
+  CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--rdzv-conf", "token=s3cret", "train.py"}), UsageError);
+  const auto o =
+      sb.parse({"--hosts", "h0", "--rdzv-conf", "join_timeout=5", "train.py"}, {{"DDPRUN_RDZV_TOKEN", "s3cret"}});
   REQUIRE(o.fanout);
   CHECK(o.fanout->rdzv_token == "s3cret");
   CHECK_FALSE(any_contains(o.fanout->agent_args, "s3cret"));
   CHECK(has(o.fanout->agent_args, "--rdzv-conf=is_host=false,join_timeout=5"));
   const std::string cmd = remote_command(*o.fanout, o.fanout->hosts[0], "10.0.0.1:5", "job");
   CHECK(cmd.find("s3cret") == std::string::npos);
-  // From DDPRUN_RDZV_TOKEN as well.
-  const auto o2 = sb.parse({"--hosts", "h0", "train.py"}, {{"DDPRUN_RDZV_TOKEN", "envtok"}});
-  CHECK(o2.fanout->rdzv_token == "envtok");
+  // From token_file as well; the path does not reach the remote agents either.
+  Sandbox::write(sb.dir() / "tok", "filetok\n", false);
+  const std::string conf = "token_file=" + (sb.dir() / "tok").string();
+  const auto o2 = sb.parse({"--hosts", "h0", "--rdzv-conf", conf, "train.py"});
+  CHECK(o2.fanout->rdzv_token == "filetok");
+  CHECK_FALSE(any_contains(o2.fanout->agent_args, "token_file"));
 }
 
 TEST_CASE("rdzv-conf keys the launcher reported as ignored are not forwarded; etcd keys are refused") {

@@ -159,7 +159,7 @@ TEST_CASE("rdzv-conf keys become typed settings") {
 
   const auto s = parse_rdzv_settings(
       parse_rdzv_conf("join_timeout=20,last_call_timeout=0.5,heartbeat_interval=0.2,missed_heartbeats=4,"
-                      "close_timeout=2,read_timeout=9,exit_barrier_timeout=11,is_host=1,token=s3cret",
+                      "close_timeout=2,read_timeout=9,exit_barrier_timeout=11,is_host=1",
                       "--rdzv-conf"),
       "--rdzv-conf", std::string("from-env"));
   CHECK(s.join_timeout == std::chrono::seconds(20));
@@ -170,7 +170,15 @@ TEST_CASE("rdzv-conf keys become typed settings") {
   CHECK(s.read_timeout == std::chrono::seconds(9));
   CHECK(s.exit_barrier_timeout == std::chrono::seconds(11));
   CHECK(s.is_host == true);
-  CHECK(s.token == "s3cret");  // the key wins over DDPRUN_RDZV_TOKEN
+  CHECK(s.token == "from-env");
+  // A token on the command line is refused; NaN, infinities and absurd heartbeats too.
+  for (const char* bad : {"token=s3cret", "heartbeat_interval=1e-12", "heartbeat_interval=nan", "join_timeout=inf",
+                          "join_timeout=-1", "last_call_timeout=1e300"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_rdzv_settings(parse_rdzv_conf(bad, "--rdzv-conf"), "--rdzv-conf", std::nullopt), UsageError);
+  }
+  CHECK_THROWS_AS(parse_seconds_value("nan", "--shutdown-timeout"), UsageError);
+  CHECK_THROWS_AS(parse_seconds_value("inf", "--shutdown-timeout"), UsageError);
 
   CHECK(parse_rdzv_settings({}, "--rdzv-conf", std::string("envtok")).token == "envtok");
   CHECK(parse_rdzv_settings({{"timeout", "900"}}, "--rdzv-conf", std::nullopt).join_timeout ==

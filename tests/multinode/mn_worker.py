@@ -51,6 +51,7 @@ def main():
     p.add_argument("--slow-sleep", type=float, default=30.0)
     a = p.parse_args()
     env = {k: os.environ.get(k) for k in KEYS}
+    env["token_seen"] = "DDPRUN_RDZV_TOKEN" in os.environ  # the agent must scrub it
     env["pid"] = os.getpid()
     env["agent_pid"] = os.getppid()
     env["python"] = platform.python_version()

@@ -77,10 +77,11 @@ class Cluster:
             return self.etcd.members[0].client_port
         args = [RDZVD, "--host", "127.0.0.1", "--port", str(port), "--port-file",
                 os.path.join(self.dir, "port-" + self.marker)]
+        env = dict(self.env)
         if token:
-            args += ["--token", token]
+            env["DDPRUN_RDZV_TOKEN"] = token  # never on a command line
         log = open(os.path.join(self.dir, "daemon.log"), "ab")
-        self.daemon = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=self.env)
+        self.daemon = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env)
         line = self._read_line(self.daemon, 10)
         check(line.startswith("listening on "), "daemon did not start: %r" % line)
         self.daemon_port = int(line.strip().rsplit(":", 1)[1])
@@ -537,7 +538,7 @@ def daemon_restart(c):
 def token(c):
     port = c.start_daemon(token="s3cret")
     ep = "127.0.0.1:%d" % port
-    c.start_agent(ADDRS[0], ep, nnodes="1:2", conf=FAST_CONF + ",token=wrong", worker_args=["--sleep", "0"])
+    c.start_agent(ADDRS[0], ep, nnodes="1:2", worker_args=["--sleep", "0"], env={"DDPRUN_RDZV_TOKEN": "wrong"})
     c.start_agent(ADDRS[1], ep, nnodes="1:2", worker_args=["--sleep", "0"])
     codes = c.wait_agents(20)
     for a in ADDRS[:2]:
@@ -550,6 +551,8 @@ def token(c):
     c.start_agent(ADDRS[2], ep, nnodes="1:1", worker_args=["--sleep", "0"], env={"DDPRUN_RDZV_TOKEN": "s3cret"})
     codes = c.wait_agents(20)
     check(codes[ADDRS[2]] == 0, "agent with the right token: %s\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(envs and not any(e["token_seen"] for e in envs), "a worker inherited DDPRUN_RDZV_TOKEN: %s" % envs)
 
 
 def static_backend(c):

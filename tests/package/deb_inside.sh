@@ -70,7 +70,7 @@ exec 3</tmp/rdzvd.out
 read -r -t 30 line <&3 || { cat /tmp/rdzvd.err; fail "ddprun-rdzvd printed no 'listening on' line within 30 s"; }
 port=${line##*:}
 [[ "$line" == "listening on 127.0.0.1:$port" ]] || fail "unexpected first line '$line'"
-timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" >status.out 2>&1 || { cat status.out; fail "ddprun status"; }
+DDPRUN_RDZV_TOKEN=$token timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" >status.out 2>&1 || { cat status.out; fail "ddprun status"; }
 out=$(DDPRUN_RDZV_TOKEN=$token timeout 120 ddprun --master-port 0 --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob /root/t/worker.sh 2>&1) || { echo "$out"; fail "job via the daemon"; }
 grep -q "worker rank=1 world=2" <<<"$out" || { echo "$out"; fail "job via the daemon: rank 1 missing"; }
@@ -78,8 +78,8 @@ if out=$(DDPRUN_RDZV_TOKEN=wrong timeout 120 ddprun --master-port 0 --nnodes 1 -
            --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob2 /root/t/worker.sh 2>&1); then
   fail "a job with the wrong token ran"
 fi
-grep -q "token mismatch" <<<"$out" || { echo "$out"; fail "wrong token: no 'token mismatch' error"; }
-timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob >status.out 2>&1 \
+grep -q "authentication failed" <<<"$out" || { echo "$out"; fail "wrong token: no 'authentication failed' error"; }
+DDPRUN_RDZV_TOKEN=$token timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" --rdzv-id debjob >status.out 2>&1 \
   || { cat status.out; fail "ddprun status --rdzv-id debjob"; }
 grep -q debjob status.out || { cat status.out; fail "status does not show debjob"; }
 maps=$(grep -oE '/[^ ]+$' "/proc/$dpid/maps" | sort -u)

@@ -121,7 +121,7 @@ class Service(unittest.TestCase):
             self.assertEqual(ok.returncode, 0, ok.stderr)
             bad = job(port, token + "x", "bad")
             self.assertNotEqual(bad.returncode, 0)
-            self.assertIn("token mismatch", bad.stderr)
+            self.assertIn("authentication failed", bad.stderr)
         finally:
             err = d.stop()
         self.assertEqual(d.proc.returncode, 0, err)
@@ -162,7 +162,14 @@ class Service(unittest.TestCase):
         r = subprocess.run([RDZVD, "--token", "a", "--token-file", cases[0][0]], capture_output=True, text=True,
                            timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("excludes", r.stderr)
+        self.assertIn("--token on the command line is refused", r.stderr)
+        self.assertNotIn(" a\n", r.stderr)
+        for bad in ("nan", "inf", "-1", "1e9", "abc"):
+            r = subprocess.run([RDZVD, "--port", "0", "--job-expiry", bad], capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("--job-expiry " + bad + ": not a number of seconds from 0 to 2592000", r.stderr)
+            self.assertEqual(r.stdout, "", "it must not start listening")
         r = subprocess.run([RDZVD, "--log-format", "xml"], capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--log-format", r.stderr)

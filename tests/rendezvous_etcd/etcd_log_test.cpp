@@ -33,7 +33,7 @@ JobConfig config(int min, int max, int restarts = 1) {
 
 LogEvent join_event(std::int64_t t, int i, const JobConfig& c) {
   return {t, EventKind::message, "j" + std::to_string(i),
-          JoinMessage{"job", JoinRequest{node(i), replica_config(c, node_lease_ttl(c)), {}}}};
+          JoinMessage{"job", JoinRequest{node(i), replica_config(c, node_lease_ttl(c))}}};
 }
 
 template <class A>

@@ -1,9 +1,12 @@
 """ddprun-rdzvd as a process: the native rendezvous frames of docs/protocol.md §9, written by an
-independent (Python) encoder, the --token flag and DDPRUN_RDZV_TOKEN, and STATUS.
+independent (Python) encoder and HMAC (hmac module), the handshake with a token from
+DDPRUN_RDZV_TOKEN or --token-file, --token refused, and STATUS.
 
 Readiness is the daemon's `listening on HOST:PORT` line; every socket read has a deadline; the
 daemon is killed on the way out.
 """
+import hashlib
+import hmac
 import json
 import os
 import select
@@ -11,6 +14,7 @@ import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 
 BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
@@ -65,25 +69,54 @@ def read_frame(sock, timeout=10):
     return op, json.loads(recv_exact(sock, n, deadline))
 
 
-def join_frame(token, i=1):
+def handshake(sock, token, run_id):
+    """HELLO / CHALLENGE / AUTH / AUTH_OK; checks the server's MAC. Returns None or the REFUSED."""
+    client_nonce = os.urandom(32).hex()
+    sock.sendall(frame(0x48, {"v": 1, "client_nonce": client_nonce}))
+    op, msg = read_frame(sock)
+    assert op == 0x68, f"expected CHALLENGE, got 0x{op:02x} {msg}"
+    assert msg["auth"] is True, msg
+    server_nonce = msg["server_nonce"]
+    mac = hmac.new(token.encode(), b"ddprun-rdzv-client-v1\0" + (server_nonce + client_nonce + run_id).encode(),
+                   hashlib.sha256).hexdigest()
+    sock.sendall(frame(0x49, {"run_id": run_id, "mac": mac}))
+    op, msg = read_frame(sock)
+    if op == 0x64:
+        return msg
+    assert op == 0x69, f"expected AUTH_OK, got 0x{op:02x} {msg}"
+    want = hmac.new(token.encode(), b"ddprun-rdzv-server-v1\0" + (client_nonce + server_nonce + run_id).encode(),
+                    hashlib.sha256).hexdigest()
+    assert msg["mac"] == want, "the daemon's AUTH_OK MAC is wrong"
+    return None
+
+
+def join_frame(i=1):
     node_id = {"addr": "127.0.0.1", "pid": 4000 + i, "instance": f"py-{i}"}
     config = {"min_nodes": 1, "max_nodes": 1, "max_restarts": 0, "missed_heartbeats": 3,
               "join_timeout_ms": 10000, "last_call_timeout_ms": 100, "close_timeout_ms": 5000,
               "heartbeat_interval_ms": 1000, "exit_barrier_timeout_ms": 10000, "rebuild_grace_ms": 1000}
     node = {"id": node_id, "addr": "127.0.0.1", "local_world_size": 2, "store_host": "127.0.0.1",
             "store_port": 45678}
-    return frame(0x40, {"run_id": "py-job", "node": node, "config": config, "token": token})
+    return frame(0x40, {"run_id": "py-job", "node": node, "config": config})
 
 
 def check_token_daemon(args, env_token, good):
     p, port = start_daemon(args, env_token)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as bad:
-        bad.sendall(join_frame("wrong", 1))
-        op, msg = read_frame(bad)
-        assert op == 0x64, f"expected REFUSED, got 0x{op:02x} {msg}"
-        assert "token mismatch" in msg["reason"], msg
+        msg = handshake(bad, "wrong", "py-job")
+        assert msg is not None and "authentication failed" in msg["reason"], msg
+        bad.settimeout(10)
+        assert bad.recv(1) == b"", "a failed AUTH must close the connection"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as noauth:
+        noauth.sendall(join_frame(3))
+        op, msg = read_frame(noauth)
+        assert op == 0x64 and "authentication required" in msg["reason"], msg
     with socket.create_connection(("127.0.0.1", port), timeout=10) as ok:
-        ok.sendall(join_frame(good, 2))
+        assert handshake(ok, good, "py-job") is None
+        ok.sendall(join_frame(2))
+        op, msg = read_frame(ok)
+        assert op == 0x6A, f"expected JOINED, got 0x{op:02x} {msg}"
+        assert len(msg["node_secret"]) == 32, msg
         op, msg = read_frame(ok)
         while op == 0x66:  # PROGRESS lines may precede the assignment
             op, msg = read_frame(ok)
@@ -91,8 +124,9 @@ def check_token_daemon(args, env_token, good):
         a = msg["assignment"]
         assert (a["group_rank"], a["group_world_size"], a["world_size"]) == (0, 1, 2), a
         assert (a["master_addr"], a["master_port"]) == ("127.0.0.1", 45678), a
-        # STATUS on another connection: the job and its one participant.
+        # STATUS on another connection, authenticated for every job: the job and its participant.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as st:
+            assert handshake(st, good, "*") is None
             st.sendall(frame(0x47, {"run_id": ""}))
             op, msg = read_frame(st)
             assert op == 0x67, f"expected STATUS_REPLY, got 0x{op:02x}"
@@ -113,10 +147,23 @@ def check_token_daemon(args, env_token, good):
     assert p.wait(timeout=10) == 0
 
 
+def check_token_flag_refused():
+    r = subprocess.run([os.path.join(BIN_DIR, "ddprun-rdzvd"), "--port", "0", "--token", "visible"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r
+    assert "--token-file" in r.stderr and "DDPRUN_RDZV_TOKEN" in r.stderr, r.stderr
+    assert "visible" not in r.stderr, r.stderr
+
+
 def main():
-    check_token_daemon(["--token", "flag-token"], None, "flag-token")
+    check_token_flag_refused()
     check_token_daemon([], "env-token", "env-token")
-    check_token_daemon(["--token", "flag-wins"], "env-token", "flag-wins")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "token")
+        with open(path, "w") as f:
+            f.write("file-token\n")
+        os.chmod(path, 0o600)
+        check_token_daemon(["--token-file", path], "env-token", "file-token")
     print("OK")
 
 

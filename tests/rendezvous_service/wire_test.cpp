@@ -69,12 +69,12 @@ rdzv::WorkerFailure failure() {
 }
 
 std::vector<rdzv::ClientMessage> client_messages() {
-  rdzv::RejoinRequest with{info(1), config(), "tok", assignment()};
+  rdzv::RejoinRequest with{info(1), config(), std::string(32, 'a'), assignment()};
   rdzv::RejoinRequest without{info(2), config(), "", std::nullopt};
   rdzv::WorkerFailure sig = failure();
   sig.exit_code.reset();
   sig.signal = 9;
-  return {rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), "secret"}},
+  return {rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config()}},
           rdzv::RejoinMessage{"job-a", with},
           rdzv::RejoinMessage{"job-b", without},
           rdzv::HeartbeatMessage{"job-a", node(3)},
@@ -84,7 +84,9 @@ std::vector<rdzv::ClientMessage> client_messages() {
           rdzv::SucceededMessage{"job-a", node(1), 42},
           rdzv::CloseMessage{"job-a"},
           rdzv::StatusMessage{""},
-          rdzv::StatusMessage{"job-a"}};
+          rdzv::StatusMessage{"job-a"},
+          rdzv::HelloMessage{1, std::string(64, 'b')},
+          rdzv::AuthMessage{"job-a", std::string(64, 'c')}};
 }
 
 std::vector<rdzv::ServerMessage> server_messages() {
@@ -115,7 +117,10 @@ std::vector<rdzv::ServerMessage> server_messages() {
           rdzv::Refuse{"job-a", node(2), "token mismatch"},
           rdzv::AskRejoin{"job-a", node(2), "unknown node"},
           rdzv::Progress{"job-a", node(2), "waiting for nodes: 1/2"},
-          status};
+          status,
+          rdzv::ChallengeMessage{std::string(64, 'd'), true},
+          rdzv::AuthOkMessage{std::string(64, 'e')},
+          rdzv::JoinedMessage{"job-a", node(1), std::string(32, 'f')}};
 }
 
 std::string encoded(const rdzv::ClientMessage& m) {
@@ -148,7 +153,7 @@ TEST_CASE("every client message survives a round trip", "[wire]") {
     const std::string bytes = encoded(m);
     CAPTURE(bytes);
     CHECK(static_cast<std::uint8_t>(bytes[0]) >= 0x40);
-    CHECK(static_cast<std::uint8_t>(bytes[0]) <= 0x47);
+    CHECK(static_cast<std::uint8_t>(bytes[0]) <= 0x49);
     rdzv::ClientMessage back;
     const auto r = rdzv::decode_client(bytes + "trailing", {}, back);
     REQUIRE(r.status == rdzv::DecodeStatus::ok);
@@ -166,7 +171,7 @@ TEST_CASE("client message fields decode to the values sent", "[wire]") {
   CHECK(rejoin.request.node.id == node(1));
   CHECK(rejoin.request.node.local_world_size == 2);
   CHECK(rejoin.request.node.store_port == 40001);
-  CHECK(rejoin.request.token == "tok");
+  CHECK(rejoin.request.node_secret == std::string(32, 'a'));
   CHECK(rejoin.request.config.last_call_timeout == std::chrono::milliseconds(250));
   CHECK(rejoin.request.config.max_nodes == 4);
   REQUIRE(rejoin.request.assignment);
@@ -191,7 +196,7 @@ TEST_CASE("every server message survives a round trip", "[wire]") {
     CHECK(encoded(back) == bytes);
   }
   rdzv::ServerMessage back;
-  REQUIRE(rdzv::decode_server(encoded(server_messages().back()), {}, back).status == rdzv::DecodeStatus::ok);
+  REQUIRE(rdzv::decode_server(encoded(server_messages()[9]), {}, back).status == rdzv::DecodeStatus::ok);
   const auto& status = std::get<rdzv::RegistryStatus>(back);
   REQUIRE(status.jobs.size() == 2);
   CHECK(status.jobs[0].members.at(1).role == rdzv::MemberRole::late);
@@ -265,14 +270,14 @@ TEST_CASE("NodeInfo.order travels as an optional field", "[wire]") {
 TEST_CASE("NodeInfo.nccl_ids travels as an optional hex field", "[wire][nccl]") {
   rdzv::NodeInfo n = info(0);
   for (std::size_t i = 0; i < 256; ++i) n.nccl_ids.push_back(static_cast<std::uint8_t>(255 - i));  // K = 2
-  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config(), ""}});
+  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config()}});
   CHECK(bytes.find("\"nccl_ids\":\"fffefd") != std::string::npos);
   rdzv::ClientMessage back;
   REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::JoinMessage>(back).request.node.nccl_ids == n.nccl_ids);
 
   // No IDs: the field is left out, and a frame without it (an older agent's) decodes as none.
-  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), ""}});
+  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config()}});
   CHECK(plain.find("nccl_ids") == std::string::npos);
   REQUIRE(rdzv::decode_client(plain, {}, back).status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::JoinMessage>(back).request.node.nccl_ids.empty());

@@ -5,7 +5,10 @@
 //   from         event                                   to
 //   -----------  --------------------------------------  ---------------------------------
 //   idle         join() / report while unregistered      connecting
-//   connecting   connected                               connected (JOIN/REJOIN if wanted)
+//   connecting   connected                               handshaking (HELLO sent)
+//   handshaking  CHALLENGE without auth, or AUTH_OK       connected (JOIN/REJOIN if wanted)
+//                with the server's MAC verified
+//   handshaking  server MAC wrong, token missing          stopped (on_refused)
 //   connecting   resolve/connect failed or timed out     retry_wait, or stopped (give up)
 //   retry_wait   backoff timer fired                     connecting
 //   connected    read/write error, EOF, protocol error   retry_wait, or stopped (give up)
@@ -33,6 +36,7 @@
 
 #include "ddprun/common/backoff.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 
 namespace ddprun::rendezvous {
@@ -51,7 +55,7 @@ std::string seconds_text(Duration d) { return format_seconds(d); }
 }  // namespace
 
 struct ClientCore : std::enable_shared_from_this<ClientCore> {
-  enum class LinkState : std::uint8_t { idle, connecting, retry_wait, connected, leaving, stopped };
+  enum class LinkState : std::uint8_t { idle, connecting, retry_wait, handshaking, connected, leaving, stopped };
   enum class Registration : std::uint8_t { none, join_wanted, registered };
 
   ClientCore(asio::io_context& io_, RendezvousClientOptions opts, RendezvousEvents ev, Timers& timers_)
@@ -82,6 +86,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   LinkState link = LinkState::idle;
   Registration registration = Registration::none;
   std::optional<Assignment> assignment;
+  std::string client_nonce;  // of the current connection's handshake
+  std::string server_nonce;
+  std::string node_secret;  // from JOINED; presented by every REJOIN
   std::optional<TimePoint> unreachable_since;
   std::string last_error;
 
@@ -97,6 +104,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   std::string endpoint_text() const { return options.server.to_string(); }
   bool stopped() const { return link == LinkState::stopped; }
   bool is_connected() const { return link == LinkState::connected || link == LinkState::leaving; }
+  bool socket_up() const { return is_connected() || link == LinkState::handshaking; }
   bool registered() const { return registration == Registration::registered; }
 
   // ---- outgoing ----
@@ -107,7 +115,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   void start_write() {
-    if (!is_connected() || write_in_flight || pending.empty()) return;
+    if (!socket_up() || write_in_flight || pending.empty()) return;
     writing.swap(pending);
     pending.clear();
     write_in_flight = true;
@@ -131,9 +139,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   void send_join_or_rejoin() {
     if (registration == Registration::join_wanted) {
       reports.clear();
-      send_frame(JoinMessage{options.run_id, JoinRequest{options.node, options.config, options.token}});
+      send_frame(JoinMessage{options.run_id, JoinRequest{options.node, options.config}});
     } else {
-      send_frame(RejoinMessage{options.run_id, RejoinRequest{options.node, options.config, options.token, assignment}});
+      send_frame(RejoinMessage{options.run_id, RejoinRequest{options.node, options.config, node_secret, assignment}});
       for (const auto& frame : reports) pending.append(frame);
     }
     registration = Registration::registered;
@@ -195,19 +203,69 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         });
   }
 
+  // connecting -> handshaking: every (re)connect authenticates before anything else is sent.
   void on_connected() {
-    link = LinkState::connected;
-    unreachable_since.reset();
-    backoff.reset();
+    link = LinkState::handshaking;
     boost::system::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
     in.clear();
     in_begin = 0;
     pending.clear();
+    client_nonce = auth::random_hex(auth::nonce_bytes);
+    send_frame(HelloMessage{1, client_nonce});
+    start_read();
+  }
+
+  void on_challenge(const ChallengeMessage& m) {
+    if (link != LinkState::handshaking) {
+      connection_lost("protocol error from the server: CHALLENGE outside the handshake");
+      return;
+    }
+    if (!m.auth) {
+      handshake_done();
+      return;
+    }
+    if (options.token.empty()) {
+      refused(
+          fmt::format("the rendezvous server {} requires a token: set DDPRUN_RDZV_TOKEN or --rdzv-conf "
+                      "token_file=FILE to the daemon's token",
+                      endpoint_text()));
+      return;
+    }
+    server_nonce = m.server_nonce;
+    send_frame(
+        AuthMessage{options.run_id, auth::client_mac(options.token, server_nonce, client_nonce, options.run_id)});
+  }
+
+  void on_auth_ok(const AuthOkMessage& m) {
+    if (link != LinkState::handshaking || server_nonce.empty()) {
+      connection_lost("protocol error from the server: AUTH_OK outside the handshake");
+      return;
+    }
+    if (!auth::equal_secret(auth::server_mac(options.token, client_nonce, server_nonce, options.run_id), m.mac)) {
+      refused(
+          fmt::format("the rendezvous server {} could not prove that it knows the token (wrong MAC in AUTH_OK): "
+                      "check --rdzv-endpoint and the token on both sides",
+                      endpoint_text()));
+      return;
+    }
+    handshake_done();
+  }
+
+  // handshaking -> connected.
+  void handshake_done() {
+    link = LinkState::connected;
+    server_nonce.clear();
+    unreachable_since.reset();
+    backoff.reset();
     spdlog::debug("rendezvous: connected to {}", endpoint_text());
     if (registration != Registration::none) send_join_or_rejoin();
-    start_read();
     arm_heartbeat();
+  }
+
+  void refused(const std::string& reason) {
+    stop();
+    if (events.on_refused) events.on_refused(reason);
   }
 
   void connect_failed(std::string why) {
@@ -338,8 +396,13 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
             stop();
             if (events.on_job_completed) events.on_job_completed();
           } else if constexpr (std::is_same_v<T, Refuse>) {
-            stop();
-            if (events.on_refused) events.on_refused(m.reason);
+            refused(m.reason);
+          } else if constexpr (std::is_same_v<T, ChallengeMessage>) {
+            on_challenge(m);
+          } else if constexpr (std::is_same_v<T, AuthOkMessage>) {
+            on_auth_ok(m);
+          } else if constexpr (std::is_same_v<T, JoinedMessage>) {
+            node_secret = m.node_secret;
           } else if constexpr (std::is_same_v<T, AskRejoin>) {
             spdlog::info("rendezvous {}: {}; re-registering", endpoint_text(), m.reason);
             send_join_or_rejoin();
@@ -399,7 +462,7 @@ void RendezvousClient::join() {
     s.ensure_connecting();  // the JOIN (or REJOIN when registered) goes out once connected
   } else if (s.registered()) {
     // A known node joining again: the server treats a JOIN from a member as "next round".
-    s.send_frame(JoinMessage{s.options.run_id, JoinRequest{s.options.node, s.options.config, s.options.token}});
+    s.send_frame(JoinMessage{s.options.run_id, JoinRequest{s.options.node, s.options.config}});
   } else {
     s.send_join_or_rejoin();
   }
@@ -436,17 +499,61 @@ const std::optional<Assignment>& RendezvousClient::current_assignment() const { 
 
 bool RendezvousClient::connected() const { return impl_->core->is_connected(); }
 
-RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout) {
+RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout,
+                            const std::string& token) {
   asio::io_context io(1);
   tcp::socket socket(io);
   tcp::resolver resolver(io);
   std::optional<RegistryStatus> result;
   std::string error;
+  const std::string client_nonce = auth::random_hex(auth::nonce_bytes);
+  const std::string bound_run = run_id.empty() ? std::string(auth::any_run) : run_id;
+  std::string server_nonce;
   std::string out;
-  encode_client(out, StatusMessage{run_id});
   std::string in;
   const WireLimits limits{std::size_t{64} << 20, 16};  // a status of many jobs can be large
   std::function<void()> read_more;
+  auto send = [&](const ClientMessage& m) {
+    out.clear();
+    encode_client(out, m);
+    asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
+      if (wec) error = wec.message();
+    });
+  };
+  // Returns true when the exchange is over (result or error).
+  auto on_message = [&](ServerMessage& msg) -> bool {
+    if (auto* c = std::get_if<ChallengeMessage>(&msg)) {
+      if (!c->auth) {
+        send(StatusMessage{run_id});
+        return false;
+      }
+      if (token.empty()) {
+        error = "the daemon requires a token: set DDPRUN_RDZV_TOKEN or pass --token-file FILE";
+        return true;
+      }
+      server_nonce = c->server_nonce;
+      send(AuthMessage{bound_run, auth::client_mac(token, server_nonce, client_nonce, bound_run)});
+      return false;
+    }
+    if (auto* ok = std::get_if<AuthOkMessage>(&msg)) {
+      if (server_nonce.empty() ||
+          !auth::equal_secret(auth::server_mac(token, client_nonce, server_nonce, bound_run), ok->mac)) {
+        error = "the server could not prove that it knows the token (wrong MAC in AUTH_OK)";
+        return true;
+      }
+      send(StatusMessage{run_id});
+      return false;
+    }
+    if (auto* r = std::get_if<Refuse>(&msg)) {
+      error = "refused: " + r->reason;
+      return true;
+    }
+    if (auto* s = std::get_if<RegistryStatus>(&msg)) {
+      result = std::move(*s);
+      return true;
+    }
+    return false;  // not ours (cannot happen on a fresh connection)
+  };
   read_more = [&] {
     const std::size_t old = in.size();
     in.resize(old + 64 * 1024);
@@ -454,24 +561,24 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
                            [&, old](boost::system::error_code ec, std::size_t n) {
                              in.resize(old + n);
                              if (ec) {
-                               error = ec == asio::error::eof ? "the server closed the connection" : ec.message();
+                               if (error.empty())
+                                 error = ec == asio::error::eof ? "the server closed the connection" : ec.message();
                                return;
                              }
-                             ServerMessage msg;
-                             DecodeResult r = decode_server(in, limits, msg);
-                             if (r.status == DecodeStatus::need_more) {
-                               read_more();
-                               return;
+                             for (;;) {
+                               ServerMessage msg;
+                               DecodeResult r = decode_server(in, limits, msg);
+                               if (r.status == DecodeStatus::need_more) break;
+                               if (r.status == DecodeStatus::error) {
+                                 error = r.reason;
+                                 return;
+                               }
+                               in.erase(0, r.consumed);
+                               if (on_message(msg)) {
+                                 socket.close(ec);
+                                 return;
+                               }
                              }
-                             if (r.status == DecodeStatus::error) {
-                               error = r.reason;
-                               return;
-                             }
-                             if (auto* s = std::get_if<RegistryStatus>(&msg)) {
-                               result = std::move(*s);
-                               return;
-                             }
-                             in.erase(0, r.consumed);  // not ours (cannot happen on a fresh connection)
                              read_more();
                            });
   };
@@ -486,20 +593,16 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
             error = cec.message();
             return;
           }
-          asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
-            if (wec) {
-              error = wec.message();
-              return;
-            }
-            read_more();
-          });
+          send(HelloMessage{1, client_nonce});
+          read_more();
         });
       });
   io.run_for(timeout);
   if (result) return std::move(*result);
   if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());
   throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
-                     "check --rdzv-endpoint and that ddprun-rdzvd is running there");
+                     "check --rdzv-endpoint, that ddprun-rdzvd is running there and, if it has a token, that "
+                     "DDPRUN_RDZV_TOKEN or --token-file holds it");
 }
 
 }  // namespace ddprun::rendezvous

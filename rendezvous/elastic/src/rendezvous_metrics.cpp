@@ -12,16 +12,30 @@ namespace ddprun::rendezvous {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kRefuseLabels = {
-    "token",      "invalid_request", "config_mismatch",     "job_finished",
-    "job_closed", "job_full",        "inconsistent_rejoin", "other"};
+constexpr std::array<std::string_view, 9> kRefuseLabels = {
+    "auth",     "not_owner", "invalid_request",     "config_mismatch", "job_finished",
+    "job_closed", "job_full",  "inconsistent_rejoin", "other"};
 
 }  // namespace
 
 std::string_view refuse_reason_label(std::string_view reason) {
   // The registry's Refuse texts (rendezvous_registry.cpp, rendezvous_job.cpp) start with or
   // contain these fixed phrases; a text that matches none is "other", never a new label.
-  if (reason.starts_with("token")) return "token";
+  // Frames the service refuses before the registry sees them (rendezvous_service.cpp): the
+  // handshake and the connection's job binding, then node ownership.
+  if (reason.starts_with("authentication") || reason.starts_with("AUTH") || reason.starts_with("HELLO") ||
+      reason.starts_with("one AUTH") || reason.starts_with("this daemon has no token") ||
+      reason.find("authenticated for rendezvous") != reason.npos ||
+      reason.find("did not authenticate") != reason.npos) {
+    return "auth";
+  }
+  if (reason.find("is not owned by this connection") != reason.npos ||
+      reason.find("already speaks for node") != reason.npos ||
+      reason.find("already a member from another connection") != reason.npos ||
+      reason.find("must REJOIN with its node secret") != reason.npos ||
+      reason.find("needs a connection that owns") != reason.npos) {
+    return "not_owner";
+  }
   if (reason.find("already completed") != reason.npos || reason.find("already failed") != reason.npos) {
     return "job_finished";
   }

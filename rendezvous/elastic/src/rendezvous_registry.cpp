@@ -3,20 +3,37 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace ddprun::rendezvous {
+namespace {
 
-std::string RendezvousRegistry::check_request(const std::string& run_id, const std::string& token, const NodeInfo& node,
+// A member that can still act: finished jobs keep their members only to repeat the result.
+bool has_live_member(const RendezvousJob& job) { return !job.finished() && job.member_count() > 0; }
+
+}  // namespace
+
+RendezvousRegistry::RendezvousRegistry(std::optional<Duration> job_expiry, std::size_t max_jobs)
+    : job_expiry_(job_expiry), max_jobs_(max_jobs) {}
+
+std::string RendezvousRegistry::check_room(const std::string& run_id) const {
+  if (max_jobs_ == 0 || jobs_.size() < max_jobs_) return {};
+  return fmt::format(
+      "cannot start rendezvous '{}': the daemon holds {} jobs, its limit (--max-jobs); jobs without "
+      "live members are forgotten after --job-expiry, so retry later or ask the admin to raise the limit",
+      run_id, jobs_.size());
+}
+
+std::string RendezvousRegistry::check_request(const std::string& run_id, const NodeInfo& node,
                                               const JobConfig& config) const {
-  if (!token_.empty() && token != token_) {
-    return "token mismatch: the daemon requires --rdzv-conf token=... or DDPRUN_RDZV_TOKEN "
-           "with the value it was started with";
-  }
   if (run_id.empty()) return "empty rendezvous id: pass --rdzv-id";
-  if (node.local_world_size < 1) {
-    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be >= 1", node.id.to_string(),
-                       node.local_world_size);
+  if (run_id.size() > max_run_id_bytes)
+    return fmt::format("rendezvous id of {} bytes is longer than {} bytes: pass a shorter --rdzv-id", run_id.size(),
+                       max_run_id_bytes);
+  if (node.local_world_size < 1 || node.local_world_size > max_local_world_size) {
+    return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be between 1 and {}",
+                       node.id.to_string(), node.local_world_size, max_local_world_size);
   }
   if (std::string why = config.validate(); !why.empty())
     return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
@@ -24,34 +41,44 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const s
 }
 
 Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request, TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config); !why.empty()) {
+  if (std::string why = check_request(run_id, request.node, request.config); !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
   auto it = jobs_.find(run_id);
-  if (it == jobs_.end()) it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
-  return it->second.join(request.node, request.config, now);
+  if (it == jobs_.end()) {
+    if (std::string why = check_room(run_id); !why.empty()) return {Refuse{run_id, request.node.id, why}};
+    it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
+  }
+  return touched(it, it->second.job.join(request.node, request.config, now), now);
 }
 
 Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now) {
-  if (std::string why = check_request(run_id, request.token, request.node, request.config); !why.empty()) {
+  if (std::string why = check_request(run_id, request.node, request.config); !why.empty()) {
     return {Refuse{run_id, request.node.id, why}};
   }
   auto it = jobs_.find(run_id);
-  if (it != jobs_.end()) return it->second.rejoin(request, now);
+  if (it != jobs_.end()) return touched(it, it->second.job.rejoin(request, now), now);
+  if (std::string why = check_room(run_id); !why.empty()) return {Refuse{run_id, request.node.id, why}};
   if (!request.assignment) {
-    it = jobs_.try_emplace(run_id, run_id, request.config, now).first;
-    return it->second.join(request.node, request.config, now);
+    it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
+    return touched(it, it->second.job.join(request.node, request.config, now), now);
   }
   const Assignment& a = *request.assignment;
-  if (a.group_world_size < 1 || a.group_rank < 0 || a.group_rank >= a.group_world_size || a.restart_count < 0) {
+  if (a.group_world_size < 1 || a.group_world_size > request.config.max_nodes || a.group_rank < 0 ||
+      a.group_rank >= a.group_world_size || a.restart_count < 0 || a.restart_count > max_restarts_limit ||
+      a.local_world_size != request.node.local_world_size || a.rank_offset < 0 || a.world_size < 1 ||
+      a.rank_offset > a.world_size - a.local_world_size ||
+      static_cast<std::int64_t>(a.world_size) > static_cast<std::int64_t>(a.group_world_size) * max_local_world_size) {
     return {Refuse{run_id, request.node.id,
                    fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
-                               "(group rank {} of {}, restart count {})",
-                               run_id, a.group_rank, a.group_world_size, a.restart_count)}};
+                               "(group rank {} of {} with max_nodes {}, restart count {}, local world size {} "
+                               "at rank offset {} of world size {})",
+                               run_id, a.group_rank, a.group_world_size, request.config.max_nodes, a.restart_count,
+                               a.local_world_size, a.rank_offset, a.world_size)}};
   }
   Decisions out;
-  jobs_.emplace(run_id, RendezvousJob::rebuild(run_id, request, now, out));
-  return out;
+  it = add_job(run_id, RendezvousJob::rebuild(run_id, request, now, out), now);
+  return touched(it, std::move(out), now);
 }
 
 Decisions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId& node, TimePoint now) {
@@ -62,67 +89,144 @@ Decisions RendezvousRegistry::heartbeat(const std::string& run_id, const NodeId&
                                   "send rejoin with the current assignment",
                                   run_id)}};
   }
-  return it->second.heartbeat(node, now);
+  return touched(it, it->second.job.heartbeat(node, now), now);
 }
 
 Decisions RendezvousRegistry::disconnected(const std::string& run_id, const NodeId& node, TimePoint now) {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Decisions{} : it->second.disconnected(node, now);
+  return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.disconnected(node, now), now);
 }
 
 Decisions RendezvousRegistry::leave(const std::string& run_id, const NodeId& node, TimePoint now) {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Decisions{} : it->second.leave(node, now);
+  return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.leave(node, now), now);
 }
 
 Decisions RendezvousRegistry::worker_failed(const std::string& run_id, const WorkerFailure& failure, TimePoint now) {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Decisions{} : it->second.worker_failed(failure, now);
+  return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.worker_failed(failure, now), now);
 }
 
 Decisions RendezvousRegistry::succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round,
                                         TimePoint now) {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Decisions{} : it->second.succeeded(node, round, now);
+  return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.succeeded(node, round, now), now);
 }
 
 Decisions RendezvousRegistry::close(const std::string& run_id, TimePoint now) {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? Decisions{} : it->second.close(now);
+  return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.close(now), now);
 }
 
-Decisions RendezvousRegistry::on_tick(TimePoint now) {
+RendezvousRegistry::Jobs::iterator RendezvousRegistry::add_job(const std::string& run_id, RendezvousJob job,
+                                                               TimePoint now) {
+  auto it = jobs_.try_emplace(run_id, Entry{std::move(job), std::nullopt, std::nullopt}).first;
+  it->second.memberless_since = now;  // until its first member is in (touched() follows)
+  return it;
+}
+
+Decisions RendezvousRegistry::touched(Jobs::iterator it, Decisions out, TimePoint now) {
+  Entry& e = it->second;
+  if (has_live_member(e.job)) {
+    e.memberless_since.reset();
+  } else if (!e.memberless_since) {
+    e.memberless_since = now;
+  }
+  reindex(it, now);
+  return out;
+}
+
+std::optional<TimePoint> RendezvousRegistry::due_of(const Entry& e) const {
+  std::optional<TimePoint> due = e.job.next_deadline();
+  if (job_expiry_ && e.memberless_since) {
+    const TimePoint expiry = *e.memberless_since + *job_expiry_;
+    if (!due || expiry < *due) due = expiry;
+  }
+  return due;
+}
+
+void RendezvousRegistry::reindex(Jobs::iterator it, TimePoint now) {
+  (void)now;
+  Entry& e = it->second;
+  if (e.due_it) {
+    due_.erase(*e.due_it);
+    e.due_it.reset();
+  }
+  if (const auto due = due_of(e)) e.due_it = due_.emplace(*due, &it->first);
+}
+
+bool RendezvousRegistry::expired(const Entry& e, TimePoint now) const {
+  return job_expiry_ && e.memberless_since && now >= *e.memberless_since + *job_expiry_;
+}
+
+Decisions RendezvousRegistry::on_tick(TimePoint now, std::vector<std::string>* dropped) {
   Decisions out;
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    Decisions job_actions = it->second.on_tick(now);
+  // Only the jobs that are due, each once (in run-id order, as the full scan used to go).
+  std::vector<Jobs::iterator> due;
+  for (auto d = due_.begin(); d != due_.end() && d->first <= now; ++d) due.push_back(jobs_.find(*d->second));
+  std::sort(due.begin(), due.end(), [](const auto& a, const auto& b) { return a->first < b->first; });
+  for (auto it : due) {
+    Entry& e = it->second;
+    Decisions job_actions = e.job.on_tick(now);
     out.insert(out.end(), std::make_move_iterator(job_actions.begin()), std::make_move_iterator(job_actions.end()));
-    if (it->second.collectable(now)) {
-      it = jobs_.erase(it);
+    if (has_live_member(e.job)) {
+      e.memberless_since.reset();
+    } else if (!e.memberless_since) {
+      e.memberless_since = now;
+    }
+    if (e.job.collectable(now) || expired(e, now)) {
+      if (e.due_it) due_.erase(*e.due_it);
+      if (dropped != nullptr) dropped->push_back(it->first);
+      jobs_.erase(it);
     } else {
-      ++it;
+      reindex(it, now);
     }
   }
   return out;
 }
 
 std::optional<TimePoint> RendezvousRegistry::next_deadline() const {
-  std::optional<TimePoint> best;
-  for (const auto& [id, job] : jobs_) {
-    const auto t = job.next_deadline();
-    if (t && (!best || *t < *best)) best = t;
-  }
-  return best;
+  if (due_.empty()) return std::nullopt;
+  return due_.begin()->first;
 }
 
 RegistryStatus RendezvousRegistry::status(TimePoint now) const {
   RegistryStatus s;
-  for (const auto& [id, job] : jobs_) s.jobs.push_back(job.status(now));
+  for (const auto& [id, e] : jobs_) s.jobs.push_back(e.job.status(now));
   return s;
+}
+
+std::optional<JobStatus> RendezvousRegistry::status_of(const std::string& run_id, TimePoint now) const {
+  auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) return std::nullopt;
+  return it->second.job.status(now);
 }
 
 const RendezvousJob* RendezvousRegistry::find(const std::string& run_id) const {
   auto it = jobs_.find(run_id);
-  return it == jobs_.end() ? nullptr : &it->second;
+  return it == jobs_.end() ? nullptr : &it->second.job;
+}
+
+std::string RendezvousRegistry::audit() const {
+  std::size_t indexed = 0;
+  for (const auto& [id, e] : jobs_) {
+    const auto due = due_of(e);
+    if (due.has_value() != e.due_it.has_value()) {
+      return fmt::format("job '{}': {} a deadline but {} in the index", id, due ? "has" : "has no",
+                         e.due_it ? "is" : "is not");
+    }
+    if (has_live_member(e.job) == e.memberless_since.has_value()) {
+      return fmt::format("job '{}': memberless_since disagrees with its members", id);
+    }
+    if (!due) continue;
+    ++indexed;
+    if ((*e.due_it)->first != *due || (*e.due_it)->second != &id) {
+      return fmt::format("job '{}': its index entry is stale", id);
+    }
+  }
+  if (indexed != due_.size())
+    return fmt::format("{} jobs have a deadline but the index holds {}", indexed, due_.size());
+  return {};
 }
 
 }  // namespace ddprun::rendezvous

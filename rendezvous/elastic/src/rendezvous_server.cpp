@@ -40,8 +40,11 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
     : options_(std::move(options)) {
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
+  service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
   service_options.limits = options_.limits.wire;
   service_options.progress_interval = options_.progress_interval;
+  service_options.job_expiry = options_.job_expiry;
+  service_options.max_jobs = options_.max_jobs;
   service_ = std::make_shared<RendezvousService>(io, std::move(service_options), timers);
 
   StoreServerOptions store_options;
@@ -101,6 +104,11 @@ void RendezvousServer::on_drained(std::function<void()> callback) { store_->on_d
 
 StoreStats RendezvousServer::store_stats() const { return store_->stats(); }
 RendezvousServiceStats RendezvousServer::service_stats() const { return service_->stats(); }
+
+void RendezvousServer::set_token(std::string token) {
+  options_.token = token;
+  service_->set_token(std::move(token));
+}
 const RendezvousRegistry& RendezvousServer::registry() const { return service_->registry(); }
 std::optional<TimePoint> RendezvousServer::round_opened_at(const std::string& run_id) const {
   return service_->round_opened_at(run_id);

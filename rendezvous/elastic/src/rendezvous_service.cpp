@@ -1,16 +1,25 @@
 #include "ddprun/rendezvous/rendezvous_service.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <array>
+#include <limits>
 #include <type_traits>
+#include <utility>
 
+#include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_metrics.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 
 namespace ddprun::rendezvous {
 
 RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers)
-    : options_(std::move(options)), clock_(timers.clock()), registry_(options_.token), timer_(timers.make_timer(io)) {}
+    : options_(std::move(options)),
+      clock_(timers.clock()),
+      registry_(options_.job_expiry, options_.max_jobs),
+      timer_(timers.make_timer(io)) {}
 
 RendezvousService::~RendezvousService() = default;
 
@@ -39,6 +48,45 @@ RendezvousServiceStats RendezvousService::stats() const {
   return s;
 }
 
+namespace {
+
+// The run id and node a client frame names, for the REFUSED that answers it.
+std::pair<std::string, NodeId> subject_of(const ClientMessage& message) {
+  return std::visit(
+      [](const auto& m) -> std::pair<std::string, NodeId> {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
+          return {m.run_id, m.request.node.id};
+        } else if constexpr (std::is_same_v<T, HeartbeatMessage> || std::is_same_v<T, LeaveMessage> ||
+                             std::is_same_v<T, SucceededMessage>) {
+          return {m.run_id, m.node};
+        } else if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
+          return {m.run_id, m.failure.node};
+        } else if constexpr (std::is_same_v<T, HelloMessage>) {
+          return {};
+        } else {
+          return {m.run_id, NodeId{}};
+        }
+      },
+      message);
+}
+
+std::uint8_t op_of(const ClientMessage& message) {
+  static constexpr std::array<NativeOp, std::variant_size_v<ClientMessage>> ops{
+      NativeOp::join,      NativeOp::rejoin, NativeOp::heartbeat, NativeOp::leave, NativeOp::worker_failed,
+      NativeOp::succeeded, NativeOp::close,  NativeOp::status,    NativeOp::hello, NativeOp::auth};
+  return static_cast<std::uint8_t>(ops[message.index()]);
+}
+
+bool refuses(const Decisions& decisions, const NodeId& node) {
+  return std::any_of(decisions.begin(), decisions.end(), [&](const Decision& d) {
+    const auto* r = std::get_if<Refuse>(&d);
+    return r != nullptr && r->node == node;
+  });
+}
+
+}  // namespace
+
 DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buffer, StoreState& state,
                                          Outbox& outbox) {
   (void)state;
@@ -52,82 +100,245 @@ DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buf
     Outbox*& p;
     ~Reset() { p = nullptr; }
   } reset{outbox_};
-  if (std::holds_alternative<StatusMessage>(message_)) {
-    const std::string& run_id = std::get<StatusMessage>(message_).run_id;
-    RegistryStatus status = registry_.status(clock_.now());
-    if (!run_id.empty()) std::erase_if(status.jobs, [&](const JobStatus& j) { return j.run_id != run_id; });
+  if (std::string why = handle(conn, message_); !why.empty()) {
+    // REFUSED, then the store server closes the connection and logs the reason with the peer.
+    ++counters_.refused[std::string(refuse_reason_label(why))];
+    auto [run_id, node] = subject_of(message_);
     scratch_.clear();
-    encode_server(scratch_, status);
+    encode_decision(scratch_, Refuse{std::move(run_id), std::move(node), why});
     emit(conn, scratch_);
-    return r;
+    r.status = DecodeStatus::error;
+    r.consumed = 0;
+    r.reason = fmt::format("rendezvous {} refused: {}", native_op_name(op_of(message_)), why);
   }
-  handle(conn, message_);
   rearm();
   return r;
 }
 
-void RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
+std::string RendezvousService::handshake(ConnectionId conn, ClientMessage& message) {
+  if (auto* hello = std::get_if<HelloMessage>(&message)) {
+    auto [it, fresh] = sessions_.try_emplace(conn);
+    if (!fresh) return "HELLO sent twice on one connection";
+    it->second.server_nonce = auth::random_hex(auth::nonce_bytes);
+    it->second.client_nonce = std::move(hello->client_nonce);
+    scratch_.clear();
+    encode_server(scratch_, ChallengeMessage{it->second.server_nonce, !options_.token.empty()});
+    emit(conn, scratch_);
+    return {};
+  }
+  auto& m = std::get<AuthMessage>(message);
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end()) return "AUTH before HELLO: open the connection with HELLO";
+  if (options_.token.empty()) return "this daemon has no token: AUTH is not needed";
+  Session& s = it->second;
+  if (s.auth_tried) return "one AUTH per connection";
+  s.auth_tried = true;
+  if (m.run_id.empty() || m.run_id.size() > max_run_id_bytes) {
+    return fmt::format("AUTH names a run id of {} bytes: it must have 1 to {}", m.run_id.size(), max_run_id_bytes);
+  }
+  if (!auth::equal_secret(auth::client_mac(options_.token, s.server_nonce, s.client_nonce, m.run_id), m.mac)) {
+    return "authentication failed: the client's token does not match this daemon's (check DDPRUN_RDZV_TOKEN or "
+           "the token file on both sides)";
+  }
+  s.run_id = m.run_id;
+  scratch_.clear();
+  encode_server(scratch_, AuthOkMessage{auth::server_mac(options_.token, s.client_nonce, s.server_nonce, s.run_id)});
+  emit(conn, scratch_);
+  return {};
+}
+
+std::string RendezvousService::check_run(ConnectionId conn, const std::string& run_id) const {
+  if (options_.token.empty()) return {};
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end() || it->second.run_id.empty()) {
+    return "authentication required: this daemon has a token; send HELLO and AUTH first (the agent reads "
+           "DDPRUN_RDZV_TOKEN or --rdzv-conf token_file=...)";
+  }
+  const std::string& bound = it->second.run_id;
+  if (bound == auth::any_run || bound == run_id) return {};
+  return fmt::format("this connection authenticated for rendezvous '{}', not '{}'", bound, run_id);
+}
+
+std::string RendezvousService::check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const {
+  auto it = conn_of_.find(NodeKey{run_id, node});
+  if (it != conn_of_.end() && it->second == conn) return {};
+  return fmt::format(
+      "node {} of rendezvous '{}' is not owned by this connection (only the connection that "
+      "joined as it may speak for it)",
+      node.to_string(), run_id);
+}
+
+std::string RendezvousService::check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const {
+  auto own = node_of_.find(conn);
+  if (own != node_of_.end() && !(own->second.run_id == run_id && own->second.node == node)) {
+    return fmt::format("this connection already speaks for node {} of rendezvous '{}'", own->second.node.to_string(),
+                       own->second.run_id);
+  }
+  const NodeKey key{run_id, node};
+  auto it = conn_of_.find(key);
+  if (it != conn_of_.end() && it->second != conn) {
+    return fmt::format("node {} of rendezvous '{}' is already a member from another connection", node.to_string(),
+                       run_id);
+  }
+  if (it == conn_of_.end() && secret_of_.count(key) != 0) {
+    return fmt::format("node {} of rendezvous '{}' is a known member: it must REJOIN with its node secret",
+                       node.to_string(), run_id);
+  }
+  return {};
+}
+
+std::string RendezvousService::check_rejoin(ConnectionId conn, const std::string& run_id,
+                                            const RejoinRequest& request) const {
+  auto own = node_of_.find(conn);
+  if (own != node_of_.end() && !(own->second.run_id == run_id && own->second.node == request.node.id)) {
+    return fmt::format("this connection already speaks for node {} of rendezvous '{}'", own->second.node.to_string(),
+                       own->second.run_id);
+  }
+  auto it = secret_of_.find(NodeKey{run_id, request.node.id});
+  if (it == secret_of_.end()) return {};  // unknown here (a restarted daemon): the secret is adopted
+  if (!auth::equal_secret(it->second, request.node_secret)) {
+    return fmt::format(
+        "REJOIN as node {} of rendezvous '{}' without its node secret (only the node itself can "
+        "rejoin as itself)",
+        request.node.id.to_string(), run_id);
+  }
+  return {};
+}
+
+std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
+  if (std::holds_alternative<HelloMessage>(message) || std::holds_alternative<AuthMessage>(message)) {
+    return handshake(conn, message);
+  }
   const TimePoint now = clock_.now();
-  std::visit(
-      [&](auto& m) {
+  return std::visit(
+      [&](auto& m) -> std::string {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
+        if constexpr (std::is_same_v<T, HelloMessage> || std::is_same_v<T, AuthMessage>) {
+          return {};  // handled above
+        } else if constexpr (std::is_same_v<T, StatusMessage>) {
+          std::string run_id = m.run_id;
+          if (!options_.token.empty() && run_id.empty()) {
+            auto it = sessions_.find(conn);
+            if (it != sessions_.end() && it->second.run_id != auth::any_run) run_id = it->second.run_id;
+          }
+          if (std::string why = check_run(conn, run_id.empty() ? std::string(auth::any_run) : run_id); !why.empty())
+            return why;
+          // One job: a lookup, not a snapshot of every job (STATUS must not cost O(jobs)).
+          RegistryStatus status;
+          if (run_id.empty()) {
+            status = registry_.status(now);
+          } else if (auto job = registry_.status_of(run_id, now)) {
+            status.jobs.push_back(std::move(*job));
+          }
+          scratch_.clear();
+          encode_server(scratch_, status);
+          emit(conn, scratch_);
+          return {};
+        } else if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
+          const NodeId& node = m.request.node.id;
+          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
+          std::string secret;
+          if constexpr (std::is_same_v<T, JoinMessage>) {
+            if (std::string why = check_join(conn, m.run_id, node); !why.empty()) return why;
+          } else {
+            if (std::string why = check_rejoin(conn, m.run_id, m.request); !why.empty()) return why;
+            secret = m.request.node_secret;
+          }
+          bind(conn, m.run_id, node, std::move(secret));
           ++counters_.joins;
           // A rejoin that carries an assignment re-registers with a running round (or is told
           // to restart); only a join starts the collection of a round.
           bool collects = true;
           if constexpr (std::is_same_v<T, RejoinMessage>) collects = !m.request.assignment.has_value();
           if (collects) round_open_.try_emplace(m.run_id, now);
-        }
-        if constexpr (std::is_same_v<T, JoinMessage>) {
-          bind(conn, m.run_id, m.request.node.id);
-          apply(registry_.join(m.run_id, m.request, now), &m.request.node.id);
-        } else if constexpr (std::is_same_v<T, RejoinMessage>) {
-          bind(conn, m.run_id, m.request.node.id);
-          apply(registry_.rejoin(m.run_id, m.request, now), &m.request.node.id);
-        } else if constexpr (std::is_same_v<T, HeartbeatMessage>) {
-          bind(conn, m.run_id, m.node);
-          apply(registry_.heartbeat(m.run_id, m.node, now), &m.node);
-        } else if constexpr (std::is_same_v<T, LeaveMessage>) {
-          apply(registry_.leave(m.run_id, m.node, now), &m.node);
-          // A node that left no longer speaks through this connection.
-          auto it = conn_of_.find(NodeKey{m.run_id, m.node});
-          if (it != conn_of_.end() && it->second == conn) {
-            conn_of_.erase(it);
-            node_of_.erase(conn);
+          Decisions decisions;
+          if constexpr (std::is_same_v<T, JoinMessage>) {
+            decisions = registry_.join(m.run_id, m.request, now);
+          } else {
+            decisions = registry_.rejoin(m.run_id, m.request, now);
           }
-        } else if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
-          bind(conn, m.run_id, m.failure.node);
-          apply(registry_.worker_failed(m.run_id, m.failure, now), &m.failure.node);
-        } else if constexpr (std::is_same_v<T, SucceededMessage>) {
-          bind(conn, m.run_id, m.node);
-          apply(registry_.succeeded(m.run_id, m.node, m.round, now), &m.node);
+          if (refuses(decisions, node)) {
+            apply(decisions, &node);
+            unbind(conn);
+            return {};
+          }
+          scratch_.clear();
+          encode_server(scratch_, JoinedMessage{m.run_id, node, secret_of_[NodeKey{m.run_id, node}]});
+          emit(conn, scratch_);
+          apply(decisions, &node);
+          return {};
         } else if constexpr (std::is_same_v<T, CloseMessage>) {
+          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
+          auto own = node_of_.find(conn);
+          if (own == node_of_.end() || own->second.run_id != m.run_id) {
+            return fmt::format("CLOSE of rendezvous '{}' needs a connection that owns one of its members", m.run_id);
+          }
           apply(registry_.close(m.run_id, now));
+          return {};
+        } else {
+          const NodeId& node = [&]() -> const NodeId& {
+            if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
+              return m.failure.node;
+            } else {
+              return m.node;
+            }
+          }();
+          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
+          if (std::string why = check_owner(conn, m.run_id, node); !why.empty()) return why;
+          if constexpr (std::is_same_v<T, HeartbeatMessage>) {
+            apply(registry_.heartbeat(m.run_id, node, now), &node);
+          } else if constexpr (std::is_same_v<T, LeaveMessage>) {
+            apply(registry_.leave(m.run_id, node, now), &node);
+            // A node that left no longer speaks through this connection, nor through any other.
+            secret_of_.erase(NodeKey{m.run_id, node});
+            unbind(conn);
+          } else if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
+            apply(registry_.worker_failed(m.run_id, m.failure, now), &node);
+          } else {
+            static_assert(std::is_same_v<T, SucceededMessage>);
+            apply(registry_.succeeded(m.run_id, node, m.round, now), &node);
+          }
+          return {};
         }
       },
       message);
 }
 
-void RendezvousService::bind(ConnectionId conn, const std::string& run_id, const NodeId& node) {
-  auto cur = node_of_.find(conn);
-  if (cur != node_of_.end()) {
-    if (cur->second.run_id == run_id && cur->second.node == node) return;  // the common case
-    auto old = conn_of_.find(cur->second);
-    if (old != conn_of_.end() && old->second == conn) conn_of_.erase(old);
-    node_of_.erase(cur);
-  }
+void RendezvousService::bind(ConnectionId conn, const std::string& run_id, const NodeId& node, std::string secret) {
   NodeKey key{run_id, node};
+  auto [s, fresh] = secret_of_.try_emplace(key);
+  if (fresh || s->second.empty()) {
+    s->second = secret.empty() ? auth::random_hex(auth::node_secret_bytes) : std::move(secret);
+  }
+  if (node_of_.count(conn) != 0) return;  // already this node's (checked by the caller)
   auto [it, inserted] = conn_of_.try_emplace(key, conn);
   if (!inserted && it->second != conn) {
-    // The newest connection speaks for the node; the old one (if still open) is forgotten.
+    // A REJOIN that proved the secret: the node moved to this connection; the old one (if still
+    // open) no longer speaks for it.
     node_of_.erase(it->second);
     it->second = conn;
   }
   node_of_.emplace(conn, std::move(key));
 }
 
+void RendezvousService::unbind(ConnectionId conn) {
+  auto it = node_of_.find(conn);
+  if (it == node_of_.end()) return;
+  auto c = conn_of_.find(it->second);
+  if (c != conn_of_.end() && c->second == conn) conn_of_.erase(c);
+  node_of_.erase(it);
+}
+
+std::string RendezvousService::store_op_refusal(ConnectionId conn) {
+  if (options_.token.empty() || options_.allow_unauthenticated_store) return {};
+  auto it = sessions_.find(conn);
+  if (it != sessions_.end() && !it->second.run_id.empty()) return {};
+  return "this rendezvous daemon has a token and the connection did not authenticate (torchrun's c10d clients "
+         "cannot: start ddprun-rdzvd with --allow-unauthenticated-store to let them in)";
+}
+
 void RendezvousService::on_disconnect(ConnectionId conn) {
+  sessions_.erase(conn);
   auto it = node_of_.find(conn);
   if (it == node_of_.end()) return;
   NodeKey key = std::move(it->second);
@@ -137,6 +348,18 @@ void RendezvousService::on_disconnect(ConnectionId conn) {
   conn_of_.erase(c);
   apply(registry_.disconnected(key.run_id, key.node, clock_.now()));
   rearm();
+}
+
+void RendezvousService::forget_dead_secrets(const std::vector<std::string>& dropped) {
+  // Secrets of jobs the registry dropped (collected or expired): a later job of the same id
+  // starts fresh. Only the dropped jobs' range of the map is visited.
+  for (const std::string& run_id : dropped) {
+    auto it = secret_of_.lower_bound(NodeKey{run_id, NodeId{{}, std::numeric_limits<std::int64_t>::min(), {}}});
+    while (it != secret_of_.end() && it->first.run_id == run_id) {
+      it = conn_of_.count(it->first) == 0 ? secret_of_.erase(it) : std::next(it);
+    }
+    last_broadcast_.erase(run_id);
+  }
 }
 
 void RendezvousService::apply(const Decisions& actions, const NodeId* origin) {
@@ -244,7 +467,12 @@ void RendezvousService::rearm() {
 }
 
 void RendezvousService::on_timer() {
-  apply(registry_.on_tick(clock_.now()));
+  std::vector<std::string> dropped;
+  apply(registry_.on_tick(clock_.now(), &dropped));
+  if (!dropped.empty()) {
+    spdlog::debug("rendezvous: forgot {} finished or expired job(s), e.g. '{}'", dropped.size(), dropped.front());
+    forget_dead_secrets(dropped);
+  }
   rearm();
 }
 

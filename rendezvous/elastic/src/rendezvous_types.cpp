@@ -20,8 +20,12 @@ std::string NodeId::to_string() const { return fmt::format("{}:{}/{}", addr, pid
 std::string JobConfig::validate() const {
   if (min_nodes < 1) return fmt::format("min_nodes must be >= 1, got {}", min_nodes);
   if (max_nodes < min_nodes) return fmt::format("max_nodes ({}) must be >= min_nodes ({})", max_nodes, min_nodes);
+  if (max_nodes > max_nodes_limit) return fmt::format("max_nodes must be <= {}, got {}", max_nodes_limit, max_nodes);
   if (max_restarts < 0) return fmt::format("max_restarts must be >= 0, got {}", max_restarts);
+  if (max_restarts > max_restarts_limit)
+    return fmt::format("max_restarts must be <= {}, got {}", max_restarts_limit, max_restarts);
   if (missed_heartbeats < 1) return fmt::format("missed_heartbeats must be >= 1, got {}", missed_heartbeats);
+
   const std::pair<const char*, Duration> positive[] = {{"join_timeout", join_timeout},
                                                        {"last_call_timeout", last_call_timeout},
                                                        {"close_timeout", close_timeout},
@@ -30,7 +34,15 @@ std::string JobConfig::validate() const {
                                                        {"rebuild_grace", rebuild_grace}};
   for (const auto& [name, value] : positive) {
     if (value <= Duration::zero()) return fmt::format("{} must be > 0, got {}", name, format_seconds(value));
+    if (value > max_timeout)
+      return fmt::format("{} must be <= {}, got {}", name, format_seconds(max_timeout), format_seconds(value));
   }
+  if (heartbeat_interval < min_heartbeat_interval || heartbeat_interval > max_heartbeat_interval)
+    return fmt::format("heartbeat_interval must be between {} and {}, got {}", format_seconds(min_heartbeat_interval),
+                       format_seconds(max_heartbeat_interval), format_seconds(heartbeat_interval));
+  if (missed_heartbeats > max_lease / heartbeat_interval)
+    return fmt::format("missed_heartbeats {} times heartbeat_interval {} exceeds 100 years", missed_heartbeats,
+                       format_seconds(heartbeat_interval));
   return {};
 }
 

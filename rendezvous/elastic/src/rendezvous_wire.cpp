@@ -236,6 +236,16 @@ const char* native_op_name(std::uint8_t op) {
       return "CLOSE";
     case NativeOp::status:
       return "STATUS";
+    case NativeOp::hello:
+      return "HELLO";
+    case NativeOp::auth:
+      return "AUTH";
+    case NativeOp::challenge:
+      return "CHALLENGE";
+    case NativeOp::auth_ok:
+      return "AUTH_OK";
+    case NativeOp::joined:
+      return "JOINED";
     case NativeOp::assignment:
       return "ASSIGNMENT";
     case NativeOp::restart:
@@ -269,13 +279,12 @@ void encode_client(std::string& out, const ClientMessage& message) {
           frame(out, NativeOp::join,
                 json::object{{"run_id", m.run_id},
                              {"node", node_info_json(m.request.node)},
-                             {"config", config_json(m.request.config)},
-                             {"token", m.request.token}});
+                             {"config", config_json(m.request.config)}});
         } else if constexpr (std::is_same_v<T, RejoinMessage>) {
           json::object o{{"run_id", m.run_id},
                          {"node", node_info_json(m.request.node)},
-                         {"config", config_json(m.request.config)},
-                         {"token", m.request.token}};
+                         {"config", config_json(m.request.config)}};
+          if (!m.request.node_secret.empty()) o["node_secret"] = m.request.node_secret;
           if (m.request.assignment) o["assignment"] = assignment_json(*m.request.assignment);
           frame(out, NativeOp::rejoin, o);
         } else if constexpr (std::is_same_v<T, HeartbeatMessage>) {
@@ -289,9 +298,13 @@ void encode_client(std::string& out, const ClientMessage& message) {
                 json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"round", m.round}});
         } else if constexpr (std::is_same_v<T, CloseMessage>) {
           frame(out, NativeOp::close, json::object{{"run_id", m.run_id}});
-        } else {
-          static_assert(std::is_same_v<T, StatusMessage>);
+        } else if constexpr (std::is_same_v<T, StatusMessage>) {
           frame(out, NativeOp::status, json::object{{"run_id", m.run_id}});
+        } else if constexpr (std::is_same_v<T, HelloMessage>) {
+          frame(out, NativeOp::hello, json::object{{"v", m.version}, {"client_nonce", m.client_nonce}});
+        } else {
+          static_assert(std::is_same_v<T, AuthMessage>);
+          frame(out, NativeOp::auth, json::object{{"run_id", m.run_id}, {"mac", m.mac}});
         }
       },
       message);
@@ -328,6 +341,13 @@ void encode_one(std::string& out, const T& m) {
           json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"reason", m.reason}});
   } else if constexpr (std::is_same_v<T, Progress>) {
     frame_progress(out, m);
+  } else if constexpr (std::is_same_v<T, ChallengeMessage>) {
+    frame(out, NativeOp::challenge, json::object{{"server_nonce", m.server_nonce}, {"auth", m.auth}});
+  } else if constexpr (std::is_same_v<T, AuthOkMessage>) {
+    frame(out, NativeOp::auth_ok, json::object{{"mac", m.mac}});
+  } else if constexpr (std::is_same_v<T, JoinedMessage>) {
+    frame(out, NativeOp::joined,
+          json::object{{"run_id", m.run_id}, {"node", node_id_json(m.node)}, {"node_secret", m.node_secret}});
   } else {
     static_assert(std::is_same_v<T, RegistryStatus>);
     json::array jobs;

@@ -15,6 +15,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/bytes.hpp"
+#include "ddprun/rendezvous/rendezvous_auth.hpp"
 
 namespace ddprun::rendezvous {
 
@@ -52,6 +53,14 @@ class Reader {
     return std::string(v.get_string());
   }
   std::string str_or(const char* key, std::string fallback) const { return find(key) ? str(key) : fallback; }
+  // Exactly `bytes` bytes as lower-case hex (nonces, MACs, node secrets).
+  std::string hex_of(const char* key, std::size_t bytes) const {
+    std::string s = str(key);
+    if (!auth::is_hex_of(s, bytes)) {
+      throw WireError{fmt::format("field '{}{}' must be {} lower-case hex digits", path_, key, 2 * bytes)};
+    }
+    return s;
+  }
   std::int64_t i64(const char* key, std::int64_t lo, std::int64_t hi) const {
     const json::value& v = need(key);
     std::int64_t x = 0;
@@ -311,7 +320,6 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
         m.run_id = r.str("run_id");
         m.request.node = read_node_info(r.obj("node"));
         m.request.config = read_config(r.obj("config"));
-        m.request.token = r.str_or("token", "");
         return m;
       }
       case NativeOp::rejoin: {
@@ -319,7 +327,7 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
         m.run_id = r.str("run_id");
         m.request.node = read_node_info(r.obj("node"));
         m.request.config = read_config(r.obj("config"));
-        m.request.token = r.str_or("token", "");
+        if (r.find("node_secret")) m.request.node_secret = r.hex_of("node_secret", auth::node_secret_bytes);
         if (r.find("assignment")) m.request.assignment = read_assignment(r.obj("assignment"));
         return m;
       }
@@ -335,6 +343,10 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
         return CloseMessage{r.str("run_id")};
       case NativeOp::status:
         return StatusMessage{r.str_or("run_id", "")};
+      case NativeOp::hello:
+        return HelloMessage{r.i32("v", 1, 1), r.hex_of("client_nonce", auth::nonce_bytes)};
+      case NativeOp::auth:
+        return AuthMessage{r.str("run_id"), r.hex_of("mac", 32)};
       default:
         throw WireError{fmt::format("opcode 0x{:02x} is not a client-to-server rendezvous operation", op)};
     }
@@ -390,6 +402,13 @@ DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, Se
         }
         return s;
       }
+      case NativeOp::challenge:
+        return ChallengeMessage{r.hex_of("server_nonce", auth::nonce_bytes), r.boolean("auth")};
+      case NativeOp::auth_ok:
+        return AuthOkMessage{r.hex_of("mac", 32)};
+      case NativeOp::joined:
+        return JoinedMessage{r.str("run_id"), read_node_id(r.obj("node")),
+                             r.hex_of("node_secret", auth::node_secret_bytes)};
       default:
         throw WireError{fmt::format("opcode 0x{:02x} is not a server-to-client rendezvous operation", op)};
     }

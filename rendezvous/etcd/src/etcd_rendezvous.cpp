@@ -218,9 +218,18 @@ Decisions JobLog::apply_one(std::int64_t seq, const LogEvent& e) {
   last_ms_ = std::max(last_ms_, e.time_ms);
   const TimePoint now = at(last_ms_);
   if (e.kind == EventKind::tick) return registry_.on_tick(now);
-  const std::string* rid = std::visit([](const auto& m) { return &m.run_id; }, e.message);
-  if (*rid != run_id_) {
-    spdlog::warn("etcd rendezvous '{}': log entry {} is for run '{}'; ignored", run_id_, seq, *rid);
+  const std::string* rid = std::visit(
+      [](const auto& m) -> const std::string* {
+        if constexpr (requires { m.run_id; }) {
+          return &m.run_id;
+        } else {
+          return nullptr;  // a handshake frame: never a log event
+        }
+      },
+      e.message);
+  if (rid == nullptr || *rid != run_id_) {
+    spdlog::warn("etcd rendezvous '{}': log entry {} is for run '{}'; ignored", run_id_, seq,
+                 rid == nullptr ? std::string("(none)") : *rid);
     return {};
   }
   if (e.kind == EventKind::expired) {
@@ -627,7 +636,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       RejoinRequest rq{node_info(), replica, {}, assignment};
       enqueue_front(RejoinMessage{options.run_id, rq}, true);
     } else if (want_join) {
-      enqueue_front(JoinMessage{options.run_id, JoinRequest{node_info(), replica, {}}}, true);
+      enqueue_front(JoinMessage{options.run_id, JoinRequest{node_info(), replica}}, true);
     }
     phase = Phase::starting;
     start_sequence();
@@ -824,7 +833,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         if (events.on_restart) events.on_restart(r);
         if (stopped()) return;
       } else if (want_join && !role) {
-        enqueue(JoinMessage{options.run_id, JoinRequest{node_info(), replica, {}}}, true);
+        enqueue(JoinMessage{options.run_id, JoinRequest{node_info(), replica}}, true);
       }
     }
     arm_deadline();
@@ -1071,7 +1080,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       return;
     }
     want_join = true;
-    enqueue(JoinMessage{options.run_id, JoinRequest{node_info(), replica, {}}}, true);
+    enqueue(JoinMessage{options.run_id, JoinRequest{node_info(), replica}}, true);
     ensure_started();
   }
 

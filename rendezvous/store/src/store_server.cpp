@@ -514,6 +514,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         }
         r = options.extension->on_frame(c->id, view, state, *this);
       } else if (r.status == DecodeStatus::ok) {
+        if (options.extension) {
+          if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
+            close(c, fmt::format("{} refused: {}", op_name(request.op), why), true);
+            break;
+          }
+        }
         ++counters.requests;
         ++counters.ops[static_cast<std::size_t>(request.op)];
         ApplyResult res = state.apply(c->id, request, *this);
@@ -604,6 +610,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     state.disconnect(c->id);
     if (options.extension) options.extension->on_disconnect(c->id);
     boost::system::error_code ec;
+    if (protocol_error && !c->write_in_flight && !c->pending.empty()) {
+      // Best effort, never blocking: the frame that explains the close (an extension's
+      // REFUSED) usually fits the socket's send buffer.
+      c->socket.non_blocking(true, ec);
+      if (!ec) c->socket.write_some(asio::buffer(c->pending), ec);
+    }
     c->socket.shutdown(tcp::socket::shutdown_both, ec);
     c->socket.close(ec);
     buffered -= c->accounted;

@@ -36,6 +36,7 @@ struct StatusRequest {
   std::string etcd_password_file;
   std::string etcd_conf_what = "--rdzv-conf";
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};
+  std::string token;  // from --token-file or DDPRUN_RDZV_TOKEN; "" = none (never printed)
   bool help = false;
   bool json = false;
   std::optional<std::chrono::milliseconds> watch;  // --watch: the interval between updates
@@ -46,9 +47,9 @@ struct StatusRequest {
 std::span<const FlagSpec> status_flags();
 
 // `args` are the words after "status". The endpoint may also come from PET_RDZV_ENDPOINT and the
-// id from PET_RDZV_ID (flags win). Both spellings of every flag and --flag=VALUE are accepted;
-// --watch takes the next word as its interval only when that word is a number. Throws
-// UsageError naming the flag.
+// id from PET_RDZV_ID (flags win), the token from --token-file FILE or DDPRUN_RDZV_TOKEN (--token
+// itself is refused). Both spellings of every flag and --flag=VALUE are accepted; --watch takes the
+// next word as its interval only when that word is a number. Throws UsageError naming the flag.
 StatusRequest parse_status_args(const std::vector<std::string>& args, const std::map<std::string, std::string>& env);
 
 std::string status_usage();

@@ -41,9 +41,11 @@ namespace ddprun::rendezvous {
 struct RendezvousClientOptions {
   Endpoint server;  // host:port of the rendezvous
   std::string run_id = "none";
-  std::string token;  // sent with join/rejoin; "" = none
-  NodeInfo node;      // who we are (id, advertised addr, nproc, our worker store)
-  JobConfig config;   // min/max nodes, restart budget, timeouts, heartbeat
+  // The daemon's shared secret: proves this client in the handshake (never sent itself); "" =
+  // none (a daemon with a token then refuses the connection).
+  std::string token;
+  NodeInfo node;     // who we are (id, advertised addr, nproc, our worker store)
+  JobConfig config;  // min/max nodes, restart budget, timeouts, heartbeat
   // Reconnect budget: how long the server may stay unreachable (first connect included)
   // before on_unreachable fires.
   Duration give_up_after = std::chrono::seconds(60);
@@ -90,8 +92,11 @@ class RendezvousClient {
   std::unique_ptr<Impl> impl_;
 };
 
-// `ddprun status`: one synchronous round trip to a rendezvous server. `run_id` empty = all
-// jobs. Throws NetworkError naming host:port when it cannot be reached within `timeout`.
-RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout);
+// `ddprun status`: one synchronous exchange with a rendezvous server (HELLO, AUTH with `token`
+// when the server asks for it, STATUS). `run_id` empty = all jobs (authenticates for "*").
+// Throws NetworkError naming host:port when it cannot be reached within `timeout`, when the
+// server refuses, or when it wants a token and `token` is empty.
+RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout,
+                            const std::string& token = {});
 
 }  // namespace ddprun::rendezvous

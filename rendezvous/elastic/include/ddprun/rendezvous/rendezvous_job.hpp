@@ -61,6 +61,7 @@
 // Rank offsets are prefix sums of local_world_size in group-rank order. Every assignment of a
 // round carries the group-rank-0 node's NodeInfo::nccl_ids as Assignment::nccl_id, so all
 // ranks get the same NCCL unique ID, and a new one each round (docs/gpus.md).
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -119,6 +120,8 @@ class RendezvousJob {
   std::vector<NodeId> joined_nodes() const;
   // The role of `node`, nullopt when it is not a member: O(log N).
   std::optional<MemberRole> role_of(const NodeId& node) const;
+  // Members of any role (a finished job keeps them to answer their final result).
+  std::size_t member_count() const { return members_.size(); }
   // Number of members in `role`: O(1), kept incrementally.
   int count(MemberRole role) const { return role_count_[static_cast<int>(role)]; }
 

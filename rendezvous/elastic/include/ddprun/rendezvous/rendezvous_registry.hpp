@@ -1,13 +1,25 @@
 #pragma once
 // RendezvousRegistry: many isolated RendezvousJobs keyed by run id (one per --rdzv-id), the
-// server-wide token check, the earliest deadline over all jobs and the garbage collection of
-// finished ones. Pure like the job: every event takes the current time and returns the
-// decisions to push; not thread-safe (owned by the service's io_context thread). Requests come
-// from the network, so a bad one never throws: it gets a Refuse naming what was wrong.
+// earliest deadline over all jobs and the garbage collection of finished and abandoned ones.
+// Pure like the job: every event takes the current time and returns the decisions to push; not
+// thread-safe (owned by the service's io_context thread). Requests come from the network, so a
+// bad one never throws: it gets a Refuse naming what was wrong.
+//
+// Cost: every event on one job, next_deadline() and a tick that finds k jobs due are
+// O(log J + the job's own cost) for J jobs, however many of them are idle or dead: a deadline
+// index (time -> job) is updated after each event on the job it touched, so nothing scans every
+// job except status() of all jobs (its reply is that big anyway) and audit().
+//
+// Expiry: a job with no live member (every node left or lost its lease, or the job finished)
+// is dropped `job_expiry` after it last had one, even when its own join/close timeouts (chosen
+// by the clients, up to 30 days) are longer; a node arriving later starts a fresh job of that
+// id. This bounds what abandoned jobs (crashed launchers, junk run ids) cost the daemon, and
+// max_jobs bounds how many exist at once.
 #include <cstddef>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddprun/common/clock.hpp"
 #include "ddprun/rendezvous/rendezvous_job.hpp"
@@ -15,10 +27,18 @@
 
 namespace ddprun::rendezvous {
 
+// ddprun-rdzvd's --job-expiry and --max-jobs defaults.
+inline constexpr Duration default_job_expiry = std::chrono::minutes(10);
+inline constexpr std::size_t default_max_jobs = 100000;
+
 class RendezvousRegistry {
  public:
-  // `token`: when non-empty, every join/rejoin must carry the same token.
-  explicit RendezvousRegistry(std::string token = {}) : token_(std::move(token)) {}
+  // Authentication is the service's (rendezvous_service.hpp): the registry sees only requests
+  // from connections that passed it. `job_expiry`: nullopt = jobs without members stay until
+  // their own timeouts collect them (the etcd replay, whose log decides when a job ends).
+  // `max_jobs`: a JOIN or REJOIN that would create one more job is refused (0 = no cap).
+  explicit RendezvousRegistry(std::optional<Duration> job_expiry = default_job_expiry,
+                              std::size_t max_jobs = default_max_jobs);
 
   Decisions join(const std::string& run_id, const JoinRequest& request, TimePoint now);
   Decisions rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now);
@@ -29,20 +49,48 @@ class RendezvousRegistry {
   Decisions succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round, TimePoint now);
   // Unknown run ids are ignored (nothing to refuse later).
   Decisions close(const std::string& run_id, TimePoint now);
-  // Runs every job's timers and drops collectable jobs.
-  Decisions on_tick(TimePoint now);
+  // Runs the timers of the jobs that are due and drops the collectable and expired ones; their
+  // run ids are appended to `dropped` when given.
+  Decisions on_tick(TimePoint now, std::vector<std::string>* dropped = nullptr);
 
   std::optional<TimePoint> next_deadline() const;
   RegistryStatus status(TimePoint now) const;
+  // One job's status; nullopt when the registry does not have it. O(log J + its members).
+  std::optional<JobStatus> status_of(const std::string& run_id, TimePoint now) const;
   const RendezvousJob* find(const std::string& run_id) const;
   std::size_t job_count() const { return jobs_.size(); }
+  std::optional<Duration> job_expiry() const { return job_expiry_; }
+
+  // Recomputes the deadline index by brute force and compares: "" when it agrees, else what
+  // differs. O(J); for tests only.
+  std::string audit() const;
 
  private:
-  std::string check_request(const std::string& run_id, const std::string& token, const NodeInfo& node,
-                            const JobConfig& config) const;
+  struct Entry;
+  using Jobs = std::map<std::string, Entry>;
+  // Due time -> job (its key in jobs_, which never moves while the job exists).
+  using DueIndex = std::multimap<TimePoint, const std::string*>;
+  struct Entry {
+    RendezvousJob job;
+    std::optional<TimePoint> memberless_since;  // when it last had a live member; nullopt = it has one
+    std::optional<DueIndex::iterator> due_it;   // this job's entry in due_ (none when nothing is pending)
+  };
 
-  std::string token_;
-  std::map<std::string, RendezvousJob> jobs_;
+  std::string check_request(const std::string& run_id, const NodeInfo& node, const JobConfig& config) const;
+  Jobs::iterator add_job(const std::string& run_id, RendezvousJob job, TimePoint now);
+  // After any event on the job: its liveness and its place in the deadline index.
+  Decisions touched(Jobs::iterator it, Decisions out, TimePoint now);
+  void reindex(Jobs::iterator it, TimePoint now);
+  std::optional<TimePoint> due_of(const Entry& e) const;
+  bool expired(const Entry& e, TimePoint now) const;
+
+  // "" when one more job fits, else the Refuse reason.
+  std::string check_room(const std::string& run_id) const;
+
+  std::optional<Duration> job_expiry_;
+  std::size_t max_jobs_;
+  Jobs jobs_;
+  DueIndex due_;
 };
 
 }  // namespace ddprun::rendezvous

@@ -51,10 +51,20 @@ struct RendezvousLimits {
 struct RendezvousServerOptions {
   std::string host = "0.0.0.0";  // address to bind; "::" for dual stack
   std::uint16_t port = 0;        // 0 = pick a free port, read it back with port()
-  std::string token;             // "" = joins need no token
+  // "" = no authentication (node binding still applies). Otherwise every connection must
+  // authenticate with it (rendezvous_auth.hpp) before any native frame or store op.
+  std::string token;
+  // With a token: let connections that did not authenticate use TCPStore ops (torchrun's c10d
+  // backend cannot authenticate). Anyone who reaches the port can then read and delete keys.
+  bool allow_unauthenticated_store = false;
   RendezvousLimits limits;
   // Throttle for Progress lines to the nodes waiting in a collecting round.
   Duration progress_interval = std::chrono::seconds(1);
+  // Jobs with no live member are forgotten this long after they last had one (ddprun-rdzvd
+  // --job-expiry; rendezvous_registry.hpp); nullopt = never.
+  std::optional<Duration> job_expiry = default_job_expiry;
+  // Most jobs held at once (ddprun-rdzvd --max-jobs); 0 = no cap.
+  std::size_t max_jobs = default_max_jobs;
   // Signals that stop the server (e.g. {SIGINT, SIGTERM} for the daemon); empty = the owner
   // handles signals itself. on_signal runs after the stop, with the signal number.
   std::vector<int> stop_signals;
@@ -82,6 +92,10 @@ class RendezvousServer {
   // Runs `callback` once, on the io_context, as soon as no client connection is open (see
   // StoreServer::on_drained): an agent hosting the rendezvous lingers until its peers left.
   void on_drained(std::function<void()> callback);
+
+  // Replaces the token for every authentication from now on (RendezvousService::set_token);
+  // already-authenticated connections stay.
+  void set_token(std::string token);
 
   StoreStats store_stats() const;
   RendezvousServiceStats service_stats() const;

@@ -13,6 +13,18 @@
 // registry.next_deadline() after every event and tick (a Timer of timers.hpp); nothing polls. STATUS frames get a
 // STATUS_REPLY snapshot.
 //
+// Authentication (docs/protocol.md, "Authentication"; rendezvous_auth.hpp): a connection opens
+// with HELLO and gets a CHALLENGE; with a token it must then AUTH (HMAC over both nonces and the
+// run id it wants) before any other frame, and is bound to that run id ("*" = every job). On a
+// token daemon TCPStore ops of a connection that did not authenticate are refused unless
+// allow_unauthenticated_store. Node binding applies with or without a token: JOIN registers
+// (run id, node) to the connection and answers JOINED with a random node secret; HEARTBEAT,
+// LEAVE, WORKER_FAILED and SUCCEEDED are accepted only from the owning connection, CLOSE only
+// from a connection owning a member of that job; a JOIN naming a node that another connection
+// owns (or that holds a secret) is refused; REJOIN must present the node's secret and moves the
+// ownership (a daemon that does not know the node adopts the presented secret). Every refusal
+// answers REFUSED and closes the connection (the store server logs it with the peer).
+//
 // Lifetime: RendezvousServer (rendezvous_server.hpp) does the wiring: it creates the service with
 // std::make_shared, installs it as StoreServerOptions::extension, builds the StoreServer, calls
 // attach(server) so that timer-driven pushes reach the sockets, and detach()/shutdown() before
@@ -42,9 +54,14 @@ namespace ddprun::rendezvous {
 class StoreServer;
 
 struct RendezvousServiceOptions {
-  std::string token;  // "" = joins need no token
+  std::string token;                         // "" = no authentication (node binding still applies)
+  bool allow_unauthenticated_store = false;  // with a token: torch clients may use store ops
   WireLimits limits;
   Duration progress_interval = std::chrono::seconds(1);
+  // Jobs with no live member are forgotten this long after they last had one
+  // (rendezvous_registry.hpp); nullopt = never.
+  std::optional<Duration> job_expiry = default_job_expiry;
+  std::size_t max_jobs = default_max_jobs;  // 0 = no cap
 };
 
 struct RendezvousServiceStats {
@@ -58,7 +75,8 @@ struct RendezvousServiceStats {
   std::uint64_t rounds_closed = 0;               // assignments to group rank 0: one per closed round
   std::uint64_t restarts = 0;                    // distinct (run id, ended round) restart decisions
   std::uint64_t frames_malformed = 0;            // native frames that failed to decode
-  std::map<std::string, std::uint64_t> refused;  // Refuse decisions by refuse_reason_label()
+  std::map<std::string, std::uint64_t> refused;  // Refuse decisions and refused frames (authentication,
+                                                 // node ownership) by refuse_reason_label()
   // From the first join of the round being collected to its close.
   metrics::Histogram round_close_seconds{round_close_buckets()};
   static std::vector<double> round_close_buckets() {
@@ -84,8 +102,13 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
 
   DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override;
   void on_disconnect(ConnectionId conn) override;
+  std::string store_op_refusal(ConnectionId conn) override;
   // on_reset: the default (nothing). The server closes every connection right after a reset
   // (on_disconnect follows for each); the jobs themselves survive a key-space reset.
+
+  // A new token (ddprun-rdzvd's SIGHUP re-read of --token-file): connections that already
+  // authenticated keep their binding; every AUTH from now on is checked against `token`.
+  void set_token(std::string token) { options_.token = std::move(token); }
 
   const RendezvousRegistry& registry() const { return registry_; }
   RendezvousServiceStats stats() const;
@@ -100,8 +123,27 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
     auto operator<=>(const NodeKey&) const = default;
   };
 
-  void handle(ConnectionId conn, ClientMessage& message);
-  void bind(ConnectionId conn, const std::string& run_id, const NodeId& node);
+  // What a connection has proved (absent = nothing: no HELLO yet).
+  struct Session {
+    std::string server_nonce;
+    std::string client_nonce;
+    std::string run_id;  // bound by AUTH; "" = not authenticated
+    bool auth_tried = false;
+  };
+
+  // Handles one decoded frame; "" = done, else the reason to refuse it and close.
+  std::string handle(ConnectionId conn, ClientMessage& message);
+  std::string handshake(ConnectionId conn, ClientMessage& message);
+  // "" when `conn` may act on `run_id` (authenticated for it, or no token).
+  std::string check_run(ConnectionId conn, const std::string& run_id) const;
+  // "" when `conn` owns (run_id, node).
+  std::string check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
+  std::string check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
+  std::string check_rejoin(ConnectionId conn, const std::string& run_id, const RejoinRequest& request) const;
+  // After an accepted JOIN/REJOIN: `conn` speaks for the node; JOINED carries its secret.
+  void bind(ConnectionId conn, const std::string& run_id, const NodeId& node, std::string secret);
+  void unbind(ConnectionId conn);
+  void forget_dead_secrets(const std::vector<std::string>& dropped);
   // `origin`: the node whose message produced the actions (null for timer ticks).
   void apply(const Decisions& actions, const NodeId* origin = nullptr);
   void broadcast_progress(const Progress& progress, const NodeId* origin);
@@ -117,6 +159,8 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   std::unique_ptr<Timer> timer_;
   std::optional<TimePoint> armed_;
   std::map<NodeKey, ConnectionId> conn_of_;
+  std::map<NodeKey, std::string> secret_of_;  // node secrets issued (or adopted) per member
+  std::unordered_map<ConnectionId, Session> sessions_;
   std::unordered_map<ConnectionId, NodeKey> node_of_;
   std::unordered_map<std::string, TimePoint> last_broadcast_;  // per run id: Progress to everyone
   std::string scratch_;

@@ -5,6 +5,7 @@
 // snapshot behind `ddprun status`. Value types only: no I/O, no clock, no behaviour beyond
 // validation and formatting. The decisions themselves live in rendezvous_job.hpp and
 // rendezvous_registry.hpp.
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,6 +48,20 @@ struct NodeInfo {
   // join order. Absent on the wire = none.
   std::optional<std::int64_t> order;
 };
+
+// The bounds every number from the network or a command line is checked against (a node
+// count times a node's processes must fit a rank in an int; a heartbeat faster than
+// min_heartbeat_interval is a typo that would turn into a restart storm).
+inline constexpr int max_nodes_limit = 65536;
+inline constexpr std::size_t max_run_id_bytes = 256;
+inline constexpr int max_local_world_size = 16384;  // 65536 * 16384 = 2^30 ranks
+inline constexpr int max_restarts_limit = 1000000;
+inline constexpr Duration min_heartbeat_interval = std::chrono::milliseconds(10);
+inline constexpr Duration max_heartbeat_interval = std::chrono::hours(1);
+inline constexpr Duration max_timeout = std::chrono::hours(24 * 30);
+// heartbeat_interval * missed_heartbeats (the etcd replicas use a 50-year lease on purpose);
+// keeps TimePoint arithmetic far from overflow.
+inline constexpr Duration max_lease = std::chrono::hours(24 * 365 * 100);
 
 // Job configuration, fixed by the first joiner. Only min/max/max_restarts must agree between
 // nodes; the timers of the first joiner win.
@@ -112,7 +127,6 @@ struct RootCause {
 struct JoinRequest {
   NodeInfo node;
   JobConfig config;
-  std::string token;
 };
 
 // Sent by an agent after it (re)connects: carries the assignment it is running with, if any,
@@ -120,7 +134,9 @@ struct JoinRequest {
 struct RejoinRequest {
   NodeInfo node;
   JobConfig config;
-  std::string token;
+  // The per-node secret the server issued in JOINED (hex); proves that the connection speaks
+  // for this node. "" when the node never got one (the daemon then issues a new one).
+  std::string node_secret;
   std::optional<Assignment> assignment;
 };
 

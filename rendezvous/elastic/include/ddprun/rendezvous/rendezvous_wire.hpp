@@ -35,6 +35,8 @@ enum class NativeOp : std::uint8_t {
   succeeded = 0x45,
   close = 0x46,
   status = 0x47,
+  hello = 0x48,
+  auth = 0x49,
   // server -> client (pushed)
   assignment = 0x60,
   restart = 0x61,
@@ -44,6 +46,9 @@ enum class NativeOp : std::uint8_t {
   ask_rejoin = 0x65,
   progress = 0x66,
   status_reply = 0x67,
+  challenge = 0x68,
+  auth_ok = 0x69,
+  joined = 0x6a,
 };
 
 const char* native_op_name(std::uint8_t op);  // "JOIN", ..., "0x4f" style for unknown
@@ -87,13 +92,37 @@ struct CloseMessage {
 struct StatusMessage {
   std::string run_id;  // "" = every job
 };
+// The handshake (rendezvous_auth.hpp has the MACs): HELLO opens a connection, AUTH answers the
+// server's CHALLENGE when it asks for authentication.
+struct HelloMessage {
+  int version = 1;
+  std::string client_nonce;  // 64 hex digits
+};
+struct AuthMessage {
+  std::string run_id;  // the job this connection may touch; "*" = every job
+  std::string mac;     // 64 hex digits
+};
 
 using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage, WorkerFailedMessage,
-                                   SucceededMessage, CloseMessage, StatusMessage>;
+                                   SucceededMessage, CloseMessage, StatusMessage, HelloMessage, AuthMessage>;
 
 // ---- server -> client messages: the registry's actions plus the STATUS reply ----
+struct ChallengeMessage {
+  std::string server_nonce;  // 64 hex digits
+  bool auth = false;         // false: the server has no token, no AUTH is needed
+};
+struct AuthOkMessage {
+  std::string mac;  // the server's proof that it knows the token
+};
+// The answer to a JOIN that registered the node: the secret a later REJOIN must present.
+struct JoinedMessage {
+  std::string run_id;
+  NodeId node;
+  std::string node_secret;  // 32 hex digits
+};
+
 using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, SendJobCompleted, Refuse, AskRejoin,
-                                   Progress, RegistryStatus>;
+                                   Progress, RegistryStatus, ChallengeMessage, AuthOkMessage, JoinedMessage>;
 
 // Appends one frame. Throws ddprun::Error only if the payload exceeds 4 GiB (never in practice).
 void encode_client(std::string& out, const ClientMessage& message);

@@ -181,7 +181,7 @@ class JobLog {
   Decisions apply_one(std::int64_t seq, const LogEvent& event);
 
   std::string run_id_;
-  RendezvousRegistry registry_;
+  RendezvousRegistry registry_{std::nullopt};  // no expiry: the log alone decides when the job ends
   std::int64_t next_seq_ = 0;
   bool started_ = false;  // t0_ms_ is the time of the first event applied
   std::int64_t t0_ms_ = 0;

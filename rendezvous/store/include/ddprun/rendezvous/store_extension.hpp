@@ -10,6 +10,7 @@
 //
 // Called only on the server's io_context thread, like everything else in the server.
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "ddprun/rendezvous/codec.hpp"
@@ -26,6 +27,13 @@ class StoreExtension {
   // address other connections). Return need_more (with min_total), ok (with consumed > 0) or
   // error (with reason: the connection is closed and logged). `state` is the shared key space.
   virtual DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) = 0;
+  // Asked before every TCPStore request on `conn`: "" lets it run, a reason closes the
+  // connection (logged with the peer). An authenticating extension refuses store ops on
+  // connections that did not authenticate.
+  virtual std::string store_op_refusal(ConnectionId conn) {
+    (void)conn;
+    return {};
+  }
   // The connection closed (peer, error, reset or stop).
   virtual void on_disconnect(ConnectionId conn) { (void)conn; }
   // StoreServer::reset() dropped the key space.

@@ -1,0 +1,44 @@
+#pragma once
+// The rendezvous handshake's cryptography (docs/protocol.md, "Authentication"): HMAC-SHA256
+// (OpenSSL libcrypto) over fixed domain-separation labels and the two nonces, so the raw token
+// never crosses the wire and a replayed AUTH is useless against a fresh server nonce. The server
+// answers with its own MAC under a different label, so a client can tell a daemon that knows the
+// token from one that does not.
+//
+//   client mac = HMAC(token, "ddprun-rdzv-client-v1\0" || server_nonce || client_nonce || run_id)
+//   server mac = HMAC(token, "ddprun-rdzv-server-v1\0" || client_nonce || server_nonce || run_id)
+//
+// Nonces are 32 random bytes from getrandom(2); they travel as 64 lower-case hex digits. MACs
+// are compared with CRYPTO_memcmp (constant time). Thread-safe (no shared state).
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace ddprun::rendezvous::auth {
+
+inline constexpr std::size_t nonce_bytes = 32;
+inline constexpr std::size_t node_secret_bytes = 16;
+// The run id of a connection allowed to touch every job (ddprun status of all jobs, admin tools).
+inline constexpr std::string_view any_run = "*";
+
+// `n` random bytes from getrandom(2), as lower-case hex. Throws ddprun::Error if the kernel's
+// generator fails (it blocks only before the pool is initialised at boot).
+std::string random_hex(std::size_t n);
+
+// HMAC-SHA256(key, message) as 64 lower-case hex digits.
+std::string hmac_sha256_hex(std::string_view key, std::string_view message);
+
+// The MACs of the handshake; nonces as hex text (the hex digits are what is signed).
+std::string client_mac(std::string_view token, std::string_view server_nonce, std::string_view client_nonce,
+                       std::string_view run_id);
+std::string server_mac(std::string_view token, std::string_view client_nonce, std::string_view server_nonce,
+                       std::string_view run_id);
+
+// Constant-time equality (CRYPTO_memcmp); different lengths compare unequal without looking at
+// the bytes (lengths are public: a MAC is always 64 hex digits).
+bool equal_secret(std::string_view a, std::string_view b);
+
+// True for exactly 2*bytes lower-case hex digits.
+bool is_hex_of(std::string_view text, std::size_t bytes);
+
+}  // namespace ddprun::rendezvous::auth

@@ -1,0 +1,92 @@
+// Handshake cryptography (rendezvous_auth.hpp has the contract).
+#include "ddprun/rendezvous/rendezvous_auth.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+
+namespace ddprun::rendezvous::auth {
+
+namespace {
+
+constexpr char hex_digits[] = "0123456789abcdef";
+
+std::string to_hex(const unsigned char* p, std::size_t n) {
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = hex_digits[p[i] >> 4];
+    out[2 * i + 1] = hex_digits[p[i] & 0xf];
+  }
+  return out;
+}
+
+std::string mac(std::string_view token, std::string_view label, std::string_view a, std::string_view b,
+                std::string_view run_id) {
+  std::string message;
+  message.reserve(label.size() + 1 + a.size() + b.size() + run_id.size());
+  message.append(label);
+  message.push_back('\0');
+  message.append(a);
+  message.append(b);
+  message.append(run_id);
+  return hmac_sha256_hex(token, message);
+}
+
+}  // namespace
+
+std::string random_hex(std::size_t n) {
+  std::vector<unsigned char> bytes(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(bytes.data() + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(std::string("getrandom failed: ") + std::strerror(errno));
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  return to_hex(bytes.data(), n);
+}
+
+std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
+  unsigned int len = 0;
+  const unsigned char* r =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len);
+  if (r == nullptr) throw Error("HMAC-SHA256 failed (OpenSSL)");
+  return to_hex(out.data(), len);
+}
+
+std::string client_mac(std::string_view token, std::string_view server_nonce, std::string_view client_nonce,
+                       std::string_view run_id) {
+  return mac(token, "ddprun-rdzv-client-v1", server_nonce, client_nonce, run_id);
+}
+
+std::string server_mac(std::string_view token, std::string_view client_nonce, std::string_view server_nonce,
+                       std::string_view run_id) {
+  return mac(token, "ddprun-rdzv-server-v1", client_nonce, server_nonce, run_id);
+}
+
+bool equal_secret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+bool is_hex_of(std::string_view text, std::size_t bytes) {
+  if (text.size() != 2 * bytes) return false;
+  for (char c : text) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace ddprun::rendezvous::auth

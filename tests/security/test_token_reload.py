@@ -1,0 +1,87 @@
+"""SIGHUP makes ddprun-rdzvd re-read --token-file: new connections must prove the new token, a
+connection that authenticated with the old one keeps working, and a bad file keeps the old token.
+
+Readiness comes from the daemon's own log lines (stderr, read with a deadline); the daemon runs
+under RLIMIT_AS (skipped for ASan builds) and is stopped on the way out.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import test_auth_attacks as auth  # noqa: E402
+
+
+def wait_log(p, needle, deadline):
+    while True:
+        line = harness.read_line(p.stderr.fileno(), deadline)
+        if needle in line:
+            return line
+
+
+def authenticates(port, token):
+    try:
+        s = auth.connect(port, token, "*")
+    except (AssertionError, ConnectionError, TimeoutError):
+        return False
+    s.close()
+    return True
+
+
+def status_ok(sock):
+    sock.sendall(auth.frame(0x47, {"run_id": ""}))
+    op, _ = auth.read_frame(sock)
+    return op == 0x67
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="ddprun_reload_") as tmp:
+        path = os.path.join(tmp, "token")
+        with open(path, "w") as f:
+            f.write("old-token\n")
+        os.chmod(path, 0o600)
+        env = {k: v for k, v in os.environ.items() if k != "DDPRUN_RDZV_TOKEN"}
+        cap = None if harness.sanitized(harness.RDZVD) else 2 * harness.GiB
+        p = subprocess.Popen([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--token-file", path,
+                              "--log-level", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                             preexec_fn=harness.limits_preexec(cap))
+        try:
+            deadline = time.monotonic() + 30
+            port = int(harness.read_line(p.stdout.fileno(), deadline).strip().rsplit(":", 1)[1])
+            old_conn = auth.connect(port, "old-token", "*")
+            assert status_ok(old_conn)
+
+            with open(path, "w") as f:
+                f.write("new-token\n")
+            p.send_signal(signal.SIGHUP)
+            wait_log(p, "re-read the token", time.monotonic() + 30)
+            assert not authenticates(port, "old-token"), "the old token still authenticates after SIGHUP"
+            assert authenticates(port, "new-token"), "the new token is refused after SIGHUP"
+            assert status_ok(old_conn), "a connection authenticated before SIGHUP was dropped"
+
+            # A broken file keeps the current token.
+            with open(path, "w") as f:
+                f.write("\n")
+            p.send_signal(signal.SIGHUP)
+            line = wait_log(p, "SIGHUP", time.monotonic() + 30)
+            assert "keeping the old token" in line, line
+            assert "new-token" not in line, "the token must never be logged"
+            assert authenticates(port, "new-token")
+            old_conn.close()
+            assert p.poll() is None, "the daemon died"
+        finally:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(15)
+    print("token reload: OK")
+
+
+if __name__ == "__main__":
+    main()
