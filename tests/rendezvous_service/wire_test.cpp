@@ -256,12 +256,12 @@ TEST_CASE("the payload limit is enforced from the header, before the body arrive
 TEST_CASE("NodeInfo.order travels as an optional field", "[wire]") {
   rdzv::NodeInfo n = info(0);
   n.order = 7;
-  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config(), ""}});
+  const std::string bytes = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{n, config()}});
   CHECK(bytes.find("\"order\":7") != std::string::npos);
   rdzv::ClientMessage back;
   REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::JoinMessage>(back).request.node.order == 7);
-  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config(), ""}});
+  const std::string plain = encoded(rdzv::JoinMessage{"job-a", rdzv::JoinRequest{info(0), config()}});
   CHECK(plain.find("order") == std::string::npos);
   REQUIRE(rdzv::decode_client(plain, {}, back).status == rdzv::DecodeStatus::ok);
   CHECK_FALSE(std::get<rdzv::JoinMessage>(back).request.node.order);

@@ -13,8 +13,9 @@ namespace ddprun::rendezvous {
 namespace {
 
 constexpr std::array<std::string_view, 9> kRefuseLabels = {
-    "auth",     "not_owner", "invalid_request",     "config_mismatch", "job_finished",
-    "job_closed", "job_full",  "inconsistent_rejoin", "other"};
+    "auth",         "not_owner",  "invalid_request", "config_mismatch",
+    "job_finished", "job_closed", "job_full",        "inconsistent_rejoin",
+    "other"};
 
 }  // namespace
 
@@ -66,7 +67,7 @@ void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& se
   }
   out.counter("ddprun_rdzvd_connections_refused_total",
               "Connections refused at accept (connection_limit, peer_limit, out_of_descriptors) or closed by the "
-              "server (protocol_error, buffer_limit, timeout).",
+              "server (protocol_error, buffer_limit, timeout, unauthenticated).",
               refused_connections);
 
   std::array<double, 4> by_state{};

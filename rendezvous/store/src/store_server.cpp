@@ -516,7 +516,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       } else if (r.status == DecodeStatus::ok) {
         if (options.extension) {
           if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
-            close(c, fmt::format("{} refused: {}", op_name(request.op), why), true);
+            close(c, fmt::format("{} refused: {}", op_name(request.op), why), RefusedReason::unauthenticated);
             break;
           }
         }
@@ -610,7 +610,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     state.disconnect(c->id);
     if (options.extension) options.extension->on_disconnect(c->id);
     boost::system::error_code ec;
-    if (protocol_error && !c->write_in_flight && !c->pending.empty()) {
+    if (refused && !c->write_in_flight && !c->pending.empty()) {
       // Best effort, never blocking: the frame that explains the close (an extension's
       // REFUSED) usually fits the socket's send buffer.
       c->socket.non_blocking(true, ec);
@@ -706,6 +706,8 @@ std::string_view refused_reason_name(RefusedReason reason) {
       return "buffer_limit";
     case RefusedReason::timeout:
       return "timeout";
+    case RefusedReason::unauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }

@@ -67,7 +67,8 @@ struct StoreServerOptions {
 // connection_limit: --max-connections reached; peer_limit: --max-connections-per-peer reached;
 // out_of_descriptors: accepted with the spare descriptor and closed; protocol_error: a
 // malformed frame or a failed request; buffer_limit: a reply backlog or read buffer over its
-// cap; timeout: --frame-timeout-ms or --idle-timeout-ms.
+// cap; timeout: --frame-timeout-ms or --idle-timeout-ms; unauthenticated: a TCPStore op on a
+// connection the extension (the daemon's token) has not authenticated.
 enum class RefusedReason : std::uint8_t {
   connection_limit,
   peer_limit,
@@ -75,8 +76,9 @@ enum class RefusedReason : std::uint8_t {
   protocol_error,
   buffer_limit,
   timeout,
+  unauthenticated,
 };
-inline constexpr std::size_t kRefusedReasons = 6;
+inline constexpr std::size_t kRefusedReasons = 7;
 std::string_view refused_reason_name(RefusedReason reason);
 
 struct StoreStats {
