@@ -63,7 +63,15 @@ TEST_CASE("invalid names and bounds are refused") {
 
 TEST_CASE("refuse reasons map to a bounded label set") {
   using ddprun::rendezvous::refuse_reason_label;
-  CHECK(refuse_reason_label("token mismatch: the daemon requires ...") == "token");
+  // The service's own refusals (rendezvous_service.cpp), before the registry sees a frame.
+  CHECK(refuse_reason_label("authentication failed: the client's token does not match this daemon's (...)") == "auth");
+  CHECK(refuse_reason_label("authentication required: this daemon has a token; send HELLO and AUTH first") == "auth");
+  CHECK(refuse_reason_label("AUTH before HELLO: open the connection with HELLO") == "auth");
+  CHECK(refuse_reason_label("this connection authenticated for rendezvous 'a', not 'b'") == "auth");
+  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is not owned by this connection (...)") == "not_owner");
+  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is already a member from another connection") == "not_owner");
+  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is a known member: it must REJOIN with its node secret") ==
+        "not_owner");
   CHECK(refuse_reason_label("rendezvous 'j' already completed; its id can be reused") == "job_finished");
   CHECK(refuse_reason_label("rendezvous 'j' already failed (x); pick a new --rdzv-id") == "job_finished");
   CHECK(refuse_reason_label("rendezvous 'j' is closed: it accepts no new nodes") == "job_closed");
@@ -84,5 +92,6 @@ TEST_CASE("refused connection reasons have fixed names") {
   CHECK(refused_reason_name(RefusedReason::protocol_error) == "protocol_error");
   CHECK(refused_reason_name(RefusedReason::buffer_limit) == "buffer_limit");
   CHECK(refused_reason_name(RefusedReason::timeout) == "timeout");
-  CHECK(static_cast<std::size_t>(RefusedReason::timeout) + 1 == ddprun::rendezvous::kRefusedReasons);
+  CHECK(refused_reason_name(RefusedReason::unauthenticated) == "unauthenticated");
+  CHECK(static_cast<std::size_t>(RefusedReason::unauthenticated) + 1 == ddprun::rendezvous::kRefusedReasons);
 }

@@ -165,7 +165,7 @@ std::optional<std::int64_t> parse_log_seq(std::string_view text) {
 std::int64_t node_lease_ttl(const JobConfig& user) { return std::max<std::int64_t>(2, ceil_seconds(user.lease())); }
 
 std::int64_t job_lease_ttl(const JobConfig& user) {
-  return std::max<std::int64_t>({10, ceil_seconds(user.close_timeout), 3 * node_lease_ttl(user)});
+  return std::max<std::int64_t>({30, ceil_seconds(user.close_timeout), 3 * node_lease_ttl(user)});
 }
 
 JobConfig replica_config(const JobConfig& user, std::int64_t node_ttl_seconds) {
