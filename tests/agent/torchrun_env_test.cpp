@@ -110,6 +110,126 @@ TEST_CASE("file timer: a real FIFO, a writer, and the kill at the deadline") {
   CHECK_FALSE(fs::exists(path));  // removed with the server
 }
 
+TEST_CASE("file timer: numbers out of range are refused, never cast") {
+  std::string problem;
+  auto line = [](const std::string& pid, const std::string& exp, const std::string& sig) {
+    return R"({"version": 1, "pid": )" + pid + R"(, "scope_id": "s", "expiration_time": )" + exp + R"(, "signal": )" +
+           sig + "}";
+  };
+  CHECK(parse_timer_request(line("4242", "1e300", "9")));                    // far, but a deadline: the wait is clamped
+  CHECK_FALSE(parse_timer_request(line("4294967301", "1", "9"), &problem));  // pid 5 after a cast
+  CHECK_THAT(problem, Contains("pid"));
+  CHECK_FALSE(parse_timer_request(line("4242.5", "1", "9"), &problem));
+  CHECK_THAT(problem, Contains("pid"));
+  CHECK_FALSE(parse_timer_request(line("1e300", "1", "9"), &problem));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", "1e20"), &problem));
+  CHECK_THAT(problem, Contains("signal"));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", "-9"), &problem));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", std::to_string(SIGRTMAX + 1)), &problem));
+  CHECK(parse_timer_request(line("4242", "1", std::to_string(SIGRTMAX))));
+  CHECK_FALSE(parse_timer_request(
+      R"({"pid": 7, "scope_id": ")" + std::string(257, 'x') + R"(", "expiration_time": 1, "signal": 9})", &problem));
+  CHECK_THAT(problem, Contains("scope_id"));
+}
+
+TEST_CASE("file timer: the table is bounded per pid and in all") {
+  FileTimerTable t;
+  for (std::size_t i = 0; i < FileTimerTable::kMaxPerPid; ++i) {
+    REQUIRE(t.apply({1, 100, "s" + std::to_string(i), 50.0 + static_cast<double>(i), 9}) ==
+            FileTimerTable::Applied::ok);
+  }
+  CHECK(t.apply({1, 100, "one_more", 1.0, 9}) == FileTimerTable::Applied::too_many_for_pid);
+  CHECK(t.apply({1, 100, "s3", 2.0, 9}) == FileTimerTable::Applied::ok);  // re-arming an existing one is fine
+  CHECK(t.next_deadline() == Approx(2.0));
+  for (pid_t pid = 101; t.size() < FileTimerTable::kMaxTimers; ++pid) {
+    for (std::size_t i = 0; i < FileTimerTable::kMaxPerPid && t.size() < FileTimerTable::kMaxTimers; ++i) {
+      REQUIRE(t.apply({1, pid, std::to_string(i), 1000.0, 9}) == FileTimerTable::Applied::ok);
+    }
+  }
+  CHECK(t.apply({1, 99999, "x", 1.0, 9}) == FileTimerTable::Applied::table_full);
+  t.clear_pid(100);
+  CHECK(t.size() == FileTimerTable::kMaxTimers - FileTimerTable::kMaxPerPid);
+  CHECK(t.next_deadline() == Approx(1000.0));  // the deadline index follows the timers
+  t.clear();
+  CHECK(t.size() == 0);
+  CHECK_FALSE(t.next_deadline());
+  CHECK(t.apply({1, 100, "again", 3.0, 9}) == FileTimerTable::Applied::ok);
+}
+
+TEST_CASE("file timer: a deadline centuries away does not spin the event loop") {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("ddprun_timer_far_" + std::to_string(::getpid()));
+  boost::asio::io_context io;
+  int kills = 0;
+  FileTimerServer server(io, path.string(), [&](pid_t, int) { return ++kills > 0; });
+  server.start();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const std::string lines =
+      "{\"version\": 1, \"pid\": 31337, \"scope_id\": \"far\", \"expiration_time\": 1e300, \"signal\": 9}\n"
+      "{\"version\": 1, \"pid\": 31338, \"scope_id\": \"farther\", \"expiration_time\": 1e18, \"signal\": 9}\n";
+  REQUIRE(::write(fd, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
+  ::close(fd);
+  // An overflowed deadline lands in the past and fires again at once: thousands of handlers.
+  const std::size_t handlers = io.run_for(std::chrono::milliseconds(500));
+  CHECK(server.requests_seen() == 2);
+  CHECK(server.timers() == 2);
+  CHECK(kills == 0);
+  CHECK(handlers < 20);
+}
+
+TEST_CASE("file timer: the FIFO path never costs a user's file or another job's FIFO") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun_timer_path_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  boost::asio::io_context io;
+  auto never = [](pid_t, int) { return false; };
+  {
+    // TORCHELASTIC_TIMER_FILE=train.py must not delete the script.
+    const fs::path script = dir / "train.py";
+    {
+      std::FILE* f = std::fopen(script.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fputs("print(1)\n", f);
+      std::fclose(f);
+    }
+    CHECK_THROWS_WITH(FileTimerServer(io, script.string(), never), Contains(script.string()) && Contains("not a FIFO"));
+    CHECK(fs::is_regular_file(script));
+    CHECK(fs::file_size(script) == 9);
+  }
+  {
+    // Two jobs, one path: the second refuses instead of stealing the first one's FIFO.
+    const fs::path fifo = dir / "shared.fifo";
+    FileTimerServer first(io, fifo.string(), never);
+    CHECK_THROWS_WITH(FileTimerServer(io, fifo.string(), never), Contains(fifo.string()) && Contains("another"));
+    CHECK(fs::is_fifo(fifo));
+  }
+  {
+    // A stale FIFO nobody reads (an agent that was SIGKILLed) is replaced, as torch does.
+    const fs::path stale = dir / "stale.fifo";
+    REQUIRE(::mkfifo(stale.c_str(), 0600) == 0);
+    {
+      FileTimerServer server(io, stale.string(), never);
+      CHECK(fs::is_fifo(stale));
+    }
+    CHECK_FALSE(fs::exists(stale));
+  }
+  {
+    // At exit only our own FIFO is removed, not what replaced it at the path meanwhile.
+    const fs::path path = dir / "replaced.fifo";
+    {
+      FileTimerServer server(io, path.string(), never);
+      fs::remove(path);
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fclose(f);
+    }
+    CHECK(fs::is_regular_file(path));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("file timer: never signals the agent itself or init") {
   CHECK_FALSE(kill_timer_pid(::getpid(), SIGKILL));
   CHECK_FALSE(kill_timer_pid(1, SIGKILL));
