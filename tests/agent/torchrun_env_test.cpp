@@ -1,10 +1,16 @@
 // torch's agent environment on the agent side: the file timer (FileTimerClient's JSON lines,
 // torch's expiry rules, a real FIFO), the health endpoint's answer, the event log's line and the
 // entry-point name of the failure summary.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -13,6 +19,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -297,4 +304,79 @@ TEST_CASE("the failure summary names the script, not the interpreter") {
   c.python_worker = false;
   c.user_args_index = 1;
   CHECK(entrypoint_name(c) == "/opt/bin/train");
+}
+
+TEST_CASE("health endpoint: idle connections neither exhaust the agent nor stop the endpoint") {
+  namespace fs = std::filesystem;
+  boost::asio::io_context io;
+  auto guard = boost::asio::make_work_guard(io);
+  HealthEndpoint ep(io, 0);
+  ep.start();
+  std::thread server([&] { io.run(); });
+  // Ask the endpoint on its own thread: it is not thread-safe.
+  auto query = [&](auto f) {
+    std::promise<decltype(f())> p;
+    boost::asio::post(io, [&] { p.set_value(f()); });
+    return p.get_future().get();
+  };
+  auto connect = [&]() -> int {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(ep.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+
+  // Few descriptors to spare, as an agent near its limit: before the cap, the endpoint took
+  // every idle connection until accept failed with EMFILE, and then never accepted again.
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  std::size_t used = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++used;
+  rlimit tight = old;
+  tight.rlim_cur = used + 120;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = connect();
+    if (fd >= 0) idle.push_back(fd);
+  }
+  REQUIRE(idle.size() >= 60);
+  // Readiness: the endpoint has taken (served or refused) every idle connection.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline &&
+         query([&] { return ep.open_connections() + ep.rejected(); }) < idle.size()) {
+  }
+  CHECK(query([&] { return ep.open_connections(); }) <= HealthEndpoint::kMaxConnections);
+  CHECK(query([&] { return ep.rejected(); }) >= idle.size() - HealthEndpoint::kMaxConnections);
+  for (const int fd : idle) ::close(fd);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &old) == 0);
+  while (std::chrono::steady_clock::now() < deadline && query([&] { return ep.open_connections(); }) > 0) {
+  }
+
+  // The endpoint still answers.
+  std::string answer;
+  for (int attempt = 0; attempt < 3 && answer.empty(); ++attempt) {
+    const int fd = connect();
+    REQUIRE(fd >= 0);
+    timeval tv{3, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = "GET / HTTP/1.1\r\n\r\n";
+    CHECK(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+    std::array<char, 4096> buf{};
+    for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) > 0;)
+      answer.append(buf.data(), static_cast<std::size_t>(n));
+    ::close(fd);
+  }
+  CHECK_THAT(answer, Contains("200 OK") && Contains("\"status\":\"alive\""));
+  guard.reset();
+  boost::asio::post(io, [&] { ep.stop(); });
+  io.stop();
+  server.join();
 }
