@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "ddprun/agent/duplicate_filter.hpp"
 #include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/event_log.hpp"
 #include "ddprun/agent/file_timer.hpp"
@@ -379,4 +380,32 @@ TEST_CASE("health endpoint: idle connections neither exhaust the agent nor stop 
   boost::asio::post(io, [&] { ep.stop(); });
   io.stop();
   server.join();
+}
+
+TEST_CASE("duplicate filters: a line longer than the pump's buffer stays one line") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun_dupfilter_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path log = dir / "stdout.log";
+  const fs::path filtered = dir / "filtered_stdout.log";
+  auto read = [](const fs::path& p) {
+    std::string out;
+    std::FILE* f = std::fopen(p.c_str(), "r");
+    REQUIRE(f != nullptr);
+    for (int c; (c = std::fgetc(f)) != EOF;) out += static_cast<char>(c);
+    std::fclose(f);
+    return out;
+  };
+  {
+    ChildStream st = duplicating_stream(Route::file, log.string(), filtered.string(), -1, "[0]:", {"NEEDLE", "x"});
+    // As LineBuffer releases them: a long line in buffer-sized pieces (complete == false), the
+    // filter cut across the boundary, then whole lines, then a last line without a newline.
+    st.sink("long aaaNEE", false);
+    st.sink("DLE bbb\nplain\n", true);
+    st.sink("the xend", false);
+  }  // the stream closes: its unfinished last line is matched and written
+  CHECK(read(log) == "long aaaNEEDLE bbb\nplain\nthe xend");  // no newline added inside a line
+  CHECK(read(filtered) == "[0]:long aaaNEEDLE bbb\n[0]:the xend\n");
+  fs::remove_all(dir);
 }
