@@ -281,6 +281,22 @@ class DuplicateFilters(Base):
             self.assertEqual(sorted(f.read().splitlines()), ["[default0]:kiwi err", "[default1]:kiwi err"])
 
 
+    def test_a_line_longer_than_the_output_buffer(self):
+        import glob
+        # 100 KiB of one line, the filter straddling the agent's 64 KiB buffer, then a last line
+        # without a newline: stdout.log gets the bytes unchanged, the filtered copy whole lines.
+        script = ('python = __import__("sys").stdout; '
+                  'python.write("a" * 65530 + "NEEDLE" + "b" * 40000 + "\\nplain\\nlast NEEDLE")')
+        r = run(["--log-dir", self.dir, "--tee=1", "--duplicate-stdout-filters=NEEDLE", "--no-python",
+                 "/usr/bin/python3", "-c", script])
+        self.ok(r)
+        [attempt] = glob.glob(os.path.join(self.dir, "*", "attempt_0"))
+        with open(os.path.join(attempt, "0", "stdout.log")) as f:
+            self.assertEqual(f.read(), "a" * 65530 + "NEEDLE" + "b" * 40000 + "\nplain\nlast NEEDLE")
+        with open(os.path.join(attempt, "filtered_stdout.log")) as f:
+            self.assertEqual(f.read(), "[default0]:" + "a" * 65530 + "NEEDLE" + "b" * 40000 +
+                             "\n[default0]:last NEEDLE\n")
+
 class Summary(Base):
     def test_summary_names_the_script(self):
         script = self.p("train.py")
