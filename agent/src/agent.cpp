@@ -130,7 +130,15 @@ class Agent {
       }
     }
     // torch's agent environment: the worker watchdog FIFO and the health endpoint.
-    file_timer_ = start_file_timer(io_, config_, parent_env_);
+    // A timer request names a pid: only live processes of the current attempt may be signalled,
+    // never the agent's neighbours (sshd, ddprun-rdzvd, another job) nor a recycled pid.
+    file_timer_ = start_file_timer(io_, config_, parent_env_, [this](pid_t pid, int sig) {
+      if (!run_.owns_live_pid(pid)) {
+        spdlog::warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
+        return false;
+      }
+      return kill_timer_pid(pid, sig);
+    });
     if (config_.health_check_port) {
       health_ = std::make_unique<HealthEndpoint>(io_, *config_.health_check_port);
       health_->start();
@@ -184,6 +192,9 @@ class Agent {
         backend_->await_verdict(code, std::move(others));
       }
       apply(machine_.on_group_done(ok));
+    };
+    h.on_worker_exit = [this](pid_t pid) {
+      if (file_timer_) file_timer_->drop_pid(pid);
     };
     return h;
   }
@@ -349,6 +360,7 @@ class Agent {
            {"agent_restarts", std::int64_t{a.placement.restart_count}}});
     last_progress_.clear();
     pending_failure_.reset();
+    if (file_timer_) file_timer_->reset();  // the previous attempt's timers name its dead workers
     const AttemptContext attempt{job_dir_ + "/" + a.dir_name, nccl.env};
     std::vector<WorkerSpec> specs;
     for (int r = 0; r < config_.nproc_per_node; ++r) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <spdlog/spdlog.h>
 
@@ -22,6 +23,10 @@
 namespace json = boost::json;
 
 namespace ddprun::agent {
+
+namespace {
+constexpr std::size_t kMaxScopeId = 256;
+}  // namespace
 
 std::optional<TimerRequest> parse_timer_request(std::string_view line, std::string* problem) {
   auto fail = [&](std::string why) -> std::optional<TimerRequest> {
@@ -46,39 +51,68 @@ std::optional<TimerRequest> parse_timer_request(std::string_view line, std::stri
   const auto expiration = number("expiration_time");
   const auto sig = number("signal");
   const auto* scope = o.if_contains("scope_id");
-  if (!pid || *pid <= 0) return fail("no positive \"pid\"");
-  if (!expiration || !std::isfinite(*expiration)) return fail("no numeric \"expiration_time\"");
+  // Range checks before any cast: a double outside the target type's range is undefined to cast.
+  auto integral_in = [](double x, double lo, double hi) {
+    return std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi;
+  };
+  if (!pid || !integral_in(*pid, 1, std::numeric_limits<int>::max()))
+    return fail("no \"pid\" in 1.." + std::to_string(std::numeric_limits<int>::max()));
+  if (!expiration || !std::isfinite(*expiration)) return fail("no finite numeric \"expiration_time\"");
   if (scope == nullptr || !scope->is_string()) return fail("no string \"scope_id\"");
+  if (scope->as_string().size() > kMaxScopeId)
+    return fail("\"scope_id\" longer than " + std::to_string(kMaxScopeId) + " bytes");
+  if (sig && !integral_in(*sig, 0, SIGRTMAX)) return fail("\"signal\" not in 0.." + std::to_string(SIGRTMAX));
   r.pid = static_cast<pid_t>(*pid);
   r.expiration_time = *expiration;
   r.scope_id = json::value_to<std::string>(*scope);
   r.signal = sig ? static_cast<int>(*sig) : 0;
-  if (const auto version = number("version")) r.version = static_cast<int>(*version);
+  if (const auto version = number("version"); version && integral_in(*version, 0, 1000000))
+    r.version = static_cast<int>(*version);
   return r;
 }
 
-void FileTimerTable::apply(const TimerRequest& request) {
-  const auto key = std::make_pair(request.pid, request.scope_id);
+FileTimerTable::Applied FileTimerTable::apply(const TimerRequest& request) {
+  auto it = timers_.find(Key(request.pid, request.scope_id));
   if (request.expiration_time < 0) {
-    timers_.erase(key);
-  } else {
-    timers_[key] = request;
+    if (it != timers_.end()) erase(it);
+    return Applied::ok;
   }
+  if (it != timers_.end()) {
+    deadlines_.erase({it->second.expiration_time, request.pid, request.scope_id});
+    it->second = request;
+  } else {
+    if (per_pid_[request.pid] >= kMaxPerPid) return Applied::too_many_for_pid;
+    if (timers_.size() >= kMaxTimers) return Applied::table_full;
+    timers_.emplace(Key(request.pid, request.scope_id), request);
+    ++per_pid_[request.pid];
+  }
+  deadlines_.emplace(request.expiration_time, request.pid, request.scope_id);
+  return Applied::ok;
+}
+
+void FileTimerTable::erase(std::map<Key, TimerRequest>::iterator it) {
+  deadlines_.erase({it->second.expiration_time, it->first.first, it->first.second});
+  const auto count = per_pid_.find(it->first.first);
+  if (count != per_pid_.end() && --count->second == 0) per_pid_.erase(count);
+  timers_.erase(it);
 }
 
 std::vector<FileTimerTable::Reap> FileTimerTable::take_expired(double now) {
-  std::map<pid_t, std::vector<TimerRequest>> expired;
-  for (const auto& [key, t] : timers_) {
-    if (t.expiration_time <= now) expired[key.first].push_back(t);
-  }
+  // Only the expired entries and the timers of their pids are visited, never the whole table.
+  std::set<pid_t> pids;
+  for (auto d = deadlines_.begin(); d != deadlines_.end() && std::get<0>(*d) <= now; ++d) pids.insert(std::get<1>(*d));
   std::vector<Reap> out;
-  for (auto& [pid, list] : expired) {
+  for (const pid_t pid : pids) {
+    std::vector<const TimerRequest*> list;
+    for (auto it = timers_.lower_bound(Key(pid, std::string())); it != timers_.end() && it->first.first == pid; ++it) {
+      if (it->second.expiration_time <= now) list.push_back(&it->second);
+    }
     std::sort(list.begin(), list.end(),
-              [](const TimerRequest& a, const TimerRequest& b) { return a.expiration_time < b.expiration_time; });
-    Reap reap{pid, 0, list.front().scope_id, list.front().expiration_time};
-    for (const auto& t : list) {
-      if (t.signal > 0) {
-        reap = Reap{pid, t.signal, t.scope_id, t.expiration_time};
+              [](const TimerRequest* a, const TimerRequest* b) { return a->expiration_time < b->expiration_time; });
+    Reap reap{pid, 0, list.front()->scope_id, list.front()->expiration_time};
+    for (const auto* t : list) {
+      if (t->signal > 0) {
+        reap = Reap{pid, t->signal, t->scope_id, t->expiration_time};
         break;
       }
     }
@@ -89,17 +123,20 @@ std::vector<FileTimerTable::Reap> FileTimerTable::take_expired(double now) {
 }
 
 std::optional<double> FileTimerTable::next_deadline() const {
-  std::optional<double> best;
-  for (const auto& [key, t] : timers_) {
-    if (!best || t.expiration_time < *best) best = t.expiration_time;
-  }
-  return best;
+  if (deadlines_.empty()) return std::nullopt;
+  return std::get<0>(*deadlines_.begin());
 }
 
 void FileTimerTable::clear_pid(pid_t pid) {
-  for (auto it = timers_.begin(); it != timers_.end();) {
-    it = it->first.first == pid ? timers_.erase(it) : std::next(it);
+  for (auto it = timers_.lower_bound(Key(pid, std::string())); it != timers_.end() && it->first.first == pid;) {
+    erase(it++);
   }
+}
+
+void FileTimerTable::clear() {
+  timers_.clear();
+  deadlines_.clear();
+  per_pid_.clear();
 }
 
 namespace {
@@ -123,20 +160,40 @@ std::string default_timer_file() {
 
 FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::string path, Killer killer)
     : path_(std::move(path)), killer_(std::move(killer)), reader_(io), timer_(io) {
-  ::unlink(path_.c_str());
+  const std::string fix =
+      "set TORCHELASTIC_TIMER_FILE to a new path in a writable directory (or unset it), or unset "
+      "TORCHELASTIC_ENABLE_FILE_TIMER";
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0) {
+    if (!S_ISFIFO(st.st_mode)) {
+      throw Error(
+          "TORCHELASTIC_TIMER_FILE=" + path_ + " names an existing file that is not a FIFO; refusing to replace it",
+          fix);
+    }
+    // A FIFO somebody reads (open for writing succeeds) belongs to a live agent: leave it.
+    const int probe = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (probe >= 0) {
+      ::close(probe);
+      throw Error("TORCHELASTIC_TIMER_FILE=" + path_ + " is a FIFO another process (another job's agent?) is reading",
+                  "give each job its own TORCHELASTIC_TIMER_FILE, or unset it for a fresh /tmp/watchdog_timer_<uuid>");
+    }
+    ::unlink(path_.c_str());  // a stale FIFO nobody reads, as torch replaces it
+  }
   if (::mkfifo(path_.c_str(), 0600) != 0) {
-    throw Error(
-        "cannot create the file-timer FIFO " + path_ + ": " + std::strerror(errno),
-        "set TORCHELASTIC_TIMER_FILE to a path in a writable directory, or unset TORCHELASTIC_ENABLE_FILE_TIMER");
+    throw Error("cannot create the file-timer FIFO " + path_ + ": " + std::strerror(errno), fix);
   }
   const int rfd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   keeper_fd_ = rfd < 0 ? -1 : ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-  if (rfd < 0 || keeper_fd_ < 0) {
+  struct stat made {};
+  if (rfd < 0 || keeper_fd_ < 0 || ::fstat(rfd, &made) != 0) {
     const std::string why = std::strerror(errno);
     if (rfd >= 0) ::close(rfd);
+    if (keeper_fd_ >= 0) ::close(keeper_fd_);
     ::unlink(path_.c_str());
-    throw Error("cannot open the file-timer FIFO " + path_ + ": " + why);
+    throw Error("cannot open the file-timer FIFO " + path_ + ": " + why, fix);
   }
+  fifo_dev_ = made.st_dev;
+  fifo_ino_ = made.st_ino;
   reader_.assign(rfd);
 }
 
@@ -145,7 +202,35 @@ FileTimerServer::~FileTimerServer() {
   timer_.cancel();
   reader_.close(ignored);
   if (keeper_fd_ >= 0) ::close(keeper_fd_);
-  ::unlink(path_.c_str());
+  // Only our own FIFO: the path may have been replaced since (by a user, or another job).
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == fifo_dev_ && st.st_ino == fifo_ino_) ::unlink(path_.c_str());
+}
+
+void FileTimerServer::reset() {
+  table_.clear();
+  rearm();
+}
+
+void FileTimerServer::drop_pid(pid_t pid) {
+  table_.clear_pid(pid);
+  rearm();
+}
+
+void FileTimerServer::warn_limited(const std::string& message) {
+  // A worker can write lines as fast as we read them: at most one warning per 10 s.
+  const auto now = std::chrono::steady_clock::now();
+  if (last_warning_ != std::chrono::steady_clock::time_point{} && now - last_warning_ < std::chrono::seconds(10)) {
+    ++warnings_suppressed_;
+    return;
+  }
+  if (warnings_suppressed_ > 0) {
+    spdlog::warn("file timer: {} (and {} similar warnings in the last 10 s)", message, warnings_suppressed_);
+  } else {
+    spdlog::warn("file timer: {}", message);
+  }
+  last_warning_ = now;
+  warnings_suppressed_ = 0;
 }
 
 void FileTimerServer::start() {
@@ -177,11 +262,24 @@ void FileTimerServer::on_line(std::string_view line) {
   std::string problem;
   const auto request = parse_timer_request(line, &problem);
   if (!request) {
-    spdlog::warn("file timer: ignoring a line in {}: {}: {}", path_, problem, std::string(line.substr(0, 200)));
+    warn_limited("ignoring a line in " + path_ + ": " + problem + ": " + std::string(line.substr(0, 200)));
     return;
   }
   ++requests_;
-  table_.apply(*request);
+  switch (table_.apply(*request)) {
+    case FileTimerTable::Applied::ok:
+      break;
+    case FileTimerTable::Applied::too_many_for_pid:
+      warn_limited("ignoring timer '" + request->scope_id.substr(0, 64) + "' of pid " + std::to_string(request->pid) +
+                   ": that pid already holds " + std::to_string(FileTimerTable::kMaxPerPid) +
+                   " timers; release timers the worker no longer needs");
+      break;
+    case FileTimerTable::Applied::table_full:
+      warn_limited("ignoring timer '" + request->scope_id.substr(0, 64) + "' of pid " + std::to_string(request->pid) +
+                   ": " + std::to_string(FileTimerTable::kMaxTimers) +
+                   " timers are armed; release timers the workers no longer need");
+      break;
+  }
 }
 
 void FileTimerServer::rearm() {
@@ -190,7 +288,10 @@ void FileTimerServer::rearm() {
     timer_.cancel();
     return;
   }
-  const double wait = std::max(0.0, *next - unix_now());
+  // Clamped to a day: a far deadline (expiration_time 1e300) would overflow the clock, land in
+  // the past and spin. The timer fires, finds nothing expired and waits again.
+  constexpr double kMaxWait = 24.0 * 3600.0;
+  const double wait = std::clamp(*next - unix_now(), 0.0, kMaxWait);
   timer_.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(std::ceil(wait * 1e6))));
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) on_deadline();
@@ -204,9 +305,10 @@ void FileTimerServer::on_deadline() {
                    reap.pid);
       continue;
     }
-    spdlog::error("file timer: scope '{}' of worker pid {} expired; killing it with {}", reap.scope_id, reap.pid,
-                  signal_name(reap.signal));
-    if (!killer_(reap.pid, reap.signal)) spdlog::info("file timer: pid {} is already gone", reap.pid);
+    if (killer_(reap.pid, reap.signal)) {
+      spdlog::error("file timer: scope '{}' of worker pid {} expired; killing it with {}", reap.scope_id, reap.pid,
+                    signal_name(reap.signal));
+    }
   }
   rearm();
 }
@@ -221,10 +323,10 @@ bool kill_timer_pid(pid_t pid, int signal) {
 }
 
 std::unique_ptr<FileTimerServer> start_file_timer(boost::asio::io_context& io, const AgentConfig& config,
-                                                  worker_env::EnvMap& parent_env) {
+                                                  worker_env::EnvMap& parent_env, FileTimerServer::Killer killer) {
   if (!config.file_timer) return nullptr;
   const std::string path = config.file_timer_path.empty() ? default_timer_file() : config.file_timer_path;
-  auto server = std::make_unique<FileTimerServer>(io, path, kill_timer_pid);
+  auto server = std::make_unique<FileTimerServer>(io, path, std::move(killer));
   parent_env["TORCHELASTIC_TIMER_FILE"] = path;  // torch's agent propagates it to every worker
   server->start();
   return server;

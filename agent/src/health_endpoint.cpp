@@ -24,42 +24,24 @@ std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// One connection: read the request head (bounded), answer, close.
-struct Exchange : std::enable_shared_from_this<Exchange> {
-  Exchange(tcp::socket s, asio::io_context& io) : socket(std::move(s)), deadline(io) {}
-  tcp::socket socket;
-  asio::steady_timer deadline;
-  asio::streambuf request{8192};
-  std::string answer;
-
-  void run(std::function<std::string()> make_answer) {
-    auto self = shared_from_this();
-    deadline.expires_after(std::chrono::seconds(5));  // a client that never sends its request
-    deadline.async_wait([self](const boost::system::error_code& ec) {
-      if (!ec) {
-        boost::system::error_code ignored;
-        self->socket.close(ignored);
-      }
-    });
-    asio::async_read_until(socket, request, "\r\n\r\n",
-                           [self, make_answer = std::move(make_answer)](const boost::system::error_code&, std::size_t) {
-                             // Whatever came (a full head, a bare "GET /\n" then EOF): answer it.
-                             self->answer = make_answer();
-                             asio::async_write(self->socket, asio::buffer(self->answer),
-                                               [self](const boost::system::error_code&, std::size_t) {
-                                                 boost::system::error_code ignored;
-                                                 self->socket.shutdown(tcp::socket::shutdown_both, ignored);
-                                                 self->socket.close(ignored);
-                                                 self->deadline.cancel();
-                                               });
-                           });
-  }
-};
+constexpr std::size_t kMaxRequestBytes = 8192;
+constexpr auto kIoTimeout = std::chrono::seconds(5);
 
 }  // namespace
 
+// One connection: read the request head (bounded in size and time), answer, close.
+struct HealthEndpoint::Connection {
+  Connection(tcp::socket s, asio::io_context& io) : socket(std::move(s)), deadline(io), request(kMaxRequestBytes) {}
+  tcp::socket socket;
+  asio::steady_timer deadline;
+  asio::streambuf request;
+  std::string answer;
+  std::uint64_t id = 0;
+  bool closed = false;
+};
+
 HealthEndpoint::HealthEndpoint(asio::io_context& io, std::uint16_t port, std::chrono::seconds timeout)
-    : io_(io), acceptor_(io), ticker_(io), timeout_(timeout) {
+    : io_(io), acceptor_(io), ticker_(io), retry_(io), timeout_(timeout) {
   boost::system::error_code ec;
   const tcp::endpoint ep(tcp::v6(), port);
   acceptor_.open(ep.protocol(), ec);
@@ -102,6 +84,9 @@ void HealthEndpoint::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   ticker_.cancel();
+  retry_.cancel();
+  auto open = connections_;
+  for (auto& [id, c] : open) close(c);
 }
 
 void HealthEndpoint::set_state(std::string state, std::uint64_t round) {
@@ -134,14 +119,57 @@ std::string HealthEndpoint::response(bool alive, std::int64_t last_progress_time
 
 void HealthEndpoint::accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-    if (ec || stopped_) return;
-    auto ex = std::make_shared<Exchange>(std::move(socket), io_);
-    ex->run([this] {
-      const bool alive = std::chrono::steady_clock::now() - last_progress_ <= timeout_;
-      return response(alive, last_progress_unix_, ::getpid(), round_, state_);
-    });
+    if (ec == asio::error::operation_aborted || stopped_) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) or memory: the connection stays queued, so accepting again at
+      // once would spin, and giving up would leave the port dead. Retry after a pause.
+      spdlog::warn("health endpoint: accept failed on port {}: {}; retrying in 1 s", port_, ec.message());
+      retry_.expires_after(std::chrono::seconds(1));
+      retry_.async_wait([this](const boost::system::error_code& tec) {
+        if (!tec && !stopped_) accept();
+      });
+      return;
+    }
+    serve(std::move(socket));
     accept();
   });
+}
+
+void HealthEndpoint::serve(tcp::socket socket) {
+  if (connections_.size() >= kMaxConnections) {
+    // Idle connections must not pin the agent's descriptors: one beyond the limit is closed at
+    // once (a probe retries; each held one is cut off after 5 s).
+    ++rejected_;
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  auto c = std::make_shared<Connection>(std::move(socket), io_);
+  c->id = next_id_++;
+  connections_.emplace(c->id, c);
+  c->deadline.expires_after(kIoTimeout);  // a client that never sends its request or never reads
+  c->deadline.async_wait([this, c](const boost::system::error_code& ec) {
+    if (!ec && !c->closed) close(c);
+  });
+  asio::async_read_until(c->socket, c->request, "\r\n\r\n", [this, c](const boost::system::error_code&, std::size_t) {
+    if (c->closed) return;
+    // Whatever came (a full head, a bare "GET /\n" then EOF, an oversized head): answer it.
+    const bool alive = std::chrono::steady_clock::now() - last_progress_ <= timeout_;
+    c->answer = response(alive, last_progress_unix_, ::getpid(), round_, state_);
+    asio::async_write(c->socket, asio::buffer(c->answer), [this, c](const boost::system::error_code&, std::size_t) {
+      if (!c->closed) close(c);
+    });
+  });
+}
+
+void HealthEndpoint::close(const std::shared_ptr<Connection>& c) {
+  if (c->closed) return;
+  c->closed = true;
+  boost::system::error_code ignored;
+  c->deadline.cancel();
+  c->socket.shutdown(tcp::socket::shutdown_both, ignored);
+  c->socket.close(ignored);
+  connections_.erase(c->id);
 }
 
 }  // namespace ddprun::agent

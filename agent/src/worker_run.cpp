@@ -177,6 +177,7 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
   if (ended_) return;
   auto& w = *workers_[static_cast<std::size_t>(local_rank)];
   w.exit_time = std::chrono::system_clock::now();
+  if (hooks_.on_worker_exit && w.child.pid() > 0) hooks_.on_worker_exit(w.child.pid());
   const bool was_healthy = machine_.state() == GroupState::healthy;
   w.cause = cause_of(w, status);
   if (!status.ok()) {
@@ -404,6 +405,16 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     std::fclose(f);
   }
   return block;
+}
+
+bool WorkerRun::owns_live_pid(pid_t pid) const {
+  if (pid <= 1 || ended_) return false;
+  for (const auto& w : workers_) {
+    // A worker not reaped yet cannot have its pid reused.
+    if (w->child.pid() == pid && !w->child.exited()) return true;
+  }
+  const auto pids = job_pids();
+  return std::find(pids.begin(), pids.end(), pid) != pids.end();
 }
 
 std::vector<pid_t> WorkerRun::job_pids() const {

@@ -1,10 +1,16 @@
 // torch's agent environment on the agent side: the file timer (FileTimerClient's JSON lines,
 // torch's expiry rules, a real FIFO), the health endpoint's answer, the event log's line and the
 // entry-point name of the failure summary.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -13,9 +19,11 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <thread>
 
+#include "ddprun/agent/duplicate_filter.hpp"
 #include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/event_log.hpp"
 #include "ddprun/agent/file_timer.hpp"
@@ -110,6 +118,126 @@ TEST_CASE("file timer: a real FIFO, a writer, and the kill at the deadline") {
   CHECK_FALSE(fs::exists(path));  // removed with the server
 }
 
+TEST_CASE("file timer: numbers out of range are refused, never cast") {
+  std::string problem;
+  auto line = [](const std::string& pid, const std::string& exp, const std::string& sig) {
+    return R"({"version": 1, "pid": )" + pid + R"(, "scope_id": "s", "expiration_time": )" + exp + R"(, "signal": )" +
+           sig + "}";
+  };
+  CHECK(parse_timer_request(line("4242", "1e300", "9")));                    // far, but a deadline: the wait is clamped
+  CHECK_FALSE(parse_timer_request(line("4294967301", "1", "9"), &problem));  // pid 5 after a cast
+  CHECK_THAT(problem, Contains("pid"));
+  CHECK_FALSE(parse_timer_request(line("4242.5", "1", "9"), &problem));
+  CHECK_THAT(problem, Contains("pid"));
+  CHECK_FALSE(parse_timer_request(line("1e300", "1", "9"), &problem));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", "1e20"), &problem));
+  CHECK_THAT(problem, Contains("signal"));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", "-9"), &problem));
+  CHECK_FALSE(parse_timer_request(line("4242", "1", std::to_string(SIGRTMAX + 1)), &problem));
+  CHECK(parse_timer_request(line("4242", "1", std::to_string(SIGRTMAX))));
+  CHECK_FALSE(parse_timer_request(
+      R"({"pid": 7, "scope_id": ")" + std::string(257, 'x') + R"(", "expiration_time": 1, "signal": 9})", &problem));
+  CHECK_THAT(problem, Contains("scope_id"));
+}
+
+TEST_CASE("file timer: the table is bounded per pid and in all") {
+  FileTimerTable t;
+  for (std::size_t i = 0; i < FileTimerTable::kMaxPerPid; ++i) {
+    REQUIRE(t.apply({1, 100, "s" + std::to_string(i), 50.0 + static_cast<double>(i), 9}) ==
+            FileTimerTable::Applied::ok);
+  }
+  CHECK(t.apply({1, 100, "one_more", 1.0, 9}) == FileTimerTable::Applied::too_many_for_pid);
+  CHECK(t.apply({1, 100, "s3", 2.0, 9}) == FileTimerTable::Applied::ok);  // re-arming an existing one is fine
+  CHECK(t.next_deadline() == Approx(2.0));
+  for (pid_t pid = 101; t.size() < FileTimerTable::kMaxTimers; ++pid) {
+    for (std::size_t i = 0; i < FileTimerTable::kMaxPerPid && t.size() < FileTimerTable::kMaxTimers; ++i) {
+      REQUIRE(t.apply({1, pid, std::to_string(i), 1000.0, 9}) == FileTimerTable::Applied::ok);
+    }
+  }
+  CHECK(t.apply({1, 99999, "x", 1.0, 9}) == FileTimerTable::Applied::table_full);
+  t.clear_pid(100);
+  CHECK(t.size() == FileTimerTable::kMaxTimers - FileTimerTable::kMaxPerPid);
+  CHECK(t.next_deadline() == Approx(1000.0));  // the deadline index follows the timers
+  t.clear();
+  CHECK(t.size() == 0);
+  CHECK_FALSE(t.next_deadline());
+  CHECK(t.apply({1, 100, "again", 3.0, 9}) == FileTimerTable::Applied::ok);
+}
+
+TEST_CASE("file timer: a deadline centuries away does not spin the event loop") {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("ddprun_timer_far_" + std::to_string(::getpid()));
+  boost::asio::io_context io;
+  int kills = 0;
+  FileTimerServer server(io, path.string(), [&](pid_t, int) { return ++kills > 0; });
+  server.start();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const std::string lines =
+      "{\"version\": 1, \"pid\": 31337, \"scope_id\": \"far\", \"expiration_time\": 1e300, \"signal\": 9}\n"
+      "{\"version\": 1, \"pid\": 31338, \"scope_id\": \"farther\", \"expiration_time\": 1e18, \"signal\": 9}\n";
+  REQUIRE(::write(fd, lines.data(), lines.size()) == static_cast<ssize_t>(lines.size()));
+  ::close(fd);
+  // An overflowed deadline lands in the past and fires again at once: thousands of handlers.
+  const std::size_t handlers = io.run_for(std::chrono::milliseconds(500));
+  CHECK(server.requests_seen() == 2);
+  CHECK(server.timers() == 2);
+  CHECK(kills == 0);
+  CHECK(handlers < 20);
+}
+
+TEST_CASE("file timer: the FIFO path never costs a user's file or another job's FIFO") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun_timer_path_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  boost::asio::io_context io;
+  auto never = [](pid_t, int) { return false; };
+  {
+    // TORCHELASTIC_TIMER_FILE=train.py must not delete the script.
+    const fs::path script = dir / "train.py";
+    {
+      std::FILE* f = std::fopen(script.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fputs("print(1)\n", f);
+      std::fclose(f);
+    }
+    CHECK_THROWS_WITH(FileTimerServer(io, script.string(), never), Contains(script.string()) && Contains("not a FIFO"));
+    CHECK(fs::is_regular_file(script));
+    CHECK(fs::file_size(script) == 9);
+  }
+  {
+    // Two jobs, one path: the second refuses instead of stealing the first one's FIFO.
+    const fs::path fifo = dir / "shared.fifo";
+    FileTimerServer first(io, fifo.string(), never);
+    CHECK_THROWS_WITH(FileTimerServer(io, fifo.string(), never), Contains(fifo.string()) && Contains("another"));
+    CHECK(fs::is_fifo(fifo));
+  }
+  {
+    // A stale FIFO nobody reads (an agent that was SIGKILLed) is replaced, as torch does.
+    const fs::path stale = dir / "stale.fifo";
+    REQUIRE(::mkfifo(stale.c_str(), 0600) == 0);
+    {
+      FileTimerServer server(io, stale.string(), never);
+      CHECK(fs::is_fifo(stale));
+    }
+    CHECK_FALSE(fs::exists(stale));
+  }
+  {
+    // At exit only our own FIFO is removed, not what replaced it at the path meanwhile.
+    const fs::path path = dir / "replaced.fifo";
+    {
+      FileTimerServer server(io, path.string(), never);
+      fs::remove(path);
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fclose(f);
+    }
+    CHECK(fs::is_regular_file(path));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("file timer: never signals the agent itself or init") {
   CHECK_FALSE(kill_timer_pid(::getpid(), SIGKILL));
   CHECK_FALSE(kill_timer_pid(1, SIGKILL));
@@ -177,4 +305,107 @@ TEST_CASE("the failure summary names the script, not the interpreter") {
   c.python_worker = false;
   c.user_args_index = 1;
   CHECK(entrypoint_name(c) == "/opt/bin/train");
+}
+
+TEST_CASE("health endpoint: idle connections neither exhaust the agent nor stop the endpoint") {
+  namespace fs = std::filesystem;
+  boost::asio::io_context io;
+  auto guard = boost::asio::make_work_guard(io);
+  HealthEndpoint ep(io, 0);
+  ep.start();
+  std::thread server([&] { io.run(); });
+  // Ask the endpoint on its own thread: it is not thread-safe.
+  auto query = [&](auto f) {
+    std::promise<decltype(f())> p;
+    boost::asio::post(io, [&] { p.set_value(f()); });
+    return p.get_future().get();
+  };
+  auto connect = [&]() -> int {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(ep.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+
+  // Few descriptors to spare, as an agent near its limit: before the cap, the endpoint took
+  // every idle connection until accept failed with EMFILE, and then never accepted again.
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  std::size_t used = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++used;
+  rlimit tight = old;
+  tight.rlim_cur = used + 120;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = connect();
+    if (fd >= 0) idle.push_back(fd);
+  }
+  REQUIRE(idle.size() >= 60);
+  // Readiness: the endpoint has taken (served or refused) every idle connection.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline &&
+         query([&] { return ep.open_connections() + ep.rejected(); }) < idle.size()) {
+  }
+  CHECK(query([&] { return ep.open_connections(); }) <= HealthEndpoint::kMaxConnections);
+  CHECK(query([&] { return ep.rejected(); }) >= idle.size() - HealthEndpoint::kMaxConnections);
+  for (const int fd : idle) ::close(fd);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &old) == 0);
+  while (std::chrono::steady_clock::now() < deadline && query([&] { return ep.open_connections(); }) > 0) {
+  }
+
+  // The endpoint still answers.
+  std::string answer;
+  for (int attempt = 0; attempt < 3 && answer.empty(); ++attempt) {
+    const int fd = connect();
+    REQUIRE(fd >= 0);
+    timeval tv{3, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = "GET / HTTP/1.1\r\n\r\n";
+    CHECK(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+    std::array<char, 4096> buf{};
+    for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) > 0;)
+      answer.append(buf.data(), static_cast<std::size_t>(n));
+    ::close(fd);
+  }
+  CHECK_THAT(answer, Contains("200 OK") && Contains("\"status\":\"alive\""));
+  guard.reset();
+  boost::asio::post(io, [&] { ep.stop(); });
+  io.stop();
+  server.join();
+}
+
+TEST_CASE("duplicate filters: a line longer than the pump's buffer stays one line") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun_dupfilter_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path log = dir / "stdout.log";
+  const fs::path filtered = dir / "filtered_stdout.log";
+  auto read = [](const fs::path& p) {
+    std::string out;
+    std::FILE* f = std::fopen(p.c_str(), "r");
+    REQUIRE(f != nullptr);
+    for (int c; (c = std::fgetc(f)) != EOF;) out += static_cast<char>(c);
+    std::fclose(f);
+    return out;
+  };
+  {
+    ChildStream st = duplicating_stream(Route::file, log.string(), filtered.string(), -1, "[0]:", {"NEEDLE", "x"});
+    // As LineBuffer releases them: a long line in buffer-sized pieces (complete == false), the
+    // filter cut across the boundary, then whole lines, then a last line without a newline.
+    st.sink("long aaaNEE", false);
+    st.sink("DLE bbb\nplain\n", true);
+    st.sink("the xend", false);
+  }  // the stream closes: its unfinished last line is matched and written
+  CHECK(read(log) == "long aaaNEEDLE bbb\nplain\nthe xend");  // no newline added inside a line
+  CHECK(read(filtered) == "[0]:long aaaNEEDLE bbb\n[0]:the xend\n");
+  fs::remove_all(dir);
 }

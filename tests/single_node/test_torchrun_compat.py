@@ -149,6 +149,51 @@ class FileTimer(Base):
         self.assertNotIn("release_me", r.stderr)
         self.assertIn("ignoring a line", r.stderr)
 
+    def test_only_the_attempts_own_processes_are_signalled(self):
+        # A request naming a process outside the job (here a stand-in for sshd or another job's
+        # agent) is refused; the worker's own expired timer right after it shows the agent read both.
+        victim = subprocess.Popen(["sleep", "120"])
+        try:
+            script = ('printf \'{"version": 1, "pid": %d, "scope_id": "victim", "expiration_time": %d, '
+                      '"signal": 9}\\n\' "$VICTIM" $(( $(date +%s) - 1 )) > "$TORCHELASTIC_TIMER_FILE"; '
+                      'printf \'{"version": 1, "pid": %d, "scope_id": "own", "expiration_time": %d, '
+                      '"signal": 15}\\n\' $$ $(( $(date +%s) - 1 )) > "$TORCHELASTIC_TIMER_FILE"; exec sleep 60')
+            r = run(["--max-restarts=0", "--no-python", "/bin/sh", "-c", script], timeout=90,
+                    env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "VICTIM": str(victim.pid)})
+            self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr)
+            self.assertIn("scope 'own' of worker pid", r.stderr)
+            self.assertIn(f"not signalling pid {victim.pid}", r.stderr)
+            self.assertIsNone(victim.poll(), "the agent killed a process outside the job")
+        finally:
+            victim.kill()
+            victim.wait()
+
+    def test_a_dead_workers_timers_go_with_it(self):
+        # Attempt 0 arms a 2 s timer and fails at once; its pid must not be signalled later (a
+        # recycled pid would be some other process). Attempt 1 arms 4 s and is killed by it.
+        script = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
+                  'printf \'{"version": 1, "pid": %d, "scope_id": "dead_scope", "expiration_time": %d, '
+                  '"signal": 9}\\n\' $$ $(( $(date +%s) + 2 )) > "$TORCHELASTIC_TIMER_FILE"; exit 1; fi; '
+                  'printf \'{"version": 1, "pid": %d, "scope_id": "late", "expiration_time": %d, '
+                  '"signal": 15}\\n\' $$ $(( $(date +%s) + 4 )) > "$TORCHELASTIC_TIMER_FILE"; exec sleep 60')
+        r = run(["--max-restarts=1", "--no-python", "/bin/sh", "-c", script], timeout=90,
+                env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr)
+        self.assertIn("scope 'late' of worker pid", r.stderr)
+        self.assertNotIn("dead_scope", r.stderr)
+
+    def test_timer_file_naming_a_script_is_refused(self):
+        script = self.p("train.py")
+        with open(script, "w") as f:
+            f.write("print('hi')\n")
+        r = run(["--no-python", "/bin/true"], env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+                                                   "TORCHELASTIC_TIMER_FILE": script})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(script, r.stderr)
+        self.assertIn("not a FIFO", r.stderr)
+        with open(script) as f:
+            self.assertEqual(f.read(), "print('hi')\n")
+
     def test_off_by_default(self):
         r = run(["--no-python", "/bin/sh", "-c", 'test -z "$TORCHELASTIC_TIMER_FILE"'])
         self.ok(r)
@@ -235,6 +280,22 @@ class DuplicateFilters(Base):
         with open(os.path.join(attempt, "filtered_stderr.log")) as f:
             self.assertEqual(sorted(f.read().splitlines()), ["[default0]:kiwi err", "[default1]:kiwi err"])
 
+
+    def test_a_line_longer_than_the_output_buffer(self):
+        import glob
+        # 100 KiB of one line, the filter straddling the agent's 64 KiB buffer, then a last line
+        # without a newline: stdout.log gets the bytes unchanged, the filtered copy whole lines.
+        script = ('python = __import__("sys").stdout; '
+                  'python.write("a" * 65530 + "NEEDLE" + "b" * 40000 + "\\nplain\\nlast NEEDLE")')
+        r = run(["--log-dir", self.dir, "--tee=1", "--duplicate-stdout-filters=NEEDLE", "--no-python",
+                 "/usr/bin/python3", "-c", script])
+        self.ok(r)
+        [attempt] = glob.glob(os.path.join(self.dir, "*", "attempt_0"))
+        with open(os.path.join(attempt, "0", "stdout.log")) as f:
+            self.assertEqual(f.read(), "a" * 65530 + "NEEDLE" + "b" * 40000 + "\nplain\nlast NEEDLE")
+        with open(os.path.join(attempt, "filtered_stdout.log")) as f:
+            self.assertEqual(f.read(), "[default0]:" + "a" * 65530 + "NEEDLE" + "b" * 40000 +
+                             "\n[default0]:last NEEDLE\n")
 
 class Summary(Base):
     def test_summary_names_the_script(self):

@@ -9,6 +9,13 @@
 // earliest expired timer with a signal > 0 (none > 0: the pid is left alone), as torch's
 // FileTimerServer does. The killed worker then fails like any other and the group restarts.
 //
+// Unlike torch's server, a request cannot aim the agent at any process: the Killer decides
+// whether a pid may be signalled (the agent allows only live processes of the current attempt's
+// workers), the table is cleared at every attempt start and a worker's timers go with it when it
+// exits. Requests are bounded: pid 1..INT_MAX, signal 0..SIGRTMAX, a finite expiration_time,
+// scope_id up to 256 bytes, 1024 timers per pid and 65536 in all (more are refused with a
+// rate-limited warning). Deadlines are indexed, so each request costs O(log n).
+//
 // FileTimerTable is the pure bookkeeping; FileTimerServer owns the FIFO (created on
 // construction, removed on destruction) and reads it on the agent's io_context: no thread, no
 // polling; a steady_timer waits for the earliest deadline.
@@ -18,12 +25,15 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <array>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -44,30 +54,41 @@ std::optional<TimerRequest> parse_timer_request(std::string_view line, std::stri
 
 class FileTimerTable {
  public:
+  static constexpr std::size_t kMaxPerPid = 1024;
+  static constexpr std::size_t kMaxTimers = 65536;
+  enum class Applied { ok, too_many_for_pid, table_full };
   struct Reap {
     pid_t pid = 0;
     int signal = 0;  // 0: expired without a signal, not killed
     std::string scope_id;
     double expiration_time = 0;
   };
-  void apply(const TimerRequest& request);
+  Applied apply(const TimerRequest& request);
   // Removes every timer of each pid with a deadline <= now and says what to do with it.
   std::vector<Reap> take_expired(double now);
   // The earliest deadline, if any timer is armed.
   std::optional<double> next_deadline() const;
   std::size_t size() const { return timers_.size(); }
   void clear_pid(pid_t pid);
+  void clear();
 
  private:
-  std::map<std::pair<pid_t, std::string>, TimerRequest> timers_;
+  using Key = std::pair<pid_t, std::string>;
+  void erase(std::map<Key, TimerRequest>::iterator it);
+  std::map<Key, TimerRequest> timers_;
+  std::set<std::tuple<double, pid_t, std::string>> deadlines_;  // the same timers, by deadline
+  std::map<pid_t, std::size_t> per_pid_;
 };
 
 class FileTimerServer {
  public:
-  // Sends `signal` to `pid`; returns false when there is no such process.
+  // Sends `signal` to `pid`; returns false when it did not (no such process, or not one the
+  // caller lets a timer signal).
   using Killer = std::function<bool(pid_t pid, int signal)>;
 
-  // Creates the FIFO at `path` (an old file there is replaced, as torch does) and opens it.
+  // Creates the FIFO at `path` and opens it. An existing file that is not a FIFO is never
+  // replaced, nor a FIFO another reader holds (another job's agent); a stale FIFO nobody reads
+  // is. The destructor removes the FIFO only while the path still names the one made here.
   // Throws ddprun::Error naming the path when that fails.
   FileTimerServer(boost::asio::io_context& io, std::string path, Killer killer);
   ~FileTimerServer();
@@ -75,7 +96,12 @@ class FileTimerServer {
   FileTimerServer& operator=(const FileTimerServer&) = delete;
 
   void start();
+  // A new attempt: the previous attempt's timers are dropped.
+  void reset();
+  // A worker exited: its timers are dropped.
+  void drop_pid(pid_t pid);
   const std::string& path() const { return path_; }
+  std::size_t timers() const { return table_.size(); }
   std::size_t requests_seen() const { return requests_; }
 
  private:
@@ -83,6 +109,7 @@ class FileTimerServer {
   void on_line(std::string_view line);
   void rearm();
   void on_deadline();
+  void warn_limited(const std::string& message);
 
   std::string path_;
   Killer killer_;
@@ -93,16 +120,21 @@ class FileTimerServer {
   std::array<char, 4096> buf_{};
   std::string partial_;
   std::size_t requests_ = 0;
+  dev_t fifo_dev_ = 0;
+  ino_t fifo_ino_ = 0;
+  std::chrono::steady_clock::time_point last_warning_{};
+  std::size_t warnings_suppressed_ = 0;
 };
 
-// Sends `signal` to `pid` unless it is the agent itself or pid <= 1.
+// Sends `signal` to `pid` unless it is the agent itself or pid <= 1. The caller checks first that
+// the pid belongs to the job (FileTimerServer::Killer).
 bool kill_timer_pid(pid_t pid, int signal);
 
 // With config.file_timer: creates and starts the server (FIFO at config.file_timer_path, else
-// default_timer_file()) and sets TORCHELASTIC_TIMER_FILE in `parent_env`, the base of every
-// worker's environment. nullptr without it.
+// default_timer_file()) with `killer` and sets TORCHELASTIC_TIMER_FILE in `parent_env`, the base
+// of every worker's environment. nullptr without it.
 std::unique_ptr<FileTimerServer> start_file_timer(boost::asio::io_context& io, const AgentConfig& config,
-                                                  worker_env::EnvMap& parent_env);
+                                                  worker_env::EnvMap& parent_env, FileTimerServer::Killer killer);
 
 // The default FIFO path when TORCHELASTIC_TIMER_FILE is not set: /tmp/watchdog_timer_<uuid4>.
 std::string default_timer_file();

@@ -9,6 +9,10 @@
 // The loop marks progress every second with a steady_timer; because the answer comes from that
 // same loop, an agent whose loop is stuck does not answer at all, which a probe counts as dead.
 // torch's open-source agent starts no server on this port (its HealthCheckServer is a no-op).
+// The port is reachable by anyone who can reach the host, so every connection is treated as
+// hostile, as common's MetricsHttpServer does: at most 16 are served at once (one beyond that is
+// closed at accept), each gets 5 s to send its request head (8 KiB at most) and read the answer,
+// and a failed accept (EMFILE) is retried after 1 s instead of ending the endpoint.
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
@@ -17,6 +21,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 
 namespace ddprun::agent {
@@ -36,18 +42,29 @@ class HealthEndpoint {
   std::uint16_t port() const { return port_; }
   // What the agent does now, e.g. "running round 2"; shown in the answer.
   void set_state(std::string state, std::uint64_t round);
+  // Connections open now, and those closed at accept because kMaxConnections were open.
+  std::size_t open_connections() const { return connections_.size(); }
+  std::uint64_t rejected() const { return rejected_; }
+  static constexpr std::size_t kMaxConnections = 16;
 
   // The answer for a given age of the last progress mark (pure; for tests and the server).
   static std::string response(bool alive, std::int64_t last_progress_time, pid_t pid, std::uint64_t round,
                               const std::string& state);
 
  private:
+  struct Connection;
   void accept();
+  void serve(boost::asio::ip::tcp::socket socket);
+  void close(const std::shared_ptr<Connection>& c);
   void tick();
 
   boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer ticker_;
+  boost::asio::steady_timer retry_;  // re-arms accept after a failed one
+  std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
+  std::uint64_t next_id_ = 1;
+  std::uint64_t rejected_ = 0;
   std::chrono::seconds timeout_;
   std::uint16_t port_ = 0;
   std::chrono::steady_clock::time_point last_progress_;

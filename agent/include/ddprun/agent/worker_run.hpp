@@ -39,6 +39,8 @@ class WorkerRun {
     std::function<void(const FailureReport&)> on_first_failure;
     // Every worker exited and its output drained: ok, and the group's exit code.
     std::function<void(bool ok, int code)> on_done;
+    // A worker of the current attempt exited (its pid, before it is reaped).
+    std::function<void(pid_t pid)> on_worker_exit;
   };
 
   WorkerRun(boost::asio::io_context& io, const AgentConfig& config, Hooks hooks);
@@ -59,6 +61,10 @@ class WorkerRun {
   // Containment (may be null) and the directory of the Python stacks hook ("" = none). Call
   // before start().
   void set_diagnostics(Containment* containment, std::string python_hook_dir);
+  // Whether `pid` is a live process of the current attempt: a worker not yet exited, or a
+  // process in a running worker's containment cgroup or process tree. The file timer signals
+  // nothing else.
+  bool owns_live_pid(pid_t pid) const;
   // Whether a log file was written for any worker so far.
   bool wrote_files() const { return wrote_files_; }
   // The current attempt's workers by state, for the metrics endpoint.
