@@ -17,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -114,11 +115,16 @@ pid_t start_daemon(const std::string& path, int& port) {
   const pid_t pid = fork();
   if (pid < 0) die("fork failed");
   if (pid == 0) {
+    // The daemon dies with the bench, also when the bench stops on an error (die() exits
+    // without reaching the teardown): an orphaned daemon holds the caller's stderr pipe open.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(pipefd[1], STDOUT_FILENO);
     close(pipefd[0]);
     close(pipefd[1]);
+    // Every simulated agent connects from 127.0.0.1: lift the per-address connection cap
+    // (4,096 by default), which a real cluster's agents, each on its own address, never meet.
     execl(path.c_str(), path.c_str(), "--host", "127.0.0.1", "--port", "0", "--log-level", "warning",
-          static_cast<char*>(nullptr));
+          "--max-connections-per-peer", "0", static_cast<char*>(nullptr));
     std::perror("exec ddprun-rdzvd");
     _exit(127);
   }
