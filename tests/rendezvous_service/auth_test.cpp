@@ -79,7 +79,7 @@ TEST_CASE("every numeric field of a configuration is bounded, the field named", 
     return c.validate();
   };
   CHECK(with([](auto& c) { c.min_nodes = 0; }) == "min_nodes must be >= 1, got 0");
-  CHECK(with([](auto& c) { c.max_nodes = INT_MAX; }) == "max_nodes must be <= 65536, got 2147483647");
+  CHECK(with([](auto& c) { c.max_nodes = INT_MAX; }) == "max_nodes must be <= 1048576, got 2147483647");
   CHECK(with([](auto& c) { c.max_restarts = -1; }) == "max_restarts must be >= 0, got -1");
   CHECK(with([](auto& c) { c.max_restarts = INT_MAX; }) == "max_restarts must be <= 1000000, got 2147483647");
   CHECK(with([](auto& c) { c.missed_heartbeats = 0; }) == "missed_heartbeats must be >= 1, got 0");
