@@ -12,9 +12,11 @@
 //   rdzv_logic_bench --nodes N [--no-token]
 //
 // Prints one JSON object: setup_s (HELLO + AUTH + JOIN of N-1 agents and the handshake of the
-// last), close_ms (the last JOIN: ranks, N ASSIGNMENT frames encoded), per-agent figures and the
+// last), close_ms (the last JOIN: ranks, N ASSIGNMENT frames encoded), per-agent figures, the
 // process's VmRSS growth per agent (the service's state: sessions, node bindings, secrets, the
-// job's members; the outbox is emptied after every frame, as the socket writes would).
+// job's members; the outbox is emptied after every frame, as the socket writes would), then the
+// steady state: CPU per HEARTBEAT (one from every agent) and one STATUS of the job (its reply
+// lists every member: time and size).
 #include <time.h>
 
 #include <boost/asio/io_context.hpp>
@@ -182,15 +184,31 @@ int main(int argc, char** argv) {
   const std::size_t close_frames = outbox.frames_and_clear();
   if (service->stats().rounds_closed != 1) die("the round did not close");
 
+  // Steady state: one HEARTBEAT per agent (what N agents send every heartbeat interval).
+  inside = {};
+  for (std::size_t i = 0; i < n; ++i) {
+    const rdzv::JoinMessage j = join_message(i);
+    feed(static_cast<rdzv::ConnectionId>(i + 1), rdzv::HeartbeatMessage{run_id, j.request.node.id});
+  }
+  const Clock::duration heartbeats = inside;
+  outbox.frames_and_clear();
+  // STATUS of the job: its reply lists every member.
+  inside = {};
+  feed(1, rdzv::StatusMessage{run_id});
+  const Clock::duration status = inside;
+  const std::size_t status_bytes = outbox.take(1).size();
+
   const double setup_s = std::chrono::duration<double>(setup).count();
   const double close_ms = std::chrono::duration<double, std::milli>(close).count();
   std::printf(
       "{\"nodes\": %d, \"token\": %s, \"setup_s\": %.3f, \"setup_us_per_agent\": %.2f, \"close_ms\": %.3f, "
       "\"close_us_per_agent\": %.3f, \"setup_frames_out\": %zu, \"close_frames_out\": %zu, \"rss_growth_kib\": %ld, "
-      "\"rss_kib_per_agent\": %.3f}\n",
+      "\"rss_kib_per_agent\": %.3f, \"heartbeat_us\": %.3f, \"status_ms\": %.3f, \"status_reply_bytes\": %zu}\n",
       nodes, token_on ? "true" : "false", setup_s, setup_s * 1e6 / static_cast<double>(n), close_ms,
       close_ms * 1e3 / static_cast<double>(n), setup_frames, close_frames, rss_joined - rss0,
-      static_cast<double>(rss_joined - rss0) / static_cast<double>(n));
+      static_cast<double>(rss_joined - rss0) / static_cast<double>(n),
+      std::chrono::duration<double, std::micro>(heartbeats).count() / static_cast<double>(n),
+      std::chrono::duration<double, std::milli>(status).count(), status_bytes);
   service->shutdown();
   return 0;
 }

@@ -193,10 +193,13 @@ def markdown(results, meta):
         lines += ["", "The daemon's rendezvous logic alone (`rdzv_logic_bench`: its RendezvousService fed the same "
                   "HELLO, AUTH and JOIN frames without sockets; CPU time inside the service; RSS growth of its state):",
                   "", "| agents (N) | setup: CPU per agent (µs) | close: CPU per agent (µs) | close (ms) | "
-                  "state per agent (KiB) |", "|---|---|---|---|---|"]
+                  "state per agent (KiB) | HEARTBEAT: CPU per frame (µs) | STATUS of the job: CPU (ms), reply (MiB) |",
+                  "|---|---|---|---|---|---|---|"]
         for x in logic:
+            hb = f"{x['heartbeat_us']:.2f}" if "heartbeat_us" in x else ""
+            st = f"{x['status_ms']:.1f}, {x['status_reply_bytes'] / 2**20:.1f}" if "status_ms" in x else ""
             lines.append(f"| {x['nodes']} | {x['setup_us_per_agent']:.1f} | {x['close_us_per_agent']:.2f} | "
-                         f"{x['close_ms']:.1f} | {x['rss_kib_per_agent']:.2f} |")
+                         f"{x['close_ms']:.1f} | {x['rss_kib_per_agent']:.2f} | {hb} | {st} |")
     lines += [
         "",
         "The daemon is idle when the last JOIN is sent (every earlier join has been answered), so",
