@@ -5,8 +5,8 @@ hand. Run by scripts/bench after a full run:
 
   /usr/bin/python3 bench/plots.py --results bench/results --tag full --out-dir docs/img
 
-Writes launch.png (whole command vs N, log-log), rendezvous.png (round close and setup vs N, with
-the least-squares line of bench/rendezvous/run.py), restart.png (crash -> group restarted, log y)
+Writes launch.png (whole command vs N, log-log), rendezvous.png (round close, setup and total vs N, with
+the least-squares line of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png (crash -> group restarted, log y)
 and store.png (serial p50 latency by server and client). A missing JSON skips its plot.
 """
 import argparse
@@ -67,17 +67,35 @@ def rdzv_plot(r, out):
     close = "\n".join(f"{x['nodes']} {x['ms']['median']} {x['ms']['min']} {x['ms']['max']}" for x in rows)
     setup = "\n".join(f"{x['nodes']} {x['setup_s']['median'] * 1e3} {x['setup_s']['min'] * 1e3} "
                       f"{x['setup_s']['max'] * 1e3}" for x in rows)
+    total = "\n".join(f"{x['nodes']} {x['total_s']['median'] * 1e3} {x['total_s']['min'] * 1e3} "
+                      f"{x['total_s']['max'] * 1e3}" for x in rows if "total_s" in x) or "NaN NaN NaN NaN"
     fit = (r["meta"].get("fits") or {}).get("close")
     extra = ""
     if fit:
         extra = (f", [{fit.get('n_min', 16)}:{fit.get('n_max', 10000)}] {fit['intercept_ms']} + "
                  f"{fit['per_agent_us'] / 1e3} * x with lines dt 2 "
                  f"title sprintf('least squares: %.1f µs per agent', {fit['per_agent_us']})")
-    gnuplot(HEAD + f"$close << EOD\n{close}\nEOD\n$setup << EOD\n{setup}\nEOD\n"
+    blocks = ""
+    goal = r.get("goal_total")
+    if goal:
+        blocks += f"$goal << EOD\n{goal['nodes']} {goal['s'] * 1e3}\nEOD\n"
+        extra += f", '$goal' using 1:2 with points pt 6 ps 2 title 'goal: {goal['nodes']} agents, total {goal['s']:g} s'"
+    model = r["meta"].get("model")
+    if model:
+        blocks += f"$model << EOD\n{model['nodes']} {model['total_s'] * 1e3}\nEOD\n"
+        extra += (f", '$model' using 1:2 with points pt 8 ps 2 title 'model at {model['nodes']} (not measured): "
+                  f"wall-time fit {model['total_s']:.1f} s'")
+        if model.get("daemon_cpu_s") is not None:
+            blocks += f"$cpu << EOD\n{model['nodes']} {model['daemon_cpu_s'] * 1e3}\nEOD\n"
+            extra += (f", '$cpu' using 1:2 with points pt 10 ps 2 title 'model at {model['nodes']}: daemon CPU "
+                      f"{model['daemon_cpu_s']:.1f} s'")
+    gnuplot(HEAD + blocks + f"$close << EOD\n{close}\nEOD\n$setup << EOD\n{setup}\nEOD\n$total << EOD\n{total}\nEOD\n"
             f"set title 'ddprun-rdzvd native rendezvous, N simulated agents ({r['meta']['date']})'\n"
             "set logscale xy\nset xlabel 'agents N'\nset ylabel 'ms (median, bars min-max)'\n"
+            "set xrange [10:300000]\n"
             "plot '$close' using 1:2:3:4 with yerrorlines title 'last join -> all assigned', "
-            "'$setup' using 1:2:3:4 with yerrorlines title 'setup: connect + N-1 joins'" + extra + "\n",
+            "'$setup' using 1:2:3:4 with yerrorlines title 'setup: connect + auth + N-1 joins', "
+            "'$total' using 1:2:3:4 with yerrorlines title 'total: setup + close'" + extra + "\n",
             out)
 
 

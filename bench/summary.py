@@ -124,6 +124,18 @@ def rdzv_lines(r):
                    + (f"superlinear from N = {bend['from']}→{bend['to']} (local exponent {bend['exponent']:.2f}); "
                       if bend else "linear over the range; ")
                    + f"{last['setup_s']['median']:.2f} s for N = {last['nodes']}.")
+    goal = r.get("goal_total")
+    at_goal = next((x for x in rows if goal and x["nodes"] == goal["nodes"] and "total_s" in x), None)
+    model = r["meta"].get("model")
+    if at_goal:
+        out.append(f"* Rendezvous of {goal['nodes']} agents (connect + auth + joins + close): "
+                   f"{at_goal['total_s']['median']:.1f} s (goal ≤ {goal['s']:g} s).")
+    elif goal and model:
+        cpu = (f"; by CPU time the daemon would need {model['daemon_cpu_s']:.1f} s"
+               if model.get("daemon_cpu_s") is not None else "")
+        out.append(f"* Rendezvous of {goal['nodes']} agents: not measured here (open-files limit "
+                   f"{r['meta'].get('fd_limit')}); modelled from N ≤ {model['from_n_max']}: "
+                   f"{model['total_s']:.1f} s of wall time{cpu} (goal ≤ {goal['s']:g} s).")
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         per = (b["rss_kib"]["median"] - a["rss_kib"]["median"]) / (b["nodes"] - a["nodes"])

@@ -1,16 +1,21 @@
 #!/usr/bin/python3
 """Rendezvous benchmark: N simulated agents against ddprun-rdzvd's native rendezvous.
 
-  python3 bench/rendezvous/run.py --bin-dir build/bin [--sizes 16,256,1024,4096,10000]
-        [--reps N] [--out results.json] [--markdown table.md] [--update-doc docs/performance.md]
+  python3 bench/rendezvous/run.py --bin-dir build/bin [--sizes 16,256,1024,4096,10000,max,30000,100000]
+        [--reps N] [--threads T] [--out results.json] [--markdown table.md] [--update-doc docs/performance.md]
 
 For each N, rdzv_bench (bench/rendezvous/rdzv_bench.cpp) starts a fresh ddprun-rdzvd on
-127.0.0.1 port 0, opens N connections (one per simulated agent, real frames, one epoll thread),
-lets N-1 agents join one job with min = max = N and waits until the daemon has answered each,
-then sends the last JOIN and measures the time until every agent holds its ASSIGNMENT. It reads
-the daemon's VmRSS / VmHWM from /proc. Each figure is the median of --reps runs (min-max).
-Sizes above the open-files limit are skipped with a note. Writes JSON (--out) and a markdown
-block (--markdown, --update-doc between the rdzv-bench markers); nothing is typed by hand.
+127.0.0.1 port 0 with a token, opens N connections from 127.0.0.0/8 source addresses (1,000 agents
+per address, the daemon's per-address cap of 4,096 stays on), and takes each agent through the
+real path: HELLO, AUTH (HMAC), JOIN. When N-1 agents are joined it sends the last JOIN and
+measures the time until every agent holds its ASSIGNMENT. It reads the daemon's VmRSS / VmHWM and
+CPU time from /proc and its own CPU time. Each figure is the median of --reps runs (min-max; one
+run above N = 4096). "max" is the largest N the open-files hard limit allows (both processes need
+N descriptors); sizes above it are skipped with a note, and the total at the goal size is then
+modelled from the fit. rdzv_logic_bench runs the daemon's RendezvousService on every size without
+sockets (the user-space part of the daemon's cost, at sizes the limit forbids). Writes JSON (--out)
+and a markdown block (--markdown, --update-doc between the rdzv-bench markers); nothing is typed
+by hand.
 """
 import argparse
 import datetime
@@ -25,18 +30,34 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
 
-GOALS_MS = {16: 10.0, 1024: 100.0, 10000: 1500.0}
+GOALS_MS = {16: 10.0, 1024: 100.0, 10000: 1500.0}  # last join -> all assigned
+GOAL_TOTAL = (100000, 10.0)  # N, seconds: connect + handshake + joins + round close (issue 18)
+DAEMON_RESERVE = 1024 + 64  # descriptors the daemon keeps beyond its connections, plus slack
 
 
-def run_one(bench, daemon, n, timeout):
-    p = subprocess.run([bench, "--nodes", str(n), "--daemon", daemon, "--timeout", str(timeout)],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 30)
+def run_one(bench, daemon, n, timeout, threads):
+    p = subprocess.run([bench, "--nodes", str(n), "--daemon", daemon, "--timeout", str(timeout),
+                        "--threads", str(threads)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 60)
     line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     if p.returncode == 3:
         return json.loads(line)
     if p.returncode != 0:
         raise SystemExit(f"rdzv_bench --nodes {n} failed (exit {p.returncode}): {p.stderr.strip()}")
     return json.loads(line)
+
+
+def run_logic(logic, n, timeout):
+    p = subprocess.run([logic, "--nodes", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        raise SystemExit(f"rdzv_logic_bench --nodes {n} failed (exit {p.returncode}): {p.stderr.strip()}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def largest_size(hard):
+    """The largest N (a multiple of 1,000) whose connections fit the open-files hard limit."""
+    return max(16, (hard - DAEMON_RESERVE) // 1000 * 1000)
 
 
 def summarize(values):
@@ -92,37 +113,101 @@ def fit_text(name, f):
             f"ln(t₂/t₁)/ln(N₂/N₁) between sizes: {steps}; {verdict}.")
 
 
+def model_total(results, fits):
+    """Total at the goal size from the setup and close fits, when the goal size was skipped."""
+    n, _ = GOAL_TOTAL
+    if any(r["nodes"] == n and "skipped" not in r for r in results):
+        return None
+    s, c = fits.get("setup"), fits.get("close")
+    if not s or not c:
+        return None
+    setup_ms = s["intercept_ms"] + s["per_agent_us"] * n / 1e3
+    close_ms = c["intercept_ms"] + c["per_agent_us"] * n / 1e3
+    model = {"nodes": n, "setup_s": setup_ms / 1e3, "close_ms": close_ms, "total_s": (setup_ms + close_ms) / 1e3,
+             "from_n_max": s["n_max"]}
+    # CPU, proportional from the largest measured size: wall time on a shared machine includes
+    # other processes' turns, CPU time does not. Daemon and bench are one thread each, so on an
+    # otherwise idle machine with two cores the round takes at least the larger of the two.
+    big = max((r for r in results if "skipped" not in r and r.get("daemon_cpu_setup_s")), key=lambda r: r["nodes"],
+              default=None)
+    if big:
+        m = big["nodes"]
+        model["cpu_from_n"] = m
+        model["daemon_cpu_s"] = (big["daemon_cpu_setup_s"]["median"] + big["daemon_cpu_close_s"]["median"]) * n / m
+        model["bench_cpu_s"] = (big["bench_cpu_setup_s"]["median"] + big["bench_cpu_close_s"]["median"]) * n / m
+        model["daemon_cpu_close_s"] = big["daemon_cpu_close_s"]["median"] * n / m
+    return model
+
+
 def markdown(results, meta):
     lines = [
         f"Measured {meta['date']} on {meta['machine']} ({meta['cpus']} vCPU {meta['cpu_model']}, Linux {meta['kernel']}), "
-        f"`{meta['command']}`; median of {meta['reps_text']} (min–max).",
+        f"`{meta['command']}`; median of {meta['reps_text']} (min–max). Open-files hard limit "
+        f"{meta['fd_limit']}; token ON (HELLO, AUTH with HMAC, JOIN per agent); {meta.get('threads', 1)} bench "
+        f"thread(s).",
         "",
-        "| agents (N) | last join → all assigned (ms) | goal (ms) | daemon RSS after (MiB) | daemon peak RSS (MiB) | setup: connect + N-1 joins (s) |",
-        "|---|---|---|---|---|---|",
+        "| agents (N) | total: connect + auth + joins + close (s) | last join → all assigned (ms) | goal | "
+        "setup: connect + auth + N-1 joins (s) | daemon CPU setup / close (s) | bench CPU setup / close (s) | "
+        "daemon RSS after (MiB) | daemon peak RSS (MiB) | RSS per agent (KiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    idle = next((r["rss_idle_kib"]["median"] for r in results if "skipped" not in r and r.get("rss_idle_kib")), None)
     for r in results:
         n = r["nodes"]
         if "skipped" in r:
-            lines.append(f"| {n} | skipped: {r['skipped']} | | | | |")
+            lines.append(f"| {n} | skipped: {r['skipped']} | | | | | | | | |")
             continue
         goal = GOALS_MS.get(n)
-        goal_text = "" if goal is None else (f"≤ {goal:g} ✓" if r["ms"]["median"] <= goal else f"≤ {goal:g} ✗")
-        lines.append(f"| {n} | {fmt(r['ms'], 1)} | {goal_text} | {fmt(r['rss_kib'], 1, 1 / 1024)} | "
-                     f"{fmt(r['hwm_kib'], 1, 1 / 1024)} | {fmt(r['setup_s'], 2)} |")
+        goal_text = "" if goal is None else (f"close ≤ {goal:g} ms ✓" if r["ms"]["median"] <= goal
+                                             else f"close ≤ {goal:g} ms ✗")
+        if n == GOAL_TOTAL[0]:
+            ok = r["total_s"]["median"] <= GOAL_TOTAL[1]
+            goal_text = f"total ≤ {GOAL_TOTAL[1]:g} s {'✓' if ok else '✗'}"
+        cpu = (f"{r['daemon_cpu_setup_s']['median']:.2f} / {r['daemon_cpu_close_s']['median']:.2f}"
+               if r.get("daemon_cpu_setup_s") else "")
+        bcpu = (f"{r['bench_cpu_setup_s']['median']:.2f} / {r['bench_cpu_close_s']['median']:.2f}"
+                if r.get("bench_cpu_setup_s") else "")
+        per = ("" if idle is None or n < 1000 else f"{(r['rss_kib']['median'] - idle) / n:.2f}")
+        lines.append(f"| {n} | {fmt(r['total_s'], 2)} | {fmt(r['ms'], 1)} | {goal_text} | {fmt(r['setup_s'], 2)} | "
+                     f"{cpu} | {bcpu} | {fmt(r['rss_kib'], 1, 1 / 1024)} | {fmt(r['hwm_kib'], 1, 1 / 1024)} | {per} |")
     fits = meta.get("fits") or {}
     if fits:
         lines += ["", "Growth (generated from the medians above):", ""]
         if fits.get("close"):
             lines.append(fit_text("Round close (last join → all assigned)", fits["close"]))
         if fits.get("setup"):
-            lines.append(fit_text("Setup (connect + N-1 joins, as ms)", fits["setup"]))
+            lines.append(fit_text("Setup (connect + auth + N-1 joins, as ms)", fits["setup"]))
+    model = meta.get("model")
+    if model:
+        lines += ["", f"N = {model['nodes']} did not fit this machine's open-files limit. The fits above, "
+                  f"extrapolated from N ≤ {model['from_n_max']}, give setup {model['setup_s']:.1f} s + close "
+                  f"{model['close_ms'] / 1e3:.1f} s = **{model['total_s']:.1f} s** of wall time (goal ≤ "
+                  f"{GOAL_TOTAL[1]:g} s) — a model, not a measurement."]
+        if model.get("daemon_cpu_s") is not None:
+            lines.append(f"By CPU time, proportional from N = {model['cpu_from_n']}: the daemon would spend "
+                         f"{model['daemon_cpu_s']:.1f} s (of which the close {model['daemon_cpu_close_s']:.1f} s) "
+                         f"and the bench {model['bench_cpu_s']:.1f} s; each is one thread, so on two otherwise idle "
+                         f"cores the round takes at least {max(model['daemon_cpu_s'], model['bench_cpu_s']):.1f} s.")
+    logic = meta.get("logic") or []
+    if logic:
+        lines += ["", "The daemon's rendezvous logic alone (`rdzv_logic_bench`: its RendezvousService fed the same "
+                  "HELLO, AUTH and JOIN frames without sockets; CPU time inside the service; RSS growth of its state):",
+                  "", "| agents (N) | setup: CPU per agent (µs) | close: CPU per agent (µs) | close (ms) | "
+                  "state per agent (KiB) | HEARTBEAT: CPU per frame (µs) | STATUS of the job: CPU (ms), reply (MiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in logic:
+            hb = f"{x['heartbeat_us']:.2f}" if "heartbeat_us" in x else ""
+            st = f"{x['status_ms']:.1f}, {x['status_reply_bytes'] / 2**20:.1f}" if "status_ms" in x else ""
+            lines.append(f"| {x['nodes']} | {x['setup_us_per_agent']:.1f} | {x['close_us_per_agent']:.2f} | "
+                         f"{x['close_ms']:.1f} | {x['rss_kib_per_agent']:.2f} | {hb} | {st} |")
     lines += [
         "",
         "The daemon is idle when the last JOIN is sent (every earlier join has been answered), so",
-        "the figure is the round close: ranks, offsets and N ASSIGNMENT frames encoded and written.",
-        "The N = 16 row is close to an idle daemon's RSS. The setup column is N connects and N-1",
-        "joins from one bench thread; how both columns grow is in the fit above (docs/daemon.md,",
-        "\"Limits\", has the daemon's cost per operation).",
+        "the close column is the round close: ranks, offsets and N ASSIGNMENT frames encoded and written.",
+        "Setup is N connects (at most 1,024 agents between connect and JOINED at once, below the listen",
+        "backlog), N handshakes and N-1 joins. Daemon and bench share the machine's cores: the CPU",
+        "columns say how the time splits (kernel TCP work on loopback is charged to whichever side",
+        "sends). RSS per agent = (RSS after − idle RSS) / N.",
     ]
     return "\n".join(lines)
 
@@ -134,7 +219,10 @@ def update_doc(path, md):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", help="build/bin with rdzv_bench and ddprun-rdzvd (required unless --render)")
-    ap.add_argument("--sizes", default="16,256,1024,4096,10000")
+    ap.add_argument("--sizes", default="16,256,1024,4096,10000",
+                    help="comma-separated N; 'max' = the largest N the open-files limit allows")
+    ap.add_argument("--threads", type=int, default=1, help="bench threads (rdzv_bench --threads)")
+    ap.add_argument("--no-logic", action="store_true", help="skip rdzv_logic_bench")
     ap.add_argument("--reps", type=int, default=3, help="runs per size (sizes above 4096: 1)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     ap.add_argument("--out", default=None, metavar="JSON")
@@ -142,15 +230,20 @@ def main():
     ap.add_argument("--update-doc", default=None, metavar="MD",
                     help="replace the block between the rdzv-bench markers in this file")
     ap.add_argument("--render", metavar="JSON",
-                    help="only re-render the markdown (and --update-doc) from a saved --out JSON")
+                    help="only re-render the markdown (and --update-doc, --out) from a saved --out JSON")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
             saved = json.load(f)
         saved["meta"]["fits"] = {"close": growth_fit(saved["results"], "ms", 1.0),
                                  "setup": growth_fit(saved["results"], "setup_s", 1e3)}
+        saved["meta"]["model"] = model_total(saved["results"], saved["meta"]["fits"])
+        saved["goal_total"] = {"nodes": GOAL_TOTAL[0], "s": GOAL_TOTAL[1]}
         md = markdown(saved["results"], saved["meta"])
         print(md)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(saved, f, indent=2)
         if args.update_doc:
             update_doc(args.update_doc, md)
         return
@@ -160,16 +253,23 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     bench = os.path.join(args.bin_dir, "rdzv_bench")
     daemon = os.path.join(args.bin_dir, "ddprun-rdzvd")
-    for path in (bench, daemon):
+    logic_bin = os.path.join(args.bin_dir, "rdzv_logic_bench")
+    for path in (bench, daemon) + (() if args.no_logic else (logic_bin,)):
         if not os.access(path, os.X_OK):
-            raise SystemExit(f"{path} not found: build the rdzv_bench and ddprun-rdzvd targets first")
+            raise SystemExit(f"{path} not found: build the rdzv_bench, rdzv_logic_bench and ddprun-rdzvd targets first")
 
+    sizes = []
+    for text in (s for s in args.sizes.split(",") if s):
+        n = largest_size(hard) if text == "max" else int(text)
+        if n not in sizes:
+            sizes.append(n)
+    sizes.sort()
     results = []
-    for n in [int(s) for s in args.sizes.split(",") if s]:
+    for n in sizes:
         reps = args.reps if n <= 4096 else 1
         runs = []
         for _ in range(reps):
-            r = run_one(bench, daemon, n, args.timeout)
+            r = run_one(bench, daemon, n, args.timeout, args.threads)
             print(json.dumps(r), file=sys.stderr, flush=True)
             if "skipped" in r:
                 break
@@ -177,14 +277,22 @@ def main():
         if not runs:
             results.append(r)
             continue
-        results.append({
-            "nodes": n,
-            "ms": summarize([x["last_join_to_all_assigned_ms"] for x in runs]),
-            "setup_s": summarize([x["setup_s"] for x in runs]),
-            "rss_kib": summarize([x["daemon_rss_kib"] for x in runs]),
-            "hwm_kib": summarize([x["daemon_hwm_kib"] for x in runs]),
-            "raw": runs,
-        })
+        entry = {"nodes": n, "raw": runs}
+        for key, field in (("ms", "last_join_to_all_assigned_ms"), ("setup_s", "setup_s"), ("total_s", "total_s"),
+                           ("rss_kib", "daemon_rss_kib"), ("hwm_kib", "daemon_hwm_kib"),
+                           ("rss_idle_kib", "daemon_rss_idle_kib"), ("daemon_cpu_setup_s", "daemon_cpu_setup_s"),
+                           ("daemon_cpu_close_s", "daemon_cpu_close_s"), ("bench_cpu_setup_s", "bench_cpu_setup_s"),
+                           ("bench_cpu_close_s", "bench_cpu_close_s")):
+            values = [x[field] for x in runs if x.get(field) is not None]
+            if values:
+                entry[key] = summarize(values)
+        results.append(entry)
+    logic = []
+    if not args.no_logic:
+        for n in [x for x in sizes if x >= 1000]:
+            x = run_logic(logic_bin, n, args.timeout)
+            print(json.dumps(x), file=sys.stderr, flush=True)
+            logic.append(x)
 
     reps_text = f"{args.reps} runs" + (" (1 above N = 4096)" if args.reps > 1 else "")
     meta = {
@@ -197,14 +305,18 @@ def main():
         "command": " ".join(["bench/rendezvous/run.py"] + sys.argv[1:]),
         "reps_text": reps_text,
         "fd_limit": hard,
+        "threads": args.threads,
+        "logic": logic,
     }
     meta["fits"] = {"close": growth_fit(results, "ms", 1.0),
                     "setup": growth_fit(results, "setup_s", 1e3)}
+    meta["model"] = model_total(results, meta["fits"])
     md = markdown(results, meta)
     print(md)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "goals_ms": GOALS_MS, "results": results}, f, indent=2)
+            json.dump({"meta": meta, "goals_ms": GOALS_MS, "goal_total": {"nodes": GOAL_TOTAL[0], "s": GOAL_TOTAL[1]},
+                       "results": results}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(md + "\n")

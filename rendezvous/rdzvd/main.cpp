@@ -49,9 +49,40 @@
 namespace {
 
 // Many agents and workers may connect at once; the default soft limit (1024) is too small.
-void raise_fd_limit() {
+// Raises the soft open-files limit to the hard one and, when the hard limit is below what
+// --max-connections needs (the connections plus the store server's reserve of at most 1,024
+// descriptors), the hard limit itself up to fs.nr_open, which only a privileged daemon (root
+// with CAP_SYS_RESOURCE) may do. When that fails the store server lowers --max-connections to
+// fit (and logs it); `explicit_cap` turns the explanation into a warning naming the fix.
+void raise_fd_limit(std::size_t max_connections, bool explicit_cap) {
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(max_connections) + 1024;
+  std::string hard_error;
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+    rlim_t nr_open = 1048576;
+    if (std::ifstream in("/proc/sys/fs/nr_open"); in) {
+      unsigned long long v = 0;
+      if (in >> v && v > 0) nr_open = static_cast<rlim_t>(v);
+    }
+    rlimit up{std::min(want, nr_open), std::min(want, nr_open)};
+    if (up.rlim_max > rl.rlim_max) {
+      if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+        rl = up;
+      } else {
+        hard_error = std::strerror(errno);
+      }
+    }
+    if (rl.rlim_max < want) {
+      const auto level = explicit_cap ? spdlog::level::warn : spdlog::level::debug;
+      spdlog::log(level,
+                  "--max-connections {} needs about {} open files, but the hard limit is {}{}{}: raise it where the "
+                  "daemon starts (LimitNOFILE={} in its systemd unit, or `ulimit -Hn {}` / prlimit from a process with "
+                  "CAP_SYS_RESOURCE; fs.nr_open = {} caps it) or lower --max-connections",
+                  max_connections, want, rl.rlim_max, hard_error.empty() ? "" : " and raising it failed: ", hard_error,
+                  want, want, nr_open);
+    }
+  }
   if (rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
@@ -207,7 +238,7 @@ int main(int argc, char** argv) {
   ddprun::setup_logging("ddprun-rdzvd", *level,
                         log_format.empty() ? ddprun::log_format_from_env(ddprun::LogFormat::text)
                                            : *ddprun::parse_log_format(log_format));
-  raise_fd_limit();
+  raise_fd_limit(options.limits.store.max_connections, app.count("--max-connections") > 0);
   if (token_opt->count() > 0) {
     std::cerr << "ddprun-rdzvd: error: --token on the command line is refused: every local user can read it in "
                  "/proc/*/cmdline. Put it in a file readable only by the daemon and pass --token-file FILE, or set "

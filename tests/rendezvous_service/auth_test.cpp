@@ -3,11 +3,17 @@
 // bounds every number of a frame is validated against (JobConfig::validate, the registry).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <climits>
+#include <memory>
 
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_registry.hpp"
+#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+#include "ddprun/rendezvous/store_state.hpp"
 
 namespace auth = ddprun::rendezvous::auth;
 namespace rdzv = ddprun::rendezvous;
@@ -79,7 +85,7 @@ TEST_CASE("every numeric field of a configuration is bounded, the field named", 
     return c.validate();
   };
   CHECK(with([](auto& c) { c.min_nodes = 0; }) == "min_nodes must be >= 1, got 0");
-  CHECK(with([](auto& c) { c.max_nodes = INT_MAX; }) == "max_nodes must be <= 65536, got 2147483647");
+  CHECK(with([](auto& c) { c.max_nodes = INT_MAX; }) == "max_nodes must be <= 1048576, got 2147483647");
   CHECK(with([](auto& c) { c.max_restarts = -1; }) == "max_restarts must be >= 0, got -1");
   CHECK(with([](auto& c) { c.max_restarts = INT_MAX; }) == "max_restarts must be <= 1000000, got 2147483647");
   CHECK(with([](auto& c) { c.missed_heartbeats = 0; }) == "missed_heartbeats must be >= 1, got 0");
@@ -121,4 +127,62 @@ TEST_CASE("absurd node sizes and rejoin assignments are refused, not allocated",
   CHECK_THAT(refusal(reg.rejoin("j", rdzv::RejoinRequest{node(1), good_config(), "", a}, clock.now())),
              Catch::Contains("inconsistent assignment"));
   CHECK(reg.job_count() == 0);
+}
+
+TEST_CASE("a job may have 1,048,576 nodes as long as its ranks fit 2^30", "[auth][validate]") {
+  ddprun::ManualClock clock;
+  rdzv::RendezvousRegistry reg;
+  rdzv::JobConfig big = good_config();
+  big.min_nodes = 2;
+  big.max_nodes = rdzv::max_nodes_limit;
+  CHECK(big.validate().empty());
+  // 1,048,576 nodes x 1,024 processes = 2^30 ranks: at the limit, accepted.
+  const rdzv::Decisions ok = reg.join("big", rdzv::JoinRequest{node(1, 1024), big}, clock.now());
+  CHECK(std::none_of(ok.begin(), ok.end(),
+                     [](const rdzv::Decision& d) { return std::holds_alternative<rdzv::Refuse>(d); }));
+  // One process more per node could make a round of more than 2^30 ranks: refused before it joins.
+  const rdzv::Decisions refused = reg.join("big", rdzv::JoinRequest{node(2, 1025), big}, clock.now());
+  REQUIRE(refused.size() == 1);
+  REQUIRE(std::holds_alternative<rdzv::Refuse>(refused[0]));
+  CHECK(std::get<rdzv::Refuse>(refused[0]).reason ==
+        "node 10.0.0.2:102/x announced local_world_size 1025 for rendezvous 'big' of up to 1048576 nodes: "
+        "1074790400 ranks would pass the limit of 1073741824 (lower --nproc-per-node or the maximum of --nnodes)");
+  CHECK(reg.find("big")->member_count() == 1);
+}
+
+TEST_CASE("the progress fan-out to a large waiting round is spaced by its size", "[auth][service]") {
+  // 12,000 waiting nodes: one fan-out per 1.2 s (100 us per node), not per progress_interval (1 s).
+  constexpr int n = 12000;
+  boost::asio::io_context io;
+  rdzv::ManualTimers timers;
+  auto service = std::make_shared<rdzv::RendezvousService>(io, rdzv::RendezvousServiceOptions{}, timers);
+  rdzv::StoreState state(rdzv::StoreLimits{});
+  rdzv::RecordingOutbox outbox;
+  rdzv::JobConfig config = good_config();
+  config.min_nodes = config.max_nodes = n + 10;
+  config.join_timeout = 1h;
+  config.last_call_timeout = 1h;
+  config.heartbeat_interval = 600s;
+  std::string frame;
+  auto join = [&](int i) {
+    rdzv::JoinMessage m;
+    m.run_id = "wide";
+    m.request.node = node(i);
+    m.request.node.id.pid = 1000 + i;
+    m.request.config = config;
+    frame.clear();
+    rdzv::encode_client(frame, m);
+    outbox.out.clear();
+    REQUIRE(service->on_frame(static_cast<rdzv::ConnectionId>(i + 1), frame, state, outbox).status ==
+            rdzv::DecodeStatus::ok);
+    return outbox.out.size();  // connections that got a frame: the joiner, plus everyone on a fan-out
+  };
+  for (int i = 0; i < n; ++i) join(i);
+  timers.advance(1100ms);  // past progress_interval, not past 12,001 x 100 us
+  const auto dropped = service->stats().progress_dropped;
+  CHECK(join(n) == 1);
+  CHECK(service->stats().progress_dropped == dropped + 1);
+  timers.advance(200ms);  // 1.3 s since the last fan-out
+  CHECK(join(n + 1) == static_cast<std::size_t>(n + 2));
+  service->shutdown();
 }

@@ -37,6 +37,15 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const N
   }
   if (std::string why = config.validate(); !why.empty())
     return fmt::format("invalid configuration for rendezvous '{}': {}", run_id, why);
+  // Every node's local_world_size is at most max_world_size / max_nodes, so no round's world
+  // size (their sum) can pass max_world_size.
+  if (static_cast<std::int64_t>(node.local_world_size) * config.max_nodes > max_world_size) {
+    return fmt::format(
+        "node {} announced local_world_size {} for rendezvous '{}' of up to {} nodes: {} ranks would pass the "
+        "limit of {} (lower --nproc-per-node or the maximum of --nnodes)",
+        node.id.to_string(), node.local_world_size, run_id, config.max_nodes,
+        static_cast<std::int64_t>(node.local_world_size) * config.max_nodes, max_world_size);
+  }
   return {};
 }
 

@@ -415,10 +415,18 @@ void RendezvousService::count(const Decision& action) {
 
 void RendezvousService::broadcast_progress(const Progress& progress, const NodeId* origin) {
   // Progress to the other waiting nodes: at most one fan-out per job per progress_interval
-  // (a 10,000-node job would otherwise send N lines per join).
+  // (a 10,000-node job would otherwise send N lines per join), and, for a large job, at most
+  // one per progress_spacing_per_node times its waiting nodes: a fan-out writes one frame per
+  // node, so a fixed interval would make the fan-outs of a round that takes time proportional
+  // to N cost N^2 (100,000 joins over 10 s: ten fan-outs, a million frames, as many as every
+  // other frame of the round together).
+  const RendezvousJob* job = registry_.find(progress.run_id);
+  if (job == nullptr) return;
   const TimePoint now = clock_.now();
+  const Duration interval =
+      std::max(options_.progress_interval, job->count(MemberRole::joined) * progress_spacing_per_node);
   auto [last, inserted] = last_broadcast_.try_emplace(progress.run_id, now);
-  if (!inserted && now - last->second < options_.progress_interval) {
+  if (!inserted && now - last->second < interval) {
     ++counters_.progress_dropped;
     return;
   }
@@ -426,8 +434,6 @@ void RendezvousService::broadcast_progress(const Progress& progress, const NodeI
   if (last_broadcast_.size() > 2 * registry_.job_count() + 16) {
     std::erase_if(last_broadcast_, [&](const auto& kv) { return registry_.find(kv.first) == nullptr; });
   }
-  const RendezvousJob* job = registry_.find(progress.run_id);
-  if (job == nullptr) return;
   Progress one{progress.run_id, NodeId{}, progress.text};
   for (NodeId& node : job->joined_nodes()) {
     if (origin != nullptr && node == *origin) continue;

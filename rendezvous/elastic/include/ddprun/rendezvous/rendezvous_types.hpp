@@ -50,11 +50,13 @@ struct NodeInfo {
 };
 
 // The bounds every number from the network or a command line is checked against (a node
-// count times a node's processes must fit a rank in an int; a heartbeat faster than
+// count times a node's processes must fit a rank in an int: a node's local_world_size times
+// the job's max_nodes is checked against max_world_size; a heartbeat faster than
 // min_heartbeat_interval is a typo that would turn into a restart storm).
-inline constexpr int max_nodes_limit = 65536;
+inline constexpr int max_nodes_limit = 1 << 20;  // 1,048,576 agents (docs/daemon.md, "Limits")
 inline constexpr std::size_t max_run_id_bytes = 256;
-inline constexpr int max_local_world_size = 16384;  // 65536 * 16384 = 2^30 ranks
+inline constexpr int max_local_world_size = 16384;
+inline constexpr std::int64_t max_world_size = std::int64_t{1} << 30;  // ranks
 inline constexpr int max_restarts_limit = 1000000;
 inline constexpr Duration min_heartbeat_interval = std::chrono::milliseconds(10);
 inline constexpr Duration max_heartbeat_interval = std::chrono::hours(1);
