@@ -479,8 +479,9 @@ class Fanout {
     return encode_env_block(env);
   }
 
-  // Whether a line is already prefixed by an agent of h's subtree: "[ddprun@LABEL ...]" (its
-  // log) or "[LABEL:RANK]:" (its workers).
+  // Whether a line is already prefixed by a host of h's subtree: "[ddprun@LABEL ...]" (an
+  // agent's log), "[LABEL:RANK]:" (its workers) or "[LABEL] " (a tree node's own lines and the
+  // lines it relays for a host it started).
   static bool from_subtree(const HostRun& h, std::string_view line) {
     constexpr std::string_view agent_open = "[ddprun@";
     if (starts_with(line, agent_open)) {
@@ -489,6 +490,8 @@ class Fanout {
              h.labels.count(std::string(line.substr(agent_open.size(), sp - agent_open.size()))) != 0;
     }
     if (line.empty() || line.front() != '[') return false;
+    const auto bracket = line.find("] ");
+    if (bracket != std::string_view::npos && h.labels.count(std::string(line.substr(1, bracket - 1))) != 0) return true;
     const auto close = line.find("]:");
     if (close == std::string_view::npos) return false;
     const auto colon = line.rfind(':', close);
@@ -610,7 +613,9 @@ class Fanout {
                ")" + (why.empty() ? "" : ": " + why);
         hint = "check --remote-cwd and that the same ddprun version is installed on every host";
       }
-      agent::write_all(STDERR_FILENO, "ddprun: error: " + text + "\nddprun: " + hint + "\n");
+      // A tree node names itself, as the launcher would name a host's own lines.
+      const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
+      agent::write_all(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
       set_failure(1);
       spdlog::warn("stopping the other hosts");
       stop_all(SIGTERM);
