@@ -785,7 +785,20 @@ void print_fanout_dry_run(const FanoutPlan& plan, std::ostream& out) {
   out << "environment carried to every host (over ssh's stdin, not on a command line):";
   for (const auto& kv : plan.env) out << ' ' << kv.first;
   out << (plan.env.empty() ? " (none)\n" : "\n");
-  for (const auto& h : plan.hosts) {
+  const bool tree = uses_tree(plan);
+  const auto parent = tree ? tree_parents(plan.hosts.size(), plan.tree_fanout) : std::vector<long>();
+  if (tree) {
+    out << "launch tree: " << plan.hosts.size() << " hosts > --ssh-tree-threshold " << plan.tree_threshold
+        << ", fan-out " << plan.tree_fanout << ", depth " << tree_depth(plan.hosts.size(), plan.tree_fanout)
+        << "; each host below is started by the one named, with the same ssh options\n";
+  }
+  for (std::size_t i = 0; i < plan.hosts.size(); ++i) {
+    const auto& h = plan.hosts[i];
+    if (tree) {
+      out << "host " << h.label() << " is started by "
+          << (parent[i] < 0 ? std::string("the launcher") : plan.hosts[static_cast<std::size_t>(parent[i])].label())
+          << '\n';
+    }
     std::vector<std::string> argv = plan.ssh_command;
     argv.push_back(destination(h));
     argv.push_back(remote_command(plan, h, "<launcher>:<port>", plan.run_id.empty() ? "<run id>" : plan.run_id));

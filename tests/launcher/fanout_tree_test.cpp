@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/launcher/command_line.hpp"
@@ -174,4 +175,28 @@ TEST_CASE("--ssh-tree-threshold and --ssh-tree-fanout reach the plan; bad values
   CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--ssh-tree-threshold", "many", "train.py"}),
                     Contains("--ssh-tree-threshold"));
   CHECK_THROWS_WITH(sb.parse({"--ssh-tree-fanout", "4", "train.py"}), Contains("--ssh-tree-fanout"));
+}
+
+TEST_CASE("--dry-run shows who starts whom in a launch tree") {
+  FanoutPlan p;
+  p.ssh_command = {"/usr/bin/ssh"};
+  p.program = {"train.py"};
+  p.tree_threshold = 1;
+  p.tree_fanout = 2;
+  for (const char* h : {"a", "b", "c", "d", "e"}) {
+    FanoutHost x;
+    x.host = h;
+    x.index = p.hosts.size();
+    p.hosts.push_back(x);
+  }
+  std::ostringstream out;
+  print_fanout_dry_run(p, out);
+  CHECK_THAT(out.str(), Contains("fan-out 2, depth 2"));
+  CHECK_THAT(out.str(), Contains("host a is started by the launcher"));
+  CHECK_THAT(out.str(), Contains("host c is started by a"));
+  CHECK_THAT(out.str(), Contains("host e is started by d"));
+  p.tree_threshold = 0;
+  std::ostringstream flat;
+  print_fanout_dry_run(p, flat);
+  CHECK_THAT(flat.str(), !Contains("started by"));
 }
