@@ -117,13 +117,15 @@ def ddprun_once(c, ddprun, outf, fanout=None):
 
 def kill_once(c, ddprun, outf, fanout=None):
     env = c.base_env({"OUTF": outf, "HOLD": "1"})
-    p = c.run_in_launcher_ns(ddprun_argv(c, ddprun, fanout), env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, cwd=c.dir)
+    with open(outf + ".err", "wb") as err:
+        p = c.run_in_launcher_ns(ddprun_argv(c, ddprun, fanout), env=env, stdout=subprocess.DEVNULL,
+                                 stderr=err, cwd=c.dir)
     deadline = time.monotonic() + 60
     while len(read_starts(outf)) < len(c.hosts):
         if p.poll() is not None or time.monotonic() > deadline:
             p.kill()
-            raise RuntimeError("workers did not all start (launcher exit %s)" % p.returncode)
+            with open(outf + ".err", errors="replace") as f:
+                raise RuntimeError("workers did not all start (launcher exit %s): %s" % (p.returncode, f.read()[-2000:]))
         time.sleep(0.01)
     t0 = time.monotonic()
     os.kill(p.pid, signal.SIGKILL)
