@@ -237,9 +237,9 @@ def markdown(doc):
                   "Launcher-side CPU per host: %.1f ms, of which the ssh client's own handshake is %.1f ms and "
                   "ddprun's %.1f ms. On a real cluster the sshd side runs on each host, so the launcher's share "
                   "is what serialises: with C launcher cores, N hosts cost about N x %.1f ms / C of CPU before "
-                  "the last agent starts: %.1f s for 1,000 hosts on 8 cores, %.0f s for 10,000. A launch tree "
-                  "(agents starting agents, fan-out F per level) would cost about F x %.1f ms per level instead; "
-                  "it starts to pay once the flat launch's CPU passes about a second, i.e. from about %.0f hosts "
+                  "the last agent starts: %.1f s for 1,000 hosts on 8 cores, %.0f s for 10,000. The launch tree "
+                  "(agents starting agents, fan-out F per level) costs about F x %.1f ms per level instead; "
+                  "it pays once the flat launch's CPU passes about a second, i.e. from about %.0f hosts "
                   "on an 8-core launcher." % (
                       1000 * cpu, 1000 * client, 1000 * max(cpu - client, 0.0), 1000 * cpu, 1000 * cpu / 8,
                       10000 * cpu / 8, 1000 * cpu, tree_from),
@@ -261,6 +261,32 @@ def tree_model(client_cpu, level_latency, hosts, fanout, cores):
     return tree_depth(hosts, fanout) * (level_latency + min(fanout, hosts) * client_cpu / cores)
 
 
+def measured_summary(doc):
+    """What the tree table says, in words: where the best tree overtook the flat launch here."""
+    tree = doc["tree"]
+    best = {}
+    for n, e in tree.items():
+        f, t = min(e["tree"].items(), key=lambda kv: kv[1]["last_worker_s"]["median"])
+        best[int(n)] = (int(f), t["last_worker_s"]["median"], e["flat_last_worker_s"]["median"])
+    wins = sorted(n for n, (_f, t, fl) in best.items() if t < fl)
+    loses = sorted(n for n, (_f, t, fl) in best.items() if t >= fl)
+    big = max(best)
+    text = ("Every sshd, agent and worker of every namespace runs on the same %d vCPUs, so both launches spend "
+            "about the same CPU in total (N handshakes); what the tree moves is where it is spent: the "
+            "launcher's own CPU falls from N handshakes to F (the launcher CPU columns). Measured here: at %d "
+            "hosts the last worker started after %.2f s flat and %.2f s through the best tree (fan-out %d)" %
+            (doc["machine"]["cpus"], big, best[big][2], best[big][1], best[big][0]))
+    if wins and (not loses or max(loses) < min(wins)):
+        text += "; the tree was faster from %d hosts on%s." % (
+            min(wins), " and slower at %s" % ", ".join(str(n) for n in loses) if loses else "")
+    else:
+        text += "; faster at %s, not at %s (no clear threshold on this box)." % (
+            ", ".join(map(str, wins)) or "none", ", ".join(map(str, loses)) or "none")
+    text += (" A SIGKILL of the launcher left nothing in any namespace at every depth measured (up to %d)." %
+             max(t["depth"] for e in tree.values() for t in e["tree"].values()))
+    return text
+
+
 def tree_markdown(doc):
     tree = doc["tree"]
     res = doc["results"]
@@ -268,14 +294,15 @@ def tree_markdown(doc):
 
     def fmt(s):
         return "%.2f s (%.2f-%.2f)" % (s["median"], s["min"], s["max"])
-    head = "| hosts | flat: whole command | flat: last worker |"
+    head = "| hosts | flat: whole command | flat: last worker | flat: launcher CPU |"
     for f in fanouts:
         head += " tree F=%d: depth, whole command | last worker | launcher CPU | SIGKILL -> nothing left |" % f
     lines = ["**Launch tree** (`--ssh-tree-threshold 1 --ssh-tree-fanout F`, agents that start agents; flat and "
              "tree runs interleaved on the same bed, %d repetitions, median (min-max)):" % doc["tree_reps"], "",
-             head, "|" + "---|" * (3 + 4 * len(fanouts))]
+             head, "|" + "---|" * (4 + 4 * len(fanouts))]
     for n, e in tree.items():
-        row = "| %s | %s | %s |" % (n, fmt(e["flat_whole_s"]), fmt(e["flat_last_worker_s"]))
+        row = "| %s | %s | %s | %.2f s |" % (n, fmt(e["flat_whole_s"]), fmt(e["flat_last_worker_s"]),
+                                              e["flat_launcher_cpu_s"]["median"])
         for f in fanouts:
             t = e["tree"].get(str(f))
             row += " %d, %s | %s | %.2f s | %s |" % (t["depth"], fmt(t["whole_s"]), fmt(t["last_worker_s"]),
@@ -297,20 +324,16 @@ def tree_markdown(doc):
             rows.append("| %d | %s |" % (n, " | ".join(cells)))
         even = next((n for n in range(2, 100000)
                      if tree_model(cpu, latency, n, 16, cores) < tree_model(cpu, latency, n, None, cores)), None)
-        lines += ["", "On this machine every sshd, agent and worker of every namespace shares the same %d vCPUs, so "
-                  "the tree cannot beat the flat launch here: it spends the same N handshakes of CPU (plus one "
-                  "ddprun per inner host) and adds one connection latency per level. What it moves is where the "
-                  "CPU is spent: the launcher's own CPU drops from N to F handshakes (the launcher CPU column), "
-                  "and a SIGKILL of the launcher still leaves nothing in any namespace at every depth measured." %
-                  doc["machine"]["cpus"], "",
+        lines += ["", measured_summary(doc), "",
                   "Model for real hosts (each node has its own cores): one level costs a connection's latency "
                   "L = %.2f s (the 1-host ssh floor measured above) plus F handshakes of client CPU, c = %.1f ms "
                   "each, on the node's C cores; a flat launch costs L + N x c / C, a tree depth x (L + F x c / C). "
                   "With C = %d:" % (latency, 1000 * cpu, cores), "",
                   "| hosts | flat | tree F=16 | tree F=32 |", "|---|---|---|---|"] + rows + [
-                  "", "Break-even (tree F=16 faster than flat, same model): from %s hosts; ddprun's default "
-                  "threshold (64 hosts, fan-out 16) sits above it, where the tree's margin is clear." %
-                  (even if even else "-")]
+                  "", "Break-even (tree F=16 faster than flat, same model, C = %d): from %s hosts; ddprun's "
+                  "defaults are --ssh-tree-threshold 64, --ssh-tree-fanout 16 (launchers with fewer cores break "
+                  "even earlier: on this %d-vCPU box the measured tree won from the host count named above)." %
+                  (cores, even if even else "-", doc["machine"]["cpus"])]
     return "\n".join(lines) + "\n"
 
 

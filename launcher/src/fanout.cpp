@@ -15,6 +15,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -190,10 +191,11 @@ class SigpipeIgnored {
   struct sigaction old_ {};
 };
 
-// Every host holds ~5 descriptors for the whole job (ssh's three pipes, its pidfd, its agent's
-// rendezvous connection): raise the soft limit to the hard one, and refuse clearly when even
-// that is too small.
-void ensure_open_files(std::size_t hosts) {
+// Every host started here holds ~4 descriptors for the whole job (ssh's three pipes, its pidfd),
+// and every agent of the job one rendezvous connection to the launcher, whoever started it
+// (`agents`: 0 on a tree node): raise the soft limit to the hard one, and refuse clearly when
+// even that is too small.
+void ensure_open_files(std::size_t hosts, std::size_t agents) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   if (lim.rlim_cur < lim.rlim_max) {
@@ -201,9 +203,9 @@ void ensure_open_files(std::size_t hosts) {
     raised.rlim_cur = lim.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
   }
-  const rlim_t need = static_cast<rlim_t>(hosts) * 5 + 64;
+  const rlim_t need = static_cast<rlim_t>(hosts) * 4 + static_cast<rlim_t>(agents) + 64;
   if (lim.rlim_cur != RLIM_INFINITY && need > lim.rlim_cur) {
-    throw Error(std::to_string(hosts) + " hosts need about " + std::to_string(need) +
+    throw Error(std::to_string(std::max(hosts, agents)) + " hosts need about " + std::to_string(need) +
                     " open files (pipes, process descriptors and rendezvous connections per host); the limit is " +
                     std::to_string(lim.rlim_cur),
                 "raise it (ulimit -n, /etc/security/limits.conf) or launch fewer hosts from one machine");
@@ -254,7 +256,7 @@ class Fanout {
   Fanout& operator=(const Fanout&) = delete;
 
   int run() {
-    ensure_open_files(hosts_.size());
+    ensure_open_files(hosts_.size(), node_ != nullptr ? 0 : plan_.hosts.size());
     if (node_ != nullptr) return run_node();
     const std::string addr = plan_.launcher_addr.empty() ? pick_launcher_addr(plan_) : plan_.launcher_addr;
     run_id_ = plan_.run_id.empty() ? "fanout-" + random_uuid4() : plan_.run_id;
