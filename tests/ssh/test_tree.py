@@ -4,7 +4,8 @@ network namespace with its own sshd, launched with `--ssh-tree-threshold 1 --ssh
 so the launcher ssh's to 2 subtree roots and the tree is 3 hosts deep (launcher -> root -> inner
 -> leaf). Every guarantee of the flat fan-out is checked through the tree: rank order = host list
 order, prefixed whole lines, a deep rank's exit code, SIGINT, SIGKILL of the launcher leaving
-nothing in any namespace, an unreachable host deep in the tree named with its path.
+nothing in any namespace, an inner node killed (its subtree goes with it), an unreachable host
+deep in the tree named with its path.
 
     test_tree.py [Tree.test_<scenario> ...]     (no argument: all scenarios, one bed each)
 
@@ -23,7 +24,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from netns_hosts import SshCluster, preflight, skip, SkipTest  # noqa: E402
+from netns_hosts import SshCluster, cmdline, preflight, skip, SkipTest  # noqa: E402
 
 BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
@@ -233,6 +234,34 @@ class Tree(unittest.TestCase):
         self.assertIn("cannot reach host h9 over ssh (launch tree: launcher -> h3 -> h6 -> h9)", err)
         self.assertRegex(err, r"port 22|h9:22", "the ssh port is named")
         self.assert_clean()
+
+
+    # ---------- an inner tree node dies: its whole subtree goes, the launcher stops the rest ----------
+
+    def test_f_inner_node_killed(self):
+        self.launch(ORDER, self.hold())
+        self.wait_workers(N)
+        # h6 (launcher -> h3 -> h6 -> h0): the tree node is the --remote-agent process whose parent
+        # is an sshd session (its own agent, same command line, is the node's child).
+        i = self.c.hosts.index("h6")
+        node = None
+        for pid in self.c.pids_in(self.c.host_ns[i]):
+            cmd = cmdline(pid)
+            if "--remote-agent" in cmd and "sshd" in cmdline(ppid(pid)):
+                node = pid
+        self.assertIsNotNone(node, "no tree node process found on h6")
+        os.kill(node, signal.SIGKILL)
+        code = self.wait_exit(90)
+        self.assertNotEqual(code, 0)
+        self.assert_clean()
+
+
+def ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def main():
