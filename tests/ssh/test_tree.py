@@ -5,7 +5,7 @@ so the launcher ssh's to 2 subtree roots and the tree is 3 hosts deep (launcher 
 -> leaf). Every guarantee of the flat fan-out is checked through the tree: rank order = host list
 order, prefixed whole lines, a deep rank's exit code, SIGINT, SIGKILL of the launcher leaving
 nothing in any namespace, an inner node killed (its subtree goes with it), an unreachable host
-deep in the tree named with its path.
+deep in the tree named with its path, and a real torch gloo DDP job across the tree.
 
     test_tree.py [Tree.test_<scenario> ...]     (no argument: all scenarios, one bed each)
 
@@ -30,6 +30,7 @@ BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 WORKER = os.path.join(HERE, "fanout_worker.py")
+DDP_JOB = os.path.join(HERE, "ddp_job.py")
 LINE_RE = re.compile(r"^\[(h\d+):(\d+)\]: ?(.*)$")
 N = 7
 TREE = ["--ssh-tree-threshold", "1", "--ssh-tree-fanout", "2"]
@@ -253,6 +254,17 @@ class Tree(unittest.TestCase):
         os.kill(node, signal.SIGKILL)
         code = self.wait_exit(90)
         self.assertNotEqual(code, 0)
+        self.assert_clean()
+
+
+    # ---------- real torch through the tree: gloo DDP over 7 hosts, 3 levels deep ----------
+
+    def test_g_ddp_gloo_depth3(self):
+        self.launch(ORDER, [DDP_JOB])
+        self.assertEqual(self.wait_exit(240), 0, self.stderr()[-4000:])
+        ok = sorted(LINE_RE.match(x).group(1, 2) for x in self.stdout().splitlines()
+                    if LINE_RE.match(x) and " ok world %d " % N in x)
+        self.assertEqual(ok, sorted((h, str(r)) for r, h in enumerate(ORDER)), self.stdout()[-3000:])
         self.assert_clean()
 
 
