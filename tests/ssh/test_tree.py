@@ -233,6 +233,9 @@ class Tree(unittest.TestCase):
         err = self.stderr()
         self.assertEqual(code, 1, err[-4000:])
         self.assertIn("cannot reach host h9 over ssh (launch tree: launcher -> h3 -> h6 -> h9)", err)
+        # Named once by the node that tried (h6), not re-prefixed by every level above it.
+        self.assertRegex(err, r"(?m)^\[h6\] ddprun: error: cannot reach host h9 over ssh")
+        self.assertRegex(err, r"(?m)^\[h9\] ssh: ")
         self.assertRegex(err, r"port 22|h9:22", "the ssh port is named")
         self.assert_clean()
 
