@@ -17,7 +17,7 @@ and, flat vs the launch tree (agents that start agents, --ssh-tree-fanout F) on 
 the markdown adds a model for 1,000 and 10,000 hosts from the measured constants.
 
 Needs root (network namespaces, sshd). Usage:
-  run.py --ddprun build/bin/ddprun [--quick] [--hosts 2,4,8] [--reps 5] [--tree-hosts 8,16,32]
+  run.py --ddprun build/bin/ddprun [--quick] [--hosts 2,4,8] [--reps 5] [--tree-hosts 8,16,32,64]
          [--tree-fanouts 2,4,16] [--out results.json]
 """
 import argparse
@@ -344,7 +344,7 @@ def main():
     ap.add_argument("--hosts", default=None, help="comma list of host counts (default 2,4,8,16)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--tree-hosts", default=None,
-                    help="comma list of host counts for flat vs launch tree (default 8,16,32; --quick: 3; 0: none)")
+                    help="comma list of host counts for flat vs launch tree (default 8,16,32,64; --quick: 3; 0: none)")
     ap.add_argument("--tree-fanouts", default=None, help="comma list of tree fan-outs (default 2,4,16; --quick: 2)")
     ap.add_argument("--out")
     ap.add_argument("--markdown")
@@ -357,7 +357,7 @@ def main():
     counts = [int(x) for x in (a.hosts or ("2,4" if a.quick else "2,4,8,16")).split(",") if int(x) > 0]
     reps = a.reps or (3 if a.quick else 5)
     res = bench(os.path.abspath(a.ddprun), counts, reps) if counts else {}
-    tree_counts = [int(x) for x in (a.tree_hosts or ("3" if a.quick else "8,16,32")).split(",") if int(x) > 0]
+    tree_counts = [int(x) for x in (a.tree_hosts or ("3" if a.quick else "8,16,32,64")).split(",") if int(x) > 0]
     fanouts = [int(x) for x in (a.tree_fanouts or ("2" if a.quick else "2,4,16")).split(",")]
     tree_reps = min(reps, 3)
     tree = tree_bench(os.path.abspath(a.ddprun), tree_counts, tree_reps, fanouts) if tree_counts else {}
