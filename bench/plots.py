@@ -6,8 +6,10 @@ hand. Run by scripts/bench after a full run:
   /usr/bin/python3 bench/plots.py --results bench/results --tag full --out-dir docs/img
 
 Writes launch.png (whole command vs N, log-log), rendezvous.png (round close, setup and total vs N, with
-the least-squares line of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png (crash -> group restarted, log y)
-and store.png (serial p50 latency by server and client). A missing JSON skips its plot.
+the least-squares line of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png
+(crash -> group restarted, log y), store.png (serial p50 latency by server and client) and
+fanout-tree.png (SSH launch, flat vs tree: last worker started and launcher CPU vs hosts). A missing
+JSON skips its plot.
 """
 import argparse
 import json
@@ -143,6 +145,35 @@ def store_plot(r, out):
             "plot '$data' using 2:3:4:xtic(8) title 'get', '' using 5:6:7 title 'add'\n", out)
 
 
+def fanout_tree_plot(r, out):
+    """SSH fan-out, flat vs launch tree: last worker started (left) and the launcher's own CPU
+    (right) against the host count, one line per fan-out."""
+    tree = r.get("tree") or {}
+    if not tree:
+        return
+    ns = sorted(int(n) for n in tree)
+    fanouts = sorted({int(f) for e in tree.values() for f in e["tree"]})
+    kinds = [("flat", lambda e: (e["flat_last_worker_s"], e["flat_launcher_cpu_s"]))] + [
+        (f"tree F={f}", lambda e, f=f: (e["tree"][str(f)]["last_worker_s"], e["tree"][str(f)]["launcher_cpu_s"])
+         if str(f) in e["tree"] else None) for f in fanouts]
+    blocks, left, right = [], [], []
+    for label, get in kinds:
+        rows = [(n, get(tree[str(n)])) for n in ns if get(tree[str(n)])]
+        blocks.append("\n".join(f"{n} {a['median']} {a['min']} {a['max']} {c['median']} {c['min']} {c['max']}"
+                                for n, (a, c) in rows))
+        i = len(blocks) - 1
+        left.append(f"'$data' index {i} using 1:2:3:4 with yerrorlines title '{label}'")
+        right.append(f"'$data' index {i} using 1:5:6:7 with yerrorlines title '{label}'")
+    data = "$data << EOD\n" + "\n\n\n".join(blocks) + "\nEOD\n"
+    gnuplot(HEAD.replace("size 900,560", "size 1200,520") + data +
+            f"set multiplot layout 1,2 title 'SSH launch: flat vs tree, namespaces on one {r['machine']['cpus']}-vCPU "
+            "machine (median, bars min-max)'\n"
+            f"set xlabel 'hosts'\nset xtics ({', '.join(str(n) for n in ns)})\n"
+            "set ylabel 'last worker started (s)'\nset yrange [0:*]\nplot " + ", ".join(left) + "\n"
+            "set ylabel 'launcher + its ssh clients, CPU (s)'\nplot " + ", ".join(right) + "\n"
+            "unset multiplot\n", out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -164,6 +195,9 @@ def main():
         restart_plot(launch, elastic, os.path.join(args.out_dir, "restart.png"))
     if store:
         store_plot(store, os.path.join(args.out_dir, "store.png"))
+    fanout = load(args.results, "fanout", args.tag)
+    if fanout:
+        fanout_tree_plot(fanout, os.path.join(args.out_dir, "fanout-tree.png"))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <unordered_set>
 #include <memory>
 #include <spdlog/spdlog.h>
 
@@ -157,6 +160,11 @@ std::string pick_launcher_addr(const FanoutPlan& plan) {
 
 struct HostRun {
   FanoutHost spec;
+  // Launch tree: the hosts this one starts (its subtree, hostfile order; empty = a leaf or a
+  // flat launch) and the labels of the whole subtree (whose prefixed lines pass unchanged).
+  std::vector<FanoutHost> below;
+  std::unordered_set<std::string> labels;
+  bool local = false;  // a tree node's own agent: started directly, not over ssh
   std::string command;
   // ssh: its stdin carries the environment block, then control lines; its output is relayed.
   std::unique_ptr<agent::ChildProcess> child;
@@ -183,10 +191,11 @@ class SigpipeIgnored {
   struct sigaction old_ {};
 };
 
-// Every host holds ~5 descriptors for the whole job (ssh's three pipes, its pidfd, its agent's
-// rendezvous connection): raise the soft limit to the hard one, and refuse clearly when even
-// that is too small.
-void ensure_open_files(std::size_t hosts) {
+// Every host started here holds ~4 descriptors for the whole job (ssh's three pipes, its pidfd),
+// and every agent of the job one rendezvous connection to the launcher, whoever started it
+// (`agents`: 0 on a tree node): raise the soft limit to the hard one, and refuse clearly when
+// even that is too small.
+void ensure_open_files(std::size_t hosts, std::size_t agents) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   if (lim.rlim_cur < lim.rlim_max) {
@@ -194,9 +203,9 @@ void ensure_open_files(std::size_t hosts) {
     raised.rlim_cur = lim.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
   }
-  const rlim_t need = static_cast<rlim_t>(hosts) * 5 + 64;
+  const rlim_t need = static_cast<rlim_t>(hosts) * 4 + static_cast<rlim_t>(agents) + 64;
   if (lim.rlim_cur != RLIM_INFINITY && need > lim.rlim_cur) {
-    throw Error(std::to_string(hosts) + " hosts need about " + std::to_string(need) +
+    throw Error(std::to_string(std::max(hosts, agents)) + " hosts need about " + std::to_string(need) +
                     " open files (pipes, process descriptors and rendezvous connections per host); the limit is " +
                     std::to_string(lim.rlim_cur),
                 "raise it (ulimit -n, /etc/security/limits.conf) or launch fewer hosts from one machine");
@@ -205,10 +214,38 @@ void ensure_open_files(std::size_t hosts) {
 
 class Fanout {
  public:
-  explicit Fanout(const FanoutPlan& plan) : plan_(plan), signals_(io_), kill_timer_(io_) {
-    for (const auto& h : plan.hosts) {
+  // node: null for the launcher; a tree node's own description otherwise (then agent_argv starts
+  // its own agent, env is the block it read, control_fd its parent's control channel).
+  Fanout(const FanoutPlan& plan, const TreeNodePlan* node = nullptr, std::vector<std::string> agent_argv = {},
+         std::vector<std::pair<std::string, std::string>> env = {}, int control_fd = -1)
+      : plan_(plan),
+        node_(node),
+        agent_argv_(std::move(agent_argv)),
+        env_(std::move(env)),
+        control_fd_(control_fd),
+        signals_(io_),
+        kill_timer_(io_) {
+    if (node_ != nullptr) {
+      path_ = node_->path;
       hosts_.emplace_back();
-      hosts_.back().spec = h;
+      hosts_.back().spec.host = node_->self_label;
+      hosts_.back().local = true;
+    }
+    if (node_ != nullptr || uses_tree(plan)) {
+      for (const auto& [b, e] : split_subtrees(0, plan.hosts.size(), plan.tree_fanout)) {
+        hosts_.emplace_back();
+        HostRun& h = hosts_.back();
+        h.spec = plan.hosts[b];
+        h.below.assign(plan.hosts.begin() + static_cast<std::ptrdiff_t>(b) + 1,
+                       plan.hosts.begin() + static_cast<std::ptrdiff_t>(e));
+        h.labels.insert(h.spec.label());
+        for (const auto& x : h.below) h.labels.insert(x.label());
+      }
+    } else {
+      for (const auto& h : plan.hosts) {
+        hosts_.emplace_back();
+        hosts_.back().spec = h;
+      }
     }
   }
 
@@ -219,7 +256,8 @@ class Fanout {
   Fanout& operator=(const Fanout&) = delete;
 
   int run() {
-    ensure_open_files(hosts_.size());
+    ensure_open_files(hosts_.size(), node_ != nullptr ? 0 : plan_.hosts.size());
+    if (node_ != nullptr) return run_node();
     const std::string addr = plan_.launcher_addr.empty() ? pick_launcher_addr(plan_) : plan_.launcher_addr;
     run_id_ = plan_.run_id.empty() ? "fanout-" + random_uuid4() : plan_.run_id;
     const std::string token = plan_.rdzv_token.empty() ? random_uuid4() : plan_.rdzv_token;
@@ -237,9 +275,19 @@ class Fanout {
     server_->start();
     endpoint_ = with_brackets(addr) + ":" + std::to_string(server_->port());
 
-    env_block_ = encode_env_block(with_token(plan_.env, token));
-    spdlog::info("fan-out job '{}': {} host(s), rendezvous at {}, at most {} ssh connection(s) in flight", run_id_,
-                 hosts_.size(), endpoint_, plan_.max_inflight);
+    env_ = with_token(plan_.env, token);
+    env_block_ = encode_env_block(env_);
+    path_ = "launcher";
+    if (uses_tree(plan_)) {
+      spdlog::info(
+          "fan-out job '{}': {} host(s) through a launch tree (fan-out {}, depth {}), rendezvous at {}, at most {} ssh "
+          "connection(s) in flight per node",
+          run_id_, plan_.hosts.size(), plan_.tree_fanout, tree_depth(plan_.hosts.size(), plan_.tree_fanout), endpoint_,
+          plan_.max_inflight);
+    } else {
+      spdlog::info("fan-out job '{}': {} host(s), rendezvous at {}, at most {} ssh connection(s) in flight", run_id_,
+                   hosts_.size(), endpoint_, plan_.max_inflight);
+    }
 
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signals_.add(sig);
     wait_signal();
@@ -262,7 +310,11 @@ class Fanout {
   void wait_signal() {
     signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
       if (ec) return;
-      if (interrupted_) {
+      if (node_ != nullptr) {
+        // A tree node is signalled by hand or by its session: act as if the parent forwarded it.
+        spdlog::warn("received {}: forwarding it to this host's agent and the hosts below it", agent::signal_name(sig));
+        stop_all(sig);
+      } else if (interrupted_) {
         spdlog::warn("received {} again: killing the ssh connections now (remote agents stop their workers)",
                      agent::signal_name(sig));
         kill_all();
@@ -276,6 +328,90 @@ class Fanout {
     });
   }
 
+  // A tree node: no rendezvous of its own (every agent joins the launcher's); its parent's
+  // control channel drives the stop.
+  int run_node() {
+    endpoint_ = node_->endpoint;
+    run_id_ = node_->run_id;
+    env_block_ = encode_env_block(env_);
+    spdlog::debug("launch tree node {}: starting its agent and {} subtree(s) of {} host(s)", path_, hosts_.size() - 1,
+                  plan_.hosts.size());
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signals_.add(sig);
+    wait_signal();
+    const SigpipeIgnored sigpipe;  // the parent's end of stdout may be gone
+    start_control();
+    start_ = std::chrono::steady_clock::now();
+    launch_more();
+    if (done_count_ < hosts_.size()) io_.run();
+    return exit_code_;
+  }
+
+  void start_control() {
+    try {
+      control_ = std::make_unique<asio::posix::stream_descriptor>(io_, control_fd_);
+    } catch (const boost::system::system_error& e) {
+      ::close(control_fd_);
+      spdlog::warn("cannot watch the parent's control channel ({}); its end will go unnoticed", e.code().message());
+      return;
+    }
+    read_control();
+  }
+
+  void read_control() {
+    control_->async_read_some(asio::buffer(control_buf_), [this](const boost::system::error_code& ec, std::size_t n) {
+      if (finished_) return;
+      if (ec) {
+        parent_gone(ec == asio::error::eof ? std::string("its connection closed") : ec.message());
+        return;
+      }
+      const auto result = control_reader_.feed(std::string_view(control_buf_.data(), n));
+      for (int sig : result.signals) {
+        spdlog::debug("the parent forwarded {}: forwarding it to the subtree", agent::signal_name(sig));
+        stop_all(sig);
+        if (finished_) return;
+      }
+      if (result.error) {
+        spdlog::error("{}; ignoring the parent's control channel from now on (its end is still noticed)",
+                      *result.error);
+        control_reader_ = agent::ControlReader();
+        control_ignoring_ = true;
+      }
+      read_control_rest();
+    });
+  }
+
+  // After a malformed control line only the channel's end matters.
+  void read_control_rest() {
+    if (!control_ignoring_) {
+      read_control();
+      return;
+    }
+    control_->async_read_some(asio::buffer(control_buf_), [this](const boost::system::error_code& ec, std::size_t) {
+      if (finished_) return;
+      if (ec) {
+        parent_gone(ec == asio::error::eof ? std::string("its connection closed") : ec.message());
+        return;
+      }
+      read_control_rest();
+    });
+  }
+
+  // The launcher (or the ssh connection to this node) is gone: pass the EOF down, so every agent
+  // of the subtree stops its workers and every node below does the same; kill what is left after
+  // the grace.
+  void parent_gone(const std::string& why) {
+    spdlog::warn("the launcher is gone ({}): stopping this host's agent and the {} host(s) below it", why,
+                 plan_.hosts.size());
+    parent_gone_ = true;
+    begin_stop(SIGTERM);
+    for (auto& h : hosts_) {
+      if (!h.started || h.child->exited()) continue;
+      h.child->close_stdin();
+      if (!h.ready) h.child->signal_group(SIGTERM);
+    }
+    count_unstarted_done();
+  }
+
   void launch_more() {
     while (!stopping_ && inflight_ < plan_.max_inflight && next_ < hosts_.size()) {
       start_host(hosts_[next_++]);
@@ -283,10 +419,16 @@ class Fanout {
   }
 
   void start_host(HostRun& h) {
-    h.command = remote_command(plan_, h.spec, endpoint_, run_id_);
-    std::vector<std::string> argv = plan_.ssh_command;
-    argv.push_back(destination(h.spec));
-    argv.push_back(h.command);
+    std::vector<std::string> argv;
+    if (h.local) {
+      argv = agent_argv_;
+      h.command = shell_join(argv);
+    } else {
+      h.command = remote_command(plan_, h.spec, endpoint_, run_id_);
+      argv = plan_.ssh_command;
+      argv.push_back(destination(h.spec));
+      argv.push_back(h.command);
+    }
     agent::SpawnRequest req;
     req.path = argv.front();
     req.argv = argv;
@@ -312,7 +454,7 @@ class Fanout {
     const auto res = h.child->start(std::move(req), relay(true), relay(false), true, std::move(cb));
     h.started = true;
     ++inflight_;
-    h.child->write_stdin(env_block_);
+    h.child->write_stdin(h.below.empty() ? env_block_ : subtree_env_block(h));
     if (!res.ok()) {
       // ssh never ran: it reports exit 127, and this says why.
       remember(h, "cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
@@ -321,6 +463,41 @@ class Fanout {
       return;
     }
     spdlog::debug("{}: {}", h.spec.label(), h.command);
+  }
+
+  // The env block of a subtree root: the job's environment plus its subtree's plan.
+  std::string subtree_env_block(const HostRun& h) const {
+    TreeNodePlan child;
+    child.plan = plan_;
+    child.plan.env.clear();
+    child.plan.hosts = h.below;
+    child.plan.nnodes = plan_.nnodes == 0 ? plan_.hosts.size() : plan_.nnodes;
+    child.self_label = h.spec.label();
+    child.endpoint = endpoint_;
+    child.run_id = run_id_;
+    child.path = path_ + " -> " + h.spec.label();
+    auto env = env_;
+    env.emplace_back(kTreeEnvName, encode_tree_node(child));
+    return encode_env_block(env);
+  }
+
+  // Whether a line is already prefixed by a host of h's subtree: "[ddprun@LABEL ...]" (an
+  // agent's log), "[LABEL:RANK]:" (its workers) or "[LABEL] " (a tree node's own lines and the
+  // lines it relays for a host it started).
+  static bool from_subtree(const HostRun& h, std::string_view line) {
+    constexpr std::string_view agent_open = "[ddprun@";
+    if (starts_with(line, agent_open)) {
+      const auto sp = line.find(' ', agent_open.size());
+      return sp != std::string_view::npos &&
+             h.labels.count(std::string(line.substr(agent_open.size(), sp - agent_open.size()))) != 0;
+    }
+    if (line.empty() || line.front() != '[') return false;
+    const auto bracket = line.find("] ");
+    if (bracket != std::string_view::npos && h.labels.count(std::string(line.substr(1, bracket - 1))) != 0) return true;
+    const auto close = line.find("]:");
+    if (close == std::string_view::npos) return false;
+    const auto colon = line.rfind(':', close);
+    return colon != std::string_view::npos && colon > 1 && h.labels.count(std::string(line.substr(1, colon - 1))) != 0;
   }
 
   // Relays a block of whole lines from one host. The agent's log lines ("[ddprun@host level]")
@@ -348,7 +525,8 @@ class Fanout {
           continue;
         }
       }
-      if (starts_with(line, worker_prefix) || starts_with(line, agent_prefix)) {
+      if (h.below.empty() ? (starts_with(line, worker_prefix) || starts_with(line, agent_prefix))
+                          : from_subtree(h, line)) {
         out.append(line);
       } else {
         remember(h, std::string(line));
@@ -372,9 +550,18 @@ class Fanout {
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
     spdlog::debug("{}: agent started ({:.1f} ms after the launch began)", h.spec.label(), ms);
     if (ready_count_ == hosts_.size()) {
-      spdlog::info("agents started on all {} host(s) in {:.1f} ms", hosts_.size(), ms);
+      if (node_ != nullptr) {
+        spdlog::debug("launch tree node {}: its agent and {} subtree root(s) started in {:.1f} ms", path_,
+                      hosts_.size() - 1, ms);
+      } else if (uses_tree(plan_)) {
+        spdlog::info("the {} subtree root(s) of the launch tree started in {:.1f} ms", hosts_.size(), ms);
+      } else {
+        spdlog::info("agents started on all {} host(s) in {:.1f} ms", hosts_.size(), ms);
+      }
     }
-    if (stopping_) {
+    if (parent_gone_) {
+      h.child->close_stdin();
+    } else if (stopping_) {
       // Stopped while this host was connecting: its agent read the environment, so it reads the
       // signal too.
       send_signal(h, stop_signal_);
@@ -413,18 +600,24 @@ class Fanout {
         text = why;
         hint = "install the OpenSSH client (Debian: openssh-client)";
       } else if (code == 255) {
-        text = "cannot reach host " + dest + " over ssh: " + (why.empty() ? "ssh exited with 255" : why);
-        hint = "check that 'ssh -o BatchMode=yes " + dest +
-               " true' works from this machine (host name, --ssh-port, keys in ssh-agent or the ssh config)";
+        text = "cannot reach host " + dest + " over ssh" + tree_path(h) + ": " +
+               (why.empty() ? "ssh exited with 255" : why);
+        hint = "check that 'ssh -o BatchMode=yes " + dest + " true' works from " +
+               (node_ != nullptr ? "host " + node_->self_label : std::string("this machine")) +
+               " (host name, --ssh-port, keys in ssh-agent or the ssh config" +
+               (node_ != nullptr ? ", which every host of a launch tree uses too" : "") + ")";
       } else if (code == 127) {
-        text = "host " + dest + ": cannot run " + plan_.remote_ddprun + (why.empty() ? "" : ": " + why);
+        text = "host " + dest + tree_path(h) + ": cannot run " + (h.local ? agent_argv_.front() : plan_.remote_ddprun) +
+               (why.empty() ? "" : ": " + why);
         hint = "install ddprun at the same path on every host, or pass --remote-ddprun PATH";
       } else {
-        text = "host " + dest + ": the remote agent did not start (exit code " + std::to_string(code) + ")" +
-               (why.empty() ? "" : ": " + why);
+        text = "host " + dest + tree_path(h) + ": the remote agent did not start (exit code " + std::to_string(code) +
+               ")" + (why.empty() ? "" : ": " + why);
         hint = "check --remote-cwd and that the same ddprun version is installed on every host";
       }
-      agent::write_all(STDERR_FILENO, "ddprun: error: " + text + "\nddprun: " + hint + "\n");
+      // A tree node names itself, as the launcher would name a host's own lines.
+      const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
+      agent::write_all(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
       set_failure(1);
       spdlog::warn("stopping the other hosts");
       stop_all(SIGTERM);
@@ -437,6 +630,12 @@ class Fanout {
     }
     set_failure(code);
     if (!stopping_) stop_all(SIGTERM);
+  }
+
+  // " (launch tree: launcher -> h0 -> h3)" for a host started by a tree node or with a subtree.
+  std::string tree_path(const HostRun& h) const {
+    if (node_ == nullptr && h.below.empty()) return "";
+    return " (launch tree: " + path_ + (h.local ? "" : " -> " + h.spec.label()) + ")";
   }
 
   void set_failure(int code) {
@@ -452,17 +651,7 @@ class Fanout {
   // their workers with their own grace); hosts still connecting are cut off. Hosts not started
   // yet never start. After the agents' grace plus a margin, whatever is left is killed.
   void stop_all(int sig) {
-    if (!stopping_) {
-      stopping_ = true;
-      stop_signal_ = sig;
-      kill_timer_.expires_after(plan_.shutdown_timeout + kKillMargin);
-      kill_timer_.async_wait([this](const boost::system::error_code& ec) {
-        if (ec) return;
-        spdlog::warn("hosts still running {} ms after the stop: closing their ssh connections",
-                     (plan_.shutdown_timeout + kKillMargin).count());
-        kill_all();
-      });
-    }
+    begin_stop(sig);
     for (auto& h : hosts_) {
       if (!h.started || h.child->exited()) continue;
       if (h.ready) {
@@ -472,7 +661,26 @@ class Fanout {
         h.child->signal_group(SIGTERM);
       }
     }
-    // Hosts never started count as done.
+    count_unstarted_done();
+  }
+
+  // The first stop arms the kill timer: after the agents' grace plus a margin, what is left is
+  // killed (a tree node's ssh children then see their stdin close, and so on down).
+  void begin_stop(int sig) {
+    if (stopping_) return;
+    stopping_ = true;
+    stop_signal_ = sig;
+    kill_timer_.expires_after(plan_.shutdown_timeout + kKillMargin);
+    kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      spdlog::warn("hosts still running {} ms after the stop: closing their ssh connections",
+                   (plan_.shutdown_timeout + kKillMargin).count());
+      kill_all();
+    });
+  }
+
+  // Hosts never started count as done.
+  void count_unstarted_done() {
     while (next_ < hosts_.size()) {
       hosts_[next_++].done = true;
       ++done_count_;
@@ -495,14 +703,28 @@ class Fanout {
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     if (server_) server_->stop();
+    if (control_) {
+      boost::system::error_code ec;
+      control_->close(ec);
+    }
     io_.stop();
   }
 
   const FanoutPlan& plan_;
+  const TreeNodePlan* node_ = nullptr;
+  std::vector<std::string> agent_argv_;
+  std::vector<std::pair<std::string, std::string>> env_;
+  int control_fd_ = -1;
+  std::string path_;  // hosts from the launcher to this process, for messages
   asio::io_context io_{1};
   asio::signal_set signals_;
   asio::steady_timer kill_timer_;
   std::unique_ptr<rendezvous::RendezvousServer> server_;  // after io_, so destroyed before it
+  std::unique_ptr<asio::posix::stream_descriptor> control_;
+  std::array<char, 256> control_buf_{};
+  agent::ControlReader control_reader_;
+  bool control_ignoring_ = false;
+  bool parent_gone_ = false;
   std::vector<HostRun> hosts_;
   std::string run_id_;
   std::string endpoint_;
@@ -531,7 +753,7 @@ std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const
                                     "--rdzv-backend=c10d",
                                     "--rdzv-endpoint=" + rdzv_endpoint,
                                     "--rdzv-id=" + run_id,
-                                    "--nnodes=" + std::to_string(plan.hosts.size()),
+                                    "--nnodes=" + std::to_string(plan.nnodes == 0 ? plan.hosts.size() : plan.nnodes),
                                     "--nproc-per-node=" + host.nproc,
                                     "--prefix-output",
                                     "--log-line-prefix-template=[" + host.label() + ":${rank}]:"};
@@ -551,6 +773,12 @@ int run_fanout(const FanoutPlan& plan) {
   return fanout.run();
 }
 
+int run_tree_node(const TreeNodePlan& node, const std::vector<std::string>& agent_argv,
+                  const std::vector<std::pair<std::string, std::string>>& env, int control_fd) {
+  Fanout fanout(node.plan, &node, agent_argv, env, control_fd);
+  return fanout.run();
+}
+
 void print_fanout_dry_run(const FanoutPlan& plan, std::ostream& out) {
   out << "ddprun dry run: " << plan.hosts.size() << " host(s) over ssh; nothing is started\n";
   out << "rendezvous: hosted by this ddprun on "
@@ -559,7 +787,20 @@ void print_fanout_dry_run(const FanoutPlan& plan, std::ostream& out) {
   out << "environment carried to every host (over ssh's stdin, not on a command line):";
   for (const auto& kv : plan.env) out << ' ' << kv.first;
   out << (plan.env.empty() ? " (none)\n" : "\n");
-  for (const auto& h : plan.hosts) {
+  const bool tree = uses_tree(plan);
+  const auto parent = tree ? tree_parents(plan.hosts.size(), plan.tree_fanout) : std::vector<long>();
+  if (tree) {
+    out << "launch tree: " << plan.hosts.size() << " hosts > --ssh-tree-threshold " << plan.tree_threshold
+        << ", fan-out " << plan.tree_fanout << ", depth " << tree_depth(plan.hosts.size(), plan.tree_fanout)
+        << "; each host below is started by the one named, with the same ssh options\n";
+  }
+  for (std::size_t i = 0; i < plan.hosts.size(); ++i) {
+    const auto& h = plan.hosts[i];
+    if (tree) {
+      out << "host " << h.label() << " is started by "
+          << (parent[i] < 0 ? std::string("the launcher") : plan.hosts[static_cast<std::size_t>(parent[i])].label())
+          << '\n';
+    }
     std::vector<std::string> argv = plan.ssh_command;
     argv.push_back(destination(h));
     argv.push_back(remote_command(plan, h, "<launcher>:<port>", plan.run_id.empty() ? "<run id>" : plan.run_id));

@@ -149,6 +149,14 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   plan.ssh_command.insert(plan.ssh_command.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
                                                    "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"});
   if (auto g = p.given("ssh-max-inflight")) plan.max_inflight = parse_int_value(g->text, g->what, 1, 10'000);
+  if (auto g = p.given("ssh-tree-threshold")) {
+    const std::string t = to_lower(trim(g->text));
+    plan.tree_threshold =
+        t == "off"
+            ? 0
+            : static_cast<std::size_t>(parse_int_value(g->text, g->what + " (a host count, or off)", 0, 10'000'000));
+  }
+  if (auto g = p.given("ssh-tree-fanout")) plan.tree_fanout = parse_int_value(g->text, g->what, 2, 10'000);
   plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
   plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
   if (auto g = p.given("launcher-addr")) plan.launcher_addr = parse_host(g->text, g->what);

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -27,10 +29,23 @@ constexpr int kExitError = 1;
 
 // `ddprun --remote-agent ...`: started by a fan-out launcher over ssh (fanout.hpp). stdin first
 // carries the environment block, then stays open as the launcher's control channel; the workers
-// get /dev/null as stdin instead.
-int prepare_remote_agent() {
-  const auto block = ddprun::agent::read_env_block(STDIN_FILENO);
-  for (const auto& [name, value] : block.entries) ::setenv(name.c_str(), value.c_str(), 1);
+// get /dev/null as stdin instead. A block holding a launch tree plan makes this process a tree
+// node (`tree` set): it keeps the variables for the agent it starts instead of setting them.
+int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::RemoteEnv& env) {
+  auto block = ddprun::agent::read_env_block(STDIN_FILENO);
+  for (auto it = block.entries.begin(); it != block.entries.end();) {
+    if (it->first == ddprun::launcher::kTreeEnvName) {
+      tree = std::move(it->second);
+      it = block.entries.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (tree) {
+    env = std::move(block.entries);
+  } else {
+    for (const auto& [name, value] : block.entries) ::setenv(name.c_str(), value.c_str(), 1);
+  }
   if (!block.rest.empty()) {
     // The launcher writes control lines only after the agent said it is ready.
     throw ddprun::Error("--remote-agent: unexpected bytes after the environment block on stdin");
@@ -49,7 +64,19 @@ int prepare_remote_agent() {
 int run(int argc, char** argv) {
   int control_fd = -1;
   if (argc >= 2 && std::string_view(argv[1]) == "--remote-agent") {
-    control_fd = prepare_remote_agent();
+    std::optional<std::string> tree;
+    ddprun::agent::RemoteEnv env;
+    control_fd = prepare_remote_agent(tree, env);
+    if (tree) {
+      // A launch tree node: this host's agent is the same command, started as a child.
+      const auto node = ddprun::launcher::decode_tree_node(*tree);
+      ddprun::setup_logging("ddprun@" + node.self_label, static_cast<spdlog::level::level_enum>(node.plan.log_level));
+      std::error_code ec;
+      const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+      std::vector<std::string> agent_argv = {ec ? std::string(argv[0]) : self.string()};
+      agent_argv.insert(agent_argv.end(), argv + 1, argv + argc);
+      return ddprun::launcher::run_tree_node(node, agent_argv, env, control_fd);
+    }
     --argc;
     ++argv;  // parse the rest as usual (argv[0] is not an option)
   }
@@ -87,6 +114,7 @@ int run(int argc, char** argv) {
       ddprun::launcher::print_fanout_dry_run(*options.fanout, std::cout);
       return 0;
     }
+    options.fanout->log_level = static_cast<int>(options.log_level);
     return ddprun::launcher::run_fanout(*options.fanout);
   }
   options.config.control_fd = control_fd;

@@ -97,8 +97,9 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
                                                 "standalone"});
   // Refused without a host list.
   CHECK(names_in(FlagScope::fanout) == Names{"include", "exclude", "num-nodes", "num-gpus", "ssh-port", "ssh-config",
-                                             "ssh-max-inflight", "remote-ddprun", "remote-cwd", "env-file",
-                                             "launcher-addr", "ssh-option", "env"});
+                                             "ssh-max-inflight", "ssh-tree-threshold", "ssh-tree-fanout",
+                                             "remote-ddprun", "remote-cwd", "env-file", "launcher-addr", "ssh-option",
+                                             "env"});
   CHECK(names_in(FlagScope::host_list) == Names{"hostfile", "hosts"});
   // Any of these turns Slurm's defaults off.
   CHECK(names_where([](const ddprun::FlagSpec& f) { return f.overrides_slurm; }) ==

@@ -19,8 +19,22 @@
 // message names the host and ssh's own explanation). Nothing outlives the launcher: ssh clients
 // die with it (PR_SET_PDEATHSIG), remote agents see their stdin close, the rendezvous goes away.
 //
+// The launch tree (docs/multinode.md "Launch tree"): above tree_threshold hosts the launcher
+// ssh's only to tree_fanout subtree roots. The host list is cut into tree_fanout contiguous,
+// nearly equal runs (hostfile order); the first host of a run is its root and the rest of the run
+// is the root's subtree, cut the same way below it. A root's remote ddprun reads its subtree
+// (hosts, ssh command, agent flags, the rendezvous endpoint) from the environment block on
+// stdin, entry kTreeEnvName, never from its command line, and becomes a tree node: it starts its
+// own agent as a local child and its children over ssh, writes their lines upward unchanged
+// (their prefixes name their hosts; other lines of a child get "[child] "), forwards "S<signo>"
+// to every child and closes their stdin when its own closes (EOF cascades down: nothing outlives
+// a SIGKILLed launcher at any depth), and exits with the first failing child's code. Every agent
+// still joins the launcher's rendezvous directly, with --node-order = its hostfile index, so
+// ranks and output are those of the flat launch.
+//
 // run_fanout runs its own io_context on the calling thread; not reentrant.
 #include <chrono>
+#include <cstddef>
 #include <ostream>
 #include <string_view>
 #include <string>
@@ -30,6 +44,11 @@
 #include "ddprun/agent/remote_protocol.hpp"
 
 namespace ddprun::launcher {
+
+// The tree's defaults: docs/performance.md "Multi-node from one command: SSH fan-out" has the
+// measurements and the model behind them (break-even near 60 hosts on an 8-core launcher).
+inline constexpr std::size_t kDefaultTreeThreshold = 64;
+inline constexpr int kDefaultTreeFanout = 16;
 
 struct FanoutHost {
   std::string user;         // "" = ssh's default (its config, else the local user name)
@@ -60,8 +79,54 @@ struct FanoutPlan {
   std::string rdzv_token;                                // "" = a random one
   std::string run_id;                                    // "" = a random one
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // Launch tree: used when hosts.size() > tree_threshold and tree_fanout >= 2 (0 = always flat).
+  std::size_t tree_threshold = kDefaultTreeThreshold;
+  int tree_fanout = kDefaultTreeFanout;
+  // --nnodes of every agent: the whole job's host count (0 = hosts.size()); a tree node's plan
+  // holds only its subtree.
+  std::size_t nnodes = 0;
+  int log_level = 2;  // spdlog level of the launcher, given to tree nodes (2 = info)
 };
 
+// The env-block entry that turns a remote ddprun into a tree node (removed before its agent or
+// workers see the environment).
+inline constexpr std::string_view kTreeEnvName = "DDPRUN_LAUNCH_TREE";
+
+// Cuts the hosts [begin, end) into at most `fanout` contiguous, non-empty runs whose sizes differ
+// by at most one (the longer ones first). Pure.
+std::vector<std::pair<std::size_t, std::size_t>> split_subtrees(std::size_t begin, std::size_t end, int fanout);
+
+// Whether a launch of plan.hosts uses the tree.
+bool uses_tree(const FanoutPlan& plan);
+
+// Levels of ssh hops a launch of `hosts` hosts takes with `fanout` (1 = flat). Pure.
+std::size_t tree_depth(std::size_t hosts, int fanout);
+
+// Who starts whom: for every host (by position in the list) the position of the host that
+// ssh's to it, or -1 for the launcher itself. Pure; what run_fanout does.
+std::vector<long> tree_parents(std::size_t hosts, int fanout);
+
+// What a tree node needs: its subtree's plan (hosts = the hosts below it, in hostfile order),
+// its own label, the rendezvous endpoint and run id of the job, and the path of hosts from the
+// launcher to it (for messages: "launcher -> h0 -> h3").
+struct TreeNodePlan {
+  FanoutPlan plan;
+  std::string self_label;
+  std::string endpoint;
+  std::string run_id;
+  std::string path;
+};
+
+// The kTreeEnvName value (length-prefixed fields, no NUL) and back. decode throws ddprun::Error
+// on a malformed value (another ddprun version).
+std::string encode_tree_node(const TreeNodePlan& node);
+TreeNodePlan decode_tree_node(std::string_view text);
+
+// A tree node's whole run: `agent_argv` starts this host's own agent (the remote agent command
+// this process was started with), `env` is the environment block it read (kTreeEnvName
+// removed), control_fd the parent's control channel. Returns the exit code.
+int run_tree_node(const TreeNodePlan& node, const std::vector<std::string>& agent_argv,
+                  const std::vector<std::pair<std::string, std::string>>& env, int control_fd);
 // The command line the remote login shell runs for `host` (every word quoted for a POSIX shell).
 // Pure; exposed for tests and --dry-run.
 std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
