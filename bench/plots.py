@@ -7,7 +7,8 @@ hand. Run by scripts/bench after a full run:
 
 Writes launch.png (whole command vs N, log-log), rendezvous.png (round close and setup vs N, with
 the least-squares line of bench/rendezvous/run.py), restart.png (crash -> group restarted, log y)
-and store.png (serial p50 latency by server and client). A missing JSON skips its plot.
+store.png (serial p50 latency by server and client) and store_barrier.png (the barrier at scale,
+ms vs ranks N per server). A missing JSON skips its plot.
 """
 import argparse
 import json
@@ -125,6 +126,30 @@ def store_plot(r, out):
             "plot '$data' using 2:3:4:xtic(8) title 'get', '' using 5:6:7 title 'add'\n", out)
 
 
+def store_barrier_plot(r, out):
+    """Barrier at scale: release -> last rank done vs N, one line per server and ranks replayed;
+    a size where a server did not survive has no point (the table in performance.md says why)."""
+    rows = [x for x in r["results"] if x["kind"] == "storm" and x["unit"] == "ms"]
+    if not rows:
+        return
+    names = [tuple(n) for n in r["meta"].get("storm_rows", [])] or sorted({(x["server"], x["client"]) for x in rows})
+    blocks, plots = [], []
+    for server, client in names:
+        pts = sorted((int(x["what"]), x) for x in rows if x["server"] == server and x["client"] == client)
+        if not pts:
+            continue
+        blocks.append("\n".join(f"{n} {x['median']} {x['min']} {x['max']}" for n, x in pts))
+        plots.append(f"'$data' index {len(blocks) - 1} using 1:2:3:4 with yerrorlines title '{server} / {client}'")
+    goal = r["meta"].get("storm_goal_ms", 2000)
+    gnuplot(HEAD + "$data << EOD\n" + "\n\n\n".join(blocks) + "\nEOD\n"
+            f"set title 'Store barrier at scale: release -> last rank done ({r['meta']['cpus']} vCPU, "
+            f"{r['meta']['date'][:10]}; no point = did not survive)'\n"
+            "set key bottom right\nset xrange [500:30000]\nset logscale xy\nset xlabel 'ranks N'\nset ylabel 'ms (median, bars min-max)'\n"
+            f"set arrow from graph 0, first {goal} to graph 1, first {goal} nohead dt 2\n"
+            f"set label 'goal {goal:.0f} ms' at graph 0.02, first {goal * 1.15}\n"
+            "plot " + ", ".join(plots) + "\n", out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -146,6 +171,7 @@ def main():
         restart_plot(launch, elastic, os.path.join(args.out_dir, "restart.png"))
     if store:
         store_plot(store, os.path.join(args.out_dir, "store.png"))
+        store_barrier_plot(store, os.path.join(args.out_dir, "store_barrier.png"))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -61,7 +62,7 @@ struct Args {
   bool callback_conn = false;
   int threads = 1;
   int ranks_per_address = 0;  // 0: no bind, every rank from the kernel's choice (127.0.0.1)
-  std::string tag = "0";
+  std::string tag = "1";      // the group: barrier key /store_based_barrier_key:TAG
   double timeout_s = 60;
   long server_pid = 0;
 };
@@ -141,7 +142,8 @@ Frames make_frames(const Args& a) {
   const char op_set = a.modern ? 1 : 0;
   const char op_add = a.modern ? 4 : 3;
   const char op_wait = a.modern ? 6 : 5;
-  const std::string key = "store_based_barrier_key:" + a.tag;
+  // torch's client puts "/" before every user key; TCPStore's own init/ goes out bare.
+  const std::string key = "/store_based_barrier_key:" + a.tag;
   const std::string last = key + ":last_worker";
   Frames f;
   if (a.modern) f.hello = std::string{0, '\xce', '\xf7', '\x85', '\x3c', 13, 1, 2, 3, 4};
@@ -151,7 +153,7 @@ Frames make_frames(const Args& a) {
     put_u64(s, static_cast<std::uint64_t>(d));
     return s;
   };
-  f.add_init = add("init/" + a.tag, 1);
+  f.add_init = add("init/", 1);
   f.add_one = add(key, 1);
   f.add_zero = add(key, 0);
   f.set_last = std::string(1, op_set);
@@ -177,7 +179,6 @@ struct Rank {
   std::uint32_t retries = 0;
   Steady::time_point connected{};
   Steady::time_point done{};
-  Steady::time_point next_poll{};
 };
 
 struct Shared {
@@ -189,8 +190,11 @@ struct Shared {
   std::uint32_t port_high = 60999;
   std::mutex mu;
   std::string first_error;
+  // A rank that failed never reaches the barrier: the others would wait until the deadline.
+  std::atomic<bool> abort{false};
   void error(const std::string& what) {
     ++errors;
+    abort = true;
     std::lock_guard<std::mutex> lock(mu);
     if (first_error.empty()) first_error = what;
   }
@@ -232,7 +236,7 @@ class Worker {
     const sockaddr_in srv = server_addr(a_);
     std::size_t next = 0;
     std::vector<epoll_event> events(1024);
-    while (left_ > 0 || next < ranks_.size()) {
+    while ((left_ > 0 || next < ranks_.size()) && !sh_.abort.load(std::memory_order_relaxed)) {
       const auto now = Steady::now();
       if (now > deadline) {
         sh_.error("timed out with " + std::to_string(left_ + (ranks_.size() - next)) + " rank(s) not done");
@@ -245,13 +249,13 @@ class Worker {
         if (a_.callback_conn && ranks_[next].step != Step::done) start_connect(next, srv, true);
       }
       int timeout = next < ranks_.size() ? 0 : 10;
-      if (a_.poll && sleepers_ > 0) timeout = 1;
+      if (!sleepers_.empty()) timeout = 1;
       const int n = ::epoll_wait(ep_, events.data(), static_cast<int>(events.size()), timeout);
       for (int e = 0; e < n; ++e) {
         const std::uint64_t tag = events[static_cast<std::size_t>(e)].data.u64;
         on_event(static_cast<std::size_t>(tag >> 1), (tag & 1) != 0, events[static_cast<std::size_t>(e)].events, srv);
       }
-      if (a_.poll && sleepers_ > 0) wake_pollers();
+      if (!sleepers_.empty()) wake_pollers();
     }
   }
 
@@ -343,7 +347,6 @@ class Worker {
     Rank& r = ranks_[i];
     if (r.fd >= 0) ::epoll_ctl(ep_, EPOLL_CTL_DEL, r.fd, nullptr);  // level-triggered: would spin
     if (r.step != Step::done) {
-      if (r.step == Step::poll_sleep) --sleepers_;
       r.step = Step::done;
       r.done = Steady::now();
       if (r.active) --left_;
@@ -381,8 +384,7 @@ class Worker {
         send_frame(i, f.wait_last);
         break;
       case Step::poll_sleep:
-        r.next_poll = Steady::now() + std::chrono::milliseconds(10);
-        ++sleepers_;
+        sleepers_.emplace_back(Steady::now() + std::chrono::milliseconds(10), i);
         break;
       case Step::done:
         r.done = Steady::now();
@@ -492,14 +494,13 @@ class Worker {
     }
   }
 
+  // Every sleep is 10 ms, so the queue is in deadline order.
   void wake_pollers() {
     const auto now = Steady::now();
-    for (std::size_t i = 0; i < ranks_.size(); ++i) {
-      Rank& r = ranks_[i];
-      if (r.step == Step::poll_sleep && now >= r.next_poll) {
-        --sleepers_;
-        enter(i, Step::add_zero);
-      }
+    while (!sleepers_.empty() && sleepers_.front().first <= now) {
+      const std::size_t i = sleepers_.front().second;
+      sleepers_.pop_front();
+      if (ranks_[i].step == Step::poll_sleep) enter(i, Step::add_zero);
     }
   }
 
@@ -509,7 +510,7 @@ class Worker {
   int ep_ = -1;
   std::vector<Rank> ranks_;
   std::size_t left_ = 0;
-  std::size_t sleepers_ = 0;
+  std::deque<std::pair<Steady::time_point, std::size_t>> sleepers_;  // ranks in poll_sleep
 };
 
 long rss_kib(long pid) {
