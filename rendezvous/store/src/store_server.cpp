@@ -229,6 +229,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return false;
   }
 
+  static std::size_t nofile_soft() {
+    rlimit rl{};
+    return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? static_cast<std::size_t>(rl.rlim_cur) : 0;
+  }
+
   std::size_t clamp_connections() const {
     const std::size_t wanted = options.limits.max_connections;
     rlimit rl{};
@@ -393,8 +398,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
     if (connections.size() >= max_connections) {
       ++counters.connections_rejected;
-      refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
-                          peer, max_connections);
+      // An agent's worker store has no --max-connections of its own: there the cap is the
+      // open-files clamp alone, and the line must say so.
+      refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections){}",
+                          peer, max_connections,
+                          max_connections < options.limits.max_connections
+                              ? fmt::format("; lowered from {} by the open-files limit (ulimit -n {}): raise ulimit -n",
+                                            options.limits.max_connections, nofile_soft())
+                              : std::string());
       ++counters.refused[idx(RefusedReason::connection_limit)];
       socket.close(ec);
       return;
