@@ -4,7 +4,7 @@
 //
 //   store_barrier_bench --port P [--host 127.0.0.1] --clients N [--pattern wait|poll]
 //       [--generation modern|legacy] [--threads T] [--ranks-per-address R] [--callback-conn 0|1]
-//       [--tag T] [--timeout-s S] [--server-pid PID]
+//       [--tag T] [--timeout-s S] [--server-pid PID] [--world N]
 //
 // Each rank replays the store traffic of one torch rank, byte for byte on the wire
 // (docs/protocol.md):
@@ -57,6 +57,7 @@ struct Args {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
   int clients = 1024;
+  int world = 0;  // the N the barrier waits for; 0 = --clients (more: the barrier never completes)
   bool modern = true;
   bool poll = false;
   bool callback_conn = false;
@@ -71,7 +72,7 @@ struct Args {
   std::cerr << "store_barrier_bench: " << why
             << "\nusage: store_barrier_bench --port P [--host H] --clients N [--pattern wait|poll] "
                "[--generation modern|legacy] [--threads T] [--ranks-per-address R] [--callback-conn 0|1] "
-               "[--tag T] [--timeout-s S] [--server-pid PID]\n";
+               "[--tag T] [--timeout-s S] [--server-pid PID] [--world N]\n";
   std::exit(2);
 }
 
@@ -88,6 +89,8 @@ Args parse(int argc, char** argv) {
         a.port = static_cast<std::uint16_t>(std::stoul(v));
       } else if (k == "--clients") {
         a.clients = std::stoi(v);
+      } else if (k == "--world") {
+        a.world = std::stoi(v);
       } else if (k == "--pattern") {
         if (v != "wait" && v != "poll") usage("--pattern wait|poll");
         a.poll = v == "poll";
@@ -117,6 +120,7 @@ Args parse(int argc, char** argv) {
   if (a.clients < 1 || a.threads < 1 || a.ranks_per_address < 0)
     usage("--clients, --threads >= 1, --ranks-per-address >= 0");
   a.threads = std::min(a.threads, a.clients);
+  if (a.world == 0) a.world = a.clients;
   return a;
 }
 
@@ -476,9 +480,9 @@ class Worker {
         break;
       case Step::add_zero:
         if (a_.poll) {
-          enter(i, value == a_.clients ? Step::done : Step::poll_sleep);
+          enter(i, value == a_.world ? Step::done : Step::poll_sleep);
         } else {
-          if (value == a_.clients) send_frame(i, sh_.frames.set_last);
+          if (value == a_.world) send_frame(i, sh_.frames.set_last);
           enter(i, Step::wait_last);
         }
         break;
