@@ -7,9 +7,9 @@ hand. Run by scripts/bench after a full run:
 
 Writes launch.png (whole command vs N, log-log), rendezvous.png (round close, setup and total vs N, with
 the least-squares line of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png
-(crash -> group restarted, log y), store.png (serial p50 latency by server and client) and
-fanout-tree.png (SSH launch, flat vs tree: last worker started and launcher CPU vs hosts). A missing
-JSON skips its plot.
+(crash -> group restarted, log y), store.png (serial p50 latency by server and client),
+store_barrier.png (the barrier at scale, ms vs ranks N per server) and fanout-tree.png (SSH launch,
+flat vs tree: last worker started and launcher CPU vs hosts). A missing JSON skips its plot.
 """
 import argparse
 import json
@@ -174,6 +174,30 @@ def fanout_tree_plot(r, out):
             "unset multiplot\n", out)
 
 
+def store_barrier_plot(r, out):
+    """Barrier at scale: release -> last rank done vs N, one line per server and ranks replayed;
+    a size where a server did not survive has no point (the table in performance.md says why)."""
+    rows = [x for x in r["results"] if x["kind"] == "storm" and x["unit"] == "ms"]
+    if not rows:
+        return
+    names = [tuple(n) for n in r["meta"].get("storm_rows", [])] or sorted({(x["server"], x["client"]) for x in rows})
+    blocks, plots = [], []
+    for server, client in names:
+        pts = sorted((int(x["what"]), x) for x in rows if x["server"] == server and x["client"] == client)
+        if not pts:
+            continue
+        blocks.append("\n".join(f"{n} {x['median']} {x['min']} {x['max']}" for n, x in pts))
+        plots.append(f"'$data' index {len(blocks) - 1} using 1:2:3:4 with yerrorlines title '{server} / {client}'")
+    goal = r["meta"].get("storm_goal_ms", 2000)
+    gnuplot(HEAD + "$data << EOD\n" + "\n\n\n".join(blocks) + "\nEOD\n"
+            f"set title 'Store barrier at scale: release -> last rank done ({r['meta']['cpus']} vCPU, "
+            f"{r['meta']['date'][:10]}; no point = did not survive)'\n"
+            "set key bottom right\nset xrange [500:30000]\nset logscale xy\nset xlabel 'ranks N'\nset ylabel 'ms (median, bars min-max)'\n"
+            f"set arrow from graph 0, first {goal} to graph 1, first {goal} nohead dt 2\n"
+            f"set label 'goal {goal:.0f} ms' at graph 0.02, first {goal * 1.15}\n"
+            "plot " + ", ".join(plots) + "\n", out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -195,6 +219,7 @@ def main():
         restart_plot(launch, elastic, os.path.join(args.out_dir, "restart.png"))
     if store:
         store_plot(store, os.path.join(args.out_dir, "store.png"))
+        store_barrier_plot(store, os.path.join(args.out_dir, "store_barrier.png"))
     fanout = load(args.results, "fanout", args.tag)
     if fanout:
         fanout_tree_plot(fanout, os.path.join(args.out_dir, "fanout-tree.png"))

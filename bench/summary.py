@@ -154,6 +154,19 @@ def store_lines(r):
     if g and pg and add:
         out.append(f"* Store, serial p50: get (WAIT + GET) {g:.1f} µs, pipelined get {pg:.1f} µs, "
                    f"add {add:.1f} µs.")
+    storm = {(x["server"], x["client"], x["what"], x["unit"]): x["median"] for x in r["results"]
+             if x["kind"] == "storm"}
+    sizes = r["meta"].get("storm_sizes") or []
+    if sizes:
+        n = str(max(sizes))
+        ms = storm.get(("ddprun-rdzvd", "torch 2.6 ranks", n, "ms"))
+        kib = storm.get(("ddprun-rdzvd", "torch 2.6 ranks", n, "kib_per_rank"))
+        survived = [s for s, c in r["meta"].get("storm_rows", []) if not s.startswith("ddprun")
+                    and (s, c, n, "ms") in storm]
+        if ms is not None:
+            out.append(f"* Store barrier, {int(n):,} torch 2.6 ranks: {ms:,.0f} ms on ddprun-rdzvd"
+                       + (f", {kib:.1f} KiB per rank" if kib else "")
+                       + f"; torch's servers that survived that size: {', '.join(survived) or 'none'}.")
     return out
 
 

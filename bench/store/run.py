@@ -11,7 +11,12 @@ Measures, against both servers:
   * throughput, 50 concurrent C++ clients (threads, one connection and one request in flight
     each), ops/s;
   * N-client connect + add + wait barrier (N = 64, 256, 1024): release -> last client done,
-    plus errors (resets/timeouts) and connect retries.
+    plus errors (resets/timeouts) and connect retries;
+  * the barrier at scale (N = 1024, 4096, 16384; --quick: 256): store_barrier_bench replays
+    the store traffic of N torch ranks (torch 2.6's and 1.13's init_process_group barrier) from
+    epoll threads against ddprun-rdzvd, torch 1.13's server and torch 2.6's (libuv and the
+    older backend, when scripts/torch2's root is there), a fresh server per run; a run that
+    fails is reported as "did not survive" with what happened, and not repeated.
 Each figure is the median of --reps runs with min-max. Writes JSON (--out) and a markdown
 table (--markdown) for docs/performance.md; nothing there is typed by hand.
 Needs /usr/bin/python3 with torch 1.13 (Debian python3-torch).
@@ -31,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
+import torch2  # noqa: E402
 
 HOST = "127.0.0.1"
 GOALS = {"serial_us": 30.0, "throughput_ops": 90000.0, "barrier1024_ms": 250.0}
@@ -69,6 +75,30 @@ for spec in sys.argv[2:]:  # PORT:OP ...
     del c
 print(json.dumps(out))
 """
+
+# A TCPStore server for the storm stage: prints "PORT VERSION PID" once listening. argv[1]:
+# "1"/"0" = use_libuv (torch 2.x only), absent = the version's default.
+TORCH_STORM_SERVER = r"""
+import resource, sys, datetime, os
+import torch, torch.distributed as dist
+kw = {"use_libuv": sys.argv[1] == "1"} if len(sys.argv) > 1 else {}
+s = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=300),
+                  wait_for_workers=False, **kw)
+print(s.port, torch.__version__, os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+# The storm stage's rows: (server, clients replayed, server kind, generation, pattern,
+# 1.13 callback connection, ranks per source address (0: all from 127.0.0.1)).
+STORM_ROWS = [
+    ("ddprun-rdzvd", "torch 2.6 ranks", "ours", "modern", "wait", False, 0),
+    ("ddprun-rdzvd", "torch 1.13 ranks", "ours", "legacy", "poll", True, 0),
+    ("ddprun-rdzvd, default limits", "torch 2.6 ranks, 8 per address", "ours-defaults", "modern", "wait", False, 8),
+    ("torch-1.13", "torch 1.13 ranks", "torch-1.13", "legacy", "poll", True, 0),
+    ("torch-2.6 libuv", "torch 2.6 ranks", "torch-2.6-libuv", "modern", "wait", False, 0),
+    ("torch-2.6 non-libuv", "torch 2.6 ranks", "torch-2.6-nolibuv", "modern", "wait", False, 0),
+]
+STORM_GOAL_MS = 2000.0
 
 children = []
 
@@ -148,6 +178,105 @@ def build_type(bin_dir):
     return "unknown"
 
 
+def raise_nofile_for(conns):
+    """Lets this process and its children open `conns` sockets (plus some): as root the hard
+    limit is raised up to fs.nr_open; otherwise the soft limit goes to the hard one."""
+    want = conns + 4096
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return soft
+    if hard < want and os.geteuid() == 0:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                cap = int(f.read())
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, cap), min(want, cap)))
+            return min(want, cap)
+        except (OSError, ValueError):
+            pass
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def start_storm_server(kind, bin_dir):
+    """(process, port, pid, version) of a fresh server of `kind` (see STORM_ROWS)."""
+    if kind.startswith("ours"):
+        cmd = [os.path.join(bin_dir, "ddprun-rdzvd"), "--host", HOST, "--port", "0", "--log-level", "error"]
+        if kind == "ours":  # every rank from 127.0.0.1: one address, so the per-address cap goes
+            cmd += ["--max-connections-per-peer", "0"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+        children.append(p)
+        line = readline(p, 20)
+        assert line.startswith("listening on "), line
+        return p, int(line.rsplit(":", 1)[1]), p.pid, "ddprun"
+    if kind == "torch-1.13":
+        cmd = [sys.executable, "-c", TORCH_STORM_SERVER]
+    else:
+        cmd = [torch2.PYTHON2, "-c", TORCH_STORM_SERVER, "1" if kind == "torch-2.6-libuv" else "0"]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    children.append(p)
+    port, version, pid = readline(p, 120).split()
+    return p, int(port), int(pid), version
+
+
+def stop_storm_server(p):
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    children.remove(p)
+
+
+def storm(bin_dir, sizes, reps, timeout_s, add, failures):
+    """The barrier at scale; fills `add` (median-able figures) and `failures` (did not survive)."""
+    bench = os.path.join(bin_dir, "store_barrier_bench")
+    have2, why2 = torch2.available()
+    rows = [r for r in STORM_ROWS if have2 or not r[2].startswith("torch-2.6")]
+    nofile = raise_nofile_for(2 * max(sizes))  # 1.13 ranks open two connections each
+    failed = set()
+    for rep in range(reps):
+        for n in sizes:
+            for server, client, kind, gen, pattern, cb, per_addr in rows:
+                if (server, client, n) in failed:
+                    continue  # did not survive once: not repeated
+                conns = n * (2 if cb else 1)
+                if conns + 1024 > nofile:  # the server keeps ~1k descriptors in reserve
+                    failed.add((server, client, n))
+                    failures.append({"server": server, "client": client, "n": n, "rep": rep,
+                                     "error": f"not run: {conns:,} connections need more than this "
+                                              f"box's open-files limit of {nofile:,} (raising it "
+                                              "needs CAP_SYS_RESOURCE)"})
+                    continue
+                p, port, pid, _ = start_storm_server(kind, bin_dir)
+                try:
+                    cmd = [bench, "--port", str(port), "--clients", str(n), "--generation", gen,
+                           "--pattern", pattern, "--callback-conn", "1" if cb else "0",
+                           "--ranks-per-address", str(per_addr), "--tag", f"{rep}_{n}",
+                           "--timeout-s", str(timeout_s), "--server-pid", str(pid)]
+                    try:
+                        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
+                        out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else None
+                    except subprocess.TimeoutExpired:
+                        out = None
+                    alive = p.poll() is None
+                    if out is None or out["errors"] or not alive:
+                        what = ("server exited (status %s)" % p.returncode if not alive else
+                                "no result from store_barrier_bench" if out is None else
+                                f"rank failed (the run stops there): {out['first_error']}")
+                        failed.add((server, client, n))
+                        failures.append({"server": server, "client": client, "n": n, "rep": rep,
+                                         "error": what[:300]})
+                        print(f"storm: {server} / {client} / N={n}: did not survive: {what[:300]}",
+                              file=sys.stderr)
+                        continue
+                    add(("storm", server, client, n, "ms"), out["release_to_last_ms"])
+                    add(("storm", server, client, n, "connected_ms"), out["release_to_connected_ms"])
+                    if kind.startswith("ours") and out["server_rss_peak_kib"] > 0:
+                        add(("storm", server, client, n, "kib_per_rank"),
+                            (out["server_rss_peak_kib"] - out["server_rss_before_kib"]) / n)
+                finally:
+                    stop_storm_server(p)
+    return rows, (None if have2 else why2)
+
+
 def summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "runs": values}
@@ -163,6 +292,11 @@ def main():
     ap.add_argument("--update-doc", default=None, metavar="MD",
                     help="replace the block between the store-bench markers in this file "
                          "(docs/performance.md) with the generated table")
+    ap.add_argument("--storm-sizes", default=None,
+                    help="comma-separated barrier-at-scale sizes (default 1024,4096,16384; quick 256; "
+                         "'' skips the stage)")
+    ap.add_argument("--storm-timeout", type=float, default=60.0,
+                    help="seconds one barrier-at-scale run may take before it counts as failed")
     ap.add_argument("--no-pin-serial", dest="pin_serial", action="store_false",
                     help="do not pin the serial-latency runs (servers and client) to one vCPU")
     args = ap.parse_args()
@@ -175,6 +309,10 @@ def main():
     n_py = 1000 if quick else 10000
     tp_secs = 0.25 if quick else 1.5
     barrier_ns = [64, 256] if quick else [64, 256, 1024]  # quick: stays well under a minute in CI
+    if args.storm_sizes is None:
+        storm_ns = [256] if quick else [1024, 4096, 16384]
+    else:
+        storm_ns = [int(x) for x in args.storm_sizes.split(",") if x.strip()]
     bench = os.path.join(args.bin_dir, "store_bench")
 
     t_start = time.monotonic()
@@ -240,9 +378,17 @@ def main():
                     add(("barrier", server, f"C++ {gen}", n, "errors"), r["errors"])
                     add(("barrier", server, f"C++ {gen}", n, "retries"), r["connect_retries"])
     finally:
-        for p in children:
-            p.kill()
-            p.wait()
+        for p in list(children):
+            stop_storm_server(p)
+    storm_failures = []
+    storm_rows, storm_no_torch2 = [], None
+    if storm_ns:
+        try:
+            storm_rows, storm_no_torch2 = storm(args.bin_dir, storm_ns, reps, args.storm_timeout, add,
+                                                storm_failures)
+        finally:
+            for p in list(children):
+                stop_storm_server(p)
     elapsed = time.monotonic() - t_start
     load_after = os.getloadavg()
 
@@ -261,6 +407,9 @@ def main():
         "kernel": platform.release(), "python": platform.python_version(),
         "torch": torch_version, "loadavg_before": load_before, "loadavg_after": load_after,
         "elapsed_s": round(elapsed, 1), "goals": GOALS,
+        "storm_sizes": storm_ns, "storm_timeout_s": args.storm_timeout, "storm_goal_ms": STORM_GOAL_MS,
+        "storm_rows": [[r[0], r[1]] for r in storm_rows], "storm_failures": storm_failures,
+        "storm_torch2_missing": storm_no_torch2,
     }
     doc = {"meta": meta, "results": results}
     if args.out:
@@ -287,6 +436,45 @@ def fmt(r, digits=1):
     if r["min"] == r["max"]:
         return f(r["median"])
     return f"{f(r['median'])} ({f(r['min'])}–{f(r['max'])})"
+
+
+def storm_markdown(m, idx):
+    """The barrier-at-scale table (empty when the stage did not run)."""
+    sizes = m.get("storm_sizes") or []
+    if not sizes:
+        return []
+    fails = {(f["server"], f["client"], f["n"]): f["error"] for f in m.get("storm_failures", [])}
+    out = ["", "**Barrier at scale**: `store_barrier_bench` replays the store traffic of N torch ranks "
+           "released at once (epoll threads, the real wire bytes; a fresh server per run). torch 2.6 "
+           "ranks: connect, VALIDATE + PING, `add(init/, 1)`, `add(K, 1)`, `add(K, 0)`, the rank "
+           "reading N sets `K:last_worker`, all `wait([K:last_worker])` (TCPStore + "
+           "`_store_based_barrier`). torch 1.13 ranks: connect plus the watch-callback connection, "
+           "`add(init/, 1)`, `add(K, 1)`, then `add(K, 0)` every 10 ms until it reads N. Time from "
+           "release to the last rank done, ms; every rank from 127.0.0.1 (so ddprun-rdzvd runs with "
+           "`--max-connections-per-peer 0`), except the default-limits row (8 ranks per address, "
+           "127.1.x.x). A run with a failed rank counts as \"did not survive\" (the run stops at the first "
+           "failed rank, whose error is shown) and is not repeated.",
+           "", "| server | ranks | " + " | ".join(f"N = {n:,}" for n in sizes) + " | server KiB per rank |",
+           "|---|---|" + "---|" * (len(sizes) + 1)]
+    for server, client in m.get("storm_rows", []):
+        cells = []
+        for n in sizes:
+            r = idx.get(("storm", server, client, str(n), "ms"))
+            if (server, client, n) in fails:
+                err = fails[(server, client, n)].replace("|", "/")
+                cells.append(err if err.startswith("not run") else "did not survive: " + err)
+            elif r:
+                cells.append(fmt(r, 0))
+            else:
+                cells.append("–")
+        mem = idx.get(("storm", server, client, str(sizes[-1]), "kib_per_rank"))
+        out.append(f"| {server} | {client} | " + " | ".join(cells) + f" | {fmt(mem) if mem else '–'} |")
+    if m.get("storm_torch2_missing"):
+        out += ["", f"torch 2.6 not measured: {m['storm_torch2_missing']}."]
+    out += ["", f"Goal (issue 18): 16,384 ranks ≤ {m.get('storm_goal_ms', STORM_GOAL_MS):,.0f} ms. "
+            "Server KiB per rank: the server's RSS growth with every rank connected and done, divided "
+            f"by N, at N = {sizes[-1]:,}."]
+    return out
 
 
 def markdown(doc):
@@ -333,6 +521,7 @@ def markdown(doc):
             errs = sum(idx[("barrier", s, c, n, "errors")]["runs"])
             retries = sum(idx[("barrier", s, c, n, "retries")]["runs"])
             out.append(f"| {s} | {c} | {n} | {fmt(r)} | {errs:.0f} | {retries:.0f} |")
+    out += storm_markdown(m, idx)
     g = m["goals"]
     out += ["", f"Goals (performance-anchors.md G6–G8): serial ≤ {g['serial_us']:.0f} µs, "
             f"≥ {g['throughput_ops']:,.0f} ops/s with 50 clients, 1024-client barrier ≤ "

@@ -3,7 +3,9 @@
 // Per connection: one read buffer parsed incrementally (every complete request in it is
 // executed per read), one pending-output string filled by the state machine, and at most one
 // async_write in flight (the pending bytes are swapped into the in-flight buffer). Replies
-// produced while handling one read are written with one async_write.
+// produced while handling one read are written with one async_write. The read buffer exists
+// only while bytes are buffered: a connection with nothing buffered waits for readability
+// without one (16,384 ranks idle in a WAIT hold no read buffers) and takes a fresh one per read.
 //
 // Memory accounting: every connection's read-buffer size plus queued reply capacity is summed
 // in Core::buffered (Core::account keeps it exact), checked against max_buffered_bytes. One
@@ -229,6 +231,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return false;
   }
 
+  static std::size_t nofile_soft() {
+    rlimit rl{};
+    return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? static_cast<std::size_t>(rl.rlim_cur) : 0;
+  }
+
   std::size_t clamp_connections() const {
     const std::size_t wanted = options.limits.max_connections;
     rlimit rl{};
@@ -393,8 +400,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
     if (connections.size() >= max_connections) {
       ++counters.connections_rejected;
-      refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections)",
-                          peer, max_connections);
+      // An agent's worker store has no --max-connections of its own: there the cap is the
+      // open-files clamp alone, and the line must say so.
+      refuse_warning.warn("store: closing new connection from {}: connection limit of {} reached (--max-connections){}",
+                          peer, max_connections,
+                          max_connections < options.limits.max_connections
+                              ? fmt::format("; lowered from {} by the open-files limit (ulimit -n {}): raise ulimit -n",
+                                            options.limits.max_connections, nofile_soft())
+                              : std::string());
       ++counters.refused[idx(RefusedReason::connection_limit)];
       socket.close(ec);
       return;
@@ -414,12 +427,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       }
     }
     socket.set_option(tcp::no_delay(true), ec);
+    socket.non_blocking(true, ec);  // on_readable reads with read_some, which must not block
     auto c = std::make_shared<Connection>(std::move(socket));
     c->id = next_id++;
     c->peer = std::move(peer);
     c->peer_address = std::move(peer_address);
     c->decoder.accept_legacy = options.accept_legacy;
-    c->in.resize(initial_buffer);
     c->last_active = Clock::now();
     account(*c);
     if (!c->peer_address.empty()) ++per_peer[c->peer_address];
@@ -432,12 +445,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   void start_read(const ConnectionPtr& c) {
     if (c->closed) return;
     if (c->begin == c->end) {
+      // Nothing buffered: hold no read buffer while waiting (most connections of a big job sit
+      // in a WAIT or idle for the whole run); on_readable takes one when bytes arrive.
       c->begin = c->end = 0;
-      if (c->in.size() > shrink_above) {
-        c->in.resize(initial_buffer);
-        c->in.shrink_to_fit();
+      if (!c->in.empty()) {
+        std::vector<char>().swap(c->in);
         account(*c);
       }
+      c->socket.async_wait(tcp::socket::wait_read,
+                           [self = shared_from_this(), c](boost::system::error_code ec) { self->on_readable(c, ec); });
+      return;
     }
     const std::size_t want = std::max(min_read_space, c->need > c->end - c->begin ? c->need - (c->end - c->begin) : 0);
     if (c->in.size() - c->end < want) {
@@ -467,6 +484,22 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->socket.async_read_some(
         asio::buffer(c->in.data() + c->end, c->in.size() - c->end),
         [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) { self->on_read(c, ec, n); });
+  }
+
+  // The socket became readable with nothing buffered: read into a fresh buffer.
+  void on_readable(const ConnectionPtr& c, boost::system::error_code ec) {
+    if (c->closed || stopped) return;
+    std::size_t n = 0;
+    if (!ec) {
+      c->in.resize(initial_buffer);
+      account(*c);
+      n = c->socket.read_some(asio::buffer(c->in.data(), c->in.size()), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again || ec == asio::error::interrupted) {
+        start_read(c);  // a spurious wake-up: wait again (start_read drops the buffer)
+        return;
+      }
+    }
+    on_read(c, ec, n);
   }
 
   void on_read(const ConnectionPtr& c, boost::system::error_code ec, std::size_t n) {
