@@ -106,7 +106,11 @@ class Agent {
     for (int r = 0; r < config_.nproc_per_node; ++r) {
       any_files_ = any_files_ || plan_routes(config_, r).needs_files();
     }
-    job_dir_ = make_job_dir(config_);
+    const bool python = config_.python_worker || may_run_python(executable_, config_.worker_argv);
+    // A job that writes nothing there (native ranks, no log files) only reserves the run
+    // directory's name: no mkdir before the first exec, no rmdir before the exit (job_dir.hpp).
+    const bool lazy_dir = !job_dir_needed(config_, any_files_, python);
+    job_dir_ = lazy_dir ? reserve_job_dir(config_) : make_job_dir(config_);
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
     }
@@ -114,8 +118,9 @@ class Agent {
     containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
-    const bool hook = config_.stacks && (config_.python_worker || may_run_python(executable_, config_.worker_argv));
+    const bool hook = config_.stacks && python;
     run_.set_diagnostics(containment_.get(), hook ? install_python_hook(job_dir_) : std::string());
+    if (lazy_dir) run_.set_lazy_dirs(job_dir_);
 
     // Before the backend joins anything: a metrics port that cannot be bound stops the agent
     // before it takes a place in a round.
