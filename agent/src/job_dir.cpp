@@ -1,7 +1,6 @@
 // The job's log directory; see job_dir.hpp.
 #include "ddprun/agent/job_dir.hpp"
 
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,18 +61,7 @@ std::string make_job_dir(const AgentConfig& config) {
   return std::string(buf.data());
 }
 
-std::string reserve_job_dir(const AgentConfig& config) {
-  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  unsigned char bytes[12] = {};
-  if (::getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
-    return make_job_dir(config);  // no randomness to reserve a name with: create it now
-  }
-  std::string suffix;
-  for (unsigned char b : bytes) suffix += kAlphabet[b % (sizeof(kAlphabet) - 1)];
-  return temp_base() + "/ddprun-" + sanitize(config.run_id) + "_" + suffix;
-}
-
-bool job_dir_needed(const AgentConfig& config, bool any_files, bool may_run_python) {
+bool rank_dirs_needed(const AgentConfig& config, bool any_files, bool may_run_python) {
   return config.log_dir || any_files || may_run_python || !config.duplicate_stdout_filters.empty() ||
          !config.duplicate_stderr_filters.empty();
 }
@@ -82,15 +70,6 @@ bool ensure_dir(const std::string& job_dir, const std::string& dir) {
   if (dir.size() < job_dir.size() || dir.compare(0, job_dir.size(), job_dir) != 0) {
     errno = EINVAL;
     return false;
-  }
-  if (::mkdir(job_dir.c_str(), 0700) != 0) {
-    if (errno != EEXIST) return false;
-    struct stat st {};
-    if (::lstat(job_dir.c_str(), &st) != 0) return false;
-    if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
-      errno = EEXIST;
-      return false;
-    }
   }
   for (std::size_t at = job_dir.size(); at < dir.size();) {
     std::size_t next = dir.find('/', at + 1);

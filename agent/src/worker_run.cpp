@@ -359,7 +359,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
     if (!config_.stacks) continue;
     const std::string rank_dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
-    // A reserved run directory is made now; when that fails, collect_stacks says it cannot write.
+    // Flat layout: the rank's directory is made now; when that fails, collect_stacks says so.
     if (!lazy_job_dir_.empty()) ensure_dir(lazy_job_dir_, rank_dir);
     stacks.push_back(collect_stacks(w->child.pid(), w->spec.rank, w->spec.local_rank, rank_dir));
   }

@@ -61,9 +61,9 @@ class WorkerRun {
   // Containment (may be null) and the directory of the Python stacks hook ("" = none). Call
   // before start().
   void set_diagnostics(Containment* containment, std::string python_hook_dir);
-  // The job directory `job_dir` is only reserved (job_dir.hpp): the attempt and rank
-  // directories are not created at start, only when ddprun itself writes there (the native
-  // stacks of a diagnosis). Call before start().
+  // Flat layout under `job_dir` (job_dir.hpp): the attempt and rank directories are not made
+  // at start, only when ddprun itself writes there (the native stacks of a diagnosis). Call
+  // before start().
   void set_lazy_dirs(std::string job_dir) { lazy_job_dir_ = std::move(job_dir); }
   // Whether `pid` is a live process of the current attempt: a worker not yet exited, or a
   // process in a running worker's containment cgroup or process tree. The file timer signals
