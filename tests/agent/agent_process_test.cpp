@@ -628,7 +628,11 @@ TEST_CASE("without --log-dir the run directory under TMPDIR is removed unless it
     auto c = make_config(dir, 1, {"--write-error-file", "boom", "--exit", "2"});
     c.log_dir.reset();
     CHECK(wait_agent(start_agent(c, dir)) == 2);
-    CHECK(count() == 1);
+    REQUIRE(count() == 1);
+    // A native rank without log files: the flat layout (job_dir.hpp), one directory per job.
+    const auto job = fs::directory_iterator(tmp)->path();
+    CHECK(fs::is_regular_file(job / "attempt_0.0.error.json"));
+    CHECK_FALSE(fs::exists(job / "attempt_0"));
   }
   if (old) {
     ::setenv("TMPDIR", saved.c_str(), 1);
