@@ -5,11 +5,12 @@ hand. Run by scripts/bench after a full run:
 
   /usr/bin/python3 bench/plots.py --results bench/results --tag full --out-dir docs/img
 
-Writes launch.png (whole command vs N, log-log), rendezvous.png (round close, setup and total vs N, with
-the least-squares line of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png
-(crash -> group restarted, log y), store.png (serial p50 latency by server and client),
-store_barrier.png (the barrier at scale, ms vs ranks N per server) and fanout-tree.png (SSH launch,
-flat vs tree: last worker started and launcher CPU vs hosts). A missing JSON skips its plot.
+Writes launch.png (whole command vs N, log-log), launch-ratio.png (ddprun / floor vs N, wall and CPU,
+with the 1.25x goal), rendezvous.png (round close, setup and total vs N, with the least-squares line
+of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png (crash -> group
+restarted, log y), store.png (serial p50 latency by server and client), store_barrier.png (the
+barrier at scale, ms vs ranks N per server) and fanout-tree.png (SSH launch, flat vs tree: last
+worker started and launcher CPU vs hosts). A missing JSON skips its plot.
 """
 import argparse
 import json
@@ -62,6 +63,27 @@ def launch_plot(r, out):
             "set logscale xy\nset xlabel 'workers N'\nset ylabel 'ms (median, bars min-max)'\n"
             f"set xtics ({', '.join(str(n) for n in ns)})\nset key top left\n"
             "plot " + ", ".join(plots) + "\n", out)
+
+
+def launch_ratio_plot(r, out):
+    """ddprun / floor vs N, wall and CPU time (pair-by-pair medians, bars min-max), against the
+    1.25x goal of issue 18."""
+    ns = sorted({int(k.split("/")[1]) for k in r["launch"]})
+    blocks, plots = [], []
+    for key, label in (("ddprun_over_floor", "wall time"), ("ddprun_over_floor_cpu", "CPU time (user + sys)")):
+        rows = [(n, r["launch"][f"floor/{n}"][key]) for n in ns if key in r["launch"].get(f"floor/{n}", {})]
+        if rows:
+            blocks.append("\n".join(f"{n} {s['median']} {s['min']} {s['max']}" for n, s in rows))
+            plots.append(f"'$data' index {len(blocks) - 1} using 1:2:3:4 with yerrorlines title 'ddprun / floor, {label}'")
+    if not blocks:
+        return
+    data = "$data << EOD\n" + "\n\n\n".join(blocks) + "\nEOD\n"
+    gnuplot(HEAD + data +
+            f"set title 'ddprun / spawn floor, N x /bin/true, paired runs ({r['machine']['cpus']} vCPU, {r['date'][:10]})'\n"
+            "set logscale x\nset xlabel 'workers N'\nset ylabel 'ratio (median of pairs, bars min-max)'\n"
+            f"set xtics ({', '.join(str(n) for n in ns)})\nset xrange [0.8:{max(ns) * 1.25}]\nset yrange [0.8:*]\nset key top right\n"
+            "plot " + ", ".join(plots) + ", 1.25 with lines dt 2 lw 2 title 'goal: 1.25x', "
+            "1 with lines lt 0 title 'floor'\n", out)
 
 
 def rdzv_plot(r, out):
@@ -213,6 +235,7 @@ def main():
     store = load(args.results, "store", args.tag)
     if launch:
         launch_plot(launch, os.path.join(args.out_dir, "launch.png"))
+        launch_ratio_plot(launch, os.path.join(args.out_dir, "launch-ratio.png"))
     if rdzv:
         rdzv_plot(rdzv, os.path.join(args.out_dir, "rendezvous.png"))
     if launch or elastic:

@@ -106,6 +106,9 @@ class Agent {
     for (int r = 0; r < config_.nproc_per_node; ++r) {
       any_files_ = any_files_ || plan_routes(config_, r).needs_files();
     }
+    const bool python = config_.python_worker || may_run_python(executable_, config_.worker_argv);
+    // Native ranks without log files: one directory for the job, not N + 2 (job_dir.hpp).
+    flat_dirs_ = !rank_dirs_needed(config_, any_files_, python);
     job_dir_ = make_job_dir(config_);
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
@@ -114,8 +117,9 @@ class Agent {
     containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
-    const bool hook = config_.stacks && (config_.python_worker || may_run_python(executable_, config_.worker_argv));
+    const bool hook = config_.stacks && python;
     run_.set_diagnostics(containment_.get(), hook ? install_python_hook(job_dir_) : std::string());
+    if (flat_dirs_) run_.set_lazy_dirs(job_dir_);
 
     // Before the backend joins anything: a metrics port that cannot be bound stops the agent
     // before it takes a place in a round.
@@ -361,7 +365,7 @@ class Agent {
     last_progress_.clear();
     pending_failure_.reset();
     if (file_timer_) file_timer_->reset();  // the previous attempt's timers name its dead workers
-    const AttemptContext attempt{job_dir_ + "/" + a.dir_name, nccl.env};
+    const AttemptContext attempt{job_dir_ + "/" + a.dir_name, nccl.env, flat_dirs_};
     std::vector<WorkerSpec> specs;
     for (int r = 0; r < config_.nproc_per_node; ++r) {
       specs.push_back(worker_spec(config_, a.placement, r, attempt, parent_env_));
@@ -423,6 +427,7 @@ class Agent {
   std::string last_progress_;
   std::string executable_;
   std::string job_dir_;
+  bool flat_dirs_ = false;  // job_dir.hpp's flat layout
   bool any_files_ = false;
   bool finished_ = false;
   int exit_code_ = 1;

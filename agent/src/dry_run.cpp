@@ -4,8 +4,10 @@
 #include <ostream>
 
 #include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/job_dir.hpp"
 #include "ddprun/agent/output.hpp"
+#include "ddprun/agent/process.hpp"
 #include "ddprun/agent/worker_spec.hpp"
 #include "ddprun/common/shell.hpp"
 #include "ddprun/worker_env/numa.hpp"
@@ -41,6 +43,21 @@ void print_dry_run(const AgentConfig& given, std::ostream& out) {
   const bool port_at_launch = config.standalone || config.master_port == 0;
   AttemptContext attempt;
   attempt.dir = job_dir_pattern(config) + "/attempt_0";
+  {  // the agent's choice of layout (agent.cpp, job_dir.hpp)
+    bool any_files = false;
+    for (int r = 0; r < config.nproc_per_node; ++r) any_files = any_files || plan_routes(config, r).needs_files();
+    bool python = true;  // an executable that cannot be resolved here: assume the common case
+    try {
+      const auto path_it = parent.find("PATH");
+      python = config.python_worker ||
+               may_run_python(resolve_executable(config.worker_argv.front(),
+                                                 path_it == parent.end() ? std::string() : path_it->second,
+                                                 config.working_dir ? config.working_dir->string() : std::string()),
+                              config.worker_argv);
+    } catch (const std::exception&) {
+    }
+    attempt.flat = !rank_dirs_needed(config, any_files, python);
+  }
   if (config.nccl_id == AgentConfig::NcclIdMode::comm_id) {
     attempt.nccl_env.emplace_back("NCCL_COMM_ID",
                                   (multi_node ? std::string("<group-rank-0 node's address>") : config.master_addr) +

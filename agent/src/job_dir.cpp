@@ -1,6 +1,7 @@
 // The job's log directory; see job_dir.hpp.
 #include "ddprun/agent/job_dir.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,6 +59,26 @@ std::string make_job_dir(const AgentConfig& config) {
                 config.log_dir ? "pick a writable --log-dir" : "set TMPDIR to a writable directory or pass --log-dir");
   }
   return std::string(buf.data());
+}
+
+bool rank_dirs_needed(const AgentConfig& config, bool any_files, bool may_run_python) {
+  return config.log_dir || any_files || may_run_python || !config.duplicate_stdout_filters.empty() ||
+         !config.duplicate_stderr_filters.empty();
+}
+
+bool ensure_dir(const std::string& job_dir, const std::string& dir) {
+  if (dir.size() < job_dir.size() || dir.compare(0, job_dir.size(), job_dir) != 0) {
+    errno = EINVAL;
+    return false;
+  }
+  for (std::size_t at = job_dir.size(); at < dir.size();) {
+    std::size_t next = dir.find('/', at + 1);
+    if (next == std::string::npos) next = dir.size();
+    const std::string part = dir.substr(0, next);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    at = next;
+  }
+  return true;
 }
 
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files) {

@@ -2,6 +2,7 @@
 #include "ddprun/agent/worker_run.hpp"
 
 #include "ddprun/agent/duplicate_filter.hpp"
+#include "ddprun/agent/job_dir.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -73,7 +74,7 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
   workers_.clear();
   ended_ = false;
   attempt_dir_ = attempt_dir;
-  make_dir(attempt_dir_);
+  if (lazy_job_dir_.empty()) make_dir(attempt_dir_);
   machine_ = WorkerGroupMachine(static_cast<int>(specs.size()), 0);
   diagnosis_.clear();
   teardown_signals_.clear();
@@ -99,7 +100,7 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
 void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env::EnvMap& parent_env) {
   const int local_rank = w.spec.local_rank;
   const std::string rank_dir = attempt_dir_ + "/" + std::to_string(local_rank);
-  make_dir(rank_dir);
+  if (lazy_job_dir_.empty()) make_dir(rank_dir);
 
   SpawnRequest req;
   req.path = executable;
@@ -357,8 +358,10 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   for (const auto& w : workers_) {
     if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
     if (!config_.stacks) continue;
-    stacks.push_back(collect_stacks(w->child.pid(), w->spec.rank, w->spec.local_rank,
-                                    attempt_dir_ + "/" + std::to_string(w->spec.local_rank)));
+    const std::string rank_dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
+    // Flat layout: the rank's directory is made now; when that fails, collect_stacks says so.
+    if (!lazy_job_dir_.empty()) ensure_dir(lazy_job_dir_, rank_dir);
+    stacks.push_back(collect_stacks(w->child.pid(), w->spec.rank, w->spec.local_rank, rank_dir));
   }
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!stacks.empty()) spdlog::info("collected the stacks of {} rank(s) in {:.1f} ms", stacks.size(), total_ms);

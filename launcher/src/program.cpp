@@ -28,9 +28,12 @@ fs::path absolute_from(const fs::path& p, const fs::path& cwd) {
   return (p.is_absolute() ? p : cwd / p).lexically_normal();
 }
 
+// "python" followed by digits and dots only (python, python3, python3.11); by hand, because a
+// std::regex costs its construction on every launch.
 bool looks_like_python(std::string_view argv0) {
-  static const std::regex python_name(R"(python[0-9.]*)");
-  return std::regex_match(fs::path(argv0).filename().string(), python_name);
+  const std::string name = fs::path(argv0).filename().string();
+  if (name.rfind("python", 0) != 0) return false;
+  return std::all_of(name.begin() + 6, name.end(), [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
 }
 
 std::string searched_dirs(std::string_view path_env) {

@@ -628,7 +628,26 @@ TEST_CASE("without --log-dir the run directory under TMPDIR is removed unless it
     auto c = make_config(dir, 1, {"--write-error-file", "boom", "--exit", "2"});
     c.log_dir.reset();
     CHECK(wait_agent(start_agent(c, dir)) == 2);
-    CHECK(count() == 1);
+    REQUIRE(count() == 1);
+    // A native rank without log files: the flat layout (job_dir.hpp), one directory per job.
+    const auto job = fs::directory_iterator(tmp)->path();
+    CHECK(fs::is_regular_file(job / "attempt_0.0.error.json"));
+    CHECK_FALSE(fs::exists(job / "attempt_0"));
+  }
+  SECTION("the flat layout still gets a rank directory for native stacks (eu-stack)") {
+    if (!exists("/usr/bin/eu-stack")) {
+      WARN("eu-stack (elfutils) is not installed: nothing to check");
+    } else {
+      // Rank 0 fails at once; rank 1 is still running, so its native stacks are collected.
+      auto c = make_config(dir, 2, {"--only-rank", "0", "--exit", "3", "--sleep-ms", "20000", "--gated-no-sleep"});
+      c.log_dir.reset();
+      CHECK(wait_agent(start_agent(c, dir)) == 3);
+      REQUIRE(count() == 1);
+      const auto job = fs::directory_iterator(tmp)->path();
+      INFO(slurp(dir / "agent.err"));
+      CHECK(fs::file_size(job / "attempt_0" / "1" / "stacks-native.txt") > 0);
+      CHECK_FALSE(fs::exists(job / "attempt_0" / "0"));  // no directory for the rank that had nothing to write
+    }
   }
   if (old) {
     ::setenv("TMPDIR", saved.c_str(), 1);

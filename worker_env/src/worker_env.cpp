@@ -75,11 +75,18 @@ EnvList build_worker_env(const Placement& a, int local_rank, const EnvOptions& o
   env.emplace_back("TORCHELASTIC_USE_AGENT_STORE", a.use_agent_store ? "True" : "False");
   if (opts.error_file_dir) {
     std::string path = *opts.error_file_dir;
-    if (!path.empty() && path.back() != '/') {
-      path += '/';
+    if (opts.flat_error_file) {
+      while (!path.empty() && path.back() == '/') path.pop_back();
+      path += '.';
+      path += std::to_string(local_rank);
+      path += ".error.json";
+    } else {
+      if (!path.empty() && path.back() != '/') {
+        path += '/';
+      }
+      path += std::to_string(local_rank);
+      path += "/error.json";
     }
-    path += std::to_string(local_rank);
-    path += "/error.json";
     env.emplace_back("TORCHELASTIC_ERROR_FILE", std::move(path));
   }
   // Only when unset: a user who exported a value keeps it (torchrun semantics).

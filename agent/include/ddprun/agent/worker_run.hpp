@@ -61,6 +61,10 @@ class WorkerRun {
   // Containment (may be null) and the directory of the Python stacks hook ("" = none). Call
   // before start().
   void set_diagnostics(Containment* containment, std::string python_hook_dir);
+  // Flat layout under `job_dir` (job_dir.hpp): the attempt and rank directories are not made
+  // at start, only when ddprun itself writes there (the native stacks of a diagnosis). Call
+  // before start().
+  void set_lazy_dirs(std::string job_dir) { lazy_job_dir_ = std::move(job_dir); }
   // Whether `pid` is a live process of the current attempt: a worker not yet exited, or a
   // process in a running worker's containment cgroup or process tree. The file timer signals
   // nothing else.
@@ -113,6 +117,7 @@ class WorkerRun {
   std::string diagnosis_;              // this attempt's diagnosis block
   std::vector<int> teardown_signals_;  // what signal_groups() sent this attempt
   std::string attempt_dir_;
+  std::string lazy_job_dir_;  // set_lazy_dirs; empty: the directories are made at start
   std::vector<std::unique_ptr<Worker>> workers_;
   bool wrote_files_ = false;
   bool ended_ = false;  // the machine is terminal or kill_and_reap_all ran

@@ -16,6 +16,7 @@ namespace ddprun::agent {
 struct AttemptContext {
   std::string dir;               // error files go to <dir>/<local_rank>/error.json
   worker_env::EnvList nccl_env;  // the round's NCCL variables (nccl_ids.hpp)
+  bool flat = false;             // or to <dir>.<local_rank>.error.json (job_dir.hpp's flat layout)
 };
 
 struct WorkerSpec {

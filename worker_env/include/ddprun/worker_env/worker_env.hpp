@@ -34,6 +34,8 @@ struct EnvOptions {
   bool python_worker = false;  // adds PYTHONUNBUFFERED=1
   // Directory for per-worker error files: <dir>/<local_rank>/error.json (TORCHELASTIC_ERROR_FILE).
   std::optional<std::string> error_file_dir;
+  // Instead <dir>.<local_rank>.error.json: no directory per rank (the agent's flat layout).
+  bool flat_error_file = false;
   bool virtual_local_rank = false;  // LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its one device>
 };
 
