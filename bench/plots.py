@@ -67,7 +67,7 @@ def launch_plot(r, out):
 
 def launch_ratio_plot(r, out):
     """ddprun / floor vs N, wall and CPU time (pair-by-pair medians, bars min-max), against the
-    1.25x goal of issue 18."""
+    1.25x goal."""
     ns = sorted({int(k.split("/")[1]) for k in r["launch"]})
     blocks, plots = [], []
     for key, label in (("ddprun_over_floor", "wall time"), ("ddprun_over_floor_cpu", "CPU time (user + sys)")):

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from doc_block import update_doc as write_doc_block  # noqa: E402
 
 GOALS_MS = {16: 10.0, 1024: 100.0, 10000: 1500.0}  # last join -> all assigned
-GOAL_TOTAL = (100000, 10.0)  # N, seconds: connect + handshake + joins + round close (issue 18)
+GOAL_TOTAL = (100000, 10.0)  # N, seconds: connect + handshake + joins + round close (the goal)
 DAEMON_RESERVE = 1024 + 64  # descriptors the daemon keeps beyond its connections, plus slack
 
 

@@ -471,7 +471,7 @@ def storm_markdown(m, idx):
         out.append(f"| {server} | {client} | " + " | ".join(cells) + f" | {fmt(mem) if mem else '–'} |")
     if m.get("storm_torch2_missing"):
         out += ["", f"torch 2.6 not measured: {m['storm_torch2_missing']}."]
-    out += ["", f"Goal (issue 18): 16,384 ranks ≤ {m.get('storm_goal_ms', STORM_GOAL_MS):,.0f} ms. "
+    out += ["", f"Goal: 16,384 ranks ≤ {m.get('storm_goal_ms', STORM_GOAL_MS):,.0f} ms. "
             "Server KiB per rank: the server's RSS growth with every rank connected and done, divided "
             f"by N, at N = {sizes[-1]:,}."]
     return out
