@@ -113,7 +113,9 @@ GroupActions WorkerGroupMachine::on_signal(int sig) {
         // The user insists (a second Ctrl-C): no more grace.
         return {{GroupAction::Kind::signal_groups, SIGKILL}};
       }
-      // A restart was pending; the signal wins and ends the run after this stop.
+      // A restart or the agent's own stop was pending; the signal wins and ends the run after
+      // this stop, and the workers see it (e.g. SIGINT forwarded through a launch tree that
+      // arrives after a membership change already began the stop).
       cause_ = StopCause::signal;
       stop_signal_ = sig;
       return {{GroupAction::Kind::signal_groups, sig}};
@@ -126,6 +128,16 @@ GroupActions WorkerGroupMachine::on_signal(int sig) {
     default:
       return {};
   }
+}
+
+GroupActions WorkerGroupMachine::on_stop_request() {
+  if (state_ != GroupState::healthy) {
+    return {};
+  }
+  state_ = GroupState::stopping;
+  cause_ = StopCause::requested;
+  stop_signal_ = SIGTERM;
+  return {{GroupAction::Kind::signal_groups, SIGTERM}, {GroupAction::Kind::arm_grace, 0}};
 }
 
 GroupActions WorkerGroupMachine::on_grace_expired() {
@@ -148,7 +160,7 @@ GroupActions WorkerGroupMachine::maybe_complete() {
   // stopping: every process has exited; the zombies still hold their process-group ids, so a
   // last SIGKILL reaches only leftovers (grandchildren) of our own groups.
   GroupActions actions{{GroupAction::Kind::cancel_grace, 0}, {GroupAction::Kind::signal_groups, SIGKILL}};
-  if (cause_ == StopCause::signal) {
+  if (cause_ == StopCause::signal || cause_ == StopCause::requested) {
     state_ = GroupState::interrupted;
     actions.push_back({GroupAction::Kind::finish, 128 + stop_signal_});
     return actions;

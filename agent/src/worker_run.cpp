@@ -206,7 +206,7 @@ void WorkerRun::signal(int sig) {
 }
 
 void WorkerRun::stop() {
-  if (!ended_ && machine_.state() == GroupState::healthy) apply(machine_.on_signal(SIGTERM));
+  if (!ended_) apply(machine_.on_stop_request());
 }
 
 void WorkerRun::apply(const GroupActions& actions) {

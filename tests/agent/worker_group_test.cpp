@@ -136,6 +136,35 @@ TEST_CASE("a handled signal is forwarded; the run ends with 128 + signal") {
   CHECK(m.failures().empty());
 }
 
+TEST_CASE("a signal during the agent's own stop is forwarded, not escalated to SIGKILL") {
+  WorkerGroupMachine m(2, 5);
+  m.start();
+  CHECK(m.on_stop_request() == GroupActions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}});
+  CHECK(m.stop_cause() == StopCause::requested);
+  CHECK(m.on_stop_request().empty());  // already stopping
+  // The first user signal (e.g. SIGINT forwarded down a launch tree after a membership change
+  // began the stop) reaches the workers as itself; only a second one means "no more grace".
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGINT}});
+  CHECK(m.stop_cause() == StopCause::signal);
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}});
+  m.on_drained(0);
+  m.on_drained(1);
+  CHECK(m.on_exited(0, ExitStatus::killed(SIGINT)).empty());
+  const auto a = m.on_exited(1, ExitStatus::killed(SIGKILL));
+  CHECK(a == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
+  CHECK(m.state() == GroupState::interrupted);
+}
+
+TEST_CASE("the agent's own stop ends like SIGTERM and never restarts") {
+  WorkerGroupMachine m(1, 5);
+  m.start();
+  m.on_stop_request();
+  m.on_drained(0);
+  const auto a = m.on_exited(0, ExitStatus::killed(SIGTERM));
+  CHECK(a == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 143}});
+  CHECK(m.failures().empty());
+}
+
 TEST_CASE("a second signal escalates to SIGKILL") {
   WorkerGroupMachine m(1, 0);
   m.start();

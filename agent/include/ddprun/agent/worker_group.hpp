@@ -50,7 +50,9 @@
 namespace ddprun::agent {
 
 enum class GroupState : std::uint8_t { init, healthy, stopping, succeeded, failed, interrupted };
-enum class StopCause : std::uint8_t { none, worker_failure, signal };
+// requested = the agent stopped the group itself (a membership change, the round ended): not a
+// user's signal, so a signal arriving during that stop is the first one, not a second Ctrl-C.
+enum class StopCause : std::uint8_t { none, worker_failure, signal, requested };
 
 const char* to_string(GroupState state);
 
@@ -83,6 +85,8 @@ class WorkerGroupMachine {
   GroupActions on_exited(int local_rank, ExitStatus status);
   GroupActions on_drained(int local_rank);
   GroupActions on_signal(int sig);
+  // The agent stops a healthy group itself (SIGTERM, grace, SIGKILL); it ends as on a signal.
+  GroupActions on_stop_request();
   GroupActions on_grace_expired();
 
   GroupState state() const { return state_; }
