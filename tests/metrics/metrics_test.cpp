@@ -61,28 +61,6 @@ TEST_CASE("invalid names and bounds are refused") {
   CHECK_THROWS_AS(Histogram({1, std::numeric_limits<double>::infinity()}), std::invalid_argument);
 }
 
-TEST_CASE("refuse reasons map to a bounded label set") {
-  using ddprun::rendezvous::refuse_reason_label;
-  // The service's own refusals (rendezvous_service.cpp), before the registry sees a frame.
-  CHECK(refuse_reason_label("authentication failed: the client's token does not match this daemon's (...)") == "auth");
-  CHECK(refuse_reason_label("authentication required: this daemon has a token; send HELLO and AUTH first") == "auth");
-  CHECK(refuse_reason_label("AUTH before HELLO: open the connection with HELLO") == "auth");
-  CHECK(refuse_reason_label("this connection authenticated for rendezvous 'a', not 'b'") == "auth");
-  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is not owned by this connection (...)") == "not_owner");
-  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is already a member from another connection") == "not_owner");
-  CHECK(refuse_reason_label("node n1 of rendezvous 'j' is a known member: it must REJOIN with its node secret") ==
-        "not_owner");
-  CHECK(refuse_reason_label("rendezvous 'j' already completed; its id can be reused") == "job_finished");
-  CHECK(refuse_reason_label("rendezvous 'j' already failed (x); pick a new --rdzv-id") == "job_finished");
-  CHECK(refuse_reason_label("rendezvous 'j' is closed: it accepts no new nodes") == "job_closed");
-  CHECK(refuse_reason_label("rendezvous 'j' is full: 2 of max 2 nodes") == "job_full");
-  CHECK(refuse_reason_label("rejoin for rendezvous 'j' carries an inconsistent assignment") == "inconsistent_rejoin");
-  CHECK(refuse_reason_label("empty rendezvous id: pass --rdzv-id") == "invalid_request");
-  CHECK(refuse_reason_label("configuration mismatch for rendezvous 'j': --nnodes: the job has 2, this node asked "
-                            "for 3 (start every node with the same values)") == "config_mismatch");
-  CHECK(refuse_reason_label("something new") == "other");
-}
-
 TEST_CASE("refused connection reasons have fixed names") {
   using ddprun::rendezvous::refused_reason_name;
   using ddprun::rendezvous::RefusedReason;

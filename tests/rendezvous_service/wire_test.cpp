@@ -114,7 +114,7 @@ std::vector<rdzv::ServerMessage> server_messages() {
           rdzv::SendJobFailed{"job-a", node(1), "budget spent", cause, 7},
           rdzv::SendJobFailed{"job-a", node(1), "timed out", std::nullopt, 1},
           rdzv::SendJobCompleted{"job-a", node(2)},
-          rdzv::Refuse{"job-a", node(2), "token mismatch"},
+          rdzv::Refuse{"job-a", node(2), "token mismatch", rdzv::RefuseCode::other},
           rdzv::AskRejoin{"job-a", node(2), "unknown node"},
           rdzv::Progress{"job-a", node(2), "waiting for nodes: 1/2"},
           status,

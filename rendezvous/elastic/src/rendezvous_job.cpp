@@ -117,14 +117,16 @@ Decisions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) con
     return {Refuse{run_id_, node,
                    fmt::format("rendezvous '{}' already completed; its id can be reused in {} "
                                "(close_timeout) or pick a new --rdzv-id",
-                               run_id_, format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero()))}};
+                               run_id_, format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero())),
+                   RefuseCode::job_finished}};
   }
   if (members_.count(node) != 0) return {SendJobFailed{run_id_, node, result_reason_, root_cause_, result_exit_code_}};
-  return {Refuse{run_id_, node,
-                 fmt::format("rendezvous '{}' already failed ({}); pick a new --rdzv-id or retry "
-                             "in {}",
-                             run_id_, result_reason_,
-                             format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero()))}};
+  return {Refuse{
+      run_id_, node,
+      fmt::format("rendezvous '{}' already failed ({}); pick a new --rdzv-id or retry "
+                  "in {}",
+                  run_id_, result_reason_, format_seconds(gc_deadline_ ? until(*gc_deadline_, now) : Duration::zero())),
+      RefuseCode::job_finished}};
 }
 
 void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
@@ -318,7 +320,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
   if (finished()) return final_result_for(node.id, now);
   Decisions out;
   if (std::string why = config_mismatch(requested); !why.empty()) {
-    out.push_back(Refuse{run_id_, node.id, why});
+    out.push_back(Refuse{run_id_, node.id, why, RefuseCode::config_mismatch});
     return out;
   }
   Member* m = find(node.id);
@@ -326,7 +328,8 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
     out.push_back(Refuse{run_id_, node.id,
                          fmt::format("rendezvous '{}' is closed: it accepts no new nodes "
                                      "(pick a new --rdzv-id)",
-                                     run_id_)});
+                                     run_id_),
+                         RefuseCode::job_closed});
     return out;
   }
   const int capacity_used = state_ == JobState::waiting ? count(MemberRole::joined) + count(MemberRole::expected)
@@ -336,7 +339,8 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                          fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking "
                                      "part; spare nodes are not supported (raise the maximum "
                                      "of --nnodes)",
-                                     run_id_, capacity_used, config_.max_nodes)});
+                                     run_id_, capacity_used, config_.max_nodes),
+                         RefuseCode::job_full});
   };
   if (m != nullptr) {
     m->info = node;
@@ -383,7 +387,9 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
 Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
   const NodeId& id = request.node.id;
   if (finished()) return final_result_for(id, now);
-  if (std::string why = config_mismatch(request.config); !why.empty()) return {Refuse{run_id_, id, why}};
+  if (std::string why = config_mismatch(request.config); !why.empty()) {
+    return {Refuse{run_id_, id, why, RefuseCode::config_mismatch}};
+  }
   const std::optional<Assignment>& a = request.assignment;
   auto restart_stale = [&](std::uint64_t old_round) -> Decisions {
     return {SendRestart{run_id_, id, old_round, RoundEnd::membership_change, restarts_used_,

@@ -10,47 +10,6 @@
 
 namespace ddprun::rendezvous {
 
-namespace {
-
-constexpr std::array<std::string_view, 9> kRefuseLabels = {
-    "auth",         "not_owner",  "invalid_request", "config_mismatch",
-    "job_finished", "job_closed", "job_full",        "inconsistent_rejoin",
-    "other"};
-
-}  // namespace
-
-std::string_view refuse_reason_label(std::string_view reason) {
-  // The registry's Refuse texts (rendezvous_registry.cpp, rendezvous_job.cpp) start with or
-  // contain these fixed phrases; a text that matches none is "other", never a new label.
-  // Frames the service refuses before the registry sees them (rendezvous_service.cpp): the
-  // handshake and the connection's job binding, then node ownership.
-  if (reason.starts_with("authentication") || reason.starts_with("AUTH") || reason.starts_with("HELLO") ||
-      reason.starts_with("one AUTH") || reason.starts_with("this daemon has no token") ||
-      reason.find("authenticated for rendezvous") != reason.npos ||
-      reason.find("did not authenticate") != reason.npos) {
-    return "auth";
-  }
-  if (reason.find("is not owned by this connection") != reason.npos ||
-      reason.find("already speaks for node") != reason.npos ||
-      reason.find("already a member from another connection") != reason.npos ||
-      reason.find("must REJOIN with its node secret") != reason.npos ||
-      reason.find("needs a connection that owns") != reason.npos) {
-    return "not_owner";
-  }
-  if (reason.find("already completed") != reason.npos || reason.find("already failed") != reason.npos) {
-    return "job_finished";
-  }
-  if (reason.find("' is closed") != reason.npos) return "job_closed";
-  if (reason.find("' is full") != reason.npos) return "job_full";
-  if (reason.find("inconsistent assignment") != reason.npos) return "inconsistent_rejoin";
-  if (reason.starts_with("configuration mismatch")) return "config_mismatch";
-  if (reason.starts_with("empty rendezvous id") || reason.starts_with("invalid configuration") ||
-      reason.find("local_world_size") != reason.npos) {
-    return "invalid_request";
-  }
-  return "other";
-}
-
 void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& server, TimePoint now) {
   using metrics::Sample;
   const StoreStats store = server.store_stats();
@@ -106,10 +65,9 @@ void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& se
 
   std::vector<Sample> refused;
   refused.push_back(Sample{{{"reason", "malformed"}}, static_cast<double>(service.frames_malformed)});
-  for (std::string_view label : kRefuseLabels) {
-    const auto it = service.refused.find(std::string(label));
-    refused.push_back(
-        Sample{{{"reason", std::string(label)}}, it == service.refused.end() ? 0.0 : static_cast<double>(it->second)});
+  for (std::size_t i = 0; i < kRefuseCodes; ++i) {
+    refused.push_back(Sample{{{"reason", std::string(refuse_code_label(static_cast<RefuseCode>(i)))}},
+                             static_cast<double>(service.refused[i])});
   }
   out.counter("ddprun_rdzvd_refused_frames_total",
               "Native rendezvous frames refused: malformed (connection closed) or a refused join, by reason.", refused);

@@ -51,11 +51,13 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const N
 
 Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest& request, TimePoint now) {
   if (std::string why = check_request(run_id, request.node, request.config); !why.empty()) {
-    return {Refuse{run_id, request.node.id, why}};
+    return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
   if (it == jobs_.end()) {
-    if (std::string why = check_room(run_id); !why.empty()) return {Refuse{run_id, request.node.id, why}};
+    if (std::string why = check_room(run_id); !why.empty()) {
+      return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
+    }
     it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
   }
   return touched(it, it->second.job.join(request.node, request.config, now), now);
@@ -63,11 +65,13 @@ Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest&
 
 Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now) {
   if (std::string why = check_request(run_id, request.node, request.config); !why.empty()) {
-    return {Refuse{run_id, request.node.id, why}};
+    return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
   if (it != jobs_.end()) return touched(it, it->second.job.rejoin(request, now), now);
-  if (std::string why = check_room(run_id); !why.empty()) return {Refuse{run_id, request.node.id, why}};
+  if (std::string why = check_room(run_id); !why.empty()) {
+    return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
+  }
   if (!request.assignment) {
     it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
     return touched(it, it->second.job.join(request.node, request.config, now), now);
@@ -83,7 +87,8 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
                                "(group rank {} of {} with max_nodes {}, restart count {}, local world size {} "
                                "at rank offset {} of world size {})",
                                run_id, a.group_rank, a.group_world_size, request.config.max_nodes, a.restart_count,
-                               a.local_world_size, a.rank_offset, a.world_size)}};
+                               a.local_world_size, a.rank_offset, a.world_size),
+                   RefuseCode::inconsistent_rejoin}};
   }
   Decisions out;
   it = add_job(run_id, RendezvousJob::rebuild(run_id, request, now, out), now);

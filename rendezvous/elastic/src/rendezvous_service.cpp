@@ -100,25 +100,25 @@ DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buf
     Outbox*& p;
     ~Reset() { p = nullptr; }
   } reset{outbox_};
-  if (std::string why = handle(conn, message_); !why.empty()) {
+  if (Refusal why = handle(conn, message_); why.refused()) {
     // REFUSED, then the store server closes the connection and logs the reason with the peer.
-    ++counters_.refused[std::string(refuse_reason_label(why))];
+    ++counters_.refused[static_cast<std::size_t>(why.code)];
+    r.reason = fmt::format("rendezvous {} refused: {}", native_op_name(op_of(message_)), why.reason);
     auto [run_id, node] = subject_of(message_);
     scratch_.clear();
-    encode_decision(scratch_, Refuse{std::move(run_id), std::move(node), why});
+    encode_decision(scratch_, Refuse{std::move(run_id), std::move(node), std::move(why.reason), why.code});
     emit(conn, scratch_);
     r.status = DecodeStatus::error;
     r.consumed = 0;
-    r.reason = fmt::format("rendezvous {} refused: {}", native_op_name(op_of(message_)), why);
   }
   rearm();
   return r;
 }
 
-std::string RendezvousService::handshake(ConnectionId conn, ClientMessage& message) {
+RendezvousService::Refusal RendezvousService::handshake(ConnectionId conn, ClientMessage& message) {
   if (auto* hello = std::get_if<HelloMessage>(&message)) {
     auto [it, fresh] = sessions_.try_emplace(conn);
-    if (!fresh) return "HELLO sent twice on one connection";
+    if (!fresh) return {RefuseCode::auth, "HELLO sent twice on one connection"};
     it->second.server_nonce = auth::random_hex(auth::nonce_bytes);
     it->second.client_nonce = std::move(hello->client_nonce);
     scratch_.clear();
@@ -128,17 +128,19 @@ std::string RendezvousService::handshake(ConnectionId conn, ClientMessage& messa
   }
   auto& m = std::get<AuthMessage>(message);
   auto it = sessions_.find(conn);
-  if (it == sessions_.end()) return "AUTH before HELLO: open the connection with HELLO";
-  if (options_.token.empty()) return "this daemon has no token: AUTH is not needed";
+  if (it == sessions_.end()) return {RefuseCode::auth, "AUTH before HELLO: open the connection with HELLO"};
+  if (options_.token.empty()) return {RefuseCode::auth, "this daemon has no token: AUTH is not needed"};
   Session& s = it->second;
-  if (s.auth_tried) return "one AUTH per connection";
+  if (s.auth_tried) return {RefuseCode::auth, "one AUTH per connection"};
   s.auth_tried = true;
   if (m.run_id.empty() || m.run_id.size() > max_run_id_bytes) {
-    return fmt::format("AUTH names a run id of {} bytes: it must have 1 to {}", m.run_id.size(), max_run_id_bytes);
+    return {RefuseCode::auth,
+            fmt::format("AUTH names a run id of {} bytes: it must have 1 to {}", m.run_id.size(), max_run_id_bytes)};
   }
   if (!auth::equal_secret(auth::client_mac(options_.token, s.server_nonce, s.client_nonce, m.run_id), m.mac)) {
-    return "authentication failed: the client's token does not match this daemon's (check DDPRUN_RDZV_TOKEN or "
-           "the token file on both sides)";
+    return {RefuseCode::auth,
+            "authentication failed: the client's token does not match this daemon's (check DDPRUN_RDZV_TOKEN or "
+            "the token file on both sides)"};
   }
   s.run_id = m.run_id;
   scratch_.clear();
@@ -147,71 +149,75 @@ std::string RendezvousService::handshake(ConnectionId conn, ClientMessage& messa
   return {};
 }
 
-std::string RendezvousService::check_run(ConnectionId conn, const std::string& run_id) const {
+RendezvousService::Refusal RendezvousService::check_run(ConnectionId conn, const std::string& run_id) const {
   if (options_.token.empty()) return {};
   auto it = sessions_.find(conn);
   if (it == sessions_.end() || it->second.run_id.empty()) {
-    return "authentication required: this daemon has a token; send HELLO and AUTH first (the agent reads "
-           "DDPRUN_RDZV_TOKEN or --rdzv-conf token_file=...)";
+    return {RefuseCode::auth,
+            "authentication required: this daemon has a token; send HELLO and AUTH first (the agent reads "
+            "DDPRUN_RDZV_TOKEN or --rdzv-conf token_file=...)"};
   }
   const std::string& bound = it->second.run_id;
   if (bound == auth::any_run || bound == run_id) return {};
-  return fmt::format("this connection authenticated for rendezvous '{}', not '{}'", bound, run_id);
+  return {RefuseCode::auth, fmt::format("this connection authenticated for rendezvous '{}', not '{}'", bound, run_id)};
 }
 
-std::string RendezvousService::check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const {
+RendezvousService::Refusal RendezvousService::check_owner(ConnectionId conn, const std::string& run_id,
+                                                          const NodeId& node) const {
   auto it = conn_of_.find(NodeKey{run_id, node});
   if (it != conn_of_.end() && it->second == conn) return {};
-  return fmt::format(
-      "node {} of rendezvous '{}' is not owned by this connection (only the connection that "
-      "joined as it may speak for it)",
-      node.to_string(), run_id);
+  return {RefuseCode::not_owner,
+          fmt::format("node {} of rendezvous '{}' is not owned by this connection (only the connection that "
+                      "joined as it may speak for it)",
+                      node.to_string(), run_id)};
 }
 
-std::string RendezvousService::check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const {
+RendezvousService::Refusal RendezvousService::check_join(ConnectionId conn, const std::string& run_id,
+                                                         const NodeId& node) const {
   auto own = node_of_.find(conn);
   if (own != node_of_.end() && !(own->second.run_id == run_id && own->second.node == node)) {
-    return fmt::format("this connection already speaks for node {} of rendezvous '{}'", own->second.node.to_string(),
-                       own->second.run_id);
+    return {RefuseCode::not_owner, fmt::format("this connection already speaks for node {} of rendezvous '{}'",
+                                               own->second.node.to_string(), own->second.run_id)};
   }
   const NodeKey key{run_id, node};
   auto it = conn_of_.find(key);
   if (it != conn_of_.end() && it->second != conn) {
-    return fmt::format("node {} of rendezvous '{}' is already a member from another connection", node.to_string(),
-                       run_id);
+    return {RefuseCode::not_owner, fmt::format("node {} of rendezvous '{}' is already a member from another connection",
+                                               node.to_string(), run_id)};
   }
   if (it == conn_of_.end() && secret_of_.count(key) != 0) {
-    return fmt::format("node {} of rendezvous '{}' is a known member: it must REJOIN with its node secret",
-                       node.to_string(), run_id);
+    return {RefuseCode::not_owner,
+            fmt::format("node {} of rendezvous '{}' is a known member: it must REJOIN with its node secret",
+                        node.to_string(), run_id)};
   }
   return {};
 }
 
-std::string RendezvousService::check_rejoin(ConnectionId conn, const std::string& run_id,
-                                            const RejoinRequest& request) const {
+RendezvousService::Refusal RendezvousService::check_rejoin(ConnectionId conn, const std::string& run_id,
+                                                           const RejoinRequest& request) const {
   auto own = node_of_.find(conn);
   if (own != node_of_.end() && !(own->second.run_id == run_id && own->second.node == request.node.id)) {
-    return fmt::format("this connection already speaks for node {} of rendezvous '{}'", own->second.node.to_string(),
-                       own->second.run_id);
+    return {RefuseCode::not_owner, fmt::format("this connection already speaks for node {} of rendezvous '{}'",
+                                               own->second.node.to_string(), own->second.run_id)};
   }
   auto it = secret_of_.find(NodeKey{run_id, request.node.id});
   if (it == secret_of_.end()) return {};  // unknown here (a restarted daemon): the secret is adopted
   if (!auth::equal_secret(it->second, request.node_secret)) {
-    return fmt::format(
-        "REJOIN as node {} of rendezvous '{}' without its node secret (only the node itself can "
-        "rejoin as itself)",
-        request.node.id.to_string(), run_id);
+    return {RefuseCode::not_owner,
+            fmt::format("REJOIN as node {} of rendezvous '{}' without its node secret (only the node itself can "
+                        "rejoin as itself)",
+                        request.node.id.to_string(), run_id)};
   }
   return {};
 }
 
-std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
+RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
   if (std::holds_alternative<HelloMessage>(message) || std::holds_alternative<AuthMessage>(message)) {
     return handshake(conn, message);
   }
   const TimePoint now = clock_.now();
   return std::visit(
-      [&](auto& m) -> std::string {
+      [&](auto& m) -> Refusal {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, HelloMessage> || std::is_same_v<T, AuthMessage>) {
           return {};  // handled above
@@ -221,7 +227,7 @@ std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message)
             auto it = sessions_.find(conn);
             if (it != sessions_.end() && it->second.run_id != auth::any_run) run_id = it->second.run_id;
           }
-          if (std::string why = check_run(conn, run_id.empty() ? std::string(auth::any_run) : run_id); !why.empty())
+          if (Refusal why = check_run(conn, run_id.empty() ? std::string(auth::any_run) : run_id); why.refused())
             return why;
           // One job: a lookup, not a snapshot of every job (STATUS must not cost O(jobs)).
           RegistryStatus status;
@@ -236,12 +242,12 @@ std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message)
           return {};
         } else if constexpr (std::is_same_v<T, JoinMessage> || std::is_same_v<T, RejoinMessage>) {
           const NodeId& node = m.request.node.id;
-          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
+          if (Refusal why = check_run(conn, m.run_id); why.refused()) return why;
           std::string secret;
           if constexpr (std::is_same_v<T, JoinMessage>) {
-            if (std::string why = check_join(conn, m.run_id, node); !why.empty()) return why;
+            if (Refusal why = check_join(conn, m.run_id, node); why.refused()) return why;
           } else {
-            if (std::string why = check_rejoin(conn, m.run_id, m.request); !why.empty()) return why;
+            if (Refusal why = check_rejoin(conn, m.run_id, m.request); why.refused()) return why;
             secret = m.request.node_secret;
           }
           bind(conn, m.run_id, node, std::move(secret));
@@ -268,10 +274,11 @@ std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message)
           apply(decisions, &node);
           return {};
         } else if constexpr (std::is_same_v<T, CloseMessage>) {
-          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
+          if (Refusal why = check_run(conn, m.run_id); why.refused()) return why;
           auto own = node_of_.find(conn);
           if (own == node_of_.end() || own->second.run_id != m.run_id) {
-            return fmt::format("CLOSE of rendezvous '{}' needs a connection that owns one of its members", m.run_id);
+            return {RefuseCode::not_owner,
+                    fmt::format("CLOSE of rendezvous '{}' needs a connection that owns one of its members", m.run_id)};
           }
           apply(registry_.close(m.run_id, now));
           return {};
@@ -283,8 +290,8 @@ std::string RendezvousService::handle(ConnectionId conn, ClientMessage& message)
               return m.node;
             }
           }();
-          if (std::string why = check_run(conn, m.run_id); !why.empty()) return why;
-          if (std::string why = check_owner(conn, m.run_id, node); !why.empty()) return why;
+          if (Refusal why = check_run(conn, m.run_id); why.refused()) return why;
+          if (Refusal why = check_owner(conn, m.run_id, node); why.refused()) return why;
           if constexpr (std::is_same_v<T, HeartbeatMessage>) {
             apply(registry_.heartbeat(m.run_id, node, now), &node);
           } else if constexpr (std::is_same_v<T, LeaveMessage>) {
@@ -403,7 +410,7 @@ void RendezvousService::count(const Decision& action) {
       ++counters_.restarts;
     }
   } else if (const auto* f = std::get_if<Refuse>(&action)) {
-    ++counters_.refused[std::string(refuse_reason_label(f->reason))];
+    ++counters_.refused[static_cast<std::size_t>(f->code)];
   }
   if (round_open_.size() + last_restart_.size() + last_closed_.size() > 6 * registry_.job_count() + 32) {
     auto gone = [&](const auto& kv) { return registry_.find(kv.first) == nullptr; };

@@ -95,4 +95,28 @@ const char* to_string(MemberRole role) {
   return "?";
 }
 
+std::string_view refuse_code_label(RefuseCode code) {
+  switch (code) {
+    case RefuseCode::auth:
+      return "auth";
+    case RefuseCode::not_owner:
+      return "not_owner";
+    case RefuseCode::invalid_request:
+      return "invalid_request";
+    case RefuseCode::config_mismatch:
+      return "config_mismatch";
+    case RefuseCode::job_finished:
+      return "job_finished";
+    case RefuseCode::job_closed:
+      return "job_closed";
+    case RefuseCode::job_full:
+      return "job_full";
+    case RefuseCode::inconsistent_rejoin:
+      return "inconsistent_rejoin";
+    case RefuseCode::other:
+      return "other";
+  }
+  return "other";
+}
+
 }  // namespace ddprun::rendezvous

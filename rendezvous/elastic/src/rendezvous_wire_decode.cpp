@@ -387,7 +387,7 @@ DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, Se
       case NativeOp::job_completed:
         return SendJobCompleted{r.str("run_id"), read_node_id(r.obj("node"))};
       case NativeOp::refused:
-        return Refuse{r.str("run_id"), read_node_id(r.obj("node")), r.str_or("reason", "")};
+        return Refuse{r.str("run_id"), read_node_id(r.obj("node")), r.str_or("reason", ""), RefuseCode::other};
       case NativeOp::ask_rejoin:
         return AskRejoin{r.str("run_id"), read_node_id(r.obj("node")), r.str_or("reason", "")};
       case NativeOp::progress:

@@ -10,20 +10,21 @@
 // same loop, an agent whose loop is stuck does not answer at all, which a probe counts as dead.
 // torch's open-source agent starts no server on this port (its HealthCheckServer is a no-op).
 // The port is reachable by anyone who can reach the host, so every connection is treated as
-// hostile, as common's MetricsHttpServer does: at most 16 are served at once (one beyond that is
-// closed at accept), each gets 5 s to send its request head (8 KiB at most) and read the answer,
-// and a failed accept (EMFILE) is retried after 1 s instead of ending the endpoint.
+// hostile by the common http::Server that serves it (the one behind the metrics endpoint): at
+// most 16 are served at once (one beyond that is closed at accept), each gets 5 s to send its
+// request head (8 KiB at most) and 5 s to read the answer, and a failed accept (EMFILE) is
+// retried after 1 s instead of ending the endpoint. Unlike the metrics endpoint it answers every
+// request the same way (any path, any method, a head cut off or too large).
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
+
+#include "ddprun/common/http_server.hpp"
 
 namespace ddprun::agent {
 
@@ -39,12 +40,12 @@ class HealthEndpoint {
 
   void start();
   void stop();
-  std::uint16_t port() const { return port_; }
+  std::uint16_t port() const { return server_->port(); }
   // What the agent does now, e.g. "running round 2"; shown in the answer.
   void set_state(std::string state, std::uint64_t round);
   // Connections open now, and those closed at accept because kMaxConnections were open.
-  std::size_t open_connections() const { return connections_.size(); }
-  std::uint64_t rejected() const { return rejected_; }
+  std::size_t open_connections() const { return server_->stats().open; }
+  std::uint64_t rejected() const { return server_->stats().over_limit; }
   static constexpr std::size_t kMaxConnections = 16;
 
   // The answer for a given age of the last progress mark (pure; for tests and the server).
@@ -52,21 +53,12 @@ class HealthEndpoint {
                               const std::string& state);
 
  private:
-  struct Connection;
-  void accept();
-  void serve(boost::asio::ip::tcp::socket socket);
-  void close(const std::shared_ptr<Connection>& c);
+  http::Response answer() const;
   void tick();
 
-  boost::asio::io_context& io_;
-  boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer ticker_;
-  boost::asio::steady_timer retry_;  // re-arms accept after a failed one
-  std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
-  std::uint64_t next_id_ = 1;
-  std::uint64_t rejected_ = 0;
+  std::unique_ptr<http::Server> server_;
   std::chrono::seconds timeout_;
-  std::uint16_t port_ = 0;
   std::chrono::steady_clock::time_point last_progress_;
   std::int64_t last_progress_unix_ = 0;
   std::string state_ = "starting";

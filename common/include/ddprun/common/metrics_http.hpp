@@ -8,6 +8,8 @@
 // `Connection: close` and the socket is closed after it), the head must arrive within
 // limits.read_timeout, and at most limits.max_connections are served at once (a connection
 // beyond that is closed at accept). Request bodies are never read.
+// It is the one route of the common http::Server (http_server.hpp), which the agent's health
+// endpoint shares.
 //
 // Lifetime: the constructor binds host:port (0 = a free port; port() reads it back) and throws
 // ddprun::NetworkError naming host:port when it cannot; start() begins accepting on the

@@ -13,10 +13,6 @@ namespace ddprun::rendezvous {
 
 class RendezvousServer;
 
-// A bounded label for a Refuse decision's free-text reason: token, invalid_request,
-// config_mismatch, job_finished, job_closed, job_full, inconsistent_rejoin or other.
-std::string_view refuse_reason_label(std::string_view reason);
-
 void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& server, TimePoint now);
 
 }  // namespace ddprun::rendezvous

@@ -31,6 +31,7 @@
 // attach(server) so that timer-driven pushes reach the sockets, and detach()/shutdown() before
 // the server and the io_context go. Not thread-safe: everything runs on the io_context thread
 // that runs the server.
+#include <array>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -77,12 +78,12 @@ struct RendezvousServiceStats {
   std::uint64_t pushes = 0;
   std::uint64_t progress_dropped = 0;  // throttled Progress lines
   // Counted for the metrics endpoint (rendezvous_metrics.hpp).
-  std::uint64_t joins = 0;                       // join and rejoin frames
-  std::uint64_t rounds_closed = 0;               // assignments to group rank 0: one per closed round
-  std::uint64_t restarts = 0;                    // distinct (run id, ended round) restart decisions
-  std::uint64_t frames_malformed = 0;            // native frames that failed to decode
-  std::map<std::string, std::uint64_t> refused;  // Refuse decisions and refused frames (authentication,
-                                                 // node ownership) by refuse_reason_label()
+  std::uint64_t joins = 0;             // join and rejoin frames
+  std::uint64_t rounds_closed = 0;     // assignments to group rank 0: one per closed round
+  std::uint64_t restarts = 0;          // distinct (run id, ended round) restart decisions
+  std::uint64_t frames_malformed = 0;  // native frames that failed to decode
+  // Refuse decisions and refused frames (authentication, node ownership), by RefuseCode.
+  std::array<std::uint64_t, kRefuseCodes> refused{};
   // From the first join of the round being collected to its close.
   metrics::Histogram round_close_seconds{round_close_buckets()};
   static std::vector<double> round_close_buckets() {
@@ -137,15 +138,23 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
     bool auth_tried = false;
   };
 
-  // Handles one decoded frame; "" = done, else the reason to refuse it and close.
-  std::string handle(ConnectionId conn, ClientMessage& message);
-  std::string handshake(ConnectionId conn, ClientMessage& message);
-  // "" when `conn` may act on `run_id` (authenticated for it, or no token).
-  std::string check_run(ConnectionId conn, const std::string& run_id) const;
-  // "" when `conn` owns (run_id, node).
-  std::string check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
-  std::string check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
-  std::string check_rejoin(ConnectionId conn, const std::string& run_id, const RejoinRequest& request) const;
+  // A refused frame: the text the client sees and the code the metrics count. An empty
+  // reason means the frame was accepted.
+  struct Refusal {
+    RefuseCode code = RefuseCode::other;
+    std::string reason;
+    bool refused() const { return !reason.empty(); }
+  };
+
+  // Handles one decoded frame; no refusal = done, else refuse it and close.
+  Refusal handle(ConnectionId conn, ClientMessage& message);
+  Refusal handshake(ConnectionId conn, ClientMessage& message);
+  // No refusal when `conn` may act on `run_id` (authenticated for it, or no token).
+  Refusal check_run(ConnectionId conn, const std::string& run_id) const;
+  // No refusal when `conn` owns (run_id, node).
+  Refusal check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
+  Refusal check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
+  Refusal check_rejoin(ConnectionId conn, const std::string& run_id, const RejoinRequest& request) const;
   // After an accepted JOIN/REJOIN: `conn` speaks for the node; JOINED carries its secret.
   void bind(ConnectionId conn, const std::string& run_id, const NodeId& node, std::string secret);
   void unbind(ConnectionId conn);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -175,10 +176,31 @@ struct SendJobCompleted {
   NodeId node;
 };
 
+// Why a request was refused, as a bounded code: the metrics count refusals by it, while
+// Refuse::reason keeps the text users see. Its own order is the order of the labels the
+// metrics endpoint lists (docs/daemon.md); `other` stays last.
+enum class RefuseCode : std::uint8_t {
+  auth,                 // handshake failed or missing, or the connection is bound to another job
+  not_owner,            // the connection does not speak for that node
+  invalid_request,      // bad run id, local_world_size or configuration
+  config_mismatch,      // the configuration differs from the job's
+  job_finished,         // the job already completed or failed
+  job_closed,           // the job accepts no new nodes
+  job_full,             // max nodes are taking part
+  inconsistent_rejoin,  // a rejoin's assignment cannot be true
+  other,                // anything else (the daemon's --max-jobs limit)
+};
+inline constexpr std::size_t kRefuseCodes = static_cast<std::size_t>(RefuseCode::other) + 1;
+
+// The metrics label of `code`: "auth", "not_owner", ... "other".
+std::string_view refuse_code_label(RefuseCode code);
+
+// Not on the wire: a client decodes a Refuse with code `other`; only the daemon counts codes.
 struct Refuse {
   std::string run_id;
   NodeId node;
   std::string reason;
+  RefuseCode code = RefuseCode::other;
 };
 
 // The daemon does not know this node (or job): the agent should send a rejoin with its

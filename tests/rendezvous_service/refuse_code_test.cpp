@@ -1,0 +1,198 @@
+// Every way the service refuses a frame or a request is counted under its RefuseCode (the
+// label of ddprun_rdzvd_refused_frames_total), driven frame by frame through on_frame: the
+// handshake and job binding (auth), node ownership (not_owner), the registry's request checks
+// (invalid_request, inconsistent_rejoin, other for --max-jobs) and the job's own answers
+// (config_mismatch, job_full, job_closed, job_finished). Run ids and texts that would have
+// fooled a match on the refusal's text are counted by where the refusal came from.
+#include <catch2/catch.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <climits>
+#include <memory>
+#include <string>
+
+#include "ddprun/rendezvous/rendezvous_service.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
+#include "ddprun/rendezvous/store_state.hpp"
+
+namespace rdzv = ddprun::rendezvous;
+using namespace std::chrono_literals;
+using rdzv::RefuseCode;
+
+namespace {
+
+rdzv::JobConfig config_of(int min_nodes, int max_nodes) {
+  rdzv::JobConfig c;
+  c.min_nodes = min_nodes;
+  c.max_nodes = max_nodes;
+  c.join_timeout = 600s;
+  c.last_call_timeout = 600s;
+  c.close_timeout = 600s;
+  c.heartbeat_interval = 60s;
+  c.missed_heartbeats = 3;
+  c.exit_barrier_timeout = 600s;
+  c.rebuild_grace = 60s;
+  return c;
+}
+
+rdzv::NodeInfo node(int i) {
+  rdzv::NodeInfo n;
+  n.id = rdzv::NodeId{"10.0.0." + std::to_string(i), 100 + i, "x"};
+  n.addr = n.id.addr;
+  n.local_world_size = 1;
+  return n;
+}
+
+// One service fed frames directly; the connection id is the caller's choice.
+struct Harness {
+  explicit Harness(rdzv::RendezvousServiceOptions options = {})
+      : service(std::make_shared<rdzv::RendezvousService>(io, std::move(options), timers)) {}
+  ~Harness() { service->shutdown(); }
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  // The frame's decode status: error = refused (REFUSED sent, connection to be closed).
+  rdzv::DecodeStatus send(rdzv::ConnectionId conn, const rdzv::ClientMessage& message) {
+    frame.clear();
+    std::visit([&](const auto& m) { rdzv::encode_client(frame, m); }, message);
+    return service->on_frame(conn, frame, state, outbox).status;
+  }
+  rdzv::DecodeStatus join(rdzv::ConnectionId conn, const std::string& run_id, int n, rdzv::JobConfig config) {
+    return send(conn, rdzv::JoinMessage{run_id, rdzv::JoinRequest{node(n), config}});
+  }
+  std::uint64_t count(RefuseCode code) const { return service->stats().refused[static_cast<std::size_t>(code)]; }
+  std::uint64_t total() const {
+    std::uint64_t sum = 0;
+    for (std::uint64_t c : service->stats().refused) sum += c;
+    return sum;
+  }
+
+  boost::asio::io_context io;
+  rdzv::ManualTimers timers;
+  std::shared_ptr<rdzv::RendezvousService> service;
+  rdzv::StoreState state{rdzv::StoreLimits{}};
+  rdzv::RecordingOutbox outbox;
+  std::string frame;
+};
+
+constexpr auto refused = rdzv::DecodeStatus::error;
+constexpr auto ok = rdzv::DecodeStatus::ok;
+
+}  // namespace
+
+TEST_CASE("refuse codes have the metric labels docs/daemon.md lists, other last", "[refuse]") {
+  CHECK(rdzv::refuse_code_label(RefuseCode::auth) == "auth");
+  CHECK(rdzv::refuse_code_label(RefuseCode::not_owner) == "not_owner");
+  CHECK(rdzv::refuse_code_label(RefuseCode::invalid_request) == "invalid_request");
+  CHECK(rdzv::refuse_code_label(RefuseCode::config_mismatch) == "config_mismatch");
+  CHECK(rdzv::refuse_code_label(RefuseCode::job_finished) == "job_finished");
+  CHECK(rdzv::refuse_code_label(RefuseCode::job_closed) == "job_closed");
+  CHECK(rdzv::refuse_code_label(RefuseCode::job_full) == "job_full");
+  CHECK(rdzv::refuse_code_label(RefuseCode::inconsistent_rejoin) == "inconsistent_rejoin");
+  CHECK(rdzv::refuse_code_label(RefuseCode::other) == "other");
+  CHECK(static_cast<std::size_t>(RefuseCode::other) + 1 == rdzv::kRefuseCodes);
+}
+
+TEST_CASE("handshake and job binding refusals count as auth", "[refuse]") {
+  rdzv::RendezvousServiceOptions options;
+  options.token = "sekrit";
+  Harness h(options);
+  // A JOIN before any handshake on a token daemon.
+  CHECK(h.join(1, "j", 1, config_of(1, 2)) == refused);
+  CHECK(h.count(RefuseCode::auth) == 1);
+  // AUTH before HELLO.
+  CHECK(h.send(2, rdzv::AuthMessage{"j", std::string(64, 'a')}) == refused);
+  CHECK(h.count(RefuseCode::auth) == 2);
+  // A wrong MAC.
+  CHECK(h.send(3, rdzv::HelloMessage{1, std::string(64, 'b')}) == ok);
+  CHECK(h.send(3, rdzv::AuthMessage{"j", std::string(64, 'c')}) == refused);
+  CHECK(h.count(RefuseCode::auth) == 3);
+  CHECK(h.total() == 3);
+
+  // Without a token, AUTH is refused too (nothing to authenticate against).
+  Harness open;
+  CHECK(open.send(1, rdzv::HelloMessage{1, std::string(64, 'b')}) == ok);
+  CHECK(open.send(1, rdzv::AuthMessage{"j", std::string(64, 'c')}) == refused);
+  CHECK(open.count(RefuseCode::auth) == 1);
+  CHECK(open.total() == 1);
+}
+
+TEST_CASE("frames for a node another connection owns count as not_owner", "[refuse]") {
+  Harness h;
+  REQUIRE(h.join(1, "j", 1, config_of(2, 3)) == ok);
+  // A heartbeat for node 1 from another connection.
+  CHECK(h.send(2, rdzv::HeartbeatMessage{"j", node(1).id}) == refused);
+  CHECK(h.count(RefuseCode::not_owner) == 1);
+  // A JOIN as node 1 from another connection.
+  CHECK(h.join(3, "j", 1, config_of(2, 3)) == refused);
+  CHECK(h.count(RefuseCode::not_owner) == 2);
+  // A REJOIN as node 1 without its secret: its text ("REJOIN as node ... without its node
+  // secret") matched no phrase of the old text matching, so it was counted as "other".
+  CHECK(h.send(4, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(1), config_of(2, 3), std::string(32, 'a'),
+                                                               std::nullopt}}) == refused);
+  CHECK(h.count(RefuseCode::not_owner) == 3);
+  // A CLOSE from a connection that owns no member.
+  CHECK(h.send(5, rdzv::CloseMessage{"j"}) == refused);
+  CHECK(h.count(RefuseCode::not_owner) == 4);
+  CHECK(h.total() == 4);
+}
+
+TEST_CASE("the registry's request checks count as invalid_request, inconsistent_rejoin or other", "[refuse]") {
+  rdzv::RendezvousServiceOptions options;
+  options.max_jobs = 1;
+  Harness h(options);
+  // A run id longer than the limit: "rendezvous id of 300 bytes is longer ..." matched no
+  // phrase of the old text matching ("other"); it is an invalid request.
+  CHECK(h.join(1, std::string(300, 'r'), 1, config_of(1, 2)) == ok);
+  CHECK(h.count(RefuseCode::invalid_request) == 1);
+  rdzv::JobConfig bad = config_of(1, 2);
+  bad.min_nodes = 3;  // more than max_nodes
+  CHECK(h.join(2, "j", 2, bad) == ok);
+  CHECK(h.count(RefuseCode::invalid_request) == 2);
+
+  rdzv::Assignment a;
+  a.group_rank = 0;
+  a.group_world_size = INT_MAX;
+  a.local_world_size = 1;
+  a.world_size = 2;
+  CHECK(h.send(3, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(3), config_of(1, 2), "", a}}) == ok);
+  CHECK(h.count(RefuseCode::inconsistent_rejoin) == 1);
+
+  // --max-jobs: the first job fits, the second is refused.
+  REQUIRE(h.join(4, "first", 4, config_of(2, 2)) == ok);
+  CHECK(h.total() == 3);
+  CHECK(h.join(5, "second", 5, config_of(2, 2)) == ok);
+  CHECK(h.count(RefuseCode::other) == 1);
+  CHECK(h.total() == 4);
+}
+
+TEST_CASE("a job's own refusals count as config_mismatch, job_full, job_closed, job_finished", "[refuse]") {
+  Harness h;
+  // The run id holds the phrase the old text matching took for job_full ("' is full"): the
+  // mismatch text names the run id, and must still count as config_mismatch.
+  const std::string tricky = "j' is full";
+  REQUIRE(h.join(1, tricky, 1, config_of(2, 3)) == ok);
+  CHECK(h.join(2, tricky, 2, config_of(2, 4)) == ok);
+  CHECK(h.count(RefuseCode::config_mismatch) == 1);
+  CHECK(h.count(RefuseCode::job_full) == 0);
+
+  // min = max = 1: the first node starts round 0 at once, a second one finds the job full.
+  REQUIRE(h.join(3, "full", 3, config_of(1, 1)) == ok);
+  REQUIRE(h.service->registry().find("full")->state() == rdzv::JobState::running);
+  CHECK(h.join(4, "full", 4, config_of(1, 1)) == ok);
+  CHECK(h.count(RefuseCode::job_full) == 1);
+
+  // Closed by its member: a new node is refused.
+  REQUIRE(h.join(5, "closed", 5, config_of(2, 3)) == ok);
+  REQUIRE(h.send(5, rdzv::CloseMessage{"closed"}) == ok);
+  CHECK(h.join(6, "closed", 6, config_of(2, 3)) == ok);
+  CHECK(h.count(RefuseCode::job_closed) == 1);
+
+  // Completed: its only node succeeded in round 0; a new node is refused.
+  REQUIRE(h.send(3, rdzv::SucceededMessage{"full", node(3).id, 0}) == ok);
+  REQUIRE(h.service->registry().find("full")->state() == rdzv::JobState::completed);
+  CHECK(h.join(7, "full", 7, config_of(1, 1)) == ok);
+  CHECK(h.count(RefuseCode::job_finished) == 1);
+  CHECK(h.total() == 4);
+}
