@@ -278,6 +278,7 @@ class Fanout {
     env_ = with_token(plan_.env, token);
     env_block_ = encode_env_block(env_);
     path_ = "launcher";
+    check_subtree_blocks();
     if (uses_tree(plan_)) {
       spdlog::info(
           "fan-out job '{}': {} host(s) through a launch tree (fan-out {}, depth {}), rendezvous at {}, at most {} ssh "
@@ -302,7 +303,7 @@ class Fanout {
  private:
   static std::vector<std::pair<std::string, std::string>> with_token(
       std::vector<std::pair<std::string, std::string>> env, const std::string& token) {
-    std::erase_if(env, [](const auto& kv) { return kv.first == "DDPRUN_RDZV_TOKEN"; });
+    std::erase_if(env, [](const auto& kv) { return kv.first == "DDPRUN_RDZV_TOKEN" || kv.first == kTreeEnvName; });
     env.emplace_back("DDPRUN_RDZV_TOKEN", token);
     return env;
   }
@@ -463,6 +464,22 @@ class Fanout {
       return;
     }
     spdlog::debug("{}: {}", h.spec.label(), h.command);
+  }
+
+  // A subtree root reads its plan with the environment, at most agent::kDefaultEnvBlockMax bytes:
+  // refuse before contacting any host rather than have every root fail to start.
+  void check_subtree_blocks() const {
+    for (const auto& h : hosts_) {
+      if (h.below.empty()) continue;
+      const std::size_t size = subtree_env_block(h).size();
+      if (size > agent::kDefaultEnvBlockMax) {
+        throw UsageError("the launch tree's plan for " + h.spec.label() + " (" + std::to_string(h.below.size()) +
+                             " hosts below it, with the carried environment) is " + std::to_string(size) +
+                             " bytes, over the " + std::to_string(agent::kDefaultEnvBlockMax) +
+                             " a host reads on stdin",
+                         "raise --ssh-tree-fanout so each subtree holds fewer hosts, or carry less environment");
+      }
+    }
   }
 
   // The env block of a subtree root: the job's environment plus its subtree's plan.

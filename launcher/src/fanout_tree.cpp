@@ -170,9 +170,13 @@ TreeNodePlan decode_tree_node(std::string_view text) {
   p.agent_args = r.get_list();
   p.program = r.get_list();
   p.ranks_filter = r.get();
-  p.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(r.get_size()));
+  // Bounded like the flags they come from: a week of grace at most (no overflow when the kill
+  // margin is added), a fan-out of at least 2 (1 would chain every host one below the other).
+  p.shutdown_timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::min<std::size_t>(r.get_size(), 7ULL * 24 * 3600 * 1000)));
   p.tree_threshold = r.get_size();
   p.tree_fanout = static_cast<int>(std::min<std::size_t>(r.get_size(), 1'000'000));
+  if (p.tree_fanout < 2) Reader::fail("a tree fan-out below 2");
   p.nnodes = r.get_size();
   p.log_level = static_cast<int>(std::min<std::size_t>(r.get_size(), 6));
   const std::size_t n = r.get_size();

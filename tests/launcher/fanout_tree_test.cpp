@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -155,6 +157,14 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK_THROWS_WITH(decode_tree_node(text.substr(0, text.size() - 3)), Contains("same ddprun version"));
   CHECK_THROWS_WITH(decode_tree_node(text + "1:x"), Contains("bytes after the last host"));
   CHECK_THROWS_WITH(decode_tree_node("13:ddprun-tree-9"), Contains("not a ddprun-tree-1 plan"));
+
+  // Numbers from the plan are bounded like the flags they come from.
+  TreeNodePlan chain = n;
+  chain.plan.tree_fanout = 1;
+  CHECK_THROWS_WITH(decode_tree_node(encode_tree_node(chain)), Contains("fan-out below 2"));
+  TreeNodePlan slow = n;
+  slow.plan.shutdown_timeout = std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max());
+  CHECK(decode_tree_node(encode_tree_node(slow)).plan.shutdown_timeout <= std::chrono::hours(24 * 7));
 }
 
 TEST_CASE("--ssh-tree-threshold and --ssh-tree-fanout reach the plan; bad values name the flag") {
@@ -175,6 +185,9 @@ TEST_CASE("--ssh-tree-threshold and --ssh-tree-fanout reach the plan; bad values
   CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--ssh-tree-threshold", "many", "train.py"}),
                     Contains("--ssh-tree-threshold"));
   CHECK_THROWS_WITH(sb.parse({"--ssh-tree-fanout", "4", "train.py"}), Contains("--ssh-tree-fanout"));
+  // The tree's own plan variable cannot be forwarded by hand: it would make a host a tree node.
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--env", "DDPRUN_LAUNCH_TREE=x", "train.py"}),
+                    Contains("DDPRUN_LAUNCH_TREE"));
 }
 
 TEST_CASE("--dry-run shows who starts whom in a launch tree") {

@@ -28,7 +28,9 @@
 // own agent as a local child and its children over ssh, writes their lines upward unchanged
 // (their prefixes name their hosts; other lines of a child get "[child] "), forwards "S<signo>"
 // to every child and closes their stdin when its own closes (EOF cascades down: nothing outlives
-// a SIGKILLed launcher at any depth), and exits with the first failing child's code. Every agent
+// a SIGKILLed launcher at any depth; a tree node that dies itself takes its own agent with it by
+// PR_SET_PDEATHSIG, without that agent's orderly stop, while the hosts below it see EOF), and exits
+// with the first failing child's code. Every agent
 // still joins the launcher's rendezvous directly, with --node-order = its hostfile index, so
 // ranks and output are those of the flat launch.
 //

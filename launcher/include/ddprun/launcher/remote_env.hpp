@@ -37,10 +37,14 @@ inline constexpr std::array<std::string_view, 14> kDefaultRemoteEnvPatterns = {
 inline constexpr std::array<std::string_view, 1> kDefaultRemoteEnvExceptions = {"CUDA_VISIBLE_DEVICES"};
 // Never carried at all (and an error in --env / --env-file): the remote agent sets these per
 // worker, a value from the launcher would be wrong or overwritten.
-inline constexpr std::array<std::string_view, 12> kReservedRemoteEnv = {
-    "MASTER_ADDR", "MASTER_PORT",      "RANK",      "LOCAL_RANK",      "WORLD_SIZE",
-    "GROUP_RANK",  "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
-    "PET_*",       "TORCHELASTIC_*"};
+// DDPRUN_LAUNCH_TREE is the launch tree's own plan (fanout.hpp): a user's value would turn a host
+// into a tree node.
+inline constexpr std::array<std::string_view, 13> kReservedRemoteEnv = {
+    "MASTER_ADDR",       "MASTER_PORT", "RANK",
+    "LOCAL_RANK",        "WORLD_SIZE",  "GROUP_RANK",
+    "LOCAL_WORLD_SIZE",  "ROLE_RANK",   "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",  "PET_*",       "TORCHELASTIC_*",
+    "DDPRUN_LAUNCH_TREE"};
 
 // True when `name` matches `pattern` (exact, or "X_*" prefix).
 bool env_name_matches(std::string_view name, std::string_view pattern);
