@@ -332,7 +332,8 @@ def tree_markdown(doc):
                   "| hosts | flat | tree F=16 | tree F=32 |", "|---|---|---|---|"] + rows + [
                   "", "Break-even (tree F=16 faster than flat, same model, C = %d): from %s hosts; ddprun's "
                   "defaults are --ssh-tree-threshold 64, --ssh-tree-fanout 16 (launchers with fewer cores break "
-                  "even earlier: on this %d-vCPU box the measured tree won from the host count named above)." %
+                  "even earlier). On this %d-vCPU bed every host shares the launcher's cores, so the measured "
+                  "gain is the launcher's own CPU (the columns above), not the wall time." %
                   (cores, even if even else "-", doc["machine"]["cpus"])]
     return "\n".join(lines) + "\n"
 
