@@ -213,3 +213,23 @@ TEST_CASE("--dry-run shows who starts whom in a launch tree") {
   print_fanout_dry_run(p, flat);
   CHECK_THAT(flat.str(), !Contains("started by"));
 }
+
+TEST_CASE("a subtree plan larger than a host reads on stdin is refused before any host is contacted") {
+  FanoutPlan p;
+  p.ssh_command = {"/bin/false"};  // never run: the refusal comes first
+  p.launcher_addr = "127.0.0.1";
+  p.tree_threshold = 1;
+  p.tree_fanout = 2;
+  p.remote_ddprun = "ddprun";
+  p.remote_cwd = "/";
+  p.program = {"true"};
+  for (std::size_t i = 0; i < 4000; ++i) {
+    FanoutHost h;
+    h.host = "host-with-a-longish-name-" + std::to_string(i);
+    h.index = i;
+    p.hosts.push_back(h);
+  }
+  // Under 1 MiB on its own (a leaf's block would fit), over it with 1,999 hosts of plan added.
+  p.env = {{"BIG", std::string(1'000'000, 'x')}};
+  CHECK_THROWS_WITH(run_fanout(p), Contains("hosts below it") && Contains("over the 1048576"));
+}
