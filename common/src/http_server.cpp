@@ -26,6 +26,9 @@ struct Connection {
   std::string reply;
   std::uint64_t id = 0;
   bool closed = false;
+  // Set once the head is read: a read-timeout handler already queued when the head arrived (its
+  // cancel came too late) must not cut off the answer.
+  bool head_read = false;
 };
 
 std::string_view reason_of(int status) {
@@ -114,7 +117,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     connections.emplace(c->id, c);
     c->timer.expires_after(limits.read_timeout);
     c->timer.async_wait([self = shared_from_this(), c](boost::system::error_code tec) {
-      if (tec || c->closed) return;
+      if (tec || c->closed || c->head_read) return;
       ++self->stats.rejected;
       spdlog::debug("{}: closing a connection: no complete request within {} ms", self->options.name,
                     self->options.limits.read_timeout.count());
@@ -127,6 +130,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   void on_head(const std::shared_ptr<Connection>& c, boost::system::error_code ec, std::size_t n) {
     if (c->closed || stopped) return;
+    c->head_read = true;
     c->timer.cancel();
     const Handler& fallback = options.fallback;
     if (ec == asio::error::not_found) {  // the head filled the capped buffer
