@@ -14,7 +14,6 @@ Output format assumed: every worker line reaches the launcher's stdout as `[hN:R
 (one space after the colon is optional), whole lines.
 """
 import glob
-import json
 import os
 import re
 import signal
@@ -26,7 +25,8 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from netns_hosts import SshCluster, preflight, skip, SkipTest  # noqa: E402
+from netns_hosts import preflight, skip, SkipTest  # noqa: E402
+from launcher_case import LINE_RE, LauncherCase  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "metrics"))
 import prom_text  # noqa: E402
 
@@ -35,35 +35,12 @@ DDPRUN = os.path.join(BIN_DIR, "ddprun")
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")  # tests/torch2: python3-torch2
 WORKER = os.path.join(HERE, "fanout_worker.py")
 DDP_JOB = os.path.join(HERE, "ddp_job.py")
-LINE_RE = re.compile(r"^\[(h\d+):(\d+)\]: ?(.*)$")
-LEFTOVER_GRACE = 15  # seconds for every remote process to disappear after the launcher ended
 HOSTS3 = "h0,h1,h2"
 
 
-class Fanout(unittest.TestCase):
-    def setUp(self):
-        self.c = SshCluster(3, with_refusing_host=True).__enter__()
-        self.out = self.c.path("out")
-        os.makedirs(self.out)
-        self.stdout_path = self.c.path("launcher.out")
-        self.stderr_path = self.c.path("launcher.err")
-        self.proc = None
-        self._problems0 = self._problem_count()
-
-    def _problem_count(self):
-        result = getattr(getattr(self, "_outcome", None), "result", None)
-        return len(result.failures) + len(result.errors) if result is not None else 0
-
-    def tearDown(self):
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            if self._problem_count() != self._problems0:
-                sys.stderr.write("---- launcher stderr ----\n%s\n---- launcher stdout (tail) ----\n%s\n"
-                                 % (self.stderr()[-6000:], self.stdout()[-3000:]))
-        finally:
-            self.c.teardown()
+class Fanout(LauncherCase):
+    HOSTS = 3
+    REFUSING_HOST = True
 
     # ---------- launching ----------
 
@@ -90,52 +67,6 @@ class Fanout(unittest.TestCase):
         if args is not None:
             prog += ["--"] + list(args)
         return prog
-
-    def wait_exit(self, timeout):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.fail("launcher did not exit within %ss" % timeout)
-
-    def stdout(self):
-        with open(self.stdout_path, errors="replace") as f:
-            return f.read()
-
-    def stderr(self):
-        with open(self.stderr_path, errors="replace") as f:
-            return f.read()
-
-    def worker_lines(self):
-        """[(host, rank, text)] of the launcher's stdout lines that carry a worker prefix."""
-        out = []
-        for line in self.stdout().splitlines():
-            m = LINE_RE.match(line)
-            if m:
-                out.append((m.group(1), int(m.group(2)), m.group(3)))
-        return out
-
-    def infos(self):
-        out = []
-        for path in glob.glob(os.path.join(self.out, "w_*.json")):
-            with open(path) as f:
-                out.append(json.load(f))
-        return out
-
-    def wait_workers(self, count, timeout=60):
-        deadline = time.monotonic() + timeout
-        while True:
-            infos = self.infos()
-            if len(infos) >= count:
-                return infos
-            if self.proc.poll() is not None:
-                self.fail("launcher exited (%s) before %d workers started (%d did)"
-                          % (self.proc.returncode, count, len(infos)))
-            if time.monotonic() > deadline:
-                self.fail("only %d of %d workers started within %ss" % (len(infos), count, timeout))
-            time.sleep(0.05)
-
-    def assert_clean(self):
-        self.c.assert_no_leftovers(LEFTOVER_GRACE)
 
     def assert_placement(self, infos, expected):
         """expected: {host: number of workers}; ranks 0..W-1 each exactly once, the right world."""

@@ -12,26 +12,23 @@ deep in the tree named with its path, and a real torch gloo DDP job across the t
 Needs root (else prints SKIPPED and exits 77). Which host ssh'd to which is read from the sshds'
 own logs (VERBOSE: "Connection from ADDR"), so the test fails if the launcher went flat.
 """
-import glob
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from netns_hosts import SshCluster, cmdline, preflight, skip, SkipTest  # noqa: E402
+from netns_hosts import cmdline, preflight, skip, SkipTest  # noqa: E402
+from launcher_case import LINE_RE, LauncherCase  # noqa: E402
 
 BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 WORKER = os.path.join(HERE, "fanout_worker.py")
 DDP_JOB = os.path.join(HERE, "ddp_job.py")
-LINE_RE = re.compile(r"^\[(h\d+):(\d+)\]: ?(.*)$")
 N = 7
 TREE = ["--ssh-tree-threshold", "1", "--ssh-tree-fanout", "2"]
 # Neither sorted nor reversed: group ranks must follow this list, not host names or join order.
@@ -60,27 +57,10 @@ def expected_parents(order):
     return parent
 
 
-class Tree(unittest.TestCase):
-    def setUp(self):
-        self.c = SshCluster(N).__enter__()
-        self.out = self.c.path("out")
-        os.makedirs(self.out)
-        self.stdout_path = self.c.path("launcher.out")
-        self.stderr_path = self.c.path("launcher.err")
-        self.proc = None
-
-    def tearDown(self):
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            outcome = getattr(self, "_outcome", None)
-            result = getattr(outcome, "result", None)
-            if result is not None and (result.failures or result.errors):
-                sys.stderr.write("---- launcher stderr ----\n%s\n---- launcher stdout (tail) ----\n%s\n"
-                                 % (self.stderr()[-6000:], self.stdout()[-3000:]))
-        finally:
-            self.c.teardown()
+class Tree(LauncherCase):
+    HOSTS = N
+    LEFTOVER_GRACE = 20
+    WORKERS_TIMEOUT = 90  # a 3-deep tree on a 2-vCPU bed
 
     def launch(self, hosts, program, extra=()):
         argv = [DDPRUN, "--ssh-config", self.c.ssh_config, "--hosts", ",".join(hosts), "--nproc-per-node", "1"] + \
@@ -95,43 +75,6 @@ class Tree(unittest.TestCase):
 
     def hold(self, *opts):
         return self.worker("--hold", self.c.path("never"), "--max", "120", *opts)
-
-    def wait_exit(self, timeout):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.fail("launcher did not exit within %ss" % timeout)
-
-    def stdout(self):
-        with open(self.stdout_path, errors="replace") as f:
-            return f.read()
-
-    def stderr(self):
-        with open(self.stderr_path, errors="replace") as f:
-            return f.read()
-
-    def infos(self):
-        out = []
-        for path in glob.glob(os.path.join(self.out, "w_*.json")):
-            with open(path) as f:
-                out.append(json.load(f))
-        return out
-
-    def wait_workers(self, count, timeout=90):
-        deadline = time.monotonic() + timeout
-        while True:
-            infos = self.infos()
-            if len(infos) >= count:
-                return infos
-            if self.proc.poll() is not None:
-                self.fail("launcher exited (%s) before %d workers started (%d did)"
-                          % (self.proc.returncode, count, len(infos)))
-            if time.monotonic() > deadline:
-                self.fail("only %d of %d workers started within %ss" % (len(infos), count, timeout))
-            time.sleep(0.05)
-
-    def assert_clean(self):
-        self.c.assert_no_leftovers(20)
 
     def ssh_sources(self):
         """{host: set of host names (or 'launcher') that opened an ssh connection to it}."""
