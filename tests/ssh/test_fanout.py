@@ -30,7 +30,7 @@ from launcher_case import LINE_RE, LauncherCase  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "metrics"))
 import prom_text  # noqa: E402
 
-BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
+BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", os.path.join(HERE, "..", "..", "build", "bin")))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")  # tests/torch2: python3-torch2
 WORKER = os.path.join(HERE, "fanout_worker.py")

@@ -31,7 +31,7 @@ from netns_hosts import SshCluster  # noqa: E402
 
 PROBE = os.path.join(HERE, "ssh_probe.py")
 DDP_JOB = os.path.join(HERE, "ddp_job.py")
-DDPRUN = os.path.join(os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin")), "ddprun")
+DDPRUN = os.path.join(os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", os.path.join(HERE, "..", "..", "build", "bin"))), "ddprun")
 PYTHON = "/usr/bin/python3"
 CLUSTER = None
 

@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 from netns_hosts import cmdline, preflight, skip, SkipTest  # noqa: E402
 from launcher_case import LINE_RE, LauncherCase  # noqa: E402
 
-BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", "/work/main/build/bin"))
+BIN_DIR = os.path.abspath(os.environ.get("DDPRUN_BIN_DIR", os.path.join(HERE, "..", "..", "build", "bin")))
 DDPRUN = os.path.join(BIN_DIR, "ddprun")
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 WORKER = os.path.join(HERE, "fanout_worker.py")
