@@ -13,6 +13,7 @@ Every wait is bounded by a subprocess timeout; readiness comes from the workers'
 """
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,9 +36,27 @@ def run(args, timeout=90, env=None, cwd=None):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for TORCHELASTIC_HEALTH_CHECK_PORT, which must be a number given up front (torch's
+    contract), so it cannot be bound as port 0 and read back. Taken from below the kernel's
+    ephemeral range: a port released by this probe and handed out again to another bind(0) in
+    the meantime (the agent's own store, for one) is what made a port from inside the range
+    collide. Free on every interface, as the endpoint binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        try:
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::", port))
+        except OSError:
+            try:  # no IPv6 here: the endpoint binds IPv4 then
+                with socket.socket(socket.AF_INET) as s:
+                    s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below %d" % low)
 
 
 class Base(unittest.TestCase):
