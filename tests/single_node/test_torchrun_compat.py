@@ -47,12 +47,14 @@ def free_port():
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low)
         try:
-            with socket.socket(socket.AF_INET6) as s:
-                s.bind(("::", port))
-        except OSError:
-            try:  # no IPv6 here: the endpoint binds IPv4 then
-                with socket.socket(socket.AF_INET) as s:
-                    s.bind(("0.0.0.0", port))
+            s = socket.socket(socket.AF_INET6)
+            addr = ("::", port)
+        except OSError:  # no IPv6 here: the endpoint binds IPv4 then
+            s = socket.socket(socket.AF_INET)
+            addr = ("0.0.0.0", port)
+        with s:
+            try:
+                s.bind(addr)
             except OSError:
                 continue
         return port
