@@ -431,7 +431,11 @@ class Fanout {
       argv.push_back(h.command);
     }
     agent::SpawnRequest req;
-    req.path = argv.front();
+    // A tree node's own agent runs the image this node runs, through /proc/self/exe: it names
+    // the running binary even when the file was replaced or removed since (a package upgrade
+    // during the job), where its path would run another version or nothing. argv[0] keeps the
+    // readable name for ps and for error messages.
+    req.path = h.local ? std::string("/proc/self/exe") : argv.front();
     req.argv = argv;
     req.envp = worker_env::merge_env(worker_env::current_environment(), {});
     const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());

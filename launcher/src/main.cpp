@@ -71,9 +71,13 @@ int run(int argc, char** argv) {
       // A launch tree node: this host's agent is the same command, started as a child.
       const auto node = ddprun::launcher::decode_tree_node(*tree);
       ddprun::setup_logging("ddprun@" + node.self_label, static_cast<spdlog::level::level_enum>(node.plan.log_level));
+      // argv[0] of this host's agent: the running binary's name (the exec itself goes through
+      // /proc/self/exe, see run_tree_node); the kernel appends " (deleted)" once the file is gone.
       std::error_code ec;
-      const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-      std::vector<std::string> agent_argv = {ec ? std::string(argv[0]) : self.string()};
+      std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+      constexpr std::string_view deleted = " (deleted)";
+      if (self.ends_with(deleted)) self.resize(self.size() - deleted.size());
+      std::vector<std::string> agent_argv = {ec || self.empty() ? std::string(argv[0]) : self};
       agent_argv.insert(agent_argv.end(), argv + 1, argv + argc);
       return ddprun::launcher::run_tree_node(node, agent_argv, env, control_fd);
     }

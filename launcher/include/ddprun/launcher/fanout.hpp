@@ -125,7 +125,8 @@ std::string encode_tree_node(const TreeNodePlan& node);
 TreeNodePlan decode_tree_node(std::string_view text);
 
 // A tree node's whole run: `agent_argv` starts this host's own agent (the remote agent command
-// this process was started with), `env` is the environment block it read (kTreeEnvName
+// this process was started with; it is executed through /proc/self/exe, so the agent runs the
+// same image as this node even if the file at agent_argv[0] was replaced since), `env` is the environment block it read (kTreeEnvName
 // removed), control_fd the parent's control channel. Returns the exit code.
 int run_tree_node(const TreeNodePlan& node, const std::vector<std::string>& agent_argv,
                   const std::vector<std::pair<std::string, std::string>>& env, int control_fd);
