@@ -41,6 +41,9 @@ constexpr FlagSpec kFlags[] = {
    .default_text = "1073741824"},
   {.dash = "max-connections-per-peer", .metavar = "N", .help = "Most connections from one peer address (0 = no cap).",
    .default_text = "4096"},
+  {.dash = "max-relayed-connections", .metavar = "N",
+   .help = "Most client connections carried by relays (ddprun-rdzvd --relay-to), over all relays.",
+   .default_text = "1048576"},
   {.dash = "frame-timeout-ms", .metavar = "MS",
    .help = "Close a connection holding an incomplete request this long (0 = never).", .default_text = "30000"},
   {.dash = "idle-timeout-ms", .metavar = "MS",
@@ -68,6 +71,9 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "log-format", .metavar = "FORMAT",
    .help = "text|json (json: one object per line, for log shippers).", .default_text = "$DDPRUN_LOG_FORMAT, else text",
    .choices = kLogFormats},
+  {.dash = "relay-to", .metavar = "HOST:PORT",
+   .help = "Run as a relay: accept clients here and carry their connections to the daemon at HOST:PORT over one "
+           "link (needs the daemon's token)."},
   {.dash = "version", .kind = FlagKind::boolean, .help = "Display program version information and exit."},
 };
 // clang-format on

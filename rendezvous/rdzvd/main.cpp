@@ -5,6 +5,12 @@
 //                [limits...]
 //                [--log-level L] [--log-format text|json]
 //                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
+//   ddprun-rdzvd --relay-to HOST:PORT [--host H] [--port P] [--port-file F] [--token-file F]
+//                [--max-connections N] [--max-queued-reply-bytes N] [--log-level L] [--log-format F]
+//
+// With --relay-to it is a relay (docs/daemon.md, "Relays"; relay_server.hpp): clients connect to
+// it as to the daemon and it carries their connections to the daemon at HOST:PORT over one link.
+// Same readiness contract and signals; losing the link exits 1 (a service manager restarts it).
 //
 // Readiness contract (docs/protocol.md, "The daemon"): after the socket is bound and listening,
 // the first stdout line is exactly `listening on HOST:PORT` (flushed at once), and when
@@ -38,6 +44,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/common/metrics.hpp"
+#include "ddprun/rendezvous/relay_server.hpp"
 #include "ddprun/common/metrics_http.hpp"
 #include "ddprun/common/sd_notify.hpp"
 #include "ddprun/common/secret_file.hpp"
@@ -110,6 +117,67 @@ void write_port_file(const std::string& path, std::uint16_t port) {
   }
 }
 
+// Relay mode: `relay_to` is the daemon's HOST:PORT. Exit 0 on SIGINT/SIGTERM, 1 when the daemon
+// cannot be reached or proven or the link is lost, 2 on a bad flag.
+int run_relay(const std::string& relay_to, const std::string& host, int port, const std::string& port_file,
+              const std::string& token, const std::string& token_file, std::size_t max_connections,
+              std::size_t max_queued_bytes) {
+  namespace rdzv = ddprun::rendezvous;
+  rdzv::RelayServerOptions options;
+  try {
+    const auto ep = ddprun::parse_endpoint(relay_to, 29400, "--relay-to");
+    options.upstream_host = ep.host;
+    options.upstream_port = ep.port;
+  } catch (const ddprun::Error& e) {
+    std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+    return 2;
+  }
+  if (token.empty()) {
+    std::cerr << "ddprun-rdzvd: error: --relay-to needs the daemon's token: give --token-file FILE (or set "
+                 "DDPRUN_RDZV_TOKEN); the daemon accepts relays only from a token holder\n";
+    return 2;
+  }
+  options.host = host;
+  options.port = static_cast<std::uint16_t>(port);
+  options.token = token;
+  options.max_connections = max_connections;
+  options.max_queued_bytes = max_queued_bytes;
+  raise_fd_limit(max_connections, false);
+  boost::asio::io_context io(1);
+  int exit_code = 0;
+  options.on_upstream_lost = [&io, &exit_code](const std::string&) {
+    exit_code = 1;
+    io.stop();
+  };
+  try {
+    rdzv::RelayServer relay(io, options);
+    relay.start();
+    boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
+    stop_signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+      if (ec) return;
+      spdlog::info("relay: signal {}: stopping", signo);
+      relay.stop();
+      io.stop();
+    });
+    spdlog::info("relaying to the daemon at {} ({})", relay_to,
+                 token_file.empty() ? "token from DDPRUN_RDZV_TOKEN" : "token from --token-file " + token_file);
+    if (!port_file.empty()) write_port_file(port_file, relay.port());
+    const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(relay.port());
+    std::cout << listening << std::endl;
+    if (const auto ready = ddprun::notify_ready(listening); !ready.error.empty()) {
+      spdlog::warn("cannot tell systemd the relay is ready: {}", ready.error);
+    }
+    io.run();
+    return exit_code;
+  } catch (const ddprun::Error& e) {
+    std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,6 +229,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections-per-peer", options.limits.store.max_connections_per_peer,
                  "Most connections from one peer address (0 = no cap)")
       ->capture_default_str();
+  app.add_option("--max-relayed-connections", options.limits.store.max_relayed_connections,
+                 "Most client connections carried by relays (ddprun-rdzvd --relay-to), over all relays")
+      ->capture_default_str();
   app.add_option_function<std::int64_t>(
          "--frame-timeout-ms",
          [&](const std::int64_t& ms) { options.limits.frame_timeout = std::chrono::milliseconds(ms); },
@@ -203,6 +274,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-format", log_format,
                  "text|json (json: one object per line, for log shippers) (default: $DDPRUN_LOG_FORMAT, else text)")
       ->check(CLI::IsMember({"text", "json"}));
+  std::string relay_to;
+  app.add_option("--relay-to", relay_to,
+                 "Run as a relay: accept clients here and carry their connections to the daemon at HOST:PORT over "
+                 "one link (needs the daemon's token)");
   app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);
 
   try {
@@ -274,6 +349,25 @@ int main(int argc, char** argv) {
   }
   if (options.token.empty() && token_file.empty()) {
     if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) options.token = env;
+  }
+
+  if (!relay_to.empty()) {
+    // Flags of the daemon's store and registry mean nothing to a relay: refuse them rather than
+    // ignore them.
+    for (const char* flag :
+         {"--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
+          "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-buffered-bytes",
+          "--max-connections-per-peer", "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms",
+          "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs"}) {
+      if (app.count(flag) > 0) {
+        std::cerr << "ddprun-rdzvd: error: " << flag << " does not apply to a relay (--relay-to): give it to the "
+                  << "daemon the relay connects to\n";
+        return 2;
+      }
+    }
+    return run_relay(relay_to, host, port, port_file, options.token, token_file,
+                     app.count("--max-connections") > 0 ? options.limits.store.max_connections : std::size_t{65536},
+                     options.limits.store.max_queued_reply_bytes);
   }
 
   boost::asio::io_context io(1);  // outlives `server` (declared before it)

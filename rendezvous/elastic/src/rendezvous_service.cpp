@@ -62,7 +62,7 @@ std::pair<std::string, NodeId> subject_of(const ClientMessage& message) {
           return {m.run_id, m.node};
         } else if constexpr (std::is_same_v<T, WorkerFailedMessage>) {
           return {m.run_id, m.failure.node};
-        } else if constexpr (std::is_same_v<T, HelloMessage>) {
+        } else if constexpr (std::is_same_v<T, HelloMessage> || std::is_same_v<T, RelayMessage>) {
           return {};
         } else {
           return {m.run_id, NodeId{}};
@@ -73,8 +73,9 @@ std::pair<std::string, NodeId> subject_of(const ClientMessage& message) {
 
 std::uint8_t op_of(const ClientMessage& message) {
   static constexpr std::array<NativeOp, std::variant_size_v<ClientMessage>> ops{
-      NativeOp::join,      NativeOp::rejoin, NativeOp::heartbeat, NativeOp::leave, NativeOp::worker_failed,
-      NativeOp::succeeded, NativeOp::close,  NativeOp::status,    NativeOp::hello, NativeOp::auth};
+      NativeOp::join,          NativeOp::rejoin,    NativeOp::heartbeat, NativeOp::leave,
+      NativeOp::worker_failed, NativeOp::succeeded, NativeOp::close,     NativeOp::status,
+      NativeOp::hello,         NativeOp::auth,      NativeOp::relay};
   return static_cast<std::uint8_t>(ops[message.index()]);
 }
 
@@ -149,6 +150,32 @@ RendezvousService::Refusal RendezvousService::handshake(ConnectionId conn, Clien
   return {};
 }
 
+RendezvousService::Refusal RendezvousService::relay(ConnectionId conn) {
+  // A relay speaks for many peers: only a holder of the daemon's token, bound to every job, may.
+  if (options_.token.empty()) {
+    return {RefuseCode::auth,
+            "this daemon has no token, and relays need one: start ddprun-rdzvd with --token-file (or "
+            "DDPRUN_RDZV_TOKEN) and give the relay the same token"};
+  }
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end() || it->second.run_id != auth::any_run) {
+    return {RefuseCode::auth, "RELAY needs a connection authenticated for every job (AUTH with run id \"*\")"};
+  }
+  if (node_of_.count(conn) != 0) {
+    return {RefuseCode::not_owner, "a connection that speaks for a node cannot become a relay link"};
+  }
+  // RELAY_OK goes out before the switch: it is the last frame of the plain protocol.
+  scratch_.clear();
+  encode_relay_ok(scratch_);
+  emit(conn, scratch_);
+  if (std::string why = outbox_->make_relay_link(conn); !why.empty()) {
+    outbox_->buffer(conn).clear();
+    return {RefuseCode::other, why};
+  }
+  ++counters_.relay_links;
+  return {};
+}
+
 RendezvousService::Refusal RendezvousService::check_run(ConnectionId conn, const std::string& run_id) const {
   if (options_.token.empty()) return {};
   auto it = sessions_.find(conn);
@@ -215,11 +242,13 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
   if (std::holds_alternative<HelloMessage>(message) || std::holds_alternative<AuthMessage>(message)) {
     return handshake(conn, message);
   }
+  if (std::holds_alternative<RelayMessage>(message)) return relay(conn);
   const TimePoint now = clock_.now();
   return std::visit(
       [&](auto& m) -> Refusal {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, HelloMessage> || std::is_same_v<T, AuthMessage>) {
+        if constexpr (std::is_same_v<T, HelloMessage> || std::is_same_v<T, AuthMessage> ||
+                      std::is_same_v<T, RelayMessage>) {
           return {};  // handled above
         } else if constexpr (std::is_same_v<T, StatusMessage>) {
           std::string run_id = m.run_id;

@@ -240,6 +240,10 @@ const char* native_op_name(std::uint8_t op) {
       return "HELLO";
     case NativeOp::auth:
       return "AUTH";
+    case NativeOp::relay:
+      return "RELAY";
+    case NativeOp::relay_ok:
+      return "RELAY_OK";
     case NativeOp::challenge:
       return "CHALLENGE";
     case NativeOp::auth_ok:
@@ -302,9 +306,11 @@ void encode_client(std::string& out, const ClientMessage& message) {
           frame(out, NativeOp::status, json::object{{"run_id", m.run_id}});
         } else if constexpr (std::is_same_v<T, HelloMessage>) {
           frame(out, NativeOp::hello, json::object{{"v", m.version}, {"client_nonce", m.client_nonce}});
-        } else {
-          static_assert(std::is_same_v<T, AuthMessage>);
+        } else if constexpr (std::is_same_v<T, AuthMessage>) {
           frame(out, NativeOp::auth, json::object{{"run_id", m.run_id}, {"mac", m.mac}});
+        } else {
+          static_assert(std::is_same_v<T, RelayMessage>);
+          frame(out, NativeOp::relay, json::object{{"v", m.version}});
         }
       },
       message);
@@ -361,6 +367,8 @@ void encode_one(std::string& out, const T& m) {
 void encode_server(std::string& out, const ServerMessage& message) {
   std::visit([&](const auto& m) { encode_one(out, m); }, message);
 }
+
+void encode_relay_ok(std::string& out) { frame(out, NativeOp::relay_ok, json::object{}); }
 
 void encode_decision(std::string& out, const Decision& action) {
   std::visit([&](const auto& a) { encode_one(out, a); }, action);

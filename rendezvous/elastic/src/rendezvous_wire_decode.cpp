@@ -347,6 +347,8 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
         return HelloMessage{r.i32("v", 1, 1), r.hex_of("client_nonce", auth::nonce_bytes)};
       case NativeOp::auth:
         return AuthMessage{r.str("run_id"), r.hex_of("mac", 32)};
+      case NativeOp::relay:
+        return RelayMessage{r.i32("v", 1, 1)};
       default:
         throw WireError{fmt::format("opcode 0x{:02x} is not a client-to-server rendezvous operation", op)};
     }

@@ -37,6 +37,7 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/codec.hpp"
+#include "ddprun/rendezvous/relay_link.hpp"
 
 namespace ddprun::rendezvous {
 
@@ -115,6 +116,14 @@ struct Connection {
   std::string overflow;           // set by reserve_push: why the connection must be closed
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
+  // Relays (relay_link.hpp): a relayed connection has no socket; its bytes arrive and leave as
+  // relay frames numbered `vid` on the connection `link`. A link (is_link) carries `relayed`.
+  std::weak_ptr<Connection> link;
+  std::uint32_t vid = 0;
+  bool is_link = false;
+  bool peer_gone = false;  // the relay reported the close: no CLOSE goes back
+  std::unordered_map<std::uint32_t, std::shared_ptr<Connection>> relayed;
+  bool relayed_conn() const { return vid != 0; }
   std::size_t queued() const { return pending.size() + writing.size(); }
 };
 
@@ -154,6 +163,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   std::unordered_map<ConnectionId, ConnectionPtr> connections;
   std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
   ConnectionId next_id = 1;
+  std::size_t relayed_count = 0;  // relayed connections open (they hold no descriptor)
+  std::size_t link_count = 0;     // relay links open
   ConnectionPtr current;
   std::vector<ConnectionPtr> dirty;
   Request request;
@@ -229,6 +240,26 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       dirty.push_back(c);
     }
     return false;
+  }
+
+  std::string make_relay_link(ConnectionId id) override {
+    auto it = connections.find(id);
+    if (it == connections.end()) return "the connection is gone";
+    Connection& c = *it->second;
+    if (c.relayed_conn())
+      return "a relayed connection cannot carry relays itself (relays of relays: not supported yet)";
+    if (c.is_link) return "the connection is a relay link already";
+    c.is_link = true;
+    ++link_count;
+    spdlog::info("store: connection {} from {} is a relay link", c.id, c.peer);
+    return {};
+  }
+
+  void mark_dirty(const ConnectionPtr& c) {
+    if (!c->dirty) {
+      c->dirty = true;
+      dirty.push_back(c);
+    }
   }
 
   static std::size_t nofile_soft() {
@@ -398,7 +429,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     auto peer_ep = socket.remote_endpoint(ec);
     std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
     std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
-    if (connections.size() >= max_connections) {
+    if (connections.size() - relayed_count >= max_connections) {
       ++counters.connections_rejected;
       // An agent's worker store has no --max-connections of its own: there the cap is the
       // open-files clamp alone, and the line must say so.
@@ -533,6 +564,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   // Stops early, leaving requests buffered, once the connection's queued replies pass
   // pause_output_above; the write completion resumes it.
   void process(const ConnectionPtr& c) {
+    if (c->is_link) {
+      process_link(c);
+      return;
+    }
     current = c;
     while (!c->closed && c->end - c->begin >= c->need && c->queued() < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
@@ -565,6 +600,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         c->begin += r.consumed;
         c->need = 1;
         c->frame_start = c->last_active;
+        if (c->is_link) break;  // RELAY was accepted: the rest are relay frames
       } else if (r.status == DecodeStatus::need_more) {
         c->need = std::max<std::size_t>(r.min_total, (c->end - c->begin) + 1);
         break;
@@ -574,6 +610,177 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       }
     }
     current.reset();
+    if (c->is_link && !c->closed) process_link(c);
+  }
+
+  // ---- Relays (relay_link.hpp): the frames of a relay link ----
+
+  // Executes every complete relay frame buffered on `link`; stops, like process(), while the
+  // link's own output backlog is over pause_output_above (its write completion resumes it).
+  void process_link(const ConnectionPtr& link) {
+    RelayFrame f;
+    while (!link->closed && link->end - link->begin >= link->need && link->queued() < pause_above) {
+      const std::string_view view(link->in.data() + link->begin, link->end - link->begin);
+      const RelayDecodeResult r = decode_relay_frame(view, f);
+      if (r.status == RelayDecodeResult::Status::error) {
+        close(link, r.reason, RefusedReason::protocol_error);
+        return;
+      }
+      if (r.status == RelayDecodeResult::Status::need_more) {
+        link->need = std::max<std::size_t>(r.min_total, (link->end - link->begin) + 1);
+        return;
+      }
+      relay_event(link, f);
+      if (link->closed) return;
+      link->begin += r.consumed;
+      link->need = 1;
+      link->frame_start = link->last_active;
+    }
+  }
+
+  static std::string address_of(std::string_view peer) {
+    const auto colon = peer.rfind(':');
+    std::string_view host = colon == std::string_view::npos ? peer : peer.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    return std::string(host);
+  }
+
+  void relay_event(const ConnectionPtr& link, const RelayFrame& f) {
+    auto it = link->relayed.find(f.vid);
+    switch (f.op) {
+      case RelayOp::open:
+        if (it != link->relayed.end()) {
+          close(link, fmt::format("relay link: OPEN of connection {}, which is open already", f.vid),
+                RefusedReason::protocol_error);
+          return;
+        }
+        open_relayed(link, f.vid, f.payload);
+        return;
+      case RelayOp::data:
+        // A vid that is gone was closed here while the relay was still sending: ignored.
+        if (it != link->relayed.end()) deliver(ConnectionPtr(it->second), f.payload);
+        return;
+      case RelayOp::close:
+        if (it != link->relayed.end()) {
+          ConnectionPtr c = it->second;
+          c->peer_gone = true;
+          spdlog::debug("store: relayed connection {} from {} closed by peer", c->id, c->peer);
+          close(c, {});
+        }
+        return;
+    }
+  }
+
+  void open_relayed(const ConnectionPtr& link, std::uint32_t vid, std::string_view peer_text) {
+    const bool printable =
+        std::all_of(peer_text.begin(), peer_text.end(), [](char ch) { return ch > 0x20 && ch < 0x7f; });
+    std::string peer = printable && !peer_text.empty() ? std::string(peer_text) : std::string("unknown peer");
+    std::string address = printable ? address_of(peer_text) : std::string();
+    std::string refusal;
+    RefusedReason reason = RefusedReason::connection_limit;
+    if (relayed_count >= options.limits.max_relayed_connections) {
+      refusal = fmt::format("relayed connection limit of {} reached (--max-relayed-connections)",
+                            options.limits.max_relayed_connections);
+    } else if (const std::size_t cap = options.limits.max_connections_per_peer; cap != 0 && !address.empty()) {
+      auto pit = per_peer.find(address);
+      if (pit != per_peer.end() && pit->second >= cap) {
+        reason = RefusedReason::peer_limit;
+        refusal = fmt::format(
+            "{} connections from that address are open, the limit per address "
+            "(--max-connections-per-peer)",
+            pit->second);
+      }
+    }
+    if (!refusal.empty()) {
+      ++counters.connections_rejected;
+      ++counters.refused[idx(reason)];
+      refuse_warning.warn("store: closing new connection from {} (via relay {}): {}", peer, link->peer, refusal);
+      refusal.resize(std::min(refusal.size(), max_relay_reason_bytes));
+      append_relay_frame(link->pending, RelayOp::close, vid, refusal);
+      mark_dirty(link);
+      return;
+    }
+    auto c = std::make_shared<Connection>(tcp::socket(io));
+    c->id = next_id++;
+    c->peer = peer + " (via relay " + link->peer + ")";
+    c->peer_address = std::move(address);
+    c->decoder.accept_legacy = options.accept_legacy;
+    c->last_active = Clock::now();
+    c->link = link;
+    c->vid = vid;
+    if (!c->peer_address.empty()) ++per_peer[c->peer_address];
+    connections.emplace(c->id, c);
+    link->relayed.emplace(vid, c);
+    ++relayed_count;
+    ++counters.connections_total;
+    spdlog::debug("store: connection {} from {}", c->id, c->peer);
+  }
+
+  // Bytes of a relayed connection's stream: buffered and executed like a socket's read.
+  void deliver(const ConnectionPtr& c, std::string_view data) {
+    const auto now = Clock::now();
+    if (c->begin == c->end) {
+      c->begin = c->end = 0;
+      c->frame_start = now;
+    }
+    c->last_active = now;
+    if (c->in.size() - c->end < data.size()) {
+      if (c->begin > 0) {
+        std::memmove(c->in.data(), c->in.data() + c->begin, c->end - c->begin);
+        c->end -= c->begin;
+        c->begin = 0;
+      }
+      if (c->in.size() - c->end < data.size()) {
+        const std::size_t grown = std::max({c->in.size() * 2, c->end + data.size(), initial_buffer});
+        if (buffered - c->accounted + grown + c->pending.capacity() > options.limits.max_buffered_bytes) {
+          close(c,
+                fmt::format("{} more bytes do not fit: the server's buffers hold {} bytes, the limit is {} "
+                            "(--max-buffered-bytes)",
+                            data.size(), buffered, options.limits.max_buffered_bytes),
+                RefusedReason::buffer_limit);
+          return;
+        }
+        c->in.resize(grown);
+      }
+    }
+    std::memcpy(c->in.data() + c->end, data.data(), data.size());
+    c->end += data.size();
+    account(*c);
+    if (c->read_paused) return;  // resumed when its replies moved onto the link
+    process(c);
+    if (c->closed) return;
+    if (c->queued() >= pause_above) c->read_paused = true;
+    if (c->begin == c->end) {
+      // Nothing left unparsed: hold no buffer while the client is quiet (start_read does the same).
+      c->begin = c->end = 0;
+      std::vector<char>().swap(c->in);
+      account(*c);
+    }
+  }
+
+  // A relayed connection's replies go onto its link as DATA frames.
+  void write_relayed(const ConnectionPtr& c) {
+    if (c->pending.empty()) return;
+    auto link = c->link.lock();
+    if (!link || link->closed) return;  // closed with the link
+    const std::string_view bytes(c->pending);
+    for (std::size_t at = 0; at < bytes.size(); at += max_relay_data_bytes) {
+      append_relay_frame(link->pending, RelayOp::data, c->vid, bytes.substr(at, max_relay_data_bytes));
+    }
+    if (c->pending.capacity() > shrink_above) {
+      std::string().swap(c->pending);
+    } else {
+      c->pending.clear();
+    }
+    account(*c);
+    mark_dirty(link);
+    c->last_active = Clock::now();
+    if (c->read_paused) {
+      c->read_paused = false;
+      c->frame_start = c->last_active;
+      process(c);  // requests left buffered when the pause began
+      if (!c->closed && c->queued() >= pause_above) c->read_paused = true;
+    }
   }
 
   void flush() {
@@ -592,6 +799,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   }
 
   void start_write(const ConnectionPtr& c) {
+    if (c->relayed_conn()) {
+      write_relayed(c);
+      return;
+    }
     if (c->write_in_flight || c->pending.empty()) return;
     c->writing.swap(c->pending);
     c->pending.clear();
@@ -642,6 +853,20 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     }
     state.disconnect(c->id);
     if (options.extension) options.extension->on_disconnect(c->id);
+    if (c->is_link) {
+      // Every connection the link carried ends with it (their nodes see a disconnect).
+      auto carried = std::move(c->relayed);
+      c->relayed.clear();
+      for (auto& [vid, rc] : carried) {
+        rc->peer_gone = true;
+        close(rc, "its relay link closed");
+      }
+      --link_count;
+    }
+    if (c->relayed_conn()) {
+      close_relayed(c, reason);
+      return;
+    }
     boost::system::error_code ec;
     if (refused && !c->write_in_flight && !c->pending.empty()) {
       // Best effort, never blocking: the frame that explains the close (an extension's
@@ -651,6 +876,34 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     }
     c->socket.shutdown(tcp::socket::shutdown_both, ec);
     c->socket.close(ec);
+    buffered -= c->accounted;
+    c->accounted = 0;
+    if (!c->peer_address.empty()) {
+      auto it = per_peer.find(c->peer_address);
+      if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
+    }
+    connections.erase(c->id);
+    if (connections.empty() && on_drained) notify_drained();
+  }
+
+  // The rest of close() for a relayed connection: what it had queued (a REFUSED that explains
+  // the close) and a CLOSE go onto the link, unless the relay reported the close itself.
+  void close_relayed(const ConnectionPtr& c, const std::string& reason) {
+    if (auto link = c->link.lock(); link && !link->closed) {
+      if (!c->peer_gone) {
+        if (!c->pending.empty()) {
+          const std::string_view bytes(c->pending);
+          for (std::size_t at = 0; at < bytes.size(); at += max_relay_data_bytes) {
+            append_relay_frame(link->pending, RelayOp::data, c->vid, bytes.substr(at, max_relay_data_bytes));
+          }
+        }
+        append_relay_frame(link->pending, RelayOp::close, c->vid,
+                           std::string_view(reason).substr(0, max_relay_reason_bytes));
+        mark_dirty(link);
+      }
+      link->relayed.erase(c->vid);
+    }
+    --relayed_count;
     buffered -= c->accounted;
     c->accounted = 0;
     if (!c->peer_address.empty()) {
@@ -691,7 +944,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                            c->end - c->begin, c->need,
                            std::chrono::duration_cast<std::chrono::milliseconds>(now - c->frame_start).count(),
                            options.frame_timeout.count()));
-      } else if (options.idle_timeout.count() > 0 && c->end == c->begin && c->queued() == 0 &&
+      } else if (options.idle_timeout.count() > 0 && !c->is_link && c->end == c->begin && c->queued() == 0 &&
                  now - c->last_active > options.idle_timeout && !state.waiting(id)) {
         expired.emplace_back(c,
                              fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
@@ -793,6 +1046,8 @@ StoreStats StoreServer::stats() const {
   s.pending_waits = core.state.pending_waits();
   s.buffered_bytes = core.buffered;
   s.max_connections = core.max_connections;
+  s.relay_links = core.link_count;
+  s.relayed_connections = core.relayed_count;
   return s;
 }
 
@@ -804,7 +1059,7 @@ void StoreServer::send(ConnectionId conn, std::string_view bytes) {
   c->pending.append(bytes);
   core.enforce_output_caps(c);
   if (!c->closed) core.start_write(c);
-  core.shed_if_over_budget();
+  core.flush();  // a relayed connection's bytes moved onto its link, which must be written too
 }
 
 void StoreServer::close_connection(ConnectionId conn, std::string_view reason) {

@@ -82,6 +82,7 @@ struct RendezvousServiceStats {
   std::uint64_t rounds_closed = 0;     // assignments to group rank 0: one per closed round
   std::uint64_t restarts = 0;          // distinct (run id, ended round) restart decisions
   std::uint64_t frames_malformed = 0;  // native frames that failed to decode
+  std::uint64_t relay_links = 0;       // connections accepted as relay links (RELAY)
   // Refuse decisions and refused frames (authentication, node ownership), by RefuseCode.
   std::array<std::uint64_t, kRefuseCodes> refused{};
   // From the first join of the round being collected to its close.
@@ -149,6 +150,8 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // Handles one decoded frame; no refusal = done, else refuse it and close.
   Refusal handle(ConnectionId conn, ClientMessage& message);
   Refusal handshake(ConnectionId conn, ClientMessage& message);
+  // RELAY: a token holder authenticated for every job turns its connection into a relay link.
+  Refusal relay(ConnectionId conn);
   // No refusal when `conn` may act on `run_id` (authenticated for it, or no token).
   Refusal check_run(ConnectionId conn, const std::string& run_id) const;
   // No refusal when `conn` owns (run_id, node).

@@ -37,6 +37,7 @@ enum class NativeOp : std::uint8_t {
   status = 0x47,
   hello = 0x48,
   auth = 0x49,
+  relay = 0x4a,  // a relay asks to carry other clients' connections (docs/protocol.md, "Relays")
   // server -> client (pushed)
   assignment = 0x60,
   restart = 0x61,
@@ -49,6 +50,7 @@ enum class NativeOp : std::uint8_t {
   challenge = 0x68,
   auth_ok = 0x69,
   joined = 0x6a,
+  relay_ok = 0x6b,  // the connection is a relay link from the next byte on (relay_link.hpp)
 };
 
 const char* native_op_name(std::uint8_t op);  // "JOIN", ..., "0x4f" style for unknown
@@ -103,8 +105,14 @@ struct AuthMessage {
   std::string mac;     // 64 hex digits
 };
 
+// A relay (ddprun-rdzvd --relay-to) asks to turn its authenticated connection into a relay link.
+struct RelayMessage {
+  int version = 1;
+};
+
 using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage, WorkerFailedMessage,
-                                   SucceededMessage, CloseMessage, StatusMessage, HelloMessage, AuthMessage>;
+                                   SucceededMessage, CloseMessage, StatusMessage, HelloMessage, AuthMessage,
+                                   RelayMessage>;
 
 // ---- server -> client messages: the registry's actions plus the STATUS reply ----
 struct ChallengeMessage {
@@ -128,6 +136,8 @@ using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, S
 void encode_client(std::string& out, const ClientMessage& message);
 void encode_server(std::string& out, const ServerMessage& message);
 void encode_decision(std::string& out, const Decision& action);
+// RELAY_OK (payload "{}"): the server's answer to an accepted RELAY.
+void encode_relay_ok(std::string& out);
 
 // Decodes one frame at the start of `buffer`. A server->client op on the server side (and the
 // reverse) is an error.

@@ -196,8 +196,12 @@ struct StoreLimits {
   // Read buffers plus queued replies of all connections together; past it the connections with
   // the largest backlogs are closed.
   std::size_t max_buffered_bytes = std::size_t{1} * 1024 * 1024 * 1024;
-  // Connections from one peer address (0 = no cap).
+  // Connections from one peer address (0 = no cap); a relayed connection counts for the address
+  // its relay reports.
   std::size_t max_connections_per_peer = 4096;
+  // Client connections carried by relays (relay_link.hpp), over all relay links. They hold no
+  // descriptor here, so the open-files clamp of max_connections does not apply to them.
+  std::size_t max_relayed_connections = std::size_t{1} << 20;
 };
 
 }  // namespace ddprun::rendezvous

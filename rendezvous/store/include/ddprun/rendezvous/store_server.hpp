@@ -91,6 +91,8 @@ struct StoreStats {
   std::uint64_t requests = 0;
   std::size_t buffered_bytes = 0;   // read buffers + queued replies of every connection
   std::size_t max_connections = 0;  // effective connection cap (after the open-files clamp)
+  std::size_t relay_links = 0;          // open connections of relays (ddprun-rdzvd --relay-to)
+  std::size_t relayed_connections = 0;  // open client connections carried by them (in `connections`)
   // For the metrics endpoint: connections_rejected split by reason (indexed by RefusedReason),
   // store requests by op (indexed by Op; extension frames are not store ops), and bytes read
   // from and written to clients.

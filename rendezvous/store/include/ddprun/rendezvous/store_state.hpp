@@ -52,6 +52,12 @@ class Outbox {
     (void)n;
     return true;
   }
+  // Turns `conn` into a relay link (store_server.hpp, "Relays"): every byte after the frame being
+  // handled is a relay frame. "" = done; otherwise why not, and the caller refuses the request.
+  virtual std::string make_relay_link(ConnectionId conn) {
+    (void)conn;
+    return "this server does not carry relays";
+  }
 };
 
 // Outbox for tests and tools: one string per connection.
