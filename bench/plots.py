@@ -7,7 +7,8 @@ hand. Run by scripts/bench after a full run:
 
 Writes launch.png (whole command vs N, log-log), launch-ratio.png (ddprun / floor vs N, wall and CPU,
 with the 1.25x goal), rendezvous.png (round close, setup and total vs N, with the least-squares line
-of bench/rendezvous/run.py, the 100,000-agent goal and its model), restart.png (crash -> group
+of bench/rendezvous/run.py, the 100,000-agent goal and its model), rendezvous-relay.png (total vs N, one daemon directly and
+a root with relays, against the 10 s goal), restart.png (crash -> group
 restarted, log y), store.png (serial p50 latency by server and client), store_barrier.png (the
 barrier at scale, ms vs ranks N per server) and fanout-tree.png (SSH launch, flat vs tree: last
 worker started and launcher CPU vs hosts). A missing JSON skips its plot.
@@ -121,6 +122,35 @@ def rdzv_plot(r, out):
             "'$setup' using 1:2:3:4 with yerrorlines title 'setup: connect + auth + N-1 joins', "
             "'$total' using 1:2:3:4 with yerrorlines title 'total: setup + close'" + extra + "\n",
             out)
+
+
+def rdzv_relay_plot(r, out):
+    """Rendezvous total (connect + auth + joins + close) vs N: one daemon directly, and a root with
+    relays (R beside each point), against the 10 s goal for 100,000 agents."""
+    series = [("one daemon, direct", [x for x in r["results"] if "total_s" in x]),
+              ("root + R relays", [x for x in r.get("relay_results", []) if "total_s" in x])]
+    blocks, plots = [], []
+    for label, rows in series:
+        if not rows:
+            continue
+        blocks.append("\n".join(f"{x['nodes']} {x['total_s']['median']} {x['total_s']['min']} {x['total_s']['max']} "
+                                f"\"{'R=' + str(x['relays']) if 'relays' in x else ''}\"" for x in rows))
+        i = len(blocks) - 1
+        plots.append(f"'$data' index {i} using 1:2:3:4 with yerrorlines title '{label}'")
+        if "relays" in rows[0]:
+            plots.append(f"'$data' index {i} using 1:2:5 with labels offset 0,1 notitle")
+    if not any(rows for _, rows in series[1:]):
+        print("plots: no relay series in the rendezvous JSON, rendezvous-relay.png skipped")
+        return
+    goal = r.get("goal_total") or {"nodes": 100000, "s": 10.0}
+    gnuplot(HEAD + "$data << EOD\n" + "\n\n\n".join(blocks) + "\nEOD\n"
+            f"set title 'Rendezvous of N agents, total: connect + auth + joins + close ({r['meta']['cpus']} vCPU, "
+            f"{r['meta']['date']})'\n"
+            "set logscale xy\nset xlabel 'agents N'\nset ylabel 's (median, bars min-max)'\n"
+            "set xrange [10:300000]\nset yrange [*:60]\nset key top left\n"
+            f"set arrow from graph 0, first {goal['s']} to graph 1, first {goal['s']} nohead dt 2 lw 2\n"
+            f"set label 'goal: {goal['nodes']:,} agents in {goal['s']:g} s' at graph 0.4, first {goal['s'] * 1.3}\n"
+            "plot " + ", ".join(plots) + "\n", out)
 
 
 def restart_plot(launch, elastic, out):
@@ -238,6 +268,7 @@ def main():
         launch_ratio_plot(launch, os.path.join(args.out_dir, "launch-ratio.png"))
     if rdzv:
         rdzv_plot(rdzv, os.path.join(args.out_dir, "rendezvous.png"))
+        rdzv_relay_plot(rdzv, os.path.join(args.out_dir, "rendezvous-relay.png"))
     if launch or elastic:
         restart_plot(launch, elastic, os.path.join(args.out_dir, "restart.png"))
     if store:

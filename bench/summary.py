@@ -133,7 +133,7 @@ def rdzv_lines(r):
     elif goal and model:
         cpu = (f"; by CPU time the daemon would need {model['daemon_cpu_s']:.1f} s"
                if model.get("daemon_cpu_s") is not None else "")
-        out.append(f"* Rendezvous of {goal['nodes']} agents: not measured here (open-files limit "
+        out.append(f"* Rendezvous of {goal['nodes']} agents on one daemon: not measured here (open-files limit "
                    f"{r['meta'].get('fd_limit')}); modelled from N ≤ {model['from_n_max']}: "
                    f"{model['total_s']:.1f} s of wall time{cpu} (goal ≤ {goal['s']:g} s).")
     if len(rows) >= 2:
@@ -141,6 +141,24 @@ def rdzv_lines(r):
         per = (b["rss_kib"]["median"] - a["rss_kib"]["median"]) / (b["nodes"] - a["nodes"])
         out.append(f"* Daemon memory: {per:.1f} KiB per extra agent (RSS at N = {b['nodes']}: "
                    f"{b['rss_kib']['median'] / 1024:.1f} MiB).")
+    relayed = [x for x in r.get("relay_results", []) if "total_s" in x]
+    if relayed:
+        x = relayed[-1]
+        n = x["nodes"]
+
+        def per_agent(after, idle):
+            return (x[after]["median"] - x[idle]["median"]) / n if after in x and idle in x else float("nan")
+
+        def cpu(key):
+            return x[f"{key}_setup_s"]["median"] + x[f"{key}_close_s"]["median"] if f"{key}_setup_s" in x else float("nan")
+
+        goal_text = f" (goal ≤ {goal['s']:g} s)" if goal and n == goal["nodes"] else ""
+        out.append(f"* Rendezvous through {x['relays']} relays: {n} agents in {x['total_s']['median']:.1f} s"
+                   f"{goal_text}; CPU root {cpu('daemon'):.1f} s, relays {cpu('relay'):.1f} s, bench "
+                   f"{cpu('bench'):.1f} s; memory per agent: root {per_agent('rss_kib', 'rss_idle_kib'):.2f} KiB, "
+                   f"relays {per_agent('relay_rss_kib', 'relay_rss_idle_kib'):.2f} KiB.")
+    elif r.get("relay_results"):
+        out.append(f"* Rendezvous through relays: {r['relay_results'][0]['skipped']}.")
     return out
 
 

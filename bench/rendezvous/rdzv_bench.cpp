@@ -8,27 +8,37 @@
 // (--agents-per-address each, 127.1.0.1 upwards): one address has only ~28k ephemeral ports,
 // and the daemon's per-address connection cap (--max-connections-per-peer, 4,096) stays ON.
 //
-// Agents are split over --threads threads (one epoll loop each). At most --window agents are
-// between connect() and their JOINED at any time (shared between threads), below the listen
-// backlog (net.core.somaxconn): a real cluster's agents arrive spread over seconds; a burst
-// beyond the backlog only measures SYN retransmission timers.
+// The agents are split over --processes forked processes (default: one per 16,000 agents), each
+// holding its share's sockets: one process may not hold more descriptors than the open-files
+// limit (20,000 on machines where it cannot be raised), so 100,000 agents need several. Within
+// a process they are split over --threads threads (one epoll loop each). Agent i connects to the
+// endpoint i mod E of the --endpoint list (relays: agents spread over them round-robin). At most
+// --window agents are between connect() and their JOINED at any time (split between the
+// processes in proportion to their shares), below the listen backlog (net.core.somaxconn): a
+// real cluster's agents arrive spread over seconds; a burst beyond the backlog only measures SYN
+// retransmission timers.
 //
 // Phases: setup = every connection made and authenticated and N-1 agents JOINED (the daemon has
 // answered each: it is idle); then the last agent sends its JOIN and the close is measured until
-// every agent holds its ASSIGNMENT. total = setup + close. The daemon's VmRSS / VmHWM and CPU
-// time (utime + stime from /proc/PID/stat) and the bench's own CPU time are read at each phase
-// boundary, so the JSON says how the time splits between daemon and bench.
+// every agent holds its ASSIGNMENT. total = setup + close. The processes report each phase to
+// this one over pipes (every process's share done = the phase done). The daemon's and each
+// relay's (--relay-pid) VmRSS / VmHWM and CPU time (utime + stime from /proc/PID/stat) and the
+// bench processes' own CPU time are read at each phase boundary, so the JSON says how the time
+// splits between daemon, relays and bench.
 //
-//   rdzv_bench --nodes N (--daemon PATH | --endpoint HOST:PORT [--daemon-pid PID])
-//              [--threads T] [--window W] [--agents-per-address K] [--no-token] [--timeout S]
+//   rdzv_bench --nodes N (--daemon PATH | --endpoint HOST:PORT[,HOST:PORT...] [--daemon-pid PID]
+//              [--relay-pid PID]...) [--processes P] [--threads T] [--window W]
+//              [--agents-per-address K] [--no-token] [--timeout S]
 //
-// With --endpoint the daemon is someone else's: --no-token unless DDPRUN_RDZV_TOKEN holds its
-// token. Prints one JSON object on stdout. Exit 0 on success, 1 on failure (message on stderr),
-// 3 when N does not fit the open-files limit or the addresses (the JSON says "skipped").
+// --endpoint may be repeated. With --endpoint the daemon is someone else's: --no-token unless
+// DDPRUN_RDZV_TOKEN holds its token. Prints one JSON object on stdout. Exit 0 on success, 1 on
+// failure (message on stderr), 3 when N does not fit the open-files limit or the addresses (the
+// JSON says "skipped").
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
@@ -46,6 +56,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -62,9 +73,10 @@ namespace {
 
 const std::string run_id = "bench";
 std::string token_file_to_remove;
+std::string who = "rdzv_bench";  // a bench process names its share of the agents
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "rdzv_bench: error: %s\n", what.c_str());
+  std::fprintf(stderr, "%s: error: %s\n", who.c_str(), what.c_str());
   std::fflush(stderr);
   if (!token_file_to_remove.empty()) ::unlink(token_file_to_remove.c_str());
   // _exit: another thread may be inside the event loop; the daemon dies with us (PDEATHSIG).
@@ -85,12 +97,18 @@ struct Agent {
   std::string assignment_frame;
 };
 
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+
 struct Options {
   int nodes = 16;
   std::string daemon;
-  std::string host = "127.0.0.1";
-  int port = 0;
+  std::vector<Endpoint> endpoints;
   pid_t daemon_pid = 0;
+  std::vector<pid_t> relay_pids;
+  int processes = 0;  // 0: one per agents_per_process_default agents
   double timeout_s = 600;
   int threads = 1;
   int window = 1024;
@@ -120,13 +138,21 @@ Options parse(int argc, char** argv) {
     } else if (a == "--daemon") {
       o.daemon = value();
     } else if (a == "--endpoint") {
-      const std::string e = value();
-      const auto colon = e.rfind(':');
-      if (colon == std::string::npos) die("--endpoint wants HOST:PORT, got '" + e + "'");
-      o.host = e.substr(0, colon);
-      o.port = to_int(a, e.substr(colon + 1));
+      std::istringstream list(value());
+      std::string e;
+      while (std::getline(list, e, ',')) {
+        const auto colon = e.rfind(':');
+        if (colon == std::string::npos || colon == 0) die("--endpoint wants HOST:PORT[,HOST:PORT...], got '" + e + "'");
+        const int port = to_int(a, e.substr(colon + 1));
+        if (port < 1 || port > 65535) die("--endpoint " + e + ": the port must be 1-65535");
+        o.endpoints.push_back({e.substr(0, colon), port});
+      }
     } else if (a == "--daemon-pid") {
       o.daemon_pid = static_cast<pid_t>(to_int(a, value()));
+    } else if (a == "--relay-pid") {
+      o.relay_pids.push_back(static_cast<pid_t>(to_int(a, value())));
+    } else if (a == "--processes") {
+      o.processes = to_int(a, value());
     } else if (a == "--timeout") {
       o.timeout_s = std::atof(value().c_str());
     } else if (a == "--threads") {
@@ -145,7 +171,9 @@ Options parse(int argc, char** argv) {
   if (o.threads < 1 || o.threads > 64) die("--threads must be between 1 and 64");
   if (o.window < 1) die("--window must be at least 1");
   if (o.agents_per_address < 1) die("--agents-per-address must be at least 1");
-  if (o.daemon.empty() && o.port == 0) die("give --daemon PATH or --endpoint HOST:PORT");
+  if (o.daemon.empty() && o.endpoints.empty()) die("give --daemon PATH or --endpoint HOST:PORT");
+  if (!o.daemon.empty() && !o.endpoints.empty()) die("give --daemon PATH or --endpoint HOST:PORT, not both");
+  if (o.processes > 1024) die("--processes must be at most 1024");
   return o;
 }
 
@@ -258,7 +286,7 @@ double self_cpu_s() {
 
 struct Shared {
   const Options* o = nullptr;
-  sockaddr_in server{};
+  std::vector<sockaddr_in> servers;  // agent i connects to servers[i % size]
   std::string token;
   Clock::time_point deadline;
   std::atomic<int> window_left{0};
@@ -342,7 +370,8 @@ class Worker {
       inet_ntop(AF_INET, &src.sin_addr, text, sizeof text);
       die(std::string("bind to source address ") + text + ": " + std::strerror(errno));
     }
-    const int r = connect(a.fd, reinterpret_cast<const sockaddr*>(&s_.server), sizeof s_.server);
+    const sockaddr_in& server = s_.servers[global(i) % s_.servers.size()];
+    const int r = connect(a.fd, reinterpret_cast<const sockaddr*>(&server), sizeof server);
     if (r != 0 && errno != EINPROGRESS) die(std::string("connect: ") + std::strerror(errno));
     a.stage = Stage::connecting;
     epoll_event ev{};
@@ -534,22 +563,206 @@ class Worker {
   char buf_[65536];
 };
 
+// The phase handshake between this process and the bench processes: fixed-size messages on
+// pipes (below PIPE_BUF, so each write is atomic), then the ranks each process's agents got.
+enum class Tag : char {
+  ready = 'R',      // process -> parent: agents allocated, waiting for the start
+  start = 'S',      // parent -> process: connect your share
+  set_up = 'U',     // process -> parent: every agent of the share ready (cpu = setup CPU)
+  close = 'C',      // parent -> process: wait for the assignments
+  last_join = 'L',  // parent -> the last process: send the last JOIN, then as close
+  assigned = 'A',   // process -> parent: every agent of the share holds its ASSIGNMENT (cpu = close CPU)
+  validate = 'V',   // parent -> process: decode and check the assignments, send the ranks
+  ranks = 'K',      // process -> parent: count = number of int32 ranks that follow
+  exit = 'X',       // parent -> process: close the sockets and exit
+};
+
+struct Message {
+  Tag tag = Tag::ready;
+  double cpu = 0;
+  std::uint64_t count = 0;
+};
+
+void write_all(int fd, const void* data, std::size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) die(std::string("write to a phase pipe: ") + std::strerror(errno));
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+// Reads exactly `size` bytes before `deadline`; false at end of file (the other side exited).
+bool read_all(int fd, void* data, std::size_t size, Clock::time_point deadline, const std::string& waiting_for) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) die("timed out " + waiting_for);
+    pollfd pfd{fd, POLLIN, 0};
+    const int r = poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    const ssize_t n = read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) die(std::string("read from a phase pipe: ") + std::strerror(errno));
+    if (n == 0) return false;
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void send_message(int fd, Tag tag, double cpu = 0, std::uint64_t count = 0) {
+  const Message m{tag, cpu, count};
+  write_all(fd, &m, sizeof m);
+}
+
+Message expect(int fd, Tag tag, Clock::time_point deadline, const std::string& peer) {
+  Message m;
+  const std::string waiting_for = std::string("waiting for ") + peer + " ('" + static_cast<char>(tag) + "')";
+  if (!read_all(fd, &m, sizeof m, deadline, waiting_for)) die(peer + " exited early (its error is above)");
+  if (m.tag != tag)
+    die(peer + " sent '" + static_cast<char>(m.tag) + "' where '" + static_cast<char>(tag) + "' was due");
+  return m;
+}
+
+struct Share {
+  std::size_t first = 0;
+  std::size_t end = 0;
+  pid_t pid = 0;
+  int to = -1;    // parent -> process
+  int from = -1;  // process -> parent
+  std::string name;
+};
+
+// One bench process: its share's agents over --threads epoll loops, driven by the parent's
+// phase messages. Never returns.
+[[noreturn]] void run_share(Shared& shared, const Share& share, std::size_t n, Clock::time_point pipe_deadline) {
+  const Options& o = *shared.o;
+  const std::size_t count = share.end - share.first;
+  const auto threads = static_cast<std::size_t>(std::min<std::size_t>(static_cast<std::size_t>(o.threads), count));
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (std::size_t t = 0; t < threads; ++t) {
+    const std::size_t first = share.first + count * t / threads;
+    const std::size_t end = share.first + count * (t + 1) / threads;
+    workers.push_back(std::make_unique<Worker>(shared, first, end - first, n));
+  }
+  auto run_all = [&](auto phase) {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back([&, t] { phase(*workers[t]); });
+    phase(*workers[0]);
+    for (auto& th : pool) th.join();
+  };
+  const std::string parent = "the parent rdzv_bench";
+  send_message(share.from, Tag::ready);
+  expect(share.to, Tag::start, pipe_deadline, parent);
+  const double cpu0 = self_cpu_s();
+  run_all([](Worker& w) { w.run_setup(); });
+  const double cpu1 = self_cpu_s();
+  send_message(share.from, Tag::set_up, cpu1 - cpu0, count);
+
+  Message go;
+  if (!read_all(share.to, &go, sizeof go, pipe_deadline, "waiting for " + parent)) _exit(1);
+  if (go.tag == Tag::last_join) {
+    workers.back()->send_last_join();
+  } else if (go.tag != Tag::close) {
+    die(parent + " sent '" + static_cast<char>(go.tag) + "' where the close was due");
+  }
+  run_all([](Worker& w) { w.run_close(); });
+  send_message(share.from, Tag::assigned, self_cpu_s() - cpu1, count);
+
+  // Checks each assignment against N (world sizes, offsets = 8 * rank); the parent checks that
+  // every rank 0..N-1 was given once across the processes.
+  expect(share.to, Tag::validate, pipe_deadline, parent);
+  std::vector<std::int32_t> ranks;
+  ranks.reserve(count);
+  for (const auto& w : workers) {
+    for (const Agent& a : w->agents()) {
+      rdzv::ServerMessage m;
+      const auto r = rdzv::decode_server(a.assignment_frame, {}, m);
+      if (r.status != rdzv::DecodeStatus::ok) die("bad ASSIGNMENT frame: " + r.reason);
+      const auto& as = std::get<rdzv::SendAssignment>(m).assignment;
+      if (as.group_world_size != o.nodes || as.group_rank < 0 || as.group_rank >= o.nodes ||
+          as.rank_offset != 8 * as.group_rank || as.world_size != 8 * o.nodes) {
+        die("inconsistent assignment: group rank " + std::to_string(as.group_rank) + " of " +
+            std::to_string(as.group_world_size) + ", rank offset " + std::to_string(as.rank_offset));
+      }
+      ranks.push_back(static_cast<std::int32_t>(as.group_rank));
+    }
+  }
+  send_message(share.from, Tag::ranks, 0, ranks.size());
+  write_all(share.from, ranks.data(), ranks.size() * sizeof(std::int32_t));
+  expect(share.to, Tag::exit, pipe_deadline, parent);
+  for (const auto& w : workers) {
+    for (const Agent& a : w->agents()) close(a.fd);
+  }
+  _exit(0);
+}
+
+// Sums a /proc reading over several processes; nullopt when any of them is unreadable.
+template <typename T, typename F>
+std::optional<T> sum_over(const std::vector<pid_t>& pids, F read) {
+  if (pids.empty()) return std::nullopt;
+  T total{};
+  for (pid_t pid : pids) {
+    const auto v = read(pid);
+    if (!v) return std::nullopt;
+    total += *v;
+  }
+  return total;
+}
+
+struct Readings {
+  std::optional<long> daemon_rss;
+  std::optional<double> daemon_cpu;
+  std::optional<long> relay_rss;
+  std::optional<double> relay_cpu;
+};
+
+Readings read_servers(pid_t daemon, const std::vector<pid_t>& relays) {
+  Readings r;
+  if (daemon) {
+    r.daemon_rss = proc_status_kib(daemon, "VmRSS");
+    r.daemon_cpu = proc_cpu_s(daemon);
+  }
+  r.relay_rss = sum_over<long>(relays, [](pid_t p) { return proc_status_kib(p, "VmRSS"); });
+  r.relay_cpu = sum_over<double>(relays, [](pid_t p) { return proc_cpu_s(p); });
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   Options o = parse(argc, argv);
   const auto n = static_cast<std::size_t>(o.nodes);
-  // Our N sockets plus slack; the daemon inherits the limits and needs as many on its side.
-  // Our own daemon inherits the limit and keeps up to 1,024 descriptors in reserve beyond its
-  // connections (store_server.hpp).
-  const rlim_t need = static_cast<rlim_t>(o.nodes) + 64 + (o.daemon.empty() ? 0 : 1024);
-  const rlim_t limit = raise_fd_limit(need + 1024);
-  if (need > limit) {
+  // One process per 16,000 agents by default: each holds its share's sockets, and 20,000
+  // descriptors (the hard limit where it cannot be raised) leave room for the daemon's reserve
+  // when the daemon is ours and inherits the same limit.
+  constexpr std::size_t agents_per_process_default = 16000;
+  std::size_t processes = o.processes > 0 ? static_cast<std::size_t>(o.processes)
+                                          : (n + agents_per_process_default - 1) / agents_per_process_default;
+  processes = std::min(processes, n);
+  const std::size_t largest_share = (n + processes - 1) / processes;
+  // Our own daemon inherits the limit and needs N sockets plus up to 1,024 descriptors in
+  // reserve beyond its connections (store_server.hpp); each bench process needs its share.
+  const rlim_t share_need = static_cast<rlim_t>(largest_share) + 64;
+  const rlim_t daemon_need = o.daemon.empty() ? 0 : static_cast<rlim_t>(o.nodes) + 64 + 1024;
+  const rlim_t limit = raise_fd_limit(std::max(share_need, daemon_need) + 1024);
+  if (daemon_need > limit) {
     std::printf(
         "{\"nodes\": %d, \"skipped\": \"open-files limit %llu is below the %llu this size needs (raise the hard "
         "limit: ulimit -Hn or prlimit with CAP_SYS_RESOURCE)\"}\n",
-        o.nodes, static_cast<unsigned long long>(limit), static_cast<unsigned long long>(need));
+        o.nodes, static_cast<unsigned long long>(limit), static_cast<unsigned long long>(daemon_need));
+    return 3;
+  }
+  if (share_need > limit) {
+    std::printf(
+        "{\"nodes\": %d, \"skipped\": \"open-files limit %llu is below the %llu descriptors one bench process's "
+        "share of %zu agents needs (raise --processes)\"}\n",
+        o.nodes, static_cast<unsigned long long>(limit), static_cast<unsigned long long>(share_need), largest_share);
     return 3;
   }
   const std::size_t addresses =
@@ -578,74 +791,114 @@ int main(int argc, char** argv) {
       die("--endpoint with a token: set DDPRUN_RDZV_TOKEN to the daemon's token, or pass --no-token");
     }
   }
-  int port = o.port;
   pid_t daemon = o.daemon_pid;
   bool own_daemon = false;
   if (!o.daemon.empty()) {
     std::string token_file;
     if (o.token) token_file = token_file_to_remove = write_token_file(shared.token);
+    int port = 0;
     daemon = start_daemon(o, token_file, port);
     own_daemon = true;
+    o.endpoints.push_back({"127.0.0.1", port});
   }
-  shared.server.sin_family = AF_INET;
-  shared.server.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (inet_pton(AF_INET, o.host.c_str(), &shared.server.sin_addr) != 1) die("--endpoint host must be an IPv4 address");
+  for (const Endpoint& e : o.endpoints) {
+    sockaddr_in server{};
+    server.sin_family = AF_INET;
+    server.sin_port = htons(static_cast<std::uint16_t>(e.port));
+    if (inet_pton(AF_INET, e.host.c_str(), &server.sin_addr) != 1) {
+      die("--endpoint " + e.host + ":" + std::to_string(e.port) + ": the host must be an IPv4 address");
+    }
+    shared.servers.push_back(server);
+  }
   shared.deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.timeout_s));
-  shared.window_left = o.window;
+  // The parent's waits on the pipes end a little after the processes' own deadline, so that a
+  // process that times out reports why before the parent gives up on it.
+  const Clock::time_point pipe_deadline = shared.deadline + std::chrono::seconds(30);
 
-  const std::optional<long> rss_idle = daemon ? proc_status_kib(daemon, "VmRSS") : std::nullopt;
-  const std::optional<double> dcpu0 = daemon ? proc_cpu_s(daemon) : std::nullopt;
-  const double bcpu0 = self_cpu_s();
-
-  const auto threads = static_cast<std::size_t>(std::min(o.threads, o.nodes));
-  std::vector<std::unique_ptr<Worker>> workers;
-  for (std::size_t t = 0; t < threads; ++t) {
-    const std::size_t first = n * t / threads;
-    const std::size_t end = n * (t + 1) / threads;
-    workers.push_back(std::make_unique<Worker>(shared, first, end - first, n));
+  // Forks the bench processes before the clock starts: each allocates its agents, says it is
+  // ready and waits for the start.
+  std::vector<Share> shares(processes);
+  const pid_t parent_pid = getpid();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (std::size_t p = 0; p < processes; ++p) {
+    Share& sh = shares[p];
+    sh.first = n * p / processes;
+    sh.end = n * (p + 1) / processes;
+    sh.name = "bench process " + std::to_string(p) + " (agents " + std::to_string(sh.first) + "-" +
+              std::to_string(sh.end - 1) + ")";
+    int down[2];
+    int up[2];
+    if (pipe2(down, O_CLOEXEC) != 0 || pipe2(up, O_CLOEXEC) != 0) die(std::string("pipe: ") + std::strerror(errno));
+    const pid_t pid = fork();
+    if (pid < 0) die(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      // Dies with the parent, also when the parent stops on an error (die() exits at once).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent_pid) _exit(1);
+      token_file_to_remove.clear();  // the parent's file
+      who = "rdzv_bench: " + sh.name;
+      for (std::size_t q = 0; q < p; ++q) {
+        close(shares[q].to);
+        close(shares[q].from);
+      }
+      close(down[1]);
+      close(up[0]);
+      sh.to = down[0];
+      sh.from = up[1];
+      // Its share of the window, at least one agent.
+      shared.window_left =
+          std::max(1, static_cast<int>(static_cast<long long>(o.window) * static_cast<long long>(sh.end - sh.first) /
+                                       static_cast<long long>(n)));
+      run_share(shared, sh, n, pipe_deadline);
+    }
+    close(down[0]);
+    close(up[1]);
+    sh.pid = pid;
+    sh.to = down[1];
+    sh.from = up[0];
   }
-  auto run_all = [&](auto phase) {
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back([&, t] { phase(*workers[t]); });
-    phase(*workers[0]);
-    for (auto& th : pool) th.join();
-  };
+  for (const Share& sh : shares) expect(sh.from, Tag::ready, pipe_deadline, sh.name);
 
+  const Readings idle = read_servers(daemon, o.relay_pids);
   const auto setup_start = Clock::now();
-  run_all([](Worker& w) { w.run_setup(); });
+  for (const Share& sh : shares) send_message(sh.to, Tag::start);
+  double bench_cpu_setup = 0;
+  for (const Share& sh : shares) bench_cpu_setup += expect(sh.from, Tag::set_up, pipe_deadline, sh.name).cpu;
   const auto setup_end = Clock::now();
-  const std::optional<long> rss_joined = daemon ? proc_status_kib(daemon, "VmRSS") : std::nullopt;
-  const std::optional<double> dcpu1 = daemon ? proc_cpu_s(daemon) : std::nullopt;
-  const double bcpu1 = self_cpu_s();
+  const Readings joined = read_servers(daemon, o.relay_pids);
 
   const auto t0 = Clock::now();
-  workers.back()->send_last_join();
-  run_all([](Worker& w) { w.run_close(); });
+  for (std::size_t p = 0; p < processes; ++p)
+    send_message(shares[p].to, p + 1 == processes ? Tag::last_join : Tag::close);
+  double bench_cpu_close = 0;
+  for (const Share& sh : shares) bench_cpu_close += expect(sh.from, Tag::assigned, pipe_deadline, sh.name).cpu;
   const auto t1 = Clock::now();
-  const std::optional<double> dcpu2 = daemon ? proc_cpu_s(daemon) : std::nullopt;
-  const double bcpu2 = self_cpu_s();
+  const Readings closed = read_servers(daemon, o.relay_pids);
 
-  // Validates the assignments: ranks 0..N-1 once each, offsets = 8 * rank, same round.
+  // Every rank 0..N-1 given once across the processes (each checked its own assignments).
   std::vector<char> seen(n, 0);
-  for (const auto& w : workers) {
-    for (const Agent& a : w->agents()) {
-      rdzv::ServerMessage m;
-      const auto r = rdzv::decode_server(a.assignment_frame, {}, m);
-      if (r.status != rdzv::DecodeStatus::ok) die("bad ASSIGNMENT frame: " + r.reason);
-      const auto& as = std::get<rdzv::SendAssignment>(m).assignment;
-      if (as.group_world_size != o.nodes || as.group_rank < 0 || as.group_rank >= o.nodes ||
-          seen[static_cast<std::size_t>(as.group_rank)] || as.rank_offset != 8 * as.group_rank ||
-          as.world_size != 8 * o.nodes) {
-        die("inconsistent assignment: group rank " + std::to_string(as.group_rank) + " of " +
-            std::to_string(as.group_world_size));
+  for (const Share& sh : shares) send_message(sh.to, Tag::validate);
+  for (const Share& sh : shares) {
+    const Message m = expect(sh.from, Tag::ranks, pipe_deadline, sh.name);
+    if (m.count != sh.end - sh.first) die(sh.name + " sent " + std::to_string(m.count) + " ranks");
+    std::vector<std::int32_t> ranks(m.count);
+    if (!read_all(sh.from, ranks.data(), ranks.size() * sizeof(std::int32_t), pipe_deadline, "reading ranks")) {
+      die(sh.name + " exited before sending its ranks");
+    }
+    for (const std::int32_t r : ranks) {
+      if (r < 0 || static_cast<std::size_t>(r) >= n || seen[static_cast<std::size_t>(r)]) {
+        die("inconsistent assignments: group rank " + std::to_string(r) + " given twice or out of range");
       }
-      seen[static_cast<std::size_t>(as.group_rank)] = 1;
+      seen[static_cast<std::size_t>(r)] = 1;
     }
   }
 
-  const std::optional<long> rss = daemon ? proc_status_kib(daemon, "VmRSS") : std::nullopt;
+  const std::optional<long> rss = closed.daemon_rss;
   const std::optional<long> hwm = daemon ? proc_status_kib(daemon, "VmHWM") : std::nullopt;
+  const std::optional<long> relay_hwm =
+      sum_over<long>(o.relay_pids, [](pid_t p) { return proc_status_kib(p, "VmHWM"); });
   const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double setup_s = std::chrono::duration<double>(setup_end - setup_start).count();
   auto num = [](const std::optional<long>& v) { return v ? std::to_string(*v) : std::string("null"); };
@@ -656,17 +909,27 @@ int main(int argc, char** argv) {
     return std::string(text);
   };
   std::printf(
-      "{\"nodes\": %d, \"token\": %s, \"threads\": %zu, \"window\": %d, \"source_addresses\": %zu, "
+      "{\"nodes\": %d, \"token\": %s, \"threads\": %d, \"processes\": %zu, \"endpoints\": %zu, \"relays\": %zu, "
+      "\"window\": %d, \"source_addresses\": %zu, "
       "\"agents_per_address\": %d, \"last_join_to_all_assigned_ms\": %.3f, \"setup_s\": %.3f, \"total_s\": %.3f, "
       "\"daemon_cpu_setup_s\": %s, \"daemon_cpu_close_s\": %s, \"bench_cpu_setup_s\": %.3f, "
       "\"bench_cpu_close_s\": %.3f, \"daemon_rss_idle_kib\": %s, \"daemon_rss_joined_kib\": %s, "
-      "\"daemon_rss_kib\": %s, \"daemon_hwm_kib\": %s}\n",
-      o.nodes, o.token ? "true" : "false", threads, o.window, addresses, o.agents_per_address, ms, setup_s,
-      setup_s + ms / 1e3, dnum(dcpu0, dcpu1).c_str(), dnum(dcpu1, dcpu2).c_str(), bcpu1 - bcpu0, bcpu2 - bcpu1,
-      num(rss_idle).c_str(), num(rss_joined).c_str(), num(rss).c_str(), num(hwm).c_str());
+      "\"daemon_rss_kib\": %s, \"daemon_hwm_kib\": %s, \"relay_cpu_setup_s\": %s, \"relay_cpu_close_s\": %s, "
+      "\"relay_rss_idle_kib\": %s, \"relay_rss_joined_kib\": %s, \"relay_rss_kib\": %s, \"relay_hwm_kib\": %s}\n",
+      o.nodes, o.token ? "true" : "false", std::min(o.threads, o.nodes), processes, o.endpoints.size(),
+      o.relay_pids.size(), o.window, addresses, o.agents_per_address, ms, setup_s, setup_s + ms / 1e3,
+      dnum(idle.daemon_cpu, joined.daemon_cpu).c_str(), dnum(joined.daemon_cpu, closed.daemon_cpu).c_str(),
+      bench_cpu_setup, bench_cpu_close, num(idle.daemon_rss).c_str(), num(joined.daemon_rss).c_str(), num(rss).c_str(),
+      num(hwm).c_str(), dnum(idle.relay_cpu, joined.relay_cpu).c_str(),
+      dnum(joined.relay_cpu, closed.relay_cpu).c_str(), num(idle.relay_rss).c_str(), num(joined.relay_rss).c_str(),
+      num(closed.relay_rss).c_str(), num(relay_hwm).c_str());
   std::fflush(stdout);
-  for (const auto& w : workers) {
-    for (const Agent& a : w->agents()) close(a.fd);
+  for (const Share& sh : shares) send_message(sh.to, Tag::exit);
+  bool failed = false;
+  for (const Share& sh : shares) {
+    int status = 0;
+    waitpid(sh.pid, &status, 0);
+    failed = failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   }
   if (own_daemon) {
     kill(daemon, SIGTERM);
@@ -674,5 +937,5 @@ int main(int argc, char** argv) {
     waitpid(daemon, &status, 0);
   }
   if (!token_file_to_remove.empty()) ::unlink(token_file_to_remove.c_str());
-  return 0;
+  return failed ? 1 : 0;
 }

@@ -2,6 +2,7 @@
 """Rendezvous benchmark: N simulated agents against ddprun-rdzvd's native rendezvous.
 
   python3 bench/rendezvous/run.py --bin-dir build/bin [--sizes 16,256,1024,4096,10000,max,30000,100000]
+        [--relay-sizes 10000,25000,50000,100000] [--agents-per-relay 16000]
         [--reps N] [--threads T] [--out results.json] [--markdown table.md] [--update-doc docs/performance.md]
 
 For each N, rdzv_bench (bench/rendezvous/rdzv_bench.cpp) starts a fresh ddprun-rdzvd on
@@ -13,9 +14,17 @@ CPU time from /proc and its own CPU time. Each figure is the median of --reps ru
 run above N = 4096). "max" is the largest N the open-files hard limit allows (both processes need
 N descriptors); sizes above it are skipped with a note, and the total at the goal size is then
 modelled from the fit. rdzv_logic_bench runs the daemon's RendezvousService on every size without
-sockets (the user-space part of the daemon's cost, at sizes the limit forbids). Writes JSON (--out)
-and a markdown block (--markdown, --update-doc between the rdzv-bench markers); nothing is typed
-by hand.
+sockets (the user-space part of the daemon's cost, at sizes the limit forbids).
+
+The relay series (--relay-sizes) starts a root ddprun-rdzvd and R = ceil(N / --agents-per-relay)
+relays (`ddprun-rdzvd --relay-to ROOT`), all on 127.0.0.1 port 0 with one token, and runs
+rdzv_bench with the relays as endpoints (agents spread over them round-robin, split over bench
+processes of at most 16,000 agents each): no process holds more sockets than the open-files limit
+allows, so N = 100,000 is measured rather than modelled. The root's and the relays' CPU and RSS
+are read from /proc. A daemon without the relay mode skips the series with a note.
+
+Writes JSON (--out) and a markdown block (--markdown, --update-doc between the rdzv-bench
+markers); nothing is typed by hand.
 """
 import argparse
 import datetime
@@ -24,9 +33,14 @@ import math
 import os
 import platform
 import resource
+import secrets
+import select
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from doc_block import update_doc as write_doc_block  # noqa: E402
 
@@ -45,6 +59,125 @@ def run_one(bench, daemon, n, timeout, threads):
     if p.returncode != 0:
         raise SystemExit(f"rdzv_bench --nodes {n} failed (exit {p.returncode}): {p.stderr.strip()}")
     return json.loads(line)
+
+
+RELAY_TOOL_MISSING = "ddprun-rdzvd has no relay mode (--relay-to): the relay series is skipped"
+SERVER_START_S = 30.0  # a root or relay that prints no readiness line in this time failed to start
+SUMMARY_FIELDS = (("ms", "last_join_to_all_assigned_ms"), ("setup_s", "setup_s"), ("total_s", "total_s"),
+                  ("rss_kib", "daemon_rss_kib"), ("hwm_kib", "daemon_hwm_kib"),
+                  ("rss_idle_kib", "daemon_rss_idle_kib"), ("daemon_cpu_setup_s", "daemon_cpu_setup_s"),
+                  ("daemon_cpu_close_s", "daemon_cpu_close_s"), ("bench_cpu_setup_s", "bench_cpu_setup_s"),
+                  ("bench_cpu_close_s", "bench_cpu_close_s"), ("relay_cpu_setup_s", "relay_cpu_setup_s"),
+                  ("relay_cpu_close_s", "relay_cpu_close_s"), ("relay_rss_idle_kib", "relay_rss_idle_kib"),
+                  ("relay_rss_kib", "relay_rss_kib"), ("relay_hwm_kib", "relay_hwm_kib"))
+
+
+def has_relay_mode(daemon):
+    p = subprocess.run([daemon, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    return "--relay-to" in p.stdout
+
+
+def die_with_parent():
+    """Child setup: the kernel kills a root or relay when this script dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+class Server:
+    """A ddprun-rdzvd (root or relay) on 127.0.0.1 port 0; ready once it prints `listening on HOST:PORT`."""
+
+    def __init__(self, argv, what):
+        self.what = what
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, preexec_fn=die_with_parent)
+        line = b""
+        deadline = time.monotonic() + SERVER_START_S
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            chunk = os.read(self.proc.stdout.fileno(), 1) if ready else b""
+            if not chunk:
+                self.stop()
+                raise SystemExit(f"{what} did not report readiness within {SERVER_START_S:g} s "
+                                 f"(`{' '.join(argv)}`): {self.stderr()}")
+            line += chunk
+        text = line.decode().strip()
+        prefix = "listening on "
+        if not text.startswith(prefix):
+            self.stop()
+            raise SystemExit(f"{what} printed '{text}' instead of 'listening on HOST:PORT': {self.stderr()}")
+        self.endpoint = text[len(prefix):]
+        self.pid = self.proc.pid
+
+    def stderr(self):
+        self.log.seek(0)
+        return self.log.read().strip()[-2000:] or "(no output on stderr)"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+def relay_count(n, per_relay):
+    return max(1, math.ceil(n / per_relay))
+
+
+def run_relay_one(bench, daemon, n, relays, timeout, threads, hard):
+    """Root + R relays + rdzv_bench over the relays; the bench's JSON (or a "skipped" entry)."""
+    share = math.ceil(n / relays)
+    if share + DAEMON_RESERVE > hard:
+        return {"nodes": n, "relays": relays,
+                "skipped": f"open-files limit {hard} is below the {share + DAEMON_RESERVE} descriptors one relay "
+                           f"needs for its {share} agents (raise --agents-per-relay's R: fewer agents per relay)"}
+    token = secrets.token_hex(16)
+    with tempfile.NamedTemporaryFile("w", prefix="rdzv_bench_token.", delete=False) as f:
+        f.write(token + "\n")
+        token_file = f.name
+    servers = []
+    try:
+        common = ["--host", "127.0.0.1", "--port", "0", "--token-file", token_file, "--log-level", "warning"]
+        root = Server([daemon] + common, "the root ddprun-rdzvd")
+        servers.append(root)
+        for i in range(relays):
+            servers.append(Server([daemon, "--relay-to", root.endpoint] + common +
+                                  ["--max-connections", str(share + 64)], f"relay {i} (ddprun-rdzvd --relay-to)"))
+        argv = [bench, "--nodes", str(n), "--endpoint", ",".join(s.endpoint for s in servers[1:]),
+                "--daemon-pid", str(root.pid), "--timeout", str(timeout), "--threads", str(threads)]
+        for s in servers[1:]:
+            argv += ["--relay-pid", str(s.pid)]
+        env = dict(os.environ, DDPRUN_RDZV_TOKEN=token)
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 60,
+                           env=env)
+        line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+        if p.returncode not in (0, 3):
+            logs = "; ".join(f"{s.what}: {s.stderr()}" for s in servers)
+            raise SystemExit(f"rdzv_bench --nodes {n} over {relays} relays failed (exit {p.returncode}): "
+                             f"{p.stderr.strip()}\nserver logs: {logs}")
+        r = json.loads(line)
+        r["relays"] = relays
+        return r
+    finally:
+        for s in reversed(servers):
+            s.stop()
+        os.unlink(token_file)
+
+
+def summarize_runs(n, runs):
+    entry = {"nodes": n, "raw": runs}
+    for key, field in SUMMARY_FIELDS:
+        values = [x[field] for x in runs if x.get(field) is not None]
+        if values:
+            entry[key] = summarize(values)
+    for key in ("relays", "processes"):
+        if key in runs[0]:
+            entry[key] = runs[0][key]
+    return entry
 
 
 def run_logic(logic, n, timeout):
@@ -139,7 +272,58 @@ def model_total(results, fits):
     return model
 
 
-def markdown(results, meta):
+def per_agent_kib(r, after, idle):
+    """RSS growth per agent, (after - idle) / N, from the medians; "" when not read."""
+    if after not in r or idle not in r:
+        return ""
+    return f"{(r[after]['median'] - r[idle]['median']) / r['nodes']:.2f}"
+
+
+def cpu_pair(r, key):
+    if f"{key}_setup_s" not in r:
+        return "–"
+    return f"{r[f'{key}_setup_s']['median']:.2f} / {r[f'{key}_close_s']['median']:.2f}"
+
+
+def relay_markdown(relay_results, meta, direct):
+    lines = ["", "**Through relays** (the relay series): a root `ddprun-rdzvd` and R relays (`ddprun-rdzvd --relay-to "
+             f"ROOT`, R = ⌈N / {meta.get('agents_per_relay', 16000):,}⌉), all on 127.0.0.1 with the same token; the "
+             "agents connect to the relays round-robin and authenticate end to end with the root through them; the "
+             "bench runs as several processes of at most 16,000 agents each. CPU and RSS of the relays are summed "
+             "over the R relays.", ""]
+    rows = [r for r in relay_results if "skipped" not in r]
+    skipped = [r for r in relay_results if "skipped" in r]
+    if rows:
+        lines += ["| agents (N) | relays (R) | bench processes | total: connect + auth + joins + close (s) | goal | "
+                  "setup (s) | last join → all assigned (ms) | CPU setup / close: root (s) | relays, sum (s) | "
+                  "bench (s) | root RSS per agent (KiB) | relays' RSS per agent (KiB) | root peak RSS (MiB) | "
+                  "relays' peak RSS, sum (MiB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            n = r["nodes"]
+            goal = ""
+            if n == GOAL_TOTAL[0]:
+                goal = f"total ≤ {GOAL_TOTAL[1]:g} s {'✓' if r['total_s']['median'] <= GOAL_TOTAL[1] else '✗'}"
+            rhwm = fmt(r["relay_hwm_kib"], 1, 1 / 1024) if "relay_hwm_kib" in r else ""
+            lines.append(f"| {n} | {r.get('relays', '')} | {r.get('processes', '')} | {fmt(r['total_s'], 2)} | "
+                         f"{goal} | {fmt(r['setup_s'], 2)} | {fmt(r['ms'], 1)} | {cpu_pair(r, 'daemon')} | "
+                         f"{cpu_pair(r, 'relay')} | {cpu_pair(r, 'bench')} | "
+                         f"{per_agent_kib(r, 'rss_kib', 'rss_idle_kib')} | "
+                         f"{per_agent_kib(r, 'relay_rss_kib', 'relay_rss_idle_kib')} | "
+                         f"{fmt(r['hwm_kib'], 1, 1 / 1024)} | {rhwm} |")
+        same = [(d, r) for r in rows for d in direct if d["nodes"] == r["nodes"] and "skipped" not in d]
+        for d, r in same:
+            lines += ["", f"At N = {r['nodes']}, directly against one daemon: total {d['total_s']['median']:.2f} s, "
+                      f"daemon CPU {d['daemon_cpu_setup_s']['median'] + d['daemon_cpu_close_s']['median']:.2f} s; "
+                      f"through {r['relays']} relay(s): total {r['total_s']['median']:.2f} s, root CPU "
+                      f"{r['daemon_cpu_setup_s']['median'] + r['daemon_cpu_close_s']['median']:.2f} s, relays' CPU "
+                      f"{r['relay_cpu_setup_s']['median'] + r['relay_cpu_close_s']['median']:.2f} s."]
+    for r in skipped:
+        lines.append(f"* N = {r['nodes']} over {r.get('relays', '?')} relays: skipped: {r['skipped']}.")
+    return lines
+
+
+def markdown(results, meta, relay_results=None):
     lines = [
         f"Measured {meta['date']} on {meta['machine']} ({meta['cpus']} vCPU {meta['cpu_model']}, Linux {meta['kernel']}), "
         f"`{meta['command']}`; median of {meta['reps_text']} (min–max). Open-files hard limit "
@@ -188,6 +372,8 @@ def markdown(results, meta):
                          f"{model['daemon_cpu_s']:.1f} s (of which the close {model['daemon_cpu_close_s']:.1f} s) "
                          f"and the bench {model['bench_cpu_s']:.1f} s; each is one thread, so on two otherwise idle "
                          f"cores the round takes at least {max(model['daemon_cpu_s'], model['bench_cpu_s']):.1f} s.")
+    if relay_results:
+        lines += relay_markdown(relay_results, meta, results)
     logic = meta.get("logic") or []
     if logic:
         lines += ["", "The daemon's rendezvous logic alone (`rdzv_logic_bench`: its RendezvousService fed the same "
@@ -221,7 +407,11 @@ def main():
     ap.add_argument("--bin-dir", help="build/bin with rdzv_bench and ddprun-rdzvd (required unless --render)")
     ap.add_argument("--sizes", default="16,256,1024,4096,10000",
                     help="comma-separated N; 'max' = the largest N the open-files limit allows")
-    ap.add_argument("--threads", type=int, default=1, help="bench threads (rdzv_bench --threads)")
+    ap.add_argument("--threads", type=int, default=1, help="bench threads per bench process (rdzv_bench --threads)")
+    ap.add_argument("--relay-sizes", default="",
+                    help="comma-separated N for the relay series (root + relays); empty: no relay series")
+    ap.add_argument("--agents-per-relay", type=int, default=16000,
+                    help="relays per size: R = ceil(N / this); one relay holds its agents' sockets")
     ap.add_argument("--no-logic", action="store_true", help="skip rdzv_logic_bench")
     ap.add_argument("--reps", type=int, default=3, help="runs per size (sizes above 4096: 1)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
@@ -239,7 +429,7 @@ def main():
                                  "setup": growth_fit(saved["results"], "setup_s", 1e3)}
         saved["meta"]["model"] = model_total(saved["results"], saved["meta"]["fits"])
         saved["goal_total"] = {"nodes": GOAL_TOTAL[0], "s": GOAL_TOTAL[1]}
-        md = markdown(saved["results"], saved["meta"])
+        md = markdown(saved["results"], saved["meta"], saved.get("relay_results"))
         print(md)
         if args.out:
             with open(args.out, "w") as f:
@@ -277,16 +467,25 @@ def main():
         if not runs:
             results.append(r)
             continue
-        entry = {"nodes": n, "raw": runs}
-        for key, field in (("ms", "last_join_to_all_assigned_ms"), ("setup_s", "setup_s"), ("total_s", "total_s"),
-                           ("rss_kib", "daemon_rss_kib"), ("hwm_kib", "daemon_hwm_kib"),
-                           ("rss_idle_kib", "daemon_rss_idle_kib"), ("daemon_cpu_setup_s", "daemon_cpu_setup_s"),
-                           ("daemon_cpu_close_s", "daemon_cpu_close_s"), ("bench_cpu_setup_s", "bench_cpu_setup_s"),
-                           ("bench_cpu_close_s", "bench_cpu_close_s")):
-            values = [x[field] for x in runs if x.get(field) is not None]
-            if values:
-                entry[key] = summarize(values)
-        results.append(entry)
+        results.append(summarize_runs(n, runs))
+    relay_results = []
+    relay_sizes = sorted({int(x) for x in args.relay_sizes.split(",") if x})
+    if relay_sizes and not has_relay_mode(daemon):
+        print(f"rendezvous: {RELAY_TOOL_MISSING}", file=sys.stderr, flush=True)
+        relay_results = [{"nodes": n, "relays": relay_count(n, args.agents_per_relay), "skipped": RELAY_TOOL_MISSING}
+                         for n in relay_sizes]
+        relay_sizes = []
+    for n in relay_sizes:
+        relays = relay_count(n, args.agents_per_relay)
+        reps = args.reps if n <= 4096 else 1
+        runs = []
+        for _ in range(reps):
+            r = run_relay_one(bench, daemon, n, relays, args.timeout, args.threads, hard)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            if "skipped" in r:
+                break
+            runs.append(r)
+        relay_results.append(summarize_runs(n, runs) if runs else r)
     logic = []
     if not args.no_logic:
         for n in [x for x in sizes if x >= 1000]:
@@ -307,16 +506,17 @@ def main():
         "fd_limit": hard,
         "threads": args.threads,
         "logic": logic,
+        "agents_per_relay": args.agents_per_relay,
     }
     meta["fits"] = {"close": growth_fit(results, "ms", 1.0),
                     "setup": growth_fit(results, "setup_s", 1e3)}
     meta["model"] = model_total(results, meta["fits"])
-    md = markdown(results, meta)
+    md = markdown(results, meta, relay_results)
     print(md)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "goals_ms": GOALS_MS, "goal_total": {"nodes": GOAL_TOTAL[0], "s": GOAL_TOTAL[1]},
-                       "results": results}, f, indent=2)
+                       "results": results, "relay_results": relay_results}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(md + "\n")
