@@ -581,6 +581,7 @@ struct Message {
   Tag tag = Tag::ready;
   double cpu = 0;
   std::uint64_t count = 0;
+  std::int64_t hwm_kib = 0;  // the process's peak RSS (VmHWM), in the assigned message
 };
 
 void write_all(int fd, const void* data, std::size_t size) {
@@ -614,8 +615,8 @@ bool read_all(int fd, void* data, std::size_t size, Clock::time_point deadline, 
   return true;
 }
 
-void send_message(int fd, Tag tag, double cpu = 0, std::uint64_t count = 0) {
-  const Message m{tag, cpu, count};
+void send_message(int fd, Tag tag, double cpu = 0, std::uint64_t count = 0, std::int64_t hwm_kib = 0) {
+  const Message m{tag, cpu, count, hwm_kib};
   write_all(fd, &m, sizeof m);
 }
 
@@ -671,7 +672,7 @@ struct Share {
     die(parent + " sent '" + static_cast<char>(go.tag) + "' where the close was due");
   }
   run_all([](Worker& w) { w.run_close(); });
-  send_message(share.from, Tag::assigned, self_cpu_s() - cpu1, count);
+  send_message(share.from, Tag::assigned, self_cpu_s() - cpu1, count, proc_status_kib(getpid(), "VmHWM").value_or(0));
 
   // Checks each assignment against N (world sizes, offsets = 8 * rank); the parent checks that
   // every rank 0..N-1 was given once across the processes.
@@ -873,7 +874,12 @@ int main(int argc, char** argv) {
   for (std::size_t p = 0; p < processes; ++p)
     send_message(shares[p].to, p + 1 == processes ? Tag::last_join : Tag::close);
   double bench_cpu_close = 0;
-  for (const Share& sh : shares) bench_cpu_close += expect(sh.from, Tag::assigned, pipe_deadline, sh.name).cpu;
+  std::int64_t bench_hwm_kib = 0;
+  for (const Share& sh : shares) {
+    const Message m = expect(sh.from, Tag::assigned, pipe_deadline, sh.name);
+    bench_cpu_close += m.cpu;
+    bench_hwm_kib += m.hwm_kib;
+  }
   const auto t1 = Clock::now();
   const Readings closed = read_servers(daemon, o.relay_pids);
 
@@ -915,14 +921,15 @@ int main(int argc, char** argv) {
       "\"daemon_cpu_setup_s\": %s, \"daemon_cpu_close_s\": %s, \"bench_cpu_setup_s\": %.3f, "
       "\"bench_cpu_close_s\": %.3f, \"daemon_rss_idle_kib\": %s, \"daemon_rss_joined_kib\": %s, "
       "\"daemon_rss_kib\": %s, \"daemon_hwm_kib\": %s, \"relay_cpu_setup_s\": %s, \"relay_cpu_close_s\": %s, "
-      "\"relay_rss_idle_kib\": %s, \"relay_rss_joined_kib\": %s, \"relay_rss_kib\": %s, \"relay_hwm_kib\": %s}\n",
+      "\"relay_rss_idle_kib\": %s, \"relay_rss_joined_kib\": %s, \"relay_rss_kib\": %s, \"relay_hwm_kib\": %s, "
+      "\"bench_hwm_kib\": %lld}\n",
       o.nodes, o.token ? "true" : "false", std::min(o.threads, o.nodes), processes, o.endpoints.size(),
       o.relay_pids.size(), o.window, addresses, o.agents_per_address, ms, setup_s, setup_s + ms / 1e3,
       dnum(idle.daemon_cpu, joined.daemon_cpu).c_str(), dnum(joined.daemon_cpu, closed.daemon_cpu).c_str(),
       bench_cpu_setup, bench_cpu_close, num(idle.daemon_rss).c_str(), num(joined.daemon_rss).c_str(), num(rss).c_str(),
       num(hwm).c_str(), dnum(idle.relay_cpu, joined.relay_cpu).c_str(),
       dnum(joined.relay_cpu, closed.relay_cpu).c_str(), num(idle.relay_rss).c_str(), num(joined.relay_rss).c_str(),
-      num(closed.relay_rss).c_str(), num(relay_hwm).c_str());
+      num(closed.relay_rss).c_str(), num(relay_hwm).c_str(), static_cast<long long>(bench_hwm_kib));
   std::fflush(stdout);
   for (const Share& sh : shares) send_message(sh.to, Tag::exit);
   bool failed = false;

@@ -1,0 +1,209 @@
+"""Relays as processes: a root ddprun-rdzvd with a token and `ddprun-rdzvd --relay-to ROOT`.
+
+* a torch TCPStore client and raw native frames (independent Python encoder and HMAC) work
+  through a relay exactly as against the root: the handshake is end to end, a wrong token is
+  refused by the root through the relay;
+* two real ddprun agents finish a job through the relay;
+* a relay with the wrong token, or against a root without a token, exits 1 naming the root;
+* the relay link itself (spoken by Python): RELAY needs a connection authenticated for every
+  job; OPEN/DATA/CLOSE carry a connection; a malformed relay frame closes the link and only it;
+* relay frames from a connection that is not a link are refused, the root keeps serving;
+* SIGKILL of a relay drops its clients (EOF), SIGTERM stops it with exit 0.
+
+Readiness is each process's `listening on HOST:PORT` line; every read has a deadline.
+"""
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_rdzvd_native import children, frame, handshake, join_frame, read_frame, recv_exact, start_daemon  # noqa: E402
+
+BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+RDZVD = os.path.join(BIN_DIR, "ddprun-rdzvd")
+TOKEN = "relay-test-token"
+
+
+def relay_frame(op, vid, payload=b""):
+    return struct.pack("<BII", op, vid, len(payload)) + payload
+
+
+def read_relay_frame(sock, timeout=10):
+    deadline = time.monotonic() + timeout
+    op, vid, n = struct.unpack("<BII", recv_exact(sock, 9, deadline))
+    return op, vid, recv_exact(sock, n, deadline)
+
+
+def start_relay(root_port, token_file):
+    p, port = start_daemon(["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file])
+    return p, port
+
+
+def expect_closed(sock, what):
+    sock.settimeout(10)
+    try:
+        data = sock.recv(65536)
+        while data:
+            data = sock.recv(65536)
+    except ConnectionResetError:
+        pass
+    # recv returned b"": closed
+
+
+def torch_client(port, key):
+    code = (
+        "import datetime, torch.distributed as d\n"
+        f"s = d.TCPStore('127.0.0.1', {port}, 1, False, timeout=datetime.timedelta(seconds=30))\n"
+        f"s.set('{key}', 'v1')\n"
+        f"assert s.get('{key}') == b'v1'\n"
+        f"assert s.add('{key}-n', 5) == 5 and s.add('{key}-n', 2) == 7\n"
+        f"s.wait(['{key}'])\n"
+        "print('torch-ok')\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "torch-ok" in r.stdout, r.stderr[-3000:]
+
+
+def native_through(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as bad:
+        msg = handshake(bad, "wrong", "py-job")
+        assert msg is not None and "authentication failed" in msg["reason"], msg
+        expect_closed(bad, "a refused AUTH through the relay")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as ok:
+        assert handshake(ok, TOKEN, "py-job") is None
+        ok.sendall(join_frame(7))
+        op, msg = read_frame(ok)
+        assert op == 0x6A, f"expected JOINED, got 0x{op:02x} {msg}"
+        op, msg = read_frame(ok)
+        while op == 0x66:
+            op, msg = read_frame(ok)
+        assert op == 0x60, f"expected ASSIGNMENT, got 0x{op:02x} {msg}"
+        assert msg["assignment"]["world_size"] == 2, msg
+
+
+def agents_through(port, tmp):
+    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
+    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "relayed-job", "--master-port", "0", "--no-python",
+           "/bin/sh", "-c", 'echo "rank $RANK of $WORLD_SIZE"']
+    a = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    children.append(a)
+    b = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, start_new_session=True)
+    out_a, err_a = a.communicate(timeout=120)
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert a.returncode == 0, err_a[-3000:]
+    ranks = sorted(line for line in (out_a + b.stdout).splitlines() if line.startswith("rank"))
+    assert ranks == ["rank 0 of 2", "rank 1 of 2"], (out_a, b.stdout)
+
+
+def relay_refused(root_port, token_file, want):
+    r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--host", "127.0.0.1", "--port", "0",
+                        "--token-file", token_file], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"127.0.0.1:{root_port}" in r.stderr and want in r.stderr, r.stderr
+
+
+def link_by_hand(root_port):
+    # RELAY on a connection bound to one job is refused.
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "py-job") is None
+        s.sendall(frame(0x4A, {"v": 1}))
+        op, msg = read_frame(s)
+        assert op == 0x64 and "every job" in msg["reason"], (op, msg)
+        expect_closed(s, "a refused RELAY")
+    # Relay frames from a plain connection: refused, the connection closed.
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        s.sendall(relay_frame(0x70, 1, b"10.0.0.1:5"))
+        expect_closed(s, "relay frames on a plain connection")
+    # A link spoken by hand: OPEN, DATA(HELLO) -> DATA(CHALLENGE), CLOSE; then a bad frame.
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "*") is None
+        s.sendall(frame(0x4A, {"v": 1}))
+        op, _ = read_frame(s)
+        assert op == 0x6B, f"expected RELAY_OK, got 0x{op:02x}"
+        s.sendall(relay_frame(0x70, 5, b"10.9.8.7:4242"))
+        s.sendall(relay_frame(0x71, 5, frame(0x48, {"v": 1, "client_nonce": os.urandom(32).hex()})))
+        op, vid, payload = read_relay_frame(s)
+        assert (op, vid) == (0x71, 5), (op, vid, payload)
+        assert payload[0] == 0x68, f"expected CHALLENGE inside DATA, got 0x{payload[0]:02x}"
+        # A second HELLO on the same relayed connection is refused: REFUSED in DATA, then CLOSE.
+        s.sendall(relay_frame(0x71, 5, frame(0x48, {"v": 1, "client_nonce": os.urandom(32).hex()})))
+        op, vid, payload = read_relay_frame(s)
+        assert (op, vid) == (0x71, 5) and payload[0] == 0x64, (op, vid, payload[:40])
+        op, vid, payload = read_relay_frame(s)
+        assert (op, vid) == (0x72, 5), (op, vid, payload)
+        # A DATA for a connection that is gone is ignored; an unknown op closes the link.
+        s.sendall(relay_frame(0x71, 5, b"x"))
+        s.sendall(relay_frame(0x7F, 1, b""))
+        expect_closed(s, "a malformed relay frame")
+    # An oversized DATA is refused from its header.
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "*") is None
+        s.sendall(frame(0x4A, {"v": 1}))
+        op, _ = read_frame(s)
+        assert op == 0x6B
+        s.sendall(struct.pack("<BII", 0x71, 1, 1 << 30))
+        expect_closed(s, "a 1 GiB DATA header")
+    # The root still serves.
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "*") is None
+
+
+def relay_dies(root_port, token_file):
+    relay, port = start_relay(root_port, token_file)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        assert handshake(c, TOKEN, "py-job") is None
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.wait(timeout=30)
+        expect_closed(c, "a client of a killed relay")
+    relay2, _ = start_relay(root_port, token_file)
+    os.killpg(relay2.pid, signal.SIGTERM)
+    assert relay2.wait(timeout=30) == 0, relay2.returncode
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(TOKEN + "\n")
+        os.chmod(token_file, 0o600)
+        wrong_file = os.path.join(tmp, "wrong")
+        with open(wrong_file, "w") as f:
+            f.write("not-the-token\n")
+        os.chmod(wrong_file, 0o600)
+
+        root, root_port = start_daemon(["--token-file", token_file, "--allow-unauthenticated-store"])
+        relay, relay_port = start_relay(root_port, token_file)
+        torch_client(relay_port, 'first')
+        native_through(relay_port)
+        agents_through(relay_port, tmp)
+        relay_refused(root_port, wrong_file, "authentication failed")
+        link_by_hand(root_port)
+        relay_dies(root_port, token_file)
+        torch_client(relay_port, 'second')  # the first relay is unaffected by the others
+        os.killpg(relay.pid, signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0
+        os.killpg(root.pid, signal.SIGTERM)
+        assert root.wait(timeout=30) == 0
+
+        open_root, open_port = start_daemon([])
+        relay_refused(open_port, token_file, "has no token")
+        os.killpg(open_root.pid, signal.SIGTERM)
+        open_root.wait(timeout=30)
+    print("OK")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for c in children:
+            if c.poll() is None:
+                os.killpg(c.pid, signal.SIGKILL)
+                c.wait()
