@@ -280,9 +280,9 @@ def per_agent_kib(r, after, idle):
 
 
 def cpu_pair(r, key):
-    if f"{key}_setup_s" not in r:
+    if f"{key}_cpu_setup_s" not in r:
         return "–"
-    return f"{r[f'{key}_setup_s']['median']:.2f} / {r[f'{key}_close_s']['median']:.2f}"
+    return f"{r[f'{key}_cpu_setup_s']['median']:.2f} / {r[f'{key}_cpu_close_s']['median']:.2f}"
 
 
 def relay_markdown(relay_results, meta, direct):
