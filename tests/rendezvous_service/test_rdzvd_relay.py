@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_rdzvd_native import children, frame, handshake, join_frame, read_frame, recv_exact, start_daemon  # noqa: E402
@@ -155,13 +156,33 @@ def link_by_hand(root_port):
         assert handshake(s, TOKEN, "*") is None
 
 
-def relay_dies(root_port, token_file):
+def gauge(metrics_port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in the root's metrics")
+
+
+def wait_gauge(metrics_port, name, want):
+    deadline = time.monotonic() + 20
+    while gauge(metrics_port, name) != want:
+        assert time.monotonic() < deadline, f"{name} never became {want} (is {gauge(metrics_port, name)})"
+        time.sleep(0.02)
+
+
+def relay_dies(root_port, token_file, metrics_port):
     relay, port = start_relay(root_port, token_file)
+    wait_gauge(metrics_port, "ddprun_rdzvd_relay_links", 2)  # this one and the test's first relay
     with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
         assert handshake(c, TOKEN, "py-job") is None
+        assert gauge(metrics_port, "ddprun_rdzvd_relayed_connections") == 1
         os.killpg(relay.pid, signal.SIGKILL)
         relay.wait(timeout=30)
         expect_closed(c, "a client of a killed relay")
+    # The root saw the link go and, with it, the connection it carried.
+    wait_gauge(metrics_port, "ddprun_rdzvd_relay_links", 1)
+    wait_gauge(metrics_port, "ddprun_rdzvd_relayed_connections", 0)
     relay2, _ = start_relay(root_port, token_file)
     os.killpg(relay2.pid, signal.SIGTERM)
     assert relay2.wait(timeout=30) == 0, relay2.returncode
@@ -178,14 +199,18 @@ def main():
             f.write("not-the-token\n")
         os.chmod(wrong_file, 0o600)
 
-        root, root_port = start_daemon(["--token-file", token_file, "--allow-unauthenticated-store"])
+        metrics_file = os.path.join(tmp, "metrics.port")
+        root, root_port = start_daemon(["--token-file", token_file, "--allow-unauthenticated-store",
+                                        "--metrics-port", "0", "--metrics-port-file", metrics_file])
+        with open(metrics_file) as f:
+            metrics_port = int(f.read())
         relay, relay_port = start_relay(root_port, token_file)
         torch_client(relay_port, 'first')
         native_through(relay_port)
         agents_through(relay_port, tmp)
         relay_refused(root_port, wrong_file, "authentication failed")
         link_by_hand(root_port)
-        relay_dies(root_port, token_file)
+        relay_dies(root_port, token_file, metrics_port)
         torch_client(relay_port, 'second')  # the first relay is unaffected by the others
         os.killpg(relay.pid, signal.SIGTERM)
         assert relay.wait(timeout=30) == 0

@@ -19,6 +19,11 @@ void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& se
             static_cast<double>(store.connections));
   out.counter("ddprun_rdzvd_connections_accepted_total", "Client connections accepted since start.",
               static_cast<double>(store.connections_total));
+  out.gauge("ddprun_rdzvd_relay_links", "Relays (ddprun-rdzvd --relay-to) connected now.",
+            static_cast<double>(store.relay_links));
+  out.gauge("ddprun_rdzvd_relayed_connections",
+            "Client connections carried by relays now (also counted in ddprun_rdzvd_connections).",
+            static_cast<double>(store.relayed_connections));
   std::vector<Sample> refused_connections;
   for (std::size_t i = 0; i < kRefusedReasons; ++i) {
     refused_connections.push_back(Sample{{{"reason", std::string(refused_reason_name(static_cast<RefusedReason>(i)))}},
