@@ -35,10 +35,16 @@ ParseContext ParseContext::from_process() {
 
 LaunchOptions parse_command_line(const std::vector<std::string>& args, const ParseContext& context) {
   detail::ParsedFlags p(context);
-  p.define();
+  const std::vector<std::string> expanded = detail::expand_abbreviations(args);
+  // Only the flags the command line names are defined (flags_named: most of the parsing cost
+  // of a launch is CLI11's definitions); help, errors and anything unusual get all of them.
+  if (const auto named = detail::flags_named(expanded)) {
+    p.define(&*named);
+  } else {
+    p.define();
+  }
   LaunchOptions out;
   try {
-    const std::vector<std::string> expanded = detail::expand_abbreviations(args);
     std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
     p.app().parse(reversed);
   } catch (const CLI::CallForHelp&) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -10,6 +11,13 @@
 
 namespace ddprun::launcher::detail {
 namespace {
+
+const FlagSpec* find_flag(std::string_view dash) {
+  for (const auto& spec : launcher_flags()) {
+    if (spec.dash == dash) return &spec;
+  }
+  return nullptr;
+}
 
 // The flags that have no PET_* form, for the footer ("except --a, --b and --c").
 std::string flags_without_env_form() {
@@ -77,7 +85,7 @@ const PeerFlag* peer_flag(const std::string& name) {
 
 ParsedFlags::ParsedFlags(const ParseContext& context) : context_(context) {}
 
-void ParsedFlags::define() {
+void ParsedFlags::define(const std::vector<const FlagSpec*>* only) {
   app_.description("ddprun " + std::string(version_string) +
                    ": launch a distributed training job on this node (a drop-in for torchrun)");
   app_.prefix_command();
@@ -88,6 +96,7 @@ void ParsedFlags::define() {
   // The usage line is "Usage: ddprun [" + label + "]": name the program part there too.
   app_.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
   for (const auto& spec : launcher_flags()) {
+    if (only != nullptr && std::find(only->begin(), only->end(), &spec) == only->end()) continue;
     std::string names;
     if (!spec.short_name.empty()) names += "-" + std::string(spec.short_name) + ",";
     names += "--" + std::string(spec.dash);
@@ -117,8 +126,11 @@ std::vector<std::string> ParsedFlags::all(std::string_view dash) const {
 }
 
 std::optional<ParsedFlags::Given> ParsedFlags::given(std::string_view dash) const {
-  const auto& [opt, spec] = options_.at(std::string(dash));
-  if (opt->count() > 0) return Given{storage_.at(std::string(dash)), "--" + std::string(dash)};
+  const FlagSpec* spec = find_flag(dash);
+  if (spec == nullptr) throw std::logic_error("ParsedFlags::given: no flag --" + std::string(dash));
+  if (const auto it = options_.find(std::string(dash)); it != options_.end() && it->second.first->count() > 0) {
+    return Given{storage_.at(std::string(dash)), "--" + std::string(dash)};
+  }
   if (spec->env_form) {
     const std::string env = pet_variable(dash);
     if (auto it = context_.env.find(env); it != context_.env.end() && !trim(it->second).empty()) {
@@ -129,8 +141,11 @@ std::optional<ParsedFlags::Given> ParsedFlags::given(std::string_view dash) cons
 }
 
 bool ParsedFlags::flag(std::string_view dash) const {
-  const auto& [opt, spec] = options_.at(std::string(dash));
-  if (opt->count() > 0) return true;
+  const FlagSpec* spec = find_flag(dash);
+  if (spec == nullptr) throw std::logic_error("ParsedFlags::flag: no flag --" + std::string(dash));
+  if (const auto it = options_.find(std::string(dash)); it != options_.end() && it->second.first->count() > 0) {
+    return true;
+  }
   if (spec->env_form) {
     const std::string env = pet_variable(dash);
     if (auto it = context_.env.find(env); it != context_.env.end() && !trim(it->second).empty()) {
@@ -208,6 +223,44 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) ++i;  // skip its value
   }
   return out;
+}
+
+std::optional<std::vector<const FlagSpec*>> flags_named(const std::vector<std::string>& expanded) {
+  std::vector<const FlagSpec*> named;
+  // A value word must not look like an option: CLI11 might read it as one.
+  auto takes_next = [&](std::size_t& i) {
+    if (i + 1 >= expanded.size()) return false;
+    const std::string& next = expanded[i + 1];
+    if (!next.empty() && next.front() == '-') return false;
+    ++i;
+    return true;
+  };
+  for (std::size_t i = 0; i < expanded.size(); ++i) {
+    const std::string& word = expanded[i];
+    if (word == "--" || word.size() < 2 || word.front() != '-') break;  // the program starts here
+    const FlagSpec* spec = nullptr;
+    if (word[1] == '-') {
+      const auto eq = word.find('=');
+      const std::string name = word.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      for (const auto& s : launcher_flags()) {
+        if (s.dash == name || underscore_spelling(s.dash) == name) spec = &s;
+      }
+      if (spec == nullptr) return std::nullopt;  // --help, or an option CLI11 must reject
+      if (spec->kind != FlagKind::boolean && eq == std::string::npos && !takes_next(i)) return std::nullopt;
+    } else {
+      for (const auto& s : launcher_flags()) {
+        if (!s.short_name.empty() && s.short_name == word.substr(1, 1)) spec = &s;
+      }
+      if (spec == nullptr) return std::nullopt;  // -h, or an unknown short option
+      if (spec->kind == FlagKind::boolean) {
+        if (word.size() > 2) return std::nullopt;  // grouped short flags
+      } else if (word.size() == 2 && !takes_next(i)) {
+        return std::nullopt;
+      }
+    }
+    if (std::find(named.begin(), named.end(), spec) == named.end()) named.push_back(spec);
+  }
+  return named;
 }
 
 std::vector<std::string> program_words(const std::vector<std::string>& remaining, const std::string& usage) {

@@ -23,8 +23,10 @@ class ParsedFlags {
   ParsedFlags(const ParsedFlags&) = delete;
   ParsedFlags& operator=(const ParsedFlags&) = delete;
 
-  // Defines every flag of launcher_flags() on the CLI11 app.
-  void define();
+  // Defines the flags of launcher_flags() on the CLI11 app: every one, or only those of `only`
+  // (flags_named()). A flag that is not defined reads as not given on the command line; its
+  // PET_* variable still counts.
+  void define(const std::vector<const FlagSpec*>* only = nullptr);
   CLI::App& app() { return app_; }
 
   // The value of a flag by precedence, with the name to quote in errors; nullopt = default.
@@ -54,6 +56,14 @@ class ParsedFlags {
 // --nproc_per_node 4. CLI11 does not, so they are expanded here, in ddprun's part of the command
 // line only (up to the program or "--").
 std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args);
+
+// The flags that ddprun's part of `expanded` (expand_abbreviations' output) names, up to the
+// program. Defining only these gives CLI11 the same parse as defining all 67 (each definition
+// costs a comparison with every earlier one: most of the parsing time of a launch). nullopt when
+// the words hold anything this scan does not read exactly as CLI11 does — help, an unknown
+// option, a value that starts with '-', a missing value, grouped short flags —: then every flag
+// is defined and CLI11 decides, with its usual messages.
+std::optional<std::vector<const FlagSpec*>> flags_named(const std::vector<std::string>& expanded);
 
 // The program part of the command line (`remaining` as CLI11 left it): a leading "--" dropped;
 // throws when it is empty or starts with an unknown option. `usage` is the hint for "no program".

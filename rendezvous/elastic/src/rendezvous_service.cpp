@@ -164,14 +164,12 @@ RendezvousService::Refusal RendezvousService::relay(ConnectionId conn) {
   if (node_of_.count(conn) != 0) {
     return {RefuseCode::not_owner, "a connection that speaks for a node cannot become a relay link"};
   }
-  // RELAY_OK goes out before the switch: it is the last frame of the plain protocol.
+  if (std::string why = outbox_->make_relay_link(conn); !why.empty()) return {RefuseCode::other, why};
+  // RELAY_OK is the last frame of the plain protocol: the server reads relay frames after this
+  // one, and everything it writes to the link from now on follows it.
   scratch_.clear();
   encode_relay_ok(scratch_);
   emit(conn, scratch_);
-  if (std::string why = outbox_->make_relay_link(conn); !why.empty()) {
-    outbox_->buffer(conn).clear();
-    return {RefuseCode::other, why};
-  }
   ++counters_.relay_links;
   return {};
 }

@@ -1,0 +1,164 @@
+// parse_command_line defines only the flags a command line names (flags_named, parsed_flags.hpp).
+// Differential test: for a corpus of command lines — every flag in every spelling, values that
+// look like options, missing values, help, unknown options, program words that look like ddprun
+// flags, PET_* variables for flags that are not on the command line — the lazy definition and
+// the definition of every flag must give CLI11 the same parse: the same error or help, the same
+// program words, and the same answer from every ParsedFlags query the resolvers make.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/flag_spec.hpp"
+#include "ddprun/launcher/command_line.hpp"
+#include "ddprun/launcher/flags.hpp"
+#include "parsed_flags.hpp"
+
+namespace launcher = ddprun::launcher;
+namespace detail = ddprun::launcher::detail;
+using Args = std::vector<std::string>;
+
+namespace {
+
+struct Outcome {
+  std::string error;
+  bool help = false;
+  Args remaining;
+  Args answers;
+  bool operator==(const Outcome&) const = default;
+};
+
+Outcome parse(const Args& args, const launcher::ParseContext& ctx, bool lazy) {
+  Outcome o;
+  detail::ParsedFlags p(ctx);
+  Args expanded;
+  try {
+    expanded = detail::expand_abbreviations(args);
+  } catch (const ddprun::Error& e) {
+    o.error = e.what();
+    return o;
+  }
+  const auto named = lazy ? detail::flags_named(expanded) : std::nullopt;
+  if (named) {
+    p.define(&*named);
+  } else {
+    p.define();
+  }
+  try {
+    Args reversed(expanded.rbegin(), expanded.rend());
+    p.app().parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    o.help = true;
+    return o;
+  } catch (const CLI::ParseError& e) {
+    o.error = e.what();
+    return o;
+  }
+  o.remaining = p.app().remaining();
+  for (const auto& spec : launcher::launcher_flags()) {
+    const std::string dash(spec.dash);
+    try {
+      switch (spec.kind) {
+        case ddprun::FlagKind::boolean:
+          o.answers.push_back(dash + (p.flag(dash) ? " on" : " off"));
+          break;
+        case ddprun::FlagKind::repeated:
+          for (const auto& v : p.all(dash)) o.answers.push_back(dash + " += " + v);
+          break;
+        case ddprun::FlagKind::value:
+          if (auto g = p.given(dash)) o.answers.push_back(dash + " = " + g->text + " from " + g->what);
+          break;
+      }
+    } catch (const ddprun::Error& e) {
+      o.answers.push_back(dash + " error " + e.what());
+    }
+  }
+  return o;
+}
+
+std::vector<Args> corpus() {
+  std::vector<Args> out = {
+      {},
+      {"train.py"},
+      {"--", "train.py"},
+      {"-", "train.py"},
+      {"--help"},
+      {"-h"},
+      {"--nproc-per-node", "--help"},
+      {"--unknown-flag", "train.py"},
+      {"-z", "train.py"},
+      {"--nproc-per-node", "4", "train.py", "--nnodes", "2", "--help"},
+      {"--nproc-per-node", "2", "--nproc-per-node", "3", "--no-python", "/bin/true"},
+      {"--nproc_per_node=2", "--no_python", "/bin/true", "-m"},
+      {"--nnodes", "2", "--", "prog", "--nnodes", "3"},
+      {"-m", "pkg.mod", "--lr", "0.1"},
+      {"-mr3", "train.py"},
+      {"-r3", "-t", "1", "train.py"},
+      {"-r", "-1", "train.py"},
+      {"--nproc", "2", "train.py"},
+      {"--nnodes", "-5", "train.py"},
+      {"--nnodes"},
+      {"--standalone", "--nproc-per-node=cpu", "train.py", "--standalone"},
+  };
+  for (const auto& spec : launcher::launcher_flags()) {
+    const std::string dash = "--" + std::string(spec.dash);
+    const std::string under = "--" + ddprun::underscore_spelling(spec.dash);
+    if (spec.kind == ddprun::FlagKind::boolean) {
+      out.push_back({dash, "prog", dash});
+      out.push_back({under, "--nproc-per-node", "2", "prog"});
+      out.push_back({dash + "=1", "prog"});
+      if (!spec.short_name.empty()) out.push_back({"-" + std::string(spec.short_name), "prog"});
+    } else {
+      out.push_back({dash, "1", "prog"});
+      out.push_back({dash + "=x", under, "y", "prog"});
+      out.push_back({dash, "-x", "prog"});
+      out.push_back({"--nproc-per-node", "1", dash});
+      if (!spec.short_name.empty()) {
+        out.push_back({"-" + std::string(spec.short_name), "2", "prog"});
+        out.push_back({"-" + std::string(spec.short_name) + "2", "prog"});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("defining only the named flags parses every command line as defining all of them", "[cli][lazy]") {
+  launcher::ParseContext ctx;
+  ctx.cwd = "/";
+  // PET_* forms of flags that are mostly not on the command line: read without a definition.
+  ctx.env = {{"PET_NNODES", "3"}, {"PET_NO_PYTHON", "1"}, {"PET_MAX_RESTARTS", "2"}, {"PET_STANDALONE", "x"}};
+  int lazy_parses = 0;
+  for (const Args& args : corpus()) {
+    std::string shown;
+    for (const auto& a : args) shown += " '" + a + "'";
+    INFO("ddprun" << shown);
+    const Outcome lazy = parse(args, ctx, true);
+    const Outcome full = parse(args, ctx, false);
+    CHECK(lazy.error == full.error);
+    CHECK(lazy.help == full.help);
+    CHECK(lazy.remaining == full.remaining);
+    CHECK(lazy.answers == full.answers);
+    try {
+      if (detail::flags_named(detail::expand_abbreviations(args))) ++lazy_parses;
+    } catch (const ddprun::Error&) {
+      // an ambiguous abbreviation: refused before any definition, in both paths
+    }
+  }
+  // Most of the corpus takes the lazy path (else this test compares the full path with itself).
+  CHECK(lazy_parses > 100);
+}
+
+TEST_CASE("the common launch defines only the flags it names", "[cli][lazy]") {
+  const auto named = detail::flags_named({"--nproc-per-node", "8", "--no-python", "./train", "--nnodes", "4"});
+  REQUIRE(named);
+  REQUIRE(named->size() == 2);
+  CHECK((*named)[0]->dash == "nproc-per-node");
+  CHECK((*named)[1]->dash == "no-python");
+  CHECK_FALSE(detail::flags_named({"--help"}));
+  CHECK_FALSE(detail::flags_named({"--nnodes"}));
+  CHECK_FALSE(detail::flags_named({"--nnodes", "--no-python", "x"}));
+  CHECK_FALSE(detail::flags_named({"-mr3", "x"}));
+  CHECK(detail::flags_named({"x", "--bogus"}));  // after the program: not ddprun's
+}
