@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,7 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <random>
+#include <system_error>
 #include <sstream>
 #include <thread>
 
@@ -87,11 +88,18 @@ struct Mount {
   std::string path;  // this process's cgroup in that hierarchy ("/a/b")
 };
 
+// /proc/self/mountinfo and /proc/self/cgroup, read once for all the find_mount calls of one
+// Containment::create (each read makes the kernel format the whole table).
+struct ProcCgroupTexts {
+  std::optional<std::string> mountinfo = read_text("/proc/self/mountinfo");
+  std::optional<std::string> own = read_text("/proc/self/cgroup");
+};
+
 // The mount of a cgroup hierarchy: cgroup2 (controller empty) or the v1 hierarchy carrying
 // `controller`, with this process's cgroup path in it.
-std::optional<Mount> find_mount(const std::string& controller) {
-  const auto info = read_text("/proc/self/mountinfo");
-  const auto own = read_text("/proc/self/cgroup");
+std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupTexts& texts) {
+  const auto& info = texts.mountinfo;
+  const auto& own = texts.own;
   if (!info || !own) return std::nullopt;
   std::optional<Mount> m;
   std::istringstream in(*info);
@@ -177,13 +185,24 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   std::unique_ptr<Containment> c(new Containment());
   c->nproc_ = nproc;
   c->oom_base_.assign(static_cast<std::size_t>(nproc), 0);
-  std::random_device rd;
-  c->token_ = std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+  // 64 random bits (getrandom: std::random_device probes the CPU for RDRAND first, and CPUID
+  // is a slow trap under a hypervisor).
+  std::uint64_t bits = 0;
+  for (std::size_t got = 0; got < sizeof bits;) {
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(&bits) + got, sizeof bits - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "containment: getrandom");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  c->token_ = std::to_string(::getpid()) + "-" + std::to_string(bits);
+  const ProcCgroupTexts texts;
   const std::string leaf = "ddprun-" + std::to_string(::getpid());
   std::string why;  // why a cgroup mode was not used
 
   auto try_v2 = [&]() -> bool {
-    const auto m = find_mount("");
+    const auto m = find_mount("", texts);
     if (!m) {
       why = "no cgroup2 hierarchy mounted";
       return false;
@@ -224,7 +243,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     return true;
   };
   auto try_v1 = [&]() -> bool {
-    const auto m = find_mount("freezer");
+    const auto m = find_mount("freezer", texts);
     if (!m) {
       why += (why.empty() ? "" : "; ") + std::string("no v1 freezer hierarchy mounted");
       return false;
@@ -268,7 +287,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
   }
   if (!c->memory_v2_) {
-    if (const auto mm = find_mount("memory")) {
+    if (const auto mm = find_mount("memory", texts)) {
       const std::string job = mm->dir + mm->path + "/" + leaf;
       if (make_cgroup(job)) {
         c->memory_dir_ = job;
