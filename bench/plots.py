@@ -134,10 +134,10 @@ def rdzv_relay_plot(r, out):
         if not rows:
             continue
         blocks.append("\n".join(f"{x['nodes']} {x['total_s']['median']} {x['total_s']['min']} {x['total_s']['max']} "
-                                f"\"{'R=' + str(x['relays']) if 'relays' in x else ''}\"" for x in rows))
+                                f"\"{'R=' + str(x['relays']) if x.get('relays') else ''}\"" for x in rows))
         i = len(blocks) - 1
         plots.append(f"'$data' index {i} using 1:2:3:4 with yerrorlines title '{label}'")
-        if "relays" in rows[0]:
+        if rows[0].get("relays"):
             plots.append(f"'$data' index {i} using 1:2:5 with labels offset 0,1 notitle")
     if not any(rows for _, rows in series[1:]):
         print("plots: no relay series in the rendezvous JSON, rendezvous-relay.png skipped")
