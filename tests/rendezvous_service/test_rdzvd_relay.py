@@ -103,6 +103,52 @@ def agents_through(port, tmp):
     assert ranks == ["rank 0 of 2", "rank 1 of 2"], (out_a, b.stdout)
 
 
+def job_state(root_port, run_id):
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "*") is None
+        s.sendall(frame(0x47, {"run_id": run_id}))
+        op, msg = read_frame(s)
+        assert op == 0x67, f"expected STATUS_REPLY, got 0x{op:02x}"
+        return msg["jobs"][0]["state"] if msg["jobs"] else None
+
+
+def relay_restarted(root_port, token_file, tmp):
+    """Agents running a job through a relay that is SIGKILLed and started again on the same
+    port reconnect through it, re-register, and the job completes."""
+    relay, port = start_relay(root_port, token_file)
+    go = os.path.join(tmp, "go")
+    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
+    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "relay-restart", "--master-port", "0",
+           "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for _ in range(2)]
+    children.extend(agents)
+    deadline = time.monotonic() + 60
+    while job_state(root_port, "relay-restart") != "running":
+        assert time.monotonic() < deadline, "the job never ran through the relay"
+        assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
+        time.sleep(0.05)
+    os.killpg(relay.pid, signal.SIGKILL)
+    relay.wait(timeout=30)
+    # The same port again (the readiness line is the signal; SO_REUSEADDR lets it bind while the
+    # killed relay's connections linger in TIME_WAIT).
+    again = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
+                              "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                             stdout=subprocess.PIPE, start_new_session=True)
+    children.append(again)
+    line = again.stdout.readline().decode()
+    assert line.strip() == f"listening on 127.0.0.1:{port}", line
+    with open(go, "w"):
+        pass
+    for a in agents:
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == 0, err[-3000:]
+        assert "re-registered" in err, err[-3000:]
+    os.killpg(again.pid, signal.SIGTERM)
+    assert again.wait(timeout=30) == 0
+
+
 def relay_refused(root_port, token_file, want):
     r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--host", "127.0.0.1", "--port", "0",
                         "--token-file", token_file], capture_output=True, text=True, timeout=60)
@@ -211,6 +257,7 @@ def main():
         relay_refused(root_port, wrong_file, "authentication failed")
         link_by_hand(root_port)
         relay_dies(root_port, token_file, metrics_port)
+        relay_restarted(root_port, token_file, tmp)
         torch_client(relay_port, 'second')  # the first relay is unaffected by the others
         os.killpg(relay.pid, signal.SIGTERM)
         assert relay.wait(timeout=30) == 0
