@@ -112,6 +112,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::size_t up_end = 0;
   std::vector<char> scratch = std::vector<char>(read_chunk);
   std::unordered_map<std::uint32_t, ClientPtr> clients;
+  tcp::endpoint accepted_from;  // the peer of the connection being accepted (one accept at a time)
   std::vector<std::weak_ptr<Client>> paused;
   std::uint32_t next_vid = 1;
   std::size_t max_connections = 0;
@@ -229,7 +230,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
 
   void do_accept() {
     if (stopped) return;
-    acceptor.async_accept([self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
+    acceptor.async_accept(accepted_from, [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
       if (self->stopped) return;
       if (ec) {
         if (ec == asio::error::operation_aborted) return;
@@ -246,8 +247,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
 
   void on_accept(tcp::socket socket) {
     boost::system::error_code ec;
-    const auto peer_ep = socket.remote_endpoint(ec);
-    std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
+    std::string peer = endpoint_text(accepted_from);  // filled by accept: no getpeername per client
     if (clients.size() >= max_connections) {
       ++counters.clients_refused;
       spdlog::warn("relay: closing new connection from {}: connection limit of {} reached (--max-connections)", peer,
@@ -337,8 +337,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     c->closed = true;
     if (!reason.empty()) spdlog::debug("relay: closing connection from {}: {}", c->peer, reason);
     boost::system::error_code ec;
-    c->socket.shutdown(tcp::socket::shutdown_both, ec);
-    c->socket.close(ec);
+    c->socket.close(ec);  // the only descriptor of the connection: close() ends it (no shutdown)
     clients.erase(c->vid);
     if (tell_root && !lost) {
       append_relay_frame(up_pending, RelayOp::close, c->vid,
