@@ -369,10 +369,19 @@ Containment::~Containment() {
     ::close(watchdog_fd_);
     return;
   }
-  auto remove = [this](const std::string& job) {
+  // A process SIGKILLed by the sweep a moment ago may not have left its cgroup yet (rmdir says
+  // EBUSY until its exit reaches the cgroup core, after /proc stopped showing it as a job
+  // member): retry for up to 2 s, so the job's cgroups do not outlive it.
+  auto remove_dir = [](const std::string& dir) {
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      if (::rmdir(dir.c_str()) == 0 || errno != EBUSY) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  auto remove = [this, &remove_dir](const std::string& job) {
     if (job.empty()) return;
-    for (int r = 0; r < nproc_; ++r) ::rmdir(rank_dir(job, r).c_str());
-    ::rmdir(job.c_str());
+    for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
+    remove_dir(job);
   };
   remove(job_dir_);
   if (memory_dir_ != job_dir_) remove(memory_dir_);
