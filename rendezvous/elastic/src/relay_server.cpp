@@ -21,6 +21,7 @@
 
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/rate_limited_warning.hpp"
 #include "ddprun/rendezvous/relay_link.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
@@ -112,7 +113,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::size_t up_end = 0;
   std::vector<char> scratch = std::vector<char>(read_chunk);
   std::unordered_map<std::uint32_t, ClientPtr> clients;
-  tcp::endpoint accepted_from;  // the peer of the connection being accepted (one accept at a time)
+  tcp::endpoint accepted_from;        // the peer of the connection being accepted (one accept at a time)
+  RateLimitedWarning refuse_warning;  // refusals a flood of clients could repeat
   std::vector<std::weak_ptr<Client>> paused;
   std::uint32_t next_vid = 1;
   std::size_t max_connections = 0;
@@ -250,8 +252,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     std::string peer = endpoint_text(accepted_from);  // filled by accept: no getpeername per client
     if (clients.size() >= max_connections) {
       ++counters.clients_refused;
-      spdlog::warn("relay: closing new connection from {}: connection limit of {} reached (--max-connections)", peer,
-                   max_connections);
+      refuse_warning.warn("relay: closing new connection from {}: connection limit of {} reached (--max-connections)",
+                          peer, max_connections);
       socket.close(ec);
       return;
     }
@@ -416,7 +418,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
         ClientPtr c = it->second;
         if (f.op == RelayOp::data) {
           if (c->pending.size() + c->writing.size() + f.payload.size() > options.max_queued_bytes) {
-            spdlog::warn(
+            refuse_warning.warn(
                 "relay: closing connection from {}: {} bytes from the daemon wait for it, over the limit of {} "
                 "(--max-queued-reply-bytes): the client does not read",
                 c->peer, c->pending.size() + c->writing.size() + f.payload.size(), options.max_queued_bytes);

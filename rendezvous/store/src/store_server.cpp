@@ -36,6 +36,7 @@
 
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/rate_limited_warning.hpp"
 #include "ddprun/rendezvous/codec.hpp"
 #include "ddprun/rendezvous/relay_link.hpp"
 
@@ -61,26 +62,6 @@ constexpr std::size_t idx(RefusedReason r) { return static_cast<std::size_t>(r);
 // Descriptors kept free beyond --max-connections for the process's own files, pipes and the
 // accept-and-close path: an eighth of the open-files limit, between 32 and 1024.
 std::size_t descriptor_reserve(std::size_t nofile) { return std::clamp<std::size_t>(nofile / 8, 32, 1024); }
-
-// A warning that may repeat once per connection under attack: logged at most once a second,
-// with the number of suppressed repeats.
-struct RateLimitedWarning {
-  Clock::time_point last{};
-  std::size_t suppressed = 0;
-  template <class... Args>
-  void warn(fmt::format_string<Args...> format, Args&&... args) {
-    const auto now = Clock::now();
-    if (last != Clock::time_point{} && now - last < std::chrono::seconds(1)) {
-      ++suppressed;
-      return;
-    }
-    std::string text = fmt::format(format, std::forward<Args>(args)...);
-    if (suppressed > 0) text += fmt::format(" ({} more like it in the last second not shown)", suppressed);
-    spdlog::warn("{}", text);
-    last = now;
-    suppressed = 0;
-  }
-};
 
 std::string endpoint_text(const tcp::endpoint& ep) {
   return bracket_host(ep.address().to_string()) + ":" + std::to_string(ep.port());

@@ -1,0 +1,33 @@
+#pragma once
+// RateLimitedWarning: a warning that may repeat once per connection under attack (a flood of
+// refused connections, clients that do not read) is logged at most once a second, with the
+// number of repeats it suppressed. Header-only; not thread-safe (one per event loop).
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace ddprun {
+
+struct RateLimitedWarning {
+  std::chrono::steady_clock::time_point last{};
+  std::size_t suppressed = 0;
+
+  template <class... Args>
+  void warn(fmt::format_string<Args...> format, Args&&... args) {
+    const auto now = std::chrono::steady_clock::now();
+    if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) {
+      ++suppressed;
+      return;
+    }
+    std::string text = fmt::format(format, std::forward<Args>(args)...);
+    if (suppressed > 0) text += fmt::format(" ({} more like it in the last second not shown)", suppressed);
+    spdlog::warn("{}", text);
+    last = now;
+    suppressed = 0;
+  }
+};
+
+}  // namespace ddprun
