@@ -4,7 +4,8 @@
 For each N, runs `spawn_floor N /bin/true` and `ddprun --standalone --nproc-per-node N
 --no-python /bin/true` alternately (the order flips every rep so neither always runs on a warmer
 cache), each started with posix_spawn and reaped with wait4, and records per run the wall time
-and the CPU time (user + sys of the launcher and every process it reaped, from wait4's rusage).
+and the CPU time (user + sys of the launcher, every process it reaped, and every process it left
+to finish after its exit, such as ddprun's containment watchdog: see orphans.py).
 CPU time is much less sensitive to other jobs on a shared box than wall time. Prints, per N, the
 medians and the median of the pair-by-pair ratios ddprun / floor.
 
@@ -22,18 +23,22 @@ import sys
 import tempfile
 import time
 
+import orphans  # noqa: E402  (bench/launch)
+
 
 def run(argv, env):
-    t0 = time.perf_counter()
-    pid = os.posix_spawn(argv[0], argv, env,
-                         file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                                       (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-                                       (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0)])
-    _, status, ru = os.wait4(pid, 0)
-    wall = (time.perf_counter() - t0) * 1e3
+    with orphans.adopting():
+        t0 = time.perf_counter()
+        pid = os.posix_spawn(argv[0], argv, env,
+                             file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                                           (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+                                           (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0)])
+        _, status, ru = os.wait4(pid, 0)
+        wall = (time.perf_counter() - t0) * 1e3
+        left_cpu, _ = orphans.reap()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv} exited {os.waitstatus_to_exitcode(status)}")
-    return wall, (ru.ru_utime + ru.ru_stime) * 1e3
+    return wall, (ru.ru_utime + ru.ru_stime) * 1e3 + left_cpu
 
 
 def med(xs):
