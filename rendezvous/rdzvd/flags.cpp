@@ -74,6 +74,9 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "relay-to", .metavar = "HOST:PORT",
    .help = "Run as a relay: accept clients here and carry their connections to the daemon at HOST:PORT over one "
            "link (needs the daemon's token)."},
+  {.dash = "relink-timeout", .metavar = "SECONDS",
+   .help = "Relay only: after losing the link to the daemon, how long to keep linking again before exiting 1 "
+           "(0 exits at once).", .default_text = "60"},
   {.dash = "version", .kind = FlagKind::boolean, .help = "Display program version information and exit."},
 };
 // clang-format on

@@ -6,7 +6,8 @@
 //                [--log-level L] [--log-format text|json]
 //                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
 //   ddprun-rdzvd --relay-to HOST:PORT [--host H] [--port P] [--port-file F] [--token-file F]
-//                [--max-connections N] [--max-queued-reply-bytes N] [--log-level L] [--log-format F]
+//                [--max-connections N] [--max-queued-reply-bytes N] [--relink-timeout S] [--log-level L]
+//                [--log-format F]
 //
 // With --relay-to it is a relay (docs/daemon.md, "Relays"; relay_server.hpp): clients connect to
 // it as to the daemon and it carries their connections to the daemon at HOST:PORT over one link.
@@ -118,10 +119,11 @@ void write_port_file(const std::string& path, std::uint16_t port) {
 }
 
 // Relay mode: `relay_to` is the daemon's HOST:PORT. Exit 0 on SIGINT/SIGTERM, 1 when the daemon
-// cannot be reached or proven or the link is lost, 2 on a bad flag.
+// cannot be reached or proven, or the link is lost and not made again within `relink_timeout`,
+// 2 on a bad flag.
 int run_relay(const std::string& relay_to, const std::string& host, int port, const std::string& port_file,
               const std::string& token, const std::string& token_file, std::size_t max_connections,
-              std::size_t max_queued_bytes) {
+              std::size_t max_queued_bytes, double relink_timeout) {
   namespace rdzv = ddprun::rendezvous;
   rdzv::RelayServerOptions options;
   try {
@@ -142,10 +144,13 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
   options.token = token;
   options.max_connections = max_connections;
   options.max_queued_bytes = max_queued_bytes;
+  options.relink_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(relink_timeout * 1000.0));
   raise_fd_limit(max_connections, false);
   boost::asio::io_context io(1);
   int exit_code = 0;
-  options.on_upstream_lost = [&io, &exit_code](const std::string&) {
+  options.on_upstream_lost = [&io, &exit_code](const std::string& why) {
+    std::cerr << "ddprun-rdzvd: error: relay: " << why
+              << " (start the daemon again; a service manager restarts this relay)\n";
     exit_code = 1;
     io.stop();
   };
@@ -278,6 +283,12 @@ int main(int argc, char** argv) {
   app.add_option("--relay-to", relay_to,
                  "Run as a relay: accept clients here and carry their connections to the daemon at HOST:PORT over "
                  "one link (needs the daemon's token)");
+  double relink_timeout = 60;
+  app.add_option("--relink-timeout", relink_timeout,
+                 "Relay only: after losing the link to the daemon, how long to keep linking again before exiting "
+                 "1 (0 exits at once)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);
 
   try {
@@ -367,7 +378,11 @@ int main(int argc, char** argv) {
     }
     return run_relay(relay_to, host, port, port_file, options.token, token_file,
                      app.count("--max-connections") > 0 ? options.limits.store.max_connections : std::size_t{65536},
-                     options.limits.store.max_queued_reply_bytes);
+                     options.limits.store.max_queued_reply_bytes, relink_timeout);
+  }
+  if (app.count("--relink-timeout") > 0) {
+    std::cerr << "ddprun-rdzvd: error: --relink-timeout applies only to a relay: give --relay-to HOST:PORT too\n";
+    return 2;
   }
 
   boost::asio::io_context io(1);  // outlives `server` (declared before it)

@@ -8,7 +8,11 @@
 * the relay link itself (spoken by Python): RELAY needs a connection authenticated for every
   job; OPEN/DATA/CLOSE carry a connection; a malformed relay frame closes the link and only it;
 * relay frames from a connection that is not a link are refused, the root keeps serving;
-* SIGKILL of a relay drops its clients (EOF), SIGTERM stops it with exit 0.
+* SIGKILL of a relay drops its clients (EOF), SIGTERM stops it with exit 0;
+* a relay outlives its root: when the root is SIGKILLed and started again on the same port, the
+  relay links again and a job running through it completes (its agents re-register with the new
+  root); a relay whose root stays away past --relink-timeout exits 1 naming the root;
+  --relink-timeout without --relay-to is refused (exit 2).
 
 Readiness is each process's `listening on HOST:PORT` line; every read has a deadline.
 """
@@ -149,6 +153,83 @@ def relay_restarted(root_port, token_file, tmp):
     assert again.wait(timeout=30) == 0
 
 
+def start_root_on(port, token_file):
+    """A root ddprun-rdzvd on a given port (a restart); ready at its `listening on` line."""
+    p = subprocess.Popen([RDZVD, "--token-file", token_file, "--allow-unauthenticated-store", "--host", "127.0.0.1",
+                          "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
+                         start_new_session=True)
+    children.append(p)
+    line = p.stdout.readline().decode()
+    assert line.strip() == f"listening on 127.0.0.1:{port}", line
+    return p
+
+
+def root_restarted(token_file, tmp):
+    """A root SIGKILLed under a running two-agent job and started again on the same port: the
+    relay keeps its port, links again, and the agents reconnect through it, re-register with the
+    new root and complete."""
+    root, root_port = start_daemon(["--token-file", token_file, "--allow-unauthenticated-store"])
+    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
+                              "127.0.0.1", "--port", "0", "--log-level", "warning"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    children.append(relay)
+    line = relay.stdout.readline().decode()
+    assert line.startswith("listening on 127.0.0.1:"), line
+    port = int(line.strip().rsplit(":", 1)[1])
+    go = os.path.join(tmp, "go-root")
+    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
+    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "root-restart", "--master-port", "0",
+           "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for _ in range(2)]
+    children.extend(agents)
+    deadline = time.monotonic() + 60
+    while job_state(root_port, "root-restart") != "running":
+        assert time.monotonic() < deadline, "the job never ran through the relay"
+        assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
+        time.sleep(0.05)
+    os.killpg(root.pid, signal.SIGKILL)
+    root.wait(timeout=30)
+    again = start_root_on(root_port, token_file)
+    with open(go, "w"):
+        pass
+    for a in agents:
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == 0, err[-3000:]
+        assert "re-registered" in err, err[-3000:]
+    assert relay.poll() is None, "the relay exited when its root went away"
+    torch_client(port, "after-root-restart")  # the relay carries new clients too
+    os.killpg(relay.pid, signal.SIGTERM)
+    _, relay_err = relay.communicate(timeout=30)
+    assert relay.returncode == 0, (relay.returncode, relay_err[-3000:])
+    relay_err = relay_err.decode()
+    assert f"lost the link to the daemon at 127.0.0.1:{root_port}" in relay_err, relay_err[-3000:]
+    assert f"linked to the daemon at 127.0.0.1:{root_port} again" in relay_err, relay_err[-3000:]
+    return again, root_port
+
+
+def relay_gives_up(root, root_port, token_file):
+    """The root goes away for good: the relay exits 1 once --relink-timeout has passed, naming
+    the root and how long it tried."""
+    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
+                              "127.0.0.1", "--port", "0", "--relink-timeout", "0.5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    children.append(relay)
+    line = relay.stdout.readline().decode()
+    assert line.startswith("listening on 127.0.0.1:"), line
+    os.killpg(root.pid, signal.SIGKILL)
+    root.wait(timeout=30)
+    _, err = relay.communicate(timeout=60)
+    err = err.decode()
+    assert relay.returncode == 1, (relay.returncode, err[-3000:])
+    assert f"127.0.0.1:{root_port}" in err and "not linked again within 0.5 s" in err, err[-3000:]
+    # The flag belongs to relays only.
+    r = subprocess.run([RDZVD, "--host", "127.0.0.1", "--port", "0", "--relink-timeout", "5"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "--relink-timeout applies only to a relay" in r.stderr, (r.returncode, r.stderr)
+
+
 def relay_refused(root_port, token_file, want):
     r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--host", "127.0.0.1", "--port", "0",
                         "--token-file", token_file], capture_output=True, text=True, timeout=60)
@@ -263,6 +344,9 @@ def main():
         assert relay.wait(timeout=30) == 0
         os.killpg(root.pid, signal.SIGTERM)
         assert root.wait(timeout=30) == 0
+
+        again, again_port = root_restarted(token_file, tmp)
+        relay_gives_up(again, again_port, token_file)
 
         open_root, open_port = start_daemon([])
         relay_refused(open_port, token_file, "has no token")

@@ -96,7 +96,7 @@ T expect(const std::string& frame, const std::string& where, const char* what) {
 
 struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   Core(asio::io_context& io_, RelayServerOptions opts)
-      : io(io_), options(std::move(opts)), acceptor(io_), upstream(io_) {
+      : io(io_), options(std::move(opts)), acceptor(io_), upstream(io_), relink_timer(io_) {
     where = bracket_host(options.upstream_host) + ":" + std::to_string(options.upstream_port);
   }
 
@@ -120,7 +120,15 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::size_t max_connections = 0;
   std::uint16_t bound_port = 0;
   bool stopped = false;
-  bool lost = false;
+  bool lost = false;           // the link is down: relinking (or given up)
+  std::uint64_t link = 0;      // bumped when a link is lost: completions of an older link are ignored
+  bool accept_paused = false;  // no accept armed while the link is down (clients wait in the backlog)
+  asio::steady_timer relink_timer;
+  std::chrono::steady_clock::time_point lost_at;
+  std::chrono::milliseconds relink_delay{0};
+  int relink_attempts = 0;
+  std::string lost_why;
+  RateLimitedWarning relink_warning;
   RelayStats counters;
 
   void connect_and_prove() {
@@ -232,8 +240,19 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
 
   void do_accept() {
     if (stopped) return;
+    if (lost) {
+      accept_paused = true;  // resumed once the link is back
+      return;
+    }
     acceptor.async_accept(accepted_from, [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
       if (self->stopped) return;
+      if (!ec && self->lost) {
+        // Accepted while the link was going down: nothing can carry it. Its agent reconnects.
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        self->accept_paused = true;
+        return;
+      }
       if (ec) {
         if (ec == asio::error::operation_aborted) return;
         spdlog::warn("relay: accept failed on port {}: {} (raise the open-files limit, ulimit -n)", self->bound_port,
@@ -355,25 +374,29 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     up_writing.swap(up_pending);
     up_pending.clear();
     up_in_flight = true;
-    asio::async_write(
-        upstream, asio::buffer(up_writing), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-          self->up_in_flight = false;
-          if (self->up_writing.capacity() > (std::size_t{4} << 20)) {
-            std::string().swap(self->up_writing);
-          } else {
-            self->up_writing.clear();
-          }
-          if (self->stopped || self->lost) return;
-          if (ec) {
-            self->upstream_lost("write failed: " + ec.message());
-            return;
-          }
-          self->kick_upstream();
-          if (!self->paused.empty() &&
-              self->up_pending.size() + self->up_writing.size() <= self->options.max_upstream_backlog / 2) {
-            self->resume_paused();
-          }
-        });
+    asio::async_write(upstream, asio::buffer(up_writing),
+                      [self = shared_from_this(), gen = link](boost::system::error_code ec, std::size_t) {
+                        self->up_in_flight = false;
+                        if (self->up_writing.capacity() > (std::size_t{4} << 20)) {
+                          std::string().swap(self->up_writing);
+                        } else {
+                          self->up_writing.clear();
+                        }
+                        if (self->stopped || self->lost) return;
+                        if (gen != self->link) {  // a write of a lost link, completed after the relink
+                          self->kick_upstream();
+                          return;
+                        }
+                        if (ec) {
+                          self->upstream_lost("write failed: " + ec.message());
+                          return;
+                        }
+                        self->kick_upstream();
+                        if (!self->paused.empty() && self->up_pending.size() + self->up_writing.size() <=
+                                                         self->options.max_upstream_backlog / 2) {
+                          self->resume_paused();
+                        }
+                      });
   }
 
   void read_upstream() {
@@ -388,8 +411,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       if (up_in.size() - up_end < read_chunk) up_in.resize(up_end + read_chunk);
     }
     upstream.async_read_some(asio::buffer(up_in.data() + up_end, up_in.size() - up_end),
-                             [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                               if (self->stopped || self->lost) return;
+                             [self = shared_from_this(), gen = link](boost::system::error_code ec, std::size_t n) {
+                               if (self->stopped || self->lost || gen != self->link) return;
                                if (ec) {
                                  self->upstream_lost(ec == asio::error::eof ? std::string("the daemon closed the link")
                                                                             : "read failed: " + ec.message());
@@ -446,16 +469,79 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     return true;
   }
 
+  // The link is down: every carried connection ended with it at the root, so the clients are
+  // closed (their agents reconnect and REJOIN). The relay keeps its port and links again
+  // (relink) for up to relink_timeout; new clients wait in the listen backlog meanwhile.
   void upstream_lost(const std::string& why) {
     if (lost || stopped) return;
     lost = true;
+    ++link;
+    lost_at = std::chrono::steady_clock::now();
+    lost_why = why;
+    relink_attempts = 0;
+    const auto secs = std::chrono::duration<double>(options.relink_timeout).count();
     spdlog::error(
         "relay: lost the link to the daemon at {}: {}; closing {} client connection(s) (their agents "
-        "reconnect)",
-        where, why, clients.size());
+        "reconnect){}",
+        where, why, clients.size(),
+        options.relink_timeout.count() > 0 ? fmt::format("; linking again for up to {:g} s (--relink-timeout)", secs)
+                                           : std::string());
     close_all_clients();
+    paused.clear();
+    up_pending.clear();
+    up_begin = up_end = 0;
     boost::system::error_code ec;
     upstream.close(ec);
+    acceptor.cancel(ec);  // its completion (operation_aborted) does not arm another
+    accept_paused = true;
+    if (options.relink_timeout.count() <= 0) {
+      give_up(why);
+      return;
+    }
+    relink_delay = std::chrono::milliseconds(100);
+    schedule_relink();
+  }
+
+  void schedule_relink() {
+    relink_timer.expires_after(relink_delay);
+    relink_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped || !self->lost) return;
+      self->try_relink();
+    });
+  }
+
+  void try_relink() {
+    ++relink_attempts;
+    try {
+      connect_and_prove();
+    } catch (const Error& e) {
+      boost::system::error_code ignored;
+      upstream.close(ignored);
+      if (std::chrono::steady_clock::now() - lost_at >= options.relink_timeout) {
+        give_up(fmt::format("{}; not linked again within {:g} s ({} attempts; last: {})", lost_why,
+                            std::chrono::duration<double>(options.relink_timeout).count(), relink_attempts, e.what()));
+        return;
+      }
+      relink_warning.warn("relay: cannot link to the daemon at {} again yet (attempt {}): {}", where, relink_attempts,
+                          e.what());
+      relink_delay = std::min(relink_delay * 2, std::chrono::milliseconds(2000));
+      schedule_relink();
+      return;
+    }
+    lost = false;
+    ++counters.relinks;
+    spdlog::warn("relay: linked to the daemon at {} again after {:.1f} s ({} attempt(s)); accepting clients", where,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count(), relink_attempts);
+    read_upstream();
+    kick_upstream();
+    if (accept_paused) {
+      accept_paused = false;
+      do_accept();
+    }
+  }
+
+  void give_up(const std::string& why) {
+    boost::system::error_code ec;
     acceptor.close(ec);
     if (options.on_upstream_lost) {
       auto cb = options.on_upstream_lost;
@@ -492,6 +578,7 @@ void RelayServer::stop() {
   if (!core_ || core_->stopped) return;
   core_->stopped = true;
   boost::system::error_code ec;
+  core_->relink_timer.cancel();
   core_->acceptor.close(ec);
   core_->close_all_clients();
   core_->upstream.close(ec);

@@ -20,9 +20,12 @@
 // connect_timeout) and binds the listening socket; it throws ddprun::NetworkError naming the
 // root's host:port (or the listening address) on any failure. start() begins accepting. When the
 // link to the root is lost the relay closes every client connection (their agents reconnect and
-// REJOIN) and calls on_upstream_lost once: ddprun-rdzvd exits 1 so a service manager restarts it.
-// stop() closes everything and is idempotent. Not thread-safe: every call on the io_context's
-// thread.
+// REJOIN), keeps its port, stops accepting (new clients wait in the listen backlog) and links
+// again, retrying with a backoff of 0.1 s doubling to 2 s, each try bounded by connect_timeout,
+// for up to relink_timeout (a root restarted on the same address is found again; the agents'
+// REJOINs then rebuild its rounds). Past relink_timeout, or at once when it is 0, it calls
+// on_upstream_lost once: ddprun-rdzvd exits 1 so a service manager restarts it. stop() closes
+// everything and is idempotent. Not thread-safe: every call on the io_context's thread.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +49,7 @@ struct RelayServerOptions {
   std::size_t max_queued_bytes = std::size_t{16} << 20;
   std::size_t max_upstream_backlog = std::size_t{64} << 20;
   std::chrono::milliseconds connect_timeout{10000};
+  std::chrono::milliseconds relink_timeout{60000};  // 0: give up at the first loss
   std::function<void(const std::string& why)> on_upstream_lost;
 };
 
@@ -56,6 +60,7 @@ struct RelayStats {
   std::uint64_t bytes_up = 0;       // client bytes sent to the root
   std::uint64_t bytes_down = 0;     // root bytes written to clients
   std::size_t max_connections = 0;  // after the open-files clamp
+  std::uint64_t relinks = 0;        // links to the root made again after a loss
 };
 
 class RelayServer {
