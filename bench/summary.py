@@ -150,9 +150,13 @@ def rdzv_lines(r):
             return (x[after]["median"] - x[idle]["median"]) / n if after in x and idle in x else float("nan")
 
         def cpu(key):
-            return x[f"{key}_setup_s"]["median"] + x[f"{key}_close_s"]["median"] if f"{key}_setup_s" in x else float("nan")
+            setup, close = f"{key}_cpu_setup_s", f"{key}_cpu_close_s"
+            return x[setup]["median"] + x[close]["median"] if setup in x and close in x else float("nan")
 
-        goal_text = f" (goal ≤ {goal['s']:g} s)" if goal and n == goal["nodes"] else ""
+        goal_text = ""
+        if goal and n == goal["nodes"]:
+            met = "met" if x["total_s"]["median"] <= goal["s"] else "not met"
+            goal_text = f" (goal ≤ {goal['s']:g} s: {met})"
         out.append(f"* Rendezvous through {x['relays']} relays: {n} agents in {x['total_s']['median']:.1f} s"
                    f"{goal_text}; CPU root {cpu('daemon'):.1f} s, relays {cpu('relay'):.1f} s, bench "
                    f"{cpu('bench'):.1f} s; memory per agent: root {per_agent('rss_kib', 'rss_idle_kib'):.2f} KiB, "
