@@ -40,12 +40,19 @@ constexpr std::chrono::milliseconds kHostLinger{3000};
 class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient> {
  public:
   C10dTransport(asio::io_context& io, const AgentConfig& config)
-      : io_(io), config_(config), endpoint_(rendezvous_endpoint(config)), linger_timer_(io) {}
+      : io_(io),
+        config_(config),
+        endpoints_(rendezvous_endpoints(config)),
+        endpoint_(endpoints_.front()),
+        linger_timer_(io) {}
 
   Endpoint peer() const override { return endpoint_; }
-  std::string where() const override { return endpoint_.to_string(); }
+  std::string where() const override {
+    return endpoints_.size() > 1 ? endpoint_list_text(endpoints_) : endpoint_.to_string();
+  }
 
   void start(const std::string& advertised) override {
+    if (endpoints_.size() > 1) return;  // relays of a daemon elsewhere: never hosted here
     if (job_mode(config_) == JobMode::static_multi_node) {
       if (may_host(config_, endpoint_, advertised)) host_embedded();
     } else if (endpoint_.port == 0) {
@@ -78,6 +85,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
   std::unique_ptr<rendezvous::RendezvousClient> make_client(ClientParams p) override {
     rendezvous::RendezvousClientOptions opts;
     opts.server = endpoint_;
+    opts.alternates.assign(endpoints_.begin() + 1, endpoints_.end());
     opts.run_id = config_.run_id;
     opts.token = config_.rdzv.token;
     opts.node = std::move(p.node);
@@ -132,7 +140,8 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
 
   asio::io_context& io_;
   const AgentConfig& config_;
-  Endpoint endpoint_;  // port 0 until host_on_free_port() learns the one it bound
+  std::vector<Endpoint> endpoints_;  // --rdzv-endpoint: one, or relays of one daemon
+  Endpoint endpoint_;                // the first; port 0 until host_on_free_port() learns the one it bound
   std::unique_ptr<rendezvous::RendezvousServer> host_server_;
   asio::steady_timer linger_timer_;
   std::function<void()> on_host_stopped_;

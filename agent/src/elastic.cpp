@@ -56,21 +56,23 @@ bool uses_elastic_path(const AgentConfig& config) { return job_mode(config) != J
 
 bool is_static_multi_node(const AgentConfig& config) { return job_mode(config) == JobMode::static_multi_node; }
 
-Endpoint rendezvous_endpoint(const AgentConfig& config) {
+Endpoint rendezvous_endpoint(const AgentConfig& config) { return rendezvous_endpoints(config).front(); }
+
+std::vector<Endpoint> rendezvous_endpoints(const AgentConfig& config) {
   if (is_static_multi_node(config)) {
     if (config.master_port == 0) {
       throw UsageError("a static multi-node job needs a fixed --master-port (got 0)",
                        "pass the same --master-addr and --master-port on every node (node rank 0 serves there)");
     }
-    return Endpoint{config.master_addr, config.master_port};
+    return {Endpoint{config.master_addr, config.master_port}};
   }
   // etcd: the first member stands for the cluster (the address this node advertises).
-  if (!config.etcd.endpoints.empty()) return config.etcd.endpoints.front();
+  if (!config.etcd.endpoints.empty()) return {config.etcd.endpoints.front()};
   if (config.rdzv_endpoint.empty()) {
     throw UsageError("an elastic job needs --rdzv-endpoint",
                      "pass --rdzv-endpoint=HOST[:PORT], the same on every node");
   }
-  return parse_endpoint(config.rdzv_endpoint, 29400, "--rdzv-endpoint");
+  return parse_endpoint_list(config.rdzv_endpoint, 29400, "--rdzv-endpoint");
 }
 
 worker_env::Placement placement_of(const AgentConfig& config, const rendezvous::Assignment& a) {

@@ -66,4 +66,26 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
   return ep;
 }
 
+std::vector<Endpoint> parse_endpoint_list(std::string_view text, std::uint16_t default_port, std::string_view what) {
+  std::vector<Endpoint> out;
+  std::size_t begin = 0;
+  for (;;) {
+    const auto comma = text.find(',', begin);
+    const std::string_view item = text.substr(begin, comma == std::string_view::npos ? comma : comma - begin);
+    if (trim(item).empty() && (comma != std::string_view::npos || !out.empty())) {
+      throw UsageError(std::string(what) + "='" + std::string(text) + "': an empty endpoint in the list",
+                       "separate endpoints with single commas: HOST[:PORT],HOST[:PORT]");
+    }
+    out.push_back(parse_endpoint(item, default_port, what));
+    if (comma == std::string_view::npos) return out;
+    begin = comma + 1;
+  }
+}
+
+std::string endpoint_list_text(const std::vector<Endpoint>& list) {
+  std::string out;
+  for (const auto& e : list) out += (out.empty() ? "" : ",") + e.to_string();
+  return out;
+}
+
 }  // namespace ddprun

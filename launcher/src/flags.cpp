@@ -37,8 +37,9 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "rdzv-backend", .scope = S::placement, .env_form = true, .metavar = "static|c10d|etcd",
    .help = "Rendezvous backend (etcd-v2 is read as etcd: etcd's v3 API).", .default_text = "static", .choices = kBackends, .overrides_slurm = true},
   {.dash = "rdzv-endpoint", .scope = S::placement, .env_form = true, .metavar = "HOST[:PORT]",
-   .help = "Rendezvous endpoint (c10d default port 29400; [IPV6]:PORT accepted); etcd: H1[:PORT],H2[:PORT],... "
-           "(default port 2379, http:// or https:// allowed).", .default_text = "none",
+   .help = "Rendezvous endpoint (c10d default port 29400; [IPV6]:PORT accepted; c10d also R1[:PORT],R2[:PORT],...: "
+           "relays of one ddprun-rdzvd, tried in turn); etcd: H1[:PORT],H2[:PORT],... (default port 2379, http:// or "
+           "https:// allowed).", .default_text = "none",
    .overrides_slurm = true},
   {.dash = "rdzv-id", .scope = S::placement, .env_form = true, .metavar = "ID",
    .help = "Job id shared by all nodes.", .default_text = "none", .overrides_slurm = true},

@@ -167,8 +167,24 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       if (cfg.rdzv_backend == "etcd") {
         cfg.rdzv_endpoint = std::string(trim(g->text));
       } else {
-        const Endpoint e = parse_endpoint(g->text, 29400, g->what);
-        cfg.rdzv_endpoint = e.to_string();
+        // c10d: one endpoint, or several relays of one ddprun-rdzvd tried in turn.
+        const auto list = parse_endpoint_list(g->text, 29400, g->what);
+        if (list.size() > 1) {
+          if (cfg.rdzv_backend != "c10d") {
+            throw UsageError(g->what + "=" + g->text +
+                                 ": a list of endpoints is for --rdzv-backend=c10d (relays of "
+                                 "one ddprun-rdzvd) and etcd",
+                             "give one HOST[:PORT] for the " + cfg.rdzv_backend + " backend");
+          }
+          for (const auto& e : list) {
+            if (e.port == 0) {
+              throw UsageError(g->what + "=" + g->text + ": port 0 (host the rendezvous here) cannot be in a list",
+                               "give each relay's fixed port, or one HOST:0 alone");
+            }
+          }
+        }
+        cfg.rdzv_endpoint = endpoint_list_text(list);
+        const Endpoint& e = list.front();
         if (e.port == 0 && cfg.rdzv_backend == "c10d" && cfg.max_nodes > 1) {
           throw UsageError(g->what + "=" + g->text +
                                ": port 0 hosts the rendezvous on a free port of this machine, "

@@ -27,3 +27,21 @@ TEST_CASE("bad endpoints name the flag and the forms") {
     }
   }
 }
+
+TEST_CASE("endpoint lists") {
+  using ddprun::Endpoint;
+  using ddprun::parse_endpoint_list;
+  CHECK(parse_endpoint_list("head", 29400, "--x") == std::vector<Endpoint>{{"head", 29400}});
+  const auto l = parse_endpoint_list("r1:29401, r2 ,[::1]:5", 29400, "--x");
+  CHECK(l == std::vector<Endpoint>{{"r1", 29401}, {"r2", 29400}, {"::1", 5}});
+  CHECK(ddprun::endpoint_list_text(l) == "r1:29401,r2:29400,[::1]:5");
+  CHECK(parse_endpoint_list(ddprun::endpoint_list_text(l), 1, "--x") == l);
+  for (const char* bad : {"", ",", "a,,b", "a,", ",a", "a,b:99999", "a, "}) {
+    try {
+      parse_endpoint_list(bad, 1, "--rdzv-endpoint");
+      FAIL("accepted '" << bad << "'");
+    } catch (const ddprun::UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("--rdzv-endpoint"));
+    }
+  }
+}

@@ -77,11 +77,13 @@ rdzv::NodeInfo node_info(int i) {
 
 std::unique_ptr<Agent> make_agent(boost::asio::io_context& io, std::uint16_t port, int i, rdzv::JobConfig config,
                                   std::string token = {}, ddprun::Duration give_up = 10s, std::string run_id = "job1",
-                                  rdzv::Timers& timers = rdzv::Timers::steady()) {
+                                  rdzv::Timers& timers = rdzv::Timers::steady(),
+                                  std::vector<ddprun::Endpoint> alternates = {}) {
   auto a = std::make_unique<Agent>();
   a->index = i;
   rdzv::RendezvousClientOptions o;
   o.server = ddprun::Endpoint{"127.0.0.1", port};
+  o.alternates = std::move(alternates);
   o.run_id = std::move(run_id);
   o.token = std::move(token);
   o.node = node_info(i);
@@ -347,6 +349,31 @@ TEST_CASE("no daemon at all: the first connect is bounded by give_up_after too",
   REQUIRE(run_until(
       io, [&] { return !a->unreachable.empty(); }, 5s));
   CHECK_THAT(a->unreachable, Catch::Contains("connect failed"));
+}
+
+TEST_CASE("alternates: a dead first endpoint is passed over, a lost one is replaced by the next", "[service]") {
+  boost::asio::io_context io(1);
+  std::uint16_t dead = 0;
+  {
+    Daemon gone(io, 0);
+    dead = gone.port();
+  }
+  auto d = std::make_unique<Daemon>(io, 0);
+  const std::uint16_t live = d->port();
+  const ddprun::Endpoint live_ep{"127.0.0.1", live};
+  // The first endpoint has nothing listening: the client goes on to the second and joins there.
+  auto a = make_agent(io, dead, 0, test_config(1, 1), {}, 10s, "job1", rdzv::Timers::steady(), {live_ep});
+  a->client->join();
+  REQUIRE(run_until(io, [&] { return !a->assignments.empty(); }));
+  CHECK(a->unreachable.empty());
+  // Both gone: the give-up message names every endpoint it tried.
+  d.reset();
+  auto b = make_agent(io, dead, 1, test_config(1, 1), {}, 500ms, "job2", rdzv::Timers::steady(), {live_ep});
+  b->client->join();
+  REQUIRE(run_until(
+      io, [&] { return !b->unreachable.empty(); }, 5s));
+  CHECK_THAT(b->unreachable,
+             Catch::Contains("127.0.0.1:" + std::to_string(dead) + ",127.0.0.1:" + std::to_string(live)));
 }
 
 TEST_CASE("query_status reports jobs, rounds and members", "[service]") {

@@ -12,7 +12,9 @@
 * a relay outlives its root: when the root is SIGKILLed and started again on the same port, the
   relay links again and a job running through it completes (its agents re-register with the new
   root); a relay whose root stays away past --relink-timeout exits 1 naming the root;
-  --relink-timeout without --relay-to is refused (exit 2).
+  --relink-timeout without --relay-to is refused (exit 2);
+* agents given two relays (--rdzv-endpoint A,B) go on through B when A is SIGKILLed under a
+  running job: they re-register through B and the job completes.
 
 Readiness is each process's `listening on HOST:PORT` line; every read has a deadline.
 """
@@ -230,6 +232,36 @@ def relay_gives_up(root, root_port, token_file):
     assert r.returncode == 2 and "--relink-timeout applies only to a relay" in r.stderr, (r.returncode, r.stderr)
 
 
+def failover(root_port, token_file, tmp):
+    """--rdzv-endpoint A,B (two relays of one root): relay A SIGKILLed under a running two-agent
+    job; the agents reconnect through B, re-register, and the job completes."""
+    relay_a, port_a = start_relay(root_port, token_file)
+    relay_b, port_b = start_relay(root_port, token_file)
+    go = os.path.join(tmp, "go-failover")
+    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
+    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port_a},127.0.0.1:{port_b}", "--rdzv-id", "failover", "--master-port",
+           "0", "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for _ in range(2)]
+    children.extend(agents)
+    deadline = time.monotonic() + 60
+    while job_state(root_port, "failover") != "running":
+        assert time.monotonic() < deadline, "the job never ran through relay A"
+        assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
+        time.sleep(0.05)
+    os.killpg(relay_a.pid, signal.SIGKILL)
+    relay_a.wait(timeout=30)
+    with open(go, "w"):
+        pass
+    for a in agents:
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == 0, err[-3000:]
+        assert f"trying 127.0.0.1:{port_b} next" in err and "re-registered" in err, err[-3000:]
+    os.killpg(relay_b.pid, signal.SIGTERM)
+    assert relay_b.wait(timeout=30) == 0
+
+
 def relay_refused(root_port, token_file, want):
     r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--host", "127.0.0.1", "--port", "0",
                         "--token-file", token_file], capture_output=True, text=True, timeout=60)
@@ -339,6 +371,7 @@ def main():
         link_by_hand(root_port)
         relay_dies(root_port, token_file, metrics_port)
         relay_restarted(root_port, token_file, tmp)
+        failover(root_port, token_file, tmp)
         torch_client(relay_port, 'second')  # the first relay is unaffected by the others
         os.killpg(relay.pid, signal.SIGTERM)
         assert relay.wait(timeout=30) == 0

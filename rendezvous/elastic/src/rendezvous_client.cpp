@@ -101,7 +101,16 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   // just before the daemon died may never have been read, and the registry ignores duplicates.
   std::vector<std::string> reports;
 
-  std::string endpoint_text() const { return options.server.to_string(); }
+  // The endpoint tried now: options.server, then each of options.alternates in turn after a
+  // failed connect or a lost connection (relays of one daemon).
+  std::size_t current = 0;
+  const Endpoint& server() const { return current == 0 ? options.server : options.alternates[current - 1]; }
+  std::string endpoint_text() const { return server().to_string(); }
+  std::string all_endpoints_text() const {
+    std::string out = options.server.to_string();
+    for (const auto& e : options.alternates) out += "," + e.to_string();
+    return out;
+  }
   bool stopped() const { return link == LinkState::stopped; }
   bool is_connected() const { return link == LinkState::connected || link == LinkState::leaving; }
   bool socket_up() const { return is_connected() || link == LinkState::handshaking; }
@@ -175,11 +184,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     link = LinkState::connecting;
     const std::uint64_t gen = ++generation;
     resolver.async_resolve(
-        options.server.host, std::to_string(options.server.port),
+        server().host, std::to_string(server().port),
         [self = shared_from_this(), gen](boost::system::error_code ec, tcp::resolver::results_type results) {
           if (gen != self->generation || self->stopped()) return;
           if (ec) {
-            self->connect_failed(fmt::format("cannot resolve '{}': {}", self->options.server.host, ec.message()));
+            self->connect_failed(fmt::format("cannot resolve '{}': {}", self->server().host, ec.message()));
             return;
           }
           self->connect_timer.expires_after(connect_attempt_limit);
@@ -306,6 +315,10 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
     Duration delay = std::chrono::duration_cast<Duration>(backoff.next_delay());
     delay = std::min(delay, options.give_up_after - down);
+    if (!options.alternates.empty()) {
+      current = (current + 1) % (options.alternates.size() + 1);
+      spdlog::info("rendezvous: trying {} next (--rdzv-endpoint lists {})", endpoint_text(), all_endpoints_text());
+    }
     link = LinkState::retry_wait;
     retry_timer->arm(now + delay, [self = shared_from_this()] {
       if (self->link != LinkState::retry_wait) return;
@@ -317,7 +330,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     const std::string msg = fmt::format(
         "rendezvous server {} unreachable for {} (last error: {}); is ddprun-rdzvd running there? "
         "Check --rdzv-endpoint and that the port is open",
-        endpoint_text(), seconds_text(options.give_up_after), last_error.empty() ? "none" : last_error);
+        all_endpoints_text(), seconds_text(options.give_up_after), last_error.empty() ? "none" : last_error);
     stop();
     if (events.on_unreachable) events.on_unreachable(msg);
   }

@@ -27,9 +27,10 @@ namespace ddprun::agent {
 bool uses_elastic_path(const AgentConfig& config);
 bool is_static_multi_node(const AgentConfig& config);
 
-// The rendezvous endpoint of an elastic job (c10d: --rdzv-endpoint, default port 29400;
-// static: --master-addr:--master-port; etcd: the first etcd member). Throws UsageError when it
-// is missing.
+// The rendezvous endpoints of an elastic job (c10d: --rdzv-endpoint, default port 29400, one
+// or a list of relays of one daemon; static: --master-addr:--master-port; etcd: the first etcd
+// member). Throws UsageError when it is missing. rendezvous_endpoint: the first of them.
+std::vector<Endpoint> rendezvous_endpoints(const AgentConfig& config);
 Endpoint rendezvous_endpoint(const AgentConfig& config);
 
 // This node's placement for a round: the rendezvous' assignment (the one conversion from it);

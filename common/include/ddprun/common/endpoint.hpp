@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ddprun {
 
@@ -20,6 +21,13 @@ struct Endpoint {
 // Parses `text`; `default_port` is used when no port is given. Throws UsageError naming
 // `what` (e.g. "--rdzv-endpoint") and the accepted forms on malformed input.
 Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::string_view what);
+
+// "A,B,..." of the forms above (at least one; no empty element), in order. Throws UsageError
+// naming `what` like parse_endpoint.
+std::vector<Endpoint> parse_endpoint_list(std::string_view text, std::uint16_t default_port, std::string_view what);
+
+// "a:1,b:2": the list as parse_endpoint_list reads it.
+std::string endpoint_list_text(const std::vector<Endpoint>& list);
 
 // Parses a decimal port 0..65535; nullopt on anything else.
 std::optional<std::uint16_t> parse_port(std::string_view text);

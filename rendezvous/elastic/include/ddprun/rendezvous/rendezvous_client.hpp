@@ -40,6 +40,9 @@ namespace ddprun::rendezvous {
 
 struct RendezvousClientOptions {
   Endpoint server;  // host:port of the rendezvous
+  // More endpoints of the same rendezvous (relays of one ddprun-rdzvd): after a failed connect
+  // or a lost connection the client tries the next one, round-robin, within give_up_after.
+  std::vector<Endpoint> alternates;
   std::string run_id = "none";
   // The daemon's shared secret: proves this client in the handshake (never sent itself); "" =
   // none (a daemon with a token then refuses the connection).
