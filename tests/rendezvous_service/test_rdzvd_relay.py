@@ -118,59 +118,67 @@ def job_state(root_port, run_id):
         return msg["jobs"][0]["state"] if msg["jobs"] else None
 
 
-def relay_restarted(root_port, token_file, tmp):
-    """Agents running a job through a relay that is SIGKILLed and started again on the same
-    port reconnect through it, re-register, and the job completes."""
-    relay, port = start_relay(root_port, token_file)
-    go = os.path.join(tmp, "go")
+def disrupted_job(endpoint, root_port, run_id, tmp, disrupt, expect=()):
+    """Two agents (one worker each) run job `run_id` through `endpoint` (one HOST:PORT or a
+    list); once the root at `root_port` reports it running, disrupt() runs, then the workers
+    are released. Both agents must complete, having re-registered, with every text of `expect`
+    in their stderr."""
+    go = os.path.join(tmp, "go-" + run_id)
     env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
     cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "relay-restart", "--master-port", "0",
-           "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--master-port", "0", "--no-python", "/bin/sh", "-c",
+           f"while [ ! -e {go} ]; do sleep 0.05; done"]
     agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True) for _ in range(2)]
     children.extend(agents)
     deadline = time.monotonic() + 60
-    while job_state(root_port, "relay-restart") != "running":
-        assert time.monotonic() < deadline, "the job never ran through the relay"
+    while job_state(root_port, run_id) != "running":
+        assert time.monotonic() < deadline, f"job {run_id} never ran through {endpoint}"
         assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
         time.sleep(0.05)
-    os.killpg(relay.pid, signal.SIGKILL)
-    relay.wait(timeout=30)
-    # The same port again (the readiness line is the signal; SO_REUSEADDR lets it bind while the
-    # killed relay's connections linger in TIME_WAIT).
-    again = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
-                              "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                             stdout=subprocess.PIPE, start_new_session=True)
-    children.append(again)
-    line = again.stdout.readline().decode()
-    assert line.strip() == f"listening on 127.0.0.1:{port}", line
+    disrupt()
     with open(go, "w"):
         pass
     for a in agents:
         _, err = a.communicate(timeout=120)
         assert a.returncode == 0, err[-3000:]
-        assert "re-registered" in err, err[-3000:]
-    os.killpg(again.pid, signal.SIGTERM)
-    assert again.wait(timeout=30) == 0
+        for text in ("re-registered",) + tuple(expect):
+            assert text in err, (text, err[-3000:])
 
 
-def start_root_on(port, token_file):
-    """A root ddprun-rdzvd on a given port (a restart); ready at its `listening on` line."""
-    p = subprocess.Popen([RDZVD, "--token-file", token_file, "--allow-unauthenticated-store", "--host", "127.0.0.1",
-                          "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
-                         start_new_session=True)
+def start_on(port, args, stderr=None):
+    """ddprun-rdzvd on a given port (a restart); ready at its `listening on` line (the same port:
+    SO_REUSEADDR lets it bind while the killed process's connections linger in TIME_WAIT)."""
+    p = subprocess.Popen([RDZVD] + args + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                         stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     children.append(p)
     line = p.stdout.readline().decode()
     assert line.strip() == f"listening on 127.0.0.1:{port}", line
     return p
 
 
+def relay_restarted(root_port, token_file, tmp):
+    """Agents running a job through a relay that is SIGKILLed and started again on the same
+    port reconnect through it, re-register, and the job completes."""
+    relay, port = start_relay(root_port, token_file)
+    again = []
+
+    def restart_relay():
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.wait(timeout=30)
+        again.append(start_on(port, ["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file]))
+
+    disrupted_job(f"127.0.0.1:{port}", root_port, "relay-restart", tmp, restart_relay)
+    os.killpg(again[0].pid, signal.SIGTERM)
+    assert again[0].wait(timeout=30) == 0
+
+
 def root_restarted(token_file, tmp):
     """A root SIGKILLed under a running two-agent job and started again on the same port: the
     relay keeps its port, links again, and the agents reconnect through it, re-register with the
     new root and complete."""
-    root, root_port = start_daemon(["--token-file", token_file, "--allow-unauthenticated-store"])
+    root_args = ["--token-file", token_file, "--allow-unauthenticated-store"]
+    root, root_port = start_daemon(root_args)
     relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
                               "127.0.0.1", "--port", "0", "--log-level", "warning"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -178,28 +186,14 @@ def root_restarted(token_file, tmp):
     line = relay.stdout.readline().decode()
     assert line.startswith("listening on 127.0.0.1:"), line
     port = int(line.strip().rsplit(":", 1)[1])
-    go = os.path.join(tmp, "go-root")
-    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
-    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "root-restart", "--master-port", "0",
-           "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
-    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True) for _ in range(2)]
-    children.extend(agents)
-    deadline = time.monotonic() + 60
-    while job_state(root_port, "root-restart") != "running":
-        assert time.monotonic() < deadline, "the job never ran through the relay"
-        assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
-        time.sleep(0.05)
-    os.killpg(root.pid, signal.SIGKILL)
-    root.wait(timeout=30)
-    again = start_root_on(root_port, token_file)
-    with open(go, "w"):
-        pass
-    for a in agents:
-        _, err = a.communicate(timeout=120)
-        assert a.returncode == 0, err[-3000:]
-        assert "re-registered" in err, err[-3000:]
+    again = []
+
+    def restart_root():
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait(timeout=30)
+        again.append(start_on(root_port, root_args))
+
+    disrupted_job(f"127.0.0.1:{port}", root_port, "root-restart", tmp, restart_root)
     assert relay.poll() is None, "the relay exited when its root went away"
     torch_client(port, "after-root-restart")  # the relay carries new clients too
     os.killpg(relay.pid, signal.SIGTERM)
@@ -208,7 +202,7 @@ def root_restarted(token_file, tmp):
     relay_err = relay_err.decode()
     assert f"lost the link to the daemon at 127.0.0.1:{root_port}" in relay_err, relay_err[-3000:]
     assert f"linked to the daemon at 127.0.0.1:{root_port} again" in relay_err, relay_err[-3000:]
-    return again, root_port
+    return again[0], root_port
 
 
 def relay_gives_up(root, root_port, token_file):
@@ -237,27 +231,13 @@ def failover(root_port, token_file, tmp):
     job; the agents reconnect through B, re-register, and the job completes."""
     relay_a, port_a = start_relay(root_port, token_file)
     relay_b, port_b = start_relay(root_port, token_file)
-    go = os.path.join(tmp, "go-failover")
-    env = dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN)
-    cmd = [os.path.join(BIN_DIR, "ddprun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port_a},127.0.0.1:{port_b}", "--rdzv-id", "failover", "--master-port",
-           "0", "--no-python", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
-    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True) for _ in range(2)]
-    children.extend(agents)
-    deadline = time.monotonic() + 60
-    while job_state(root_port, "failover") != "running":
-        assert time.monotonic() < deadline, "the job never ran through relay A"
-        assert all(a.poll() is None for a in agents), [a.stderr.read() for a in agents]
-        time.sleep(0.05)
-    os.killpg(relay_a.pid, signal.SIGKILL)
-    relay_a.wait(timeout=30)
-    with open(go, "w"):
-        pass
-    for a in agents:
-        _, err = a.communicate(timeout=120)
-        assert a.returncode == 0, err[-3000:]
-        assert f"trying 127.0.0.1:{port_b} next" in err and "re-registered" in err, err[-3000:]
+
+    def kill_a():
+        os.killpg(relay_a.pid, signal.SIGKILL)
+        relay_a.wait(timeout=30)
+
+    disrupted_job(f"127.0.0.1:{port_a},127.0.0.1:{port_b}", root_port, "failover", tmp, kill_a,
+                  expect=[f"trying 127.0.0.1:{port_b} next"])
     os.killpg(relay_b.pid, signal.SIGTERM)
     assert relay_b.wait(timeout=30) == 0
 
