@@ -31,7 +31,8 @@ constexpr std::string_view kStatusBackends[] = {"c10d", "etcd", "etcd-v2"};
 constexpr FlagSpec kStatusFlags[] = {
   {.dash = "rdzv-endpoint", .scope = FlagScope::process, .env_form = true, .metavar = "HOST[:PORT]",
    .help = "Rendezvous server to ask: the ddprun-rdzvd address, or the node hosting the job's rendezvous "
-           "(PORT defaults to 29400).",
+           "(PORT defaults to 29400); R1[:PORT],R2[:PORT],...: relays of one daemon, asked in turn until one "
+           "answers.",
    .default_text = "none, required"},
   {.dash = "rdzv-id", .scope = FlagScope::process, .env_form = true, .metavar = "ID",
    .help = "Only this job; exit 1 when the server does not have it.", .default_text = "every job"},
@@ -232,7 +233,9 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     if (conf_it != given.end()) {
       throw UsageError("ddprun status: " + conf_it->second.second + " applies only to --rdzv-backend etcd", "drop it");
     }
-    req.server = parse_endpoint(endpoint->second.first, 29400, endpoint->second.second);
+    auto list = parse_endpoint_list(endpoint->second.first, 29400, endpoint->second.second);
+    req.server = list.front();
+    req.alternates.assign(list.begin() + 1, list.end());
   }
   if (auto it = given.find("rdzv-id"); it != given.end()) req.run_id = std::string(trim(it->second.first));
   return req;

@@ -68,7 +68,17 @@ Update one_update(const StatusRequest& request, bool watching) {
     if (request.etcd) {
       std::tie(status, endpoint) = etcd_status(request);
     } else {
-      status = rendezvous::query_status(request.server, request.run_id, request.timeout, request.token);
+      // The first endpoint that answers (relays of one daemon); the last failure when none does.
+      for (std::size_t i = 0;; ++i) {
+        const Endpoint& server = i == 0 ? request.server : request.alternates[i - 1];
+        try {
+          status = rendezvous::query_status(server, request.run_id, request.timeout, request.token);
+          endpoint = server.to_string();
+          break;
+        } catch (const NetworkError&) {
+          if (i == request.alternates.size()) throw;
+        }
+      }
     }
     const int code = (!request.run_id.empty() && status.jobs.empty()) ? 1 : 0;
     if (request.json) return {format_status_json(status, endpoint, request.run_id, watching ? time : "") + "\n", code};

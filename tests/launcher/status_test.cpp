@@ -19,6 +19,11 @@ TEST_CASE("status arguments") {
   r = parse_status_args({}, {{"PET_RDZV_ENDPOINT", "h:7"}, {"PET_RDZV_ID", "j"}});
   CHECK(r.server == ddprun::Endpoint{"h", 7});
   CHECK(r.run_id == "j");
+  CHECK(r.alternates.empty());
+  r = parse_status_args({"--rdzv-endpoint", "r1:5,r2"}, {});
+  CHECK(r.server == ddprun::Endpoint{"r1", 5});
+  CHECK(r.alternates == std::vector<ddprun::Endpoint>{{"r2", 29400}});
+  CHECK_THROWS_WITH(parse_status_args({"--rdzv-endpoint", "r1:5,,r2"}, {}), Contains("empty endpoint"));
   CHECK(parse_status_args({"--help"}, {}).help);
   CHECK_THROWS_WITH(parse_status_args({}, {}), Contains("--rdzv-endpoint"));
   CHECK_THROWS_WITH(parse_status_args({"--bogus"}, {}), Contains("'--bogus'"));

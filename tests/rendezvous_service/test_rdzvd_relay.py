@@ -238,6 +238,11 @@ def failover(root_port, token_file, tmp):
 
     disrupted_job(f"127.0.0.1:{port_a},127.0.0.1:{port_b}", root_port, "failover", tmp, kill_a,
                   expect=[f"trying 127.0.0.1:{port_b} next"])
+    # `ddprun status` with the same list answers through the relay that is still there.
+    r = subprocess.run([os.path.join(BIN_DIR, "ddprun"), "status", "--rdzv-endpoint",
+                        f"127.0.0.1:{port_a},127.0.0.1:{port_b}"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, DDPRUN_RDZV_TOKEN=TOKEN))
+    assert r.returncode == 0 and f"rendezvous 127.0.0.1:{port_b}:" in r.stdout, (r.returncode, r.stdout, r.stderr)
     os.killpg(relay_b.pid, signal.SIGTERM)
     assert relay_b.wait(timeout=30) == 0
 

@@ -30,7 +30,8 @@ namespace ddprun::launcher {
 
 struct StatusRequest {
   Endpoint server;
-  std::string run_id;  // "" = every job
+  std::vector<Endpoint> alternates;  // c10d: more relays of the same daemon, asked when `server` fails
+  std::string run_id;                // "" = every job
   // --rdzv-backend etcd: the etcd connection (server unused); password_file is read by run_status.
   std::optional<agent::EtcdSettings> etcd;
   std::string etcd_password_file;
