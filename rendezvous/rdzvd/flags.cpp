@@ -75,8 +75,8 @@ constexpr FlagSpec kFlags[] = {
    .help = "Run as a relay: accept clients here and carry their connections to the daemon at HOST:PORT over one "
            "link (needs the daemon's token)."},
   {.dash = "relink-timeout", .metavar = "SECONDS",
-   .help = "Relay only: after losing the link to the daemon, how long to keep linking again before exiting 1 "
-           "(0 exits at once).", .default_text = "60"},
+   .help = "Relay only: how long to keep trying to link to the daemon, at start and after losing the link, "
+           "before exiting 1 (0 exits at once).", .default_text = "60"},
   {.dash = "version", .kind = FlagKind::boolean, .help = "Display program version information and exit."},
 };
 // clang-format on

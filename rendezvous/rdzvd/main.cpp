@@ -285,8 +285,8 @@ int main(int argc, char** argv) {
                  "one link (needs the daemon's token)");
   double relink_timeout = 60;
   app.add_option("--relink-timeout", relink_timeout,
-                 "Relay only: after losing the link to the daemon, how long to keep linking again before exiting "
-                 "1 (0 exits at once)")
+                 "Relay only: how long to keep trying to link to the daemon, at start and after losing the link, "
+                 "before exiting 1 (0 exits at once)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.set_version_flag("--version", std::string("ddprun-rdzvd ") + ddprun::version_string);

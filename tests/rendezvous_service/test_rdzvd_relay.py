@@ -14,11 +14,14 @@
   root); a relay whose root stays away past --relink-timeout exits 1 naming the root;
   --relink-timeout without --relay-to is refused (exit 2);
 * agents given two relays (--rdzv-endpoint A,B) go on through B when A is SIGKILLed under a
-  running job: they re-register through B and the job completes.
+  running job: they re-register through B and the job completes;
+* a relay started before its root waits for it (and is ready once linked); one whose root
+  never comes exits 1 after --relink-timeout, saying how often it tried.
 
 Readiness is each process's `listening on HOST:PORT` line; every read has a deadline.
 """
 import os
+import select
 import signal
 import socket
 import struct
@@ -247,6 +250,43 @@ def failover(root_port, token_file, tmp):
     assert relay_b.wait(timeout=30) == 0
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def relay_before_root(token_file):
+    """A relay started while nothing listens at --relay-to waits (warning once), links when the
+    root comes up on that port, and only then prints its readiness line."""
+    port = free_port()
+    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{port}", "--token-file", token_file, "--host",
+                              "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    children.append(relay)
+    # Its first attempt fails and says so before the root exists.
+    deadline = time.monotonic() + 30
+    seen = b""
+    while b"does not answer yet" not in seen:
+        assert time.monotonic() < deadline and relay.poll() is None, seen.decode()
+        ready, _, _ = select.select([relay.stderr], [], [], 1)
+        if ready:
+            seen += os.read(relay.stderr.fileno(), 4096)
+    root = start_on(port, ["--token-file", token_file, "--allow-unauthenticated-store"])
+    line = relay.stdout.readline().decode()
+    assert line.startswith("listening on 127.0.0.1:"), (line, relay.poll())
+    torch_client(int(line.strip().rsplit(":", 1)[1]), "relay-before-root")
+    for p in (relay, root):
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    # Nothing ever comes: exit 1 once --relink-timeout has passed, naming the root.
+    r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{port}", "--token-file", token_file, "--host", "127.0.0.1",
+                        "--port", "0", "--relink-timeout", "0.5"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"cannot connect to the daemon at 127.0.0.1:{port}" in r.stderr and "(--relink-timeout)" in r.stderr, \
+        r.stderr
+
+
 def relay_refused(root_port, token_file, want):
     r = subprocess.run([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--host", "127.0.0.1", "--port", "0",
                         "--token-file", token_file], capture_output=True, text=True, timeout=60)
@@ -363,6 +403,7 @@ def main():
         os.killpg(root.pid, signal.SIGTERM)
         assert root.wait(timeout=30) == 0
 
+        relay_before_root(token_file)
         again, again_port = root_restarted(token_file, tmp)
         relay_gives_up(again, again_port, token_file)
 

@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +35,13 @@ using tcp = asio::ip::tcp;
 namespace {
 
 constexpr std::size_t read_chunk = 64 * 1024;
+
+// Nothing answered at the root's address (resolve, connect or its timeout): worth trying again,
+// unlike a root that answers and refuses.
+class Unreachable : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
 
 std::string endpoint_text(const tcp::endpoint& ep) {
   return bracket_host(ep.address().to_string()) + ":" + std::to_string(ep.port());
@@ -139,7 +147,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     tcp::resolver resolver(once);
     auto results = resolver.resolve(options.upstream_host, std::to_string(options.upstream_port), ec);
     if (ec) {
-      throw NetworkError(
+      throw Unreachable(
           fmt::format("relay: cannot resolve the daemon's host in --relay-to {}: {}", where, ec.message()),
           "give --relay-to HOST:PORT of a running ddprun-rdzvd");
     }
@@ -147,8 +155,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     asio::async_connect(s, results, [&](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
     once.run_for(options.connect_timeout);
     if (ec) {
-      throw NetworkError(fmt::format("relay: cannot connect to the daemon at {}: {}", where, ec.message()),
-                         "check that ddprun-rdzvd runs there and that --relay-to names its host and port");
+      throw Unreachable(fmt::format("relay: cannot connect to the daemon at {}: {}", where, ec.message()),
+                        "check that ddprun-rdzvd runs there and that --relay-to names its host and port");
     }
     const int fd = s.native_handle();
     timeval tv{};
@@ -563,7 +571,30 @@ RelayServer::RelayServer(asio::io_context& io, RelayServerOptions options)
     throw UsageError("a relay needs the daemon's token: give --token-file FILE (or DDPRUN_RDZV_TOKEN)",
                      "relays speak for many clients, so the daemon accepts them only from a token holder");
   }
-  core_->connect_and_prove();
+  // A root that is not up yet (started after its relays, restarting) is waited for, as a lost
+  // link is, for up to relink_timeout; a root that answers and refuses is not.
+  const auto start = std::chrono::steady_clock::now();
+  auto delay = std::chrono::milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    try {
+      core_->connect_and_prove();
+      break;
+    } catch (const Unreachable& e) {
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited + delay >= core_->options.relink_timeout) {
+        if (attempt == 1) throw;
+        throw NetworkError(fmt::format("{}; tried {} times over {:.1f} s (--relink-timeout)", e.message(), attempt,
+                                       std::chrono::duration<double>(waited).count()),
+                           e.hint());
+      }
+      core_->relink_warning.warn(
+          "relay: the daemon at {} does not answer yet (attempt {}: {}); trying again for up "
+          "to {:g} s (--relink-timeout)",
+          core_->where, attempt, e.message(), std::chrono::duration<double>(core_->options.relink_timeout).count());
+      std::this_thread::sleep_for(delay);
+      delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+    }
+  }
   core_->bind();
 }
 

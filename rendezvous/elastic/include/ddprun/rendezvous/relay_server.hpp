@@ -16,9 +16,11 @@
 // its clients until the link drains). Each client's bytes go up as soon as they are read, and one
 // write to the root carries every frame produced since the last one.
 //
-// Lifetime: the constructor connects to the root, proves the token, gets RELAY_OK (all within
-// connect_timeout) and binds the listening socket; it throws ddprun::NetworkError naming the
-// root's host:port (or the listening address) on any failure. start() begins accepting. When the
+// Lifetime: the constructor connects to the root, proves the token, gets RELAY_OK (each try
+// within connect_timeout) and binds the listening socket; a root that does not answer yet is
+// tried again (0.1 s doubling to 2 s) for up to relink_timeout. It throws ddprun::NetworkError
+// naming the root's host:port (or the listening address) when the root refuses, or is still
+// unreachable then. start() begins accepting. When the
 // link to the root is lost the relay closes every client connection (their agents reconnect and
 // REJOIN), keeps its port, stops accepting (new clients wait in the listen backlog) and links
 // again, retrying with a backoff of 0.1 s doubling to 2 s, each try bounded by connect_timeout,
