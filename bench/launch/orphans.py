@@ -10,6 +10,7 @@ launcher that left something running: reap() kills it and says so.
 """
 import ctypes
 import os
+import select
 import time
 from contextlib import contextmanager
 
@@ -48,30 +49,38 @@ def reap(bound_s=10.0):
             cpu_ms += (ru.ru_utime + ru.ru_stime) * 1e3
             count += 1
             continue
-        if time.monotonic() >= deadline:
-            left = _children()
-            for p in left:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            running = _children()
+            for p in running:
                 try:
                     os.kill(p, 9)
                 except ProcessLookupError:
                     pass
-            raise RuntimeError(f"processes left running {bound_s:.0f} s after the launcher exited: "
-                               + ", ".join(f"{p} ({_comm(p)})" for p in left))
-        time.sleep(0.0005)  # an orphan finishing its clean-up; the launch was already timed
+            raise RuntimeError(f"processes left running {bound_s:g} s after the launcher exited: "
+                               + ", ".join(f"{p} ({_comm(p)})" for p in running))
+        # Sleep until one of them exits (its pidfd becomes readable) or the bound.
+        fds = []
+        for p in _children():
+            try:
+                fds.append(os.pidfd_open(p))
+            except ProcessLookupError:
+                pass
+        try:
+            select.select(fds, [], [], left if fds else min(left, 0.001))
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def _children():
-    me = str(os.getpid())
     out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[1] == me:
-                    out.append(int(d))
-            except (OSError, IndexError):
-                pass
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
     return out
 
 

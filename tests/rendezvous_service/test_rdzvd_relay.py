@@ -176,19 +176,30 @@ def relay_restarted(root_port, token_file, tmp):
     assert again[0].wait(timeout=30) == 0
 
 
+def relay_with_stderr(root_port, token_file, *extra):
+    """A relay whose stderr the test reads (the relink messages); not waited for."""
+    p = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
+                          "127.0.0.1", "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    children.append(p)
+    return p
+
+
+def ready_port(relay):
+    """The port of a relay's `listening on 127.0.0.1:PORT` line (blocks until it is printed)."""
+    line = relay.stdout.readline().decode()
+    assert line.startswith("listening on 127.0.0.1:"), (line, relay.poll())
+    return int(line.strip().rsplit(":", 1)[1])
+
+
 def root_restarted(token_file, tmp):
     """A root SIGKILLed under a running two-agent job and started again on the same port: the
     relay keeps its port, links again, and the agents reconnect through it, re-register with the
     new root and complete."""
     root_args = ["--token-file", token_file, "--allow-unauthenticated-store"]
     root, root_port = start_daemon(root_args)
-    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
-                              "127.0.0.1", "--port", "0", "--log-level", "warning"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    children.append(relay)
-    line = relay.stdout.readline().decode()
-    assert line.startswith("listening on 127.0.0.1:"), line
-    port = int(line.strip().rsplit(":", 1)[1])
+    relay = relay_with_stderr(root_port, token_file, "--log-level", "warning")
+    port = ready_port(relay)
     again = []
 
     def restart_root():
@@ -211,12 +222,8 @@ def root_restarted(token_file, tmp):
 def relay_gives_up(root, root_port, token_file):
     """The root goes away for good: the relay exits 1 once --relink-timeout has passed, naming
     the root and how long it tried."""
-    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file, "--host",
-                              "127.0.0.1", "--port", "0", "--relink-timeout", "0.5"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    children.append(relay)
-    line = relay.stdout.readline().decode()
-    assert line.startswith("listening on 127.0.0.1:"), line
+    relay = relay_with_stderr(root_port, token_file, "--relink-timeout", "0.5")
+    ready_port(relay)
     os.killpg(root.pid, signal.SIGKILL)
     root.wait(timeout=30)
     _, err = relay.communicate(timeout=60)
@@ -251,6 +258,8 @@ def failover(root_port, token_file, tmp):
 
 
 def free_port():
+    """A port nothing listens on (bound and released): the address a relay is told about before
+    its root exists; the root then binds it (SO_REUSEADDR)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -260,10 +269,7 @@ def relay_before_root(token_file):
     """A relay started while nothing listens at --relay-to waits (warning once), links when the
     root comes up on that port, and only then prints its readiness line."""
     port = free_port()
-    relay = subprocess.Popen([RDZVD, "--relay-to", f"127.0.0.1:{port}", "--token-file", token_file, "--host",
-                              "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True)
-    children.append(relay)
+    relay = relay_with_stderr(port, token_file)
     # Its first attempt fails and says so before the root exists.
     deadline = time.monotonic() + 30
     seen = b""
@@ -273,9 +279,7 @@ def relay_before_root(token_file):
         if ready:
             seen += os.read(relay.stderr.fileno(), 4096)
     root = start_on(port, ["--token-file", token_file, "--allow-unauthenticated-store"])
-    line = relay.stdout.readline().decode()
-    assert line.startswith("listening on 127.0.0.1:"), (line, relay.poll())
-    torch_client(int(line.strip().rsplit(":", 1)[1]), "relay-before-root")
+    torch_client(ready_port(relay), "relay-before-root")
     for p in (relay, root):
         os.killpg(p.pid, signal.SIGTERM)
         assert p.wait(timeout=30) == 0

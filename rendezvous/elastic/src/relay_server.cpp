@@ -537,7 +537,6 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       return;
     }
     lost = false;
-    ++counters.relinks;
     spdlog::warn("relay: linked to the daemon at {} again after {:.1f} s ({} attempt(s)); accepting clients", where,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count(), relink_attempts);
     read_upstream();

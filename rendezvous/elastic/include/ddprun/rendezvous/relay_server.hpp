@@ -62,7 +62,6 @@ struct RelayStats {
   std::uint64_t bytes_up = 0;       // client bytes sent to the root
   std::uint64_t bytes_down = 0;     // root bytes written to clients
   std::size_t max_connections = 0;  // after the open-files clamp
-  std::uint64_t relinks = 0;        // links to the root made again after a loss
 };
 
 class RelayServer {
