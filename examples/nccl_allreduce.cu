@@ -2,30 +2,32 @@
 //
 //   ddprun --standalone --nproc-per-node gpu ./nccl_allreduce
 //
-// Uses DDPRUN_NCCL_UNIQUE_ID (no store round trip for the ID), LOCAL_RANK / DDPRUN_CUDA_DEVICE
-// for the device, sums rank+1 over all ranks and checks world*(world+1)/2. Exit 1 if wrong.
+// Uses DDPRUN_NCCL_UNIQUE_ID (no store round trip for the ID), or NCCL_COMM_ID under
+// --nccl-id comm-id, and DDPRUN_CUDA_DEVICE for the device; sums rank+1 over all ranks and
+// checks world*(world+1)/2. Exit 1 if wrong.
 #include <cuda_runtime.h>
 #include <ddprun/worker.h>
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
-#define CHECK_CUDA(x)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                        \
-      return 2;                                                                            \
-    }                                                                                      \
+#define CHECK_CUDA(x)                                               \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      return 2;                                                     \
+    }                                                               \
   } while (0)
-#define CHECK_NCCL(x)                                                                      \
-  do {                                                                                     \
-    ncclResult_t r_ = (x);                                                                 \
-    if (r_ != ncclSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s\n", #x, ncclGetErrorString(r_));                        \
-      return 2;                                                                            \
-    }                                                                                      \
+#define CHECK_NCCL(x)                                               \
+  do {                                                              \
+    ncclResult_t r_ = (x);                                          \
+    if (r_ != ncclSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, ncclGetErrorString(r_)); \
+      return 2;                                                     \
+    }                                                               \
   } while (0)
 
 int main() {
@@ -36,7 +38,11 @@ int main() {
   }
   ncclUniqueId id;
   static_assert(sizeof id.internal == DDPRUN_NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size");
-  if (ddprun_nccl_unique_id(reinterpret_cast<unsigned char*>(id.internal)) != DDPRUN_OK) {
+  if (std::getenv("DDPRUN_NCCL_UNIQUE_ID") == nullptr && std::getenv("NCCL_COMM_ID") != nullptr) {
+    // --nccl-id comm-id: NCCL builds the ID from NCCL_COMM_ID, the same on every rank, and rank 0
+    // listens at that address in ncclCommInitRank.
+    CHECK_NCCL(ncclGetUniqueId(&id));
+  } else if (ddprun_nccl_unique_id(reinterpret_cast<unsigned char*>(id.internal)) != DDPRUN_OK) {
     std::fprintf(stderr, "nccl_allreduce: %s\n", ddprun_last_error());
     return 2;
   }

@@ -60,13 +60,6 @@ namespace ddprun::agent {
 
 namespace {
 
-std::vector<int> handled_signals(const AgentConfig& config) {
-  if (!config.signals_to_handle.empty()) {
-    return config.signals_to_handle;
-  }
-  return {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-}
-
 // The environment the workers inherit: ours without the rendezvous token (the agent has
 // already read it into its config; a worker must not be able to impersonate its node).
 worker_env::EnvMap workers_parent_env() {
@@ -94,6 +87,9 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
 
   int run() {
+    // The first round's NCCL holder loads NCCL while the agent sets up (docs/gpus.md).
+    nccl_.emplace(config_, std::string());
+    nccl_->prestart();
     const std::string cwd = config_.working_dir ? config_.working_dir->string() : std::string();
     const auto path_it = parent_env_.find("PATH");
     executable_ = resolve_executable(config_.worker_argv.front(),
@@ -159,7 +155,7 @@ class Agent {
     ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
 
     backend_->start();
-    nccl_.emplace(config_, backend_->comm_id_host());
+    nccl_->set_comm_id_host(backend_->comm_id_host());
     next_round();
     if (!finished_) {
       io_.run();

@@ -1,6 +1,10 @@
 // The job mode decision; see config.hpp.
 #include "ddprun/agent/config.hpp"
 
+#include <csignal>
+#include <cstring>
+#include <string>
+
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/common/error.hpp"
 
@@ -24,6 +28,20 @@ JobMode decide_job_mode(const AgentConfig& config) {
 }
 
 JobMode job_mode(const AgentConfig& config) { return config.job_mode.value_or(decide_job_mode(config)); }
+
+std::vector<int> handled_signals(const AgentConfig& config) {
+  if (!config.signals_to_handle.empty()) return config.signals_to_handle;
+  return {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+}
+
+std::string handled_signals_text(const AgentConfig& config) {
+  std::string text;
+  for (const int sig : handled_signals(config)) {
+    const char* abbrev = ::sigabbrev_np(sig);
+    text += (text.empty() ? "SIG" : ",SIG") + std::string(abbrev != nullptr ? abbrev : std::to_string(sig).c_str());
+  }
+  return text;
+}
 
 void validate_config(const AgentConfig& config) {
   if (config.worker_argv.empty()) {

@@ -96,23 +96,23 @@ std::vector<std::uint8_t> NcclIdOwner::prepare_offer() {
   }
   if (config_.nccl_id == AgentConfig::NcclIdMode::off || unavailable_) return offer_;
   const bool required = config_.nccl_id == AgentConfig::NcclIdMode::env;
-  if (!required) {
-    // auto: an ID is only worth its ~5 ms (holder start) when a worker could use NCCL.
-    std::string why;
-    if (!worker_env::nvidia_gpu_visible(worker_env::current_environment(), "", &why)) {
-      unavailable_ = true;
-      spdlog::info("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {} (--nccl-id env forces it)", why);
-      return offer_;
-    }
-  }
-  const std::string binary =
-      config_.nccl_id_holder.empty() ? worker_env::default_nccl_id_holder_path() : config_.nccl_id_holder;
+  std::optional<worker_env::NcclIdHolder> holder = std::move(prestarted_);
+  prestarted_.reset();
   try {
-    if (binary.empty() || ::access(binary.c_str(), X_OK) != 0) {
-      throw worker_env::NcclUnavailable("the holder program ddprun-nccl-id was not found next to ddprun" +
-                                        (binary.empty() ? std::string() : " (" + binary + ")"));
+    if (!holder) {
+      std::string why;
+      if (!holder_wanted(&why)) {
+        if (!required) {
+          unavailable_ = true;
+          spdlog::info("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {} (--nccl-id env forces it)", why);
+          return offer_;
+        }
+        throw worker_env::NcclUnavailable(why);
+      }
+      holder = worker_env::NcclIdHolder::spawn(holder_binary(), nccl_roots_to_offer(config_));
     }
-    holder_ = worker_env::NcclIdHolder::start(binary, nccl_roots_to_offer(config_), kNcclHolderTimeout);
+    holder->await(kNcclHolderTimeout);
+    holder_ = std::move(holder);
     spdlog::debug("NCCL unique ID holder running (pid {}, {} root(s))", holder_->pid(), holder_->ids().size());
   } catch (const worker_env::NcclUnavailable& e) {
     if (required) {
@@ -125,6 +125,39 @@ std::vector<std::uint8_t> NcclIdOwner::prepare_offer() {
   }
   for (const auto& id : holder_->ids()) offer_.insert(offer_.end(), id.begin(), id.end());
   return offer_;
+}
+
+std::string NcclIdOwner::holder_binary() const {
+  return config_.nccl_id_holder.empty() ? worker_env::default_nccl_id_holder_path() : config_.nccl_id_holder;
+}
+
+bool NcclIdOwner::holder_wanted(std::string* why) const {
+  if (config_.nccl_id != AgentConfig::NcclIdMode::automatic && config_.nccl_id != AgentConfig::NcclIdMode::env) {
+    *why = "no holder in this --nccl-id mode";
+    return false;
+  }
+  // auto: an ID is only worth its ~5 ms (holder start) when a worker could use NCCL.
+  if (config_.nccl_id == AgentConfig::NcclIdMode::automatic &&
+      !worker_env::nvidia_gpu_visible(worker_env::current_environment(), "", why)) {
+    return false;
+  }
+  const std::string binary = holder_binary();
+  if (binary.empty() || ::access(binary.c_str(), X_OK) != 0) {
+    *why = "the holder program ddprun-nccl-id was not found next to ddprun" +
+           (binary.empty() ? std::string() : " (" + binary + ")");
+    return false;
+  }
+  return true;
+}
+
+void NcclIdOwner::prestart() {
+  std::string why;
+  if (holder_ || prestarted_ || unavailable_ || !holder_wanted(&why)) return;
+  try {
+    prestarted_ = worker_env::NcclIdHolder::spawn(holder_binary(), nccl_roots_to_offer(config_));
+  } catch (const Error& e) {
+    spdlog::debug("NCCL holder not started early: {}", e.what());  // prepare_offer() tries again and reports
+  }
 }
 
 RoundNccl NcclIdOwner::begin_round(std::uint64_t round, int group_rank, int world_size,
@@ -143,6 +176,7 @@ RoundNccl NcclIdOwner::begin_round(std::uint64_t round, int group_rank, int worl
 
 void NcclIdOwner::stop() {
   holder_.reset();  // its destructor ends the holder process
+  prestarted_.reset();
 }
 
 }  // namespace ddprun::agent

@@ -76,6 +76,8 @@ WorkerSpec worker_spec(const AgentConfig& config, const worker_env::Placement& p
     for (const auto& [k, v] : config.gpu_env[index]) put(s.env, k, v);
   }
   for (const auto& [k, v] : attempt.nccl_env) put(s.env, k, v);
+  // torchrun >= 2.9 sets it in its own environment, so its workers inherit it.
+  put(s.env, "TORCHELASTIC_SIGNALS_TO_HANDLE", handled_signals_text(config));
   std::sort(s.env.begin(), s.env.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   for (const auto& [k, v] : s.env) {
     if (k == "TORCHELASTIC_ERROR_FILE") s.error_file = v;

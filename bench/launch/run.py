@@ -293,26 +293,29 @@ def ratio_cell(entry, key, digits=1):
 def markdown(r):
     lines = []
     m = r["machine"]
+    label = dict(LABEL)
+    if m.get("torch2", "").startswith("2.") and not m["torch2"].startswith("2.6"):
+        label["torchrun2_mi0.1"] = f"torchrun {'.'.join(m['torch2'].split('.')[:2])} mi 0.1"
     lines.append(f"Measured {r['date']} with `{r['command']}` on {m['cpus']} vCPU ({m['cpu_model']}), "
                  f"kernel {m['kernel']}, Python {m['python']}, torch {m['torch']}"
-                 + (f" and {m['torch2']} (Debian trixie, in a chroot)" if m.get("torch2", "").startswith("2.")
+                 + (f" and {m['torch2']} ({m.get('torch2_from', 'Debian trixie, in a chroot')})" if m.get("torch2", "").startswith("2.")
                     else f"; torchrun 2.6 not measured: {m['torch2']}" if m.get("torch2") else "")
                  + f", {m['mpirun']}; "
                  f"{'quick' if r['quick'] else 'full'} run; median (min–max) of the runs; load "
                  f"average {r['load_before']:.1f} before, {r['load_after']:.1f} after; whole run "
                  f"{r['whole_run_s']:.0f} s.\n")
     ns = sorted({int(k.split("/")[1]) for k in r["launch"]})
-    kinds = [k for k in LABEL if any(f"{k}/{n}" in r["launch"] for n in ns)]
+    kinds = [k for k in label if any(f"{k}/{n}" in r["launch"] for n in ns)]
     reps = {k: max(len(r["launch"][f"{k}/{n}"]["runs_ms"]) for n in ns if f"{k}/{n}" in r["launch"])
             for k in kinds}
     def ran_at(k):
         at = [n for n in ns if f"{k}/{n}" in r["launch"]]
         return "" if at == ns else f" at N = {', '.join(map(str, at))} only"
     lines.append("**Whole command**, N × `/bin/true`, ms (runs per N: "
-                 + ", ".join(f"{LABEL[k]} ≤ {reps[k]}{ran_at(k)}" for k in kinds)
+                 + ", ".join(f"{label[k]} ≤ {reps[k]}{ran_at(k)}" for k in kinds)
                  + "; mpirun runs that hang are killed after "
                  + f"{r['mpi_hang_s']:g} s and counted, not timed):\n")
-    lines.append("| N | " + " | ".join(LABEL[k] for k in kinds) + " |")
+    lines.append("| N | " + " | ".join(label[k] for k in kinds) + " |")
     lines.append("|---" * (len(kinds) + 1) + "|")
     for n in ns:
         lines.append(f"| {n} | " + " | ".join(cell(r["launch"].get(f"{k}/{n}")) for k in kinds) + " |")
@@ -325,7 +328,7 @@ def markdown(r):
     others = [k for k in kinds if k not in ("ddprun", "floor")]
     has_cpu = any("ddprun_over_floor_cpu" in r["launch"].get(f"floor/{n}", {}) for n in ns)
     heads = ["N", "ddprun / floor"] + (["ddprun / floor, CPU time"] if has_cpu else [])
-    heads += [f"{LABEL[k]} / ddprun" for k in others]
+    heads += [f"{label[k]} / ddprun" for k in others]
     lines.append("| " + " | ".join(heads) + " |")
     lines.append("|---" * (len(others) + 2 + (1 if has_cpu else 0)) + "|")
     for n in ns:
@@ -338,7 +341,7 @@ def markdown(r):
     if fit:
         lines.append("")
         lines.append("Least-squares line through the medians, whole command = a + b·N: "
-                     + "; ".join(f"{LABEL[k]} b = {v['slope_ms']:.2f} ms/worker, a = {v['intercept_ms']:.1f} ms"
+                     + "; ".join(f"{label[k]} b = {v['slope_ms']:.2f} ms/worker, a = {v['intercept_ms']:.1f} ms"
                                  + (f" (N ≤ {v['n_max']}: the runs that did not hang)"
                                     if v.get('n_max', max(ns)) < max(ns) else "")
                                  for k, v in fit.items()) + ".")
@@ -350,7 +353,7 @@ def markdown(r):
     lines.append("| launcher | first worker started | last worker started | teardown |")
     lines.append("|---|---|---|---|")
     for kind, v in r["timeline"].items():
-        lines.append(f"| {LABEL[kind]} | {fmt(v['first_worker_ms'])} | {fmt(v['last_worker_ms'])} | "
+        lines.append(f"| {label[kind]} | {fmt(v['first_worker_ms'])} | {fmt(v['last_worker_ms'])} | "
                      f"{fmt(v['teardown_ms'])} |")
     lines.append("")
     lines.append("| crash → group restarted (8 workers, one node) | ms | / ddprun |")
@@ -358,12 +361,12 @@ def markdown(r):
     base = r["restart"]["ddprun"]["restart_ms"]["median"]
     for kind, v in r["restart"].items():
         ratio = "" if kind == "ddprun" else f"{v['restart_ms']['median'] / base:.0f}×"
-        lines.append(f"| {LABEL[kind]} | {fmt(v['restart_ms'])} | {ratio} |")
+        lines.append(f"| {label[kind]} | {fmt(v['restart_ms'])} | {ratio} |")
     lines.append("")
     lines.append(f"| agent with 8 sleeping workers ({r['footprint_window_s']:g} s window) | RSS (MiB) | idle CPU (% of a core) |")
     lines.append("|---|---|---|")
     for kind, v in r["footprint"].items():
-        lines.append(f"| {LABEL[kind]} | {v['rss_mib']:.1f} | {v['idle_cpu_pct']:.2f} |")
+        lines.append(f"| {label[kind]} | {v['rss_mib']:.1f} | {v['idle_cpu_pct']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -463,7 +466,7 @@ def main():
         "quick": ARGS.quick,
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model, "kernel": platform.release(),
                     "python": platform.python_version(), "torch": torch_version,
-                    "torch2": torch2_version,
+                    "torch2": torch2_version, "torch2_from": torch2.FROM,
                     "mpirun": mpi_version},
         "mpi_hang_s": MPI_HANG_S,
         "launch": bench_sweep(sweep_kinds, nprocs, reps_for),

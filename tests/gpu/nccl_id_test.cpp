@@ -14,6 +14,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "ddprun/common/error.hpp"
@@ -94,6 +96,44 @@ TEST_CASE("ncclUniqueId hex encoding", "[nccl]") {
 TEST_CASE("the holder is found next to the executable", "[nccl]") {
   // This test binary and ddprun-nccl-id are both built into <build>/bin.
   CHECK(default_nccl_id_holder_path() == std::string(HOLDER_PATH));
+}
+
+TEST_CASE("pip's NCCL is found in the workers' Python environment", "[nccl]") {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/ddprun-pynccl-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const fs::path root = tmpl;
+  const auto touch = [](const fs::path& p, bool exec) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << "";
+    if (exec) fs::permissions(p, fs::perms::owner_all);
+  };
+  // A venv named by PYTHON_EXEC (site-packages, wheel layout nvidia/nccl), a system prefix on
+  // PATH (Debian's dist-packages, CUDA 13 wheel layout nvidia/cu13), and a PATH entry whose
+  // prefix has NCCL but no python3: ignored.
+  const fs::path venv_nccl = root / "venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2";
+  const fs::path sys_nccl = root / "usr/local/lib/python3.11/dist-packages/nvidia/cu13/lib/libnccl.so.2";
+  touch(root / "venv/bin/python3", true);
+  touch(venv_nccl, false);
+  touch(root / "usr/bin/python3", true);
+  touch(sys_nccl, false);
+  touch(root / "nopython/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", false);
+  fs::create_directories(root / "nopython/bin");
+  const std::string path = (root / "nopython/bin").string() + ":relative/bin:" + (root / "usr/bin").string() + ":" +
+                           (root / "venv/bin").string();
+
+  const EnvMap env{{"PYTHON_EXEC", (root / "venv/bin/python3").string()}, {"PATH", path}};
+  CHECK(python_nccl_libraries(env) == std::vector<std::string>{venv_nccl.string(), sys_nccl.string()});
+  const auto all = nccl_library_candidates(env);
+  REQUIRE(all.size() == 5);
+  CHECK(all.front() == "libnccl.so.2");  // the loader path and /usr/local/cuda come first
+  CHECK(all.back() == sys_nccl.string());
+  // PATH order when PYTHON_EXEC is unset; DDPRUN_NCCL_LIBRARY replaces the whole search.
+  CHECK(python_nccl_libraries({{"PATH", path}}) == std::vector<std::string>{sys_nccl.string(), venv_nccl.string()});
+  CHECK(nccl_library_candidates({{"PATH", path}, {"DDPRUN_NCCL_LIBRARY", "/x/libnccl.so.2"}}) ==
+        std::vector<std::string>{"/x/libnccl.so.2"});
+  CHECK(python_nccl_libraries({}).empty());
+  fs::remove_all(root);
 }
 
 TEST_CASE("missing NCCL is reported as NcclUnavailable", "[nccl]") {

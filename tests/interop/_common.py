@@ -100,11 +100,17 @@ def start_rdzvd(extra=()):
     return p, port
 
 
+# DDPRUN_TEST_TORCH_USE_LIBUV=0|1 passes use_libuv to torch's TCPStore (servers and clients;
+# torch >= 2.3 only); unset keeps torch's default (libuv from 2.4 on where the build has it).
 TORCH_SERVER_SCRIPT = r"""
-import sys, datetime
+import os, sys, datetime
 import torch.distributed as dist
+uv = os.environ.get("DDPRUN_TEST_TORCH_USE_LIBUV")
+kw = {} if uv is None else {"use_libuv": uv == "1"}
 s = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60),
-                  wait_for_workers=False)
+                  wait_for_workers=False, **kw)
+if uv is not None and hasattr(s, "libuvBackend") and s.libuvBackend != (uv == "1"):
+    sys.exit(f"TCPStore ignored use_libuv={uv}")
 print(s.port, flush=True)
 sys.stdin.read()   # lives until the test closes our stdin (or dies)
 """
@@ -120,8 +126,10 @@ def start_torch_server():
 
 def torch_client(port, world_size=None, timeout_s=10):
     import torch.distributed as dist
+    uv = os.environ.get("DDPRUN_TEST_TORCH_USE_LIBUV")
+    kw = {} if uv is None else {"use_libuv": uv == "1"}
     return dist.TCPStore(HOST, port, world_size, False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+                         timeout=datetime.timedelta(seconds=timeout_s), **kw)
 
 
 def _enc(a):

@@ -77,7 +77,7 @@ def main():
 
     torch2 = os.environ.get("DDPRUN_TORCH2_VERSION")
     if torch2:
-        torchrun = [os.path.join(SOURCE_DIR, "scripts", "torch2", "torchrun2")]
+        torchrun = [os.environ.get("DDPRUN_TORCHRUN2") or os.path.join(SOURCE_DIR, "scripts", "torch2", "torchrun2")]
         program = [os.path.join(SOURCE_DIR, "tests", "single_node", "ddp_gloo_worker.py")]
     else:
         torchrun = [PYTHON, os.path.join(SOURCE_DIR, "bench", "launch", "torchrun_fixed.py")]

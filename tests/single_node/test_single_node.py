@@ -89,6 +89,7 @@ class SingleNode(unittest.TestCase):
             self.assertEqual(env["LOCAL_RANK"], str(lr))
             self.assertEqual(env["WORLD_SIZE"], "3")
             self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
             self.assertEqual(env["TORCHELASTIC_RESTART_COUNT"], "0")
             self.assertTrue(env["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{lr}/error.json"))
             self.assertTrue(env["TORCHELASTIC_ERROR_FILE"].startswith(self.p("logs") + "/"))

@@ -24,7 +24,8 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 DDPRUN = os.path.join(os.environ["DDPRUN_BIN_DIR"], "ddprun")
 SRC = os.environ["DDPRUN_SOURCE_DIR"]
-TORCHRUN2 = os.path.join(SRC, "scripts", "torch2", "torchrun2")
+# DDPRUN_TORCHRUN2: a torchrun 2.x installed on the machine (tests/gpu/device) instead of the chroot's.
+TORCHRUN2 = os.environ.get("DDPRUN_TORCHRUN2") or os.path.join(SRC, "scripts", "torch2", "torchrun2")
 PYTHON = os.environ["PYTHON_EXEC"]
 WORKER = os.path.join(HERE, "env_ddp_worker.py")
 JOB_TIMEOUT = 200
@@ -33,6 +34,8 @@ SAME_VALUE = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
               "OMP_NUM_THREADS"]
+# Exported by torchrun 2.9 and later (2.11 on the GPU machine, tests/gpu/device), not by 2.6.
+SINCE_2_9 = ["TORCHELASTIC_SIGNALS_TO_HANDLE"]
 
 
 def processes_with(marker):
@@ -132,8 +135,8 @@ class SingleNode(unittest.TestCase):
         for r in range(4):
             missing = sorted(set(theirs[r]) - set(ours[r]))
             self.assertEqual(missing, [], f"rank {r}: torchrun 2.6 exports {missing}, ddprun does not")
-            for k in SAME_VALUE:
-                self.assertEqual(ours[r].get(k), theirs[r].get(k), f"rank {r} {k}: ddprun vs torchrun 2.6")
+            for k in SAME_VALUE + [k for k in SINCE_2_9 if k in theirs[r]]:
+                self.assertEqual(ours[r].get(k), theirs[r].get(k), f"rank {r} {k}: ddprun vs torchrun 2.x")
         names = sorted(k for k in theirs[0] if k.isupper())
         print(f"env contract: ddprun and torchrun 2.6 agree on {len(names)} names "
               f"({len(SAME_VALUE)} values compared); ddprun adds "

@@ -13,6 +13,7 @@ usable after a timeout (it cancels its wait), so it is never replaced.
 import argparse
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -93,7 +94,9 @@ def main():
     a = p.parse_args()
     timeout = datetime.timedelta(milliseconds=a.timeout_ms)
     try:
-        store = dist.TCPStore(a.host, a.port, a.world_size, False, timeout=timeout)
+        uv = os.environ.get("DDPRUN_TEST_TORCH_USE_LIBUV")  # tests/interop/_common.py
+        kw = {} if uv is None else {"use_libuv": uv == "1"}
+        store = dist.TCPStore(a.host, a.port, a.world_size, False, timeout=timeout, **kw)
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
         reply({"ok": False, "error": "NetworkError", "message": str(e)})
         sys.exit(2)

@@ -5,11 +5,13 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,11 +101,51 @@ std::optional<NcclBootstrapRoot> decode_bootstrap_root(const NcclUniqueId& id) {
   return root;
 }
 
+std::vector<std::string> python_nccl_libraries(const EnvMap& env) {
+  // The Python prefixes the workers may run under: PYTHON_EXEC's, then each PATH entry that
+  // holds a python3 (a venv's bin/ first when it is activated). <prefix> is bin/'s parent.
+  std::vector<std::string> prefixes;
+  const auto add_prefix = [&](const std::string& python) {
+    const auto slash = python.rfind('/');
+    if (slash == std::string::npos || ::access(python.c_str(), X_OK) != 0) return;
+    const std::string bin = python.substr(0, slash);
+    const auto up = bin.rfind('/');
+    const std::string prefix = up == std::string::npos || up == 0 ? std::string("/") : bin.substr(0, up);
+    if (std::find(prefixes.begin(), prefixes.end(), prefix) == prefixes.end()) prefixes.push_back(prefix);
+  };
+  if (const auto it = env.find("PYTHON_EXEC"); it != env.end()) add_prefix(it->second);
+  if (const auto it = env.find("PATH"); it != env.end()) {
+    for (const auto& dir : split(it->second, ':')) {
+      if (!dir.empty() && dir.front() == '/') add_prefix(std::string(dir) + "/python3");
+    }
+  }
+  std::vector<std::string> found;
+  for (const auto& prefix : prefixes) {
+    const std::string base = prefix == "/" ? "" : prefix;
+    for (const char* pattern : {"/lib/python3*/site-packages/nvidia/*/lib/libnccl.so.2",
+                                "/local/lib/python3*/dist-packages/nvidia/*/lib/libnccl.so.2",
+                                "/lib/python3/dist-packages/nvidia/*/lib/libnccl.so.2"}) {
+      glob_t g{};
+      if (::glob((base + pattern).c_str(), 0, nullptr, &g) == 0) {
+        for (std::size_t i = 0; i < g.gl_pathc; ++i) {
+          std::string path = g.gl_pathv[i];
+          if (std::find(found.begin(), found.end(), path) == found.end()) found.push_back(std::move(path));
+        }
+      }
+      ::globfree(&g);
+    }
+  }
+  return found;
+}
+
 std::vector<std::string> nccl_library_candidates(const EnvMap& env) {
   if (const auto it = env.find("DDPRUN_NCCL_LIBRARY"); it != env.end() && !it->second.empty()) {
     return {it->second};
   }
-  return {"libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
+  std::vector<std::string> out{"libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2",
+                               "/usr/local/cuda/lib64/libnccl.so.2"};
+  for (auto& path : python_nccl_libraries(env)) out.push_back(std::move(path));
+  return out;
 }
 
 std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env) {
@@ -153,6 +195,12 @@ std::string default_nccl_id_holder_path() {
 
 NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, std::chrono::milliseconds timeout,
                                  const EnvList& extra_env) {
+  NcclIdHolder h = spawn(holder_binary, roots, extra_env);
+  h.await(timeout);
+  return h;
+}
+
+NcclIdHolder NcclIdHolder::spawn(const std::string& holder_binary, int roots, const EnvList& extra_env) {
   int in_pipe[2];
   int out_pipe[2];
   int err_pipe[2];
@@ -192,7 +240,23 @@ NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, st
   NcclIdHolder h;
   h.pid_ = pid;
   h.stdin_fd_ = in_pipe[1];
+  h.out_fd_ = out_pipe[0];
+  h.err_fd_ = err_pipe[0];
+  h.roots_ = roots;
+  h.binary_ = bin;
+  return h;
+}
 
+void NcclIdHolder::close_output() {
+  for (int* fd : {&out_fd_, &err_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+void NcclIdHolder::await(std::chrono::milliseconds timeout) {
+  if (out_fd_ < 0) return;
+  const int roots = roots_;
   // Read K lines from stdout (and stderr for the reason of a failure) until the deadline.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string out;
@@ -204,7 +268,7 @@ NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, st
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) break;
-    pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0}, {err_open ? err_pipe[0] : -1, POLLIN, 0}};
+    pollfd fds[2] = {{out_open ? out_fd_ : -1, POLLIN, 0}, {err_open ? err_fd_ : -1, POLLIN, 0}};
     const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
     if (n < 0 && errno != EINTR) break;
     char buf[4096];
@@ -218,36 +282,44 @@ NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, st
       }
     }
   }
-  ::close(out_pipe[0]);
-  ::close(err_pipe[0]);
+  close_output();
   if (lines() < roots) {
-    h.stop(std::chrono::milliseconds(500));
+    stop(std::chrono::milliseconds(500));
     // stop() reaped it; a code-3 exit was recorded by stop() only as "gone", so read stderr.
     std::string reason(trim(err));
     if (const auto nl = reason.find('\n'); nl != std::string::npos) reason = reason.substr(0, nl);
     if (reason.rfind("ddprun-nccl-id: NCCL unavailable:", 0) == 0) {
       throw NcclUnavailable(reason.substr(std::strlen("ddprun-nccl-id: NCCL unavailable: ")));
     }
-    throw Error("nccl-id holder " + bin + " gave " + std::to_string(lines()) + " of " + std::to_string(roots) +
+    throw Error("nccl-id holder " + binary_ + " gave " + std::to_string(lines()) + " of " + std::to_string(roots) +
                 " ID(s) within " + std::to_string(timeout.count()) + " ms" +
                 (reason.empty() ? std::string() : ": " + reason));
   }
   const auto parts = split(out, '\n');
   for (int i = 0; i < roots; ++i) {
-    h.ids_.push_back(
+    ids_.push_back(
         decode_nccl_id(parts[static_cast<std::size_t>(i)], "ddprun-nccl-id output line " + std::to_string(i + 1)));
   }
-  return h;
 }
 
 NcclIdHolder::NcclIdHolder(NcclIdHolder&& other) noexcept
-    : pid_(std::exchange(other.pid_, -1)), stdin_fd_(std::exchange(other.stdin_fd_, -1)), ids_(std::move(other.ids_)) {}
+    : pid_(std::exchange(other.pid_, -1)),
+      stdin_fd_(std::exchange(other.stdin_fd_, -1)),
+      out_fd_(std::exchange(other.out_fd_, -1)),
+      err_fd_(std::exchange(other.err_fd_, -1)),
+      roots_(other.roots_),
+      binary_(std::move(other.binary_)),
+      ids_(std::move(other.ids_)) {}
 
 NcclIdHolder& NcclIdHolder::operator=(NcclIdHolder&& other) noexcept {
   if (this != &other) {
     stop();
     pid_ = std::exchange(other.pid_, -1);
     stdin_fd_ = std::exchange(other.stdin_fd_, -1);
+    out_fd_ = std::exchange(other.out_fd_, -1);
+    err_fd_ = std::exchange(other.err_fd_, -1);
+    roots_ = other.roots_;
+    binary_ = std::move(other.binary_);
     ids_ = std::move(other.ids_);
   }
   return *this;
@@ -268,6 +340,7 @@ EnvList NcclIdHolder::worker_env() const {
 }
 
 void NcclIdHolder::stop(std::chrono::milliseconds grace) {
+  close_output();
   if (stdin_fd_ >= 0) {
     ::close(stdin_fd_);  // EOF on the holder's stdin: it exits
     stdin_fd_ = -1;
@@ -275,17 +348,27 @@ void NcclIdHolder::stop(std::chrono::milliseconds grace) {
   if (pid_ <= 0) return;
   const auto deadline = std::chrono::steady_clock::now() + grace;
   int status = 0;
+  // A pidfd turns readable the moment the holder exits: no SIGCHLD plumbing, and no sleep on the
+  // way out of every job (the holder needs a fraction of a millisecond to exit after EOF).
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   for (;;) {
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_ || (r < 0 && errno != EINTR)) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, &status, 0);
       break;
     }
-    // Polling keeps this free of SIGCHLD plumbing; the holder exits within microseconds of EOF.
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(left));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // kernels before 5.3
+    }
   }
+  if (pidfd >= 0) ::close(pidfd);
   pid_ = -1;
 }
 

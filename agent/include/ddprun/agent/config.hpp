@@ -175,6 +175,13 @@ JobMode decide_job_mode(const AgentConfig& config);
 // config.job_mode when set, else decide_job_mode(config).
 JobMode job_mode(const AgentConfig& config);
 
+// The signals the agent catches and forwards to its workers: --signals-to-handle, by default
+// SIGTERM, SIGINT, SIGHUP, SIGQUIT (torchrun's).
+std::vector<int> handled_signals(const AgentConfig& config);
+// The same as torchrun >= 2.9 exports it to the workers (TORCHELASTIC_SIGNALS_TO_HANDLE):
+// "SIGTERM,SIGINT,SIGHUP,SIGQUIT".
+std::string handled_signals_text(const AgentConfig& config);
+
 // Throws UsageError naming the flag for a configuration the agent cannot run.
 void validate_config(const AgentConfig& config);
 

@@ -45,10 +45,16 @@ class NcclIdOwner {
  public:
   // `comm_id_host`: where this node's NCCL_COMM_ID root would listen (--nccl-id comm-id).
   NcclIdOwner(const AgentConfig& config, std::string comm_id_host);
+  // The backend knows the address only once it has started (after prestart()).
+  void set_comm_id_host(std::string host) { comm_id_host_ = std::move(host); }
   // Ends the previous round's holder, then prepares this node's offer for the next round: a fresh
   // holder's IDs, a fresh comm-id port, or nothing (--nccl-id off, or NCCL found missing before:
   // said once). Throws ddprun::Error for --nccl-id env without NCCL.
   std::vector<std::uint8_t> prepare_offer();
+  // Starts the first round's holder now, so that it loads NCCL while the agent sets up; the
+  // first prepare_offer() then only collects its IDs. Does nothing when that round would start
+  // no holder; never throws (prepare_offer() reports what failed).
+  void prestart();
   // Applies decide_round_nccl: stops the holder when another node's IDs were chosen. Returns the
   // decision; `withdrawn` is set when this node's offer was withdrawn (the holder stopped).
   RoundNccl begin_round(std::uint64_t round, int group_rank, int world_size, const std::vector<std::uint8_t>& chosen,
@@ -59,7 +65,11 @@ class NcclIdOwner {
  private:
   const AgentConfig& config_;
   std::string comm_id_host_;
+  // Whether a holder is wanted at all (mode, GPU visible, binary present); `why` says why not.
+  bool holder_wanted(std::string* why) const;
+  std::string holder_binary() const;
   std::optional<worker_env::NcclIdHolder> holder_;
+  std::optional<worker_env::NcclIdHolder> prestarted_;
   std::vector<std::uint8_t> offer_;
   std::string comm_id_;
   bool unavailable_ = false;

@@ -54,8 +54,13 @@ class NcclUnavailable : public Error {
 
 // Where libnccl is looked for, in order: $DDPRUN_NCCL_LIBRARY (only that, when set),
 // else libnccl.so.2 through the default loader path, /usr/local/cuda/lib/libnccl.so.2,
-// /usr/local/cuda/lib64/libnccl.so.2.
+// /usr/local/cuda/lib64/libnccl.so.2, then python_nccl_libraries(env).
 std::vector<std::string> nccl_library_candidates(const EnvMap& env);
+
+// The NCCL that pip's nvidia-nccl wheels install beside torch: nvidia/*/lib/libnccl.so.2 under
+// the site-packages (or dist-packages) of the Python prefix of $PYTHON_EXEC and of each PATH
+// directory that holds an executable python3, in that order, existing files only.
+std::vector<std::string> python_nccl_libraries(const EnvMap& env);
 
 // Calls ncclGetUniqueId `count` times in THIS process (starting `count` bootstrap root threads
 // here). Throws NcclUnavailable.
@@ -76,6 +81,11 @@ class NcclIdHolder {
   // (cannot spawn, bad output, timeout). `extra_env` is added to the child's environment.
   static NcclIdHolder start(const std::string& holder_binary, int roots, std::chrono::milliseconds timeout,
                             const EnvList& extra_env = {});
+  // start() in two halves, so the caller can do other work while the holder loads NCCL:
+  // spawn() only starts the process (throws ddprun::Error when it cannot); await() reads the IDs
+  // with start()'s rules and errors. await() on a holder that has its IDs does nothing.
+  static NcclIdHolder spawn(const std::string& holder_binary, int roots, const EnvList& extra_env = {});
+  void await(std::chrono::milliseconds timeout);
   NcclIdHolder(NcclIdHolder&& other) noexcept;
   NcclIdHolder& operator=(NcclIdHolder&& other) noexcept;
   NcclIdHolder(const NcclIdHolder&) = delete;
@@ -91,8 +101,13 @@ class NcclIdHolder {
 
  private:
   NcclIdHolder() = default;
+  void close_output();
   pid_t pid_ = -1;
   int stdin_fd_ = -1;
+  int out_fd_ = -1;  // until await() has read the IDs
+  int err_fd_ = -1;
+  int roots_ = 0;
+  std::string binary_;
   std::vector<NcclUniqueId> ids_;
 };
 
