@@ -37,8 +37,15 @@ std::vector<int> handled_signals(const AgentConfig& config) {
 std::string handled_signals_text(const AgentConfig& config) {
   std::string text;
   for (const int sig : handled_signals(config)) {
-    const char* abbrev = ::sigabbrev_np(sig);
-    text += (text.empty() ? "SIG" : ",SIG") + std::string(abbrev != nullptr ? abbrev : std::to_string(sig).c_str());
+    const char* abbrev = ::sigabbrev_np(sig);  // "TERM"; null for the real-time signals
+    if (!text.empty()) text += ',';
+    if (abbrev != nullptr) {
+      text += std::string("SIG") + abbrev;
+    } else if (sig >= SIGRTMIN && sig <= SIGRTMAX) {
+      text += "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);  // the form --signals-to-handle takes
+    } else {
+      text += std::to_string(sig);
+    }
   }
   return text;
 }

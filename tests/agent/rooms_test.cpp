@@ -81,8 +81,9 @@ TEST_CASE("worker_spec: argv, env layering, cwd, cpus, routes and prefix") {
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == s.error_file);
   // torchrun >= 2.9's variable: the default set, then what --signals-to-handle gave.
   CHECK(env.at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
-  c.signals_to_handle = {SIGUSR1, SIGTERM};
-  CHECK(as_map(worker_spec(c, p, 1, attempt, {}).env).at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGUSR1,SIGTERM");
+  c.signals_to_handle = {SIGUSR1, SIGTERM, SIGRTMIN + 2};
+  CHECK(as_map(worker_spec(c, p, 1, attempt, {}).env).at("TORCHELASTIC_SIGNALS_TO_HANDLE") ==
+        "SIGUSR1,SIGTERM,SIGRTMIN+2");
   // One entry per name, sorted (what merge_env and --dry-run both expect).
   CHECK(env.size() == s.env.size());
   CHECK(std::is_sorted(s.env.begin(), s.env.end(), [](const auto& x, const auto& y) { return x.first < y.first; }));

@@ -52,8 +52,9 @@ fi
 want() { local c; for c in "${checks[@]}"; do [[ $c == "$1" ]] && return 0; done; return 1; }
 
 
-# check NAME LIMIT_S CMD...: runs CMD (a function or program) with its output in its own log; the
-# summary line and the log are appended to OUT when it ends.
+# check NAME LIMIT_S FUNCTION: runs FUNCTION in its own process (run.sh --one, so that timeout
+# can end it) with its output in its own log; the summary line and the log are appended to OUT
+# when it ends.
 check() {
   local name=$1 limit=$2; shift 2
   local left=$((deadline_s - $(date +%s) - 5))
@@ -100,7 +101,7 @@ PYEOF
 }
 
 c_info() {
-  uname -a; grep PRETTY_NAME /etc/os-release; echo "cpus: $(nproc)"; free -g | head -2
+  uname -a; grep PRETTY_NAME /etc/os-release; echo "cpus: $(getconf _NPROCESSORS_ONLN)"; free -g | head -2
   nvidia-smi -L
   nvidia-smi --query-gpu=name,uuid,pci.bus_id,driver_version,memory.total --format=csv,noheader
   "$PY" -c 'import torch, torch.distributed as d; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count(), "nccl backend", d.is_nccl_available())'
