@@ -136,7 +136,8 @@ bool NcclIdOwner::holder_wanted(std::string* why) const {
     *why = "no holder in this --nccl-id mode";
     return false;
   }
-  // auto: an ID is only worth its ~5 ms (holder start) when a worker could use NCCL.
+  // auto: an ID is only worth its cost (the holder: ~2 ms of CPU, docs/gpus.md) when a worker
+  // could use NCCL.
   if (config_.nccl_id == AgentConfig::NcclIdMode::automatic &&
       !worker_env::nvidia_gpu_visible(worker_env::current_environment(), "", why)) {
     return false;
