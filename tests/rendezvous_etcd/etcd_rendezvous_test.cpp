@@ -3,8 +3,13 @@
 // unreachable etcd / wrong credentials, `status`, and leader loss in a 3-member cluster.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <set>
+#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/rendezvous/etcd_rendezvous.hpp"
@@ -287,6 +292,137 @@ TEST_CASE("etcd rendezvous: the sequencer dies, another agent takes over and the
   REQUIRE(run_until(
       io, [&] { return std::all_of(rest.begin(), rest.end(), [](Agent* a) { return a->failed.has_value(); }); }, 20s));
   CHECK(rest[0]->failed->exit_code == 7);
+}
+
+// A TCP proxy in front of one etcd member. It relays both ways, except that the answer to the
+// first request whose bytes contain every string of `match` is swallowed and that connection
+// closed: what a client sees when a member commits a write and dies before answering.
+class DroppingProxy {
+ public:
+  DroppingProxy(boost::asio::io_context& io, std::uint16_t upstream, std::vector<std::string> match)
+      : io_(io),
+        acceptor_(io, {boost::asio::ip::make_address("127.0.0.1"), 0}),
+        upstream_(upstream),
+        match_(std::move(match)) {
+    accept();
+  }
+  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  bool dropped() const { return dropped_; }
+
+ private:
+  using tcp = boost::asio::ip::tcp;
+  struct Pipe {
+    tcp::socket client, server;
+    bool drop_answer = false;
+    std::array<char, 65536> up{}, down{};
+    explicit Pipe(boost::asio::io_context& io) : client(io), server(io) {}
+    void close() {
+      boost::system::error_code ec;
+      client.close(ec);
+      server.close(ec);
+    }
+  };
+
+  void accept() {
+    auto p = std::make_shared<Pipe>(io_);
+    acceptor_.async_accept(p->client, [this, p](const boost::system::error_code& ec) {
+      if (ec) return;
+      boost::system::error_code cec;
+      p->server.connect({boost::asio::ip::make_address("127.0.0.1"), upstream_}, cec);
+      if (cec) {
+        p->close();
+      } else {
+        relay_up(p);
+        relay_down(p);
+      }
+      accept();
+    });
+  }
+
+  void relay_up(const std::shared_ptr<Pipe>& p) {
+    p->client.async_read_some(
+        boost::asio::buffer(p->up), [this, p](const boost::system::error_code& ec, std::size_t n) {
+          if (ec) return p->close();
+          const std::string_view got(p->up.data(), n);
+          if (!dropped_ && std::all_of(match_.begin(), match_.end(),
+                                       [&](const std::string& m) { return got.find(m) != std::string_view::npos; })) {
+            dropped_ = true;
+            p->drop_answer = true;
+          }
+          boost::asio::async_write(p->server, boost::asio::buffer(p->up.data(), n),
+                                   [this, p](const boost::system::error_code& wec, std::size_t) {
+                                     if (wec) return p->close();
+                                     relay_up(p);
+                                   });
+        });
+  }
+
+  void relay_down(const std::shared_ptr<Pipe>& p) {
+    p->server.async_read_some(boost::asio::buffer(p->down),
+                              [this, p](const boost::system::error_code& ec, std::size_t n) {
+                                if (ec || p->drop_answer) return p->close();
+                                boost::asio::async_write(p->client, boost::asio::buffer(p->down.data(), n),
+                                                         [this, p](const boost::system::error_code& wec, std::size_t) {
+                                                           if (wec) return p->close();
+                                                           relay_down(p);
+                                                         });
+                              });
+  }
+
+  boost::asio::io_context& io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t upstream_;
+  std::vector<std::string> match_;
+  bool dropped_ = false;
+};
+
+// One agent behind a DroppingProxy (first endpoint) and the member itself (second): the answer to
+// the first txn that names `key` is lost, so the client retries it on the member. The job must
+// get its round, keep it, and its state must never vanish.
+void lost_answer_case(const std::string& run_id, const std::string& key_suffix) {
+  EtcdCluster cluster(1, "rdzv-lost-" + key_suffix);
+  boost::asio::io_context io;
+  const std::string direct = cluster.endpoints();
+  const auto colon = direct.rfind(':');
+  DroppingProxy proxy(io, static_cast<std::uint16_t>(std::stoi(direct.substr(colon + 1))),
+                      {"POST /v3/kv/txn", etcd::base64_encode("/ddprun-test/" + run_id + "/" + key_suffix)});
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  spdlog::default_logger()->sinks().push_back(sink);
+  struct Unhook {
+    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> s;
+    ~Unhook() {
+      auto& v = spdlog::default_logger()->sinks();
+      v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    }
+  } unhook{sink};
+
+  Agent a(io, 0, "127.0.0.1:" + std::to_string(proxy.port()) + "," + direct, run_id, test_config(1, 1, 0));
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return !a.assignments.empty(); }, 20s));
+  CHECK(proxy.dropped());
+  const std::uint64_t r0 = a.round();
+  run_until(
+      io, [&] { return a.round() != r0; }, 1500ms);
+  CHECK(a.round() == r0);
+  for (const std::string& line : sink->last_formatted()) {
+    INFO(line);
+    CHECK(line.find("vanished") == std::string::npos);
+  }
+}
+
+TEST_CASE("etcd rendezvous: a lost answer to the job lease claim does not revoke the lease it put",
+          "[etcd][rendezvous]") {
+  // The retried claim fails its compare on the key it put itself; revoking that lease would take
+  // the job's state with it.
+  lost_answer_case("job-lost-lease", "lease");
+}
+
+TEST_CASE("etcd rendezvous: a lost answer to the sequencer campaign still makes the agent the sequencer",
+          "[etcd][rendezvous]") {
+  // The retried campaign finds the leader key it put itself; an agent that took it for another's
+  // would wait for a sequencer that never comes (its own key, kept alive by its own lease).
+  lost_answer_case("job-lost-leader", "leader");
 }
 
 TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint", "[etcd][rendezvous]") {

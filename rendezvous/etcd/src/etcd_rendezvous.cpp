@@ -521,12 +521,15 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                        if (tr.succeeded) {
                          job_lease = mine;
                        } else {
-                         client.lease_revoke(mine, [](const auto&, auto) {});
                          std::int64_t other = 0;
                          if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
                            const std::string& v = tr.responses[0].range.kvs[0].value;
                            std::from_chars(v.data(), v.data() + v.size(), other);
                          }
+                         // The key may hold our own lease: the client retries a request whose
+                         // answer was lost on the next endpoint, and the first try committed.
+                         // Revoking it then would delete the job's state with it.
+                         if (other != mine) client.lease_revoke(mine, [](const auto&, auto) {});
                          if (other <= 0) {  // vanished meanwhile, or garbage: try again
                            return claim_job_lease();
                          }
@@ -704,18 +707,27 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     etcd::TxnRequest t;
     t.compare.push_back({leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     t.success.emplace_back(etcd::PutRequest{leader_key, options.node.id.to_string(), node_lease});
-    t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, true, false});
+    t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, false, false});
     client.txn(std::move(t), guard([this](etcd::TxnResponse r) {
                  campaigning = false;
+                 std::int64_t rev = r.header.revision;
                  if (!r.succeeded) {
-                   leader_known = !r.responses.empty() && !r.responses[0].range.kvs.empty();
-                   return pump();
+                   const etcd::KeyValue* kv = r.responses.empty() || r.responses[0].range.kvs.empty()
+                                                  ? nullptr
+                                                  : &r.responses[0].range.kvs[0];
+                   leader_known = kv != nullptr;
+                   // Our own key under our lease: a retry of this txn whose first answer was lost
+                   // (the client tries the next endpoint) found the put that had committed.
+                   if (kv == nullptr || kv->value != options.node.id.to_string() || kv->lease != node_lease) {
+                     return pump();
+                   }
+                   rev = kv->create_revision;
                  }
                  spdlog::debug("etcd rendezvous '{}' [{}]: sequencing the log", options.run_id,
                                options.node.id.to_string());
                  leader = true;
                  leader_known = true;
-                 leader_rev = r.header.revision;
+                 leader_rev = rev;
                  sync();  // read the inbox and the node keys, watch everything
                }));
   }
