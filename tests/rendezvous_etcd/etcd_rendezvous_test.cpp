@@ -378,9 +378,10 @@ class DroppingProxy {
 
 // One agent behind a DroppingProxy (first endpoint) and the member itself (second): the answer to
 // the first txn that names `key` is lost, so the client retries it on the member. The job must
-// get its round, keep it, and its state must never vanish.
-void lost_answer_case(const std::string& run_id, const std::string& key_suffix) {
-  EtcdCluster cluster(1, "rdzv-lost-" + key_suffix);
+// get its round (with `restart`: then fail it once and get the next one), keep it, and its state
+// must never vanish.
+void lost_answer_case(const std::string& run_id, const std::string& key_suffix, bool restart = false) {
+  EtcdCluster cluster(1, run_id);
   boost::asio::io_context io;
   const std::string direct = cluster.endpoints();
   const auto colon = direct.rfind(':');
@@ -396,10 +397,23 @@ void lost_answer_case(const std::string& run_id, const std::string& key_suffix) 
     }
   } unhook{sink};
 
-  Agent a(io, 0, "127.0.0.1:" + std::to_string(proxy.port()) + "," + direct, run_id, test_config(1, 1, 0));
+  Agent a(io, 0, "127.0.0.1:" + std::to_string(proxy.port()) + "," + direct, run_id,
+          test_config(1, 1, restart ? 1 : 0));
   a.rejoin();
   REQUIRE(run_until(
       io, [&] { return !a.assignments.empty(); }, 20s));
+  if (restart) {
+    WorkerFailure f;
+    f.round = a.round();
+    f.node = a.node.id;
+    f.exit_code = 1;
+    f.message = "one failure";
+    a.rdzv->report_failure(f);
+    REQUIRE(run_until(
+        io, [&] { return a.assignments.size() == 2; }, 20s));
+    CHECK(a.assignments.back().restart_count == 1);
+    CHECK(a.assignments.back().round > a.assignments.front().round);
+  }
   CHECK(proxy.dropped());
   const std::uint64_t r0 = a.round();
   run_until(
@@ -423,6 +437,13 @@ TEST_CASE("etcd rendezvous: a lost answer to the sequencer campaign still makes 
   // The retried campaign finds the leader key it put itself; an agent that took it for another's
   // would wait for a sequencer that never comes (its own key, kept alive by its own lease).
   lost_answer_case("job-lost-leader", "leader");
+}
+
+TEST_CASE("etcd rendezvous: a lost answer to a log append is not taken for a removed log", "[etcd][rendezvous]") {
+  // The sequencer's append of entry 1 commits; its answer is lost and the retry fails its
+  // compare on the entry it wrote itself, which the watch may already have applied. That is the
+  // log going on, not the log gone: the job must not re-register from scratch.
+  lost_answer_case("job-lost-append", "log/" + etcd::log_seq_text(1), true);
 }
 
 TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint", "[etcd][rendezvous]") {

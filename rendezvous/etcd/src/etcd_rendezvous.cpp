@@ -576,7 +576,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                      return;
                    }
                    if (log.next_seq() > 0 && (entries.empty() || entries.front().first != 0)) {
-                     job_vanished("its log was removed");
+                     job_vanished(fmt::format(
+                         "its log was removed: a read at revision {} found {} of its {} entries{}", r.header.revision,
+                         entries.size(), log.next_seq(),
+                         entries.empty() ? std::string() : fmt::format(", the first {}", entries.front().first)));
                      return;
                    }
                    leader_known = leader_kv.has_value();
@@ -667,7 +670,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         auto seq = etcd::parse_log_seq(std::string_view(key).substr(log_prefix.size()));
         if (!seq) continue;
         if (!put) {
-          if (*seq == 0) return job_vanished("its log was removed");
+          if (*seq == 0) {
+            return job_vanished(fmt::format("its log was removed: entry 0 deleted at revision {}", e.kv.mod_revision));
+          }
           continue;
         }
         if (*seq < log.next_seq()) continue;
@@ -712,9 +717,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                  campaigning = false;
                  std::int64_t rev = r.header.revision;
                  if (!r.succeeded) {
-                   const etcd::KeyValue* kv = r.responses.empty() || r.responses[0].range.kvs.empty()
-                                                  ? nullptr
-                                                  : &r.responses[0].range.kvs[0];
+                   const etcd::KeyValue* kv =
+                       r.responses.empty() || r.responses[0].range.kvs.empty() ? nullptr : &r.responses[0].range.kvs[0];
                    leader_known = kv != nullptr;
                    // Our own key under our lease: a retry of this txn whose first answer was lost
                    // (the client tries the next endpoint) found the put that had committed.
@@ -1021,14 +1025,21 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                    }
                  }
                  // Someone appended first (a former sequencer): apply what it wrote, decide again.
+                 // Or we did: the client retries a txn whose answer was lost on the next
+                 // endpoint, and the watch may have applied our committed entry meanwhile.
+                 bool seq_written = false;
                  for (const etcd::KeyValue& kv : r.responses[0].range.kvs) {
                    auto s = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size()));
+                   if (s && *s == seq) seq_written = true;
                    if (!s || *s != log.next_seq()) continue;
                    apply_entry(*s, kv.value);
                    changed = true;
                    if (stopped()) return;
                  }
-                 if (!changed && seq > 0) return job_vanished("its log was removed");
+                 // Neither entry `seq` nor our copy of it: the entry before it must be gone.
+                 if (!changed && !seq_written && log.next_seq() <= seq && seq > 0) {
+                   return job_vanished(fmt::format("its log was removed: entry {} is gone", seq - 1));
+                 }
                  after_apply();
                }));
   }
