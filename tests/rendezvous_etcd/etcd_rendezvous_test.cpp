@@ -314,6 +314,7 @@ class DroppingProxy {
   struct Pipe {
     tcp::socket client, server;
     bool drop_answer = false;
+    std::string request;  // what the client sent since the last answer (a request may span reads)
     std::array<char, 65536> up{}, down{};
     explicit Pipe(boost::asio::io_context& io) : client(io), server(io) {}
     void close() {
@@ -343,9 +344,9 @@ class DroppingProxy {
     p->client.async_read_some(
         boost::asio::buffer(p->up), [this, p](const boost::system::error_code& ec, std::size_t n) {
           if (ec) return p->close();
-          const std::string_view got(p->up.data(), n);
+          p->request.append(p->up.data(), n);
           if (!dropped_ && std::all_of(match_.begin(), match_.end(),
-                                       [&](const std::string& m) { return got.find(m) != std::string_view::npos; })) {
+                                       [&](const std::string& m) { return p->request.find(m) != std::string::npos; })) {
             dropped_ = true;
             p->drop_answer = true;
           }
@@ -361,6 +362,7 @@ class DroppingProxy {
     p->server.async_read_some(boost::asio::buffer(p->down),
                               [this, p](const boost::system::error_code& ec, std::size_t n) {
                                 if (ec || p->drop_answer) return p->close();
+                                p->request.clear();
                                 boost::asio::async_write(p->client, boost::asio::buffer(p->down.data(), n),
                                                          [this, p](const boost::system::error_code& wec, std::size_t) {
                                                            if (wec) return p->close();
