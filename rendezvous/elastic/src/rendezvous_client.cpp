@@ -107,9 +107,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   const Endpoint& server() const { return current == 0 ? options.server : options.alternates[current - 1]; }
   std::string endpoint_text() const { return server().to_string(); }
   std::string all_endpoints_text() const {
-    std::string out = options.server.to_string();
-    for (const auto& e : options.alternates) out += "," + e.to_string();
-    return out;
+    std::vector<Endpoint> all{options.server};
+    all.insert(all.end(), options.alternates.begin(), options.alternates.end());
+    return endpoint_list_text(all);
   }
   bool stopped() const { return link == LinkState::stopped; }
   bool is_connected() const { return link == LinkState::connected || link == LinkState::leaving; }
