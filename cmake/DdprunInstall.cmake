@@ -69,6 +69,11 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${DDPRUN_PACKAGE_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# bin/ddprun loads OpenSSL 3 with dlopen when a feature needs it (etcd TLS, token handshake:
+# rendezvous/openssl/), which dpkg-shlibdeps cannot see.
+if(DDPRUN_LAZY_OPENSSL)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "libssl3 | libssl3t64")
+endif()
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 # Workers are the user's programs; torch is what most of them need, not what ddprun needs.
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch")

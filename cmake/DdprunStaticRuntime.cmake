@@ -3,9 +3,10 @@
 # libcrypto cost about 2.5 ms of CPU per launch, more than a bare posix_spawn of a worker.
 # With DDPRUN_STATIC_RUNTIME (the default) bin/ddprun links those statically and needs only
 # glibc (libc, libm) at run time; the test `launcher_needed_libs` checks that. The other
-# binaries and libddprun_worker.so stay dynamic. Trade-off: a security update of OpenSSL (used
-# by the etcd backend's TLS) reaches bin/ddprun only through a rebuild; configure with
-# -DDDPRUN_STATIC_RUNTIME=OFF to link everything dynamically again.
+# binaries and libddprun_worker.so stay dynamic. OpenSSL: on x86-64 bin/ddprun loads it with
+# dlopen on first use instead (DDPRUN_LAZY_OPENSSL, rendezvous/openssl/), so the system's
+# security updates reach it; elsewhere it is linked statically and reaches it only through a
+# rebuild. Configure with -DDDPRUN_STATIC_RUNTIME=OFF to link everything dynamically again.
 option(DDPRUN_STATIC_RUNTIME "Link libstdc++, spdlog, fmt and OpenSSL statically into bin/ddprun" ON)
 
 if(DDPRUN_STATIC_RUNTIME)

@@ -217,26 +217,40 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       why = "cgroup2 without cgroup.kill (kernel < 5.14)";
       return false;
     }
-    for (int r = 0; r < nproc; ++r) {
-      if (::mkdir(rank_dir(job, r).c_str(), 0755) == 0) continue;
-      if (errno == EEXIST) {
-        c->memory_fresh_ = false;  // left over: its counters are not at zero
-        continue;
+    // Memory accounting per rank when the controller can be delegated here: then each rank
+    // gets its own cgroup (a cgroup whose children have controllers holds no process itself).
+    // Without it a rank cgroup would buy nothing (the sweep, cgroup.kill and the job's member
+    // list all work on the job cgroup), so every worker starts in the job cgroup: a mkdir, an
+    // open and an rmdir per rank less on the launch path (docs/containment.md, "Cost").
+    const auto ctrls = read_text(job + "/cgroup.controllers");
+    const bool per_rank =
+        ctrls && ctrls->find("memory") != std::string::npos && write_text(job + "/cgroup.subtree_control", "+memory");
+    if (per_rank) {
+      for (int r = 0; r < nproc; ++r) {
+        if (::mkdir(rank_dir(job, r).c_str(), 0755) == 0) continue;
+        if (errno == EEXIST) {
+          c->memory_fresh_ = false;  // left over: its counters are not at zero
+          continue;
+        }
+        why = "cannot create " + rank_dir(job, r);
+        for (int k = 0; k < r; ++k) ::rmdir(rank_dir(job, k).c_str());
+        ::rmdir(job.c_str());
+        return false;
       }
-      why = "cannot create " + rank_dir(job, r);
-      ::rmdir(job.c_str());
-      return false;
     }
     c->job_dir_ = job;
     c->mode_ = ContainmentMode::cgroup2;
-    for (int r = 0; r < nproc; ++r) {
-      // Not inherited by the watchdog's exec-less child nor by workers (O_CLOEXEC, close_range).
-      c->rank_dir_fds_.push_back(::open(rank_dir(job, r).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    c->rank_dirs_ = per_rank;
+    // Not inherited by the watchdog's exec-less child nor by workers (O_CLOEXEC, close_range).
+    if (per_rank) {
+      for (int r = 0; r < nproc; ++r) {
+        c->rank_dir_fds_.push_back(::open(rank_dir(job, r).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+      }
+    } else {
+      c->rank_dir_fds_.push_back(::open(job.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     }
     c->mechanism_ = "cgroup v2 " + job;
-    // Memory accounting per rank when the controller can be delegated here.
-    const auto ctrls = read_text(job + "/cgroup.controllers");
-    if (ctrls && ctrls->find("memory") != std::string::npos && write_text(job + "/cgroup.subtree_control", "+memory")) {
+    if (per_rank) {
       c->memory_dir_ = job;
       c->memory_v2_ = true;
     }
@@ -255,6 +269,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     }
     for (int r = 0; r < nproc; ++r) make_cgroup(rank_dir(job, r));
     c->job_dir_ = job;
+    c->rank_dirs_ = true;
     c->mode_ = ContainmentMode::cgroup1;
     c->mechanism_ = "cgroup v1 freezer " + job;
     return true;
@@ -378,20 +393,26 @@ Containment::~Containment() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   };
-  auto remove = [this, &remove_dir](const std::string& job) {
+  auto remove = [this, &remove_dir](const std::string& job, bool ranks) {
     if (job.empty()) return;
-    for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
+    if (ranks) {
+      for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
+    }
     remove_dir(job);
   };
-  remove(job_dir_);
-  if (memory_dir_ != job_dir_) remove(memory_dir_);
+  remove(job_dir_, rank_dirs_);
+  if (memory_dir_ != job_dir_) remove(memory_dir_, true);
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }
 
+std::string Containment::worker_cgroup(int local_rank) const {
+  return rank_dirs_ ? rank_dir(job_dir_, local_rank) : job_dir_;
+}
+
 std::vector<std::string> Containment::join_files(int local_rank) const {
   std::vector<std::string> out;
-  if (!job_dir_.empty()) out.push_back(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
+  if (!job_dir_.empty()) out.push_back(worker_cgroup(local_rank) + "/cgroup.procs");
   return out;
 }
 
@@ -416,7 +437,7 @@ int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
 }
 
 int Containment::join_dir_fd(int local_rank) const {
-  const auto i = static_cast<std::size_t>(local_rank);
+  const auto i = rank_dirs_ ? static_cast<std::size_t>(local_rank) : 0;
   return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
 
@@ -439,10 +460,17 @@ void Containment::begin_attempt() {
   }
 }
 
-std::vector<pid_t> Containment::rank_pids(int local_rank) const {
-  if (!job_dir_.empty()) return read_pids(rank_dir(job_dir_, local_rank) + "/cgroup.procs");
-  if (!memory_dir_.empty()) return read_pids(rank_dir(memory_dir_, local_rank) + "/cgroup.procs");
-  return {};
+std::optional<std::vector<pid_t>> Containment::job_pids() const {
+  // proc/off: the token would need a scan of every /proc/PID/environ; v1 memory cgroups are
+  // joined after the start (join_memory) and miss what a worker started early. Neither is exact.
+  if (job_dir_.empty()) return std::nullopt;
+  if (!rank_dirs_) return read_pids(job_dir_ + "/cgroup.procs");
+  std::vector<pid_t> out;
+  for (int r = 0; r < nproc_; ++r) {
+    const auto p = read_pids(rank_dir(job_dir_, r) + "/cgroup.procs");
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
 }
 
 RankMemory Containment::rank_memory(int local_rank) const {
@@ -482,15 +510,7 @@ int Containment::sweep() {
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
   for (;;) {
-    std::vector<pid_t> pids;
-    if (mode_ == ContainmentMode::proc) {
-      pids = token_pids(token_env());
-    } else {
-      for (int r = 0; r < nproc_; ++r) {
-        const auto p = read_pids(rank_dir(job_dir_, r) + "/cgroup.procs");
-        pids.insert(pids.end(), p.begin(), p.end());
-      }
-    }
+    const std::vector<pid_t> pids = mode_ == ContainmentMode::proc ? token_pids(token_env()) : *job_pids();
     // A zombie stays listed until its parent reaps it; only count the living.
     std::vector<pid_t> alive;
     for (pid_t p : pids) {
@@ -502,7 +522,7 @@ int Containment::sweep() {
     }
     if (alive.empty()) break;
     if (mode_ == ContainmentMode::cgroup2) {
-      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/cgroup.kill", "1");
+      write_text(job_dir_ + "/cgroup.kill", "1");  // the job cgroup and every cgroup below it
     } else if (mode_ == ContainmentMode::cgroup1) {
       // Frozen, nothing can fork while we kill; SIGKILL takes effect on thaw.
       for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");

@@ -421,11 +421,13 @@ bool WorkerRun::owns_live_pid(pid_t pid) const {
 }
 
 std::vector<pid_t> WorkerRun::job_pids() const {
+  if (containment_ != nullptr) {
+    if (auto members = containment_->job_pids()) return std::move(*members);
+  }
   std::vector<pid_t> out;
   for (const auto& w : workers_) {
     if (w->child.pid() <= 0 || w->child.exited()) continue;
-    auto p = containment_ != nullptr ? containment_->rank_pids(w->spec.local_rank) : std::vector<pid_t>{};
-    if (p.empty()) p = process_tree(w->child.pid());
+    const auto p = process_tree(w->child.pid());
     out.insert(out.end(), p.begin(), p.end());
   }
   return out;

@@ -2,8 +2,8 @@
 """Builds the ddprun wheel from a built tree, with the Python standard library only.
 
 The wheel carries ddprun, ddprun-rdzvd and ddprun-nccl-id under ddprun/_bin/ and every shared
-library they load except glibc's under ddprun/_lib/ (libstdc++, libgcc_s, spdlog, fmt, Boost),
-found with ldd and pointed at with an $ORIGIN RUNPATH (patchelf), so the wheel runs where none of
+library they load except glibc's under ddprun/_lib/ (libstdc++, libgcc_s, spdlog, fmt, Boost, and
+the OpenSSL 3 that ddprun loads on first use), found with ldd (and ldconfig for OpenSSL) and pointed at with an $ORIGIN RUNPATH (patchelf), so the wheel runs where none of
 those are installed. The executables run as their own processes, never inside the interpreter, so
 their bundled libstdc++ cannot clash with the one Python may have loaded. What is left is glibc:
 the platform tag is manylinux_2_<N>_<arch> for the newest GLIBC_2.<N> symbol version any of the
@@ -108,6 +108,26 @@ def shared_deps(path):
     return deps
 
 
+def dlopened_deps(path):
+    """Libraries `path` loads with dlopen on first use, which ldd cannot see: bin/ddprun loads
+    OpenSSL 3 that way (rendezvous/openssl/); bundled like the linked ones."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if b"libssl.so.3\0" not in data:
+        return {}
+    cache = run(["ldconfig", "-p"])
+    deps = {}
+    for soname in ("libcrypto.so.3", "libssl.so.3"):
+        for m in re.finditer(r"^\s*%s \(([^)]*)\) => (\S+)$" % re.escape(soname), cache, re.M):
+            if platform.machine() != "x86_64" or "x86-64" in m.group(1):
+                deps[soname] = m.group(2)
+                break
+        else:
+            sys.exit("build_wheel: %s loads %s on demand, which ldconfig cannot find (apt-get install libssl3)"
+                     % (path, soname))
+    return deps
+
+
 def sha256_record(data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return "sha256=" + digest
@@ -143,6 +163,7 @@ def main():
             if not os.access(src, os.X_OK):
                 sys.exit("build_wheel: %s is missing; build first (scripts/build)" % src)
             libs.update(shared_deps(src))
+            libs.update(dlopened_deps(src))
             dst = os.path.join(bin_out, name)
             shutil.copy2(src, dst)
             run(["strip", "--strip-unneeded", dst])

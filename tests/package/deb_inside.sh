@@ -26,6 +26,8 @@ cache=$(ldconfig -p)
 for lib in libspdlog libfmt; do
   grep -q "$lib" <<<"$cache" || fail "$lib is still missing after installing the .deb (Depends incomplete?)"
 done
+# OpenSSL is loaded on first use (dlopen), which dpkg-shlibdeps cannot see: Depends names it.
+grep -q "libssl.so.3" <<<"$cache" || fail "libssl.so.3 is missing after installing the .deb (Depends incomplete?)"
 
 # The files, in one place (man pages and completions join this list when they are generated).
 files=$(dpkg -L ddprun)

@@ -47,6 +47,21 @@ grep -q "$venv/.*/_lib/libspdlog" <<<"$maps" || fail "libspdlog not mapped from 
 echo "ok: ddprun-rdzvd from the wheel answered ddprun status; non-glibc libraries all from the wheel"
 kill -TERM "$dpid"; wait "$dpid" || fail "ddprun-rdzvd exited $? on SIGTERM"
 
+# ddprun loads OpenSSL only when a feature needs it (here the token handshake), with dlopen:
+# the wheel bundles libssl/libcrypto, and the agent must map them from the wheel.
+rm -f "$fifo"; mkfifo "$fifo"
+DDPRUN_RDZV_TOKEN=wheel-token ddprun-rdzvd --host 127.0.0.1 --port 0 >"$fifo" 2>"$work/rdzvd.err" &
+dpid=$!
+exec 3<"$fifo"
+read -r -t 30 line <&3 || { cat "$work/rdzvd.err"; fail "ddprun-rdzvd (token) printed no 'listening on' line within 30 s"; }
+port=${line##*:}
+out=$(DDPRUN_RDZV_TOKEN=wheel-token timeout 60 ddprun --nnodes 1 --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id wheel-token-job --no-python \
+        sh -c 'grep -oE "/[^ ]+/libssl\.so[^ ]*$" /proc/$PPID/maps | sort -u' 2>&1) || { echo "$out"; fail "token job"; }
+grep -qE "^$venv/.*/_lib/libssl\.so\.3$" <<<"$out" || { echo "$out"; fail "the agent did not map libssl.so.3 from the wheel"; }
+echo "ok: a token job loaded OpenSSL from the wheel"
+kill -TERM "$dpid"; wait "$dpid" || fail "ddprun-rdzvd (token) exited $? on SIGTERM"
+
 if "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   t0=$(date +%s)
   out=$(cd "$work" && PYTHON_EXEC="$venv/bin/python" timeout 240 ddprun --master-port 0 --nproc-per-node 2 \

@@ -12,12 +12,15 @@
 #include <vector>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/openssl_runtime.hpp"
 
 namespace ddprun::rendezvous::auth {
 
 namespace {
 
 constexpr char hex_digits[] = "0123456789abcdef";
+constexpr const char* kAuthPurpose =
+    "the rendezvous handshake with a token (DDPRUN_RDZV_TOKEN, --rdzv-conf token_file, --token-file)";
 
 std::string to_hex(const unsigned char* p, std::size_t n) {
   std::string out(2 * n, '0');
@@ -57,6 +60,7 @@ std::string random_hex(std::size_t n) {
 }
 
 std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
+  require_openssl(kAuthPurpose);
   std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
   unsigned int len = 0;
   const unsigned char* r =
@@ -78,6 +82,7 @@ std::string server_mac(std::string_view token, std::string_view client_nonce, st
 
 bool equal_secret(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
+  require_openssl(kAuthPurpose);
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 

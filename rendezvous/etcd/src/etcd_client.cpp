@@ -19,6 +19,7 @@
 
 #include "ddprun/common/backoff.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/openssl_runtime.hpp"
 
 namespace ddprun::rendezvous::etcd {
 
@@ -188,6 +189,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                        "pass both --rdzv-conf cert=FILE,key=FILE or neither");
     }
     if (options.tls) {
+      require_openssl("TLS to etcd");
       tls = std::make_unique<ssl::context>(ssl::context::tls_client);
       tls->set_verify_mode(ssl::verify_peer);
       error_code ec;

@@ -3,9 +3,11 @@
 // detaches (setsid, double fork), both when the job ends and when the agent itself is killed
 // with SIGKILL. See docs/containment.md for the choice of mechanisms.
 //
-// One Containment per agent. It creates a job cgroup with one child cgroup per local rank
-// (cgroup v2 with cgroup.kill, else the v1 freezer hierarchy); workers join their rank's cgroup
-// in the spawn child, before exec, so nothing they start can escape it. Without a usable cgroup
+// One Containment per agent. It creates a job cgroup (cgroup v2 with cgroup.kill, else the v1
+// freezer hierarchy); workers are started in it (cgroup v2: CLONE_INTO_CGROUP) or join it in the
+// spawn child before exec, so nothing they start can escape it. Ranks get cgroups of their own
+// below it only where those carry something: cgroup v2 with the memory controller delegated
+// (per-rank memory), and the v1 freezer. Without a usable cgroup
 // the job is the set of processes carrying this agent's unique DDPRUN_JOB_TOKEN in their
 // environment (read from /proc/PID/environ). Membership is exact either way: sweep() never
 // signals a process outside the job.
@@ -54,8 +56,8 @@ class Containment {
   const std::string& mechanism() const { return mechanism_; }
   // KEY=VALUE to add to every worker's environment (the job token).
   std::string token_env() const;
-  // cgroup.procs files a worker of `local_rank` writes "0" to before exec (the containment
-  // cgroup; the memory cgroup is joined by join_memory).
+  // cgroup.procs files a worker of `local_rank` writes "0" to before exec (its containment
+  // cgroup: the rank's or the job's; the memory cgroup is joined by join_memory).
   std::vector<std::string> join_files(int local_rank) const;
   // Moves `pid` (a worker just started) into its rank's memory cgroup when that is a separate
   // hierarchy (cgroup v1 memory), asynchronously: the watchdog process does the write. A
@@ -65,13 +67,15 @@ class Containment {
   // stays accounted to the agent's memory cgroup (containment does not depend on it). Failures
   // are silent: the rank's memory figures are then missing from a diagnosis.
   void join_memory(int local_rank, pid_t pid) const;
-  // With cgroup v2: an fd of the rank's cgroup directory to start the worker in
-  // (SpawnRequest::cgroup_dir_fd; join_files(local_rank).front() is its cgroup.procs). Else -1.
+  // With cgroup v2: an fd of the cgroup directory to start the rank's worker in (the rank's or
+  // the job's; SpawnRequest::cgroup_dir_fd; join_files(local_rank).front() is its cgroup.procs).
+  // Else -1.
   int join_dir_fd(int local_rank) const;
   // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
   void begin_attempt();
-  // Every live process of the rank (its cgroup), or empty when the mechanism cannot tell.
-  std::vector<pid_t> rank_pids(int local_rank) const;
+  // Every process of the job (its cgroups, zombies included), or nullopt when the mechanism
+  // cannot tell (proc, off; v1 memory cgroups alone when none lists a process yet).
+  std::optional<std::vector<pid_t>> job_pids() const;
   RankMemory rank_memory(int local_rank) const;
   // SIGKILLs every process of the job still alive, bounded in time; returns how many it killed.
   int sweep();
@@ -79,15 +83,17 @@ class Containment {
  private:
   Containment() = default;
   int move_to_memory_cgroup(int local_rank, pid_t pid) const;  // 0 or errno
+  std::string worker_cgroup(int local_rank) const;             // the directory a rank's worker joins
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
   std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
+  bool rank_dirs_ = false;  // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
   std::string memory_dir_;  // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
   bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
-  std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups (join_dir_fd)
+  std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups, or of the job cgroup
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;
