@@ -393,15 +393,15 @@ Containment::~Containment() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   };
-  auto remove = [this, &remove_dir](const std::string& job, bool ranks) {
+  auto remove = [this, &remove_dir](const std::string& job) {
     if (job.empty()) return;
-    if (ranks) {
-      for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
-    }
+    // Also without a cgroup per rank: a job cgroup of the same name left by an earlier agent
+    // with this pid (containers reuse pids) may hold rank cgroups (ENOENT costs nothing).
+    for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
     remove_dir(job);
   };
-  remove(job_dir_, rank_dirs_);
-  if (memory_dir_ != job_dir_) remove(memory_dir_, true);
+  remove(job_dir_);
+  if (memory_dir_ != job_dir_) remove(memory_dir_);
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }

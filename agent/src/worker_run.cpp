@@ -421,12 +421,15 @@ bool WorkerRun::owns_live_pid(pid_t pid) const {
 }
 
 std::vector<pid_t> WorkerRun::job_pids() const {
-  if (containment_ != nullptr) {
-    if (auto members = containment_->job_pids()) return std::move(*members);
-  }
   std::vector<pid_t> out;
+  if (containment_ != nullptr) {
+    if (auto members = containment_->job_pids()) out = std::move(*members);
+  }
+  // A worker the containment cgroup does not list (its join failed and it runs outside, which
+  // is logged at its start; or no cgroup at all) counts with its process tree.
   for (const auto& w : workers_) {
     if (w->child.pid() <= 0 || w->child.exited()) continue;
+    if (std::find(out.begin(), out.end(), w->child.pid()) != out.end()) continue;
     const auto p = process_tree(w->child.pid());
     out.insert(out.end(), p.begin(), p.end());
   }

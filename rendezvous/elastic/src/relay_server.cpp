@@ -570,6 +570,7 @@ RelayServer::RelayServer(asio::io_context& io, RelayServerOptions options)
     throw UsageError("a relay needs the daemon's token: give --token-file FILE (or DDPRUN_RDZV_TOKEN)",
                      "relays speak for many clients, so the daemon accepts them only from a token holder");
   }
+  auth::require_crypto();
   // A root that is not up yet (started after its relays, restarting) is waited for, as a lost
   // link is, for up to relink_timeout; a root that answers and refuses is not.
   const auto start = std::chrono::steady_clock::now();

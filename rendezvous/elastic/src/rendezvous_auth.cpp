@@ -1,7 +1,6 @@
 // Handshake cryptography (rendezvous_auth.hpp has the contract).
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sys/random.h>
@@ -59,6 +58,8 @@ std::string random_hex(std::size_t n) {
   return to_hex(bytes.data(), n);
 }
 
+void require_crypto() { require_openssl(kAuthPurpose); }
+
 std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
   require_openssl(kAuthPurpose);
   std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
@@ -82,8 +83,13 @@ std::string server_mac(std::string_view token, std::string_view client_nonce, st
 
 bool equal_secret(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
-  require_openssl(kAuthPurpose);
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  // Every byte is looked at whatever differs; the volatile accumulator keeps the compiler from
+  // stopping early.
+  volatile unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i])));
+  }
+  return diff == 0;
 }
 
 bool is_hex_of(std::string_view text, std::size_t bytes) {

@@ -452,10 +452,18 @@ struct RendezvousClient::Impl {
   ClientCore& operator*() const { return *core; }
 };
 
+namespace {
+// A client with a token needs the handshake's cryptography: checked before anything connects.
+RendezvousClientOptions with_crypto(RendezvousClientOptions options) {
+  if (!options.token.empty()) auth::require_crypto();
+  return options;
+}
+}  // namespace
+
 RendezvousClient::RendezvousClient(asio::io_context& io, RendezvousClientOptions options, RendezvousEvents events,
                                    Timers& timers)
     : impl_(std::make_unique<Impl>(
-          Impl{std::make_shared<ClientCore>(io, std::move(options), std::move(events), timers)})) {}
+          Impl{std::make_shared<ClientCore>(io, with_crypto(std::move(options)), std::move(events), timers)})) {}
 
 RendezvousClient::~RendezvousClient() {
   if (impl_) impl_->core->stop();
@@ -514,6 +522,7 @@ bool RendezvousClient::connected() const { return impl_->core->is_connected(); }
 
 RegistryStatus query_status(const Endpoint& server, const std::string& run_id, std::chrono::milliseconds timeout,
                             const std::string& token) {
+  if (!token.empty()) auth::require_crypto();
   asio::io_context io(1);
   tcp::socket socket(io);
   tcp::resolver resolver(io);

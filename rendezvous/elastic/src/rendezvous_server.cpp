@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/rendezvous_auth.hpp"
 
 namespace ddprun::rendezvous {
 
@@ -38,6 +39,7 @@ const char* signal_text(int signo) {
 
 RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServerOptions options, Timers& timers)
     : options_(std::move(options)) {
+  if (!options_.token.empty()) auth::require_crypto();
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
   service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
@@ -106,6 +108,7 @@ StoreStats RendezvousServer::store_stats() const { return store_->stats(); }
 RendezvousServiceStats RendezvousServer::service_stats() const { return service_->stats(); }
 
 void RendezvousServer::set_token(std::string token) {
+  if (!token.empty()) auth::require_crypto();
   options_.token = token;
   service_->set_token(std::move(token));
 }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 
@@ -132,11 +133,19 @@ bool openssl_deferred() { return !loaded.load(std::memory_order_acquire); }
 }  // namespace ddprun::rendezvous
 
 extern "C" void ddprun_ossl_load_or_die() {
-  const std::string& error = ddprun::rendezvous::load();
-  if (error.empty()) return;
+  // No exception may leave: the trampoline that called this has no unwind information.
+  const char* error = "unknown error";
+  try {
+    const std::string& e = ddprun::rendezvous::load();
+    if (e.empty()) return;
+    error = e.c_str();  // load_error is never changed again once set
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: internal error: loading OpenSSL failed: %s\n", e.what());
+    std::abort();
+  }
   std::fprintf(stderr,
                "ddprun: internal error: an OpenSSL function was called before require_openssl() and OpenSSL "
                "cannot be loaded: %s\n",
-               error.c_str());
+               error);
   std::abort();
 }

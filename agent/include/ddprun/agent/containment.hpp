@@ -73,8 +73,8 @@ class Containment {
   int join_dir_fd(int local_rank) const;
   // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
   void begin_attempt();
-  // Every process of the job (its cgroups, zombies included), or nullopt when the mechanism
-  // cannot tell (proc, off; v1 memory cgroups alone when none lists a process yet).
+  // Every process of the job's containment cgroup(s), or nullopt without one (proc, off: the
+  // v1 memory cgroups are joined late and are not asked).
   std::optional<std::vector<pid_t>> job_pids() const;
   RankMemory rank_memory(int local_rank) const;
   // SIGKILLs every process of the job still alive, bounded in time; returns how many it killed.

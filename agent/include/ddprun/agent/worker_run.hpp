@@ -65,9 +65,10 @@ class WorkerRun {
   // at start, only when ddprun itself writes there (the native stacks of a diagnosis). Call
   // before start().
   void set_lazy_dirs(std::string job_dir) { lazy_job_dir_ = std::move(job_dir); }
-  // Whether `pid` is a live process of the current attempt: a worker not yet exited, or a
-  // process in a running worker's containment cgroup or process tree. The file timer signals
-  // nothing else.
+  // Whether `pid` is a live process of the current attempt: a worker not yet exited, a process
+  // in the job's containment cgroup(s) (also one a rank that already exited left behind, until
+  // the attempt's sweep), or in a running worker's process tree. The file timer signals nothing
+  // else; the hang detector samples the same set.
   bool owns_live_pid(pid_t pid) const;
   // Whether a log file was written for any worker so far.
   bool wrote_files() const { return wrote_files_; }

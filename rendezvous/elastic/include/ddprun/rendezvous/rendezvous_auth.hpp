@@ -28,14 +28,21 @@ std::string random_hex(std::size_t n);
 // HMAC-SHA256(key, message) as 64 lower-case hex digits.
 std::string hmac_sha256_hex(std::string_view key, std::string_view message);
 
+// Makes the handshake's cryptography usable (bin/ddprun loads OpenSSL on first use,
+// openssl_runtime.hpp); throws ddprun::Error naming the token handshake when it cannot be
+// loaded. Servers, clients and relays with a token call it when they are made, so a missing
+// library stops them at start, not inside a connection's handler.
+void require_crypto();
+
 // The MACs of the handshake; nonces as hex text (the hex digits are what is signed).
 std::string client_mac(std::string_view token, std::string_view server_nonce, std::string_view client_nonce,
                        std::string_view run_id);
 std::string server_mac(std::string_view token, std::string_view client_nonce, std::string_view server_nonce,
                        std::string_view run_id);
 
-// Constant-time equality (CRYPTO_memcmp); different lengths compare unequal without looking at
-// the bytes (lengths are public: a MAC is always 64 hex digits).
+// Constant-time equality (plain C++, no OpenSSL: node secrets are compared also in jobs
+// without a token); different lengths compare unequal without looking at the bytes (lengths
+// are public: a MAC is always 64 hex digits).
 bool equal_secret(std::string_view a, std::string_view b);
 
 // True for exactly 2*bytes lower-case hex digits.
