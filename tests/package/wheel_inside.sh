@@ -23,13 +23,19 @@ out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 "$work/worker.sh" 2>&
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
 
-fifo=$work/rdzvd.out
-rm -f "$fifo"; mkfifo "$fifo"
-ddprun-rdzvd --host 127.0.0.1 --port 0 --log-format json >"$fifo" 2>"$work/rdzvd.err" &
-dpid=$!
-exec 3<"$fifo"
-read -r -t 30 line <&3 || { cat "$work/rdzvd.err"; fail "ddprun-rdzvd printed no 'listening on' line within 30 s"; }
-port=${line##*:}
+# Starts ddprun-rdzvd on a free loopback port (extra flags: "$@"): sets dpid and port from its
+# readiness line.
+start_daemon() {
+  local fifo=$work/rdzvd.out line
+  rm -f "$fifo"; mkfifo "$fifo"
+  ddprun-rdzvd --host 127.0.0.1 --port 0 "$@" >"$fifo" 2>"$work/rdzvd.err" &
+  dpid=$!
+  exec 3<"$fifo"
+  read -r -t 30 line <&3 || { cat "$work/rdzvd.err"; fail "ddprun-rdzvd $* printed no 'listening on' line within 30 s"; }
+  port=${line##*:}
+}
+
+start_daemon --log-format json
 out=$(timeout 30 ddprun status --rdzv-endpoint "127.0.0.1:$port" 2>&1) || { echo "$out"; fail "ddprun status"; }
 # The process is the bundled binary itself (the entry point exec'd it), with the wheel's libraries.
 exe=$(readlink "/proc/$dpid/exe")
@@ -49,12 +55,7 @@ kill -TERM "$dpid"; wait "$dpid" || fail "ddprun-rdzvd exited $? on SIGTERM"
 
 # ddprun loads OpenSSL only when a feature needs it (here the token handshake), with dlopen:
 # the wheel bundles libssl/libcrypto, and the agent must map them from the wheel.
-rm -f "$fifo"; mkfifo "$fifo"
-DDPRUN_RDZV_TOKEN=wheel-token ddprun-rdzvd --host 127.0.0.1 --port 0 >"$fifo" 2>"$work/rdzvd.err" &
-dpid=$!
-exec 3<"$fifo"
-read -r -t 30 line <&3 || { cat "$work/rdzvd.err"; fail "ddprun-rdzvd (token) printed no 'listening on' line within 30 s"; }
-port=${line##*:}
+DDPRUN_RDZV_TOKEN=wheel-token start_daemon
 out=$(DDPRUN_RDZV_TOKEN=wheel-token timeout 60 ddprun --nnodes 1 --nproc-per-node 1 --rdzv-backend c10d \
         --rdzv-endpoint "127.0.0.1:$port" --rdzv-id wheel-token-job --no-python \
         sh -c 'grep -oE "/[^ ]+/libssl\.so[^ ]*$" /proc/$PPID/maps | sort -u' 2>&1) || { echo "$out"; fail "token job"; }
