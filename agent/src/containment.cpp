@@ -138,6 +138,50 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
   return std::nullopt;
 }
 
+// The smallest memory limit from `dir` up to (not including) the hierarchy's root `mount`:
+// cgroup v2 memory.max, v1 memory.limit_in_bytes ("max" and v1's near-2^63 "unlimited" are none).
+std::optional<std::uint64_t> effective_limit(std::string dir, const std::string& mount, bool v2) {
+  std::optional<std::uint64_t> limit;
+  for (int depth = 0; depth < 64 && dir.size() > mount.size(); ++depth) {
+    if (const auto l = read_u64(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes")); l && *l < (1ULL << 60)) {
+      if (!limit || *l < *limit) limit = l;
+    }
+    const auto slash = dir.rfind('/');
+    if (slash == std::string::npos || slash < mount.size()) break;
+    dir.resize(slash);
+  }
+  return limit;
+}
+
+struct OomScope {
+  std::string file;   // holds the "oom_kill N" line
+  std::string label;  // RankMemory::oom_scope
+  std::string dir;    // the cgroup, for the limit; empty for the machine
+  std::string mount;  // its hierarchy's root
+  bool v2 = false;
+};
+
+// Where the kernel counts an OOM kill of a worker when ranks have no memory cgroup of their own:
+// a process in a cgroup v2 cgroup without the memory controller is charged to the nearest
+// ancestor with it, whose memory.events counts the kill (hierarchically); with v1 the workers
+// stay in the agent's memory cgroup (memory.oom_control counts its own kills, kernel >= 4.13);
+// else only the machine-wide counter is left (/proc/vmstat, kernel >= 4.13).
+OomScope find_oom_scope(const ProcCgroupTexts& texts) {
+  if (const auto m = find_mount("", texts)) {
+    for (std::string dir = m->dir + m->path; dir.size() > m->dir.size(); dir.resize(dir.rfind('/'))) {
+      if (exists(dir + "/memory.events")) return {dir + "/memory.events", "cgroup " + dir.substr(m->dir.size()), dir, m->dir, true};
+    }
+  }
+  if (const auto m = find_mount("memory", texts)) {
+    const std::string dir = m->dir + m->path;
+    if (exists(dir + "/memory.oom_control")) {
+      return {dir + "/memory.oom_control", "cgroup " + (m->path.empty() ? std::string("/") : m->path), dir, m->dir, false};
+    }
+  }
+  if (exists("/proc/vmstat")) return {"/proc/vmstat", "this machine", "", "", false};
+  return {};
+}
+
 bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST; }
 
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
@@ -200,6 +244,15 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   const ProcCgroupTexts texts;
   const std::string leaf = "ddprun-" + std::to_string(::getpid());
   std::string why;  // why a cgroup mode was not used
+  // Without rank memory cgroups: where the workers' OOM kills are counted (rank_memory).
+  auto set_oom_scope = [&c, &texts] {
+    OomScope s = find_oom_scope(texts);
+    c->oom_scope_file_ = std::move(s.file);
+    c->oom_scope_ = std::move(s.label);
+    c->oom_scope_dir_ = std::move(s.dir);
+    c->memory_mount_ = std::move(s.mount);
+    c->oom_scope_v2_ = s.v2;
+  };
 
   auto try_v2 = [&]() -> bool {
     const auto m = find_mount("", texts);
@@ -252,6 +305,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     c->mechanism_ = "cgroup v2 " + job;
     if (per_rank) {
       c->memory_dir_ = job;
+      c->memory_mount_ = m->dir;
       c->memory_v2_ = true;
     }
     return true;
@@ -293,6 +347,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     case ContainmentMode::off:
       c->mode_ = ContainmentMode::off;
       c->mechanism_ = "off";
+      set_oom_scope();
       return c;
   }
   if (!ok) {
@@ -306,12 +361,14 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       const std::string job = mm->dir + mm->path + "/" + leaf;
       if (make_cgroup(job)) {
         c->memory_dir_ = job;
+        c->memory_mount_ = mm->dir;
         for (int r = 0; r < nproc; ++r) {
           if (::mkdir(rank_dir(job, r).c_str(), 0755) != 0) c->memory_fresh_ = false;  // EEXIST: counters not at 0
         }
       }
     }
   }
+  if (c->memory_dir_.empty()) set_oom_scope();
 
   // The watchdog: sweeps the job when the agent is gone, however it ended.
   int fds[2];
@@ -442,6 +499,7 @@ int Containment::join_dir_fd(int local_rank) const {
 }
 
 void Containment::begin_attempt() {
+  if (!oom_scope_file_.empty()) oom_scope_base_ = keyed_value(oom_scope_file_, "oom_kill");
   if (memory_dir_.empty()) return;
   if (memory_fresh_) {
     // Cgroups this agent just created start at zero OOM kills and zero peak: nothing to reset
@@ -475,27 +533,21 @@ std::optional<std::vector<pid_t>> Containment::job_pids() const {
 
 RankMemory Containment::rank_memory(int local_rank) const {
   RankMemory m;
-  if (memory_dir_.empty()) return m;
-  const std::string d = rank_dir(memory_dir_, local_rank);
-  const auto base = oom_base_[static_cast<std::size_t>(local_rank)];
-  if (memory_v2_) {
-    m.oom_kills = keyed_value(d + "/memory.events", "oom_kill") - base;
-    m.peak = read_u64(d + "/memory.peak");
-    m.limit = read_u64(d + "/memory.max");
+  if (memory_dir_.empty()) {
+    if (oom_scope_file_.empty()) return m;
+    const auto now = keyed_value(oom_scope_file_, "oom_kill");
+    m.oom_kills = now > oom_scope_base_ ? now - oom_scope_base_ : 0;
+    m.oom_scope = oom_scope_;
+    if (m.oom_kills > 0 && !oom_scope_dir_.empty()) m.limit = effective_limit(oom_scope_dir_, memory_mount_, oom_scope_v2_);
     return m;
   }
-  m.oom_kills = keyed_value(d + "/memory.oom_control", "oom_kill") - base;
-  m.peak = read_u64(d + "/memory.max_usage_in_bytes");
-  // The effective limit: the smallest on the way up to the hierarchy's root.
-  std::string dir = d;
-  for (int depth = 0; depth < 32 && dir.size() > std::string("/sys/fs/cgroup/memory").size(); ++depth) {
-    if (const auto l = read_u64(dir + "/memory.limit_in_bytes"); l && *l < (1ULL << 60)) {
-      if (!m.limit || *l < *m.limit) m.limit = l;
-    }
-    const auto slash = dir.rfind('/');
-    if (slash == std::string::npos || slash == 0) break;
-    dir.resize(slash);
-  }
+  const std::string d = rank_dir(memory_dir_, local_rank);
+  const auto base = oom_base_[static_cast<std::size_t>(local_rank)];
+  const auto kills = keyed_value(d + (memory_v2_ ? "/memory.events" : "/memory.oom_control"), "oom_kill");
+  m.oom_kills = kills > base ? kills - base : 0;
+  m.peak = read_u64(d + (memory_v2_ ? "/memory.peak" : "/memory.max_usage_in_bytes"));
+  // The effective limit: the smallest on the way up (a container's, a batch job's).
+  if (m.oom_kills > 0) m.limit = effective_limit(d, memory_mount_, memory_v2_);
   return m;
 }
 

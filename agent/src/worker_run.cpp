@@ -330,9 +330,14 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
   }
   const RankMemory mem = containment_ != nullptr ? containment_->rank_memory(w.spec.local_rank) : RankMemory{};
   const auto detail = peek_exit_detail(w.child.pid());
-  if (mem.oom_kills > 0) {
-    parts.push_back("out of memory: the kernel's OOM killer ended it" +
-                    (mem.limit ? " (memory limit " + format_bytes(*mem.limit) + ")" : std::string()));
+  const std::string limit = mem.limit ? " (memory limit " + format_bytes(*mem.limit) + ")" : std::string();
+  if (mem.oom_kills > 0 && mem.oom_scope.empty()) {
+    parts.push_back("out of memory: the kernel's OOM killer ended it" + limit);
+  } else if (mem.oom_kills > 0 && status.signal == SIGKILL && w.killed_by.empty() && !by_teardown(status)) {
+    // No memory cgroup of its own: the kill was counted for a wider scope (containment.hpp).
+    parts.push_back("out of memory (likely): the kernel's OOM killer ended " + std::to_string(mem.oom_kills) +
+                    " process(es) of " + mem.oom_scope + " during this attempt" + limit +
+                    ", and this SIGKILL did not come from ddprun");
   }
   if (detail && detail->core_dumped) parts.push_back("core dumped");
   if (mem.peak) {

@@ -2,7 +2,8 @@
 
 - containment: a worker's double-forked, setsid daemon ends after a normal end, after SIGTERM
   and after SIGKILL of ddprun, with each containment mechanism this box offers;
-- cause of death: a worker past its memory cgroup's limit is reported out of memory with its peak;
+- cause of death: a worker past its memory cgroup's limit is reported out of memory with its peak,
+  with a memory cgroup per rank and with only the enclosing cgroup's count;
 - culprit: a 2-rank gloo job where rank 1 sleeps outside all_reduce names rank 1 and its frame;
 - hang: --hang-timeout ends a job that makes no progress, with the ranks' stacks.
 
@@ -148,6 +149,42 @@ def cgroup_roots():
     return roots
 
 
+def limited_memory_cgroup(limit, kind):
+    """Makes a memory cgroup limited to `limit` bytes without swap, for ddprun to be started in:
+    ("v1", dir) below our own v1 memory cgroup, or ("v2", dir) below the cgroup2 root (our own
+    cgroup holds processes, so it cannot give a child the memory controller); None when `kind`
+    is not available here."""
+    name = f"ddprun-oom-test-{os.getpid()}"
+    if kind == "v1":
+        with open("/proc/self/cgroup") as f:
+            own = [l.split(":", 2)[2].strip() for l in f if ":memory:" in l]
+        if not own or not os.path.isdir("/sys/fs/cgroup/memory"):
+            return None
+        cg = "/sys/fs/cgroup/memory" + own[0].rstrip("/") + "/" + name
+        files = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+    else:
+        root = "/sys/fs/cgroup"
+        try:
+            with open(root + "/cgroup.controllers") as f:
+                if "memory" not in f.read().split():
+                    return None
+            with open(root + "/cgroup.subtree_control") as f:
+                enabled = "memory" in f.read().split()
+            if not enabled:
+                with open(root + "/cgroup.subtree_control", "w") as f:
+                    f.write("+memory")
+        except OSError:
+            return None
+        cg = root + "/" + name
+        files = ("memory.max", "memory.swap.max")
+    os.mkdir(cg)
+    for name, value in zip(files, (str(limit), str(limit) if kind == "v1" else "0")):
+        if os.path.exists(cg + "/" + name):
+            with open(cg + "/" + name, "w") as f:
+                f.write(value)
+    return kind, cg
+
+
 def modes():
     """Containment mechanisms this box offers (auto picks the first)."""
     out = ["proc"]
@@ -219,34 +256,26 @@ class Diagnosis(unittest.TestCase):
 
     # ---- cause of death ----
 
-    def test_out_of_memory_names_the_cause_and_peak(self):
-        with open("/proc/self/cgroup") as f:
-            own = [l.split(":", 2)[2].strip() for l in f if ":memory:" in l]
-        if not own or not os.path.isdir("/sys/fs/cgroup/memory"):
-            self.skipTest("no v1 memory hierarchy")
-        cg = "/sys/fs/cgroup/memory" + own[0].rstrip("/") + f"/ddprun-oom-test-{os.getpid()}"
-        os.mkdir(cg)
+    def run_oom(self, kind, cg, wrapper=()):
+        """Runs the OOM script under ddprun started in cgroup `cg` (256 MiB, no swap); returns stderr."""
+        script = self.script("oom.py", OOM)
+
+        def join():
+            with open(cg + "/cgroup.procs", "w") as f:
+                f.write("0")
+
         try:
-            with open(cg + "/memory.limit_in_bytes", "w") as f:
-                f.write(str(256 * 1024 * 1024))
-            if os.path.exists(cg + "/memory.memsw.limit_in_bytes"):
-                with open(cg + "/memory.memsw.limit_in_bytes", "w") as f:
-                    f.write(str(256 * 1024 * 1024))
-            script = self.script("oom.py", OOM)
-
-            def join():
-                with open(cg + "/cgroup.procs", "w") as f:
-                    f.write("0")
-
-            proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script], preexec_fn=join)
+            proc = subprocess.Popen(list(wrapper) + [DDPRUN, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0",
+                                                     "--nproc-per-node", "1", "--no-python", PYTHON, script],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    preexec_fn=join)
             out, err = proc.communicate(timeout=120)
             err = err.decode()
             self.assertNotEqual(proc.returncode, 0, err)
             self.assertNotIn("survived", out.decode())
-            self.assertIn("out of memory: the kernel's OOM killer ended it (memory limit 256.0 MiB)", err)
-            self.assertRegex(err, r"peak memory \d+\.\d MiB")
+            return err
         finally:
-            # What is left in our cgroup is ddprun's watchdog, removing ddprun's cgroups below ours.
+            # What is left in the cgroup is ddprun's watchdog, removing ddprun's cgroups below it.
             with open(cg + "/cgroup.procs") as f:
                 for pid in f.read().split():
                     self.assertTrue(wait_gone(int(pid), 10), f"pid {pid} still in {cg}")
@@ -257,6 +286,34 @@ class Diagnosis(unittest.TestCase):
                     except FileNotFoundError:
                         pass
             os.rmdir(cg)
+
+    def test_out_of_memory_names_the_cause_and_peak(self):
+        # Ranks get memory cgroups of their own with the v1 memory hierarchy (and with cgroup v2
+        # only in the root cgroup, where no limit above the job can be set: not tested).
+        made = limited_memory_cgroup(256 << 20, "v1")
+        if made is None:
+            self.skipTest("no v1 memory hierarchy")
+        err = self.run_oom(*made)
+        self.assertIn("out of memory: the kernel's OOM killer ended it (memory limit 256.0 MiB)", err)
+        self.assertRegex(err, r"peak memory \d+\.\d MiB \(the rank's processes, cgroup\)")
+
+    def test_out_of_memory_without_rank_memory_cgroups(self):
+        # The usual cluster case: cgroup v2 below a cgroup that holds processes (a container, a
+        # systemd scope, a batch job), where the job cgroup cannot have the memory controller. The
+        # kill is counted in the enclosing memory cgroup. With v1 the same is forced by making the
+        # memory hierarchy read-only in a private mount namespace.
+        made = limited_memory_cgroup(256 << 20, "v2") or limited_memory_cgroup(256 << 20, "v1")
+        if made is None:
+            self.skipTest("no memory cgroup can be made here")
+        kind, cg = made
+        wrapper = ()
+        if kind == "v1":
+            wrapper = ("unshare", "-m", "sh", "-c", 'mount -o remount,bind,ro /sys/fs/cgroup/memory && exec "$@"', "sh")
+        err = self.run_oom(kind, cg, wrapper)
+        rel = cg[len("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup"):]
+        self.assertIn(f"out of memory (likely): the kernel's OOM killer ended 1 process(es) of cgroup {rel} during this "
+                      "attempt (memory limit 256.0 MiB), and this SIGKILL did not come from ddprun", err)
+        self.assertRegex(err, r"peak RSS \d+\.\d MiB \(the worker process\)")
 
     # ---- culprit of a collective timeout ----
 

@@ -8,8 +8,9 @@
 # OUT     results: summary.txt (one line per check: PASS/FAIL, seconds), log.txt (every check's
 #         output), launch.json / launch.md (bench/launch/run.py against torchrun 2.x)
 # CHECK   any of: info gpus nccl_pip holder_cost nccl_native nccl_torch store torchrun_c10d torch2
-#         hf launch (default: all, in that order; gpus..nccl_torch share the GPU and run one after another,
-#         store/torchrun_c10d/torch2 run beside them on the CPUs, hf and launch alone at the end)
+#         containment openssl hf floor launch (default: all, in that order; gpus..nccl_torch share the
+#         GPU and run one after another, store/torchrun_c10d, torch2 and containment/openssl run
+#         beside them on the CPUs, hf, floor and launch alone at the end)
 #
 # DEVICE_DEADLINE_S (default 480) bounds the whole run: each check's timeout is cut to what is
 # left, so the logs always come back. PYTHON_EXEC (default python3) must hold torch 2.x; torchrun,
@@ -30,7 +31,7 @@ else
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
   checks=("$@")
-  ((${#checks[@]})) || checks=(info gpus nccl_pip holder_cost nccl_native nccl_torch store torchrun_c10d torch2 hf launch)
+  ((${#checks[@]})) || checks=(info gpus nccl_pip holder_cost nccl_native nccl_torch store torchrun_c10d torch2 containment openssl hf floor launch)
 
   PY=${PYTHON_EXEC:-python3}
   PY=$(command -v "$PY")
@@ -259,6 +260,31 @@ c_torch2() {
   return $FAILED
 }
 
+c_containment() {  # that machine's cgroups (v2 only there): sweeps in every mode, OOM causes, culprit, hang
+  FAILED=0
+  echo "own cgroup: $(cat /proc/self/cgroup | tr '\n' ' ')"
+  echo "root cgroup.subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control 2>&1)"
+  expect "a worker runs in the job's cgroup (rank0 below it where memory is delegated)" 0 "^0::/.*ddprun-[0-9]+(/rank0)?$" \
+    ddprun --standalone --nproc-per-node 1 --nccl-id off --no-python cat /proc/self/cgroup
+  env DDPRUN_BIN_DIR="$prefix/bin" PYTHON_EXEC="$PY" "$HARNESS" "$src/tests/single_node/test_diagnosis.py" -v 2>&1 || FAILED=1
+  return $FAILED
+}
+
+c_openssl() {  # OpenSSL loaded on first use, from that machine's libssl.so.3
+  ldconfig -p | grep -E 'libssl\.so\.3|libcrypto\.so\.3'
+  env DDPRUN_BIN_DIR="$prefix/bin" "$HARNESS" "$src/tests/launcher/openssl_lazy_test.py" -v 2>&1
+}
+
+c_floor() {  # launch against the posix_spawn floor (bench/launch/pairs.py), with and without the NCCL holder
+  local extra
+  for extra in "" "--nccl-id off" "--nccl-id off --containment off"; do
+    echo "== ddprun ${extra:-(defaults)}"
+    # shellcheck disable=SC2086
+    "$HARNESS" "$src/bench/launch/pairs.py" --ddprun "$prefix/bin/ddprun" --floor "$prefix/bin/spawn_floor" \
+      --sizes "${FLOOR_SIZES:-1,8,64}" --reps "${FLOOR_REPS:-20}" --json "$out/pairs${extra//[^a-z]/_}.json" -- $extra || return 1
+  done
+}
+
 c_hf() {
   FAILED=0
   local script l t0 t1
@@ -310,8 +336,16 @@ if want store || want torchrun_c10d; then
   pids+=($!)
 fi
 if want torch2; then check torch2 300 c_torch2 & pids+=($!); fi
+if want containment || want openssl; then
+  (
+    want containment && check containment 240 c_containment
+    want openssl && check openssl 90 c_openssl
+  ) &
+  pids+=($!)
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 want hf && check hf 240 c_hf
+want floor && check floor 120 c_floor
 want launch && check launch 240 c_launch
 echo "whole run: $(($(date +%s) - start_s)) s" >>"$out/summary.txt"
 cat "$out/summary.txt"

@@ -19,7 +19,9 @@
 //
 // Independently of the mechanism, when the v1 memory hierarchy (or a v2 cgroup with the memory
 // controller) is writable, each rank also gets a memory cgroup so its OOM kills and peak usage
-// can be read per rank (rank_memory).
+// can be read per rank (rank_memory). Without one (cgroup v2 below a cgroup that holds processes:
+// a container, a systemd scope, a batch job), OOM kills are counted where the kernel counts them
+// for the workers: the nearest memory cgroup above the agent, else the whole machine.
 //
 // Not thread-safe; create before any thread starts (it forks).
 #include <sys/types.h>
@@ -38,9 +40,13 @@ enum class ContainmentMode : std::uint8_t { automatic, cgroup2, cgroup1, proc, o
 ContainmentMode parse_containment_mode(const std::string& text);
 
 struct RankMemory {
-  std::uint64_t oom_kills = 0;         // OOM kills in the rank's cgroup since the attempt began
-  std::optional<std::uint64_t> peak;   // bytes (memory.peak / max_usage_in_bytes)
+  std::uint64_t oom_kills = 0;         // OOM kills in `oom_scope` since the attempt began
+  std::optional<std::uint64_t> peak;   // bytes (memory.peak / max_usage_in_bytes), rank cgroups only
   std::optional<std::uint64_t> limit;  // bytes, the effective limit when one is set
+  // Where oom_kills were counted: empty for the rank's own cgroup (the kills were of this rank's
+  // processes); else "cgroup /a/b" (the nearest memory cgroup above the agent) or "this machine"
+  // (/proc/vmstat): kills of some process there, which may or may not be this rank's.
+  std::string oom_scope;
 };
 
 class Containment {
@@ -93,6 +99,15 @@ class Containment {
   bool memory_v2_ = false;
   bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
+  // Without rank memory cgroups: the file whose "oom_kill N" counts the workers' OOM kills
+  // (memory.events, memory.oom_control or /proc/vmstat), its label for RankMemory::oom_scope,
+  // the cgroup directory and hierarchy root for the limit (empty for the machine), its baseline.
+  std::string oom_scope_file_;
+  std::string oom_scope_;
+  std::string oom_scope_dir_;
+  std::string memory_mount_;  // the hierarchy root of memory_dir_ or oom_scope_dir_
+  bool oom_scope_v2_ = false;
+  std::uint64_t oom_scope_base_ = 0;
   std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups, or of the job cgroup
   int nproc_ = 0;
   pid_t watchdog_ = -1;
