@@ -110,7 +110,8 @@ class Agent {
       spdlog::info("log directory set to: {}", job_dir_);
     }
     // Before any thread exists: containment forks its watchdog.
-    containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node);
+    containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node,
+                                       config_.rank_memory);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
     const bool hook = config_.stacks && python;

@@ -166,16 +166,21 @@ struct OomScope {
 // ancestor with it, whose memory.events counts the kill (hierarchically); with v1 the workers
 // stay in the agent's memory cgroup (memory.oom_control counts its own kills, kernel >= 4.13);
 // else only the machine-wide counter is left (/proc/vmstat, kernel >= 4.13).
-OomScope find_oom_scope(const ProcCgroupTexts& texts) {
+// `job_v2` (the cgroup v2 job cgroup, when there is one) is where the search starts: it has the
+// controller itself when the agent's cgroup is the root (which may enable it for children).
+OomScope find_oom_scope(const ProcCgroupTexts& texts, const std::string& job_v2) {
   if (const auto m = find_mount("", texts)) {
-    for (std::string dir = m->dir + m->path; dir.size() > m->dir.size(); dir.resize(dir.rfind('/'))) {
-      if (exists(dir + "/memory.events")) return {dir + "/memory.events", "cgroup " + dir.substr(m->dir.size()), dir, m->dir, true};
+    for (std::string dir = job_v2.empty() ? m->dir + m->path : job_v2; dir.size() > m->dir.size();
+         dir.resize(dir.rfind('/'))) {
+      if (exists(dir + "/memory.events"))
+        return {dir + "/memory.events", "cgroup " + dir.substr(m->dir.size()), dir, m->dir, true};
     }
   }
   if (const auto m = find_mount("memory", texts)) {
     const std::string dir = m->dir + m->path;
     if (exists(dir + "/memory.oom_control")) {
-      return {dir + "/memory.oom_control", "cgroup " + (m->path.empty() ? std::string("/") : m->path), dir, m->dir, false};
+      return {dir + "/memory.oom_control", "cgroup " + (m->path.empty() ? std::string("/") : m->path), dir, m->dir,
+              false};
     }
   }
   if (exists("/proc/vmstat")) return {"/proc/vmstat", "this machine", "", "", false};
@@ -225,7 +230,7 @@ ContainmentMode parse_containment_mode(const std::string& text) {
   throw UsageError("--containment: unknown value '" + text + "'", "use auto, cgroup2, cgroup1, proc or off");
 }
 
-std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc) {
+std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc, bool rank_memory) {
   std::unique_ptr<Containment> c(new Containment());
   c->nproc_ = nproc;
   c->oom_base_.assign(static_cast<std::size_t>(nproc), 0);
@@ -246,7 +251,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   std::string why;  // why a cgroup mode was not used
   // Without rank memory cgroups: where the workers' OOM kills are counted (rank_memory).
   auto set_oom_scope = [&c, &texts] {
-    OomScope s = find_oom_scope(texts);
+    OomScope s = find_oom_scope(texts, c->mode_ == ContainmentMode::cgroup2 ? c->job_dir_ : std::string());
     c->oom_scope_file_ = std::move(s.file);
     c->oom_scope_ = std::move(s.label);
     c->oom_scope_dir_ = std::move(s.dir);
@@ -270,12 +275,12 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       why = "cgroup2 without cgroup.kill (kernel < 5.14)";
       return false;
     }
-    // Memory accounting per rank when the controller can be delegated here: then each rank
-    // gets its own cgroup (a cgroup whose children have controllers holds no process itself).
-    // Without it a rank cgroup would buy nothing (the sweep, cgroup.kill and the job's member
-    // list all work on the job cgroup), so every worker starts in the job cgroup: a mkdir, an
-    // open and an rmdir per rank less on the launch path (docs/containment.md, "Cost").
-    const auto ctrls = read_text(job + "/cgroup.controllers");
+    // With --rank-memory on, memory accounting per rank where the controller can be delegated:
+    // then each rank gets its own cgroup (a cgroup whose children have controllers holds no
+    // process itself). Otherwise a rank cgroup would buy nothing (the sweep, cgroup.kill and the
+    // job's member list all work on the job cgroup), so every worker starts in the job cgroup: a
+    // mkdir, an open and an rmdir per rank less on the launch path (docs/containment.md, "Cost").
+    const auto ctrls = rank_memory ? read_text(job + "/cgroup.controllers") : std::nullopt;
     const bool per_rank =
         ctrls && ctrls->find("memory") != std::string::npos && write_text(job + "/cgroup.subtree_control", "+memory");
     if (per_rank) {
@@ -356,7 +361,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     if (mode == ContainmentMode::automatic)
       spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
   }
-  if (!c->memory_v2_) {
+  if (rank_memory && !c->memory_v2_) {
     if (const auto mm = find_mount("memory", texts)) {
       const std::string job = mm->dir + mm->path + "/" + leaf;
       if (make_cgroup(job)) {
@@ -538,7 +543,8 @@ RankMemory Containment::rank_memory(int local_rank) const {
     const auto now = keyed_value(oom_scope_file_, "oom_kill");
     m.oom_kills = now > oom_scope_base_ ? now - oom_scope_base_ : 0;
     m.oom_scope = oom_scope_;
-    if (m.oom_kills > 0 && !oom_scope_dir_.empty()) m.limit = effective_limit(oom_scope_dir_, memory_mount_, oom_scope_v2_);
+    if (m.oom_kills > 0 && !oom_scope_dir_.empty())
+      m.limit = effective_limit(oom_scope_dir_, memory_mount_, oom_scope_v2_);
     return m;
   }
   const std::string d = rank_dir(memory_dir_, local_rank);

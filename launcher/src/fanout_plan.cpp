@@ -46,6 +46,7 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"containment", [](std::string_view t, std::string_view w) { parse_containment_value(t, w); }},
       {"hang-timeout", [](std::string_view t, std::string_view w) { parse_seconds_value(t, w); }},
       {"stacks", [](std::string_view t, std::string_view w) { parse_on_off(t, w); }},
+      {"rank-memory", [](std::string_view t, std::string_view w) { parse_on_off(t, w); }},
       {"metrics-host", [](std::string_view t, std::string_view w) { parse_ip_address(t, w); }},
       {"metrics-port", [](std::string_view t, std::string_view w) { parse_port_value(t, w, 0); }},
       {"event-log-handler", [](std::string_view t, std::string_view w) { parse_event_log_handler(t, w); }},

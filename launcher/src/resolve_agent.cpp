@@ -316,6 +316,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
         static_cast<std::int64_t>(std::llround(parse_seconds_value(g->text, g->what) * 1000.0)));
   }
   if (auto g = p.given("stacks")) cfg.stacks = parse_on_off(g->text, g->what);
+  if (auto g = p.given("rank-memory")) cfg.rank_memory = parse_on_off(g->text, g->what);
 
   // GPUs: a plan only when GPUs are involved, so a CPU-only run is exactly as before.
   std::vector<std::string> rank_bus_ids;  // per local rank, from the plan (for --numa-binding)

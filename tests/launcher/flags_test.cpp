@@ -84,6 +84,7 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
                                                 "run-path",
                                                 "numa-binding",
                                                 "containment",
+                                                "rank-memory",
                                                 "hang-timeout",
                                                 "stacks",
                                                 "event-log-handler",

@@ -256,7 +256,7 @@ class Diagnosis(unittest.TestCase):
 
     # ---- cause of death ----
 
-    def run_oom(self, kind, cg, wrapper=()):
+    def run_oom(self, kind, cg, wrapper=(), flags=()):
         """Runs the OOM script under ddprun started in cgroup `cg` (256 MiB, no swap); returns stderr."""
         script = self.script("oom.py", OOM)
 
@@ -266,7 +266,7 @@ class Diagnosis(unittest.TestCase):
 
         try:
             proc = subprocess.Popen(list(wrapper) + [DDPRUN, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0",
-                                                     "--nproc-per-node", "1", "--no-python", PYTHON, script],
+                                                     "--nproc-per-node", "1", *flags, "--no-python", PYTHON, script],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     preexec_fn=join)
             out, err = proc.communicate(timeout=120)
@@ -288,32 +288,42 @@ class Diagnosis(unittest.TestCase):
             os.rmdir(cg)
 
     def test_out_of_memory_names_the_cause_and_peak(self):
-        # Ranks get memory cgroups of their own with the v1 memory hierarchy (and with cgroup v2
-        # only in the root cgroup, where no limit above the job can be set: not tested).
+        # --rank-memory on: ranks get memory cgroups of their own with the v1 memory hierarchy (and
+        # with cgroup v2 only in the root cgroup, where no limit above the job can be set: not
+        # tested).
         made = limited_memory_cgroup(256 << 20, "v1")
         if made is None:
             self.skipTest("no v1 memory hierarchy")
-        err = self.run_oom(*made)
+        err = self.run_oom(*made, flags=("--rank-memory", "on"))
         self.assertIn("out of memory: the kernel's OOM killer ended it (memory limit 256.0 MiB)", err)
         self.assertRegex(err, r"peak memory \d+\.\d MiB \(the rank's processes, cgroup\)")
 
     def test_out_of_memory_without_rank_memory_cgroups(self):
-        # The usual cluster case: cgroup v2 below a cgroup that holds processes (a container, a
-        # systemd scope, a batch job), where the job cgroup cannot have the memory controller. The
-        # kill is counted in the enclosing memory cgroup. With v1 the same is forced by making the
-        # memory hierarchy read-only in a private mount namespace.
-        made = limited_memory_cgroup(256 << 20, "v2") or limited_memory_cgroup(256 << 20, "v1")
-        if made is None:
+        # The default, and the usual cluster case: cgroup v2 below a cgroup that holds processes (a
+        # container, a systemd scope, a batch job), where the job cgroup cannot have the memory
+        # controller anyway. The kill is counted in the enclosing memory cgroup.
+        for kind in ("v2", "v1"):
+            for how in ("default", "rank-memory unavailable"):
+                if how != "default" and kind != "v1":
+                    continue
+                with self.subTest(kind=kind, how=how):
+                    made = limited_memory_cgroup(256 << 20, kind)
+                    if made is None:
+                        continue
+                    wrapper, flags = (), ()
+                    if how != "default":
+                        # --rank-memory on where the memory hierarchy is read-only (a private
+                        # mount namespace): the same fallback.
+                        wrapper = ("unshare", "-m", "sh", "-c", 'mount -o remount,bind,ro /sys/fs/cgroup/memory && exec "$@"', "sh")
+                        flags = ("--rank-memory", "on")
+                    err = self.run_oom(*made, wrapper=wrapper, flags=flags)
+                    rel = made[1][len("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup"):]
+                    self.assertIn(f"out of memory (likely): the kernel's OOM killer ended 1 process(es) of cgroup {rel} during "
+                                  "this attempt (memory limit 256.0 MiB), and this SIGKILL did not come from ddprun", err)
+                    self.assertRegex(err, r"peak RSS \d+\.\d MiB \(the worker process\)")
+                    self.ran_oom = True
+        if not getattr(self, "ran_oom", False):
             self.skipTest("no memory cgroup can be made here")
-        kind, cg = made
-        wrapper = ()
-        if kind == "v1":
-            wrapper = ("unshare", "-m", "sh", "-c", 'mount -o remount,bind,ro /sys/fs/cgroup/memory && exec "$@"', "sh")
-        err = self.run_oom(kind, cg, wrapper)
-        rel = cg[len("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup"):]
-        self.assertIn(f"out of memory (likely): the kernel's OOM killer ended 1 process(es) of cgroup {rel} during this "
-                      "attempt (memory limit 256.0 MiB), and this SIGKILL did not come from ddprun", err)
-        self.assertRegex(err, r"peak RSS \d+\.\d MiB \(the worker process\)")
 
     # ---- culprit of a collective timeout ----
 

@@ -113,6 +113,7 @@ struct AgentConfig {
   std::string containment = "auto";           // auto | cgroup2 | cgroup1 | proc | off
   std::chrono::milliseconds hang_timeout{0};  // 0 = no hang detection
   bool stacks = true;                         // collect survivors' stacks on failure
+  bool rank_memory = false;                   // a memory cgroup per rank (--rank-memory on)
   bool virtual_local_rank = false;            // as given; the GPU plan implements it when gpu_env is set
 
   // GPU plan (worker_env::plan_gpus, computed by the launcher; docs/gpus.md). Empty when no GPU

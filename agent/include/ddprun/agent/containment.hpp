@@ -17,11 +17,12 @@
 // sweeps the job and removes its cgroups. The watchdog ignores terminal signals, so a Ctrl-C to
 // the process group does not end it before it has cleaned up.
 //
-// Independently of the mechanism, when the v1 memory hierarchy (or a v2 cgroup with the memory
-// controller) is writable, each rank also gets a memory cgroup so its OOM kills and peak usage
-// can be read per rank (rank_memory). Without one (cgroup v2 below a cgroup that holds processes:
-// a container, a systemd scope, a batch job), OOM kills are counted where the kernel counts them
-// for the workers: the nearest memory cgroup above the agent, else the whole machine.
+// Independently of the mechanism, with --rank-memory on and the v1 memory hierarchy (or a v2
+// job cgroup that can delegate the memory controller) writable, each rank also gets a memory
+// cgroup so its OOM kills and peak usage can be read per rank (rank_memory). Without one (the
+// default; and cgroup v2 below a cgroup that holds processes: a container, a systemd scope, a
+// batch job, can never delegate it), OOM kills are counted where the kernel counts them for the
+// workers: the nearest memory cgroup at or above the job, else the whole machine.
 //
 // Not thread-safe; create before any thread starts (it forks).
 #include <sys/types.h>
@@ -53,7 +54,8 @@ class Containment {
  public:
   // Sets up the job's containment for `nproc` local ranks. Falls back (auto) or throws
   // UsageError (an explicit mode that cannot be used) with the reason.
-  static std::unique_ptr<Containment> create(ContainmentMode mode, int nproc);
+  // `rank_memory` (--rank-memory on): a memory cgroup per rank where one can be made.
+  static std::unique_ptr<Containment> create(ContainmentMode mode, int nproc, bool rank_memory = false);
   ~Containment();  // sweeps, removes the cgroups, ends the watchdog
   Containment(const Containment&) = delete;
   Containment& operator=(const Containment&) = delete;
