@@ -38,6 +38,9 @@ struct ChildArgs {
   std::size_t cpu_mask_bytes = 0;
   const char* const* cgroup_procs = nullptr;  // nullptr-terminated
   bool in_first_cgroup = false;               // started in cgroup_procs[0]'s cgroup (CLONE_INTO_CGROUP)
+  bool reset_listed = false;                  // SpawnRequest::reset_signals given; else look at every signal
+  const int* reset_signals = nullptr;
+  std::size_t reset_count = 0;
   // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
   // suspension ends (exec or _exit).
   volatile int error = 0;
@@ -64,24 +67,25 @@ bool move_fd(int from, int to) {
   return ::dup2(from, to) == to;
 }
 
+// Whether `sig` has a handler in this process (not SIG_DFL, not SIG_IGN). False for the signals
+// sigaction refuses (SIGKILL, SIGSTOP, glibc's reserved real-time signals).
+bool has_handler(int sig) {
+  struct sigaction old {};
+  if (::sigaction(sig, nullptr, &old) != 0) return false;
+  return (old.sa_flags & SA_SIGINFO) != 0 || (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);  // NOLINT
+}
+
 int child_main(void* raw) {
   auto* args = static_cast<ChildArgs*>(raw);
   // Handlers installed by the agent (asio's signal_set) must not run in the worker; ignored
   // signals stay ignored (nohup semantics) except SIGPIPE, which the agent ignores for itself.
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) {
-      continue;
-    }
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0) {
-      continue;  // glibc-reserved real-time signals
-    }
-    const bool is_handler =
-        (old.sa_flags & SA_SIGINFO) != 0 || (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);  // NOLINT
-    if (is_handler || sig == SIGPIPE) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;  // NOLINT
-      ::sigaction(sig, &dfl, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;  // NOLINT
+  if (args->reset_listed) {
+    for (std::size_t i = 0; i < args->reset_count; ++i) ::sigaction(args->reset_signals[i], &dfl, nullptr);
+  } else {
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig == SIGPIPE || has_handler(sig)) ::sigaction(sig, &dfl, nullptr);
     }
   }
   sigset_t empty;
@@ -178,6 +182,14 @@ bool g_clone3_refused = false;
 
 }  // namespace
 
+std::vector<int> signals_to_reset() {
+  std::vector<int> out{SIGPIPE};
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGPIPE && has_handler(sig)) out.push_back(sig);
+  }
+  return out;
+}
+
 SpawnResult spawn_worker(const SpawnRequest& request) {
   auto argv = c_array(request.argv);
   auto envp = c_array(request.envp);
@@ -190,6 +202,11 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   args.stdout_fd = request.stdout_fd;
   args.stderr_fd = request.stderr_fd;
   args.parent_pid = ::getpid();
+  if (request.reset_signals != nullptr) {
+    args.reset_listed = true;
+    args.reset_signals = request.reset_signals->data();
+    args.reset_count = request.reset_signals->size();
+  }
   // The affinity mask in the kernel's layout (bit c of word c / bits-per-long), built here: the
   // child may not allocate.
   std::vector<unsigned long> mask;                                           // NOLINT: the kernel's cpumask unit

@@ -81,6 +81,9 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
   hang_fired_ = false;
   if (containment_ != nullptr) containment_->begin_attempt();
   for (auto& s : specs) workers_.push_back(std::make_unique<Worker>(io_, std::move(s)));
+  // Asked once for the whole round, not by each worker's child (~64 system calls each while the
+  // agent waits for its exec): no handler is installed or removed between here and the spawns.
+  reset_signals_ = signals_to_reset();
   for (const auto& a : machine_.start()) {
     if (a.kind != GroupAction::Kind::start_attempt) continue;
     for (auto& w : workers_) spawn(*w, executable, parent_env);
@@ -108,6 +111,7 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   req.envp = worker_env::merge_env(parent_env, w.spec.env);
   req.cwd = w.spec.cwd;
   req.cpus = w.spec.cpus;  // --numa-binding
+  req.reset_signals = &reset_signals_;
   if (containment_ != nullptr) {
     req.cgroup_procs = containment_->join_files(local_rank);
     req.cgroup_dir_fd = containment_->join_dir_fd(local_rank);

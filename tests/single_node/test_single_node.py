@@ -111,6 +111,25 @@ class SingleNode(unittest.TestCase):
         self.assertEqual(r.returncode, 139, r.stderr)
         self.assertIn("SIGSEGV (signal 11)", r.stderr)
 
+    def test_worker_signal_dispositions(self):
+        # Each worker's child resets what the agent handles or ignores for itself (SIGPIPE) before
+        # exec, from a list the agent makes once per round; what ddprun's own parent ignored
+        # (nohup) stays ignored. Read from the workers' /proc/self/status, two ranks, two rounds.
+        def ignore_usr2():
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+        r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-python", "sh", "-c",
+                 'grep -E "^Sig(Ign|Cgt)" /proc/self/status; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]'],
+                preexec_fn=ignore_usr2)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ign = [int(line.split()[1], 16) for line in r.stdout.splitlines() if line.startswith("SigIgn:")]
+        self.assertEqual(len(ign), 4, r.stdout)  # 2 ranks x 2 rounds
+        for mask in ign:
+            self.assertTrue(mask & (1 << (signal.SIGUSR2 - 1)), f"SIGUSR2 no longer ignored: {mask:x}")
+            self.assertFalse(mask & (1 << (signal.SIGPIPE - 1)), f"SIGPIPE left ignored: {mask:x}")
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+                self.assertFalse(mask & (1 << (sig - 1)), f"{sig!r} ignored in the worker: {mask:x}")
+
     def test_restarts(self):
         r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", WORKER,
                  "--dump-env", self.p("env_%r_%a.json"), "--fail-on-attempt", "0", "--only-rank", "0",

@@ -118,7 +118,8 @@ class WorkerRun {
   std::string diagnosis_;              // this attempt's diagnosis block
   std::vector<int> teardown_signals_;  // what signal_groups() sent this attempt
   std::string attempt_dir_;
-  std::string lazy_job_dir_;  // set_lazy_dirs; empty: the directories are made at start
+  std::vector<int> reset_signals_;  // signals_to_reset(), once per round (start)
+  std::string lazy_job_dir_;        // set_lazy_dirs; empty: the directories are made at start
   std::vector<std::unique_ptr<Worker>> workers_;
   bool wrote_files_ = false;
   bool ended_ = false;  // the machine is terminal or kill_and_reap_all ran
