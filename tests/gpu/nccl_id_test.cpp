@@ -184,6 +184,23 @@ TEST_CASE("the holder's IDs name a live bootstrap root", "[nccl][holder]") {
   for (const auto& root : roots) CHECK_FALSE(root_accepts(root));
 }
 
+TEST_CASE("NCCL's own output (NCCL_DEBUG=INFO prints to stdout) does not mix with the IDs", "[nccl][holder]") {
+  if (const auto why = nccl_missing(); !why.empty()) {
+    std::cout << "SKIPPED: " << why << "\n";
+    return;
+  }
+  auto env = loopback;
+  env.emplace_back("NCCL_DEBUG", "INFO");
+  env.emplace_back("NCCL_DEBUG_SUBSYS", "ALL");
+  auto holder = NcclIdHolder::start(HOLDER_PATH, 2, 30s, env);
+  REQUIRE(holder.ids().size() == 2);
+  for (const auto& id : holder.ids()) {
+    const auto root = decode_bootstrap_root(id);
+    REQUIRE(root);
+    CHECK(root_accepts(*root));
+  }
+}
+
 TEST_CASE("the holder dies with its parent", "[nccl][holder]") {
   if (const auto why = nccl_missing(); !why.empty()) {
     std::cout << "SKIPPED: " << why << "\n";

@@ -5,9 +5,12 @@
 // Calls ncclGetUniqueId K times (default 1; K > 1 for ncclCommInitRankScalable), prints each
 // ID as 256 lowercase hex chars on its own line, flushes, then keeps the process (and NCCL's
 // bootstrap root threads) alive until stdin reaches EOF or SIGTERM/SIGINT/SIGHUP arrives, and
-// exits 0. It never outlives its parent (PR_SET_PDEATHSIG). Exit codes: 0 done, 2 usage,
+// exits 0. Only the IDs go to stdout: whatever NCCL itself prints there (NCCL_DEBUG=INFO
+// writes to stdout) goes to stderr. It never outlives its parent (PR_SET_PDEATHSIG). Exit
+// codes: 0 done, 2 usage,
 // 3 NCCL unavailable (one line on stderr: "ddprun-nccl-id: NCCL unavailable: <reason>"),
 // 1 other errors.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -68,6 +71,11 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   const int sfd = signalfd(-1, &stop_signals, SFD_CLOEXEC);
 
+  // The IDs get stdout to themselves: NCCL (NCCL_DEBUG=INFO, without NCCL_DEBUG_FILE) and any
+  // other library print to fd 1, which from here on is stderr.
+  const int ids_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (ids_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) != STDOUT_FILENO) return 1;
+
   std::string text;
   try {
     for (const auto& id : generate_nccl_unique_ids(roots, current_environment())) {
@@ -81,7 +89,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddprun-nccl-id: %s\n", e.what());
     return 1;
   }
-  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) _exit(1);
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = write(ids_fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) _exit(1);
+    done += static_cast<std::size_t>(n);
+  }
+  // ids_fd stays open: EOF on the holder's stdout means it is gone.
 
   // Hold until stdin EOF (the agent closed our pipe: the round is over) or a stop signal.
   for (;;) {

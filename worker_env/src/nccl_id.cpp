@@ -266,6 +266,10 @@ void NcclIdHolder::await(std::chrono::milliseconds timeout) {
   bool out_open = true;
   bool err_open = true;
   auto lines = [&out]() { return static_cast<int>(std::count(out.begin(), out.end(), '\n')); };
+  // Bounded: stdout carries only the IDs (the holder sends everything else to stderr), stderr
+  // NCCL's debug lines (NCCL_DEBUG=INFO) and the holder's own error line.
+  const std::size_t out_cap = static_cast<std::size_t>(roots) * (2 * nccl_unique_id_bytes + 1);
+  constexpr std::size_t kErrCap = 64 * 1024;
   while (lines() < roots && (out_open || err_open)) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
@@ -280,22 +284,32 @@ void NcclIdHolder::await(std::chrono::milliseconds timeout) {
       if (got <= 0) {
         (i == 0 ? out_open : err_open) = false;
       } else {
-        (i == 0 ? out : err).append(buf, static_cast<std::size_t>(got));
+        std::string& text = i == 0 ? out : err;
+        const std::size_t cap = i == 0 ? out_cap : kErrCap;
+        text.append(buf, std::min(static_cast<std::size_t>(got), cap - std::min(cap, text.size())));
       }
     }
   }
   close_output();
   if (lines() < roots) {
     stop(std::chrono::milliseconds(500));
-    // stop() reaped it; a code-3 exit was recorded by stop() only as "gone", so read stderr.
-    std::string reason(trim(err));
-    if (const auto nl = reason.find('\n'); nl != std::string::npos) reason = reason.substr(0, nl);
+    // stop() reaped it; a code-3 exit was recorded by stop() only as "gone", so read stderr: the
+    // holder's own last line, else the last line (NCCL's debug lines may come first).
+    std::string reason;
+    for (const auto& line : split(std::string(trim(err)), '\n')) {
+      if (line.rfind("ddprun-nccl-id:", 0) == 0 || reason.rfind("ddprun-nccl-id:", 0) != 0) reason = line;
+    }
     if (reason.rfind("ddprun-nccl-id: NCCL unavailable:", 0) == 0) {
       throw NcclUnavailable(reason.substr(std::strlen("ddprun-nccl-id: NCCL unavailable: ")));
     }
     throw Error("nccl-id holder " + binary_ + " gave " + std::to_string(lines()) + " of " + std::to_string(roots) +
                 " ID(s) within " + std::to_string(timeout.count()) + " ms" +
                 (reason.empty() ? std::string() : ": " + reason));
+  }
+  // What NCCL printed while making the IDs (NCCL_DEBUG=INFO: the bootstrap root's interface and
+  // address) goes where the holder's own stderr would have gone; later lines are dropped.
+  if (!err.empty()) {
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, err.data(), err.size());
   }
   const auto parts = split(out, '\n');
   for (int i = 0; i < roots; ++i) {
