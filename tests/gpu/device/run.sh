@@ -160,6 +160,7 @@ c_gpus() {
   # without DDPRUN_NCCL_LIBRARY (pip's wheel beside torch, through PATH's python3).
   expect "auto exports an NCCL ID on a GPU node" 0 "order=PCI_BUS_ID dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "the holder alone prints an ID" 0 "^[0-9a-f]{256}$" sh -c 'ddprun-nccl-id </dev/null'
+  expect "NCCL_DEBUG=INFO: NCCL's lines stay off the IDs (auto on a GPU node)" 0 "id=[0-9a-f]{256}$" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "--nccl-roots 2 exports two IDs" 0 "ids=[0-9a-f]{256},[0-9a-f]{256}$" ddprun --standalone --nproc-per-node 1 --nccl-id env --nccl-roots 2 --no-python sh -c 'echo "ids=$DDPRUN_NCCL_UNIQUE_IDS"'
   return $FAILED
 }
@@ -233,6 +234,7 @@ c_nccl_torch() {
   expect "torch DDP over NCCL, ddprun --nccl-id comm-id" 0 '"ok": true' ddprun --standalone --nproc-per-node gpu --nccl-id comm-id "$here/ddp_nccl.py" comm-id
   expect "torch DDP over NCCL, torchrun" 0 '"ok": true' "$TORCHRUN" --standalone --nproc-per-node gpu "$here/ddp_nccl.py" plain
   expect "CuPy NCCL communicator from DDPRUN_NCCL_UNIQUE_ID" 0 '"ok": true' ddprun --standalone --nproc-per-node gpu "$here/cupy_nccl_id.py"
+  expect "torch DDP over NCCL with NCCL_DEBUG=INFO, ddprun --nccl-id auto" 0 '"ok": true' env NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu "$here/ddp_nccl.py" id
   return $FAILED
 }
 
