@@ -110,8 +110,8 @@ class Agent {
       spdlog::info("log directory set to: {}", job_dir_);
     }
     // Before any thread exists: containment forks its watchdog.
-    containment_ = Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node,
-                                       config_.rank_memory);
+    containment_ =
+        Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node, config_.rank_memory);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
     const bool hook = config_.stacks && python;
@@ -134,11 +134,7 @@ class Agent {
     // A timer request names a pid: only live processes of the current attempt may be signalled,
     // never the agent's neighbours (sshd, ddprun-rdzvd, another job) nor a recycled pid.
     file_timer_ = start_file_timer(io_, config_, parent_env_, [this](pid_t pid, int sig) {
-      if (!run_.owns_live_pid(pid)) {
-        spdlog::warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
-        return false;
-      }
-      return kill_timer_pid(pid, sig);
+      return kill_timer_pid(pid, sig, [this](pid_t p) { return run_.owns_live_pid(p); });
     });
     if (config_.health_check_port) {
       health_ = std::make_unique<HealthEndpoint>(io_, *config_.health_check_port);

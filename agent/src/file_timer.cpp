@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -313,13 +314,25 @@ void FileTimerServer::on_deadline() {
   rearm();
 }
 
-bool kill_timer_pid(pid_t pid, int signal) {
+bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& member) {
   // A request names any pid; never signal the agent itself, init or a process group.
   if (pid <= 1 || pid == ::getpid()) {
     spdlog::warn("file timer: refusing to signal pid {}", pid);
     return false;
   }
-  return ::kill(pid, signal) == 0;
+  // Pin the process first: if `pid` is recycled after the membership check, the pidfd still
+  // names the process that was checked (then gone: ESRCH), never the newcomer.
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0 && errno != ENOSYS) return false;  // gone already
+  if (!member(pid)) {
+    if (fd >= 0) ::close(fd);
+    spdlog::warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
+    return false;
+  }
+  if (fd < 0) return ::kill(pid, signal) == 0;  // kernel < 5.3
+  const bool ok = ::syscall(SYS_pidfd_send_signal, fd, signal, nullptr, 0) == 0;
+  ::close(fd);
+  return ok;
 }
 
 std::unique_ptr<FileTimerServer> start_file_timer(boost::asio::io_context& io, const AgentConfig& config,

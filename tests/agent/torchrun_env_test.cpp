@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -238,10 +239,32 @@ TEST_CASE("file timer: the FIFO path never costs a user's file or another job's 
   fs::remove_all(dir);
 }
 
-TEST_CASE("file timer: never signals the agent itself or init") {
-  CHECK_FALSE(kill_timer_pid(::getpid(), SIGKILL));
-  CHECK_FALSE(kill_timer_pid(1, SIGKILL));
-  CHECK_FALSE(kill_timer_pid(0, SIGKILL));
+TEST_CASE("file timer: never signals the agent itself or init, nor a pid its check refuses") {
+  const auto anyone = [](pid_t) { return true; };
+  CHECK_FALSE(kill_timer_pid(::getpid(), SIGKILL, anyone));
+  CHECK_FALSE(kill_timer_pid(1, SIGKILL, anyone));
+  CHECK_FALSE(kill_timer_pid(0, SIGKILL, anyone));
+
+  // A live child: refused by the membership check it stays alive; accepted, it gets the signal
+  // through its pidfd. An exited (reaped) pid is not signalled.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (;;) ::pause();
+  }
+  pid_t asked = 0;
+  CHECK_FALSE(kill_timer_pid(child, SIGKILL, [&asked](pid_t p) {
+    asked = p;
+    return false;
+  }));
+  CHECK(asked == child);
+  CHECK(::kill(child, 0) == 0);
+  CHECK(kill_timer_pid(child, SIGKILL, anyone));
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
+  CHECK_FALSE(kill_timer_pid(child, SIGKILL, anyone));
 }
 
 TEST_CASE("health endpoint: the answer and a real request") {

@@ -126,9 +126,10 @@ class FileTimerServer {
   std::size_t warnings_suppressed_ = 0;
 };
 
-// Sends `signal` to `pid` unless it is the agent itself or pid <= 1. The caller checks first that
-// the pid belongs to the job (FileTimerServer::Killer).
-bool kill_timer_pid(pid_t pid, int signal);
+// Sends `signal` to `pid` unless it is the agent itself, pid <= 1, or `member(pid)` says it is
+// not the job's. The process is pinned with a pidfd before `member` is asked and signalled through
+// it, so a pid that is recycled in between is never signalled (kill() by number would be).
+bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& member);
 
 // With config.file_timer: creates and starts the server (FIFO at config.file_timer_path, else
 // default_timer_file()) with `killer` and sets TORCHELASTIC_TIMER_FILE in `parent_env`, the base
