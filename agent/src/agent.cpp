@@ -134,7 +134,10 @@ class Agent {
     // A timer request names a pid: only live processes of the current attempt may be signalled,
     // never the agent's neighbours (sshd, ddprun-rdzvd, another job) nor a recycled pid.
     file_timer_ = start_file_timer(io_, config_, parent_env_, [this](pid_t pid, int sig) {
-      return kill_timer_pid(pid, sig, [this](pid_t p) { return run_.owns_live_pid(p); });
+      if (!kill_timer_pid(pid, sig, [this](pid_t p) { return run_.owns_live_pid(p); })) return false;
+      // Its SIGKILL is then ddprun's, not a candidate for an OOM kill (cause_of).
+      run_.mark_killed_by(pid, "file timer (a FileTimer scope expired)");
+      return true;
     });
     if (config_.health_check_port) {
       health_ = std::make_unique<HealthEndpoint>(io_, *config_.health_check_port);

@@ -138,16 +138,18 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
   return std::nullopt;
 }
 
-// The smallest memory limit from `dir` up to (not including) the hierarchy's root `mount`:
+// The smallest memory limit from `dir` up to the hierarchy's root `mount`, which counts too: in a
+// container with its own cgroup namespace the mount's root is the container's cgroup, with the
+// container's limit (the machine's root cgroup has no memory.max, and v1's says "unlimited").
 // cgroup v2 memory.max, v1 memory.limit_in_bytes ("max" and v1's near-2^63 "unlimited" are none).
 std::optional<std::uint64_t> effective_limit(std::string dir, const std::string& mount, bool v2) {
   std::optional<std::uint64_t> limit;
-  for (int depth = 0; depth < 64 && dir.size() > mount.size(); ++depth) {
+  for (int depth = 0; depth < 64 && dir.size() >= mount.size(); ++depth) {
     if (const auto l = read_u64(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes")); l && *l < (1ULL << 60)) {
       if (!limit || *l < *limit) limit = l;
     }
     const auto slash = dir.rfind('/');
-    if (slash == std::string::npos || slash < mount.size()) break;
+    if (dir.size() == mount.size() || slash == std::string::npos || slash < mount.size()) break;
     dir.resize(slash);
   }
   return limit;
@@ -167,13 +169,18 @@ struct OomScope {
 // stay in the agent's memory cgroup (memory.oom_control counts its own kills, kernel >= 4.13);
 // else only the machine-wide counter is left (/proc/vmstat, kernel >= 4.13).
 // `job_v2` (the cgroup v2 job cgroup, when there is one) is where the search starts: it has the
-// controller itself when the agent's cgroup is the root (which may enable it for children).
+// controller itself when the agent's cgroup is the root (which may enable it for children). The
+// mount's root is searched too: in a container with its own cgroup namespace it is the
+// container's cgroup (the machine's root cgroup has no memory.events).
 OomScope find_oom_scope(const ProcCgroupTexts& texts, const std::string& job_v2) {
   if (const auto m = find_mount("", texts)) {
-    for (std::string dir = job_v2.empty() ? m->dir + m->path : job_v2; dir.size() > m->dir.size();
+    for (std::string dir = job_v2.empty() ? m->dir + m->path : job_v2; dir.size() >= m->dir.size();
          dir.resize(dir.rfind('/'))) {
-      if (exists(dir + "/memory.events"))
-        return {dir + "/memory.events", "cgroup " + dir.substr(m->dir.size()), dir, m->dir, true};
+      if (exists(dir + "/memory.events")) {
+        const std::string rel = dir.substr(m->dir.size());
+        return {dir + "/memory.events", "cgroup " + (rel.empty() ? std::string("/") : rel), dir, m->dir, true};
+      }
+      if (dir.size() == m->dir.size()) break;
     }
   }
   if (const auto m = find_mount("memory", texts)) {
@@ -255,7 +262,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     c->oom_scope_file_ = std::move(s.file);
     c->oom_scope_ = std::move(s.label);
     c->oom_scope_dir_ = std::move(s.dir);
-    c->memory_mount_ = std::move(s.mount);
+    c->oom_scope_mount_ = std::move(s.mount);
     c->oom_scope_v2_ = s.v2;
   };
 
@@ -353,6 +360,12 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       c->mode_ = ContainmentMode::off;
       c->mechanism_ = "off";
       set_oom_scope();
+      if (rank_memory) {
+        spdlog::warn(
+            "--rank-memory on needs containment: with --containment off the ranks get no memory cgroup; "
+            "an OOM kill is read from {}",
+            c->oom_scope_.empty() ? std::string("nowhere") : c->oom_scope_);
+      }
       return c;
   }
   if (!ok) {
@@ -368,12 +381,30 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
         c->memory_dir_ = job;
         c->memory_mount_ = mm->dir;
         for (int r = 0; r < nproc; ++r) {
-          if (::mkdir(rank_dir(job, r).c_str(), 0755) != 0) c->memory_fresh_ = false;  // EEXIST: counters not at 0
+          if (::mkdir(rank_dir(job, r).c_str(), 0755) == 0) continue;
+          if (errno == EEXIST) {
+            c->memory_fresh_ = false;  // left over: its counters are not at zero
+            continue;
+          }
+          spdlog::debug("containment: cannot create {}: {}", rank_dir(job, r), std::strerror(errno));
+          for (int k = 0; k < r; ++k) ::rmdir(rank_dir(job, k).c_str());
+          ::rmdir(job.c_str());
+          c->memory_dir_.clear();
+          break;
         }
       }
     }
   }
-  if (c->memory_dir_.empty()) set_oom_scope();
+  // Also with rank cgroups: a worker the OOM killer ends before the watchdog moved it into its
+  // rank's v1 memory cgroup is counted in the agent's (rank_memory).
+  set_oom_scope();
+  if (rank_memory && c->memory_dir_.empty()) {
+    spdlog::warn(
+        "--rank-memory on: the ranks cannot get memory cgroups of their own here (no writable v1 memory "
+        "hierarchy, and a cgroup v2 below a cgroup that holds processes cannot delegate the memory "
+        "controller); an OOM kill is read from {}",
+        c->oom_scope_.empty() ? std::string("nowhere") : c->oom_scope_);
+  }
 
   // The watchdog: sweeps the job when the agent is gone, however it ended.
   int fds[2];
@@ -538,22 +569,26 @@ std::optional<std::vector<pid_t>> Containment::job_pids() const {
 
 RankMemory Containment::rank_memory(int local_rank) const {
   RankMemory m;
-  if (memory_dir_.empty()) {
-    if (oom_scope_file_.empty()) return m;
-    const auto now = keyed_value(oom_scope_file_, "oom_kill");
-    m.oom_kills = now > oom_scope_base_ ? now - oom_scope_base_ : 0;
-    m.oom_scope = oom_scope_;
-    if (m.oom_kills > 0 && !oom_scope_dir_.empty())
-      m.limit = effective_limit(oom_scope_dir_, memory_mount_, oom_scope_v2_);
-    return m;
+  if (!memory_dir_.empty()) {
+    const std::string d = rank_dir(memory_dir_, local_rank);
+    const auto base = oom_base_[static_cast<std::size_t>(local_rank)];
+    const auto kills = keyed_value(d + (memory_v2_ ? "/memory.events" : "/memory.oom_control"), "oom_kill");
+    m.oom_kills = kills > base ? kills - base : 0;
+    m.peak = read_u64(d + (memory_v2_ ? "/memory.peak" : "/memory.max_usage_in_bytes"));
+    if (m.oom_kills > 0) {
+      // The effective limit: the smallest on the way up (a container's, a batch job's).
+      m.limit = effective_limit(d, memory_mount_, memory_v2_);
+      return m;
+    }
   }
-  const std::string d = rank_dir(memory_dir_, local_rank);
-  const auto base = oom_base_[static_cast<std::size_t>(local_rank)];
-  const auto kills = keyed_value(d + (memory_v2_ ? "/memory.events" : "/memory.oom_control"), "oom_kill");
-  m.oom_kills = kills > base ? kills - base : 0;
-  m.peak = read_u64(d + (memory_v2_ ? "/memory.peak" : "/memory.max_usage_in_bytes"));
-  // The effective limit: the smallest on the way up (a container's, a batch job's).
-  if (m.oom_kills > 0) m.limit = effective_limit(d, memory_mount_, memory_v2_);
+  // No rank cgroup, or none counted a kill (a worker killed before its v1 join): the scope's.
+  if (oom_scope_file_.empty()) return m;
+  const auto now = keyed_value(oom_scope_file_, "oom_kill");
+  m.oom_kills = now > oom_scope_base_ ? now - oom_scope_base_ : 0;
+  m.oom_scope = oom_scope_;
+  m.oom_scope_machine = oom_scope_dir_.empty();
+  if (m.oom_kills > 0 && !oom_scope_dir_.empty())
+    m.limit = effective_limit(oom_scope_dir_, oom_scope_mount_, oom_scope_v2_);
   return m;
 }
 

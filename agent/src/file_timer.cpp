@@ -323,13 +323,14 @@ bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& mem
   // Pin the process first: if `pid` is recycled after the membership check, the pidfd still
   // names the process that was checked (then gone: ESRCH), never the newcomer.
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0 && errno != ENOSYS) return false;  // gone already
+  if (fd < 0 && errno == ESRCH) return false;  // gone already
+  // Other errors (ENOSYS before 5.3, EPERM from a seccomp filter): kill() by number below.
   if (!member(pid)) {
     if (fd >= 0) ::close(fd);
     spdlog::warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
     return false;
   }
-  if (fd < 0) return ::kill(pid, signal) == 0;  // kernel < 5.3
+  if (fd < 0) return ::kill(pid, signal) == 0;
   const bool ok = ::syscall(SYS_pidfd_send_signal, fd, signal, nullptr, 0) == 0;
   ::close(fd);
   return ok;

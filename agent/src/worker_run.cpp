@@ -339,9 +339,14 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
     parts.push_back("out of memory: the kernel's OOM killer ended it" + limit);
   } else if (mem.oom_kills > 0 && status.signal == SIGKILL && w.killed_by.empty() && !by_teardown(status)) {
     // No memory cgroup of its own: the kill was counted for a wider scope (containment.hpp).
-    parts.push_back("out of memory (likely): the kernel's OOM killer ended " + std::to_string(mem.oom_kills) +
-                    " process(es) of " + mem.oom_scope + " during this attempt" + limit +
-                    ", and this SIGKILL did not come from ddprun");
+    // A cgroup's count is the job's neighbours' at most; the machine's is anyone's.
+    parts.push_back(mem.oom_scope_machine
+                        ? "out of memory (possibly): the kernel's OOM killer ended " + std::to_string(mem.oom_kills) +
+                              " process(es) on this machine during this attempt, and this SIGKILL did not come "
+                              "from ddprun"
+                        : "out of memory (likely): the kernel's OOM killer ended " + std::to_string(mem.oom_kills) +
+                              " process(es) of " + mem.oom_scope + " during this attempt" + limit +
+                              ", and this SIGKILL did not come from ddprun");
   }
   if (detail && detail->core_dumped) parts.push_back("core dumped");
   if (mem.peak) {
@@ -417,6 +422,12 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     std::fclose(f);
   }
   return block;
+}
+
+void WorkerRun::mark_killed_by(pid_t pid, const std::string& what) {
+  for (auto& w : workers_) {
+    if (w->child.pid() == pid && !w->child.exited()) w->killed_by = what;
+  }
 }
 
 bool WorkerRun::owns_live_pid(pid_t pid) const {

@@ -149,6 +149,9 @@ def cgroup_roots():
     return roots
 
 
+ROOT_MEMORY_ENABLED = []  # cgroup2 roots whose memory controller a test switched on
+
+
 def limited_memory_cgroup(limit, kind):
     """Makes a memory cgroup limited to `limit` bytes without swap, for ddprun to be started in:
     ("v1", dir) below our own v1 memory cgroup, or ("v2", dir) below the cgroup2 root (our own
@@ -173,6 +176,7 @@ def limited_memory_cgroup(limit, kind):
             if not enabled:
                 with open(root + "/cgroup.subtree_control", "w") as f:
                     f.write("+memory")
+                ROOT_MEMORY_ENABLED.append(root)  # undone by the test's cleanup
         except OSError:
             return None
         cg = root + "/" + name
@@ -286,6 +290,12 @@ class Diagnosis(unittest.TestCase):
                     except FileNotFoundError:
                         pass
             os.rmdir(cg)
+            while ROOT_MEMORY_ENABLED:
+                try:
+                    with open(ROOT_MEMORY_ENABLED.pop() + "/cgroup.subtree_control", "w") as f:
+                        f.write("-memory")
+                except OSError:
+                    pass  # another cgroup uses it by now: leave it on
 
     def test_out_of_memory_names_the_cause_and_peak(self):
         # --rank-memory on: ranks get memory cgroups of their own with the v1 memory hierarchy (and
@@ -303,21 +313,30 @@ class Diagnosis(unittest.TestCase):
         # container, a systemd scope, a batch job), where the job cgroup cannot have the memory
         # controller anyway. The kill is counted in the enclosing memory cgroup.
         for kind in ("v2", "v1"):
-            for how in ("default", "rank-memory unavailable"):
-                if how != "default" and kind != "v1":
+            for how in ("default", "rank-memory unavailable", "cgroup namespace"):
+                if how == "rank-memory unavailable" and kind != "v1":
                     continue
                 with self.subTest(kind=kind, how=how):
                     made = limited_memory_cgroup(256 << 20, kind)
                     if made is None:
                         continue
                     wrapper, flags = (), ()
-                    if how != "default":
+                    rel = made[1][len("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup"):]
+                    if how == "rank-memory unavailable":
                         # --rank-memory on where the memory hierarchy is read-only (a private
                         # mount namespace): the same fallback.
                         wrapper = ("unshare", "-m", "sh", "-c", 'mount -o remount,bind,ro /sys/fs/cgroup/memory && exec "$@"', "sh")
                         flags = ("--rank-memory", "on")
+                    elif how == "cgroup namespace":
+                        # A container with its own cgroup namespace: the limited cgroup is the
+                        # root of the hierarchy ddprun sees ("cgroup /"), and it counts.
+                        # (on a fresh tmpfs: the hierarchy's own mount point refuses a second mount)
+                        mount = "mount -t tmpfs none /sys/fs/cgroup && " + (
+                            "mkdir /sys/fs/cgroup/memory && mount -t cgroup -o memory memory /sys/fs/cgroup/memory"
+                            if kind == "v1" else "mount -t cgroup2 none /sys/fs/cgroup")
+                        wrapper = ("unshare", "-C", "-m", "sh", "-c", mount + ' && exec "$@"', "sh")
+                        rel = "/"
                     err = self.run_oom(*made, wrapper=wrapper, flags=flags)
-                    rel = made[1][len("/sys/fs/cgroup/memory" if kind == "v1" else "/sys/fs/cgroup"):]
                     self.assertIn(f"out of memory (likely): the kernel's OOM killer ended 1 process(es) of cgroup {rel} during "
                                   "this attempt (memory limit 256.0 MiB), and this SIGKILL did not come from ddprun", err)
                     self.assertRegex(err, r"peak RSS \d+\.\d MiB \(the worker process\)")

@@ -74,7 +74,13 @@ int main(int argc, char** argv) {
   // The IDs get stdout to themselves: NCCL (NCCL_DEBUG=INFO, without NCCL_DEBUG_FILE) and any
   // other library print to fd 1, which from here on is stderr.
   const int ids_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
-  if (ids_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) != STDOUT_FILENO) return 1;
+  if (ids_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) != STDOUT_FILENO) {
+    std::fprintf(stderr, "ddprun-nccl-id: cannot set up stdout: %s\n", std::strerror(errno));
+    return 1;
+  }
+  // NCCL writes its lines with vfprintf and does not flush: line by line, they reach the agent
+  // while it waits for the IDs instead of dying in a buffer at _exit.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
 
   std::string text;
   try {

@@ -284,9 +284,13 @@ void NcclIdHolder::await(std::chrono::milliseconds timeout) {
       if (got <= 0) {
         (i == 0 ? out_open : err_open) = false;
       } else {
-        std::string& text = i == 0 ? out : err;
-        const std::size_t cap = i == 0 ? out_cap : kErrCap;
-        text.append(buf, std::min(static_cast<std::size_t>(got), cap - std::min(cap, text.size())));
+        const auto n = static_cast<std::size_t>(got);
+        if (i == 0) {
+          out.append(buf, std::min(n, out_cap - std::min(out_cap, out.size())));
+        } else {
+          err.append(buf, n);  // the tail is kept: the holder's own error line comes last
+          if (err.size() > kErrCap) err.erase(0, err.size() - kErrCap);
+        }
       }
     }
   }

@@ -48,6 +48,7 @@ struct RankMemory {
   // processes); else "cgroup /a/b" (the nearest memory cgroup above the agent) or "this machine"
   // (/proc/vmstat): kills of some process there, which may or may not be this rank's.
   std::string oom_scope;
+  bool oom_scope_machine = false;  // oom_scope is the whole machine (/proc/vmstat)
 };
 
 class Containment {
@@ -101,13 +102,15 @@ class Containment {
   bool memory_v2_ = false;
   bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
-  // Without rank memory cgroups: the file whose "oom_kill N" counts the workers' OOM kills
+  // Where the workers' OOM kills are counted without rank memory cgroups (or before a worker
+  // joined its v1 one): the file whose "oom_kill N" counts them
   // (memory.events, memory.oom_control or /proc/vmstat), its label for RankMemory::oom_scope,
   // the cgroup directory and hierarchy root for the limit (empty for the machine), its baseline.
   std::string oom_scope_file_;
   std::string oom_scope_;
   std::string oom_scope_dir_;
-  std::string memory_mount_;  // the hierarchy root of memory_dir_ or oom_scope_dir_
+  std::string memory_mount_;     // the hierarchy root of memory_dir_
+  std::string oom_scope_mount_;  // the hierarchy root of oom_scope_dir_
   bool oom_scope_v2_ = false;
   std::uint64_t oom_scope_base_ = 0;
   std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups, or of the job cgroup
