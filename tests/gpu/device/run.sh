@@ -161,6 +161,7 @@ c_gpus() {
   expect "auto exports an NCCL ID on a GPU node" 0 "order=PCI_BUS_ID dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "the holder alone prints an ID" 0 "^[0-9a-f]{256}$" sh -c 'ddprun-nccl-id </dev/null'
   expect "NCCL_DEBUG=INFO: NCCL's lines stay off the IDs (auto on a GPU node)" 0 "id=[0-9a-f]{256}$" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "id=$DDPRUN_NCCL_UNIQUE_ID"'
+  expect "NCCL_DEBUG=INFO: the holder's NCCL lines reach ddprun's stderr" 0 "NCCL INFO" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python /bin/true
   expect "--nccl-roots 2 exports two IDs" 0 "ids=[0-9a-f]{256},[0-9a-f]{256}$" ddprun --standalone --nproc-per-node 1 --nccl-id env --nccl-roots 2 --no-python sh -c 'echo "ids=$DDPRUN_NCCL_UNIQUE_IDS"'
   return $FAILED
 }
