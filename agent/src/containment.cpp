@@ -256,7 +256,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   const ProcCgroupTexts texts;
   const std::string leaf = "ddprun-" + std::to_string(::getpid());
   std::string why;  // why a cgroup mode was not used
-  // Without rank memory cgroups: where the workers' OOM kills are counted (rank_memory).
+  // Where the workers' OOM kills are counted without a rank memory cgroup (rank_memory).
   auto set_oom_scope = [&c, &texts] {
     OomScope s = find_oom_scope(texts, c->mode_ == ContainmentMode::cgroup2 ? c->job_dir_ : std::string());
     c->oom_scope_file_ = std::move(s.file);
