@@ -202,6 +202,8 @@ class FileTimer(Base):
         self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr)
         self.assertIn("scope 'late' of worker pid", r.stderr)
         self.assertNotIn("dead_scope", r.stderr)
+        # The cause names ddprun's file timer (its signal is not a candidate for an OOM kill).
+        self.assertIn("killed by ddprun's file timer (a FileTimer scope expired)", r.stderr)
 
     def test_timer_file_naming_a_script_is_refused(self):
         script = self.p("train.py")

@@ -45,8 +45,8 @@ struct RankMemory {
   std::optional<std::uint64_t> peak;   // bytes (memory.peak / max_usage_in_bytes), rank cgroups only
   std::optional<std::uint64_t> limit;  // bytes, the effective limit when one is set
   // Where oom_kills were counted: empty for the rank's own cgroup (the kills were of this rank's
-  // processes); else "cgroup /a/b" (the nearest memory cgroup above the agent) or "this machine"
-  // (/proc/vmstat): kills of some process there, which may or may not be this rank's.
+  // processes); else "cgroup /a/b" (the nearest memory cgroup at or above the job) or "this
+  // machine" (/proc/vmstat): kills of some process there, which may or may not be this rank's.
   std::string oom_scope;
   bool oom_scope_machine = false;  // oom_scope is the whole machine (/proc/vmstat)
 };
