@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <system_error>
 #include <sstream>
@@ -237,6 +239,127 @@ ContainmentMode parse_containment_mode(const std::string& text) {
   throw UsageError("--containment: unknown value '" + text + "'", "use auto, cgroup2, cgroup1, proc or off");
 }
 
+// The watchdog forked from the agent, where ddprun-watchdog cannot be started: it runs the
+// agent's own sweep (the copy of `c` it got), then removes the cgroups.
+pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[2]) {
+  const int nproc = c->nproc_;
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("containment: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
+    ::prctl(PR_SET_NAME, "ddprun-watchdog", 0, 0, 0);  // findable in ps and by the tests
+    ::close(fds[1]);
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+      ::close(fds[0]);
+    }
+    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    const int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
+    }
+    // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
+    // (join_memory), "r DIR" (remove_when_gone), "d" (it ended normally and swept the job
+    // itself); EOF when it is gone, however it ended.
+    char buf[256];
+    std::string pending;
+    std::string run_dir;
+    bool swept = false;
+    for (;;) {
+      const ssize_t n = ::read(3, buf, sizeof(buf));
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+      if (n < 0) continue;
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        int rank = -1;
+        int worker = 0;
+        if (line == "d") {
+          swept = true;
+        } else if (std::sscanf(line.c_str(), "m %d %d", &rank, &worker) == 2 && rank >= 0 && rank < nproc &&
+                   worker > 0) {
+          c->move_to_memory_cgroup(rank, worker);
+        } else if (line.rfind("r /", 0) == 0) {
+          run_dir = line.substr(2);
+        }
+      }
+    }
+    c->watchdog_ = -1;
+    c->watchdog_fd_ = -1;
+    if (!swept) c->sweep();
+    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
+    c.reset();                        // removes the cgroups
+    if (!run_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(run_dir, ec);
+    }
+    ::_exit(0);
+  }
+  return pid;
+}
+
+// ddprun-watchdog from beside this binary (agent/watchdog/main.c), started with vfork + exec:
+// no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
+// cannot be started (not built for this machine, not installed beside ddprun).
+pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return -1;
+  std::string path(exe, static_cast<std::size_t>(n));
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return -1;
+  path.resize(slash + 1);
+  path += "ddprun-watchdog";
+  const char* mode = c.mode_ == ContainmentMode::cgroup2   ? "cgroup2"
+                     : c.mode_ == ContainmentMode::cgroup1 ? "cgroup1"
+                                                           : "proc";
+  const std::string nproc = std::to_string(c.nproc_);
+  const char* argv[] = {"ddprun-watchdog",     "1",           mode,
+                        c.job_dir_.c_str(),    nproc.c_str(), c.rank_dirs_ ? "1" : "0",
+                        c.memory_dir_.c_str(), nullptr};
+  const char* envp[] = {nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawnattr_init(&attr);
+  ::posix_spawn_file_actions_adddup2(&fa, fds[0], 3);  // (glibc clears close-on-exec when fds[0] is 3)
+  // The agent's terminal may be gone; nothing to say there.
+  ::posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDWR, 0);
+  ::posix_spawn_file_actions_adddup2(&fa, 0, 1);
+  ::posix_spawn_file_actions_adddup2(&fa, 0, 2);
+  ::posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+  // Every signal blocked until it has ignored the terminal's (main.c).
+  sigset_t all;
+  ::sigfillset(&all);
+  ::posix_spawnattr_setsigmask(&attr, &all);
+  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int rc =
+      ::posix_spawn(&pid, path.c_str(), &fa, &attr, const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    spdlog::debug("containment: cannot start {} ({}); forking the watchdog", path, std::strerror(rc));
+    return -1;
+  }
+  if (c.mode_ == ContainmentMode::proc) {
+    // The token by the pipe, not in the arguments every user can read (the pipe is empty: a short
+    // write cannot block). Lost only if the agent dies before this line, before any worker.
+    const std::string line = "t " + c.token_env() + "\n";
+    [[maybe_unused]] const auto w = ::write(fds[1], line.data(), line.size());
+  }
+  return pid;
+#else
+  (void)c;
+  (void)fds;
+  return -1;
+#endif
+}
+
 std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc, bool rank_memory) {
   std::unique_ptr<Containment> c(new Containment());
   c->nproc_ = nproc;
@@ -409,53 +532,8 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   // The watchdog: sweeps the job when the agent is gone, however it ended.
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("containment: pipe: ") + std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(std::string("containment: fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
-    ::prctl(PR_SET_NAME, "ddprun-watchdog", 0, 0, 0);  // findable in ps and by the tests
-    ::close(fds[1]);
-    if (fds[0] != 3) {
-      ::dup2(fds[0], 3);
-      ::close(fds[0]);
-    }
-    ::syscall(SYS_close_range, 4U, ~0U, 0U);
-    const int null = ::open("/dev/null", O_RDWR);
-    if (null >= 0) {
-      ::dup2(null, 0);
-      ::dup2(null, 1);
-      ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
-    }
-    // Lines from the agent: "m RANK PID" (join_memory), "d" (it ended normally and swept the
-    // job itself); EOF when it is gone, however it ended.
-    char buf[256];
-    std::string pending;
-    bool swept = false;
-    for (;;) {
-      const ssize_t n = ::read(3, buf, sizeof(buf));
-      if (n == 0 || (n < 0 && errno != EINTR)) break;
-      if (n < 0) continue;
-      pending.append(buf, static_cast<std::size_t>(n));
-      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-        const std::string line = pending.substr(0, nl);
-        pending.erase(0, nl + 1);
-        int rank = -1;
-        int worker = 0;
-        if (line == "d") {
-          swept = true;
-        } else if (std::sscanf(line.c_str(), "m %d %d", &rank, &worker) == 2 && rank >= 0 && rank < nproc &&
-                   worker > 0) {
-          c->move_to_memory_cgroup(rank, worker);
-        }
-      }
-    }
-    c->watchdog_ = -1;
-    c->watchdog_fd_ = -1;
-    if (!swept) c->sweep();
-    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
-    c.reset();                        // removes the cgroups
-    ::_exit(0);
-  }
+  pid_t pid = start_watchdog_program(*c, fds);
+  if (pid < 0) pid = fork_watchdog(c, fds);
   ::close(fds[0]);
   c->watchdog_ = pid;
   c->watchdog_fd_ = fds[1];
@@ -517,6 +595,15 @@ void Containment::join_memory(int local_rank, pid_t pid) const {
     if (::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size())) return;
   }
   move_to_memory_cgroup(local_rank, pid);
+}
+
+bool Containment::remove_when_gone(const std::string& dir) const {
+  if (watchdog_fd_ < 0 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
+      dir.size() > 4000) {
+    return false;
+  }
+  const std::string line = "r " + dir + "\n";
+  return ::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size());
 }
 
 int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {

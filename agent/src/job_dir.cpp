@@ -81,7 +81,8 @@ bool ensure_dir(const std::string& job_dir, const std::string& dir) {
   return true;
 }
 
-void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files) {
+void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
+                                  const std::function<bool(const std::string&)>& remove_later) {
   if (config.log_dir || dir.empty()) return;
   // The default run directory under $TMPDIR: keep it only when it holds something worth reading
   // (log files, an error file a worker wrote); otherwise leave no litter behind.
@@ -100,7 +101,12 @@ void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& 
       }
     }
   }
-  if (!keep) fs::remove_all(dir, ec);
+  if (keep) return;
+  if (remove_later) {
+    const auto abs = dir.front() == '/' ? fs::path(dir) : fs::absolute(dir, ec);
+    if (!ec && remove_later(abs.string())) return;
+  }
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace ddprun::agent

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Builds the ddprun wheel from a built tree, with the Python standard library only.
 
-The wheel carries ddprun, ddprun-rdzvd and ddprun-nccl-id under ddprun/_bin/ and every shared
+The wheel carries ddprun, ddprun-rdzvd, ddprun-nccl-id and ddprun-watchdog (the agent's
+containment watchdog, a static program) under ddprun/_bin/ and every shared
 library they load except glibc's under ddprun/_lib/ (libstdc++, libgcc_s, spdlog, fmt, Boost, and
 the OpenSSL 3 that ddprun loads on first use), found with ldd (and ldconfig for OpenSSL) and pointed at with an $ORIGIN RUNPATH (patchelf), so the wheel runs where none of
 those are installed. The executables run as their own processes, never inside the interpreter, so
@@ -168,6 +169,13 @@ def main():
             shutil.copy2(src, dst)
             run(["strip", "--strip-unneeded", dst])
             run(["patchelf", "--set-rpath", "$ORIGIN/../_lib", dst])
+        # ddprun's containment watchdog: a static program without a C library, copied as it is
+        # (built for x86-64 and aarch64 only; elsewhere the agent forks its watchdog).
+        src = os.path.join(args.build_dir, "bin", "ddprun-watchdog")
+        if os.access(src, os.X_OK):
+            dst = os.path.join(bin_out, "ddprun-watchdog")
+            shutil.copy2(src, dst)
+            run(["strip", dst])
         for soname, resolved in sorted(libs.items()):
             dst = os.path.join(lib_out, soname)
             shutil.copy(os.path.realpath(resolved), dst)

@@ -35,7 +35,7 @@ grep -q "libssl.so.3" <<<"$cache" || fail "libssl.so.3 is missing after installi
 # The files, in one place (man pages and completions join this list when they are generated).
 files=$(dpkg -L ddprun)
 expect_files=(
-  '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$'
+  '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$' '^/usr/bin/ddprun-watchdog$'
   '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so\.0$' '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so$'
   '^/usr/include/ddprun/worker\.hpp$' '^/usr/include/ddprun/worker\.h$'
   '/cmake/ddprun/ddprunConfig\.cmake$' '/pkgconfig/ddprun-worker\.pc$'

@@ -22,6 +22,13 @@ chmod +x "$work/worker.sh"
 out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 "$work/worker.sh" 2>&1) || { echo "$out"; fail "2-rank shell job"; }
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
+# The agent's containment watchdog is the wheel's ddprun-watchdog (else the agent would fork one).
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 1 --no-python sh -c \
+        'for c in $(cat /proc/$PPID/task/*/children); do [ "$(cat /proc/$c/comm)" != ddprun-watchdog ] || readlink /proc/$c/exe; done' 2>&1) \
+  || { echo "$out"; fail "watchdog job"; }
+grep -qE "^$venv/lib/python3[^/]*/site-packages/ddprun/_bin/ddprun-watchdog$" <<<"$out" \
+  || { echo "$out"; fail "the agent's watchdog is not the wheel's ddprun-watchdog"; }
+echo "ok: the agent's watchdog is the wheel's ddprun-watchdog"
 
 # Starts ddprun-rdzvd on a free loopback port (extra flags: "$@"): sets dpid and port from its
 # readiness line.

@@ -1,7 +1,9 @@
 """End-to-end tests of containment and failure diagnosis through the real `ddprun` binary.
 
 - containment: a worker's double-forked, setsid daemon ends after a normal end, after SIGTERM
-  and after SIGKILL of ddprun, with each containment mechanism this box offers;
+  and after SIGKILL of ddprun, with each containment mechanism this box offers, with the
+  ddprun-watchdog program and with the fork the agent uses where that program is missing; the
+  run directory the watchdog removes after ddprun's exit;
 - cause of death: a worker past its memory cgroup's limit is reported out of memory with its peak,
   with a memory cgroup per rank and with only the enclosing cgroup's count;
 - culprit: a 2-rank gloo job where rank 1 sleeps outside all_reduce names rank 1 and its frame;
@@ -9,8 +11,10 @@
 
 Every wait is bounded and driven by output or files (readiness lines, pidfds), never a sleep.
 """
+import ctypes
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -214,17 +218,24 @@ class Diagnosis(unittest.TestCase):
             f.write(text)
         return path
 
-    def ddprun(self, args, **kw):
-        return subprocess.Popen([DDPRUN, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0"] + args,
+    def ddprun(self, args, binary=DDPRUN, **kw):
+        return subprocess.Popen([binary, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0"] + args,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+    def lone_ddprun(self):
+        """A copy of ddprun without ddprun-watchdog beside it: the agent forks its watchdog."""
+        d = os.path.join(self.dir, "lone")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy2(DDPRUN, d)
+        return os.path.join(d, "ddprun")
 
     # ---- containment ----
 
-    def run_daemon_case(self, mode, how):
+    def run_daemon_case(self, mode, how, binary=DDPRUN):
         script = self.script("daemon.py", DAEMON)
         pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}.pid")
         proc = self.ddprun(["--containment", mode, "--nproc-per-node", "1", "--no-python", PYTHON, script, pidfile,
-                            "exit" if how == "normal" else "block"])
+                            "exit" if how == "normal" else "block"], binary=binary)
         try:
             read_until(proc, "ready", 30)
             with open(pidfile) as f:
@@ -232,6 +243,9 @@ class Diagnosis(unittest.TestCase):
             self.assertTrue(alive(daemon))
             watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
             self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+            # The program beside ddprun, else (the lone copy) a fork of the agent.
+            expected = os.path.realpath(DDPRUN + "-watchdog" if binary == DDPRUN else binary)
+            self.assertEqual(os.path.realpath(f"/proc/{watchdogs[0]}/exe"), expected)
             if how == "normal":
                 proc.stdin.write(b"go\n")
                 proc.stdin.flush()
@@ -257,6 +271,53 @@ class Diagnosis(unittest.TestCase):
             for how in ("normal", "sigterm", "sigkill"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how)
+
+    def test_daemon_ends_with_the_job_with_a_forked_watchdog(self):
+        lone = self.lone_ddprun()
+        for mode in modes():
+            for how in ("normal", "sigkill"):
+                with self.subTest(mode=mode, how=how):
+                    self.run_daemon_case(mode, how, binary=lone)
+
+    def test_watchdog_program_refuses_to_run_by_hand(self):
+        # Without the agent's pipe on fd 3 it does nothing (above all, sweeps nothing).
+        r = subprocess.run([DDPRUN + "-watchdog"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not a command to run by hand", r.stderr)
+        r = subprocess.run([DDPRUN + "-watchdog", "1", "cgroup2", "/nonexistent", "1", "0", ""],
+                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 2, "fd 3 is not open: not a watchdog of anything")
+
+    def test_run_directory_is_removed_after_exit(self):
+        # Without --log-dir, a successful run's directory under TMPDIR goes, with whatever a worker
+        # left in it; the watchdog removes it (and the job's cgroups) once ddprun has exited.
+        # This process adopts the watchdog (a child subreaper) to wait for its end.
+        keep = os.path.join(self.dir, "outside")
+        os.makedirs(keep, exist_ok=True)
+        with open(os.path.join(keep, "precious"), "w") as f:
+            f.write("not ddprun's")
+        worker = self.script("litter.sh", 'd=$(dirname "$TORCHELASTIC_ERROR_FILE")/r$LOCAL_RANK; '
+                                          'mkdir -p "$d/sub/deeper"; echo x > "$d/stray"; echo y > "$d/sub/deeper/file"; '
+                                          f'ln -s {keep} "$d/sub/link"\n')
+        libc = ctypes.CDLL(None, use_errno=True)
+        for binary in (DDPRUN, self.lone_ddprun()):
+            with self.subTest(watchdog="program" if binary == DDPRUN else "fork"):
+                tmp = tempfile.mkdtemp(dir=self.dir)
+                env = dict(os.environ, TMPDIR=tmp)
+                self.assertEqual(libc.prctl(36, 1, 0, 0, 0), 0)  # PR_SET_CHILD_SUBREAPER
+                try:
+                    r = subprocess.run([binary, "--master-port", "0", "--nproc-per-node", "2", "--no-python", "/bin/sh",
+                                        worker], env=env, capture_output=True, text=True, timeout=60)
+                    adopted = children(os.getpid())
+                finally:
+                    libc.prctl(36, 0, 0, 0, 0)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertTrue(adopted, "no watchdog outlived ddprun")
+                for pid in adopted:  # the watchdog, re-parented to this process at ddprun's exit
+                    self.assertTrue(wait_gone(pid, 10), f"pid {pid} ({comm(pid)}) did not end")
+                    os.waitpid(pid, 0)
+                self.assertEqual(os.listdir(tmp), [], "the run directory outlived the watchdog")
+                self.assertEqual(os.listdir(keep), ["precious"], "the removal followed a symbolic link")
 
     # ---- cause of death ----
 

@@ -12,10 +12,11 @@
 // environment (read from /proc/PID/environ). Membership is exact either way: sweep() never
 // signals a process outside the job.
 //
-// A watchdog process forked at creation holds the read end of a pipe whose write end only the
+// A watchdog process started at creation holds the read end of a pipe whose write end only the
 // agent holds. When the agent ends for any reason, SIGKILL included, the watchdog reads EOF,
 // sweeps the job and removes its cgroups. The watchdog ignores terminal signals, so a Ctrl-C to
-// the process group does not end it before it has cleaned up.
+// the process group does not end it before it has cleaned up. It is ddprun-watchdog from beside
+// the ddprun binary (agent/watchdog/main.c, started with vfork + exec), else a fork of the agent.
 //
 // Independently of the mechanism, with --rank-memory on and the v1 memory hierarchy (or a v2
 // job cgroup that can delegate the memory controller) writable, each rank also gets a memory
@@ -88,9 +89,15 @@ class Containment {
   RankMemory rank_memory(int local_rank) const;
   // SIGKILLs every process of the job still alive, bounded in time; returns how many it killed.
   int sweep();
+  // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
+  // it once the agent is gone: the agent's exit does not wait for a disk file system to free the
+  // directory. False when there is no watchdog to take it.
+  bool remove_when_gone(const std::string& dir) const;
 
  private:
   Containment() = default;
+  static pid_t start_watchdog_program(const Containment& c, const int fds[2]);  // -1: not available
+  static pid_t fork_watchdog(std::unique_ptr<Containment>& c, const int fds[2]);
   int move_to_memory_cgroup(int local_rank, pid_t pid) const;  // 0 or errno
   std::string worker_cgroup(int local_rank) const;             // the directory a rank's worker joins
   std::string mechanism_;

@@ -10,6 +10,7 @@
 // of a diagnosis). On a disk file system every directory costs a block allocation and, at
 // removal, a block free (with `discard`, up to milliseconds each): N + 2 of them per job
 // otherwise.
+#include <functional>
 #include <string>
 
 #include "ddprun/agent/config.hpp"
@@ -27,7 +28,10 @@ bool rank_dirs_needed(const AgentConfig& config, bool any_files, bool may_run_py
 bool ensure_dir(const std::string& job_dir, const std::string& dir);
 // The directory make_job_dir would create, with "<random>" for its random part (--dry-run).
 std::string job_dir_pattern(const AgentConfig& config);
-// Without --log-dir: removes `dir` unless `may_hold_files` and a regular file is in it.
-void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files);
+// Without --log-dir: removes `dir` unless `may_hold_files` and a regular file is in it. The
+// removal goes to `remove_later` (given the absolute path; Containment::remove_when_gone) when
+// that takes it.
+void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
+                                  const std::function<bool(const std::string&)>& remove_later = {});
 
 }  // namespace ddprun::agent

@@ -1,0 +1,494 @@
+/* ddprun-watchdog: the containment watchdog of one ddprun agent (agent/src/containment.cpp,
+ * docs/containment.md).
+ *
+ * The agent starts it once, before any worker, with the read end of a pipe as fd 3 whose write
+ * end only the agent holds. It reads lines from the agent:
+ *   "t ENTRY"     the job token as in the workers' environment, "DDPRUN_JOB_TOKEN=..." (proc; not
+ *                 in the arguments, which every user can read in ps)
+ *   "m RANK PID"  move PID into the rank's memory cgroup (v1 memory, --rank-memory on)
+ *   "r DIR"       remove the run directory DIR once the agent is gone (nothing in it to keep)
+ *   "d"           the agent ended normally and swept the job itself
+ * and, at EOF (the agent is gone, however it ended, SIGKILL included), sweeps the job unless
+ * told "d", then removes the job's cgroups and the run directory.
+ *
+ * Why a program of its own, and without a C library: the agent used to fork(), and a fork of
+ * the agent copies its page tables and makes every page the agent writes afterwards fault
+ * (copy-on-write): about 0.4 ms of CPU on the path to the first worker. Starting this program
+ * costs the agent a vfork and an exec; a C library's start-up alone (CPU feature probes, a
+ * slow trap under a hypervisor) would cost as much again, so it uses system calls directly.
+ * It is built for x86-64 and aarch64; elsewhere the agent forks as before.
+ *
+ * Usage (the agent's, not a user's):
+ *   ddprun-watchdog 1 MODE JOB_DIR NPROC RANK_DIRS MEMORY_DIR
+ * MODE: cgroup2, cgroup1 or proc; JOB_DIR: the containment cgroup ("" for proc); RANK_DIRS: 1
+ * when JOB_DIR has a cgroup rankR per local rank; MEMORY_DIR: the job's v1 memory cgroup ("" for
+ * none). */
+#include <asm/unistd.h>
+#include <linux/fcntl.h>
+#include <linux/signal.h>
+#include <stddef.h>
+
+#if !defined(__x86_64__) && !defined(__aarch64__)
+#error "ddprun-watchdog supports x86-64 and aarch64; other machines use the agent's fork"
+#endif
+
+/* ----------------------------------------------------------------------------------------- */
+/* System calls */
+
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 __asm__("r10") = d;
+  register long r8 __asm__("r8") = e;
+  register long r9 __asm__("r9") = f;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                   : "rcx", "r11", "memory");
+  return ret;
+#else
+  register long x8 __asm__("x8") = n;
+  register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c;
+  register long x3 __asm__("x3") = d;
+  register long x4 __asm__("x4") = e;
+  register long x5 __asm__("x5") = f;
+  __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+  return x0;
+#endif
+}
+#define SYS(n, a, b, c) sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define SYS4(n, a, b, c, d) sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+
+#define E_INTR 4
+#define E_BUSY 16
+#define E_ISDIR 21
+#define E_NOTEMPTY 39
+#define AT_FD_CWD (-100)
+#define AT_REMOVE_DIR 0x200
+#define DT_DIRECTORY 4
+
+/* Compilers may emit calls to these for copies and zeroing even in freestanding code. */
+void* memset(void* d, int c, size_t n) {
+  unsigned char* p = d;
+  while (n-- > 0) *p++ = (unsigned char)c;
+  return d;
+}
+void* memcpy(void* d, const void* s, size_t n) {
+  unsigned char* p = d;
+  const unsigned char* q = s;
+  while (n-- > 0) *p++ = *q++;
+  return d;
+}
+
+static long sys_read(int fd, void* buf, long n) { return SYS(__NR_read, fd, buf, n); }
+static long sys_write(int fd, const void* buf, long n) { return SYS(__NR_write, fd, buf, n); }
+static int sys_open(const char* path, int flags) { return (int)SYS4(__NR_openat, AT_FD_CWD, path, flags, 0); }
+static int sys_openat(int dirfd, const char* path, int flags) { return (int)SYS4(__NR_openat, dirfd, path, flags, 0); }
+static void sys_close(int fd) { SYS(__NR_close, fd, 0, 0); }
+static long sys_unlinkat(int dirfd, const char* path, int flags) { return SYS(__NR_unlinkat, dirfd, path, flags); }
+static long sys_kill(int pid, int sig) { return SYS(__NR_kill, pid, sig, 0); }
+static int sys_getpid(void) { return (int)SYS(__NR_getpid, 0, 0, 0); }
+static long sys_getdents(int fd, void* buf, long n) { return SYS(__NR_getdents64, fd, buf, n); }
+static void sys_exit(int code) {
+  for (;;) SYS(__NR_exit_group, code, 0, 0);
+}
+static void sleep_ms(long ms) {
+  struct {
+    long sec, nsec;
+  } ts = {ms / 1000, (ms % 1000) * 1000000L};
+  SYS(__NR_nanosleep, &ts, 0, 0);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* Strings and files */
+
+static size_t str_len(const char* s) {
+  size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+static int str_eq(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+static int has(const char* hay, long n, const char* needle) {
+  const long k = (long)str_len(needle);
+  for (long i = 0; i + k <= n; ++i) {
+    long j = 0;
+    while (j < k && hay[i + j] == needle[j]) ++j;
+    if (j == k) return 1;
+  }
+  return 0;
+}
+/* Parses a decimal number at *s, advancing *s; -1 when there is none or it is too large. */
+static long parse_num(const char** s) {
+  long v = 0;
+  int digits = 0;
+  while (**s >= '0' && **s <= '9') {
+    if (v > 100000000L) return -1;
+    v = v * 10 + (**s - '0');
+    ++*s;
+    ++digits;
+  }
+  return digits > 0 ? v : -1;
+}
+static char* put_num(char* p, long v) {
+  char tmp[24];
+  int n = 0;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  while (n > 0) *p++ = tmp[--n];
+  return p;
+}
+
+/* A path "A" + "/rankR" (r >= 0) + "/B" (when b is set) into buf; 0 when it does not fit. */
+static char path_buf[8192];
+static const char* path_of(const char* a, long r, const char* b) {
+  const size_t la = str_len(a), lb = b ? str_len(b) : 0;
+  if (la + lb + 40 > sizeof path_buf) return 0;
+  char* p = path_buf;
+  for (size_t i = 0; i < la; ++i) *p++ = a[i];
+  if (r >= 0) {
+    const char* rank = "/rank";
+    while (*rank != '\0') *p++ = *rank++;
+    p = put_num(p, r);
+  }
+  if (b) {
+    *p++ = '/';
+    for (size_t i = 0; i < lb; ++i) *p++ = b[i];
+  }
+  *p = '\0';
+  return path_buf;
+}
+
+static long read_file(const char* path, char* buf, long cap) {
+  if (!path) return -1;
+  const int fd = sys_open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  long got = 0;
+  while (got < cap) {
+    const long n = sys_read(fd, buf + got, cap - got);
+    if (n == -E_INTR) continue;
+    if (n <= 0) break;
+    got += n;
+  }
+  sys_close(fd);
+  return got;
+}
+static void write_file(const char* path, const char* text) {
+  if (!path) return;
+  const int fd = sys_open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  sys_write(fd, text, (long)str_len(text));
+  sys_close(fd);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* The job */
+
+static const char* mode;
+static const char* job_dir;
+static long nproc;
+static int rank_dirs;
+static const char* memory_dir;
+static char token[256];
+static char run_dir[4096];
+
+/* Alive (not a zombie): a zombie stays listed in its cgroup until its parent reaps it. */
+static int alive(long pid) {
+  static char st[1024];
+  char path[40] = "/proc/";
+  char* e = put_num(path + 6, pid);
+  const char* tail = "/stat";
+  while (*tail != '\0') *e++ = *tail++;
+  *e = '\0';
+  const long n = read_file(path, st, (long)sizeof st);
+  if (n <= 0) return 0;
+  long close = -1;
+  for (long i = 0; i < n; ++i) {
+    if (st[i] == ')') close = i;
+  }
+  return !(close >= 0 && close + 2 < n && st[close + 2] == 'Z');
+}
+
+#define MAX_PIDS 65536
+static int pids[MAX_PIDS];
+static long npids;
+static void add_pid(long pid) {
+  if (pid <= 0 || npids >= MAX_PIDS) return;
+  for (long i = 0; i < npids; ++i) {
+    if (pids[i] == pid) return;
+  }
+  if (alive(pid)) pids[npids++] = (int)pid;
+}
+
+/* The living processes listed in a cgroup.procs file. */
+static char procs[1 << 20];
+static void add_cgroup_pids(const char* file) {
+  const long n = read_file(file, procs, (long)sizeof procs - 1);
+  if (n <= 0) return;
+  procs[n] = '\0';
+  for (const char* s = procs; *s != '\0';) {
+    const long pid = parse_num(&s);
+    if (pid > 0) add_pid(pid);
+    while (*s != '\0' && (*s < '0' || *s > '9')) ++s;
+  }
+}
+
+/* Whether /proc/PID/environ holds the entry `token`, read as a stream of NUL-ended entries. */
+static int has_token(const char* pid_name) {
+  char path[64] = "/proc/";
+  size_t l = 6;
+  for (const char* s = pid_name; *s != '\0' && l < 40; ++s) path[l++] = *s;
+  const char* tail = "/environ";
+  while (*tail != '\0') path[l++] = *tail++;
+  path[l] = '\0';
+  const int fd = sys_open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  static char buf[16384];
+  const long k = (long)str_len(token);
+  long at = 0;    /* position in the current entry */
+  int match = 1;  /* the current entry matches `token` so far */
+  int found = 0;
+  for (;;) {
+    const long n = sys_read(fd, buf, (long)sizeof buf);
+    if (n == -E_INTR) continue;
+    if (n <= 0) break;
+    for (long i = 0; i < n && !found; ++i) {
+      if (buf[i] == '\0') {
+        found = match && at == k;
+        at = 0;
+        match = 1;
+      } else {
+        match = match && at < k && buf[i] == token[at];
+        ++at;
+      }
+    }
+    if (found) break;
+  }
+  sys_close(fd);
+  return found;
+}
+
+static void add_token_pids(void) {
+  const int fd = sys_open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  const long self = sys_getpid();
+  static char dents[32768];
+  for (;;) {
+    const long n = sys_getdents(fd, dents, (long)sizeof dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+      const char* name = dents + off + 19;
+      off += reclen;
+      const char* s = name;
+      const long pid = parse_num(&s);
+      if (pid <= 0 || *s != '\0' || pid == self) continue;
+      if (has_token(name)) add_pid(pid);
+    }
+  }
+  sys_close(fd);
+}
+
+static void freeze_ranks(const char* state) {
+  for (long r = 0; r < (rank_dirs ? nproc : 1); ++r) write_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state);
+}
+
+/* SIGKILLs every process of the job still alive, for up to 3 s (the agent's Containment::sweep). */
+static void sweep(void) {
+  const int v2 = str_eq(mode, "cgroup2"), v1 = str_eq(mode, "cgroup1");
+  for (int round = 0; round < 1500; ++round) {  /* 2 ms apart */
+    if (v2) {
+      /* One read answers for the whole job: "populated 0" once no process is left in any rank's
+       * cgroup (an exited process leaves the count at its exit, zombie or not). */
+      static char events[512];
+      const long n = read_file(path_of(job_dir, -1, "cgroup.events"), events, (long)sizeof events);
+      if (n < 0 || has(events, n, "populated 0")) return;
+      write_file(path_of(job_dir, -1, "cgroup.kill"), "1"); /* the job cgroup and every one below */
+    } else {
+      npids = 0;
+      if (v1) {
+        for (long r = 0; r < (rank_dirs ? nproc : 1); ++r) add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
+      } else if (token[0] != '\0') {
+        add_token_pids();
+      }
+      if (npids == 0) return;
+      if (v1) freeze_ranks("FROZEN"); /* frozen, nothing can fork while we kill; SIGKILL lands on thaw */
+      for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9);
+      if (v1) freeze_ranks("THAWED");
+    }
+    sleep_ms(2); /* the kernel delivers SIGKILL asynchronously */
+  }
+}
+
+/* rmdir, retried while a process SIGKILLed a moment ago has not left the cgroup (EBUSY), 2 s. */
+static void remove_dir(const char* dir) {
+  if (!dir) return;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    if (sys_unlinkat(AT_FD_CWD, dir, AT_REMOVE_DIR) != -E_BUSY) return;
+    sleep_ms(10);
+  }
+}
+static void remove_cgroups(const char* job) {
+  if (job[0] == '\0') return;
+  /* Also without a cgroup per rank: a job cgroup of the same name left by an earlier agent with
+   * this pid (containers reuse pids) may hold rank cgroups (ENOENT costs nothing). */
+  for (long r = 0; r < nproc; ++r) remove_dir(path_of(job, r, 0));
+  remove_dir(path_of(job, -1, 0));
+}
+
+/* Removes `name` below `dirfd` with what is in it, never following a symbolic link, 16 deep. */
+static void remove_tree(int dirfd, const char* name, int depth) {
+  if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_NOTEMPTY || depth >= 16) return;
+  const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  char dents[4096];
+  for (;;) {
+    const long n = sys_getdents(fd, dents, (long)sizeof dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+      const unsigned char type = (unsigned char)dents[off + 18];
+      const char* entry = dents + off + 19;
+      off += reclen;
+      if (str_eq(entry, ".") || str_eq(entry, "..")) continue;
+      if (type == DT_DIRECTORY || sys_unlinkat(fd, entry, 0) == -E_ISDIR) remove_tree(fd, entry, depth + 1);
+    }
+  }
+  sys_close(fd);
+  sys_unlinkat(dirfd, name, AT_REMOVE_DIR);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+
+static void handle_line(const char* line, int* swept) {
+  if (line[0] == 'd' && line[1] == '\0') {
+    *swept = 1;
+  } else if (line[0] == 'm' && line[1] == ' ' && memory_dir[0] != '\0') {
+    const char* s = line + 2;
+    const long rank = parse_num(&s);
+    if (*s != ' ') return;
+    ++s;
+    const long pid = parse_num(&s);
+    if (rank < 0 || rank >= nproc || pid <= 0 || *s != '\0') return;
+    char text[24];
+    *put_num(text, pid) = '\0';
+    write_file(path_of(memory_dir, rank, "cgroup.procs"), text);
+  } else if (line[0] == 't' && line[1] == ' ') {
+    const size_t n = str_len(line + 2);
+    if (n < sizeof token) memcpy(token, line + 2, n + 1);
+  } else if (line[0] == 'r' && line[1] == ' ' && line[2] == '/') {
+    const size_t n = str_len(line + 2);
+    if (n < sizeof run_dir) memcpy(run_dir, line + 2, n + 1);
+  }
+}
+
+static const char usage[] =
+    "ddprun-watchdog: started by ddprun's agent with a pipe on fd 3; not a command to run by hand\n";
+
+__attribute__((used)) void watchdog_main(long* sp) {
+  const long argc = sp[0];
+  char** argv = (char**)(sp + 1);
+  if (argc != 7 || !str_eq(argv[1], "1")) {
+    sys_write(2, usage, (long)sizeof usage - 1);
+    sys_exit(2);
+  }
+  mode = argv[2];
+  job_dir = argv[3];
+  const char* s = argv[4];
+  nproc = parse_num(&s);
+  rank_dirs = str_eq(argv[5], "1");
+  memory_dir = argv[6];
+  if (nproc < 0 || *s != '\0' || !(str_eq(mode, "cgroup2") || str_eq(mode, "cgroup1") || str_eq(mode, "proc"))) {
+    sys_write(2, usage, (long)sizeof usage - 1);
+    sys_exit(2);
+  }
+
+  /* Started with every signal blocked (the agent's spawn): ignore the terminal's, so a Ctrl-C to
+   * the process group does not end it before it has cleaned up, then unblock. */
+  struct {
+    unsigned long handler, flags, restorer, mask;
+  } ign = {1 /* SIG_IGN */, 0, 0, 0};
+  static const int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU};
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; ++i) SYS4(__NR_rt_sigaction, ignored[i], &ign, 0, 8);
+  const unsigned long none = 0;
+  SYS4(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, &none, 0, 8);
+
+  /* Without the agent's pipe on fd 3 it is not the watchdog of anything. */
+  if (SYS(__NR_fcntl, 3, 1 /* F_GETFD */, 0) < 0) {
+    sys_write(2, usage, (long)sizeof usage - 1);
+    sys_exit(2);
+  }
+  /* The agent, to wait for its end before cleaning up (see below); -1 before Linux 5.3. */
+  const int agent = (int)SYS(__NR_pidfd_open, SYS(__NR_getppid, 0, 0, 0), 0, 0);
+
+  char buf[256];
+  char line[4352];
+  size_t len = 0;
+  int swept = 0;
+  int overlong = 0;
+  for (;;) {
+    const long n = sys_read(3, buf, (long)sizeof buf);
+    if (n == -E_INTR) continue;
+    if (n <= 0) break; /* EOF: the agent is gone */
+    for (long i = 0; i < n; ++i) {
+      if (buf[i] != '\n') {
+        if (len + 1 < sizeof line) {
+          line[len++] = buf[i];
+        } else {
+          overlong = 1;
+        }
+        continue;
+      }
+      line[len] = '\0';
+      if (!overlong) handle_line(line, &swept);
+      len = 0;
+      overlong = 0;
+    }
+  }
+  /* The pipe closes in the agent's exit before its parent learns of it: wait for that (100 ms
+   * at most), so the cleanup below does not compete with the end of the agent's exit for a CPU
+   * (ddprun's exit is what its caller waits for). */
+  if (agent >= 0) {
+    struct {
+      int fd;
+      short events, revents;
+    } pfd = {agent, 1 /* POLLIN */, 0};
+    struct {
+      long sec, nsec;
+    } limit = {0, 100000000L};
+    SYS4(__NR_ppoll, &pfd, 1, &limit, 0);
+  }
+  if (!swept) sweep();
+  if (job_dir[0] != '\0') remove_cgroups(job_dir);
+  if (memory_dir[0] != '\0' && !str_eq(memory_dir, job_dir)) remove_cgroups(memory_dir);
+  if (run_dir[0] != '\0') remove_tree(AT_FD_CWD, run_dir, 0);
+  sys_exit(0);
+}
+
+#if defined(__x86_64__)
+__asm__(
+    ".text\n"
+    ".global _start\n"
+    "_start:\n"
+    "  xor %rbp, %rbp\n"
+    "  mov %rsp, %rdi\n"
+    "  and $-16, %rsp\n"
+    "  call watchdog_main\n"
+    "  hlt\n");
+#else
+__asm__(
+    ".text\n"
+    ".global _start\n"
+    "_start:\n"
+    "  mov x29, #0\n"
+    "  mov x30, #0\n"
+    "  mov x0, sp\n"
+    "  bl watchdog_main\n"
+    "  brk #0\n");
+#endif
