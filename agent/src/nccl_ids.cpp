@@ -132,6 +132,16 @@ std::string NcclIdOwner::holder_binary() const {
 }
 
 bool NcclIdOwner::holder_wanted(std::string* why) const {
+  if (!wanted_) {
+    std::string reason;
+    const bool wanted = holder_wanted_now(&reason);
+    wanted_.emplace(wanted, std::move(reason));
+  }
+  *why = wanted_->second;
+  return wanted_->first;
+}
+
+bool NcclIdOwner::holder_wanted_now(std::string* why) const {
   if (config_.nccl_id != AgentConfig::NcclIdMode::automatic && config_.nccl_id != AgentConfig::NcclIdMode::env) {
     *why = "no holder in this --nccl-id mode";
     return false;

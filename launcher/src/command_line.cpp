@@ -27,10 +27,14 @@ ParseContext ParseContext::from_process() {
     // A deleted working directory: relative paths cannot be resolved, say so where it happens.
     ctx.cwd = "/";
   }
-  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-  ctx.online_cpus = cpus > 0 ? static_cast<int>(cpus) : 1;
   ctx.probe_gpus = [](const worker_env::EnvMap& env) { return worker_env::probe_gpus(env); };
   return ctx;
+}
+
+int ParseContext::cpus() const {
+  if (online_cpus > 0) return online_cpus;
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 LaunchOptions parse_command_line(const std::vector<std::string>& args, const ParseContext& context) {

@@ -94,7 +94,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     if (is_device_kind(kind)) {
       nproc_word = kind;
     } else {
-      nproc_number = parse_nproc_per_node(g->text, g->what, std::nullopt, ctx.online_cpus);
+      nproc_number = parse_nproc_per_node(g->text, g->what, std::nullopt, kind == "cpu" ? ctx.cpus() : 1);
     }
   }
   std::optional<int> num_nodes;

@@ -121,10 +121,10 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   if (auto g = p.given("nproc-per-node")) {
     const std::string kind = to_lower(trim(g->text));
     if (kind == "gpu" || kind == "auto") {  // cpu needs no GPU inventory
-      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus, probed());
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.cpus(), probed());
       nproc_from_gpus = worker_env::count_visible_gpus(cvd, probed()) > 0;
     } else {
-      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.online_cpus);
+      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, kind == "cpu" ? ctx.cpus() : 1);
     }
   }
   if (auto g = p.given("max-restarts")) cfg.max_restarts = parse_max_restarts(g->text, g->what);

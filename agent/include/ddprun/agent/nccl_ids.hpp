@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
@@ -66,7 +67,10 @@ class NcclIdOwner {
   const AgentConfig& config_;
   std::string comm_id_host_;
   // Whether a holder is wanted at all (mode, GPU visible, binary present); `why` says why not.
+  // Asked once per agent (the answer is kept: an absent holder is final anyway, unavailable_).
   bool holder_wanted(std::string* why) const;
+  bool holder_wanted_now(std::string* why) const;
+  mutable std::optional<std::pair<bool, std::string>> wanted_;
   std::string holder_binary() const;
   std::optional<worker_env::NcclIdHolder> holder_;
   std::optional<worker_env::NcclIdHolder> prestarted_;

@@ -30,13 +30,18 @@ namespace ddprun::launcher {
 struct ParseContext {
   std::map<std::string, std::string> env;  // the process environment
   std::filesystem::path cwd;               // relative program paths are resolved here
-  int online_cpus = 1;                     // for --nproc-per-node=cpu|auto
+  // For --nproc-per-node=cpu|auto; 0: ask the system when needed (cpus()): sysconf reads a sysfs
+  // file, ~20 µs not worth spending on every launch.
+  int online_cpus = 0;
   // Lists the node's GPUs (worker_env::probe_gpus in from_process()). Called at most once, and
   // only when GPUs matter (--nproc-per-node gpu|auto, --gpus, --gpu-isolation,
   // --virtual-local-rank). Unset: no GPU inventory (tests inject a fake one here).
   std::function<worker_env::GpuInventory(const worker_env::EnvMap&)> probe_gpus;
 
-  // The running process's environment, working directory and online CPU count.
+  // online_cpus, or the system's count of online CPUs (at least 1) when it is 0.
+  int cpus() const;
+
+  // The running process's environment and working directory.
   static ParseContext from_process();
 };
 
