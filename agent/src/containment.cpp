@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -223,6 +224,16 @@ OomScope find_oom_scope(const ProcCgroupTexts& texts, const std::string& job_v2)
   return {};
 }
 
+// A line to the watchdog: MSG_NOSIGNAL, so one that ended early cannot end the agent with
+// SIGPIPE. False when it was not taken whole (a few bytes into an idle socket never block).
+bool send_line(int fd, const std::string& line) {
+  for (;;) {
+    const ssize_t n = ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    return n == static_cast<ssize_t>(line.size());
+  }
+}
+
 bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST; }
 
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
@@ -275,6 +286,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
   if (pid == 0) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
     ::prctl(PR_SET_NAME, "ddprun-watchdog", 0, 0, 0);  // findable in ps and by the tests
+    ::setsid();  // out of the agent's process group: `kill -9 -PGID`, `timeout -s KILL` miss it
     ::close(fds[1]);
     if (fds[0] != 3) {
       ::dup2(fds[0], 3);
@@ -332,7 +344,8 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
 // no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
 // cannot be started (not built for this machine, not installed beside ddprun).
 pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
-#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
+#if defined(__GLIBC__)
+#if __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) return -1;
@@ -363,7 +376,9 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   sigset_t all;
   ::sigfillset(&all);
   ::posix_spawnattr_setsigmask(&attr, &all);
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  // Its own session, out of the agent's process group: `kill -9 -PGID` and `timeout -s KILL`
+  // (which signals its whole group) end the agent, not the watchdog that cleans up after it.
+  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
   pid_t pid = -1;
   const int rc =
       ::posix_spawn(&pid, path.c_str(), &fa, &attr, const_cast<char* const*>(argv), const_cast<char* const*>(envp));
@@ -374,12 +389,21 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
     return -1;
   }
   if (c.mode_ == ContainmentMode::proc) {
-    // The token by the pipe, not in the arguments every user can read (the pipe is empty: a short
-    // write cannot block). Lost only if the agent dies before this line, before any worker.
-    const std::string line = "t " + c.token_env() + "\n";
-    [[maybe_unused]] const auto w = ::write(fds[1], line.data(), line.size());
+    // The token by the socket, not in the arguments every user can read. Lost only if the agent
+    // dies before this line, before any worker.
+    if (!send_line(fds[1], "t " + c.token_env() + "\n")) {
+      spdlog::warn(
+          "containment: ddprun-watchdog (pid {}) did not take the job token ({}): if ddprun is killed, "
+          "the job's detached processes may outlive it; check {}",
+          pid, std::strerror(errno), path);
+    }
   }
   return pid;
+#else
+  (void)c;
+  (void)fds;
+  return -1;
+#endif
 #else
   (void)c;
   (void)fds;
@@ -558,7 +582,9 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
 
   // The watchdog: sweeps the job when the agent is gone, however it ended.
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("containment: pipe: ") + std::strerror(errno));
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw Error(std::string("containment: socketpair: ") + std::strerror(errno));
+  }
   pid_t pid = start_watchdog_program(*c, fds);
   if (pid < 0) pid = fork_watchdog(c, fds);
   ::close(fds[0]);
@@ -578,7 +604,10 @@ Containment::~Containment() {
     // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
     // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
     // It is not waited for: it ends on its own and is reaped by init.
-    [[maybe_unused]] const auto n = ::write(watchdog_fd_, "d\n", 2);
+    if (!send_line(watchdog_fd_, "d\n")) {
+      spdlog::warn("containment: the watchdog (pid {}) ended before the job ({}); the job's cgroups may be left",
+                   watchdog_, std::strerror(errno));
+    }
     ::close(watchdog_fd_);
     return;
   }
@@ -618,19 +647,19 @@ void Containment::join_memory(int local_rank, pid_t pid) const {
   if (memory_dir_.empty() || memory_dir_ == job_dir_) return;
   if (watchdog_fd_ >= 0) {
     // A line of a few bytes into an idle pipe: never blocks, the watchdog does the write.
-    const std::string line = "m " + std::to_string(local_rank) + " " + std::to_string(pid) + "\n";
-    if (::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size())) return;
+    if (send_line(watchdog_fd_, "m " + std::to_string(local_rank) + " " + std::to_string(pid) + "\n")) return;
   }
   move_to_memory_cgroup(local_rank, pid);
 }
 
 bool Containment::remove_when_gone(const std::string& dir) const {
-  if (watchdog_fd_ < 0 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
+  // Not as a container's init: when it exits, the kernel ends everything else in its PID
+  // namespace, the watchdog too, before it could remove anything.
+  if (watchdog_fd_ < 0 || ::getpid() == 1 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
       dir.size() > 4000) {
     return false;
   }
-  const std::string line = "r " + dir + "\n";
-  return ::write(watchdog_fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  return send_line(watchdog_fd_, "r " + dir + "\n");
 }
 
 int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "ddprun/common/error.hpp"
 
 namespace fs = std::filesystem;
@@ -104,7 +106,10 @@ void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& 
   if (keep) return;
   if (remove_later) {
     const auto abs = dir.front() == '/' ? fs::path(dir) : fs::absolute(dir, ec);
-    if (!ec && remove_later(abs.string())) return;
+    if (!ec && remove_later(abs.string())) {
+      spdlog::debug("run directory {} left to the watchdog to remove after the agent's exit", abs.string());
+      return;
+    }
   }
   fs::remove_all(dir, ec);
 }

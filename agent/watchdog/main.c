@@ -1,8 +1,9 @@
 /* ddprun-watchdog: the containment watchdog of one ddprun agent (agent/src/containment.cpp,
  * docs/containment.md).
  *
- * The agent starts it once, before any worker, with the read end of a pipe as fd 3 whose write
- * end only the agent holds. It reads lines from the agent:
+ * The agent starts it once, before any worker, with one end of a socket pair as fd 3 whose other
+ * end only the agent holds (a socket, not a pipe: the agent writes with MSG_NOSIGNAL, so a
+ * watchdog that ended early cannot end the agent with SIGPIPE). It reads lines from the agent:
  *   "t ENTRY"     the job token as in the workers' environment, "DDPRUN_JOB_TOKEN=..." (proc; not
  *                 in the arguments, which every user can read in ps)
  *   "m RANK PID"  move PID into the rank's memory cgroup (v1 memory, --rank-memory on)
@@ -94,6 +95,32 @@ static long sys_getdents(int fd, void* buf, long n) { return SYS(__NR_getdents64
 static void sys_exit(int code) {
   for (;;) SYS(__NR_exit_group, code, 0, 0);
 }
+static long sys_lseek0(int fd) { return SYS(__NR_lseek, fd, 0, 0 /* SEEK_SET */); }
+/* CLOCK_MONOTONIC in milliseconds. */
+static long now_ms(void) {
+  struct {
+    long sec, nsec;
+  } ts = {0, 0};
+  SYS(__NR_clock_gettime, 1 /* CLOCK_MONOTONIC */, &ts, 0);
+  return ts.sec * 1000 + ts.nsec / 1000000;
+}
+/* statx (the same layout on every machine, unlike struct stat): the file type bits of stx_mode
+ * and the device, of `path` below `dirfd` or of `dirfd` itself (path ""). -1 on failure. */
+struct file_id {
+  unsigned type;
+  unsigned dev_major, dev_minor;
+};
+static int file_of(int dirfd, const char* path, struct file_id* out) {
+  unsigned char buf[256] __attribute__((aligned(8)));
+  const long r = sys6(__NR_statx, dirfd, (long)path, 0x1000 /* AT_EMPTY_PATH */ | 0x100 /* AT_SYMLINK_NOFOLLOW */,
+                      0x1 /* STATX_TYPE */, (long)buf, 0);
+  if (r < 0) return -1;
+  out->type = *(const unsigned short*)(buf + 0x1c) & 0170000u;
+  out->dev_major = *(const unsigned*)(buf + 0x88);
+  out->dev_minor = *(const unsigned*)(buf + 0x8c);
+  return 0;
+}
+
 static void sleep_ms(long ms) {
   struct {
     long sec, nsec;
@@ -271,14 +298,14 @@ static int has_token(const char* pid_name) {
     if (found) break;
   }
   sys_close(fd);
-  return found;
+  return found || (match && at == k); /* a last entry without its NUL */
 }
 
 static void add_token_pids(void) {
   const int fd = sys_open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   const long self = sys_getpid();
-  static char dents[32768];
+  static char dents[32768] __attribute__((aligned(8)));
   for (;;) {
     const long n = sys_getdents(fd, dents, (long)sizeof dents);
     if (n <= 0) break;
@@ -302,7 +329,8 @@ static void freeze_ranks(const char* state) {
 /* SIGKILLs every process of the job still alive, for up to 3 s (the agent's Containment::sweep). */
 static void sweep(void) {
   const int v2 = str_eq(mode, "cgroup2"), v1 = str_eq(mode, "cgroup1");
-  for (int round = 0; round < 1500; ++round) {  /* 2 ms apart */
+  const long deadline = now_ms() + 3000;
+  for (;;) {
     if (v2) {
       /* One read answers for the whole job: "populated 0" once no process is left in any rank's
        * cgroup (an exited process leaves the count at its exit, zombie or not). */
@@ -322,6 +350,7 @@ static void sweep(void) {
       for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9);
       if (v1) freeze_ranks("THAWED");
     }
+    if (now_ms() > deadline) return;
     sleep_ms(2); /* the kernel delivers SIGKILL asynchronously */
   }
 }
@@ -342,26 +371,46 @@ static void remove_cgroups(const char* job) {
   remove_dir(path_of(job, -1, 0));
 }
 
-/* Removes `name` below `dirfd` with what is in it, never following a symbolic link, 16 deep. */
-static void remove_tree(int dirfd, const char* name, int depth) {
-  if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_NOTEMPTY || depth >= 16) return;
+/* Removes `name` below `dirfd` with what is in it: never through a symbolic link (O_NOFOLLOW,
+ * every step relative to its directory's fd), never into another file system (a mount point
+ * below it stays, as does the directory above it), at most 64 levels deep. Each directory is
+ * read again until a pass finds nothing left, as some file systems skip entries of a directory
+ * that changes while it is read. */
+static void remove_tree(int dirfd, const char* name, const struct file_id* top, int depth) {
+  if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_NOTEMPTY || depth >= 64) return;
   const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
-  char dents[4096];
-  for (;;) {
-    const long n = sys_getdents(fd, dents, (long)sizeof dents);
-    if (n <= 0) break;
-    for (long off = 0; off < n;) {
-      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
-      const unsigned char type = (unsigned char)dents[off + 18];
-      const char* entry = dents + off + 19;
-      off += reclen;
-      if (str_eq(entry, ".") || str_eq(entry, "..")) continue;
-      if (type == DT_DIRECTORY || sys_unlinkat(fd, entry, 0) == -E_ISDIR) remove_tree(fd, entry, depth + 1);
+  struct file_id here;
+  if (file_of(fd, "", &here) != 0 || here.dev_major != top->dev_major || here.dev_minor != top->dev_minor) {
+    sys_close(fd);
+    return;
+  }
+  char dents[4096] __attribute__((aligned(8)));
+  for (int pass = 0; pass < 8; ++pass) {
+    int seen = 0;
+    sys_lseek0(fd);
+    for (;;) {
+      const long n = sys_getdents(fd, dents, (long)sizeof dents);
+      if (n <= 0) break;
+      for (long off = 0; off < n;) {
+        const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+        const unsigned char type = (unsigned char)dents[off + 18];
+        const char* entry = dents + off + 19;
+        off += reclen;
+        if (str_eq(entry, ".") || str_eq(entry, "..")) continue;
+        seen = 1;
+        if (type == DT_DIRECTORY || sys_unlinkat(fd, entry, 0) == -E_ISDIR) remove_tree(fd, entry, top, depth + 1);
+      }
     }
+    if (!seen) break;
   }
   sys_close(fd);
   sys_unlinkat(dirfd, name, AT_REMOVE_DIR);
+}
+static void remove_run_dir(void) {
+  struct file_id top;
+  if (run_dir[0] == '\0' || file_of(AT_FD_CWD, run_dir, &top) != 0 || top.type != 0040000u) return;
+  remove_tree(AT_FD_CWD, run_dir, &top, 0);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -389,7 +438,7 @@ static void handle_line(const char* line, int* swept) {
 }
 
 static const char usage[] =
-    "ddprun-watchdog: started by ddprun's agent with a pipe on fd 3; not a command to run by hand\n";
+    "ddprun-watchdog: started by ddprun's agent with a socket on fd 3; not a command to run by hand\n";
 
 __attribute__((used)) void watchdog_main(long* sp) {
   const long argc = sp[0];
@@ -419,13 +468,13 @@ __attribute__((used)) void watchdog_main(long* sp) {
   const unsigned long none = 0;
   SYS4(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, &none, 0, 8);
 
-  /* Without the agent's pipe on fd 3 it is not the watchdog of anything. */
-  if (SYS(__NR_fcntl, 3, 1 /* F_GETFD */, 0) < 0) {
+  /* Without the agent's socket on fd 3 it is not the watchdog of anything: refuse before
+   * touching a thing (a by-hand run with some other fd 3 would read EOF and sweep). */
+  struct file_id fd3;
+  if (file_of(3, "", &fd3) != 0 || fd3.type != 0140000u /* S_IFSOCK */) {
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
-  /* The agent, to wait for its end before cleaning up (see below); -1 before Linux 5.3. */
-  const int agent = (int)SYS(__NR_pidfd_open, SYS(__NR_getppid, 0, 0, 0), 0, 0);
 
   char buf[256];
   char line[4352];
@@ -451,23 +500,12 @@ __attribute__((used)) void watchdog_main(long* sp) {
       overlong = 0;
     }
   }
-  /* The pipe closes in the agent's exit before its parent learns of it: wait for that (100 ms
-   * at most), so the cleanup below does not compete with the end of the agent's exit for a CPU
-   * (ddprun's exit is what its caller waits for). */
-  if (agent >= 0) {
-    struct {
-      int fd;
-      short events, revents;
-    } pfd = {agent, 1 /* POLLIN */, 0};
-    struct {
-      long sec, nsec;
-    } limit = {0, 100000000L};
-    SYS4(__NR_ppoll, &pfd, 1, &limit, 0);
-  }
   if (!swept) sweep();
+  /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
+   * service manager may kill what is left of the job soon after the agent's exit. */
+  remove_run_dir();
   if (job_dir[0] != '\0') remove_cgroups(job_dir);
   if (memory_dir[0] != '\0' && !str_eq(memory_dir, job_dir)) remove_cgroups(memory_dir);
-  if (run_dir[0] != '\0') remove_tree(AT_FD_CWD, run_dir, 0);
   sys_exit(0);
 }
 

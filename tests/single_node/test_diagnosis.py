@@ -235,7 +235,8 @@ class Diagnosis(unittest.TestCase):
         script = self.script("daemon.py", DAEMON)
         pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}.pid")
         proc = self.ddprun(["--containment", mode, "--nproc-per-node", "1", "--no-python", PYTHON, script, pidfile,
-                            "exit" if how == "normal" else "block"], binary=binary)
+                            "exit" if how == "normal" else "block"], binary=binary,
+                           start_new_session=(how == "killpg"))
         try:
             read_until(proc, "ready", 30)
             with open(pidfile) as f:
@@ -243,9 +244,12 @@ class Diagnosis(unittest.TestCase):
             self.assertTrue(alive(daemon))
             watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
             self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
-            # The program beside ddprun, else (the lone copy) a fork of the agent.
-            expected = os.path.realpath(DDPRUN + "-watchdog" if binary == DDPRUN else binary)
+            # The program beside ddprun (where it was built), else (the lone copy) a fork of the agent.
+            program = binary == DDPRUN and os.access(DDPRUN + "-watchdog", os.X_OK)
+            expected = os.path.realpath(DDPRUN + "-watchdog" if program else binary)
             self.assertEqual(os.path.realpath(f"/proc/{watchdogs[0]}/exe"), expected)
+            # In a session of its own: a signal to ddprun's process group does not reach it.
+            self.assertNotEqual(os.getpgid(watchdogs[0]), os.getpgid(proc.pid))
             if how == "normal":
                 proc.stdin.write(b"go\n")
                 proc.stdin.flush()
@@ -253,6 +257,8 @@ class Diagnosis(unittest.TestCase):
                 proc.send_signal(signal.SIGTERM)
             elif how == "sigkill":
                 proc.send_signal(signal.SIGKILL)
+            elif how == "killpg":  # `kill -9 -PGID`, `timeout -s KILL`: ddprun's whole process group
+                os.killpg(proc.pid, signal.SIGKILL)
             _, err = proc.communicate(timeout=30)
             self.assertTrue(wait_gone(daemon, 10), f"{mode}/{how}: daemon {daemon} outlived ddprun: {err.decode()}")
             if how == "normal":
@@ -268,7 +274,7 @@ class Diagnosis(unittest.TestCase):
 
     def test_daemon_ends_with_the_job(self):
         for mode in modes():
-            for how in ("normal", "sigterm", "sigkill"):
+            for how in ("normal", "sigterm", "sigkill", "killpg"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how)
 
@@ -280,13 +286,31 @@ class Diagnosis(unittest.TestCase):
                     self.run_daemon_case(mode, how, binary=lone)
 
     def test_watchdog_program_refuses_to_run_by_hand(self):
-        # Without the agent's pipe on fd 3 it does nothing (above all, sweeps nothing).
-        r = subprocess.run([DDPRUN + "-watchdog"], capture_output=True, text=True, timeout=10)
+        # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).
+        program = DDPRUN + "-watchdog"
+        if not os.access(program, os.X_OK):
+            self.skipTest("no ddprun-watchdog built for this machine: the agent forks its watchdog")
+        # A cgroup v2 directory it could sweep and remove, where this box has a writable one.
+        cg = next((os.path.join(r, f"ddprun-watchdog-test-{os.getpid()}") for r in cgroup_roots()
+                   if r.startswith("/sys/fs/cgroup/unified")), None)
+        r = subprocess.run([program], capture_output=True, text=True, timeout=10)
         self.assertEqual(r.returncode, 2)
         self.assertIn("not a command to run by hand", r.stderr)
-        r = subprocess.run([DDPRUN + "-watchdog", "1", "cgroup2", "/nonexistent", "1", "0", ""],
-                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-        self.assertEqual(r.returncode, 2, "fd 3 is not open: not a watchdog of anything")
+        # With an fd 3 that is not the agent's socket (a file: it would read EOF at once and then
+        # sweep and remove JOB_DIR), it refuses too; the cgroup it names stays.
+        if cg:
+            os.mkdir(cg)
+        try:
+            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "1", "cgroup2",
+                                cg or "/nonexistent", "1", "0", ""], capture_output=True, text=True, timeout=10,
+                               stdin=subprocess.DEVNULL)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("not a command to run by hand", r.stderr)
+            if cg:
+                self.assertTrue(os.path.isdir(cg), "the cgroup named by hand was removed")
+        finally:
+            if cg and os.path.isdir(cg):
+                os.rmdir(cg)
 
     def test_run_directory_is_removed_after_exit(self):
         # Without --log-dir, a successful run's directory under TMPDIR goes, with whatever a worker
@@ -306,18 +330,24 @@ class Diagnosis(unittest.TestCase):
                 env = dict(os.environ, TMPDIR=tmp)
                 self.assertEqual(libc.prctl(36, 1, 0, 0, 0), 0)  # PR_SET_CHILD_SUBREAPER
                 try:
-                    r = subprocess.run([binary, "--master-port", "0", "--nproc-per-node", "2", "--no-python", "/bin/sh",
-                                        worker], env=env, capture_output=True, text=True, timeout=60)
+                    proc = subprocess.Popen([binary, "--master-port", "0", "--nproc-per-node", "2", "--log-level",
+                                             "debug", "--no-python", "/bin/sh", worker], env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    _, err = proc.communicate(timeout=60)
                     adopted = children(os.getpid())
                 finally:
                     libc.prctl(36, 0, 0, 0, 0)
-                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(proc.returncode, 0, err)
+                # The agent handed the removal over rather than doing it itself.
+                self.assertIn("left to the watchdog to remove after the agent's exit", err)
                 self.assertTrue(adopted, "no watchdog outlived ddprun")
                 for pid in adopted:  # the watchdog, re-parented to this process at ddprun's exit
                     self.assertTrue(wait_gone(pid, 10), f"pid {pid} ({comm(pid)}) did not end")
                     os.waitpid(pid, 0)
                 self.assertEqual(os.listdir(tmp), [], "the run directory outlived the watchdog")
                 self.assertEqual(os.listdir(keep), ["precious"], "the removal followed a symbolic link")
+                for root in cgroup_roots():
+                    self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
 
     # ---- cause of death ----
 

@@ -12,11 +12,12 @@
 // environment (read from /proc/PID/environ). Membership is exact either way: sweep() never
 // signals a process outside the job.
 //
-// A watchdog process started at creation holds the read end of a pipe whose write end only the
+// A watchdog process started at creation holds one end of a socket pair whose other end only the
 // agent holds. When the agent ends for any reason, SIGKILL included, the watchdog reads EOF,
-// sweeps the job and removes its cgroups. The watchdog ignores terminal signals, so a Ctrl-C to
-// the process group does not end it before it has cleaned up. It is ddprun-watchdog from beside
-// the ddprun binary (agent/watchdog/main.c, started with vfork + exec), else a fork of the agent.
+// sweeps the job and removes its cgroups. The watchdog ignores terminal signals and runs in a
+// session of its own, so neither a Ctrl-C nor a SIGKILL to ddprun's process group ends it before
+// it has cleaned up. It is ddprun-watchdog from beside the ddprun binary (agent/watchdog/main.c,
+// started with vfork + exec), else a fork of the agent.
 //
 // Independently of the mechanism, with --rank-memory on and the v1 memory hierarchy (or a v2
 // job cgroup that can delegate the memory controller) writable, each rank also gets a memory
@@ -91,7 +92,8 @@ class Containment {
   int sweep();
   // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
   // it once the agent is gone: the agent's exit does not wait for a disk file system to free the
-  // directory. False when there is no watchdog to take it.
+  // directory. False when there is no watchdog to take it, or when this process is PID 1 (its
+  // exit ends the watchdog too).
   bool remove_when_gone(const std::string& dir) const;
 
  private:
