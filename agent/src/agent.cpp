@@ -82,6 +82,14 @@ class Agent {
     run_.kill_and_reap_all();
     if (nccl_) nccl_->stop();  // ends the holder process
     backend_.reset();
+    if (!job_dir_settled_) {
+      // The run ended by an error (a failed handshake, a bad flag found late): the run directory
+      // goes unless it holds something, as at a normal end.
+      try {
+        remove_job_dir_unless_useful(config_, job_dir_, true);
+      } catch (const std::exception&) {  // (allocation): nothing more to do on the way out
+      }
+    }
   }
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -109,9 +117,15 @@ class Agent {
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
     }
-    // Before any thread exists: containment forks its watchdog.
+    // Before any thread exists: containment starts its watchdog.
     containment_ =
         Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node, config_.rank_memory);
+    if (!config_.log_dir) {
+      // Should the agent be killed, the run directory goes with the job unless it holds something.
+      std::error_code ec;
+      const auto abs = std::filesystem::absolute(job_dir_, ec);
+      if (!ec) containment_->clean_up_when_gone(abs.string());
+    }
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
     const bool hook = config_.stacks && python;
@@ -166,6 +180,7 @@ class Agent {
     std::function<bool(const std::string&)> later;
     if (exit_code_ == 0) later = [this](const std::string& dir) { return containment_->remove_when_gone(dir); };
     remove_job_dir_unless_useful(config_, job_dir_, exit_code_ != 0 || any_files_ || run_.wrote_files(), later);
+    job_dir_settled_ = true;
     return exit_code_;
   }
 
@@ -427,7 +442,8 @@ class Agent {
   std::string last_progress_;
   std::string executable_;
   std::string job_dir_;
-  bool flat_dirs_ = false;  // job_dir.hpp's flat layout
+  bool job_dir_settled_ = false;  // removed, kept or handed to the watchdog at the job's end
+  bool flat_dirs_ = false;        // job_dir.hpp's flat layout
   bool any_files_ = false;
   bool finished_ = false;
   int exit_code_ = 1;

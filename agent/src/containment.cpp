@@ -27,6 +27,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/job_dir.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 
@@ -300,11 +301,12 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
     // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
-    // (join_memory), "r DIR" (remove_when_gone), "d" (it ended normally and swept the job
-    // itself); EOF when it is gone, however it ended.
+    // (join_memory), "e DIR" (clean_up_when_gone), "r DIR" (remove_when_gone), "d" (it ended
+    // normally and swept the job itself); EOF when it is gone, however it ended.
     char buf[256];
     std::string pending;
-    std::string run_dir;
+    std::string run_dir;     // "r": remove
+    std::string unused_dir;  // "e": remove unless it holds data (the agent did not settle it)
     bool swept = false;
     for (;;) {
       const ssize_t n = ::read(3, buf, sizeof(buf));
@@ -323,6 +325,8 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
           c->move_to_memory_cgroup(rank, worker);
         } else if (line.rfind("r /", 0) == 0) {
           run_dir = line.substr(2);
+        } else if (line.rfind("e /", 0) == 0) {
+          unused_dir = line.substr(2);
         }
       }
     }
@@ -331,9 +335,11 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     if (!swept) c->sweep();
     c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
     c.reset();                        // removes the cgroups
+    std::error_code ec;
     if (!run_dir.empty()) {
-      std::error_code ec;
       std::filesystem::remove_all(run_dir, ec);
+    } else if (!unused_dir.empty() && !run_dir_holds_data(unused_dir)) {
+      std::filesystem::remove_all(unused_dir, ec);
     }
     ::_exit(0);
   }
@@ -660,6 +666,14 @@ bool Containment::remove_when_gone(const std::string& dir) const {
     return false;
   }
   return send_line(watchdog_fd_, "r " + dir + "\n");
+}
+
+void Containment::clean_up_when_gone(const std::string& dir) const {
+  if (watchdog_fd_ < 0 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
+      dir.size() > 4000) {
+    return;
+  }
+  send_line(watchdog_fd_, "e " + dir + "\n");
 }
 
 int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {

@@ -83,26 +83,26 @@ bool ensure_dir(const std::string& job_dir, const std::string& dir) {
   return true;
 }
 
+bool run_dir_holds_data(const std::string& dir) {
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    // ddprun's own Python hook and the empty stacks files it opened are not worth keeping.
+    if (it->is_directory(ec) && it->path().filename() == ".ddprun-python") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file(ec) && it->file_size(ec) > 0) return true;
+  }
+  return false;
+}
+
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
                                   const std::function<bool(const std::string&)>& remove_later) {
   if (config.log_dir || dir.empty()) return;
   // The default run directory under $TMPDIR: keep it only when it holds something worth reading
   // (log files, an error file a worker wrote); otherwise leave no litter behind.
+  const bool keep = may_hold_files && run_dir_holds_data(dir);
   std::error_code ec;
-  bool keep = false;
-  if (may_hold_files) {
-    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      // ddprun's own Python hook and the empty stacks files it opened are not worth keeping.
-      if (it->is_directory(ec) && it->path().filename() == ".ddprun-python") {
-        it.disable_recursion_pending();
-        continue;
-      }
-      if (it->is_regular_file(ec) && it->file_size(ec) > 0) {
-        keep = true;
-        break;
-      }
-    }
-  }
   if (keep) return;
   if (remove_later) {
     const auto abs = dir.front() == '/' ? fs::path(dir) : fs::absolute(dir, ec);

@@ -7,6 +7,9 @@
  *   "t ENTRY"     the job token as in the workers' environment, "DDPRUN_JOB_TOKEN=..." (proc; not
  *                 in the arguments, which every user can read in ps)
  *   "m RANK PID"  move PID into the rank's memory cgroup (v1 memory, --rank-memory on)
+ *   "e DIR"       the run directory: if the agent ends without settling it ("r", or removing or
+ *                 keeping it itself), remove it unless it holds a file with data (ddprun's Python
+ *                 hook aside), as the agent would have
  *   "r DIR"       remove the run directory DIR once the agent is gone (nothing in it to keep)
  *   "d"           the agent ended normally and swept the job itself
  * and, at EOF (the agent is gone, however it ended, SIGKILL included), sweeps the job unless
@@ -62,6 +65,7 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS(n, a, b, c) sys6((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
 #define SYS4(n, a, b, c, d) sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
 
+#define E_NOENT 2
 #define E_INTR 4
 #define E_BUSY 16
 #define E_ISDIR 21
@@ -109,15 +113,17 @@ static long now_ms(void) {
 struct file_id {
   unsigned type;
   unsigned dev_major, dev_minor;
+  unsigned long long size;
 };
 static int file_of(int dirfd, const char* path, struct file_id* out) {
   unsigned char buf[256] __attribute__((aligned(8)));
   const long r = sys6(__NR_statx, dirfd, (long)path, 0x1000 /* AT_EMPTY_PATH */ | 0x100 /* AT_SYMLINK_NOFOLLOW */,
-                      0x1 /* STATX_TYPE */, (long)buf, 0);
+                      0x1 /* STATX_TYPE */ | 0x200 /* STATX_SIZE */, (long)buf, 0);
   if (r < 0) return -1;
   out->type = *(const unsigned short*)(buf + 0x1c) & 0170000u;
   out->dev_major = *(const unsigned*)(buf + 0x88);
   out->dev_minor = *(const unsigned*)(buf + 0x8c);
+  out->size = *(const unsigned long long*)(buf + 0x28);
   return 0;
 }
 
@@ -223,7 +229,8 @@ static long nproc;
 static int rank_dirs;
 static const char* memory_dir;
 static char token[256];
-static char run_dir[4096];
+static char run_dir[4096];    /* "r": remove */
+static char unused_dir[4096]; /* "e": remove unless it holds data */
 
 /* Alive (not a zombie): a zombie stays listed in its cgroup until its parent reaps it. */
 static int alive(long pid) {
@@ -407,10 +414,51 @@ static void remove_tree(int dirfd, const char* name, const struct file_id* top, 
   sys_close(fd);
   sys_unlinkat(dirfd, name, AT_REMOVE_DIR);
 }
-static void remove_run_dir(void) {
+static void remove_run_dir(const char* dir) {
   struct file_id top;
-  if (run_dir[0] == '\0' || file_of(AT_FD_CWD, run_dir, &top) != 0 || top.type != 0040000u) return;
-  remove_tree(AT_FD_CWD, run_dir, &top, 0);
+  if (dir[0] == '\0' || file_of(AT_FD_CWD, dir, &top) != 0 || top.type != 0040000u) return;
+  remove_tree(AT_FD_CWD, dir, &top, 0);
+}
+
+/* Whether the tree `name` below `dirfd` holds a regular file with data (at its top, ddprun's
+ * Python hook ".ddprun-python" aside): the agent's rule for keeping a run directory
+ * (remove_job_dir_unless_useful). What cannot be read, another file system, more than 64
+ * levels: kept. */
+static int holds_data(int dirfd, const char* name, const struct file_id* top, int depth) {
+  if (depth >= 64) return 1;
+  const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return fd != -E_NOENT;
+  struct file_id here;
+  int found = file_of(fd, "", &here) != 0 || here.dev_major != top->dev_major || here.dev_minor != top->dev_minor;
+  char dents[4096] __attribute__((aligned(8)));
+  while (!found) {
+    const long n = sys_getdents(fd, dents, (long)sizeof dents);
+    if (n <= 0) {
+      found = n < 0;
+      break;
+    }
+    for (long off = 0; off < n && !found;) {
+      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+      const char* entry = dents + off + 19;
+      off += reclen;
+      if (str_eq(entry, ".") || str_eq(entry, "..") || (depth == 0 && str_eq(entry, ".ddprun-python"))) continue;
+      struct file_id f;
+      if (file_of(fd, entry, &f) != 0) {
+        found = 1;
+      } else if (f.type == 0100000u /* S_IFREG */) {
+        found = f.size > 0;
+      } else if (f.type == 0040000u) {
+        found = holds_data(fd, entry, top, depth + 1);
+      }
+    }
+  }
+  sys_close(fd);
+  return found;
+}
+static void remove_if_unused(const char* dir) {
+  struct file_id top;
+  if (dir[0] == '\0' || file_of(AT_FD_CWD, dir, &top) != 0 || top.type != 0040000u) return;
+  if (!holds_data(AT_FD_CWD, dir, &top, 0)) remove_tree(AT_FD_CWD, dir, &top, 0);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -431,9 +479,10 @@ static void handle_line(const char* line, int* swept) {
   } else if (line[0] == 't' && line[1] == ' ') {
     const size_t n = str_len(line + 2);
     if (n < sizeof token) memcpy(token, line + 2, n + 1);
-  } else if (line[0] == 'r' && line[1] == ' ' && line[2] == '/') {
+  } else if ((line[0] == 'r' || line[0] == 'e') && line[1] == ' ' && line[2] == '/') {
+    char* dst = line[0] == 'r' ? run_dir : unused_dir;
     const size_t n = str_len(line + 2);
-    if (n < sizeof run_dir) memcpy(run_dir, line + 2, n + 1);
+    if (n < sizeof run_dir) memcpy(dst, line + 2, n + 1);
   }
 }
 
@@ -503,7 +552,11 @@ __attribute__((used)) void watchdog_main(long* sp) {
   if (!swept) sweep();
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */
-  remove_run_dir();
+  if (run_dir[0] != '\0') {
+    remove_run_dir(run_dir);
+  } else {
+    remove_if_unused(unused_dir); /* the agent ended without settling it: killed, most likely */
+  }
   if (job_dir[0] != '\0') remove_cgroups(job_dir);
   if (memory_dir[0] != '\0' && !str_eq(memory_dir, job_dir)) remove_cgroups(memory_dir);
   sys_exit(0);

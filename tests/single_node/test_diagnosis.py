@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -348,6 +349,62 @@ class Diagnosis(unittest.TestCase):
                 self.assertEqual(os.listdir(keep), ["precious"], "the removal followed a symbolic link")
                 for root in cgroup_roots():
                     self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+
+    def adopted_watchdogs_end(self, start):
+        """Runs `start()` (which starts ddprun and waits for its end) as a child subreaper, then
+        waits for what ddprun left to finish (its watchdog); returns start()'s result."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.assertEqual(libc.prctl(36, 1, 0, 0, 0), 0)  # PR_SET_CHILD_SUBREAPER
+        try:
+            result = start()
+            adopted = children(os.getpid())
+        finally:
+            libc.prctl(36, 0, 0, 0, 0)
+        for pid in adopted:
+            self.assertTrue(wait_gone(pid, 10), f"pid {pid} ({comm(pid)}) did not end")
+            os.waitpid(pid, 0)
+        return result
+
+    def test_run_directory_after_sigkill_and_errors(self):
+        # Without --log-dir: ddprun SIGKILLed leaves its run directory only when it holds a file with
+        # data (the watchdog applies the agent's rule); an agent ending on an error removes it too.
+        for binary in (DDPRUN, self.lone_ddprun()):
+            for data in (False, True):
+                with self.subTest(watchdog="program" if binary == DDPRUN else "fork", data=data):
+                    tmp = tempfile.mkdtemp(dir=self.dir)
+                    worker = self.script("hold.sh", ('echo kept > "$(dirname "$TORCHELASTIC_ERROR_FILE")/note"; '
+                                                     if data else "") + 'echo ready; exec sleep 600\n')
+
+                    def start():
+                        proc = subprocess.Popen([binary, "--master-port", "0", "--nproc-per-node", "1", "--no-python",
+                                                 "/bin/sh", worker], env=dict(os.environ, TMPDIR=tmp),
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+                        read_until(proc, "ready", 30)
+                        proc.kill()
+                        proc.communicate(timeout=30)
+
+                    self.adopted_watchdogs_end(start)
+                    left = os.listdir(tmp)
+                    if data:
+                        self.assertEqual(len(left), 1, left)
+                        self.assertEqual(os.listdir(os.path.join(tmp, left[0])), ["note"])
+                    else:
+                        self.assertEqual(left, [], "the run directory of a SIGKILLed ddprun was left")
+        # An error after the run directory was made (the metrics port is taken): the agent removes it
+        # itself (with --containment off there is no watchdog to do it).
+        for containment in ("auto", "off"):
+            with self.subTest(error="metrics port taken", containment=containment), socket.socket() as taken:
+                taken.bind(("127.0.0.1", 0))
+                taken.listen()
+                tmp = tempfile.mkdtemp(dir=self.dir)
+                r = self.adopted_watchdogs_end(lambda: subprocess.run(
+                    [DDPRUN, "--master-port", "0", "--nproc-per-node", "1", "--containment", containment,
+                     "--metrics-port", str(taken.getsockname()[1]), "--no-python", "/bin/true"],
+                    env=dict(os.environ, TMPDIR=tmp), capture_output=True, text=True, timeout=60))
+                self.assertNotEqual(r.returncode, 0, r.stderr)
+                self.assertIn("metrics", r.stderr)
+                self.assertEqual(os.listdir(tmp), [], "an agent ending on an error left its run directory")
 
     # ---- cause of death ----
 

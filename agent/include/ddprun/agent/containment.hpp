@@ -95,6 +95,10 @@ class Containment {
   // directory. False when there is no watchdog to take it, or when this process is PID 1 (its
   // exit ends the watchdog too).
   bool remove_when_gone(const std::string& dir) const;
+  // Tells the watchdog about the run directory `dir` (absolute): should the agent end without
+  // settling it (killed), the watchdog removes it unless it holds a file with data, by the rule
+  // of remove_job_dir_unless_useful.
+  void clean_up_when_gone(const std::string& dir) const;
 
  private:
   Containment() = default;

@@ -28,7 +28,9 @@ bool rank_dirs_needed(const AgentConfig& config, bool any_files, bool may_run_py
 bool ensure_dir(const std::string& job_dir, const std::string& dir);
 // The directory make_job_dir would create, with "<random>" for its random part (--dry-run).
 std::string job_dir_pattern(const AgentConfig& config);
-// Without --log-dir: removes `dir` unless `may_hold_files` and a regular file is in it. The
+// Whether `dir` holds a regular file with data, ddprun's Python hook (.ddprun-python) aside.
+bool run_dir_holds_data(const std::string& dir);
+// Without --log-dir: removes `dir` unless `may_hold_files` and run_dir_holds_data(dir). The
 // removal goes to `remove_later` (given the absolute path; Containment::remove_when_gone) when
 // that takes it.
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
