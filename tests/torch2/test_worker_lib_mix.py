@@ -5,6 +5,7 @@ the same agent store, torch 2.x's unprefixed keys) at the same time. Both must f
 right sums on every rank, and nothing may be left running."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def main():
             pass
     if left:
         failures.append(f"processes left behind: {left}")
+    shutil.rmtree(scratch, ignore_errors=True)
     if failures:
         sys.exit("FAIL: " + "; ".join(failures))
     print("PASS: the worker library and torch 2.6 shared the agent store in every rank")
