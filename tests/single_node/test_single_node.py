@@ -5,6 +5,7 @@ workers. Every wait is bounded; readiness is a file written by the worker, never
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,15 @@ DDPRUN = os.path.join(BIN, "ddprun")
 WORKER = os.path.join(BIN, "ddprun_test_worker")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+# ddprun keeps a failed job's run directory under TMPDIR (error files, stacks) for the user to read;
+# these tests fail jobs on purpose, so every ddprun they start gets a TMPDIR of their own.
+SCRATCH = tempfile.mkdtemp(prefix="ddprun-single-node-test-")
+os.environ["TMPDIR"] = SCRATCH
+
+
+def tearDownModule():
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 def run(args, timeout=60, env=None, **kw):
