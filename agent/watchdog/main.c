@@ -449,6 +449,8 @@ static int holds_data(int dirfd, const char* name, const struct file_id* top, in
         found = f.size > 0;
       } else if (f.type == 0040000u) {
         found = holds_data(fd, entry, top, depth + 1);
+      } else if (f.type == 0120000u) {
+        found = 1; /* a symbolic link: the agent's check follows it to what may be data; kept */
       }
     }
   }
