@@ -14,6 +14,7 @@ Every wait is bounded by a subprocess timeout; readiness comes from the workers'
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,15 @@ BIN = os.environ.get("DDPRUN_BIN_DIR", "")
 DDPRUN = os.path.join(BIN, "ddprun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+
+# ddprun keeps a failed job's run directory under TMPDIR (error files, stacks) for the user to read;
+# these tests fail jobs on purpose, so every ddprun they start gets a TMPDIR of their own.
+SCRATCH = tempfile.mkdtemp(prefix="ddprun-compat-test-")
+os.environ["TMPDIR"] = SCRATCH
+
+
+def tearDownModule():
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 def run(args, timeout=90, env=None, cwd=None):
