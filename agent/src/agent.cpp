@@ -120,12 +120,8 @@ class Agent {
     // Before any thread exists: containment starts its watchdog.
     containment_ =
         Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node, config_.rank_memory);
-    if (!config_.log_dir) {
-      // Should the agent be killed, the run directory goes with the job unless it holds something.
-      std::error_code ec;
-      const auto abs = std::filesystem::absolute(job_dir_, ec);
-      if (!ec) containment_->clean_up_when_gone(abs.string());
-    }
+    // Should the agent be killed, the run directory goes with the job unless it holds something.
+    if (!config_.log_dir) containment_->clean_up_when_gone(job_dir_);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
     const bool hook = config_.stacks && python;

@@ -333,14 +333,15 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
     if (!swept) c->sweep();
-    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
-    c.reset();                        // removes the cgroups
+    // The run directory before the cgroups (whose rmdir waits for grace periods), as main.c.
     std::error_code ec;
     if (!run_dir.empty()) {
       std::filesystem::remove_all(run_dir, ec);
     } else if (!unused_dir.empty() && !run_dir_holds_data(unused_dir)) {
       std::filesystem::remove_all(unused_dir, ec);
     }
+    c->mode_ = ContainmentMode::off;  // the destructor's sweep is done
+    c.reset();                        // removes the cgroups
     ::_exit(0);
   }
   return pid;
@@ -349,9 +350,14 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
 // ddprun-watchdog from beside this binary (agent/watchdog/main.c), started with vfork + exec:
 // no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
 // cannot be started (not built for this machine, not installed beside ddprun).
-pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
 #if defined(__GLIBC__)
-#if __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
+#define DDPRUN_HAVE_SPAWN_CLOSEFROM __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
+#else
+#define DDPRUN_HAVE_SPAWN_CLOSEFROM 0
+#endif
+
+pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
+#if DDPRUN_HAVE_SPAWN_CLOSEFROM
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) return -1;
@@ -405,11 +411,6 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
     }
   }
   return pid;
-#else
-  (void)c;
-  (void)fds;
-  return -1;
-#endif
 #else
   (void)c;
   (void)fds;
@@ -658,23 +659,22 @@ void Containment::join_memory(int local_rank, pid_t pid) const {
   move_to_memory_cgroup(local_rank, pid);
 }
 
-bool Containment::remove_when_gone(const std::string& dir) const {
-  // Not as a container's init: when it exits, the kernel ends everything else in its PID
-  // namespace, the watchdog too, before it could remove anything.
-  if (watchdog_fd_ < 0 || ::getpid() == 1 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
+bool Containment::send_dir(char kind, const std::string& dir) const {
+  // An absolute path on one line that fits the watchdog's buffer (main.c: 4096 bytes).
+  if (watchdog_fd_ < 0 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
       dir.size() > 4000) {
     return false;
   }
-  return send_line(watchdog_fd_, "r " + dir + "\n");
+  return send_line(watchdog_fd_, std::string(1, kind) + " " + dir + "\n");
 }
 
-void Containment::clean_up_when_gone(const std::string& dir) const {
-  if (watchdog_fd_ < 0 || dir.empty() || dir.front() != '/' || dir.find('\n') != std::string::npos ||
-      dir.size() > 4000) {
-    return;
-  }
-  send_line(watchdog_fd_, "e " + dir + "\n");
+bool Containment::remove_when_gone(const std::string& dir) const {
+  // Not as a container's init: when it exits, the kernel ends everything else in its PID
+  // namespace, the watchdog too, before it could remove anything.
+  return ::getpid() != 1 && send_dir('r', dir);
 }
+
+void Containment::clean_up_when_gone(const std::string& dir) const { send_dir('e', dir); }
 
 int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
   const std::string file = rank_dir(memory_dir_, local_rank) + "/cgroup.procs";

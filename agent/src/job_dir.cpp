@@ -60,7 +60,10 @@ std::string make_job_dir(const AgentConfig& config) {
     throw Error("cannot create the log directory " + templ + ": " + std::strerror(errno),
                 config.log_dir ? "pick a writable --log-dir" : "set TMPDIR to a writable directory or pass --log-dir");
   }
-  return std::string(buf.data());
+  // Absolute: the watchdog, the workers' TORCHELASTIC_ERROR_FILE and the summary name it.
+  std::error_code ec;
+  const auto abs = fs::absolute(buf.data(), ec);
+  return ec ? std::string(buf.data()) : abs.string();
 }
 
 bool rank_dirs_needed(const AgentConfig& config, bool any_files, bool may_run_python) {
@@ -101,16 +104,12 @@ void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& 
   if (config.log_dir || dir.empty()) return;
   // The default run directory under $TMPDIR: keep it only when it holds something worth reading
   // (log files, an error file a worker wrote); otherwise leave no litter behind.
-  const bool keep = may_hold_files && run_dir_holds_data(dir);
-  std::error_code ec;
-  if (keep) return;
-  if (remove_later) {
-    const auto abs = dir.front() == '/' ? fs::path(dir) : fs::absolute(dir, ec);
-    if (!ec && remove_later(abs.string())) {
-      spdlog::debug("run directory {} left to the watchdog to remove after the agent's exit", abs.string());
-      return;
-    }
+  if (may_hold_files && run_dir_holds_data(dir)) return;
+  if (remove_later && remove_later(dir)) {
+    spdlog::debug("run directory {} left to the watchdog to remove after the agent's exit", dir);
+    return;
   }
+  std::error_code ec;
   fs::remove_all(dir, ec);
 }
 

@@ -414,11 +414,6 @@ static void remove_tree(int dirfd, const char* name, const struct file_id* top, 
   sys_close(fd);
   sys_unlinkat(dirfd, name, AT_REMOVE_DIR);
 }
-static void remove_run_dir(const char* dir) {
-  struct file_id top;
-  if (dir[0] == '\0' || file_of(AT_FD_CWD, dir, &top) != 0 || top.type != 0040000u) return;
-  remove_tree(AT_FD_CWD, dir, &top, 0);
-}
 
 /* Whether the tree `name` below `dirfd` holds a regular file with data (at its top, ddprun's
  * Python hook ".ddprun-python" aside): the agent's rule for keeping a run directory
@@ -457,10 +452,12 @@ static int holds_data(int dirfd, const char* name, const struct file_id* top, in
   sys_close(fd);
   return found;
 }
-static void remove_if_unused(const char* dir) {
+/* The run directory `dir` (a real directory, not a link to one), with what is in it; when
+ * `if_unused`, only where it holds no data (holds_data). */
+static void remove_run_dir(const char* dir, int if_unused) {
   struct file_id top;
   if (dir[0] == '\0' || file_of(AT_FD_CWD, dir, &top) != 0 || top.type != 0040000u) return;
-  if (!holds_data(AT_FD_CWD, dir, &top, 0)) remove_tree(AT_FD_CWD, dir, &top, 0);
+  if (!if_unused || !holds_data(AT_FD_CWD, dir, &top, 0)) remove_tree(AT_FD_CWD, dir, &top, 0);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -555,9 +552,9 @@ __attribute__((used)) void watchdog_main(long* sp) {
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */
   if (run_dir[0] != '\0') {
-    remove_run_dir(run_dir);
+    remove_run_dir(run_dir, 0);
   } else {
-    remove_if_unused(unused_dir); /* the agent ended without settling it: killed, most likely */
+    remove_run_dir(unused_dir, 1); /* the agent ended without settling it: killed, most likely */
   }
   if (job_dir[0] != '\0') remove_cgroups(job_dir);
   if (memory_dir[0] != '\0' && !str_eq(memory_dir, job_dir)) remove_cgroups(memory_dir);

@@ -105,6 +105,7 @@ class Containment {
   static pid_t start_watchdog_program(const Containment& c, const int fds[2]);  // -1: not available
   static pid_t fork_watchdog(std::unique_ptr<Containment>& c, const int fds[2]);
   int move_to_memory_cgroup(int local_rank, pid_t pid) const;  // 0 or errno
+  bool send_dir(char kind, const std::string& dir) const;      // an "e DIR" / "r DIR" line
   std::string worker_cgroup(int local_rank) const;             // the directory a rank's worker joins
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;

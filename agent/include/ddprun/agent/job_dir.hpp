@@ -17,7 +17,8 @@
 
 namespace ddprun::agent {
 
-// Creates the directory fresh. Throws ddprun::Error naming it when that fails.
+// Creates the directory fresh; returns its absolute path. Throws ddprun::Error naming it when that
+// fails.
 std::string make_job_dir(const AgentConfig& config);
 // Whether each attempt and rank gets its directory before the workers start (torchrun's
 // layout): with --log-dir, log files or output filters, or when a rank may run Python (the
@@ -31,8 +32,8 @@ std::string job_dir_pattern(const AgentConfig& config);
 // Whether `dir` holds a regular file with data, ddprun's Python hook (.ddprun-python) aside.
 bool run_dir_holds_data(const std::string& dir);
 // Without --log-dir: removes `dir` unless `may_hold_files` and run_dir_holds_data(dir). The
-// removal goes to `remove_later` (given the absolute path; Containment::remove_when_gone) when
-// that takes it.
+// removal goes to `remove_later` (given `dir`, absolute from make_job_dir;
+// Containment::remove_when_gone) when that takes it.
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
                                   const std::function<bool(const std::string&)>& remove_later = {});
 
