@@ -2,7 +2,7 @@
 # the dynamic loader's symbol lookups and relocations for libstdc++, spdlog, fmt, libssl and
 # libcrypto cost about 2.5 ms of CPU per launch, more than a bare posix_spawn of a worker.
 # With DDPRUN_STATIC_RUNTIME (the default) bin/ddprun links those statically and needs only
-# glibc (libc, libm) at run time; the test `launcher_needed_libs` checks that. The other
+# glibc (libc; not even libm) at run time; the test `launcher_needed_libs` checks that. The other
 # binaries and libddprun_worker.so stay dynamic. OpenSSL: on x86-64 bin/ddprun loads it with
 # dlopen on first use instead (DDPRUN_LAZY_OPENSSL, rendezvous/openssl/), so the system's
 # security updates reach it; elsewhere it is linked statically and reaches it only through a

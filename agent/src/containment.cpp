@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -347,17 +346,56 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
   return pid;
 }
 
+namespace {
+
+// What the watchdog's vfork child reads, prepared by the agent: the child shares the agent's
+// memory and may not allocate.
+struct WatchdogChild {
+  const char* path = nullptr;
+  char* const* argv = nullptr;
+  int sock = -1;
+  volatile int error = 0;  // written by the child before its _exit, read after the vfork returns
+};
+
+// The child's steps before its exec; false (errno set) when one fails.
+bool watchdog_child_setup(const WatchdogChild* a) {
+  // Signals: every one is blocked (the agent blocked them before the clone) and stays blocked
+  // through the exec (main.c unblocks them once it has ignored the terminal's), so no handler of
+  // the agent can run in this child that shares its memory, and the exec resets every handled
+  // signal to its default. Nothing to reset one by one: glibc's posix_spawn asks about all 64
+  // (~130 system calls while the agent waits).
+  // Its own session, out of the agent's process group: `kill -9 -PGID` and `timeout -s KILL`
+  // (which signals its whole group) end the agent, not the watchdog that cleans up after it.
+  if (::setsid() < 0) return false;
+  // Its end of the socket pair as fd 3 (close-on-exec cleared), stdio on /dev/null (the agent's
+  // terminal may be gone; nothing to say there), nothing else.
+  if (a->sock == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(a->sock, 3) != 3) return false;
+  const int null = ::open("/dev/null", O_RDWR);  // (not 3; closed below when above 2)
+  if (null < 0 || ::dup2(null, 0) != 0 || ::dup2(null, 1) != 1 || ::dup2(null, 2) != 2) return false;
+  if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0) {
+    // Kernel < 5.9: close-on-exec one by one.
+    const long max_fd = ::sysconf(_SC_OPEN_MAX);
+    for (int fd = 4; fd < max_fd && fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  return true;
+}
+
+int watchdog_child(void* raw) {
+  auto* a = static_cast<WatchdogChild*>(raw);
+  if (watchdog_child_setup(a)) {
+    char* const envp[] = {nullptr};
+    ::execve(a->path, a->argv, envp);
+  }
+  a->error = errno != 0 ? errno : EINVAL;
+  ::_exit(127);
+}
+
+}  // namespace
+
 // ddprun-watchdog from beside this binary (agent/watchdog/main.c), started with vfork + exec:
 // no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
 // cannot be started (not built for this machine, not installed beside ddprun).
-#if defined(__GLIBC__)
-#define DDPRUN_HAVE_SPAWN_CLOSEFROM __GLIBC_PREREQ(2, 34)  // posix_spawn_file_actions_addclosefrom_np
-#else
-#define DDPRUN_HAVE_SPAWN_CLOSEFROM 0
-#endif
-
 pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
-#if DDPRUN_HAVE_SPAWN_CLOSEFROM
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) return -1;
@@ -373,31 +411,27 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   const char* argv[] = {"ddprun-watchdog",     "1",           mode,
                         c.job_dir_.c_str(),    nproc.c_str(), c.rank_dirs_ ? "1" : "0",
                         c.memory_dir_.c_str(), nullptr};
-  const char* envp[] = {nullptr};
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  ::posix_spawn_file_actions_init(&fa);
-  ::posix_spawnattr_init(&attr);
-  ::posix_spawn_file_actions_adddup2(&fa, fds[0], 3);  // (glibc clears close-on-exec when fds[0] is 3)
-  // The agent's terminal may be gone; nothing to say there.
-  ::posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDWR, 0);
-  ::posix_spawn_file_actions_adddup2(&fa, 0, 1);
-  ::posix_spawn_file_actions_adddup2(&fa, 0, 2);
-  ::posix_spawn_file_actions_addclosefrom_np(&fa, 4);
-  // Every signal blocked until it has ignored the terminal's (main.c).
+  WatchdogChild child;
+  child.path = path.c_str();
+  child.argv = const_cast<char* const*>(argv);  // NOLINT: execve's signature
+  child.sock = fds[0];
+  // The child runs on this stack until its exec (CLONE_VFORK: the agent waits until then).
+  alignas(64) char stack[16 * 1024];
   sigset_t all;
+  sigset_t saved;
   ::sigfillset(&all);
-  ::posix_spawnattr_setsigmask(&attr, &all);
-  // Its own session, out of the agent's process group: `kill -9 -PGID` and `timeout -s KILL`
-  // (which signals its whole group) end the agent, not the watchdog that cleans up after it.
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
-  pid_t pid = -1;
-  const int rc =
-      ::posix_spawn(&pid, path.c_str(), &fa, &attr, const_cast<char* const*>(argv), const_cast<char* const*>(envp));
-  ::posix_spawn_file_actions_destroy(&fa);
-  ::posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    spdlog::debug("containment: cannot start {} ({}); forking the watchdog", path, std::strerror(rc));
+  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+  const pid_t pid = ::clone(watchdog_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+  const int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (pid < 0 || child.error != 0) {
+    const int err = pid < 0 ? clone_errno : child.error;
+    if (pid > 0) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    spdlog::debug("containment: cannot start {} ({}); forking the watchdog", path, std::strerror(err));
     return -1;
   }
   if (c.mode_ == ContainmentMode::proc) {
@@ -411,11 +445,6 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
     }
   }
   return pid;
-#else
-  (void)c;
-  (void)fds;
-  return -1;
-#endif
 }
 
 std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc, bool rank_memory) {
@@ -629,8 +658,10 @@ Containment::~Containment() {
   };
   auto remove = [this, &remove_dir](const std::string& job) {
     if (job.empty()) return;
-    // Also without a cgroup per rank: a job cgroup of the same name left by an earlier agent
-    // with this pid (containers reuse pids) may hold rank cgroups (ENOENT costs nothing).
+    // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier
+    // agent with this pid: containers reuse pids) make the job's rmdir fail with EBUSY, as do
+    // processes still leaving it; only then are they looked for (an absent one costs a lookup).
+    if (::rmdir(job.c_str()) == 0 || errno != EBUSY) return;
     for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
     remove_dir(job);
   };

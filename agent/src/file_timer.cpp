@@ -54,7 +54,7 @@ std::optional<TimerRequest> parse_timer_request(std::string_view line, std::stri
   const auto* scope = o.if_contains("scope_id");
   // Range checks before any cast: a double outside the target type's range is undefined to cast.
   auto integral_in = [](double x, double lo, double hi) {
-    return std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi;
+    return std::isfinite(x) && x >= lo && x <= hi && static_cast<double>(static_cast<std::int64_t>(x)) == x;
   };
   if (!pid || !integral_in(*pid, 1, std::numeric_limits<int>::max()))
     return fail("no \"pid\" in 1.." + std::to_string(std::numeric_limits<int>::max()));
@@ -293,7 +293,11 @@ void FileTimerServer::rearm() {
   // the past and spin. The timer fires, finds nothing expired and waits again.
   constexpr double kMaxWait = 24.0 * 3600.0;
   const double wait = std::clamp(*next - unix_now(), 0.0, kMaxWait);
-  timer_.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(std::ceil(wait * 1e6))));
+  // Rounded up by hand: std::ceil would be bin/ddprun's only use of libm.
+  const double wait_us = wait * 1e6;
+  auto us = static_cast<std::int64_t>(wait_us);
+  if (static_cast<double>(us) < wait_us) ++us;
+  timer_.expires_after(std::chrono::microseconds(us));
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) on_deadline();
   });

@@ -372,8 +372,11 @@ static void remove_dir(const char* dir) {
 }
 static void remove_cgroups(const char* job) {
   if (job[0] == '\0') return;
-  /* Also without a cgroup per rank: a job cgroup of the same name left by an earlier agent with
-   * this pid (containers reuse pids) may hold rank cgroups (ENOENT costs nothing). */
+  /* Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
+   * with this pid: containers reuse pids) make the job's rmdir fail with EBUSY, as do processes
+   * still leaving it. Only then are they looked for: each lookup of an absent one costs ~3 us in
+   * cgroupfs, 0.2 ms at 64 ranks. */
+  if (sys_unlinkat(AT_FD_CWD, job, AT_REMOVE_DIR) != -E_BUSY) return;
   for (long r = 0; r < nproc; ++r) remove_dir(path_of(job, r, 0));
   remove_dir(path_of(job, -1, 0));
 }

@@ -57,7 +57,7 @@ std::string format_value(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   char buf[64];
-  if (value == std::floor(value) && std::fabs(value) < 1e15) {
+  if (std::fabs(value) < 1e15 && value == static_cast<double>(static_cast<std::int64_t>(value))) {
     std::snprintf(buf, sizeof buf, "%.0f", value);
     return buf;
   }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 namespace ddprun {
 
@@ -48,14 +49,41 @@ std::optional<std::int64_t> parse_int(std::string_view text) {
 }
 
 std::optional<double> parse_seconds(std::string_view text) {
-  if (text.empty()) return std::nullopt;
-  double value = 0;
-  const char* first = text.data();
-  const char* last = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(first, last, value);
-  // NaN and infinities parse, but are never a duration.
-  if (ec != std::errc{} || ptr != last || !std::isfinite(value) || value < 0) return std::nullopt;
+  // std::from_chars(double) would pull libstdc++'s floating_from_chars and with it libm into
+  // bin/ddprun. The grammar is checked here, strtod converts (ddprun never changes the C locale,
+  // so '.' is the decimal point): [-]digits[.digits][(e|E)[+|-]digits], at least one digit.
+  if (text.empty() || text.size() > 64) return std::nullopt;
+  std::size_t i = 0;
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - from;
+  };
+  if (text[i] == '-') ++i;
+  std::size_t mantissa = digits();
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return std::nullopt;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (digits() == 0) return std::nullopt;
+  }
+  if (i != text.size()) return std::nullopt;
+  const std::string copy(text);
+  char* end = nullptr;
+  const double value = std::strtod(copy.c_str(), &end);
+  // Overflow gives HUGE_VAL, never a duration; "-0" is 0.
+  if (end != copy.c_str() + copy.size() || !std::isfinite(value) || value < 0) return std::nullopt;
   return value;
+}
+
+std::int64_t seconds_to_ms(double seconds) {
+  if (!(seconds > 0)) return 0;
+  if (seconds > 1e12) seconds = 1e12;
+  return static_cast<std::int64_t>(seconds * 1000.0 + 0.5);
 }
 
 std::string to_hex(std::string_view bytes) {

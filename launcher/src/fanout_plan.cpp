@@ -218,7 +218,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
     args.push_back("--shutdown-timeout=" + *e);
   }
-  plan.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
+  plan.shutdown_timeout = std::chrono::milliseconds(seconds_to_ms(grace));
   if (auto g = p.given("logs-specs")) {
     throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
   }

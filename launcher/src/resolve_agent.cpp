@@ -306,14 +306,13 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   } else if (auto e = p.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); e && !trim(*e).empty()) {
     grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   }
-  cfg.shutdown_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(grace * 1000.0)));
+  cfg.shutdown_timeout = std::chrono::milliseconds(seconds_to_ms(grace));
   cfg.virtual_local_rank = p.flag("virtual-local-rank");
 
   // Containment and diagnosis.
   if (auto g = p.given("containment")) cfg.containment = parse_containment_value(g->text, g->what);
   if (auto g = p.given("hang-timeout")) {
-    cfg.hang_timeout = std::chrono::milliseconds(
-        static_cast<std::int64_t>(std::llround(parse_seconds_value(g->text, g->what) * 1000.0)));
+    cfg.hang_timeout = std::chrono::milliseconds(seconds_to_ms(parse_seconds_value(g->text, g->what)));
   }
   if (auto g = p.given("stacks")) cfg.stacks = parse_on_off(g->text, g->what);
   if (auto g = p.given("rank-memory")) cfg.rank_memory = parse_on_off(g->text, g->what);

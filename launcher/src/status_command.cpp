@@ -74,7 +74,7 @@ std::chrono::milliseconds parse_interval(const std::string& value, const std::st
   if (!v || *v < min || *v > 1e6) {
     throw UsageError(what + "=" + value + ": not a positive number of seconds", "e.g. " + what + " 5");
   }
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(*v * 1000.0)));
+  return std::chrono::milliseconds(seconds_to_ms(*v));
 }
 
 // "  --a, --b METAVAR" then the help paragraph wrapped at 100 columns, indented by 8.

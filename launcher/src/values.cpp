@@ -279,7 +279,7 @@ agent::RendezvousSettings parse_rdzv_settings(const std::map<std::string, std::s
            heartbeat ? "a number of seconds from 0.01 to 3600, e.g. 1"
                      : "a number of seconds from 0.001 to 2592000 (30 days), e.g. 30 or 0.5");
     }
-    return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::llround(*v * 1000.0))));
+    return std::chrono::milliseconds(std::max<std::int64_t>(1, seconds_to_ms(*v)));
   };
   bool token_given = false;
   for (const auto& [key, value] : conf) {

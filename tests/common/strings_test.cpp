@@ -17,9 +17,35 @@ TEST_CASE("parse_int is strict") {
   CHECK_FALSE(ddprun::parse_int("4x"));
   CHECK_FALSE(ddprun::parse_int(""));
   CHECK_FALSE(ddprun::parse_int(" 4"));
+}
+
+TEST_CASE("parse_seconds: a strict non-negative decimal, as std::from_chars read it") {
   CHECK(ddprun::parse_seconds("0.5") == 0.5);
-  CHECK_FALSE(ddprun::parse_seconds("-1"));
-  CHECK_FALSE(ddprun::parse_seconds("30s"));
+  CHECK(ddprun::parse_seconds("30") == 30.0);
+  CHECK(ddprun::parse_seconds(".25") == 0.25);
+  CHECK(ddprun::parse_seconds("2.") == 2.0);
+  CHECK(ddprun::parse_seconds("1e-3") == 0.001);
+  CHECK(ddprun::parse_seconds("1.5E+2") == 150.0);
+  CHECK(ddprun::parse_seconds("0.1") == 0.1);  // correctly rounded, the same double as the literal
+  CHECK(ddprun::parse_seconds("-0") == 0.0);
+  for (const char* bad : {"", "-1", "30s", "+1", " 1", "1 ", ".", "-", "e3", "1e", "1e+", "0x10", "inf", "nan",
+                          "infinity", "1,5", "1e999", "1..2", "--1"}) {
+    INFO(bad);
+    CHECK_FALSE(ddprun::parse_seconds(bad));
+  }
+  CHECK_FALSE(ddprun::parse_seconds(std::string(65, '1')));  // longer than any duration is written
+}
+
+TEST_CASE("seconds_to_ms rounds to nearest, without libm") {
+  CHECK(ddprun::seconds_to_ms(0) == 0);
+  CHECK(ddprun::seconds_to_ms(0.0004) == 0);
+  CHECK(ddprun::seconds_to_ms(0.0005) == 1);
+  CHECK(ddprun::seconds_to_ms(0.001) == 1);
+  CHECK(ddprun::seconds_to_ms(1.2345) == 1235);
+  CHECK(ddprun::seconds_to_ms(30) == 30000);
+  CHECK(ddprun::seconds_to_ms(2592000) == 2592000000LL);
+  CHECK(ddprun::seconds_to_ms(1e300) == 1000000000000000LL);  // clamped, not undefined
+  CHECK(ddprun::seconds_to_ms(-1) == 0);
 }
 
 TEST_CASE("hex round trip") {

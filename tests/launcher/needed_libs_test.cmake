@@ -1,4 +1,6 @@
-# Fails unless BINARY's dynamic section names only glibc's libraries (readelf -d, NEEDED).
+# Fails unless BINARY's dynamic section names only glibc's libraries (readelf -d, NEEDED), and
+# not libm: loading it was ~13 page faults and ~10 system calls of every launch for three
+# functions (docs/performance.md).
 execute_process(COMMAND readelf -d ${BINARY} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "readelf -d ${BINARY} failed (${rc}): is binutils installed?")
@@ -9,7 +11,7 @@ set(all "")
 foreach(l ${lines})
   string(REGEX REPLACE ".*\\[([^]]+)\\]" "\\1" lib "${l}")
   list(APPEND all ${lib})
-  if(NOT lib MATCHES "^(libc|libm|ld-linux-x86-64|ld-linux-aarch64|libpthread|libdl|librt)\\.so")
+  if(NOT lib MATCHES "^(libc|ld-linux-x86-64|ld-linux-aarch64|libpthread|libdl|librt)\\.so")
     list(APPEND bad ${lib})
   endif()
 endforeach()
@@ -19,7 +21,9 @@ endif()
 if(bad)
   message(FATAL_ERROR "${BINARY} needs ${bad} at run time (all: ${all}); DDPRUN_STATIC_RUNTIME links "
                       "everything but glibc statically: link the new dependency statically or add it to "
-                      "launcher/static_runtime (see cmake/DdprunStaticRuntime.cmake)")
+                      "launcher/static_runtime (see cmake/DdprunStaticRuntime.cmake). libm: find the "
+                      "caller with -Wl,-y,SYMBOL (std::ceil, std::floor, std::llround, "
+                      "std::from_chars of a double ...) and do without it")
 endif()
 message(STATUS "${BINARY} needs only: ${all}")
 # Hardening (launcher/CMakeLists.txt): symbols bound at start, so the GOT is read-only (full RELRO).

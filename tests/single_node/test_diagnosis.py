@@ -313,6 +313,40 @@ class Diagnosis(unittest.TestCase):
             if cg and os.path.isdir(cg):
                 os.rmdir(cg)
 
+    def test_watchdog_removes_rank_cgroups_it_was_not_told_of(self):
+        # A job cgroup of the same name left by an earlier agent with this pid (containers reuse
+        # pids) may hold rank cgroups the new job never made: the job's rmdir says EBUSY, and only
+        # then does the watchdog look for them (an absent one costs a lookup in cgroupfs).
+        program = DDPRUN + "-watchdog"
+        if not os.access(program, os.X_OK):
+            self.skipTest("no ddprun-watchdog built for this machine: the agent forks its watchdog")
+        root = next((r for r in cgroup_roots() if r.startswith("/sys/fs/cgroup/unified")), None)
+        if root is None:
+            self.skipTest("no writable cgroup v2 hierarchy")
+        for stale in ((), ("rank0", "rank2")):
+            with self.subTest(stale=stale):
+                cg = os.path.join(root, f"ddprun-watchdog-test-{os.getpid()}")
+                os.mkdir(cg)
+                for name in stale:
+                    os.mkdir(os.path.join(cg, name))
+                ours, theirs = socket.socketpair()
+                try:
+                    # The agent's side of the protocol: arguments, then EOF without "d" (it died).
+                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "1",
+                                           "cgroup2", cg, "3", "0", ""], pass_fds=(theirs.fileno(),),
+                                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                    theirs.close()
+                    ours.close()
+                    _, err = wd.communicate(timeout=30)
+                    self.assertEqual(wd.returncode, 0, err.decode())
+                    self.assertFalse(os.path.exists(cg), f"{cg} left with {os.listdir(cg) if os.path.isdir(cg) else ''}")
+                finally:
+                    for name in stale:
+                        if os.path.isdir(os.path.join(cg, name)):
+                            os.rmdir(os.path.join(cg, name))
+                    if os.path.isdir(cg):
+                        os.rmdir(cg)
+
     def test_run_directory_is_removed_after_exit(self):
         # Without --log-dir, a successful run's directory under TMPDIR goes, with whatever a worker
         # left in it; the watchdog removes it (and the job's cgroups) once ddprun has exited.

@@ -14,8 +14,12 @@ std::string to_lower(std::string_view text);
 bool starts_with(std::string_view text, std::string_view prefix);
 // Strict decimal integer parse of the whole string (optional leading '-'); nullopt otherwise.
 std::optional<std::int64_t> parse_int(std::string_view text);
-// Strict non-negative decimal double ("1", "0.5", "30s" is rejected); nullopt otherwise.
+// Strict non-negative decimal double ("1", "0.5", "1e-3"; "30s", "+1", "0x10", "inf" are
+// rejected); nullopt otherwise.
 std::optional<double> parse_seconds(std::string_view text);
+// A non-negative number of seconds (finite, at most 1e12) as whole milliseconds, rounded to
+// nearest. Without libm: bin/ddprun does not load it (docs/performance.md).
+std::int64_t seconds_to_ms(double seconds);
 // Lowercase hex of bytes.
 std::string to_hex(std::string_view bytes);
 // Inverse of to_hex; nullopt on odd length or non-hex characters.
