@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <string_view>
 #include <system_error>
@@ -103,19 +104,129 @@ struct Mount {
   std::string path;  // this process's cgroup in that hierarchy ("/a/b")
 };
 
-// /proc/self/mountinfo and /proc/self/cgroup, read once for all the find_mount calls of one
-// Containment::create (each read makes the kernel format the whole table).
+std::optional<std::string> mountinfo_mount_point(const std::string& controller, const std::string& info);
+
+// /proc/self/cgroup, and each hierarchy's mount point, found once for all the find_mount calls
+// of one Containment::create: with statmount, else from /proc/self/mountinfo, read at most once
+// (each read makes the kernel format the whole table).
 struct ProcCgroupTexts {
-  std::optional<std::string> mountinfo = read_text("/proc/self/mountinfo");
   std::optional<std::string> own = read_text("/proc/self/cgroup");
+  const std::optional<std::string>& mount_point(const std::string& controller) const {
+    const auto it = points_.find(controller);
+    if (it != points_.end()) return it->second;
+    auto p = cgroup_mount_point(controller, MountLookup::statmount);
+    if (!p) {
+      if (!mountinfo_read_) {
+        mountinfo_ = read_text("/proc/self/mountinfo");
+        mountinfo_read_ = true;
+      }
+      if (mountinfo_) p = mountinfo_mount_point(controller, *mountinfo_);
+    }
+    return points_.emplace(controller, std::move(p)).first->second;
+  }
+
+ private:
+  mutable std::map<std::string, std::optional<std::string>> points_;
+  mutable std::optional<std::string> mountinfo_;
+  mutable bool mountinfo_read_ = false;
 };
 
-// The mount of a cgroup hierarchy: cgroup2 (controller empty) or the v1 hierarchy carrying
-// `controller`, with this process's cgroup path in it.
-std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupTexts& texts) {
-  const auto& info = texts.mountinfo;
-  const auto& own = texts.own;
-  if (!info || !own) return std::nullopt;
+// statmount(2) and its structures (Linux 6.8; the mount options 6.10; <linux/mount.h>, not in
+// every distribution's headers yet). The same system call number on every architecture.
+constexpr long kSysStatmount = 457;
+constexpr std::uint64_t kStatmountMntRoot = 0x08;
+constexpr std::uint64_t kStatmountMntPoint = 0x10;
+constexpr std::uint64_t kStatmountFsType = 0x20;
+constexpr std::uint64_t kStatmountMntOpts = 0x80;
+constexpr unsigned kStatxMntIdUnique = 0x4000;  // STATX_MNT_ID_UNIQUE, Linux 6.8
+struct MntIdReq {
+  std::uint32_t size;
+  std::uint32_t spare;
+  std::uint64_t mnt_id;
+  std::uint64_t param;
+};
+static_assert(sizeof(MntIdReq) == 24, "MNT_ID_REQ_SIZE_VER0");
+// struct statmount: the fields read here, at their offsets; the strings from byte 512 on.
+constexpr std::size_t kSmSize = 0, kSmMntOpts = 4, kSmMask = 8, kSmFsType = 36, kSmMntRoot = 104, kSmMntPoint = 108,
+                      kSmStr = 512;
+
+// The mount point `path` leads to, when it is the root of a mount of `fstype` whose root is the
+// file system's (cgroupfs: the hierarchy's, relative to this cgroup namespace, as mountinfo
+// shows it), and, with `opts`, the file system's options ("freezer" for a v1 hierarchy).
+// nullopt when it is not, or statmount cannot say (kernel < 6.8, or < 6.10 for the options;
+// a seccomp filter).
+struct StatMount {
+  std::string point;
+  std::string opts;
+};
+std::optional<StatMount> statmount_of(const char* path, std::string_view fstype, bool opts) {
+  struct statx sx {};
+  if (::statx(AT_FDCWD, path, AT_NO_AUTOMOUNT, kStatxMntIdUnique, &sx) != 0) return std::nullopt;
+  if ((sx.stx_mask & kStatxMntIdUnique) == 0 || (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) == 0 ||
+      (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) == 0) {
+    return std::nullopt;
+  }
+  const std::uint64_t want = kStatmountMntRoot | kStatmountMntPoint | kStatmountFsType | (opts ? kStatmountMntOpts : 0);
+  MntIdReq req{sizeof(MntIdReq), 0, sx.stx_mnt_id, want};
+  alignas(8) char buf[4096];
+  if (::syscall(kSysStatmount, &req, buf, sizeof buf, 0) != 0) return std::nullopt;
+  auto u32 = [&buf](std::size_t off) {
+    std::uint32_t v = 0;
+    std::memcpy(&v, buf + off, sizeof v);
+    return v;
+  };
+  std::uint64_t mask = 0;
+  std::memcpy(&mask, buf + kSmMask, sizeof mask);
+  const std::uint32_t size = u32(kSmSize);
+  if ((mask & want) != want || size <= kSmStr || size > sizeof buf) return std::nullopt;
+  // Each string: an offset into the strings, NUL-terminated inside what the kernel wrote.
+  auto str = [&](std::size_t field) -> std::optional<std::string_view> {
+    const std::size_t off = kSmStr + u32(field);
+    if (off >= size) return std::nullopt;
+    const void* nul = std::memchr(buf + off, '\0', size - off);
+    if (nul == nullptr) return std::nullopt;
+    return std::string_view(buf + off, static_cast<std::size_t>(static_cast<const char*>(nul) - (buf + off)));
+  };
+  const auto type = str(kSmFsType);
+  const auto root = str(kSmMntRoot);
+  const auto point = str(kSmMntPoint);
+  if (!type || !root || !point || *type != fstype || *root != "/") return std::nullopt;
+  StatMount out{std::string(*point), ""};
+  if (opts) {
+    const auto o = str(kSmMntOpts);
+    if (!o) return std::nullopt;
+    out.opts = *o;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> cgroup_mount_point(const std::string& controller, MountLookup how) {
+  if (how == MountLookup::mountinfo) {
+    const auto info = read_text("/proc/self/mountinfo");
+    return info ? mountinfo_mount_point(controller, *info) : std::nullopt;
+  }
+  if (controller.empty()) {
+    for (const char* dir : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
+      if (auto m = statmount_of(dir, "cgroup2", false)) return std::move(m->point);
+    }
+    return std::nullopt;
+  }
+  // A v1 hierarchy where it is usually mounted, carrying the controller when its options name it.
+  const std::string dir = "/sys/fs/cgroup/" + controller;
+  auto m = statmount_of(dir.c_str(), "cgroup", true);
+  if (!m) return std::nullopt;
+  for (const auto& opt : split(m->opts, ',')) {
+    if (opt == controller) return std::move(m->point);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// The mount point in /proc/self/mountinfo (the first matching line).
+std::optional<std::string> mountinfo_mount_point(const std::string& controller, const std::string& info) {
   // Split by hand (string_view): an istringstream per line costs a locale each, and the table
   // is read on the path to the first worker.
   auto fields = [](std::string_view text, std::string_view* out, std::size_t n) {
@@ -131,8 +242,7 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
     }
     return got == n;
   };
-  std::optional<Mount> m;
-  std::string_view table(*info);
+  std::string_view table(info);
   while (!table.empty()) {
     const auto nl = table.find('\n');
     const std::string_view line = table.substr(0, nl);
@@ -145,11 +255,20 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
     const std::string opts = "," + std::string(post[2]) + ",";
     if (controller.empty() ? post[0] == "cgroup2"
                            : (post[0] == "cgroup" && opts.find("," + controller + ",") != std::string::npos)) {
-      m = Mount{std::string(pre[4]), ""};
-      break;
+      return std::string(pre[4]);
     }
   }
-  if (!m) return std::nullopt;
+  return std::nullopt;
+}
+
+// The mount of a cgroup hierarchy: cgroup2 (controller empty) or the v1 hierarchy carrying
+// `controller`, with this process's cgroup path in it.
+std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupTexts& texts) {
+  const auto& own = texts.own;
+  if (!own) return std::nullopt;
+  const auto& dir = texts.mount_point(controller);
+  if (!dir) return std::nullopt;
+  std::optional<Mount> m = Mount{*dir, ""};
   std::istringstream cg(*own);
   std::string line;
   while (std::getline(cg, line)) {
