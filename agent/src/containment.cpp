@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/job_dir.hpp"
+#include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 
@@ -411,7 +412,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(fds[0], 3);
       ::close(fds[0]);
     }
-    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    close_descriptors_from(4, false);
     const int null = ::open("/dev/null", O_RDWR);
     if (null >= 0) {
       ::dup2(null, 0);
@@ -491,11 +492,7 @@ bool watchdog_child_setup(const WatchdogChild* a) {
   if (a->sock == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(a->sock, 3) != 3) return false;
   const int null = ::open("/dev/null", O_RDWR);  // (not 3; closed below when above 2)
   if (null < 0 || ::dup2(null, 0) != 0 || ::dup2(null, 1) != 1 || ::dup2(null, 2) != 2) return false;
-  if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0) {
-    // Kernel < 5.9: close-on-exec one by one.
-    const long max_fd = ::sysconf(_SC_OPEN_MAX);
-    for (int fd = 4; fd < max_fd && fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
+  close_descriptors_from(4, true);
   return true;
 }
 
@@ -535,7 +532,7 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   child.argv = const_cast<char* const*>(argv);  // NOLINT: execve's signature
   child.sock = fds[0];
   // The child runs on this stack until its exec (CLONE_VFORK: the agent waits until then).
-  alignas(64) char stack[16 * 1024];
+  alignas(64) char stack[32 * 1024];  // glibc's posix_spawn gives its child 32 KiB too
   sigset_t all;
   sigset_t saved;
   ::sigfillset(&all);

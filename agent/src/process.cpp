@@ -1,6 +1,7 @@
 // posix_spawn-style launcher; see process.hpp for why not Boost.Process v2's launchers.
 #include "ddprun/agent/process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <sched.h>
@@ -114,13 +115,7 @@ int child_main(void* raw) {
     child_fail(args, "dup2");
   }
   // Asio does not open every descriptor with O_CLOEXEC (e.g. accepted sockets): close them all.
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-    // Kernel < 5.9: mark them close-on-exec one by one up to the limit.
-    const long max_fd = ::sysconf(_SC_OPEN_MAX);
-    for (int fd = 3; fd < max_fd && fd < 65536; ++fd) {
-      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    }
-  }
+  close_descriptors_from(3, true);
   // Best effort: a worker that cannot be bound (e.g. a cgroup cpuset narrower than the plan)
   // still runs; the parent logs the error.
   if (args->cpu_mask != nullptr && ::syscall(SYS_sched_setaffinity, 0, args->cpu_mask_bytes, args->cpu_mask) != 0) {
@@ -181,6 +176,43 @@ constexpr bool kHaveClone3 = false;
 bool g_clone3_refused = false;
 
 }  // namespace
+
+void close_descriptors_from(int low, bool at_exec) {
+  if (::syscall(SYS_close_range, static_cast<unsigned>(low), ~0U, 0U) == 0) return;
+  auto drop = [at_exec](int fd) { at_exec ? ::fcntl(fd, F_SETFD, FD_CLOEXEC) : ::close(fd); };
+  const int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    // Closing while reading may make the directory skip entries: read it again until a pass
+    // finds nothing left to close (marking close-on-exec changes nothing: one pass).
+    for (int pass = 0; pass < 8; ++pass) {
+      bool dropped = false;
+      ::lseek(dir, 0, SEEK_SET);
+      alignas(8) char buf[4096];
+      for (;;) {
+        const long n = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
+        if (n <= 0) break;
+        for (long off = 0; off < n;) {
+          const auto* e = reinterpret_cast<const struct dirent64*>(buf + off);  // NOLINT: the kernel's layout
+          off += e->d_reclen;
+          int fd = 0;
+          const char* c = e->d_name;
+          if (*c < '0' || *c > '9') continue;  // "." and ".."
+          for (; *c >= '0' && *c <= '9' && fd < (1 << 30); ++c) fd = fd * 10 + (*c - '0');
+          if (fd >= low && fd != dir) {
+            drop(fd);
+            dropped = true;
+          }
+        }
+      }
+      if (at_exec || !dropped) break;
+    }
+    ::close(dir);
+    return;
+  }
+  rlimit lim{};
+  const rlim_t max_fd = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? lim.rlim_cur : 65536;
+  for (rlim_t fd = static_cast<rlim_t>(low); fd < max_fd; ++fd) drop(static_cast<int>(fd));
+}
 
 std::vector<int> signals_to_reset() {
   std::vector<int> out{SIGPIPE};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -74,9 +75,12 @@ std::optional<double> parse_seconds(std::string_view text) {
   if (i != text.size()) return std::nullopt;
   const std::string copy(text);
   char* end = nullptr;
+  errno = 0;
   const double value = std::strtod(copy.c_str(), &end);
-  // Overflow gives HUGE_VAL, never a duration; "-0" is 0.
+  // Overflow gives HUGE_VAL, never a duration; an underflow to zero ("1e-400") is out of range,
+  // as std::from_chars says (a subnormal result is kept, as it keeps it); "-0" is 0.
   if (end != copy.c_str() + copy.size() || !std::isfinite(value) || value < 0) return std::nullopt;
+  if (errno == ERANGE && value == 0) return std::nullopt;
   return value;
 }
 

@@ -154,6 +154,29 @@ def cgroup_roots():
     return roots
 
 
+def cgroup2_mount():
+    """Where cgroup2 is mounted: /sys/fs/cgroup/unified on a hybrid host, /sys/fs/cgroup on a
+    cgroup v2 one; None without cgroup2."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if " - cgroup2 " in line and line.split()[3] == "/"]
+    for usual in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if usual in points:
+            return usual
+    return points[0] if points else None
+
+
+def cgroup2_root():
+    """This process's cgroup in the cgroup2 hierarchy (where ddprun makes its job cgroup)."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    with open("/proc/self/cgroup") as f:
+        path = next((l.strip()[3:] for l in f if l.startswith("0::")), None)
+    if path is None:
+        return None
+    return mount + ("" if path == "/" else path)
+
+
 ROOT_MEMORY_ENABLED = []  # cgroup2 roots whose memory controller a test switched on
 
 
@@ -313,14 +336,43 @@ class Diagnosis(unittest.TestCase):
             if cg and os.path.isdir(cg):
                 os.rmdir(cg)
 
-    def test_watchdog_removes_rank_cgroups_it_was_not_told_of(self):
+    def test_rank_cgroups_left_in_the_job_cgroup_are_removed(self):
         # A job cgroup of the same name left by an earlier agent with this pid (containers reuse
         # pids) may hold rank cgroups the new job never made: the job's rmdir says EBUSY, and only
-        # then does the watchdog look for them (an absent one costs a lookup in cgroupfs).
+        # then are they looked for (an absent one costs a lookup in cgroupfs). Played here by a
+        # worker that makes one in its job cgroup; with the watchdog program and with the fork.
+        root = cgroup2_root()
+        if root is None or "cgroup2" not in modes():
+            self.skipTest("no writable cgroup v2 hierarchy")
+        mount = cgroup2_mount()
+        worker = self.script("stale.sh", 'cg=$(sed -n "s/^0:://p" /proc/self/cgroup); mkdir "$1$cg/rank0"\n')
+        for binary in (DDPRUN, self.lone_ddprun()):
+            with self.subTest(watchdog="program" if binary == DDPRUN else "fork"):
+
+                def start():
+                    proc = subprocess.Popen([binary, "--containment", "cgroup2", "--nproc-per-node", "1", "--no-python",
+                                             "/bin/sh", worker, mount], stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    _, err = proc.communicate(timeout=60)
+                    return proc, err
+
+                proc, err = self.adopted_watchdogs_end(start)
+                self.assertEqual(proc.returncode, 0, err.decode())
+                job = f"{root}/ddprun-{proc.pid}"
+                left = os.listdir(job) if os.path.isdir(job) else None
+                if left is not None:
+                    for name in left:
+                        if os.path.isdir(os.path.join(job, name)):
+                            os.rmdir(os.path.join(job, name))
+                    os.rmdir(job)
+                self.assertIsNone(left, f"{job} left with {left}")
+
+    def test_watchdog_program_removes_rank_cgroups_it_was_not_told_of(self):
+        # The same, with the program run as the agent runs it: arguments, then EOF without "d".
         program = DDPRUN + "-watchdog"
         if not os.access(program, os.X_OK):
             self.skipTest("no ddprun-watchdog built for this machine: the agent forks its watchdog")
-        root = next((r for r in cgroup_roots() if r.startswith("/sys/fs/cgroup/unified")), None)
+        root = cgroup2_root()
         if root is None:
             self.skipTest("no writable cgroup v2 hierarchy")
         for stale in ((), ("rank0", "rank2")):
@@ -331,7 +383,6 @@ class Diagnosis(unittest.TestCase):
                     os.mkdir(os.path.join(cg, name))
                 ours, theirs = socket.socketpair()
                 try:
-                    # The agent's side of the protocol: arguments, then EOF without "d" (it died).
                     wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "1",
                                            "cgroup2", cg, "3", "0", ""], pass_fds=(theirs.fileno(),),
                                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)

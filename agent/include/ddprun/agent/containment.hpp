@@ -43,8 +43,8 @@ namespace ddprun::agent {
 // (/sys/fs/cgroup, /sys/fs/cgroup/unified, /sys/fs/cgroup/CONTROLLER) with statmount(2),
 // Linux 6.8, and nullopt where it cannot say; otherwise read /proc/self/mountinfo, whose
 // formatting costs the kernel ~1.5 us per mount of the machine (~35 us on a small VM, more on a
-// node with many mounts). Containment asks the first way, then the second; both are public for
-// the test that they agree.
+// node with many mounts; the first matching line). Containment asks the first way, then the
+// second; both are public for the test that the first names a mount the second lists.
 enum class MountLookup { statmount, mountinfo };
 std::optional<std::string> cgroup_mount_point(const std::string& controller, MountLookup how);
 

@@ -61,6 +61,13 @@ struct SpawnRequest {
 // (ignored signals stay ignored, nohup semantics). Valid until a handler is installed or removed.
 std::vector<int> signals_to_reset();
 
+// For a child between fork/vfork and exec: every descriptor from `low` on is closed by the exec
+// (`at_exec`: a vfork child that execs) or now (a forked child that does not exec). close_range
+// (Linux 5.9), else each entry of /proc/self/fd (a kernel without close_range, a seccomp filter
+// that refuses it), else every number up to the RLIMIT_NOFILE soft limit. Async-signal-safe: no
+// allocation.
+void close_descriptors_from(int low, bool at_exec);
+
 struct SpawnResult {
   pid_t pid = -1;
   int pidfd = -1;                     // owned by the caller (close after reap)
