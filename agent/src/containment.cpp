@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -22,7 +23,6 @@
 #include <fstream>
 #include <string_view>
 #include <system_error>
-#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -77,15 +77,39 @@ std::optional<std::uint64_t> read_u64(const std::string& path) {
   return std::stoull(*t);
 }
 
+// The whitespace-separated words of `text`, split by hand: a stream would initialise the C++
+// locale, which nothing else on the path to the first worker needs (docs/performance.md).
+std::vector<std::string_view> words_of(std::string_view text) {
+  std::vector<std::string_view> out;
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  for (;;) {
+    const auto b = text.find_first_not_of(kSpace);
+    if (b == std::string_view::npos) return out;
+    text.remove_prefix(b);
+    const auto e = text.find_first_of(kSpace);
+    out.push_back(text.substr(0, e));
+    if (e == std::string_view::npos) return out;
+    text.remove_prefix(e);
+  }
+}
+
+template <class T>
+std::optional<T> number_of(std::string_view word) {
+  T v{};
+  const auto [p, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
+  if (ec != std::errc{} || p != word.data() + word.size()) return std::nullopt;
+  return v;
+}
+
 // "key N" lines (memory.events, memory.oom_control).
 std::uint64_t keyed_value(const std::string& path, const std::string& key) {
   const auto t = read_text(path);
   if (!t) return 0;
-  std::istringstream in(*t);
-  std::string k;
-  std::uint64_t v = 0;
-  while (in >> k >> v) {
-    if (k == key) return v;
+  const auto w = words_of(*t);
+  for (std::size_t i = 0; i + 1 < w.size(); i += 2) {
+    const auto v = number_of<std::uint64_t>(w[i + 1]);
+    if (!v) return 0;  // (where a stream would have stopped)
+    if (w[i] == key) return *v;
   }
   return 0;
 }
@@ -94,9 +118,11 @@ std::vector<pid_t> read_pids(const std::string& procs_file) {
   std::vector<pid_t> out;
   const auto t = read_text(procs_file);
   if (!t) return out;
-  std::istringstream in(*t);
-  pid_t p = 0;
-  while (in >> p) out.push_back(p);
+  for (const auto word : words_of(*t)) {
+    const auto p = number_of<pid_t>(word);
+    if (!p) break;
+    out.push_back(*p);
+  }
   return out;
 }
 
@@ -270,17 +296,21 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
   const auto& dir = texts.mount_point(controller);
   if (!dir) return std::nullopt;
   std::optional<Mount> m = Mount{*dir, ""};
-  std::istringstream cg(*own);
-  std::string line;
-  while (std::getline(cg, line)) {
+  // "ID:CONTROLLERS:PATH" lines; split by hand (a stream would initialise the C++ locale, which
+  // nothing else on the path to the first worker needs: docs/performance.md).
+  std::string_view table(*own);
+  while (!table.empty()) {
+    const auto nl = table.find('\n');
+    const std::string_view line = table.substr(0, nl);
+    table.remove_prefix(nl == std::string_view::npos ? table.size() : nl + 1);
     const auto a = line.find(':');
-    const auto b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string ctrls = line.substr(a + 1, b - a - 1);
+    const auto b = a == std::string_view::npos ? a : line.find(':', a + 1);
+    if (b == std::string_view::npos) continue;
+    const std::string ctrls(line.substr(a + 1, b - a - 1));
     const bool match = controller.empty() ? line.substr(0, a) == "0" && ctrls.empty()
                                           : ("," + ctrls + ",").find("," + controller + ",") != std::string::npos;
     if (match) {
-      m->path = line.substr(b + 1);
+      m->path = std::string(line.substr(b + 1));
       if (m->path == "/") m->path.clear();
       return m;
     }

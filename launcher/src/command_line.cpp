@@ -39,28 +39,11 @@ int ParseContext::cpus() const {
 
 LaunchOptions parse_command_line(const std::vector<std::string>& args, const ParseContext& context) {
   detail::ParsedFlags p(context);
-  const std::vector<std::string> expanded = detail::expand_abbreviations(args);
-  // Only the flags the command line names are defined (flags_named: most of the parsing cost
-  // of a launch is CLI11's definitions); help, errors and anything unusual get all of them.
-  if (const auto named = detail::flags_named(expanded)) {
-    p.define(&*named);
-  } else {
-    p.define();
-  }
   LaunchOptions out;
-  try {
-    std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
-    p.app().parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  if (auto help = p.parse(detail::expand_abbreviations(args))) {
     out.command = CommandKind::help;
-    out.text = p.app().help();
+    out.text = std::move(*help);
     return out;
-  } catch (const CLI::CallForAllHelp&) {
-    out.command = CommandKind::help;
-    out.text = p.app().help();
-    return out;
-  } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what(), "run 'ddprun --help' for the accepted options");
   }
   if (p.flag("version")) {
     out.command = CommandKind::version;
@@ -86,9 +69,9 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, const Par
   bool fanout = false;
   for (const auto& spec : launcher_flags()) fanout = fanout || (spec.scope == FlagScope::host_list && p.present(spec));
   if (fanout) {
-    detail::resolve_fanout(p, p.app().remaining(), out);
+    detail::resolve_fanout(p, p.remaining(), out);
   } else {
-    detail::resolve_agent(p, p.app().remaining(), out);
+    detail::resolve_agent(p, p.remaining(), out);
   }
   return out;
 }

@@ -8,7 +8,6 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
-#include <iostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "ddprun/launcher/fanout.hpp"
 #include "ddprun/agent/remote_protocol.hpp"
 #include "ddprun/launcher/status_command.hpp"
+#include "lazy_iostream.hpp"
 
 namespace {
 
@@ -95,16 +95,16 @@ int run(int argc, char** argv) {
     const std::vector<std::string> args(argv + 2, argv + argc);
     const auto request = ddprun::launcher::parse_status_args(args, context.env);
     if (request.help) {
-      std::cout << ddprun::launcher::status_usage();
+      ddprun::launcher::lazy_cout() << ddprun::launcher::status_usage();
       return 0;
     }
     ddprun::setup_logging("ddprun", spdlog::level::warn);
-    return ddprun::launcher::run_status(request, std::cout, ::isatty(STDOUT_FILENO) == 1);
+    return ddprun::launcher::run_status(request, ddprun::launcher::lazy_cout(), ::isatty(STDOUT_FILENO) == 1);
   }
   auto options = ddprun::launcher::parse_command_line(argc, argv, context);
   if (options.command != ddprun::launcher::CommandKind::run) {
-    std::cout << options.text;
-    if (!options.text.empty() && options.text.back() != '\n') std::cout << '\n';
+    ddprun::launcher::lazy_cout() << options.text;
+    if (!options.text.empty() && options.text.back() != '\n') ddprun::launcher::lazy_cout() << '\n';
     return 0;
   }
   const std::string label = options.config.node_label;
@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
   }
   if (options.fanout) {
     if (options.config.dry_run) {
-      ddprun::launcher::print_fanout_dry_run(*options.fanout, std::cout);
+      ddprun::launcher::print_fanout_dry_run(*options.fanout, ddprun::launcher::lazy_cout());
       return 0;
     }
     options.fanout->log_level = static_cast<int>(options.log_level);
@@ -123,8 +123,8 @@ int run(int argc, char** argv) {
   }
   options.config.control_fd = control_fd;
   if (options.config.dry_run) {
-    ddprun::agent::print_dry_run(options.config, std::cout);
-    std::cout.flush();
+    ddprun::agent::print_dry_run(options.config, ddprun::launcher::lazy_cout());
+    ddprun::launcher::lazy_cout().flush();
     return 0;
   }
   return ddprun::agent::run_agent(options.config);
@@ -136,14 +136,15 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const ddprun::UsageError& e) {
-    std::cerr << "ddprun: error: " << e.what() << '\n';
-    if (e.hint().find("--help") == std::string::npos) std::cerr << "ddprun: run 'ddprun --help' for usage\n";
+    ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
+    if (e.hint().find("--help") == std::string::npos)
+      ddprun::launcher::lazy_cerr() << "ddprun: run 'ddprun --help' for usage\n";
     return kExitUsage;
   } catch (const ddprun::Error& e) {
-    std::cerr << "ddprun: error: " << e.what() << '\n';
+    ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
     return kExitError;
   } catch (const std::exception& e) {
-    std::cerr << "ddprun: internal error: " << e.what() << '\n';
+    ddprun::launcher::lazy_cerr() << "ddprun: internal error: " << e.what() << '\n';
     return kExitError;
   }
 }

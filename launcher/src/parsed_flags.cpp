@@ -1,5 +1,9 @@
 #include "parsed_flags.hpp"
 
+// clang-format off
+#include "lazy_iostream.hpp"  // before CLI11, which includes <iostream>
+// clang-format on
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -85,18 +89,89 @@ const PeerFlag* peer_flag(const std::string& name) {
 
 ParsedFlags::ParsedFlags(const ParseContext& context) : context_(context) {}
 
-void ParsedFlags::define(const std::vector<const FlagSpec*>* only) {
-  app_.description("ddprun " + std::string(version_string) +
-                   ": launch a distributed training job on this node (a drop-in for torchrun)");
-  app_.prefix_command();
-  app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app_.footer(footer());
-  app_.get_formatter()->column_width(
+ParsedFlags::~ParsedFlags() = default;
+
+std::optional<std::string> ParsedFlags::parse(const std::vector<std::string>& expanded, bool with_cli11) {
+  if (!with_cli11 && parse_simple(expanded)) return std::nullopt;
+  define();
+  try {
+    std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
+    app_->parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    return app_->help();
+  } catch (const CLI::CallForAllHelp&) {
+    return app_->help();
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what(), "run 'ddprun --help' for the accepted options");
+  }
+  for (const auto& [dash, option] : options_) count_[dash] = static_cast<int>(option.first->count());
+  remaining_ = app_->remaining();
+  return std::nullopt;
+}
+
+bool ParsedFlags::parse_simple(const std::vector<std::string>& expanded) {
+  if (!flags_named(expanded)) return false;
+  std::map<std::string, std::string> storage;
+  std::map<std::string, std::vector<std::string>> multi;
+  std::map<std::string, int> count;
+  std::size_t i = 0;
+  for (; i < expanded.size(); ++i) {
+    const std::string& word = expanded[i];
+    if (word == "--" || word.size() < 2 || word.front() != '-') break;  // the program starts here
+    const FlagSpec* spec = nullptr;
+    std::optional<std::string> value;  // attached: --name=VALUE, -xVALUE
+    if (word[1] == '-') {
+      const auto eq = word.find('=');
+      const std::string name = word.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      for (const auto& s : launcher_flags()) {
+        if (s.dash == name || underscore_spelling(s.dash) == name) spec = &s;
+      }
+      if (eq != std::string::npos) value = word.substr(eq + 1);
+    } else {
+      for (const auto& s : launcher_flags()) {
+        if (!s.short_name.empty() && s.short_name == word.substr(1, 1)) spec = &s;
+      }
+      if (word.size() > 2) value = word.substr(2);
+    }
+    if (spec == nullptr) return false;
+    const std::string dash(spec->dash);
+    if (spec->kind == FlagKind::boolean) {
+      if (value) return false;  // --flag=VALUE, -xy: CLI11's reading
+    } else {
+      if (!value) {
+        if (i + 1 >= expanded.size()) return false;  // (flags_named said there is one)
+        value = expanded[++i];
+      }
+      if (value->empty()) return false;  // --name=: CLI11's reading
+      if (spec->kind == FlagKind::repeated) {
+        multi[dash].push_back(*value);
+      } else {
+        storage[dash] = *value;  // the last one wins, as with CLI11's TakeLast
+      }
+    }
+    ++count[dash];
+  }
+  storage_ = std::move(storage);
+  multi_storage_ = std::move(multi);
+  count_ = std::move(count);
+  remaining_.assign(expanded.begin() + static_cast<std::ptrdiff_t>(i), expanded.end());
+  return true;
+}
+
+void ParsedFlags::define() {
+  ensure_iostreams();  // CLI11 may write to them (lazy_iostream.hpp)
+  app_ = std::make_unique<CLI::App>("", "ddprun");
+  options_.clear();
+  app_->description("ddprun " + std::string(version_string) +
+                    ": launch a distributed training job on this node (a drop-in for torchrun)");
+  app_->prefix_command();
+  app_->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app_->footer(footer());
+  app_->get_formatter()->column_width(
       41);  // >= 2 spaces after every option name of this table (the docs drift test splits on them)
   // The usage line is "Usage: ddprun [" + label + "]": name the program part there too.
-  app_.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
+  app_->get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM|-m MODULE [ARGS...");
   for (const auto& spec : launcher_flags()) {
-    if (only != nullptr && std::find(only->begin(), only->end(), &spec) == only->end()) continue;
     std::string names;
     if (!spec.short_name.empty()) names += "-" + std::string(spec.short_name) + ",";
     names += "--" + std::string(spec.dash);
@@ -105,14 +180,14 @@ void ParsedFlags::define(const std::vector<const FlagSpec*>* only) {
     if (spec.env_form) help += " [env: " + pet_variable(spec.dash) + "]";
     CLI::Option* opt = nullptr;
     if (spec.kind == FlagKind::boolean) {
-      opt = app_.add_flag(names)->description(help);  // (names, lvalue) would bind help as the result
+      opt = app_->add_flag(names)->description(help);  // (names, lvalue) would bind help as the result
     } else if (spec.kind == FlagKind::repeated) {
-      opt = app_.add_option(names, multi_storage_[std::string(spec.dash)], help);
+      opt = app_->add_option(names, multi_storage_[std::string(spec.dash)], help);
       opt->type_name(std::string(spec.metavar));
       opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
       opt->allow_extra_args(false);  // one value per occurrence: the program follows
     } else {
-      opt = app_.add_option(names, storage_[std::string(spec.dash)], help);
+      opt = app_->add_option(names, storage_[std::string(spec.dash)], help);
       opt->type_name(std::string(spec.metavar));
     }
     if (spec.hidden) opt->group("");
@@ -128,7 +203,7 @@ std::vector<std::string> ParsedFlags::all(std::string_view dash) const {
 std::optional<ParsedFlags::Given> ParsedFlags::given(std::string_view dash) const {
   const FlagSpec* spec = find_flag(dash);
   if (spec == nullptr) throw std::logic_error("ParsedFlags::given: no flag --" + std::string(dash));
-  if (const auto it = options_.find(std::string(dash)); it != options_.end() && it->second.first->count() > 0) {
+  if (const auto it = count_.find(std::string(dash)); it != count_.end() && it->second > 0) {
     return Given{storage_.at(std::string(dash)), "--" + std::string(dash)};
   }
   if (spec->env_form) {
@@ -143,9 +218,7 @@ std::optional<ParsedFlags::Given> ParsedFlags::given(std::string_view dash) cons
 bool ParsedFlags::flag(std::string_view dash) const {
   const FlagSpec* spec = find_flag(dash);
   if (spec == nullptr) throw std::logic_error("ParsedFlags::flag: no flag --" + std::string(dash));
-  if (const auto it = options_.find(std::string(dash)); it != options_.end() && it->second.first->count() > 0) {
-    return true;
-  }
+  if (const auto it = count_.find(std::string(dash)); it != count_.end() && it->second > 0) return true;
   if (spec->env_form) {
     const std::string env = pet_variable(dash);
     if (auto it = context_.env.find(env); it != context_.env.end() && !trim(it->second).empty()) {

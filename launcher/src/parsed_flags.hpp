@@ -4,8 +4,8 @@
 // and resolve_fanout (the SSH fan-out plan). Both read values through ParsedFlags::given/flag,
 // which apply the precedence flag > PET_* > default, and each value is parsed by exactly one
 // function of values.hpp.
-#include <CLI/CLI.hpp>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,19 +15,32 @@
 #include "ddprun/launcher/command_line.hpp"
 #include "ddprun/launcher/flags.hpp"
 
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
 namespace ddprun::launcher::detail {
 
 class ParsedFlags {
  public:
   explicit ParsedFlags(const ParseContext& context);
+  ~ParsedFlags();
   ParsedFlags(const ParsedFlags&) = delete;
   ParsedFlags& operator=(const ParsedFlags&) = delete;
 
-  // Defines the flags of launcher_flags() on the CLI11 app: every one, or only those of `only`
-  // (flags_named()). A flag that is not defined reads as not given on the command line; its
-  // PET_* variable still counts.
-  void define(const std::vector<const FlagSpec*>* only = nullptr);
-  CLI::App& app() { return app_; }
+  // Reads ddprun's part of `expanded` (expand_abbreviations' output). A command line that
+  // flags_named() reads exactly as CLI11 does — the common launch — is read here without CLI11
+  // (building a CLI11 app costs more than the rest of the parse, and its first option
+  // initialises the C++ locale: ~0.1 ms of every launch); anything else (help, an unknown
+  // option, a missing value, grouped short flags, a boolean with "=") by CLI11 with every flag
+  // defined, with its usual messages. `with_cli11` forces the latter (for the test that both
+  // agree). Returns the help text for --help/-h; throws UsageError on a parse error.
+  std::optional<std::string> parse(const std::vector<std::string>& expanded, bool with_cli11 = false);
+  // Whether parse() needed CLI11.
+  bool read_with_cli11() const { return app_ != nullptr; }
+  // The program part of the command line as CLI11 leaves it (a leading "--" kept).
+  const std::vector<std::string>& remaining() const { return remaining_; }
 
   // The value of a flag by precedence, with the name to quote in errors; nullopt = default.
   struct Given {
@@ -45,11 +58,18 @@ class ParsedFlags {
   const ParseContext& context() const { return context_; }
 
  private:
+  // Defines the flags of launcher_flags() on a CLI11 app: every one.
+  void define();
+  // The flags_named() reading, without CLI11; false when the words need CLI11.
+  bool parse_simple(const std::vector<std::string>& expanded);
+
   const ParseContext& context_;
-  CLI::App app_{"", "ddprun"};
-  std::map<std::string, std::string> storage_;
-  std::map<std::string, std::vector<std::string>> multi_storage_;
+  std::unique_ptr<CLI::App> app_;                                  // only for what parse_simple leaves to CLI11
+  std::map<std::string, std::string> storage_;                     // a value flag's last value
+  std::map<std::string, std::vector<std::string>> multi_storage_;  // a repeated flag's values
+  std::map<std::string, int> count_;                               // how often each flag was given on the command line
   std::map<std::string, std::pair<CLI::Option*, const FlagSpec*>> options_;
+  std::vector<std::string> remaining_;
 };
 
 // argparse (and so torchrun) accepts unambiguous abbreviations of long options: --nproc 4 is
@@ -58,11 +78,9 @@ class ParsedFlags {
 std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args);
 
 // The flags that ddprun's part of `expanded` (expand_abbreviations' output) names, up to the
-// program. Defining only these gives CLI11 the same parse as defining all 67 (each definition
-// costs a comparison with every earlier one: most of the parsing time of a launch). nullopt when
-// the words hold anything this scan does not read exactly as CLI11 does — help, an unknown
-// option, a value that starts with '-', a missing value, grouped short flags —: then every flag
-// is defined and CLI11 decides, with its usual messages.
+// program. nullopt when the words hold anything this scan does not read exactly as CLI11 does —
+// help, an unknown option, a value that starts with '-', a missing value, grouped short flags —:
+// then CLI11 decides, with its usual messages (ParsedFlags::parse).
 std::optional<std::vector<const FlagSpec*>> flags_named(const std::vector<std::string>& expanded);
 
 // The program part of the command line (`remaining` as CLI11 left it): a leading "--" dropped;
