@@ -113,15 +113,17 @@ class Agent {
     const bool python = config_.python_worker || may_run_python(executable_, config_.worker_argv);
     // Native ranks without log files: one directory for the job, not N + 2 (job_dir.hpp).
     flat_dirs_ = !rank_dirs_needed(config_, any_files_, python);
+    // Before any thread exists: containment starts its watchdog. Before the run directory, too:
+    // should the agent be killed, the watchdog removes that with the job unless it holds
+    // something, and the window in which a directory exists but the watchdog does not know it is
+    // one system call wide.
+    containment_ =
+        Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node, config_.rank_memory);
     job_dir_ = make_job_dir(config_);
+    if (!config_.log_dir) containment_->clean_up_when_gone(job_dir_);
     if (config_.log_dir || any_files_) {
       spdlog::info("log directory set to: {}", job_dir_);
     }
-    // Before any thread exists: containment starts its watchdog.
-    containment_ =
-        Containment::create(parse_containment_mode(config_.containment), config_.nproc_per_node, config_.rank_memory);
-    // Should the agent be killed, the run directory goes with the job unless it holds something.
-    if (!config_.log_dir) containment_->clean_up_when_gone(job_dir_);
     // The faulthandler hook only serves Python ranks: a native worker (/bin/true, a compiled
     // trainer) gets its stacks from eu-stack and is spared the hook's files.
     const bool hook = config_.stacks && python;
