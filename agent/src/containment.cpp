@@ -20,7 +20,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <fstream>
 #include <string_view>
 #include <system_error>
 #include <thread>

@@ -12,18 +12,25 @@
 #include <istream>
 #include <ostream>
 
-#if defined(__GLIBCXX__) && !defined(_GLIBCXX_IOSTREAM)
+// GCC 12's libstdc++ and older only: from GCC 13 on the streams are built by a static object in
+// libstdc++ itself, linked in by any use of them, and <iostream> is included as it is (the
+// launcher_no_locale test then skips).
+#if defined(__GLIBCXX__) && defined(_GLIBCXX_RELEASE) && _GLIBCXX_RELEASE < 13 && !defined(_GLIBCXX_IOSTREAM)
 #define _GLIBCXX_IOSTREAM 1
-namespace std {  // NOLINT: the declarations of <iostream>, verbatim
-extern istream cin;
-extern ostream cout;
-extern ostream cerr;
-extern ostream clog;
-extern wistream wcin;
-extern wostream wcout;
-extern wostream wcerr;
-extern wostream wclog;
-}  // namespace std
+namespace std _GLIBCXX_VISIBILITY(default) {  // NOLINT: the declarations of <iostream>, verbatim
+  _GLIBCXX_BEGIN_NAMESPACE_VERSION
+  extern istream cin;
+  extern ostream cout;
+  extern ostream cerr;
+  extern ostream clog;
+#ifdef _GLIBCXX_USE_WCHAR_T
+  extern wistream wcin;
+  extern wostream wcout;
+  extern wostream wcerr;
+  extern wostream wclog;
+#endif
+  _GLIBCXX_END_NAMESPACE_VERSION
+}  // namespace )
 #else
 #include <iostream>
 #endif

@@ -100,6 +100,12 @@ std::vector<Args> corpus() {
       {"--nproc-per-node", "2", "--nproc_per_node=3", "-t", "4", "prog"},
       {"--no-python", "--", "--", "prog"},
       {"--no-python", "-", "prog"},
+      // Words newer CLI11 releases give a meaning to in some option kinds (a CLI11 upgrade that
+      // reads them differently fails here rather than in a user's launch).
+      {"--rdzv-id", "{}", "--rdzv-conf", "[a,b]", "prog"},
+      {"--rdzv-id", "%%", "--rdzv-id=[x]", "prog", "{}"},
+      {"--env", "{}", "--env", "%%", "--env=[a,b]", "--ssh-option", "{}", "prog"},
+      {"--nnodes", "", "prog"},
   };
   for (const auto& spec : launcher::launcher_flags()) {
     const std::string dash = "--" + std::string(spec.dash);
