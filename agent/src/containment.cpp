@@ -29,6 +29,7 @@
 #include "ddprun/agent/job_dir.hpp"
 #include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/self_exe.hpp"
 #include "ddprun/common/strings.hpp"
 
 namespace ddprun::agent {
@@ -253,30 +254,13 @@ namespace {
 
 // The mount point in /proc/self/mountinfo (the first matching line).
 std::optional<std::string> mountinfo_mount_point(const std::string& controller, const std::string& info) {
-  // Split by hand (string_view): an istringstream per line costs a locale each, and the table
-  // is read on the path to the first worker.
-  auto fields = [](std::string_view text, std::string_view* out, std::size_t n) {
-    std::size_t got = 0;
-    while (got < n) {
-      const auto b = text.find_first_not_of(' ');
-      if (b == std::string_view::npos) break;
-      text.remove_prefix(b);
-      const auto e = text.find(' ');
-      out[got++] = text.substr(0, e);
-      if (e == std::string_view::npos) break;
-      text.remove_prefix(e);
-    }
-    return got == n;
-  };
-  std::string_view table(info);
-  while (!table.empty()) {
-    const auto nl = table.find('\n');
-    const std::string_view line = table.substr(0, nl);
-    table.remove_prefix(nl == std::string_view::npos ? table.size() : nl + 1);
+  for (const std::string& text : split(info, '\n')) {
+    const std::string_view line(text);
     const auto dash = line.find(" - ");
     if (dash == std::string_view::npos) continue;
-    std::string_view pre[5], post[3];  // id parent devno root point; fstype source opts
-    if (!fields(line.substr(0, dash), pre, 5) || !fields(line.substr(dash + 3), post, 3)) continue;
+    const auto pre = words_of(line.substr(0, dash));    // id parent devno root point options ...
+    const auto post = words_of(line.substr(dash + 3));  // fstype source options
+    if (pre.size() < 5 || post.size() < 3) continue;
     if (pre[3] != "/") continue;  // a bind mount of a sub-tree: paths would not line up
     const std::string opts = "," + std::string(post[2]) + ",";
     if (controller.empty() ? post[0] == "cgroup2"
@@ -297,11 +281,8 @@ std::optional<Mount> find_mount(const std::string& controller, const ProcCgroupT
   std::optional<Mount> m = Mount{*dir, ""};
   // "ID:CONTROLLERS:PATH" lines; split by hand (a stream would initialise the C++ locale, which
   // nothing else on the path to the first worker needs: docs/performance.md).
-  std::string_view table(*own);
-  while (!table.empty()) {
-    const auto nl = table.find('\n');
-    const std::string_view line = table.substr(0, nl);
-    table.remove_prefix(nl == std::string_view::npos ? table.size() : nl + 1);
+  for (const std::string& text : split(*own, '\n')) {
+    const std::string_view line(text);
     const auto a = line.find(':');
     const auto b = a == std::string_view::npos ? a : line.find(':', a + 1);
     if (b == std::string_view::npos) continue;
@@ -456,6 +437,8 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     std::string run_dir;     // "r": remove
     std::string unused_dir;  // "e": remove unless it holds data (the agent did not settle it)
     bool swept = false;
+    bool overlong = false;
+    constexpr std::size_t kMaxLine = 4351;  // main.c's line buffer
     for (;;) {
       const ssize_t n = ::read(3, buf, sizeof(buf));
       if (n == 0 || (n < 0 && errno != EINTR)) break;
@@ -464,6 +447,10 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
+        if (overlong) {  // the end of a line too long to be one of ours
+          overlong = false;
+          continue;
+        }
         int rank = -1;
         int worker = 0;
         if (line == "d") {
@@ -476,6 +463,12 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
         } else if (line.rfind("e /", 0) == 0) {
           unused_dir = line.substr(2);
         }
+      }
+      // Lines are short (a path at most): as in the program (main.c), a longer one is dropped
+      // whole, and what is kept of a line is bounded.
+      if (pending.size() > kMaxLine) {
+        pending.clear();
+        overlong = true;
       }
     }
     c->watchdog_ = -1;
@@ -541,14 +534,8 @@ int watchdog_child(void* raw) {
 // no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
 // cannot be started (not built for this machine, not installed beside ddprun).
 pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return -1;
-  std::string path(exe, static_cast<std::size_t>(n));
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return -1;
-  path.resize(slash + 1);
-  path += "ddprun-watchdog";
+  const std::string path = beside_this_binary("ddprun-watchdog");
+  if (path.empty()) return -1;
   const char* mode = c.mode_ == ContainmentMode::cgroup2   ? "cgroup2"
                      : c.mode_ == ContainmentMode::cgroup1 ? "cgroup1"
                                                            : "proc";

@@ -110,7 +110,6 @@ std::optional<std::string> ParsedFlags::parse(const std::vector<std::string>& ex
 }
 
 bool ParsedFlags::parse_simple(const std::vector<std::string>& expanded) {
-  if (!flags_named(expanded)) return false;
   std::map<std::string, std::string> storage;
   std::map<std::string, std::vector<std::string>> multi;
   std::map<std::string, int> count;
@@ -133,16 +132,17 @@ bool ParsedFlags::parse_simple(const std::vector<std::string>& expanded) {
       }
       if (word.size() > 2) value = word.substr(2);
     }
-    if (spec == nullptr) return false;
+    if (spec == nullptr) return false;  // --help, -h, or an option CLI11 must reject
     const std::string dash(spec->dash);
     if (spec->kind == FlagKind::boolean) {
-      if (value) return false;  // --flag=VALUE, -xy: CLI11's reading
+      if (value) return false;  // --flag=VALUE, grouped short flags -xy: CLI11's reading
     } else {
       if (!value) {
-        if (i + 1 >= expanded.size()) return false;  // (flags_named said there is one)
+        // A value word must not look like an option: CLI11 might read it as one.
+        if (i + 1 >= expanded.size() || (!expanded[i + 1].empty() && expanded[i + 1].front() == '-')) return false;
         value = expanded[++i];
       }
-      if (value->empty()) return false;  // --name=: CLI11's reading
+      if (value->empty()) return false;  // --name=, --name "": CLI11's reading
       if (spec->kind == FlagKind::repeated) {
         multi[dash].push_back(*value);
       } else {
@@ -296,44 +296,6 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) ++i;  // skip its value
   }
   return out;
-}
-
-std::optional<std::vector<const FlagSpec*>> flags_named(const std::vector<std::string>& expanded) {
-  std::vector<const FlagSpec*> named;
-  // A value word must not look like an option: CLI11 might read it as one.
-  auto takes_next = [&](std::size_t& i) {
-    if (i + 1 >= expanded.size()) return false;
-    const std::string& next = expanded[i + 1];
-    if (!next.empty() && next.front() == '-') return false;
-    ++i;
-    return true;
-  };
-  for (std::size_t i = 0; i < expanded.size(); ++i) {
-    const std::string& word = expanded[i];
-    if (word == "--" || word.size() < 2 || word.front() != '-') break;  // the program starts here
-    const FlagSpec* spec = nullptr;
-    if (word[1] == '-') {
-      const auto eq = word.find('=');
-      const std::string name = word.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-      for (const auto& s : launcher_flags()) {
-        if (s.dash == name || underscore_spelling(s.dash) == name) spec = &s;
-      }
-      if (spec == nullptr) return std::nullopt;  // --help, or an option CLI11 must reject
-      if (spec->kind != FlagKind::boolean && eq == std::string::npos && !takes_next(i)) return std::nullopt;
-    } else {
-      for (const auto& s : launcher_flags()) {
-        if (!s.short_name.empty() && s.short_name == word.substr(1, 1)) spec = &s;
-      }
-      if (spec == nullptr) return std::nullopt;  // -h, or an unknown short option
-      if (spec->kind == FlagKind::boolean) {
-        if (word.size() > 2) return std::nullopt;  // grouped short flags
-      } else if (word.size() == 2 && !takes_next(i)) {
-        return std::nullopt;
-      }
-    }
-    if (std::find(named.begin(), named.end(), spec) == named.end()) named.push_back(spec);
-  }
-  return named;
 }
 
 std::vector<std::string> program_words(const std::vector<std::string>& remaining, const std::string& usage) {

@@ -29,13 +29,13 @@ class ParsedFlags {
   ParsedFlags(const ParsedFlags&) = delete;
   ParsedFlags& operator=(const ParsedFlags&) = delete;
 
-  // Reads ddprun's part of `expanded` (expand_abbreviations' output). A command line that
-  // flags_named() reads exactly as CLI11 does — the common launch — is read here without CLI11
-  // (building a CLI11 app costs more than the rest of the parse, and its first option
-  // initialises the C++ locale: ~0.1 ms of every launch); anything else (help, an unknown
-  // option, a missing value, grouped short flags, a boolean with "=") by CLI11 with every flag
-  // defined, with its usual messages. `with_cli11` forces the latter (for the test that both
-  // agree). Returns the help text for --help/-h; throws UsageError on a parse error.
+  // Reads ddprun's part of `expanded` (expand_abbreviations' output). The common launch's forms
+  // — known long and short flags, each value its own word or attached, the program after them —
+  // are read here without CLI11 (building a CLI11 app costs more than the rest of the parse, and
+  // its first option initialises the C++ locale: ~0.1 ms of every launch); anything else (help,
+  // an unknown option, a missing or empty value, a value word that starts with '-', grouped
+  // short flags, a boolean with "=") by CLI11 with every flag defined, with its usual messages. `with_cli11` forces the
+  // latter (for the test that both agree). Returns the help text for --help/-h; throws UsageError on a parse error.
   std::optional<std::string> parse(const std::vector<std::string>& expanded, bool with_cli11 = false);
   // Whether parse() needed CLI11.
   bool read_with_cli11() const { return app_ != nullptr; }
@@ -60,7 +60,7 @@ class ParsedFlags {
  private:
   // Defines the flags of launcher_flags() on a CLI11 app: every one.
   void define();
-  // The flags_named() reading, without CLI11; false when the words need CLI11.
+  // The reading without CLI11; false (nothing read) when the words need CLI11.
   bool parse_simple(const std::vector<std::string>& expanded);
 
   const ParseContext& context_;
@@ -76,12 +76,6 @@ class ParsedFlags {
 // --nproc_per_node 4. CLI11 does not, so they are expanded here, in ddprun's part of the command
 // line only (up to the program or "--").
 std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args);
-
-// The flags that ddprun's part of `expanded` (expand_abbreviations' output) names, up to the
-// program. nullopt when the words hold anything this scan does not read exactly as CLI11 does —
-// help, an unknown option, a value that starts with '-', a missing value, grouped short flags —:
-// then CLI11 decides, with its usual messages (ParsedFlags::parse).
-std::optional<std::vector<const FlagSpec*>> flags_named(const std::vector<std::string>& expanded);
 
 // The program part of the command line (`remaining` as CLI11 left it): a leading "--" dropped;
 // throws when it is empty or starts with an unknown option. `usage` is the hint for "no program".

@@ -1,5 +1,5 @@
 // parse_command_line reads the common command line without CLI11 (ParsedFlags::parse,
-// flags_named, parsed_flags.hpp). Differential test: for a corpus of command lines — every flag
+// parsed_flags.hpp). Differential test: for a corpus of command lines — every flag
 // in every spelling, values that look like options, missing values, help, unknown options,
 // program words that look like ddprun flags, PET_* variables for flags that are not on the
 // command line — that reading and CLI11's with every flag defined must agree: the same error or
@@ -154,15 +154,28 @@ TEST_CASE("the common command line is read without CLI11 as CLI11 reads it", "[c
   CHECK(lazy_parses > 100);
 }
 
-TEST_CASE("the common launch is one flags_named reads", "[cli][lazy]") {
-  const auto named = detail::flags_named({"--nproc-per-node", "8", "--no-python", "./train", "--nnodes", "4"});
-  REQUIRE(named);
-  REQUIRE(named->size() == 2);
-  CHECK((*named)[0]->dash == "nproc-per-node");
-  CHECK((*named)[1]->dash == "no-python");
-  CHECK_FALSE(detail::flags_named({"--help"}));
-  CHECK_FALSE(detail::flags_named({"--nnodes"}));
-  CHECK_FALSE(detail::flags_named({"--nnodes", "--no-python", "x"}));
-  CHECK_FALSE(detail::flags_named({"-mr3", "x"}));
-  CHECK(detail::flags_named({"x", "--bogus"}));  // after the program: not ddprun's
+TEST_CASE("the common launch is read without CLI11, the unusual with it", "[cli][lazy]") {
+  launcher::ParseContext ctx;
+  ctx.cwd = "/";
+  {
+    detail::ParsedFlags p(ctx);
+    CHECK_FALSE(p.parse({"--nproc-per-node", "8", "--no-python", "./train", "--nnodes", "4"}));
+    CHECK_FALSE(p.read_with_cli11());
+    CHECK(p.given("nproc-per-node")->text == "8");
+    CHECK(p.flag("no-python"));
+    CHECK_FALSE(p.given("nnodes"));  // the program's own flag
+    CHECK(p.remaining() == Args{"./train", "--nnodes", "4"});
+  }
+  for (const Args& args : {Args{"--help"}, Args{"--nnodes"}, Args{"--nnodes", "--no-python", "x"}, Args{"-mr3", "x"},
+                           Args{"--standalone=1", "x"}, Args{"--nnodes=", "x"}}) {
+    detail::ParsedFlags p(ctx);
+    try {
+      p.parse(args);
+    } catch (const ddprun::Error&) {  // CLI11's message
+    }
+    CHECK(p.read_with_cli11());
+  }
+  detail::ParsedFlags p(ctx);
+  p.parse({"x", "--bogus"});  // after the program: not ddprun's
+  CHECK_FALSE(p.read_with_cli11());
 }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include "ddprun/common/self_exe.hpp"
 #include "ddprun/common/strings.hpp"
 
 extern char** environ;  // NOLINT: POSIX
@@ -186,14 +187,7 @@ std::vector<NcclUniqueId> generate_nccl_unique_ids(int count, const EnvMap& env)
 // ---------------------------------------------------------------------------------------------
 // NcclIdHolder
 
-std::string default_nccl_id_holder_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return {};
-  std::string exe(buf, static_cast<std::size_t>(n));
-  const auto slash = exe.rfind('/');
-  return (slash == std::string::npos ? std::string(".") : exe.substr(0, slash)) + "/ddprun-nccl-id";
-}
+std::string default_nccl_id_holder_path() { return beside_this_binary("ddprun-nccl-id"); }
 
 NcclIdHolder NcclIdHolder::start(const std::string& holder_binary, int roots, std::chrono::milliseconds timeout,
                                  const EnvList& extra_env) {
