@@ -808,6 +808,7 @@ std::string Containment::worker_cgroup(int local_rank) const {
 }
 
 std::vector<std::string> Containment::join_files(int local_rank) const {
+  known_empty_ = false;
   std::vector<std::string> out;
   if (!job_dir_.empty()) out.push_back(worker_cgroup(local_rank) + "/cgroup.procs");
   return out;
@@ -850,6 +851,7 @@ int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
 }
 
 int Containment::join_dir_fd(int local_rank) const {
+  known_empty_ = false;
   const auto i = rank_dirs_ ? static_cast<std::size_t>(local_rank) : 0;
   return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
@@ -915,10 +917,18 @@ RankMemory Containment::rank_memory(int local_rank) const {
 int Containment::sweep() {
   if (mode_ == ContainmentMode::off) return 0;
   if (mode_ == ContainmentMode::cgroup2) {
+    // Once empty, it stays empty until a worker is started in it: a process enters a cgroup by
+    // a fork of a member (there is none) or a write to its cgroup.procs (this agent's, for its
+    // workers). The end of a run sweeps up to five times (each stop, the group's end, this
+    // destructor): one read is enough.
+    if (known_empty_) return 0;
     // One read answers for the whole job: "populated 0" once no process is left in any rank's
     // cgroup (an exited process leaves the count at its exit, zombie or not).
     const auto events = read_text(job_dir_ + "/cgroup.events");
-    if (events && events->find("populated 0") != std::string::npos) return 0;
+    if (events && events->find("populated 0") != std::string::npos) {
+      known_empty_ = true;
+      return 0;
+    }
   }
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;

@@ -54,6 +54,14 @@ if sys.argv[2] == "block":
 sys.stdin.readline()  # the test's go-ahead: the daemon was seen alive
 '''
 
+DAEMON_SECOND_ATTEMPT = r'''
+import os, runpy, sys
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    sys.exit(3)  # attempt 0 fails and leaves nothing behind
+sys.argv = [sys.argv[0], sys.argv[1], "exit"]
+runpy.run_path(sys.argv[0].replace("daemon_second.py", "daemon.py"))  # attempt 1 leaves a daemon
+'''
+
 STUCK = r'''import datetime, os, sys, time
 import torch
 import torch.distributed as dist
@@ -301,6 +309,36 @@ class Diagnosis(unittest.TestCase):
             for how in ("normal", "sigterm", "sigkill", "killpg"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how)
+
+    def test_daemon_of_a_restarted_attempt_ends_with_the_job(self):
+        # Attempt 0 fails and leaves nothing (its sweep finds the job cgroup empty); attempt 1
+        # leaves a daemon and succeeds: the end of the job must still find and end it.
+        self.script("daemon.py", DAEMON)
+        script = self.script("daemon_second.py", DAEMON_SECOND_ATTEMPT)
+        for mode in modes():
+            with self.subTest(mode=mode):
+                pidfile = os.path.join(self.dir, f"daemon-second-{mode}.pid")
+                proc = self.ddprun(["--containment", mode, "--max-restarts", "1", "--nproc-per-node", "1",
+                                    "--no-python", PYTHON, script, pidfile])
+                try:
+                    read_until(proc, "ready", 30)
+                    with open(pidfile) as f:
+                        daemon = int(f.read())
+                    self.assertTrue(alive(daemon))
+                    watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
+                    self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+                    proc.stdin.write(b"go\n")
+                    proc.stdin.flush()
+                    _, err = proc.communicate(timeout=30)
+                    self.assertEqual(proc.returncode, 0, err.decode())
+                    self.assertTrue(wait_gone(daemon, 10), f"{mode}: daemon {daemon} outlived ddprun: {err.decode()}")
+                    self.assertTrue(wait_gone(watchdogs[0], 10), "the watchdog did not end")
+                    for root in cgroup_roots():
+                        self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{mode}: {root}/ddprun-{proc.pid} left")
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.communicate()
 
     def test_daemon_ends_with_the_job_with_a_forked_watchdog(self):
         lone = self.lone_ddprun()

@@ -139,6 +139,9 @@ class Containment {
   bool oom_scope_v2_ = false;
   std::uint64_t oom_scope_base_ = 0;
   std::vector<int> rank_dir_fds_;  // cgroup v2: O_PATH fds of the rank cgroups, or of the job cgroup
+  // cgroup v2: the last sweep read "populated 0" and no worker was handed a way in since
+  // (join_files, join_dir_fd): nothing can be in the job cgroup, the next sweep reads nothing.
+  mutable bool known_empty_ = false;
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;
