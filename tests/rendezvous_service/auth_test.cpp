@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <climits>
+#include <malloc.h>
 #include <memory>
 
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
@@ -127,6 +128,79 @@ TEST_CASE("absurd node sizes and rejoin assignments are refused, not allocated",
   CHECK_THAT(refusal(reg.rejoin("j", rdzv::RejoinRequest{node(1), good_config(), "", a}, clock.now())),
              Catch::Contains("inconsistent assignment"));
   CHECK(reg.job_count() == 0);
+}
+
+TEST_CASE("a node's names and NCCL IDs are bounded: a member cannot make the daemon hold a frame's worth",
+          "[auth][validate]") {
+  ddprun::ManualClock clock;
+  rdzv::RendezvousRegistry reg;
+  auto refusal = [](const rdzv::Decisions& d) {
+    REQUIRE(d.size() == 1);
+    REQUIRE(std::holds_alternative<rdzv::Refuse>(d[0]));
+    return std::get<rdzv::Refuse>(d[0]).reason;
+  };
+  const std::string longest(rdzv::max_node_text_bytes, 'a');
+  const std::string too_long(rdzv::max_node_text_bytes + 1, 'a');
+  for (auto field : {&rdzv::NodeInfo::addr, &rdzv::NodeInfo::store_host}) {
+    rdzv::NodeInfo n = node(1);
+    n.*field = too_long;
+    CHECK(refusal(reg.join("j", rdzv::JoinRequest{n, good_config()}, clock.now())) ==
+          "a node of rendezvous 'j' announced a " +
+              std::string(field == &rdzv::NodeInfo::addr ? "addr" : "store_host") +
+              " of 1025 bytes, longer than 1024 bytes");
+  }
+  rdzv::NodeInfo n = node(1);
+  n.id.instance = too_long;
+  CHECK_THAT(refusal(reg.rejoin("j", rdzv::RejoinRequest{n, good_config(), "", std::nullopt}, clock.now())),
+             Catch::Contains("id.instance of 1025 bytes"));
+  n = node(1);
+  n.nccl_ids.assign((rdzv::max_nccl_ids + 1) * 128, 0);
+  CHECK_THAT(refusal(reg.join("j", rdzv::JoinRequest{n, good_config()}, clock.now())),
+             Catch::Contains("offered 4097 NCCL unique IDs for rendezvous 'j': at most 4096"));
+  CHECK(reg.job_count() == 0);
+  // At the limits: accepted.
+  n = node(1);
+  n.id.addr = longest;
+  n.id.instance = longest;
+  n.addr = longest;
+  n.store_host = longest;
+  n.nccl_ids.assign(rdzv::max_nccl_ids * 128, 0);
+  const rdzv::Decisions ok = reg.join("j", rdzv::JoinRequest{n, good_config()}, clock.now());
+  CHECK(std::none_of(ok.begin(), ok.end(),
+                     [](const rdzv::Decision& d) { return std::holds_alternative<rdzv::Refuse>(d); }));
+  CHECK(reg.job_count() == 1);
+}
+
+TEST_CASE("a REJOIN that claims a world of 2^20 nodes costs what the ranks that came back cost", "[auth][validate]") {
+  ddprun::ManualClock clock;
+  rdzv::RendezvousRegistry reg;
+  rdzv::JobConfig big = good_config();
+  big.max_nodes = rdzv::max_nodes_limit;
+  rdzv::Assignment a;
+  a.group_rank = 7;
+  a.group_world_size = rdzv::max_nodes_limit;
+  a.local_world_size = 1;
+  a.world_size = rdzv::max_nodes_limit;
+  a.rank_offset = 7;
+  // A set of the 2^20 - 1 absent ranks held ~48 MiB per such job; the ranks that came back
+  // (one) hold next to nothing.
+  const std::size_t before = ::mallinfo2().uordblks;
+  const rdzv::Decisions d = reg.rejoin("j", rdzv::RejoinRequest{node(1), big, "", a}, clock.now());
+  const std::size_t after = ::mallinfo2().uordblks;
+  CHECK(std::none_of(d.begin(), d.end(),
+                     [](const rdzv::Decision& x) { return std::holds_alternative<rdzv::Refuse>(x); }));
+  REQUIRE(reg.job_count() == 1);
+  CHECK(after - before < 64 * 1024);
+  // The round ends after the rebuild grace, its message listing the first absent ranks only.
+  clock.advance(2s);
+  reg.heartbeat("j", node(1).id, clock.now());
+  const rdzv::Decisions t = reg.on_tick(clock.now());
+  REQUIRE(t.size() == 1);
+  REQUIRE(std::holds_alternative<rdzv::SendRestart>(t[0]));
+  CHECK(
+      std::get<rdzv::SendRestart>(t[0]).reason ==
+      "group ranks 0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, "
+      "28, 29, 30, 31, 32 and 1048543 more of round 0 did not re-register within 1 s after the daemon restarted");
 }
 
 TEST_CASE("a job may have 1,048,576 nodes as long as its ranks fit 2^30", "[auth][validate]") {

@@ -144,11 +144,11 @@ TEST_CASE("the registry's request checks count as invalid_request, inconsistent_
   Harness h(options);
   // A run id longer than the limit: "rendezvous id of 300 bytes is longer ..." matched no
   // phrase of the old text matching ("other"); it is an invalid request.
-  CHECK(h.join(1, std::string(300, 'r'), 1, config_of(1, 2)) == ok);
+  CHECK(h.join(1, std::string(300, 'r'), 1, config_of(1, 2)) == refused);
   CHECK(h.count(RefuseCode::invalid_request) == 1);
   rdzv::JobConfig bad = config_of(1, 2);
   bad.min_nodes = 3;  // more than max_nodes
-  CHECK(h.join(2, "j", 2, bad) == ok);
+  CHECK(h.join(2, "j", 2, bad) == refused);
   CHECK(h.count(RefuseCode::invalid_request) == 2);
 
   rdzv::Assignment a;
@@ -156,13 +156,13 @@ TEST_CASE("the registry's request checks count as invalid_request, inconsistent_
   a.group_world_size = INT_MAX;
   a.local_world_size = 1;
   a.world_size = 2;
-  CHECK(h.send(3, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(3), config_of(1, 2), "", a}}) == ok);
+  CHECK(h.send(3, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(3), config_of(1, 2), "", a}}) == refused);
   CHECK(h.count(RefuseCode::inconsistent_rejoin) == 1);
 
   // --max-jobs: the first job fits, the second is refused.
   REQUIRE(h.join(4, "first", 4, config_of(2, 2)) == ok);
   CHECK(h.total() == 3);
-  CHECK(h.join(5, "second", 5, config_of(2, 2)) == ok);
+  CHECK(h.join(5, "second", 5, config_of(2, 2)) == refused);
   CHECK(h.count(RefuseCode::other) == 1);
   CHECK(h.total() == 4);
 }
@@ -173,26 +173,59 @@ TEST_CASE("a job's own refusals count as config_mismatch, job_full, job_closed, 
   // mismatch text names the run id, and must still count as config_mismatch.
   const std::string tricky = "j' is full";
   REQUIRE(h.join(1, tricky, 1, config_of(2, 3)) == ok);
-  CHECK(h.join(2, tricky, 2, config_of(2, 4)) == ok);
+  CHECK(h.join(2, tricky, 2, config_of(2, 4)) == refused);
   CHECK(h.count(RefuseCode::config_mismatch) == 1);
   CHECK(h.count(RefuseCode::job_full) == 0);
 
   // min = max = 1: the first node starts round 0 at once, a second one finds the job full.
   REQUIRE(h.join(3, "full", 3, config_of(1, 1)) == ok);
   REQUIRE(h.service->registry().find("full")->state() == rdzv::JobState::running);
-  CHECK(h.join(4, "full", 4, config_of(1, 1)) == ok);
+  CHECK(h.join(4, "full", 4, config_of(1, 1)) == refused);
   CHECK(h.count(RefuseCode::job_full) == 1);
 
   // Closed by its member: a new node is refused.
   REQUIRE(h.join(5, "closed", 5, config_of(2, 3)) == ok);
   REQUIRE(h.send(5, rdzv::CloseMessage{"closed"}) == ok);
-  CHECK(h.join(6, "closed", 6, config_of(2, 3)) == ok);
+  CHECK(h.join(6, "closed", 6, config_of(2, 3)) == refused);
   CHECK(h.count(RefuseCode::job_closed) == 1);
 
   // Completed: its only node succeeded in round 0; a new node is refused.
   REQUIRE(h.send(3, rdzv::SucceededMessage{"full", node(3).id, 0}) == ok);
   REQUIRE(h.service->registry().find("full")->state() == rdzv::JobState::completed);
-  CHECK(h.join(7, "full", 7, config_of(1, 1)) == ok);
+  CHECK(h.join(7, "full", 7, config_of(1, 1)) == refused);
   CHECK(h.count(RefuseCode::job_finished) == 1);
   CHECK(h.total() == 4);
+}
+
+TEST_CASE("a refused JOIN leaves nothing behind: the node may join later, the connection closes", "[refuse]") {
+  Harness h;
+  // Refused by the registry (local_world_size 0), on a job that never existed.
+  rdzv::NodeInfo bad = node(1);
+  bad.local_world_size = 0;
+  CHECK(h.send(1, rdzv::JoinMessage{"j", rdzv::JoinRequest{bad, config_of(1, 2)}}) == refused);
+  CHECK(h.count(RefuseCode::invalid_request) == 1);
+  // One frame for that connection, REFUSED (the server then closes it).
+  rdzv::ServerMessage reply;
+  const std::string out = h.outbox.take(1);
+  REQUIRE(rdzv::decode_server(out, rdzv::WireLimits{}, reply).status == ok);
+  CHECK(std::holds_alternative<rdzv::Refuse>(reply));
+  // The same node id joins properly from another connection: no secret was kept for it (a
+  // kept one made it "a known member: it must REJOIN with its node secret").
+  CHECK(h.join(2, "j", 1, config_of(1, 2)) == ok);
+  CHECK(h.total() == 1);
+
+  // A daemon that restarted knows no secret: a refused JOIN naming a node must not lock that
+  // node's REJOIN (with the secret it holds) out.
+  Harness r;
+  bad = node(3);
+  bad.local_world_size = 0;
+  CHECK(r.send(1, rdzv::JoinMessage{"k", rdzv::JoinRequest{bad, config_of(1, 2)}}) == refused);
+  rdzv::Assignment a;
+  a.group_rank = 0;
+  a.group_world_size = 1;
+  a.local_world_size = 1;
+  a.world_size = 1;
+  CHECK(r.send(2, rdzv::RejoinMessage{"k", rdzv::RejoinRequest{node(3), config_of(1, 2), std::string(32, 'f'), a}}) ==
+        ok);
+  CHECK(r.total() == 1);
 }

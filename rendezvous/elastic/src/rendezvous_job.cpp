@@ -27,16 +27,37 @@ RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& re
   Member& m = job.add_member(request.node, MemberRole::participant, now);
   m.group_rank = a.group_rank;
   m.assignment = a;
-  for (int r = 0; r < a.group_world_size; ++r) {
-    if (r != a.group_rank) job.absent_ranks_.insert(r);
-  }
-  if (!job.absent_ranks_.empty()) job.rebuild_deadline_ = now + job.config_.rebuild_grace;
   job.rebuilt_template_ = a;
+  job.returned_ranks_.insert(a.group_rank);
+  if (job.absent_count() > 0) job.rebuild_deadline_ = now + job.config_.rebuild_grace;
   out.push_back(Progress{job.run_id_, request.node.id,
                          fmt::format("re-registered with rendezvous '{}' in round {} "
                                      "(rebuilt after a daemon restart)",
                                      job.run_id_, a.round)});
   return job;
+}
+
+int RendezvousJob::absent_count() const {
+  return rebuilt_template_ ? rebuilt_template_->group_world_size - static_cast<int>(returned_ranks_.size()) : 0;
+}
+
+bool RendezvousJob::is_absent(int group_rank) const {
+  return rebuilt_template_ && group_rank >= 0 && group_rank < rebuilt_template_->group_world_size &&
+         returned_ranks_.count(group_rank) == 0;
+}
+
+std::string RendezvousJob::absent_list() const {
+  constexpr int kListed = 32;
+  std::string out;
+  int listed = 0;
+  const int total = absent_count();
+  for (int r = 0; rebuilt_template_ && r < rebuilt_template_->group_world_size && listed < kListed; ++r) {
+    if (returned_ranks_.count(r) != 0) continue;
+    out += (out.empty() ? "" : ", ") + std::to_string(r);
+    ++listed;
+  }
+  if (total > listed) out += fmt::format(" and {} more", total - listed);
+  return out;
 }
 
 RendezvousJob::Member* RendezvousJob::find(const NodeId& id) {
@@ -230,7 +251,7 @@ void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& 
   join_deadline_ = now + config_.join_timeout;
   last_call_.reset();
   exit_barrier_.reset();
-  absent_ranks_.clear();
+  returned_ranks_.clear();
   rebuild_deadline_.reset();
   rebuilt_template_.reset();
   roster_round_ = true;
@@ -277,7 +298,7 @@ void RendezvousJob::complete_job(Decisions& out, TimePoint now) {
 }
 
 void RendezvousJob::check_completion(Decisions& out, TimePoint now) {
-  if (state_ != JobState::running || !exit_barrier_ || !absent_ranks_.empty()) return;
+  if (state_ != JobState::running || !exit_barrier_ || absent_count() > 0) return;
   // Only participants ever succeed (set_succeeded), so this is "every participant succeeded".
   if (succeeded_count_ < count(MemberRole::participant)) return;
   complete_job(out, now);
@@ -423,16 +444,15 @@ Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
     return join(request.node, request.config, now);
   }
   if (!a) return join(request.node, request.config, now);
-  if (state_ == JobState::running && a->round == round_ && rebuilt_template_ &&
-      absent_ranks_.count(a->group_rank) != 0 && a->group_world_size == rebuilt_template_->group_world_size &&
-      a->world_size == rebuilt_template_->world_size && a->restart_count == rebuilt_template_->restart_count &&
-      a->master_addr == rebuilt_template_->master_addr && a->master_port == rebuilt_template_->master_port &&
-      a->nccl_id == rebuilt_template_->nccl_id) {
+  if (state_ == JobState::running && a->round == round_ && rebuilt_template_ && is_absent(a->group_rank) &&
+      a->group_world_size == rebuilt_template_->group_world_size && a->world_size == rebuilt_template_->world_size &&
+      a->restart_count == rebuilt_template_->restart_count && a->master_addr == rebuilt_template_->master_addr &&
+      a->master_port == rebuilt_template_->master_port && a->nccl_id == rebuilt_template_->nccl_id) {
     Member& added = add_member(request.node, MemberRole::participant, now);
     added.group_rank = a->group_rank;
     added.assignment = *a;
-    absent_ranks_.erase(a->group_rank);
-    if (absent_ranks_.empty()) rebuild_deadline_.reset();
+    returned_ranks_.insert(a->group_rank);
+    if (absent_count() == 0) rebuild_deadline_.reset();
     return {Progress{run_id_, id,
                      fmt::format("re-registered with rendezvous '{}' in round {} (rebuilt after "
                                  "a daemon restart)",
@@ -531,9 +551,8 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
     reason += reason.empty() ? why : "; " + why;
   }
   if (!lost.empty()) remove_members(out, lost, reason, now);
-  if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ && !absent_ranks_.empty()) {
-    std::string ranks;
-    for (int r : absent_ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ && absent_count() > 0) {
+    const std::string ranks = absent_list();
     end_round(out, RoundEnd::membership_change,
               fmt::format("group ranks {} of round {} did not re-register within {} after the "
                           "daemon restarted",
@@ -551,10 +570,10 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
         pending += fmt::format("{}group rank {} on {}", pending.empty() ? "" : ", ", m.group_rank, m.info.addr);
       }
     }
-    for (int r : absent_ranks_) {
-      pending += fmt::format("{}group rank {} (not re-registered)", pending.empty() ? "" : ", ", r);
+    if (absent_count() > 0) {
+      pending += fmt::format("{}group ranks {} (not re-registered)", pending.empty() ? "" : ", ", absent_list());
     }
-    const int total = count(MemberRole::participant) + static_cast<int>(absent_ranks_.size());
+    const int total = count(MemberRole::participant) + absent_count();
     fail_job(out,
              fmt::format("rendezvous '{}': exit barrier timed out after {}: {}/{} nodes "
                          "finished; still running: {}",

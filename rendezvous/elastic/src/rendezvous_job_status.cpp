@@ -57,7 +57,7 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
       const int participants = count(MemberRole::participant);
       if (exit_barrier_) {
         return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", succeeded_count_,
-                           participants + static_cast<int>(absent_ranks_.size()),
+                           participants + absent_count(),
                            format_seconds(until(*exit_barrier_, now)));
       }
       return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants, restarts_used_,
@@ -115,7 +115,7 @@ std::optional<TimePoint> RendezvousJob::next_deadline() const {
     }
   } else {
     consider(exit_barrier_);
-    if (!absent_ranks_.empty()) consider(rebuild_deadline_);
+    if (absent_count() > 0) consider(rebuild_deadline_);
   }
   return best;
 }
@@ -165,7 +165,7 @@ JobStatus RendezvousJob::status(TimePoint now) const {
   }
   if (state_ == JobState::running) {
     if (exit_barrier_) s.exit_barrier_in = until(*exit_barrier_, now);
-    if (rebuild_deadline_ && !absent_ranks_.empty()) s.rebuild_in = until(*rebuild_deadline_, now);
+    if (rebuild_deadline_ && absent_count() > 0) s.rebuild_in = until(*rebuild_deadline_, now);
   }
   if (gc_deadline_) s.gc_in = until(*gc_deadline_, now);
   s.progress = progress_text(now);

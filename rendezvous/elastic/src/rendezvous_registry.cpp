@@ -31,6 +31,20 @@ std::string RendezvousRegistry::check_request(const std::string& run_id, const N
   if (run_id.size() > max_run_id_bytes)
     return fmt::format("rendezvous id of {} bytes is longer than {} bytes: pass a shorter --rdzv-id", run_id.size(),
                        max_run_id_bytes);
+  const std::pair<const char*, const std::string*> texts[] = {{"id.addr", &node.id.addr},
+                                                              {"id.instance", &node.id.instance},
+                                                              {"addr", &node.addr},
+                                                              {"store_host", &node.store_host}};
+  for (const auto& [field, text] : texts) {
+    if (text->size() > max_node_text_bytes) {
+      return fmt::format("a node of rendezvous '{}' announced a {} of {} bytes, longer than {} bytes", run_id, field,
+                         text->size(), max_node_text_bytes);
+    }
+  }
+  if (node.nccl_ids.size() > max_nccl_ids * 128) {
+    return fmt::format("node {} offered {} NCCL unique IDs for rendezvous '{}': at most {} (--nccl-roots)",
+                       node.id.to_string(), node.nccl_ids.size() / 128, run_id, max_nccl_ids);
+  }
   if (node.local_world_size < 1 || node.local_world_size > max_local_world_size) {
     return fmt::format("node {} announced local_world_size {}: --nproc-per-node must be between 1 and {}",
                        node.id.to_string(), node.local_world_size, max_local_world_size);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -79,11 +80,16 @@ std::uint8_t op_of(const ClientMessage& message) {
   return static_cast<std::uint8_t>(ops[message.index()]);
 }
 
-bool refuses(const Decisions& decisions, const NodeId& node) {
-  return std::any_of(decisions.begin(), decisions.end(), [&](const Decision& d) {
+// Removes from `decisions` the refusal of `node`, if there is one, and returns it.
+std::optional<Refuse> take_refusal(Decisions& decisions, const NodeId& node) {
+  const auto it = std::find_if(decisions.begin(), decisions.end(), [&](const Decision& d) {
     const auto* r = std::get_if<Refuse>(&d);
     return r != nullptr && r->node == node;
   });
+  if (it == decisions.end()) return std::nullopt;
+  Refuse r = std::move(std::get<Refuse>(*it));
+  decisions.erase(it);
+  return r;
 }
 
 }  // namespace
@@ -277,6 +283,9 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
             if (Refusal why = check_rejoin(conn, m.run_id, m.request); why.refused()) return why;
             secret = m.request.node_secret;
           }
+          // A node the daemon did not know gets a secret below; if the registry refuses it, the
+          // secret goes too (kept, it would hold memory and lock the node id out of a later JOIN).
+          const bool known = secret_of_.count(NodeKey{m.run_id, node}) != 0;
           bind(conn, m.run_id, node, std::move(secret));
           ++counters_.joins;
           // A rejoin that carries an assignment re-registers with a running round (or is told
@@ -290,10 +299,13 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
           } else {
             decisions = registry_.rejoin(m.run_id, m.request, now);
           }
-          if (refuses(decisions, node)) {
+          if (auto refusal = take_refusal(decisions, node)) {
+            // Refused like any other frame (REFUSED, then the connection closes); what else the
+            // registry decided concerns other nodes.
             apply(decisions, &node);
             unbind(conn);
-            return {};
+            if (!known) secret_of_.erase(NodeKey{m.run_id, node});
+            return {refusal->code, std::move(refusal->reason)};
           }
           scratch_.clear();
           encode_server(scratch_, JoinedMessage{m.run_id, node, secret_of_[NodeKey{m.run_id, node}]});

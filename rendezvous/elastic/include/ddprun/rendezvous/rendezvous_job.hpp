@@ -194,7 +194,13 @@ class RendezvousJob {
 
   // running
   std::optional<TimePoint> exit_barrier_;
-  std::set<int> absent_ranks_;  // after a rebuild: group ranks that have not re-registered
+  // After a rebuild (rebuilt_template_ set): the group ranks that re-registered, the rebuilder's
+  // included; the others of [0, group_world_size) are absent. Kept as the ranks that came back,
+  // not the ones missing: a REJOIN claiming a world of 2^20 nodes must not cost 2^20 entries.
+  std::set<int> returned_ranks_;
+  int absent_count() const;
+  bool is_absent(int group_rank) const;
+  std::string absent_list() const;  // "3, 5, 9" (the first 32, then "and N more")
   std::optional<TimePoint> rebuild_deadline_;
   std::optional<Assignment> rebuilt_template_;  // fields every rebuilt rank must agree on
 

@@ -56,6 +56,11 @@ struct NodeInfo {
 // min_heartbeat_interval is a typo that would turn into a restart storm).
 inline constexpr int max_nodes_limit = 1 << 20;  // 1,048,576 agents (docs/daemon.md, "Limits")
 inline constexpr std::size_t max_run_id_bytes = 256;
+// A node's names (NodeId::addr and ::instance, NodeInfo::addr and ::store_host: host names,
+// addresses, labels) and its NCCL IDs (--nccl-roots is at most 4096): what a member can make
+// the daemon hold is bounded by these, not by the 1 MiB frame.
+inline constexpr std::size_t max_node_text_bytes = 1024;
+inline constexpr std::size_t max_nccl_ids = 4096;
 inline constexpr int max_local_world_size = 16384;
 inline constexpr std::int64_t max_world_size = std::int64_t{1} << 30;  // ranks
 inline constexpr int max_restarts_limit = 1000000;
