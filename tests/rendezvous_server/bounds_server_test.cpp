@@ -187,3 +187,34 @@ TEST_CASE("--max-connections is clamped below the open-files limit", "[server][b
   ServerThread server2(small);
   CHECK(server2.stats().max_connections == 5);
 }
+
+TEST_CASE("idle connections that once read a large value do not get others closed for the budget",
+          "[server][bounds]") {
+  // Each connection keeps up to 1 MiB per buffer for its next reply. Before, 8 idle readers of
+  // a 512 KiB value held 8 MiB of a 4 MiB --max-buffered-bytes, and the next client with a
+  // reply in flight was closed as "the largest unread backlog" (its 4-byte PING reply). Over
+  // the budget, what idle connections keep is given back first.
+  StoreServerOptions opts;
+  opts.limits.max_buffered_bytes = std::size_t{4} << 20;
+  ServerThread server(opts);
+  const std::string value(512 * 1024, 'v');
+  RawClient setter(server.port());
+  hello(setter);
+  setter.send(hex("01") + test::str("big") + test::str(value));
+  REQUIRE(pings(setter));
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 8; ++i) {
+    idle.push_back(std::make_unique<RawClient>(server.port()));
+    hello(*idle.back());
+    for (int j = 0; j < 2; ++j) {
+      idle.back()->send(hex("03") + test::str("big"));
+      REQUIRE(idle.back()->recv(8 + value.size()).size() == 8 + value.size());
+    }
+  }
+  RawClient next(server.port());
+  hello(next);
+  for (std::uint32_t n = 0; n < 4; ++n) CHECK(pings(next, n));
+  for (auto& c : idle) CHECK(pings(*c));
+  CHECK(server.stats().connections_rejected == 0);
+  CHECK(server.stats().buffered_bytes <= opts.limits.max_buffered_bytes);
+}

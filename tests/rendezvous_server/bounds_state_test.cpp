@@ -2,6 +2,11 @@
 // registrations, and replies refused before they are built when the outbox has no room.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
 #include "helpers.hpp"
 #include "ddprun/rendezvous/store_state.hpp"
 
@@ -86,8 +91,10 @@ TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wa
 }
 
 TEST_CASE("wait registrations' key bytes count against max_total_bytes", "[state][bounds]") {
+  // Each registration holds its key twice (per key and per connection): a 60-byte key costs
+  // 120 bytes; two of them pass 200.
   StoreLimits limits;
-  limits.max_total_bytes = 100;
+  limits.max_total_bytes = 200;
   StoreState state(limits);
   RecordingOutbox box;
   const std::string k1(60, 'a');
@@ -95,6 +102,7 @@ TEST_CASE("wait registrations' key bytes count against max_total_bytes", "[state
   REQUIRE(state.apply(1, keys_req(Op::wait, {k1}), box).ok);
   const ApplyResult refused = state.apply(2, keys_req(Op::wait, {k2}), box);
   CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("would copy 120 key bytes into wait registrations holding 120 already"));
   CHECK_THAT(refused.reason, Catch::Contains("--max-total-bytes"));
   state.disconnect(1);
   CHECK(state.apply(2, keys_req(Op::wait, {k2}), box).ok);
@@ -159,4 +167,90 @@ TEST_CASE("a WATCH_KEY event the outbox will not take is not queued; the write s
   CHECK(box.out[2].empty());
   CHECK(box.out[3].size() == box.asked);
   CHECK(state.value("w") == "value");
+}
+
+TEST_CASE("QUEUE_PUSH wakes the oldest waiter it completes; one still missing a key does not swallow it",
+          "[state][queue]") {
+  StoreState state;
+  RecordingOutbox box;
+  // Connection 1 waits for q and x, connection 2 for q only; one push on q.
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"q", "x"}), box).ok);
+  REQUIRE(state.apply(2, keys_req(Op::wait, {"q"}), box).ok);
+  REQUIRE(state.apply(3, req(Op::queue_push, "q", "item"), box).ok);
+  CHECK(box.take(1).empty());         // still waits for x
+  CHECK(box.take(2) == test::u8(0));  // STOP_WAITING
+  REQUIRE(state.apply(3, req(Op::set, "x", "1"), box).ok);
+  CHECK(box.take(1) == test::u8(0));  // x completes it (its q was counted)
+  CHECK(state.registrations() == 0);
+  // Two waiters on q alone, one push: the older one only.
+  REQUIRE(state.apply(4, req(Op::queue_pop, "q"), box).ok);
+  REQUIRE(state.apply(5, keys_req(Op::wait, {"q"}), box).ok);
+  REQUIRE(state.apply(6, keys_req(Op::wait, {"q"}), box).ok);
+  REQUIRE(state.apply(3, req(Op::queue_push, "q", "item"), box).ok);
+  CHECK(box.take(5) == test::u8(0));
+  CHECK(box.take(6).empty());
+  CHECK(state.registrations() == 1);
+}
+
+TEST_CASE("dropping a connection's waits costs its own registrations, not theirs times the key's", "[state][bounds]") {
+  // Two connections each registered 400,000 times on one missing key (two WAITs of 200,000:
+  // a new WAIT keeps the older registrations). Before, each of the leaving connection's
+  // registrations scanned the key's whole list: 1.6 * 10^11 steps, ~17 s here; now ~0.2 s.
+  StoreLimits limits;
+  limits.max_keys_per_request = 200000;
+  StoreState state(limits);
+  RecordingOutbox box;
+  const std::vector<std::string_view> keys(200000, "k");
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(state.apply(1, keys_req(Op::wait, keys), box).ok);
+    REQUIRE(state.apply(2, keys_req(Op::wait, keys), box).ok);
+  }
+  REQUIRE(state.registrations() == 800000);
+  const auto t0 = std::chrono::steady_clock::now();
+  state.disconnect(1);
+  REQUIRE(state.apply(2, req(Op::cancel_wait), box).ok);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(state.registrations() == 0);
+  CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("an APPEND to a large watched value does not copy it when the watcher takes no events", "[state][bounds]") {
+  // Before, every write to a watched key copied the old value first: 200 one-byte APPENDs to a
+  // 128 MiB value cost 25 GiB of copying while the watcher that does not read was still open.
+  class Refusing final : public Outbox {
+   public:
+    std::string& buffer(ConnectionId conn) override { return out[conn]; }
+    bool reserve_push(ConnectionId conn, std::size_t) override { return conn != 2; }
+    std::unordered_map<ConnectionId, std::string> out;
+  };
+  StoreState state;
+  Refusing box;
+  const std::string big(128u << 20, 'v');
+  REQUIRE(state.apply(1, req(Op::set, "k", big), box).ok);
+  REQUIRE(state.apply(2, req(Op::watch_key, "k"), box).ok);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) REQUIRE(state.apply(1, req(Op::append, "k", "x"), box).ok);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(state.value("k")->size() == big.size() + 200);
+  CHECK(box.out[2].size() == 1);          // the registration's reply only
+  CHECK(took < std::chrono::seconds(2));  // ~0 now; several seconds before
+}
+
+TEST_CASE("a watch event carries the old and the new value, APPEND's included", "[state]") {
+  StoreState state;
+  RecordingOutbox box;
+  REQUIRE(state.apply(1, req(Op::set, "k", "ab"), box).ok);
+  REQUIRE(state.apply(2, req(Op::watch_key, "k"), box).ok);
+  REQUIRE(state.apply(2, req(Op::watch_key, "k"), box).ok);  // twice: two events per change
+  box.take(2);
+  REQUIRE(state.apply(1, req(Op::append, "k", "cd"), box).ok);
+  std::string one;
+  reply::watch_event(one, WatchResponse::key_updated, "k", "ab", "abcd");
+  CHECK(box.take(2) == one + one);
+  REQUIRE(state.apply(1, req(Op::delete_key, "k"), box).ok);
+  std::string del;
+  reply::watch_event(del, WatchResponse::key_deleted, "k", "abcd", "");
+  CHECK(box.take(2) == del + del);
+  state.disconnect(2);
+  CHECK(state.registrations() == 0);
 }

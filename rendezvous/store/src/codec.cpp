@@ -228,7 +228,14 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
         std::string_view k;
         std::string_view v;
         ok = p.str(k, kmax, "key", kflag) && (!pairs || p.str(v, vmax, "value", vflag));
-        if (!ok) break;
+        if (!ok) {
+          // Every key still to come has at least its 8-byte length (and its value's): wait for
+          // those bytes too. Otherwise a request of many keys trickling in is decoded again from
+          // its first byte on every read (quadratic in its size); with this bound, empty keys
+          // are decoded once, longer ones a logarithmic number of times.
+          if (res.status == DecodeStatus::need_more) res.min_total += (n - i - 1) * (pairs ? 16 : 8);
+          break;
+        }
         out.keys.push_back(k);
         if (pairs) out.values.push_back(v);
       }
@@ -292,11 +299,11 @@ void str(std::string& out, std::string_view s) { bytes::put_str(out, s); }
 void check(std::string& out, CheckResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
 void wait(std::string& out, WaitResponse r) { bytes::put_u8(out, static_cast<std::uint8_t>(r)); }
 void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
-                 std::string_view new_value) {
+                 std::string_view new_value, std::string_view new_tail) {
   bytes::put_u8(out, static_cast<std::uint8_t>(type));
   bytes::put_str(out, key);
   bytes::put_str(out, old_value);
-  bytes::put_str(out, new_value);
+  bytes::put_str(out, new_tail, new_value);  // new_value + new_tail
 }
 }  // namespace reply
 

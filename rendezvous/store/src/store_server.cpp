@@ -289,6 +289,23 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   void shed_if_over_budget() {
     if (buffered <= options.limits.max_buffered_bytes) return;
+    // First what idle connections keep for their next reply (up to shrink_above per buffer):
+    // giving it back loses nothing, and kept, a few hundred idle connections that once read a
+    // large value held the budget and got innocent clients with a reply in flight closed.
+    for (auto& [id, conn] : connections) {
+      if (conn->closed) continue;
+      bool trimmed = false;
+      if (conn->pending.empty() && conn->pending.capacity() > std::string().capacity()) {
+        std::string().swap(conn->pending);
+        trimmed = true;
+      }
+      if (!conn->write_in_flight && conn->writing.capacity() > std::string().capacity()) {
+        std::string().swap(conn->writing);
+        trimmed = true;
+      }
+      if (trimmed) account(*conn);
+    }
+    if (buffered <= options.limits.max_buffered_bytes) return;
     std::vector<ConnectionPtr> by_backlog;
     for (auto& [id, conn] : connections) {
       if (conn->queued() > 0) by_backlog.push_back(conn);

@@ -73,6 +73,7 @@ ApplyResult StoreState::too_big(std::string_view key, std::size_t extra) const {
 }
 
 bool StoreState::can_register(ApplyResult& res, Op op, std::size_t n, std::size_t key_bytes) const {
+  key_bytes *= 2;  // each registration keeps its key twice: per key and per connection
   if (registrations_ + n > limits_.max_waits) {
     res = {false, fmt::format("{} would add {} wait registration(s) to the {} held; the limit is {} (--max-waits)",
                               op_name(op), n, registrations_, limits_.max_waits)};
@@ -111,13 +112,8 @@ bool StoreState::store(ApplyResult& res, std::string_view key, std::string_view 
       res = too_big(key, value.size());
       return false;
     }
-    if (!watchers_.empty() && watchers_.count(key)) {
-      const std::string old = it->second;
-      it->second.assign(value);
-      notify_watchers(key, WatchResponse::key_updated, old, value, outbox);
-    } else {
-      it->second.assign(value);
-    }
+    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_updated, it->second, value, outbox);
+    it->second.assign(value);
     bytes_ = after;
   } else {
     const std::size_t extra = key.size() + value.size();
@@ -135,22 +131,27 @@ bool StoreState::store(ApplyResult& res, std::string_view key, std::string_view 
 }
 
 void StoreState::notify_watchers(std::string_view key, WatchResponse type, std::string_view old_value,
-                                 std::string_view new_value, Outbox& outbox) {
+                                 std::string_view new_value, Outbox& outbox, std::string_view new_tail) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  const std::size_t size = 1 + 3 * 8 + key.size() + old_value.size() + new_value.size();
-  for (ConnectionId c : it->second) {
-    if (outbox.reserve_push(c, size)) reply::watch_event(outbox.buffer(c), type, key, old_value, new_value);
+  const std::size_t size = 1 + 3 * 8 + key.size() + old_value.size() + new_value.size() + new_tail.size();
+  for (const auto& [c, times] : it->second) {
+    for (std::uint32_t i = 0; i < times; ++i) {
+      // Refused: the outbox closes `c` (it does not read its events); nothing more for it.
+      if (!outbox.reserve_push(c, size)) break;
+      reply::watch_event(outbox.buffer(c), type, key, old_value, new_value, new_tail);
+    }
   }
 }
 
 void StoreState::register_wait(ConnectionId conn, std::string_view key) {
   auto it = waiters_.find(key);
-  if (it == waiters_.end()) it = waiters_.emplace(std::string(key), std::vector<ConnectionId>{}).first;
-  it->second.push_back(conn);
-  awaited_[conn].keys.emplace_back(key);
+  if (it == waiters_.end()) it = waiters_.try_emplace(std::string(key)).first;
+  const std::uint64_t seq = next_wait_++;
+  it->second.emplace_hint(it->second.end(), seq, conn);
+  awaited_[conn].keys.emplace_back(std::string(key), seq);
   ++registrations_;
-  registered_bytes_ += key.size();
+  registered_bytes_ += 2 * key.size();
 }
 
 void StoreState::satisfy(ConnectionId conn, Outbox& outbox) {
@@ -162,9 +163,9 @@ void StoreState::wake_all(std::string_view key, Outbox& outbox) {
   if (waiters_.empty()) return;
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  std::vector<ConnectionId> conns = std::move(it->second);
+  const std::map<std::uint64_t, ConnectionId> registered = std::move(it->second);
   waiters_.erase(it);
-  for (ConnectionId c : conns) {
+  for (const auto& [seq, c] : registered) {
     auto a = awaited_.find(c);
     if (a == awaited_.end()) continue;  // already satisfied by an earlier registration
     if (--a->second.missing <= 0) satisfy(c, outbox);
@@ -172,29 +173,37 @@ void StoreState::wake_all(std::string_view key, Outbox& outbox) {
 }
 
 void StoreState::wake_one(std::string_view key, Outbox& outbox) {
-  auto it = waiters_.find(key);
-  while (it != waiters_.end() && !it->second.empty()) {
-    const ConnectionId c = it->second.front();
+  // Oldest registration first, as torch's libuv server does: each one taken counts for its
+  // waiter; the first waiter with nothing left to wait for is woken, and only one is. A waiter
+  // that still misses another key does not swallow the push.
+  for (;;) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    if (it->second.empty()) {
+      waiters_.erase(it);
+      return;
+    }
+    const ConnectionId c = it->second.begin()->second;
     it->second.erase(it->second.begin());
+    if (it->second.empty()) waiters_.erase(it);
     auto a = awaited_.find(c);
     if (a == awaited_.end()) continue;
-    if (it->second.empty()) waiters_.erase(it);
-    if (--a->second.missing <= 0) satisfy(c, outbox);
-    return;
+    if (--a->second.missing <= 0) {
+      satisfy(c, outbox);
+      return;
+    }
   }
-  if (it != waiters_.end() && it->second.empty()) waiters_.erase(it);
 }
 
 void StoreState::drop_waits(ConnectionId conn) {
   auto a = awaited_.find(conn);
   if (a == awaited_.end()) return;
-  for (const std::string& k : a->second.keys) {
-    registered_bytes_ -= k.size();
+  for (const auto& [k, seq] : a->second.keys) {
+    registered_bytes_ -= 2 * k.size();
     auto it = waiters_.find(k);
     if (it == waiters_.end()) continue;
-    auto& v = it->second;
-    v.erase(std::remove(v.begin(), v.end(), conn), v.end());
-    if (v.empty()) waiters_.erase(it);
+    it->second.erase(seq);
+    if (it->second.empty()) waiters_.erase(it);
   }
   registrations_ -= a->second.keys.size();
   awaited_.erase(a);
@@ -228,10 +237,9 @@ ApplyResult StoreState::add(ConnectionId conn, std::string_view key, std::int64_
   if (it != kv_.end()) {
     const std::size_t after = bytes_ - it->second.size() + text.size();
     if (text.size() > it->second.size() && after > limits_.max_total_bytes) return too_big(key, text.size());
-    const std::string old_text = it->second;
+    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_updated, it->second, text, outbox);
     it->second.assign(text);
     bytes_ = after;
-    if (!watchers_.empty()) notify_watchers(key, WatchResponse::key_updated, old_text, text, outbox);
   } else {
     if (bytes_ + key.size() + text.size() > limits_.max_total_bytes) return too_big(key, key.size() + text.size());
     ApplyResult res;
@@ -325,11 +333,11 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       if (!can_register(res, req.op, 1, req.key.size())) break;
       reply::u8(outbox.buffer(conn), static_cast<std::uint8_t>(WatchResponse::key_callback_registered));
       auto it = watchers_.find(req.key);
-      if (it == watchers_.end()) it = watchers_.emplace(std::string(req.key), std::vector<ConnectionId>{}).first;
-      it->second.push_back(conn);
+      if (it == watchers_.end()) it = watchers_.try_emplace(std::string(req.key)).first;
+      ++it->second[conn];
       watched_[conn].emplace_back(req.key);
       ++registrations_;
-      registered_bytes_ += req.key.size();
+      registered_bytes_ += 2 * req.key.size();
       break;
     }
     case Op::delete_key: {
@@ -339,13 +347,8 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         break;
       }
       bytes_ -= it->first.size() + it->second.size();
-      if (!watchers_.empty() && watchers_.count(req.key)) {
-        const std::string old = std::move(it->second);
-        kv_.erase(it);
-        notify_watchers(req.key, WatchResponse::key_deleted, old, {}, outbox);
-      } else {
-        kv_.erase(it);
-      }
+      if (!watchers_.empty()) notify_watchers(req.key, WatchResponse::key_deleted, it->second, {}, outbox);
+      kv_.erase(it);
       reply::i64(outbox.buffer(conn), 1);
       break;
     }
@@ -359,13 +362,10 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         res = too_big(req.key, req.value.size());
         break;
       }
-      if (!watchers_.empty() && watchers_.count(req.key)) {
-        const std::string old = it->second;
-        it->second.append(req.value);
-        notify_watchers(req.key, WatchResponse::key_updated, old, it->second, outbox);
-      } else {
-        it->second.append(req.value);
+      if (!watchers_.empty()) {
+        notify_watchers(req.key, WatchResponse::key_updated, it->second, it->second, outbox, req.value);
       }
+      it->second.append(req.value);
       bytes_ += req.value.size();
       wake_all(req.key, outbox);
       break;
@@ -462,12 +462,11 @@ void StoreState::disconnect(ConnectionId conn) {
   auto w = watched_.find(conn);
   if (w == watched_.end()) return;
   for (const std::string& k : w->second) {
-    registered_bytes_ -= k.size();
+    registered_bytes_ -= 2 * k.size();
     auto it = watchers_.find(k);
     if (it == watchers_.end()) continue;
-    auto& v = it->second;
-    v.erase(std::remove(v.begin(), v.end(), conn), v.end());
-    if (v.empty()) watchers_.erase(it);
+    it->second.erase(conn);  // all of its WATCH_KEYs on k (a repeat of k finds nothing more)
+    if (it->second.empty()) watchers_.erase(it);
   }
   registrations_ -= w->second.size();
   watched_.erase(w);

@@ -89,9 +89,10 @@ void u32(std::string& out, std::uint32_t v);
 void str(std::string& out, std::string_view s);
 void check(std::string& out, CheckResponse r);
 void wait(std::string& out, WaitResponse r);
-// 1.13 watch event on the callback connection: type | S key | S old | S new.
+// 1.13 watch event on the callback connection: type | S key | S old | S new, where new is
+// new_value followed by new_tail (an APPEND's event, built without a copy of the value).
 void watch_event(std::string& out, WatchResponse type, std::string_view key, std::string_view old_value,
-                 std::string_view new_value);
+                 std::string_view new_value, std::string_view new_tail = {});
 }  // namespace reply
 
 }  // namespace ddprun::rendezvous
