@@ -326,6 +326,10 @@ TEST_CASE("malformed payloads are errors naming the op and field", "[wire]") {
       {0x60, R"({"run_id":"j"})", "opcode 0x60 is not a client-to-server rendezvous operation"},
       {0x4f, R"({"run_id":"j"})", "is not a client-to-server rendezvous operation"},
       {0x47, std::string(40, '[') + std::string(40, ']'), "not valid JSON"},
+      // ddprun exits with 128 + signal: INT_MAX would overflow it.
+      {0x44,
+       R"({"run_id":"j","failure":{"round":0,"node":{"addr":"a","pid":1,"instance":"i"},"global_rank":0,"local_rank":0,"signal":2147483647}})",
+       "field 'failure.signal'"},
   };
   for (const auto& c : cases) {
     const auto r = decode_c(frame(c.op, c.payload));

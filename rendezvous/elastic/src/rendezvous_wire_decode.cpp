@@ -188,6 +188,8 @@ WorkerFailure read_failure(const Reader& r) {
   f.local_rank = r.i32("local_rank");
   f.exit_code = r.opt_i32("exit_code");
   f.signal = r.opt_i32("signal");
+  // ddprun exits with 128 + signal: a signal number that is no signal would overflow it.
+  if (f.signal && (*f.signal < 1 || *f.signal > 127)) r.bad("signal", "a signal number between 1 and 127");
   f.message = r.str_or("message", "");
   return f;
 }
