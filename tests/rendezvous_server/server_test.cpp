@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "helpers.hpp"
@@ -379,6 +380,26 @@ TEST_CASE("extension frames reach the installed StoreExtension, mixed with torch
     CHECK(server.on_io([&] { return ext->keys_seen; }) == 1u);
   }
   CHECK(ext->disconnects == 2);
+}
+
+TEST_CASE("a request whose handling throws closes its connection, not the server", "[server]") {
+  class Throwing final : public StoreExtension {
+   public:
+    DecodeResult on_frame(ConnectionId, std::string_view, StoreState&, Outbox&) override {
+      throw std::length_error("a reply too large to frame");
+    }
+  };
+  StoreServerOptions opts;
+  opts.extension = std::make_shared<Throwing>();
+  ServerThread server(opts);
+  RawClient legit(server.port());
+  handshake(legit);
+  RawClient bad(server.port());
+  bad.send(hex("40"));
+  CHECK(bad.closed_by_peer());
+  CHECK(server.stats().connections_rejected == 1);
+  legit.send(hex("0d") + test::u32(7));
+  CHECK(legit.recv(4) == test::u32(7));
 }
 
 TEST_CASE("on_drained runs once the last connection has closed, and at once when none is open", "[server]") {

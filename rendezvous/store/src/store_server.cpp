@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -567,6 +568,18 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       return;
     }
     current = c;
+    try {
+      process_requests(c);
+    } catch (const std::exception& e) {
+      // A request this server could not handle (memory exhausted, a reply too large to frame)
+      // ends its own connection, not the server and every other client with it.
+      close(c, fmt::format("internal error while handling its request: {}", e.what()), RefusedReason::protocol_error);
+    }
+    current.reset();
+    if (c->is_link && !c->closed) process_link(c);
+  }
+
+  void process_requests(const ConnectionPtr& c) {
     while (!c->closed && c->end - c->begin >= c->need && c->queued() < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
@@ -607,8 +620,6 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         break;
       }
     }
-    current.reset();
-    if (c->is_link && !c->closed) process_link(c);
   }
 
   // ---- Relays (relay_link.hpp): the frames of a relay link ----
