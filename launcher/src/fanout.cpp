@@ -606,7 +606,7 @@ class Fanout {
 
   void on_host_done(HostRun& h) {
     const int code = h.child->status().shell_code();
-    if (code == 0) {
+    if (code == 0 && h.ready) {
       spdlog::debug("{}: agent finished", h.spec.label());
       return;
     }
@@ -627,6 +627,15 @@ class Fanout {
                (node_ != nullptr ? "host " + node_->self_label : std::string("this machine")) +
                " (host name, --ssh-port, keys in ssh-agent or the ssh config" +
                (node_ != nullptr ? ", which every host of a launch tree uses too" : "") + ")";
+      } else if (code == 0) {
+        // Something ended the session cleanly without running ddprun's agent: nothing of the job
+        // runs there, and the rendezvous would wait for that host until its timeout.
+        text = "host " + dest + tree_path(h) + ": " +
+               (h.local ? std::string("its agent") : std::string("the ssh session")) +
+               " ended (exit 0) before ddprun's agent started there" + (why.empty() ? "" : ": " + why);
+        hint = h.local ? std::string("install the same ddprun version on every host")
+                       : "check --remote-ddprun (" + plan_.remote_ddprun +
+                             ") and any ForceCommand or login script on that host";
       } else if (code == 127) {
         text = "host " + dest + tree_path(h) + ": cannot run " + (h.local ? agent_argv_.front() : plan_.remote_ddprun) +
                (why.empty() ? "" : ": " + why);

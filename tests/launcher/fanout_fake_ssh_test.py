@@ -1,0 +1,123 @@
+"""The fan-out launcher against a fake ssh: a script first on PATH that runs the remote command
+on this machine with `sh -c`, so every "host" is a local agent and the whole launch (rendezvous,
+agents, workers, output relay, launch tree) runs without root, namespaces or sshd. tests/ssh
+covers the real OpenSSH client and server; this covers what ssh itself does not change: how the
+launcher reads each session's output and what it makes of the session's end.
+
+Run by ctest (ddprun_add_python_test) with DDPRUN_BIN_DIR and PYTHON_EXEC set. Every launch has
+a deadline well below the ctest TIMEOUT.
+
+The fake ssh takes the options the launcher passes (-T, -F, -p, -o), logs the destination to
+$FAKE_SSH_LOG, and acts per destination: listed in $FAKE_SSH_EXIT0 it ends the session with 0
+without running anything (a ForceCommand, a login script that exits), in $FAKE_SSH_REFUSE it
+fails as an unreachable host does (ssh's message, exit 255).
+"""
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+BIN = os.path.abspath(os.path.join(os.environ["DDPRUN_BIN_DIR"], "ddprun"))
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+TREE = ["--ssh-tree-threshold", "1", "--ssh-tree-fanout", "2"]
+
+FAKE_SSH = r"""#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -T) shift ;;
+    -F|-p|-o) shift 2 ;;
+    *) break ;;
+  esac
+done
+dest=$1
+shift
+echo "$dest" >> "$FAKE_SSH_LOG"
+case " $FAKE_SSH_EXIT0 " in *" $dest "*) exit 0 ;; esac
+case " $FAKE_SSH_REFUSE " in
+  *" $dest "*) echo "ssh: connect to host $dest port 22: Connection refused" >&2; exit 255 ;;
+esac
+exec sh -c "$*"
+"""
+
+# The worker: for each size in argv[1] (a comma list) one line of that many bytes, its rank and
+# index in front, on stdout; then the same sizes in reverse order on stderr.
+WORKER = r"""import os, sys
+rank = int(os.environ["RANK"])
+sizes = [int(s) for s in sys.argv[1].split(",")]
+def line(i, n):
+    body = "%d.%d:" % (rank, i)
+    body += "".join(chr(ord("a") + (k + i) % 26) for k in range(n - len(body)))
+    return body
+for i, n in enumerate(sizes):
+    sys.stdout.write(line(i, n) + "\n")
+    sys.stdout.flush()
+for i, n in enumerate(reversed(sizes)):
+    sys.stderr.write(line(i, n) + "\n")
+    sys.stderr.flush()
+"""
+
+class FakeSshCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun-fake-ssh-")
+        self.dir = self.tmp.name
+        bindir = os.path.join(self.dir, "bin")
+        os.mkdir(bindir)
+        ssh = os.path.join(bindir, "ssh")
+        with open(ssh, "w") as f:
+            f.write(FAKE_SSH)
+        os.chmod(ssh, 0o755)
+        self.bindir = bindir
+        self.log = os.path.join(self.dir, "ssh.log")
+        with open(os.path.join(self.dir, "worker.py"), "w") as f:
+            f.write(WORKER)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def ddprun(self, args, env_extra=None, timeout=60):
+        env = dict(os.environ)
+        env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"),
+                    "PYTHON_EXEC": PYTHON, "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "",
+                    "FAKE_SSH_REFUSE": "", "DDPRUN_LOG_LEVEL": "info"})
+        env.update(env_extra or {})
+        argv = [BIN, "--launcher-addr", "127.0.0.1", "--shutdown-timeout", "5"] + args
+        return subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, timeout=timeout)
+
+    def ssh_destinations(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as f:
+            return f.read().split()
+
+
+class SessionEndsBeforeTheAgent(FakeSshCase):
+    """An ssh session that ends with 0 before its agent said it was ready ran nothing there."""
+
+    def check(self, r, host):
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertRegex(err, r"ddprun: error: host %s\b[^\n]*: the ssh session ended \(exit 0\) before ddprun's agent "
+                              r"started there" % host)
+        self.assertIn("--remote-ddprun", err)
+        self.assertIn("ForceCommand", err)
+        return err
+
+    def test_flat_remote_ddprun_that_exits_0(self):
+        r = self.ddprun(["--hosts", "h1,h2", "--remote-ddprun", "/bin/true", "worker.py", "10"])
+        self.check(r, "h[12]")
+
+    def test_flat_one_host_ends_its_session(self):
+        r = self.ddprun(["--hosts", "h1,h2", "worker.py", "10"], env_extra={"FAKE_SSH_EXIT0": "h2"})
+        self.check(r, "h2")
+
+    def test_tree_host_below_a_node_ends_its_session(self):
+        # launcher -> h0 -> h1; launcher -> h2 -> h3: h3 is started by the node h2.
+        r = self.ddprun(TREE + ["--hosts", "h0,h1,h2,h3", "worker.py", "10"], env_extra={"FAKE_SSH_EXIT0": "h3"})
+        err = self.check(r, "h3")
+        self.assertIn("launch tree: launcher -> h2 -> h3", err)
+        self.assertEqual(sorted(self.ssh_destinations()), ["h0", "h1", "h2", "h3"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
