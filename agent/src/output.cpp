@@ -243,7 +243,12 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
             write_all(file_fd, block);
           }
           if (console_fd >= 0 && console_ok) {
-            console_ok = write_prefixed_lines(console_fd, prefix, block, whole, iov_scratch);
+            std::string_view shown = block;
+            // The console got the last piece of a line cut where the buffer filled with a newline
+            // of its own: the line's real newline, right after the cut, ends that line, not another.
+            if (console_cut && shown.front() == '\n') shown.remove_prefix(1);
+            console_cut = !whole;
+            if (!shown.empty()) console_ok = write_prefixed_lines(console_fd, prefix, shown, whole, iov_scratch);
           }
         },
         eof);
@@ -307,6 +312,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   int file_fd;
   int console_fd;
   bool console_ok = true;
+  bool console_cut = false;  // the last block written to the console was a line cut short
   bool finished = false;
   bool reading = false;           // an async read owns the buffer's free space
   bool finish_requested = false;  // finish_now() waits for that read's handler

@@ -23,6 +23,7 @@
 #include <deque>
 #include <unordered_set>
 #include <memory>
+#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/child_process.hpp"
@@ -173,6 +174,10 @@ struct HostRun {
   bool done = false;             // counted as done (exited and drained, or never started)
   bool ssh_missing = false;      // the ssh client itself could not be started
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
+  // Per stream (0 stderr, 1 stdout): a line longer than a read was cut at the read's end; the
+  // rest of it goes out under this prefix, the one that named the line's source. nullopt at the
+  // start of a line.
+  std::array<std::optional<std::string>, 2> cut;
 };
 
 // Ignores SIGPIPE for its lifetime (EPIPE is handled where we write), restores it after.
@@ -439,16 +444,13 @@ class Fanout {
     req.argv = argv;
     req.envp = worker_env::merge_env(worker_env::current_environment(), {});
     const std::size_t index = static_cast<std::size_t>(&h - hosts_.data());
-    // Whole lines of each stream (a line cut at the buffer's end or at EOF gets its newline).
+    // Whole lines of each stream, or a piece of a line longer than one read (on_lines carries
+    // its prefix over to the rest).
     auto relay = [this, index](bool is_stdout) {
       agent::ChildStream st;
       st.kind = agent::ChildStream::Kind::sink;
       st.sink = [this, index, is_stdout](std::string_view block, bool whole) {
-        if (whole) {
-          on_lines(hosts_[index], is_stdout, block);
-        } else {
-          on_lines(hosts_[index], is_stdout, std::string(block) + "\n");
-        }
+        on_lines(hosts_[index], is_stdout, block, whole);
       };
       return st;
     };
@@ -502,38 +504,56 @@ class Fanout {
     return encode_env_block(env);
   }
 
-  // Whether a line is already prefixed by a host of h's subtree: "[ddprun@LABEL ...]" (an
-  // agent's log), "[LABEL:RANK]:" (its workers) or "[LABEL] " (a tree node's own lines and the
-  // lines it relays for a host it started).
-  static bool from_subtree(const HostRun& h, std::string_view line) {
+  // How many bytes at the start of `line` name its source when that is a host of h's subtree
+  // (0: none, the line is the host's own): "[LABEL:RANK]:" (a worker), "[ddprun@LABEL level] "
+  // (an agent's log) and, from a tree node, "[LABEL] " (the node's own lines and those it
+  // relays for a host it started).
+  static std::size_t source_prefix(const HostRun& h, std::string_view line) {
+    if (line.empty() || line.front() != '[') return 0;
+    const bool node = !h.below.empty();
+    auto ours = [&h, node](std::string_view label) {
+      return node ? h.labels.count(std::string(label)) != 0 : label == h.spec.label();
+    };
     constexpr std::string_view agent_open = "[ddprun@";
     if (starts_with(line, agent_open)) {
       const auto sp = line.find(' ', agent_open.size());
-      return sp != std::string_view::npos &&
-             h.labels.count(std::string(line.substr(agent_open.size(), sp - agent_open.size()))) != 0;
+      if (sp == std::string_view::npos || !ours(line.substr(agent_open.size(), sp - agent_open.size()))) return 0;
+      const auto close = line.find("] ", sp);
+      return close == std::string_view::npos ? sp + 1 : close + 2;
     }
-    if (line.empty() || line.front() != '[') return false;
-    const auto bracket = line.find("] ");
-    if (bracket != std::string_view::npos && h.labels.count(std::string(line.substr(1, bracket - 1))) != 0) return true;
+    if (node) {
+      const auto bracket = line.find("] ");
+      if (bracket != std::string_view::npos && ours(line.substr(1, bracket - 1))) return bracket + 2;
+    }
     const auto close = line.find("]:");
-    if (close == std::string_view::npos) return false;
+    if (close == std::string_view::npos) return 0;
     const auto colon = line.rfind(':', close);
-    return colon != std::string_view::npos && colon > 1 && h.labels.count(std::string(line.substr(1, colon - 1))) != 0;
+    return colon != std::string_view::npos && colon > 1 && ours(line.substr(1, colon - 1)) ? close + 2 : 0;
   }
 
-  // Relays a block of whole lines from one host. The agent's log lines ("[ddprun@host level]")
-  // and the workers' lines ("[host:rank]:") already name the host; anything else (ssh's own
-  // messages, the remote shell's) gets "[host] " and is remembered for error messages.
-  void on_lines(HostRun& h, bool is_stdout, std::string_view block) {
+  // Relays a block from one host: whole lines, or (`complete` false) one piece of a line that
+  // filled a whole read, or the stream's last bytes. The agent's log lines ("[ddprun@host
+  // level]") and the workers' lines ("[host:rank]:") already name the host; anything else (ssh's
+  // own messages, the remote shell's) gets "[host] " and is remembered for error messages. A
+  // piece goes out as a line of its own, so hosts never share a line, and the rest of its line
+  // gets the piece's prefix: a worker's long line stays the worker's, however often it is cut.
+  void on_lines(HostRun& h, bool is_stdout, std::string_view block, bool complete) {
     const std::string& label = h.spec.label();
-    const std::string worker_prefix = "[" + label + ":";
-    const std::string agent_prefix = "[ddprun@" + label + " ";
+    std::optional<std::string>& cut = h.cut[is_stdout ? 1 : 0];
     std::string out;
     out.reserve(block.size() + 64);
     while (!block.empty()) {
       const auto nl = block.find('\n');
       const std::string_view line = block.substr(0, nl);
       block.remove_prefix(nl == std::string_view::npos ? block.size() : nl + 1);
+      // Without a newline the piece ends the block: its line goes on in the next one.
+      const bool cut_here = nl == std::string_view::npos && !complete;
+      if (cut) {
+        // An empty rest: the line ended exactly where it was cut, and already has its newline.
+        if (!line.empty()) out.append(*cut).append(line).push_back('\n');
+        if (!cut_here) cut.reset();
+        continue;
+      }
       if (is_stdout && !h.ready) {
         // The agent writes "\n<token>\n": the token may follow text of the remote login's rc
         // files that had no newline of its own; the empty line before it is not relayed.
@@ -546,12 +566,14 @@ class Fanout {
           continue;
         }
       }
-      if (h.below.empty() ? (starts_with(line, worker_prefix) || starts_with(line, agent_prefix))
-                          : from_subtree(h, line)) {
+      const std::size_t named = source_prefix(h, line);
+      if (named > 0) {
         out.append(line);
+        if (cut_here) cut = std::string(line.substr(0, named));
       } else {
         remember(h, std::string(line));
         out.append("[").append(label).append("] ").append(line);
+        if (cut_here) cut = "[" + label + "] ";
       }
       out.push_back('\n');
     }

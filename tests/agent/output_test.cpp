@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <string>
@@ -114,6 +115,28 @@ TEST_CASE("LineBuffer cuts a line longer than its capacity") {
   REQUIRE(chunks.size() >= 2);
   CHECK(chunks[0].bytes == "01234567");
   CHECK_FALSE(chunks[0].complete);
+}
+
+TEST_CASE("OutputPump: a line cut where the buffer filled goes on under its prefix, with no empty line") {
+  // 8 bytes of buffer: "01234567" fills it exactly, so its newline comes in the next read;
+  // "abcdefghij" is cut once and goes on.
+  int in[2];
+  int console[2];
+  REQUIRE(::pipe(in) == 0);
+  REQUIRE(::pipe(console) == 0);
+  boost::asio::io_context io;
+  bool done = false;
+  OutputPump pump(
+      io, in[0], -1, console[1], "[r0]:", [&] { done = true; }, 8);
+  pump.start();
+  const std::string text = "01234567\nabcdefghij\n\nx\n";
+  REQUIRE(::write(in[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(in[1]);
+  io.run();
+  CHECK(done);
+  ::close(console[1]);
+  CHECK(read_all(console[0]) == "[r0]:01234567\n[r0]:abcdefgh\n[r0]:ij\n[r0]:\n[r0]:x\n");
+  ::close(console[0]);
 }
 
 TEST_CASE("write_prefixed_lines prefixes each line and ends partials") {

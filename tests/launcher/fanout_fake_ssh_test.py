@@ -57,6 +57,20 @@ for i, n in enumerate(reversed(sizes)):
     sys.stderr.flush()
 """
 
+# Lines longer than the launcher's 64 KiB reads, exactly one read long, and several reads long.
+LINE_SIZES = [200_000, 65_536, 65_529, 10, 300_001]
+PREFIX_RE = re.compile(r"^\[(h\d+):(\d+)\]:")
+
+
+def expected_text(rank, sizes):
+    """What a worker wrote on one stream, its lines joined without their newlines."""
+    out = ""
+    for i, n in enumerate(sizes):
+        body = "%d.%d:" % (rank, i)
+        out += body + "".join(chr(ord("a") + (k + i) % 26) for k in range(n - len(body)))
+    return out
+
+
 class FakeSshCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="ddprun-fake-ssh-")
@@ -117,6 +131,41 @@ class SessionEndsBeforeTheAgent(FakeSshCase):
         err = self.check(r, "h3")
         self.assertIn("launch tree: launcher -> h2 -> h3", err)
         self.assertEqual(sorted(self.ssh_destinations()), ["h0", "h1", "h2", "h3"])
+
+
+class LongLines(FakeSshCase):
+    """Every byte of a worker's output stays under its [host:RANK]: prefix, whatever the line length."""
+
+    def check(self, args, hosts):
+        r = self.ddprun(args + ["--hosts", ",".join(hosts), "worker.py", ",".join(map(str, LINE_SIZES))])
+        out = r.stdout.decode()
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 0, err[-3000:])
+        for name, text, sizes in (("stdout", out, LINE_SIZES), ("stderr", err, list(reversed(LINE_SIZES)))):
+            per_rank = {}
+            for line in text.split("\n")[:-1]:
+                m = PREFIX_RE.match(line)
+                if m is None:
+                    # Only the launcher's and the agents' own log lines stand without a rank.
+                    self.assertTrue(line.startswith("[ddprun"), "%s: a line outside any worker's prefix: %r"
+                                    % (name, line[:200]))
+                    continue
+                host, rank = m.group(1), int(m.group(2))
+                self.assertEqual(host, hosts[rank], line[:100])
+                per_rank.setdefault(rank, []).append(line[m.end():])
+            self.assertEqual(sorted(per_rank), list(range(len(hosts))), name)
+            for rank, pieces in per_rank.items():
+                self.assertTrue(all(pieces), "%s: an empty piece of rank %d" % (name, rank))
+                got = "".join(pieces)
+                self.assertEqual(len(got), sum(sizes), "%s of rank %d: bytes lost or added" % (name, rank))
+                self.assertEqual(got, expected_text(rank, sizes), "%s of rank %d differs" % (name, rank))
+
+    def test_flat(self):
+        self.check([], ["h0", "h1"])
+
+    def test_tree(self):
+        # Depth 3 (launcher -> h0 -> h1 -> h2): h2's lines pass two tree nodes.
+        self.check(TREE, ["h%d" % i for i in range(7)])
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@
 //             (--prefix-output, used by remote agents of a fan-out launch).
 //
 // LineBuffer (pure) holds a partial line until its newline arrives or the buffer is full (a line
-// longer than the capacity is cut there and ended with a newline on the console), so lines of
-// different ranks never interleave mid-line on the console. OutputPump (shell) drives one
+// longer than the capacity is cut there and ended with a newline on the console; its rest goes
+// on in the next console line, under the same prefix), so lines of different ranks never
+// interleave mid-line on the console. OutputPump (shell) drives one
 // LineBuffer from a pipe on the io_context; it is done only at EOF ("exited" is not "drained").
 // Single-threaded: everything runs on the agent's io_context thread.
 #include <sys/uio.h>
