@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
-#include <set>
+#include <map>
 #include <sstream>
 
 #include "ddprun/common/error.hpp"
@@ -103,6 +103,15 @@ std::vector<std::string> split_whitespace(std::string_view line) {
   return out;
 }
 
+// Two spellings of one host: ssh (and DNS) ignore the case of host names, and IPv6 literals are
+// hex, so "Node1" and "node1" reach the same machine; the messages keep the user's spelling.
+std::string same_host_key(std::string_view host) { return to_lower(host); }
+
+// " as 'first'; ..." when a duplicate was first written with other letter case; "" otherwise.
+std::string first_spelling(std::string_view host, std::string_view first) {
+  return host == first ? std::string() : " as '" + std::string(first) + "'; host names ignore case";
+}
+
 int effective_slots(const HostEntry& e, std::optional<int> default_slots) {
   if (e.slots > 0) return e.slots;
   return default_slots.value_or(-1);
@@ -113,7 +122,8 @@ int effective_slots(const HostEntry& e, std::optional<int> default_slots) {
 std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_view file_name,
                                            std::vector<std::string>* notes) {
   std::vector<HostEntry> out;
-  std::map<std::string, int> first_line;  // host -> line number, for duplicate messages
+  // same_host_key(host) -> where it was first listed (line number, spelling), for duplicates
+  std::map<std::string, std::pair<int, std::string>> first_line;
   int line_no = 0;
   for (const auto& raw : split(text, '\n')) {
     ++line_no;
@@ -152,12 +162,12 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
         notes->push_back(where + ": ignoring '" + w + "' (ddprun only uses slots=)");
       }
     }
-    if (const auto it = first_line.find(e.host); it != first_line.end()) {
-      throw UsageError(
-          where + ": host '" + e.host + "' is listed twice (first at line " + std::to_string(it->second) + ")",
-          "list each host once, with its total slot count");
+    if (const auto it = first_line.find(same_host_key(e.host)); it != first_line.end()) {
+      throw UsageError(where + ": host '" + e.host + "' is listed twice (first at line " +
+                           std::to_string(it->second.first) + first_spelling(e.host, it->second.second) + ")",
+                       "list each host once, with its total slot count");
     }
-    first_line.emplace(e.host, line_no);
+    first_line.emplace(same_host_key(e.host), std::make_pair(line_no, e.host));
     out.push_back(std::move(e));
   }
   return out;
@@ -181,7 +191,7 @@ std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view 
   const std::string forms = "comma list of " + std::string(kHostForms) + ", e.g. h1,h2:4,user@h3";
   if (trim(text).empty()) throw UsageError(where + ": no hosts given", "accepted forms: " + forms);
   std::vector<HostEntry> out;
-  std::set<std::string> seen;
+  std::map<std::string, std::string> seen;  // same_host_key(host) -> the host as first written
   for (const auto& raw : split(text, ',')) {
     const std::string_view item = trim(raw);
     if (item.empty())
@@ -190,8 +200,11 @@ std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view 
       throw UsageError(where + ": '" + std::string(item) + "' is not a host", "accepted forms: " + forms);
     }
     HostEntry e = parse_host_word(item, where, forms);
-    if (!seen.insert(e.host).second) {
-      throw UsageError(where + ": host '" + e.host + "' is listed twice", "list each host once");
+    if (const auto [it, added] = seen.emplace(same_host_key(e.host), e.host); !added) {
+      throw UsageError(
+          where + ": host '" + e.host + "' is listed twice" +
+              (it->second == e.host ? std::string() : " (first" + first_spelling(e.host, it->second) + ")"),
+          "list each host once");
     }
     out.push_back(std::move(e));
   }

@@ -105,6 +105,21 @@ TEST_CASE("hostfile: errors name file:line") {
   }
 }
 
+TEST_CASE("host names that differ only in letter case are one host; messages keep the spelling") {
+  // ssh and DNS ignore the case of a host name: Node1 and node1 would start two agents on one
+  // machine.
+  CHECK_THROWS_WITH(parse_hostfile_text("node1 slots=2\nNODE1 slots=2\n", "hf"),
+                    Contains("hf:2") && Contains("'NODE1' is listed twice") && Contains("line 1 as 'node1'") &&
+                        Contains("ignore case"));
+  CHECK_THROWS_WITH(parse_hostfile_text("u@Ab\nv@aB\n", "hf"), Contains("'aB' is listed twice"));
+  CHECK_THROWS_WITH(parse_hostfile_text("[FE80::1]\nfe80::1\n", "hf"), Contains("listed twice"));
+  CHECK_THROWS_WITH(parse_hosts_list("h1,H1", "--hosts"),
+                    Contains("'H1' is listed twice") && Contains("first as 'h1'"));
+  CHECK_THROWS_WITH(parse_hosts_list("h1,h1", "--hosts"), Contains("'h1' is listed twice") && !Contains("case"));
+  // Distinct hosts keep the spelling the user gave (an ssh config alias may care).
+  CHECK(names(parse_hosts_list("Node1,node2", "--hosts")) == std::vector<std::string>{"Node1", "node2"});
+}
+
 TEST_CASE("load_hostfile reads a file and rejects unreadable or empty ones") {
   char dir_template[] = "/tmp/ddprun-fanout-XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);
