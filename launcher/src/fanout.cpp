@@ -173,6 +173,7 @@ struct HostRun {
   bool ready = false;
   bool done = false;             // counted as done (exited and drained, or never started)
   bool ssh_missing = false;      // the ssh client itself could not be started
+  int spawn_error = 0;           // errno of that failed start
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
   // Per stream (0 stderr, 1 stdout): a line longer than a read was cut at the read's end; the
   // rest of it goes out under this prefix, the one that named the line's source. nullopt at the
@@ -283,7 +284,9 @@ class Fanout {
     env_ = with_token(plan_.env, token);
     env_block_ = encode_env_block(env_);
     path_ = "launcher";
+    check_env_block();
     check_subtree_blocks();
+    check_remote_commands(plan_, endpoint_, run_id_);
     if (uses_tree(plan_)) {
       spdlog::info(
           "fan-out job '{}': {} host(s) through a launch tree (fan-out {}, depth {}), rendezvous at {}, at most {} ssh "
@@ -467,9 +470,30 @@ class Fanout {
       remember(h, "cannot run " + argv.front() + ": " + (res.failed_step ? res.failed_step : "spawn") + ": " +
                       std::strerror(res.error));
       h.ssh_missing = true;
+      h.spawn_error = res.error;
       return;
     }
     spdlog::debug("{}: {}", h.spec.label(), h.command);
+  }
+
+  // Every host reads the environment on stdin, at most agent::kDefaultEnvBlockMax bytes: refuse
+  // before contacting any host rather than have every agent fail to start.
+  void check_env_block() const {
+    if (env_block_.size() <= agent::kDefaultEnvBlockMax) return;
+    std::string largest;
+    std::size_t largest_size = 0;
+    for (const auto& [name, value] : env_) {
+      if (value.size() > largest_size) {
+        largest = name;
+        largest_size = value.size();
+      }
+    }
+    throw UsageError("the environment carried to every host (" + std::to_string(env_.size()) + " variables, " +
+                         largest + " the largest at " + std::to_string(largest_size) + " bytes) is " +
+                         std::to_string(env_block_.size()) + " bytes, over the " +
+                         std::to_string(agent::kDefaultEnvBlockMax) + " a host reads on stdin",
+                     "carry less: check --env, --env-file and the launcher's variables carried by default; "
+                     "--dry-run names them all");
   }
 
   // A subtree root reads its plan with the environment, at most agent::kDefaultEnvBlockMax bytes:
@@ -639,8 +663,17 @@ class Fanout {
       for (const auto& line : h.tail) why += (why.empty() ? "" : "; ") + line;
       std::string text;
       std::string hint;
-      if (h.ssh_missing) {
-        text = why;
+      if (h.ssh_missing && h.spawn_error == E2BIG) {
+        // Past the up-front check of the remote command: the whole exec (every argument and this
+        // process's environment, which ssh inherits) is over the kernel's limit.
+        text = "host " + dest + tree_path(h) + ": cannot start " + (h.local ? "its agent" : std::string("ssh")) +
+               ": its command line (" + std::to_string(h.command.size()) +
+               " bytes) and this process's environment are too long for one exec: " + why;
+        hint =
+            "shorten the program's arguments (pass long ones in a file) or this shell's environment; values for "
+            "the workers can go with --env / --env-file, over ssh's stdin";
+      } else if (h.ssh_missing) {
+        text = "host " + dest + tree_path(h) + ": " + why;
         hint = "install the OpenSSH client (Debian: openssh-client)";
       } else if (code == 255) {
         text = "cannot reach host " + dest + " over ssh" + tree_path(h) + ": " +
@@ -796,8 +829,17 @@ class Fanout {
 
 }  // namespace
 
-std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
-                           const std::string& run_id) {
+namespace {
+
+// remote_command in three parts: the shell's "cd ... && exec ", the words that differ between
+// hosts, and those every host of the job shares (the program among them), so that checking the
+// commands of 10,000 hosts does not build 10,000 copies of a long program line.
+std::string remote_command_head(const FanoutPlan& plan) {
+  return "cd -- " + shell_quote(plan.remote_cwd) + " && exec ";
+}
+
+std::vector<std::string> remote_command_host_words(const FanoutPlan& plan, const FanoutHost& host,
+                                                   const std::string& rdzv_endpoint, const std::string& run_id) {
   std::vector<std::string> words = {plan.remote_ddprun,
                                     "--remote-agent",
                                     "--node-label=" + host.label(),
@@ -810,11 +852,43 @@ std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const
                                     "--prefix-output",
                                     "--log-line-prefix-template=[" + host.label() + ":${rank}]:"};
   if (!host.gpus.empty()) words.push_back("--gpus=" + host.gpus);
+  return words;
+}
+
+std::vector<std::string> remote_command_shared_words(const FanoutPlan& plan) {
+  std::vector<std::string> words;
   if (!plan.ranks_filter.empty()) words.push_back("--ranks-filter=" + plan.ranks_filter);
   words.insert(words.end(), plan.agent_args.begin(), plan.agent_args.end());
   words.emplace_back("--");
   words.insert(words.end(), plan.program.begin(), plan.program.end());
-  return "cd -- " + shell_quote(plan.remote_cwd) + " && exec " + shell_join(words);
+  return words;
+}
+
+}  // namespace
+
+std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
+                           const std::string& run_id) {
+  return remote_command_head(plan) + shell_join(remote_command_host_words(plan, host, rdzv_endpoint, run_id)) + " " +
+         shell_join(remote_command_shared_words(plan));
+}
+
+void check_remote_commands(const FanoutPlan& plan, const std::string& rdzv_endpoint, const std::string& run_id) {
+  const std::size_t head = remote_command_head(plan).size();
+  const std::size_t shared = shell_join(remote_command_shared_words(plan)).size();
+  for (const auto& host : plan.hosts) {
+    const std::size_t size =
+        head + shell_join(remote_command_host_words(plan, host, rdzv_endpoint, run_id)).size() + 1 + shared;
+    if (size <= kMaxRemoteCommand) continue;
+    const std::size_t program = shell_join(plan.program).size();
+    const std::size_t flags = shell_join(plan.agent_args).size();
+    throw UsageError("the command ssh runs on host " + host.label() + " is " + std::to_string(size) +
+                         " bytes (program and arguments: " + std::to_string(program) + " bytes; forwarded flags: " +
+                         std::to_string(flags) + " bytes), over the " + std::to_string(kMaxRemoteCommand) +
+                         " that fit in one argument of a Linux exec: ssh takes it as one argument, and so does "
+                         "the host's login shell",
+                     "pass long arguments in a file the program reads, or as variables with --env / --env-file, "
+                     "which travel over ssh's stdin");
+  }
 }
 
 int run_fanout(const FanoutPlan& plan) {

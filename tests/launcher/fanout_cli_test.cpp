@@ -123,6 +123,65 @@ TEST_CASE("fan-out flags without a host list are errors") {
   CHECK_THROWS_WITH(sb.parse({"--ssh-option", "Port=2", "train.py"}), Contains("--ssh-option needs"));
 }
 
+TEST_CASE("what every host would refuse is refused before any ssh runs") {
+  FanoutSandbox sb;
+  // An ssh that leaves a mark: nothing may run it.
+  const std::string mark = sb.path("ssh-ran");
+  Sandbox::write(sb.dir() / "bin" / "ssh", "#!/bin/sh\ntouch '" + mark + "'\n", true);
+  SECTION("an environment block over the 1 MiB a host reads on stdin, flat launch") {
+    std::string file;
+    for (int i = 0; i < 9; ++i) file += "V" + std::to_string(i) + "=" + std::string(110'000, 'v') + "\n";
+    file += "BIG=" + std::string(120'000, 'v') + "\n";
+    Sandbox::write(sb.dir() / "job.env", file, false);
+    const auto o = sb.parse({"--hosts", "h0,h1", "--launcher-addr", "127.0.0.1", "--env-file", "job.env", "train.py"});
+    REQUIRE(o.fanout);
+    REQUIRE_FALSE(uses_tree(*o.fanout));
+    try {
+      run_fanout(*o.fanout);
+      FAIL("no throw");
+    } catch (const UsageError& e) {
+      CHECK_THAT(e.message(), Contains("the environment carried to every host") && Contains("BIG the largest") &&
+                                  Contains("over the 1048576 a host reads on stdin"));
+      CHECK_THAT(e.hint(), Contains("--env-file"));
+    }
+  }
+  SECTION("a remote command longer than one exec argument") {
+    // Each word fits in one argument of ddprun's own command line; together they do not.
+    const std::string half(kMaxRemoteCommand / 2, 'a');
+    const auto o = sb.parse({"--hosts", "h0,h1", "--launcher-addr", "127.0.0.1", "train.py", half, half});
+    REQUIRE(o.fanout);
+    try {
+      run_fanout(*o.fanout);
+      FAIL("no throw");
+    } catch (const UsageError& e) {
+      CHECK_THAT(e.message(),
+                 Contains("the command ssh runs on host h0 is") &&
+                     Contains("program and arguments: " + std::to_string(2 * half.size() + 10) + " bytes") &&
+                     Contains("one argument"));
+      CHECK_THAT(e.hint(), Contains("in a file"));
+    }
+  }
+  CHECK_FALSE(std::filesystem::exists(mark));
+}
+
+TEST_CASE("check_remote_commands: the limit is one exec argument, the length is remote_command's") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0,host-with-a-longer-name", "train.py", "--data", "x"});
+  REQUIRE(o.fanout);
+  FanoutPlan plan = *o.fanout;
+  const std::string endpoint = "127.0.0.1:29400";
+  const std::string id = "fanout-run";
+  const std::size_t longest = remote_command(plan, plan.hosts[1], endpoint, id).size();
+  CHECK(remote_command(plan, plan.hosts[0], endpoint, id).size() < longest);
+  // Grow the program until the longer host's command is exactly at the limit: it passes; one
+  // byte more and that host is named.
+  plan.program.back() += std::string(kMaxRemoteCommand - longest, 'x');
+  REQUIRE(remote_command(plan, plan.hosts[1], endpoint, id).size() == kMaxRemoteCommand);
+  CHECK_NOTHROW(check_remote_commands(plan, endpoint, id));
+  plan.program.back() += "x";
+  CHECK_THROWS_WITH(check_remote_commands(plan, endpoint, id), Contains("on host host-with-a-longer-name is"));
+}
+
 TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
   FanoutSandbox sb;
   const auto o = sb.parse({"--hosts", "h0", "--max-restarts", "3", "--tee", "3", "-m", "--shutdown-timeout", "5",

@@ -14,6 +14,7 @@ fails as an unreachable host does (ssh's message, exit 255).
 """
 import os
 import re
+import resource
 import subprocess
 import tempfile
 import unittest
@@ -89,14 +90,14 @@ class FakeSshCase(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def ddprun(self, args, env_extra=None, timeout=60):
+    def ddprun(self, args, env_extra=None, timeout=60, preexec_fn=None):
         env = dict(os.environ)
         env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"),
                     "PYTHON_EXEC": PYTHON, "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "",
                     "FAKE_SSH_REFUSE": "", "DDPRUN_LOG_LEVEL": "info"})
         env.update(env_extra or {})
         argv = [BIN, "--launcher-addr", "127.0.0.1", "--shutdown-timeout", "5"] + args
-        return subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, timeout=timeout)
+        return subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, timeout=timeout, preexec_fn=preexec_fn)
 
     def ssh_destinations(self):
         if not os.path.exists(self.log):
@@ -131,6 +132,25 @@ class SessionEndsBeforeTheAgent(FakeSshCase):
         err = self.check(r, "h3")
         self.assertIn("launch tree: launcher -> h2 -> h3", err)
         self.assertEqual(sorted(self.ssh_destinations()), ["h0", "h1", "h2", "h3"])
+
+
+class CommandTooLongForExec(FakeSshCase):
+    def test_e2big_names_the_host_and_what_to_shorten(self):
+        # Under the one-argument limit the launcher checks up front, over the whole exec's: with a
+        # 256 KiB stack Linux takes 128 KiB of arguments and environment together. Each quote of
+        # the argument takes 4 bytes in the remote command ('\''); the environment is inherited by ssh.
+        def small_stack():
+            resource.setrlimit(resource.RLIMIT_STACK, (256 * 1024, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+        r = self.ddprun(["--hosts", "h0", "worker.py", "'" * 30_000], env_extra={"PADDING": "p" * 60_000},
+                        preexec_fn=small_stack)
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertRegex(err, r"ddprun: error: host h0: cannot start ssh: its command line \(\d+ bytes\) and this "
+                              r"process's environment are too long for one exec: .*Argument list too long")
+        self.assertIn("ddprun: shorten the program's arguments", err)
+        self.assertNotIn("OpenSSH", err)
+        self.assertEqual(self.ssh_destinations(), [])
 
 
 class LongLines(FakeSshCase):

@@ -135,6 +135,15 @@ int run_tree_node(const TreeNodePlan& node, const std::vector<std::string>& agen
 std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,
                            const std::string& run_id);
 
+// The longest command a host's shell can be given: ssh passes it as one argument, and sshd hands
+// it to the login shell as one, and Linux refuses an exec argument of MAX_ARG_STRLEN bytes (32
+// pages of 4 KiB, its NUL included) or more with E2BIG.
+inline constexpr std::size_t kMaxRemoteCommand = 32 * 4096 - 1;
+
+// Throws UsageError naming the first host whose remote_command is longer than kMaxRemoteCommand,
+// with what makes it long and what to do. Pure; run_fanout calls it before contacting any host.
+void check_remote_commands(const FanoutPlan& plan, const std::string& rdzv_endpoint, const std::string& run_id);
+
 // The remote agent's ready line (agent/remote_protocol.hpp).
 using agent::kRemoteAgentReadyLine;
 
