@@ -131,7 +131,17 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   const auto path_it = ctx.env.find("PATH");
   // ssh keeps the FIRST value it sees for an option, so the user's options go before ddprun's
   // defaults: --ssh-option ConnectTimeout=30 wins over ConnectTimeout=10.
-  plan.ssh_command = {agent::resolve_executable("ssh", path_it == ctx.env.end() ? "" : path_it->second, ""), "-T"};
+  const std::string path_var = path_it == ctx.env.end() ? "" : path_it->second;
+  std::string ssh;
+  try {
+    ssh = agent::resolve_executable("ssh", path_var, "");
+  } catch (const UsageError&) {
+    // resolve_executable speaks of the worker command; this is the launcher's own tool.
+    throw UsageError("ssh (the OpenSSH client) was not found on PATH (" +
+                         (path_var.empty() ? std::string("unset") : "PATH=" + path_var) + ")",
+                     "install the OpenSSH client (Debian: openssh-client), or put ssh on PATH");
+  }
+  plan.ssh_command = {ssh, "-T"};
   if (auto g = p.given("ssh-config")) {
     std::filesystem::path file(std::string(trim(g->text)));
     if (file.is_relative()) file = ctx.cwd / file;

@@ -123,6 +123,18 @@ TEST_CASE("fan-out flags without a host list are errors") {
   CHECK_THROWS_WITH(sb.parse({"--ssh-option", "Port=2", "train.py"}), Contains("--ssh-option needs"));
 }
 
+TEST_CASE("a launcher without ssh on PATH says to install the OpenSSH client") {
+  Sandbox sb;  // bin/ holds no ssh
+  try {
+    sb.parse({"--hosts", "h0", "train.py"});
+    FAIL("no throw");
+  } catch (const UsageError& e) {
+    CHECK_THAT(e.message(), Contains("ssh (the OpenSSH client) was not found on PATH") && Contains(sb.path("bin")));
+    CHECK_THAT(e.hint(), Contains("install the OpenSSH client"));
+    CHECK_THAT(std::string(e.what()), !Contains("worker command") && !Contains("--no-python"));
+  }
+}
+
 TEST_CASE("what every host would refuse is refused before any ssh runs") {
   FanoutSandbox sb;
   // An ssh that leaves a mark: nothing may run it.
