@@ -678,10 +678,11 @@ class Fanout {
       } else if (code == 255) {
         text = "cannot reach host " + dest + " over ssh" + tree_path(h) + ": " +
                (why.empty() ? "ssh exited with 255" : why);
-        hint = "check that 'ssh -o BatchMode=yes " + dest + " true' works from " +
+        hint = "check that this works from " +
                (node_ != nullptr ? "host " + node_->self_label : std::string("this machine")) +
                " (host name, --ssh-port, keys in ssh-agent or the ssh config" +
-               (node_ != nullptr ? ", which every host of a launch tree uses too" : "") + ")";
+               (node_ != nullptr ? ", which every host of a launch tree uses too" : "") +
+               "): " + ssh_check_command(plan_, h.spec);
       } else if (code == 0) {
         // Something ended the session cleanly without running ddprun's agent: nothing of the job
         // runs there, and the rendezvous would wait for that host until its timeout.
@@ -889,6 +890,13 @@ void check_remote_commands(const FanoutPlan& plan, const std::string& rdzv_endpo
                      "pass long arguments in a file the program reads, or as variables with --env / --env-file, "
                      "which travel over ssh's stdin");
   }
+}
+
+std::string ssh_check_command(const FanoutPlan& plan, const FanoutHost& host) {
+  std::vector<std::string> argv = plan.ssh_command;
+  argv.push_back(destination(host));
+  argv.emplace_back("true");
+  return shell_join(argv);
 }
 
 int run_fanout(const FanoutPlan& plan) {

@@ -194,6 +194,18 @@ TEST_CASE("check_remote_commands: the limit is one exec argument, the length is 
   CHECK_THROWS_WITH(check_remote_commands(plan, endpoint, id), Contains("on host host-with-a-longer-name is"));
 }
 
+TEST_CASE("ssh_check_command: the launcher's own ssh command line, for the host it could not reach") {
+  FanoutSandbox sb;
+  Sandbox::write(sb.dir() / "cfg", "", false);
+  const auto o = sb.parse({"--hosts", "u@h0", "--ssh-port", "2222", "--ssh-config", "cfg", "--ssh-option",
+                           "IdentityFile=/k/id x", "train.py"});
+  REQUIRE(o.fanout);
+  const std::string cmd = ssh_check_command(*o.fanout, o.fanout->hosts[0]);
+  CHECK_THAT(cmd, Contains(sb.path("bin/ssh") + " -T -F " + sb.path("cfg") + " -p 2222 -o 'IdentityFile=/k/id x'") &&
+                      Contains("-o BatchMode=yes"));
+  CHECK_THAT(cmd, Contains(" u@h0 true"));
+}
+
 TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
   FanoutSandbox sb;
   const auto o = sb.parse({"--hosts", "h0", "--max-restarts", "3", "--tee", "3", "-m", "--shutdown-timeout", "5",

@@ -134,6 +134,22 @@ class SessionEndsBeforeTheAgent(FakeSshCase):
         self.assertEqual(sorted(self.ssh_destinations()), ["h0", "h1", "h2", "h3"])
 
 
+class UnreachableHost(FakeSshCase):
+    def test_hint_is_the_launchers_own_ssh_command(self):
+        cfg = os.path.join(self.dir, "ssh config")
+        open(cfg, "w").close()
+        r = self.ddprun(["--hosts", "h0,u@h1", "--ssh-port", "2222", "--ssh-config", cfg, "--ssh-option",
+                         "ConnectTimeout=3", "worker.py", "10"], env_extra={"FAKE_SSH_REFUSE": "u@h1"})
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn("ddprun: error: cannot reach host u@h1 over ssh: ssh: connect to host u@h1 port 22", err)
+        hint = [line for line in err.splitlines() if line.startswith("ddprun: check that")]
+        self.assertEqual(len(hint), 1, err)
+        ssh = os.path.join(self.bindir, "ssh")
+        self.assertIn("%s -T -F '%s' -p 2222 -o ConnectTimeout=3 -o BatchMode=yes" % (ssh, cfg), hint[0])
+        self.assertTrue(hint[0].endswith(" u@h1 true"), hint[0])
+
+
 class CommandTooLongForExec(FakeSshCase):
     def test_e2big_names_the_host_and_what_to_shorten(self):
         # Under the one-argument limit the launcher checks up front, over the whole exec's: with a

@@ -144,6 +144,10 @@ inline constexpr std::size_t kMaxRemoteCommand = 32 * 4096 - 1;
 // with what makes it long and what to do. Pure; run_fanout calls it before contacting any host.
 void check_remote_commands(const FanoutPlan& plan, const std::string& rdzv_endpoint, const std::string& run_id);
 
+// The command that tries a batch-mode login to `host` the way the launcher connects (its ssh
+// client and every option it passes: -F, -p, -o), running `true`; for messages. Pure.
+std::string ssh_check_command(const FanoutPlan& plan, const FanoutHost& host);
+
 // The remote agent's ready line (agent/remote_protocol.hpp).
 using agent::kRemoteAgentReadyLine;
 
