@@ -108,7 +108,10 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   const auto counts = resolve_nproc(selected, nproc_number);
 
   FanoutPlan plan;
+  // Checked here as a single-node run checks it, so a typo fails before any ssh; each host's
+  // agent checks the entries against its own devices.
   const auto global_gpus = p.given("gpus");
+  const std::string gpus_list = global_gpus ? parse_gpus_value(global_gpus->text, global_gpus->what) : "";
   for (std::size_t i = 0; i < selected.size(); ++i) {
     FanoutHost h;
     h.user = selected[i].user;
@@ -120,7 +123,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
       for (int d : *selected[i].slot_indices) list += (list.empty() ? "" : ",") + std::to_string(d);
       h.gpus = list;
     } else if (global_gpus) {
-      h.gpus = std::string(trim(global_gpus->text));
+      h.gpus = gpus_list;
     }
     h.index = plan.hosts.size();
     plan.hosts.push_back(std::move(h));

@@ -323,7 +323,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     const auto gpus = p.given("gpus");
     const bool isolation = p.flag("gpu-isolation");
     const bool sharing = p.flag("gpu-sharing");
-    if (gpus) parse_non_empty(gpus->text, gpus->what, "give device ordinals or UUIDs, e.g. 0,1");
+    if (gpus) parse_gpus_value(gpus->text, gpus->what);
     const bool wants_gpus = gpus.has_value() || isolation || cfg.virtual_local_rank;
     if (wants_gpus) probed();
     const bool have_gpus = inventory && !inventory->devices.empty();

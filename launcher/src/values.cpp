@@ -560,6 +560,12 @@ std::string parse_non_empty(std::string_view text, std::string_view what, std::s
   return std::string(t);
 }
 
+std::string parse_gpus_value(std::string_view text, std::string_view what) {
+  std::string list = parse_non_empty(text, what, "give device ordinals or UUIDs, e.g. 0,1");
+  worker_env::check_gpus_list(list);
+  return list;
+}
+
 std::string random_uuid4() {
   std::array<unsigned char, 16> b{};
   // getrandom: one system call, where std::random_device plus seeding a Mersenne Twister cost a

@@ -230,6 +230,24 @@ TEST_CASE("plan_gpus without NVML trusts the parent's CUDA_VISIBLE_DEVICES", "[g
   CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "7");
 }
 
+TEST_CASE("check_gpus_list: what any node can check without its devices, plan_gpus first of all", "[gpus][plan]") {
+  for (const char* good : {"0", " 0 , 3 ", "GPU-8f2a,gpu-11c0", "MIG-x,1"}) {
+    CAPTURE(good);
+    CHECK_NOTHROW(check_gpus_list(good));
+  }
+  CHECK_THROWS_WITH(check_gpus_list(" "), Catch::Contains("--gpus is empty"));
+  CHECK_THROWS_WITH(check_gpus_list("x,y"), Catch::Contains("--gpus: 'x' is not a device ordinal or UUID"));
+  CHECK_THROWS_WITH(check_gpus_list("0,-1"), Catch::Contains("'-1' is not"));
+  CHECK_THROWS_WITH(check_gpus_list("0,,1"), Catch::Contains("'' is not"));
+  CHECK_THROWS_WITH(check_gpus_list("GPU-"), Catch::Contains("'GPU-' is not"));
+  CHECK_THROWS_WITH(check_gpus_list("2,02"), Catch::Contains("--gpus names device 02 twice"));
+  CHECK_THROWS_WITH(check_gpus_list("GPU-8f2a,gpu-8F2A"), Catch::Contains("names device gpu-8F2A twice"));
+  // Without NVML plan_gpus takes the entries on trust, but not a device named twice.
+  GpuRequest r;
+  r.gpus = "0,0";
+  CHECK_THROWS_WITH(plan_gpus(r), Catch::Contains("--gpus names device 0 twice"));
+}
+
 TEST_CASE("nvidia_gpu_visible: CUDA_VISIBLE_DEVICES first, then the driver's device nodes", "[gpus]") {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("ddprun-gpu-visible-" + std::to_string(::getpid()));

@@ -123,6 +123,26 @@ TEST_CASE("fan-out flags without a host list are errors") {
   CHECK_THROWS_WITH(sb.parse({"--ssh-option", "Port=2", "train.py"}), Contains("--ssh-option needs"));
 }
 
+TEST_CASE("--gpus is checked as a single-node run checks it, before any host is contacted") {
+  FanoutSandbox sb;
+  for (const std::string bad : {"x,y", "-1", "0,,1", "0,0", "GPU-", "1.5"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(sb.parse({"--hosts", "h0,h1", "--gpus", bad, "--dry-run", "train.py"}), UsageError);
+    // The same words from a single-node run.
+    CHECK_THROWS_AS(sb.parse({"--gpus", bad, "--dry-run", "train.py"}), UsageError);
+  }
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--gpus", "x,y", "train.py"}),
+                    Contains("--gpus: 'x' is not a device ordinal or UUID"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--gpus", "", "train.py"}), Contains("--gpus is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--gpus", "1,01", "train.py"}), Contains("names device 01 twice"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "train.py"}, {{"PET_GPUS", "0,x"}}), Contains("'x' is not a device"));
+  // Entries are checked against the devices on each host, by its agent: any ordinal or UUID passes here.
+  const auto o = sb.parse({"--hosts", "h0,h1", "--gpus", " 7, GPU-8f2a ,MIG-1 ", "train.py"});
+  REQUIRE(o.fanout);
+  CHECK(o.fanout->hosts[0].gpus == "7, GPU-8f2a ,MIG-1");
+  CHECK(o.fanout->hosts[1].gpus == "7, GPU-8f2a ,MIG-1");
+}
+
 TEST_CASE("a launcher without ssh on PATH says to install the OpenSSH client") {
   Sandbox sb;  // bin/ holds no ssh
   try {

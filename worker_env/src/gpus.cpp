@@ -153,6 +153,27 @@ GpuMode parse_gpu_mode(std::string_view text, std::string_view what) {
                    "use shared (all workers see all selected GPUs), isolate (one GPU per worker) or virtual");
 }
 
+void check_gpus_list(std::string_view text) {
+  const std::string list(trim(text));
+  if (list.empty()) {
+    throw UsageError("--gpus is empty", "list device ordinals or UUIDs, e.g. --gpus 0,1 or --gpus GPU-8f2a");
+  }
+  std::set<std::string> seen;  // "0" and "00" are one ordinal; UUIDs compare without case
+  for (const auto& raw : split(list, ',')) {
+    const std::string e(trim(raw));
+    std::string key;
+    if (const auto v = all_digits(e) ? parse_int(e) : std::nullopt) {
+      key = std::to_string(*v);
+    } else if (e.size() > 4 && (starts_with(lower(e), "gpu-") || starts_with(e, "MIG-"))) {
+      key = lower(e);
+    } else {
+      throw UsageError("--gpus: '" + e + "' is not a device ordinal or UUID",
+                       "use e.g. --gpus 0,2 or --gpus GPU-8f2a,GPU-11c0");
+    }
+    if (!seen.insert(key).second) throw UsageError("--gpus names device " + e + " twice", "list each GPU once");
+  }
+}
+
 GpuPlan plan_gpus(const GpuRequest& r) {
   if (r.nproc <= 0) throw UsageError("--nproc-per-node=" + std::to_string(r.nproc) + " must be > 0");
   const auto visible = visible_devices(r.parent_cvd, r.inventory);
@@ -168,10 +189,8 @@ GpuPlan plan_gpus(const GpuRequest& r) {
   bool restricted = false;
   if (r.gpus) {
     restricted = true;
+    check_gpus_list(*r.gpus);
     const std::string list(trim(*r.gpus));
-    if (list.empty()) {
-      throw UsageError("--gpus is empty", "list device ordinals or UUIDs, e.g. --gpus 0,1 or --gpus GPU-8f2a");
-    }
     std::set<std::size_t> used;
     for (const auto& raw : split(list, ',')) {
       const std::string e(trim(raw));

@@ -138,6 +138,10 @@ std::uint16_t parse_port_value(std::string_view text, std::string_view what, int
 // The trimmed text; empty is an error whose hint is `hint` (--role, --rdzv-id, --log-dir, --gpus).
 std::string parse_non_empty(std::string_view text, std::string_view what, std::string_view hint);
 
+// --gpus as any node can check it without its devices (worker_env::check_gpus_list): the
+// trimmed list; empty names `what`. Each node checks the entries against its devices later.
+std::string parse_gpus_value(std::string_view text, std::string_view what);
+
 // A random version-4 UUID in the canonical 8-4-4-4-12 lowercase hex form (--standalone run id).
 std::string random_uuid4();
 

@@ -116,6 +116,12 @@ struct GpuPlan {
   std::string summary;                       // one line: what was selected and from where
 };
 
+// What a node can check of a --gpus list without its devices: not empty; every entry an
+// ordinal (0, 1, ...), GPU-<UUID or prefix> or MIG-<...>; no entry twice. Throws UsageError
+// naming --gpus. plan_gpus starts with it; the fan-out launcher applies it before contacting
+// any host, whose agent then checks the entries against its devices.
+void check_gpus_list(std::string_view text);
+
 // The GPU part of every worker's environment. Pure. Throws UsageError naming --gpus,
 // --nproc-per-node or CUDA_VISIBLE_DEVICES: an unknown/ambiguous/out-of-range/duplicate --gpus
 // entry, --gpus with an empty selection, isolation (or --gpus) with more workers than devices
