@@ -300,11 +300,17 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
 
 std::vector<std::string> program_words(const std::vector<std::string>& remaining, const std::string& usage) {
   std::vector<std::string> rest = remaining;
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  const bool options_ended = !rest.empty() && rest.front() == "--";
+  if (options_ended) rest.erase(rest.begin());
   if (rest.empty()) throw UsageError("no training program given", usage);
-  if (remaining.front() != "--" && rest.front().size() > 1 && rest.front().front() == '-') {
+  if (!options_ended && rest.front().size() > 1 && rest.front().front() == '-') {
     throw UsageError("unknown option " + rest.front(), "run 'ddprun --help' for the accepted options");
   }
+  // argparse drops the first "--" of a command line wherever it stands, and torchrun's program
+  // is a positional: so a "--" right after the program (`train.py -- --lr 0.1`) is dropped, as
+  // with torchrun 1.13 and 2.6 (Python 3.11 and 3.13 agree). Once a "--" came before the
+  // program, or another word after it, every later "--" is the program's.
+  if (!options_ended && rest.size() > 1 && rest[1] == "--") rest.erase(rest.begin() + 1);
   return rest;
 }
 

@@ -77,8 +77,9 @@ class ParsedFlags {
 // line only (up to the program or "--").
 std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args);
 
-// The program part of the command line (`remaining` as CLI11 left it): a leading "--" dropped;
-// throws when it is empty or starts with an unknown option. `usage` is the hint for "no program".
+// The program part of the command line (`remaining` as CLI11 left it), with the "--" argparse
+// drops: a leading one, else one right after the program; throws when it is empty or starts
+// with an unknown option. `usage` is the hint for "no program".
 std::vector<std::string> program_words(const std::vector<std::string>& remaining, const std::string& usage);
 
 // This node's agent (no host list). Fills out.config and out.notes.

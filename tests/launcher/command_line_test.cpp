@@ -455,6 +455,19 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   // "--" ends ddprun's options explicitly.
   CHECK(sb.parse({"--nproc-per-node", "2", "--", "train.py", "x"}).config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "x"});
+  // argparse drops the first "--" of the line: right after the program too (torchrun
+  // `train.py -- --lr 0.1` gives the script ['--lr', '0.1']), and no later one.
+  const std::string py = sb.path("bin/python3");
+  const auto after = sb.parse({"train.py", "--", "--lr", "0.1"});
+  CHECK(after.config.worker_argv == Strings{py, "-u", "train.py", "--lr", "0.1"});
+  CHECK(after.config.user_args_index == 3);
+  CHECK(sb.parse({"train.py", "--"}).config.worker_argv == Strings{py, "-u", "train.py"});
+  CHECK(sb.parse({"train.py", "--", "--"}).config.worker_argv == Strings{py, "-u", "train.py", "--"});
+  CHECK(sb.parse({"train.py", "a", "--", "b"}).config.worker_argv == Strings{py, "-u", "train.py", "a", "--", "b"});
+  CHECK(sb.parse({"--", "train.py", "--", "b"}).config.worker_argv == Strings{py, "-u", "train.py", "--", "b"});
+  CHECK(sb.parse({"-m", "pkg.train", "--", "--lr=3"}).config.worker_argv ==
+        Strings{py, "-u", "-m", "pkg.train", "--lr=3"});
+  CHECK(sb.parse({"--no-python", "tool", "--", "-x"}).config.worker_argv == Strings{sb.path("bin/tool"), "-x"});
   // Arguments with spaces and empty arguments survive.
   CHECK(sb.parse({"train.py", "a b", ""}).config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "a b", ""});

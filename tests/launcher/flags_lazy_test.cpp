@@ -3,8 +3,8 @@
 // in every spelling, values that look like options, missing values, help, unknown options,
 // program words that look like ddprun flags, PET_* variables for flags that are not on the
 // command line — that reading and CLI11's with every flag defined must agree: the same error or
-// help, the same program words, and the same answer from every ParsedFlags query the resolvers
-// make.
+// help, the same words left for the program (also after program_words drops the "--" argparse
+// drops), and the same answer from every ParsedFlags query the resolvers make.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -26,6 +26,7 @@ struct Outcome {
   std::string error;
   bool help = false;
   Args remaining;
+  Args program;  // program_words(remaining), or its error
   Args answers;
 };
 
@@ -52,6 +53,11 @@ Outcome parse(const Args& args, const launcher::ParseContext& ctx, bool lazy) {
     return o;
   }
   o.remaining = p.remaining();
+  try {
+    o.program = detail::program_words(o.remaining, "usage");
+  } catch (const ddprun::Error& e) {
+    o.program = {"error", e.what()};
+  }
   for (const auto& spec : launcher::launcher_flags()) {
     const std::string dash(spec.dash);
     try {
@@ -106,6 +112,14 @@ std::vector<Args> corpus() {
       {"--rdzv-id", "%%", "--rdzv-id=[x]", "prog", "{}"},
       {"--env", "{}", "--env", "%%", "--env=[a,b]", "--ssh-option", "{}", "prog"},
       {"--nnodes", "", "prog"},
+      // The "--" argparse drops (right after the program) and the ones it keeps.
+      {"prog", "--", "--lr", "0.1"},
+      {"prog", "--"},
+      {"prog", "a", "--", "b"},
+      {"--", "prog", "--", "b"},
+      {"--nnodes", "2", "prog", "--", "--", "x"},
+      {"-m", "pkg.mod", "--", "--nnodes", "3"},
+      {"--no-python", "--", "--", "x"},
   };
   for (const auto& spec : launcher::launcher_flags()) {
     const std::string dash = "--" + std::string(spec.dash);
@@ -146,6 +160,7 @@ TEST_CASE("the common command line is read without CLI11 as CLI11 reads it", "[c
     CHECK(lazy.error == full.error);
     CHECK(lazy.help == full.help);
     CHECK(lazy.remaining == full.remaining);
+    CHECK(lazy.program == full.program);
     CHECK(lazy.answers == full.answers);
     CHECK(full.cli11);
     if (!lazy.cli11) ++lazy_parses;

@@ -388,5 +388,20 @@ class PeerFlags(Base):
         self.ok(run(["--prefix-output", "--no-python", "/bin/true"]))
 
 
+class Forms(Base):
+    ARGV = "import os, sys; print('argv', sys.argv[1:], os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n"
+
+    def test_double_dash_after_the_script_is_dropped(self):
+        script = self.p("t.py")
+        with open(script, "w") as f:
+            f.write(self.ARGV)
+        for words, expected in ((["t.py", "--", "--lr", "0.1"], ['--lr', '0.1']),
+                                (["t.py", "a", "--", "b"], ['a', '--', 'b']),
+                                (["--", "t.py", "--", "b"], ['--', 'b'])):
+            r = run(words, cwd=self.dir)
+            self.ok(r)
+            self.assertIn("argv %r" % (expected,), r.stdout)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
