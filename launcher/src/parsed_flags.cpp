@@ -85,6 +85,38 @@ const PeerFlag* peer_flag(const std::string& name) {
   return nullptr;
 }
 
+// torchrun's long options in torch 1.13's run.py (spelled there with underscores only; ddprun
+// reads either spelling everywhere), and those torch 2.6's adds.
+constexpr std::string_view kTorchrun113Flags[] = {
+    "help",       "nnodes",       "nproc-per-node",   "rdzv-backend", "rdzv-endpoint", "rdzv-id",     "rdzv-conf",
+    "standalone", "max-restarts", "monitor-interval", "start-method", "role",          "module",      "no-python",
+    "run-path",   "log-dir",      "redirects",        "tee",          "node-rank",     "master-addr", "master-port"};
+constexpr std::string_view kTorchrun26Flags[] = {"local-addr", "local-ranks-filter", "logs-specs"};
+
+// The torchrun flag that `prefix` abbreviates for argparse, in torch 1.13 or else in 2.6 (a
+// prefix unique among 2.6's flags is unique among 1.13's, which are a subset, or matches none of
+// them: the two never disagree); "" when neither reads it as exactly one flag. A torchrun
+// command line must mean the same under ddprun, so such a prefix wins over ddprun-only flags
+// that share it (`--node 1` is --node-rank, whatever --node-* flags ddprun adds).
+std::string_view torchrun_abbreviation(std::string_view prefix) {
+  for (const bool with_2_6 : {false, true}) {
+    std::string_view found;
+    int matches = 0;
+    auto count = [&](std::string_view flag) {
+      if (starts_with(flag, prefix) || starts_with(underscore_spelling(flag), prefix)) {
+        ++matches;
+        found = flag;
+      }
+    };
+    for (const auto flag : kTorchrun113Flags) count(flag);
+    if (with_2_6) {
+      for (const auto flag : kTorchrun26Flags) count(flag);
+    }
+    if (matches == 1) return found;
+  }
+  return {};
+}
+
 }  // namespace
 
 ParsedFlags::ParsedFlags(const ParseContext& context) : context_(context) {}
@@ -279,8 +311,22 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
         }
       }
     }
-    if (!exact && prefixed.size() > 1) {
-      throw UsageError("ambiguous option --" + name + " could match " + candidates, "spell the option out");
+    if (!exact && !name.empty() && prefixed.size() != 1) {
+      // Ambiguous among ddprun's flags (or, for --help, matching none of them): what torchrun
+      // makes of it decides, else it stays ambiguous.
+      const std::string_view meant = torchrun_abbreviation(name);
+      if (meant == "help") {  // CLI11's own, not in launcher_flags()
+        out[i] = "--help" + (eq == std::string::npos ? std::string() : arg.substr(eq));
+        continue;
+      }
+      if (!meant.empty()) {
+        const FlagSpec* spec = find_launcher_flag(meant);
+        if (spec == nullptr) throw std::logic_error("torchrun's --" + std::string(meant) + " is not a ddprun flag");
+        prefixed = {spec};
+        first_spelling = std::string(meant);
+      } else if (!prefixed.empty()) {
+        throw UsageError("ambiguous option --" + name + " could match " + candidates, "spell the option out");
+      }
     }
     if (!exact && !prefixed.empty()) {
       if (const PeerFlag* peer = peer_flag(name)) {

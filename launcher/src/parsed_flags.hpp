@@ -74,7 +74,9 @@ class ParsedFlags {
 
 // argparse (and so torchrun) accepts unambiguous abbreviations of long options: --nproc 4 is
 // --nproc_per_node 4. CLI11 does not, so they are expanded here, in ddprun's part of the command
-// line only (up to the program or "--").
+// line only (up to the program or "--"). A prefix that torch 1.13's or 2.6's torchrun reads as
+// exactly one of its flags means that flag even where ddprun-only flags share the prefix
+// (--node, --log, --re, --h); other prefixes must match exactly one ddprun flag.
 std::vector<std::string> expand_abbreviations(const std::vector<std::string>& args);
 
 // The program part of the command line (`remaining` as CLI11 left it), with the "--" argparse

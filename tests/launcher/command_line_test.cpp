@@ -636,6 +636,31 @@ TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   CHECK(s.config.tee == std::map<int, Streams>{{0, Streams::out}});
 }
 
+TEST_CASE("a prefix torchrun reads as one of its flags means that flag, whatever ddprun-only flags share it") {
+  Sandbox sb;
+  // torch 1.13 and 2.6: --node_rank (ddprun also has --node-label and --node-order).
+  CHECK(sb.parse({"--nnodes", "2", "--node", "1", "train.py"}).config.node_rank == 1);
+  CHECK(sb.parse({"--nnodes=2", "--node=1", "train.py"}).config.node_rank == 1);
+  // torch 1.13: --log_dir (2.6 adds --logs-specs; ddprun --log-level and
+  // --log-line-prefix-template); --lo likewise.
+  CHECK(sb.parse({"--log", "logs", "train.py"}).config.log_dir == sb.dir() / "logs");
+  CHECK(sb.parse({"--lo=logs", "train.py"}).config.log_dir == sb.dir() / "logs");
+  // --redirects (ddprun: --remote-ddprun, --remote-cwd).
+  CHECK(sb.parse({"--re", "3", "train.py"}).config.redirects_all == Streams::both);
+  // torch 2.6: --local-ranks-filter (ddprun: --local-rank-arg), either spelling.
+  CHECK(sb.parse({"--local-r", "0", "train.py"}).config.local_ranks_filter == std::set<int>{0});
+  CHECK(sb.parse({"--local_r=1", "train.py"}).config.local_ranks_filter == std::set<int>{1});
+  // --help (ddprun: --hang-timeout, --hostfile, --hosts).
+  CHECK(sb.parse({"--h"}).command == CommandKind::help);
+  CHECK(sb.parse({"--he", "train.py"}).command == CommandKind::help);
+  // Ambiguous for torchrun too, or only among ddprun's flags: still an error.
+  CHECK_THROWS_WITH(sb.parse({"--local", "x", "train.py"}),
+                    Contains("ambiguous option --local") && Contains("--local-addr"));
+  CHECK_THROWS_WITH(sb.parse({"--no", "train.py"}), Contains("ambiguous option --no"));
+  CHECK_THROWS_WITH(sb.parse({"--nc", "1", "train.py"}), Contains("ambiguous option --nc"));
+  CHECK_THROWS_WITH(sb.parse({"--ho", "a", "train.py"}), Contains("ambiguous option --ho"));
+}
+
 TEST_CASE("a peer tool's option is never taken as an abbreviation of another ddprun flag") {
   Sandbox sb;
   // DeepSpeed's --launcher pdsh used to become --launcher-addr pdsh.

@@ -37,6 +37,7 @@ Outcome parse(const Args& args, const launcher::ParseContext& ctx, bool lazy) {
   try {
     expanded = detail::expand_abbreviations(args);
   } catch (const ddprun::Error& e) {
+    o.cli11 = true;  // refused before either reading (the expansion is common to both): nothing to count
     o.error = e.what();
     return o;
   }
@@ -120,6 +121,15 @@ std::vector<Args> corpus() {
       {"--nnodes", "2", "prog", "--", "--", "x"},
       {"-m", "pkg.mod", "--", "--nnodes", "3"},
       {"--no-python", "--", "--", "x"},
+      // Prefixes torchrun reads as one of its flags, shared with ddprun-only flags.
+      {"--node", "1", "--nnodes", "2", "prog"},
+      {"--log=/x", "prog"},
+      {"--re", "3", "prog"},
+      {"--local-r", "0", "--local_r=1", "prog"},
+      {"--h"},
+      {"--he", "prog"},
+      {"--local", "x", "prog"},
+      {"--nc", "1", "prog"},
   };
   for (const auto& spec : launcher::launcher_flags()) {
     const std::string dash = "--" + std::string(spec.dash);
