@@ -243,15 +243,19 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
 
   apply_slurm(p, ctx, out);
 
-  if (auto g = p.given("node-rank")) cfg.node_rank = parse_int_value(g->text, g->what, 0, 1'000'000);
+  if (auto g = p.given("node-rank")) {
+    const int rank = parse_int_value(g->text, g->what, 0, 1'000'000);
+    if (!cfg.standalone) {
+      cfg.node_rank = rank;
+    } else if (rank != 0) {
+      // As torchrun: --standalone is a c10d rendezvous, which ranks the nodes itself.
+      out.notes.push_back("--standalone: ignoring " + g->what + "=" + g->text + " (a single-node job is node 0)");
+    }
+  }
   if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {
     throw UsageError(
         "--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" + std::to_string(cfg.max_nodes),
         "node ranks run from 0 to nnodes-1 with the static backend");
-  }
-  if (cfg.standalone && cfg.node_rank != 0) {
-    throw UsageError("--node-rank " + std::to_string(cfg.node_rank) + " is out of range for a single-node job",
-                     "use --node-rank 0 with --nnodes 1");
   }
   if (auto g = p.given("master-addr")) cfg.master_addr = parse_host(g->text, g->what);
   if (!cfg.standalone) {

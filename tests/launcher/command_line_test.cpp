@@ -551,6 +551,13 @@ TEST_CASE("--standalone overrides the rendezvous settings") {
   CHECK(a.config.run_id != b.config.run_id);
   // A bad rdzv value is ignored rather than rejected, as torchrun ignores it.
   CHECK_NOTHROW(sb.parse({"--standalone", "--rdzv-backend", "etcd", "train.py"}));
+  // So is the node rank (torchrun's --standalone is c10d, which ranks the nodes itself).
+  const auto ranked = sb.parse({"--standalone", "--node-rank", "1", "train.py"});
+  CHECK(ranked.config.node_rank == 0);
+  CHECK(has_note(ranked, "--standalone: ignoring --node-rank=1"));
+  CHECK(sb.parse({"--standalone", "train.py"}, {{"PET_NODE_RANK", "3"}}).config.node_rank == 0);
+  CHECK(sb.parse({"--standalone", "train.py"}, {{"PET_NODE_RANK", "0"}}).notes.empty());
+  CHECK_THROWS_WITH(sb.parse({"--standalone", "--node-rank", "x", "train.py"}), Contains("--node-rank=x"));
 }
 
 TEST_CASE("shutdown timeout: flag, PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s") {
