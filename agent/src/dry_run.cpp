@@ -5,6 +5,7 @@
 
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/agent/diagnosis.hpp"
+#include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/job_dir.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/process.hpp"
@@ -68,8 +69,12 @@ void print_dry_run(const AgentConfig& given, std::ostream& out) {
     out << "gpus: " << config.gpu_summary << '\n';
   }
   if (multi_node) {
-    out << "elastic job '" << config.run_id << "': rendezvous at " << config.rdzv_endpoint << ", nnodes "
-        << config.min_nodes << ":" << config.max_nodes
+    // Where the agent will meet the others: for the static backend master_addr:master_port (the
+    // launcher folds --rdzv-endpoint into them), which rendezvous_endpoint() reads.
+    const bool fixed = is_static_multi_node(config);
+    out << (fixed ? "static job '" : "elastic job '") << config.run_id << "': rendezvous at "
+        << (fixed ? rendezvous_endpoint(config).to_string() : config.rdzv_endpoint) << ", nnodes " << config.min_nodes
+        << ":" << config.max_nodes
         << "; RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT below are placeholders assigned per round\n";
   }
   for (int r = 0; r < config.nproc_per_node; ++r) {

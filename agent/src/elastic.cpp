@@ -60,6 +60,8 @@ Endpoint rendezvous_endpoint(const AgentConfig& config) { return rendezvous_endp
 
 std::vector<Endpoint> rendezvous_endpoints(const AgentConfig& config) {
   if (is_static_multi_node(config)) {
+    // A static --rdzv-endpoint is already here: the launcher folds it into master_addr and
+    // master_port (torchrun's rule), so the dry run, the host and the joiners read one value.
     if (config.master_port == 0) {
       throw UsageError("a static multi-node job needs a fixed --master-port (got 0)",
                        "pass the same --master-addr and --master-port on every node (node rank 0 serves there)");

@@ -140,6 +140,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
 
   // Rendezvous.
   std::string endpoint_what = "--rdzv-endpoint";
+  std::optional<Endpoint> static_endpoint;  // --rdzv-endpoint with the static backend
   cfg.standalone = p.flag("standalone");
   if (cfg.standalone) {
     std::vector<std::string> ignored;
@@ -185,6 +186,14 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
         }
         cfg.rdzv_endpoint = endpoint_list_text(list);
         const Endpoint& e = list.front();
+        if (cfg.rdzv_backend == "static") {
+          // torchrun's static backend refuses an endpoint without a port ("Port is absent").
+          if (parse_endpoint(g->text, 1, g->what).port != e.port) {
+            throw UsageError(g->what + "=" + g->text + ": the static backend needs a port",
+                             "give HOST:PORT (node rank 0 serves there), or --master-addr and --master-port");
+          }
+          static_endpoint = e;
+        }
         if (e.port == 0 && cfg.rdzv_backend == "c10d" && cfg.max_nodes > 1) {
           throw UsageError(g->what + "=" + g->text +
                                ": port 0 hosts the rendezvous on a free port of this machine, "
@@ -261,9 +270,26 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   if (!cfg.standalone) {
     if (auto g = p.given("master-port")) cfg.master_port = parse_port_value(g->text, g->what, 0);
   }
+  if (static_endpoint) {
+    // torchrun (run.py get_rdzv_endpoint): the static backend serves and joins at the endpoint
+    // when one is given, else at master_addr:master_port; the workers' MASTER_ADDR/PORT follow.
+    // The agent reads only master_addr/master_port, so the endpoint is folded in here, once.
+    std::string ignored;
+    for (std::string_view f : {"master-addr", "master-port"}) {
+      if (auto g = p.given(f)) ignored += (ignored.empty() ? "" : ", ") + g->what + "=" + g->text;
+    }
+    if (!ignored.empty()) {
+      out.notes.push_back(endpoint_what + " " + static_endpoint->to_string() +
+                          " is where the static backend meets, as in torchrun: ignoring " + ignored);
+    }
+    cfg.master_addr = static_endpoint->host;
+    cfg.master_port = static_endpoint->port;
+  }
   if (!cfg.standalone && cfg.rdzv_backend == "static" && cfg.max_nodes > 1 && cfg.master_port == 0) {
-    throw UsageError("a static multi-node job needs a fixed --master-port (got 0)",
-                     "pass the same --master-addr and --master-port on every node (node rank 0 serves there)");
+    const std::string from = static_endpoint ? endpoint_what : std::string("--master-port");
+    throw UsageError("a static multi-node job needs a fixed port (got 0 from " + from + ")",
+                     "pass the same --master-addr and --master-port (or --rdzv-endpoint HOST:PORT) on every node "
+                     "(node rank 0 serves there)");
   }
   if (auto g = p.given("local-addr")) cfg.local_addr = parse_host(g->text, g->what);
   if (auto g = p.given("metrics-port")) cfg.metrics_port = parse_port_value(g->text, g->what, 0);

@@ -99,9 +99,19 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
        "c10d",
        [](auto& o, auto&) { return o.config.rdzv_backend == "c10d"; },
        {"--rdzv-endpoint", "h:1"}},
-      {"rdzv-endpoint", "node1:1234", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:1234"; }},
-      {"rdzv-endpoint", "node1", [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:29400"; }},
-      {"rdzv-endpoint", "[::1]:7", [](auto& o, auto&) { return o.config.rdzv_endpoint == "[::1]:7"; }},
+      {"rdzv-endpoint", "node1:1234",
+       [](auto& o, auto&) {
+         return o.config.rdzv_endpoint == "node1:1234" && o.config.master_addr == "node1" &&
+                o.config.master_port == 1234;
+       }},
+      {"rdzv-endpoint",
+       "node1",
+       [](auto& o, auto&) { return o.config.rdzv_endpoint == "node1:29400"; },
+       {"--rdzv-backend", "c10d"}},
+      {"rdzv-endpoint", "[::1]:7",
+       [](auto& o, auto&) {
+         return o.config.rdzv_endpoint == "[::1]:7" && o.config.master_addr == "::1" && o.config.master_port == 7;
+       }},
       {"rdzv-endpoint",
        "r1:5, r2,[::1]:7",
        [](auto& o, auto&) { return o.config.rdzv_endpoint == "r1:5,r2:29400,[::1]:7"; },
@@ -558,6 +568,36 @@ TEST_CASE("--standalone overrides the rendezvous settings") {
   CHECK(sb.parse({"--standalone", "train.py"}, {{"PET_NODE_RANK", "3"}}).config.node_rank == 0);
   CHECK(sb.parse({"--standalone", "train.py"}, {{"PET_NODE_RANK", "0"}}).notes.empty());
   CHECK_THROWS_WITH(sb.parse({"--standalone", "--node-rank", "x", "train.py"}), Contains("--node-rank=x"));
+}
+
+TEST_CASE("the static backend meets at --rdzv-endpoint when one is given, as torchrun") {
+  Sandbox sb;
+  // One node: the agent's store (MASTER_ADDR/MASTER_PORT of the workers) is there.
+  const auto one = sb.parse({"--rdzv-endpoint", "127.0.0.1:29601", "train.py"});
+  CHECK(one.config.master_addr == "127.0.0.1");
+  CHECK(one.config.master_port == 29601);
+  CHECK(one.notes.empty());
+  CHECK(sb.parse({"train.py"}, {{"PET_RDZV_ENDPOINT", "h:9"}}).config.master_port == 9);
+  // Several nodes: node rank 0 serves there and the others join there.
+  const auto two = sb.parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.3:29711", "train.py"});
+  CHECK(two.config.master_addr == "127.0.0.3");
+  CHECK(two.config.master_port == 29711);
+  // With --master-addr/--master-port too, the endpoint wins (torchrun's get_rdzv_endpoint).
+  const auto both =
+      sb.parse({"--master-addr", "10.0.0.1", "--master-port", "5", "--rdzv-endpoint", "10.0.0.2:6", "train.py"});
+  CHECK(both.config.master_addr == "10.0.0.2");
+  CHECK(both.config.master_port == 6);
+  CHECK(has_note(both, "ignoring --master-addr=10.0.0.1, --master-port=5"));
+  // torchrun refuses a static endpoint without a port; port 0 is a free port, for one node only.
+  CHECK_THROWS_WITH(sb.parse({"--rdzv-endpoint", "node1", "train.py"}),
+                    Contains("--rdzv-endpoint=node1: the static backend needs a port"));
+  CHECK(sb.parse({"--rdzv-endpoint", "127.0.0.1:0", "train.py"}).config.master_port == 0);
+  CHECK_THROWS_WITH(sb.parse({"--nnodes", "2", "--rdzv-endpoint", "h:0", "train.py"}),
+                    Contains("got 0 from --rdzv-endpoint"));
+  // The other backends keep the master address and port apart from the endpoint.
+  const auto c10d = sb.parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "train.py"});
+  CHECK(c10d.config.master_addr == "127.0.0.1");
+  CHECK(c10d.config.master_port == 29500);
 }
 
 TEST_CASE("shutdown timeout: flag, PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s") {

@@ -112,8 +112,13 @@ class PortZero(Base):
                     p.wait()
         self.assertEqual(sum(o.count("port=") for o in outs), 4)
 
-    def test_static_single_node_ignores_port_zero(self):
-        self.ok(run(["--rdzv-endpoint=localhost:0", "--nproc-per-node=2", "--no-python", "/bin/true"]))
+    def test_static_single_node_port_zero_is_a_free_port(self):
+        # The static backend meets at the endpoint (torchrun's rule): port 0 is a free port there.
+        r = run(["--rdzv-endpoint=localhost:0", "--nproc-per-node=2", "--no-python", "/bin/sh", "-c",
+                 'echo "port=$MASTER_PORT"'])
+        self.ok(r)
+        self.assertEqual(r.stdout.count("port="), 2)
+        self.assertNotIn("port=0\n", r.stdout)
 
     def test_port_zero_with_several_nodes_is_refused(self):
         r = run(["--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=localhost:0", "--no-python", "/bin/true"])
@@ -390,6 +395,40 @@ class PeerFlags(Base):
 
 class Forms(Base):
     ARGV = "import os, sys; print('argv', sys.argv[1:], os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n"
+
+    def test_static_endpoint_is_where_a_single_node_job_serves(self):
+        port = free_port()
+        r = run(["--rdzv-endpoint", "127.0.0.1:%d" % port, "--no-python", "/bin/sh", "-c",
+                 'echo "at=$MASTER_ADDR:$MASTER_PORT"'])
+        self.ok(r)
+        self.assertIn("at=127.0.0.1:%d\n" % port, r.stdout)
+
+    def test_static_endpoint_is_where_two_nodes_meet(self):
+        # Node 0 is also given --master-port (the endpoint wins, as in torchrun); node 1 only the
+        # endpoint. The dry run names the same place.
+        port, other = free_port(), free_port()
+        common = ["--nnodes=2", "--rdzv-endpoint=127.0.0.1:%d" % port, "--rdzv-conf=join_timeout=30,read_timeout=30"]
+        dry = run(common + ["--node-rank=1", "--dry-run", "--no-python", "/bin/true"])
+        self.ok(dry)
+        self.assertIn("rendezvous at 127.0.0.1:%d," % port, dry.stdout)
+        e = dict(os.environ, PYTHON_EXEC=PYTHON)
+        prog = ["--no-python", "/bin/sh", "-c", 'echo "rank=$RANK world=$WORLD_SIZE"']
+        nodes = [subprocess.Popen([DDPRUN] + common + ["--node-rank=0", "--master-port=%d" % other] + prog,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e),
+                 subprocess.Popen([DDPRUN] + common + ["--node-rank=1"] + prog,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)]
+        try:
+            outs = [p.communicate(timeout=60) for p in nodes]
+        finally:
+            for p in nodes:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        for p, (out, err) in zip(nodes, outs):
+            self.assertEqual(p.returncode, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        self.assertIn("rank=0 world=2", outs[0][0])
+        self.assertIn("rank=1 world=2", outs[1][0])
+        self.assertIn("ignoring --master-port=%d" % other, outs[0][1])
 
     def test_double_dash_after_the_script_is_dropped(self):
         script = self.p("t.py")
