@@ -29,6 +29,8 @@ const char* describe_route(Route route) {
       return "file and console (prefixed)";
     case Route::prefixed:
       return "console (prefixed)";
+    case Route::discard:
+      return "nowhere (--log-dir /dev/null)";
   }
   return "?";
 }

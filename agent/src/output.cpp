@@ -48,8 +48,15 @@ RankRoutes plan_routes(const AgentConfig& config, int local_rank, std::optional<
     on_console = on_console && rank && config.ranks_filter->count(*rank) != 0;
   }
   const bool prefixed = config.prefix_console;
-  return {route_for(tee, redirects, on_console, prefixed, Streams::out),
-          route_for(tee, redirects, on_console, prefixed, Streams::err)};
+  RankRoutes routes{route_for(tee, redirects, on_console, prefixed, Streams::out),
+                    route_for(tee, redirects, on_console, prefixed, Streams::err)};
+  if (config.no_log_files) {
+    // No file to keep a stream in (the launcher has already dropped --redirects and --tee).
+    for (Route* r : {&routes.out, &routes.err}) {
+      if (*r == Route::file) *r = Route::discard;
+    }
+  }
+  return routes;
 }
 
 std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank) {

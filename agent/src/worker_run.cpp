@@ -148,6 +148,11 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
       continue;
     }
     if (route[s] == Route::inherit) continue;
+    if (route[s] == Route::discard) {
+      st.kind = ChildStream::Kind::fd;
+      st.fd = open_log_file("/dev/null");
+      continue;
+    }
     if (route[s] == Route::file) {
       st.kind = ChildStream::Kind::fd;
       st.fd = open_log_file(rank_dir + "/" + names[s]);

@@ -69,6 +69,7 @@ WorkerSpec worker_spec(const AgentConfig& config, const worker_env::Placement& p
   opts.python_worker = config.python_worker;
   opts.error_file_dir = attempt.dir;
   opts.flat_error_file = attempt.flat;
+  opts.no_error_file = config.no_log_files;
   // The GPU plan implements --virtual-local-rank when there is one (docs/gpus.md).
   opts.virtual_local_rank = config.virtual_local_rank && config.gpu_env.empty();
   s.env = worker_env::build_worker_env(placement, local_rank, opts, parent);

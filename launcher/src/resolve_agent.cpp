@@ -303,9 +303,17 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   }
 
   // Output.
+  std::optional<std::string> no_log_dir;  // "--log-dir=/dev/null" (the words to quote) when given
   if (auto g = p.given("log-dir")) {
     const std::filesystem::path dir(parse_non_empty(g->text, g->what, "give a directory"));
-    cfg.log_dir = (dir.is_absolute() ? dir : ctx.cwd / dir).lexically_normal();
+    const auto path = (dir.is_absolute() ? dir : ctx.cwd / dir).lexically_normal();
+    if (path == "/dev/null") {
+      // torch 2.6's DefaultLogsSpecs: os.devnull means no log directory at all.
+      cfg.no_log_files = true;
+      no_log_dir = g->what + "=" + g->text;
+    } else {
+      cfg.log_dir = path;
+    }
   }
   if (auto g = p.given("redirects")) {
     const StreamSpec s = parse_streams(g->text, g->what);
@@ -424,6 +432,23 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   resolve_torchelastic_env(p, cfg);
   if (auto g = p.given("duplicate-stdout-filters")) cfg.duplicate_stdout_filters = parse_duplicate_filters(g->text);
   if (auto g = p.given("duplicate-stderr-filters")) cfg.duplicate_stderr_filters = parse_duplicate_filters(g->text);
+  if (no_log_dir) {
+    // No file for these to write: torch 2.6 leaves redirected and tee'd streams on the console,
+    // and the filters' copies have nowhere to go.
+    std::string ignored;
+    for (std::string_view f : {"redirects", "tee", "duplicate-stdout-filters", "duplicate-stderr-filters"}) {
+      if (auto g = p.given(f)) ignored += (ignored.empty() ? "" : ", ") + g->what + "=" + g->text;
+    }
+    if (!ignored.empty()) {
+      out.notes.push_back(*no_log_dir + " writes no log files: ignoring " + ignored +
+                          " (the streams go to the console)");
+    }
+    cfg.redirects_all = cfg.tee_all = agent::Streams::none;
+    cfg.redirects.clear();
+    cfg.tee.clear();
+    cfg.duplicate_stdout_filters.clear();
+    cfg.duplicate_stderr_filters.clear();
+  }
 
   // Legacy --local-rank argument.
   const bool use_env = p.flag("use-env");

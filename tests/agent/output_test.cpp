@@ -80,6 +80,17 @@ TEST_CASE("routes: the console filter keeps filtered ranks in files, never drops
   CHECK(plan_routes(c, 1).out == Route::inherit);
 }
 
+TEST_CASE("routes: without log files (--log-dir /dev/null) a filtered rank's streams go nowhere") {
+  ddprun::agent::AgentConfig c;
+  c.nproc_per_node = 2;
+  c.no_log_files = true;
+  c.local_ranks_filter = std::set<int>{1};
+  CHECK(plan_routes(c, 0).out == Route::discard);
+  CHECK(plan_routes(c, 0).err == Route::discard);
+  CHECK_FALSE(plan_routes(c, 0).needs_files());
+  CHECK(plan_routes(c, 1).out == Route::inherit);
+}
+
 TEST_CASE("prefix template placeholders") {
   CHECK(expand_prefix("[${role_name}${local_rank}]:", "default", 3, 11) == "[default3]:");
   CHECK(expand_prefix("${rank}|${local_rank}|${role_name} ", "r", 1, 9) == "9|1|r ");

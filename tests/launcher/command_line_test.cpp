@@ -600,6 +600,30 @@ TEST_CASE("the static backend meets at --rdzv-endpoint when one is given, as tor
   CHECK(c10d.config.master_port == 29500);
 }
 
+TEST_CASE("--log-dir /dev/null means no log files, as torch 2.6's os.devnull") {
+  Sandbox sb;
+  for (const auto& args :
+       {Strings{"--log-dir", "/dev/null", "train.py"}, Strings{"--log_dir=/dev//null", "train.py"}}) {
+    const auto o = sb.parse(args);
+    CHECK(o.config.no_log_files);
+    CHECK_FALSE(o.config.log_dir.has_value());  // ddprun's run directory is the temporary one
+    CHECK(o.notes.empty());
+  }
+  CHECK(sb.parse({"train.py"}, {{"PET_LOG_DIR", "/dev/null"}}).config.no_log_files);
+  CHECK_FALSE(sb.parse({"--log-dir", "/dev/nulls", "train.py"}).config.no_log_files);
+  // Nothing can be written to a file: redirected and tee'd streams stay on the console (as in
+  // torch 2.6), the filters' copies are dropped; the note names what is ignored.
+  const auto o = sb.parse(
+      {"--log-dir", "/dev/null", "--redirects", "3", "-t", "0:1", "--duplicate-stdout-filters", "loss", "train.py"});
+  CHECK(o.config.no_log_files);
+  CHECK(o.config.redirects_all == Streams::none);
+  CHECK(o.config.tee.empty());
+  CHECK(o.config.duplicate_stdout_filters.empty());
+  CHECK(has_note(o,
+                 "--log-dir=/dev/null writes no log files: ignoring --redirects=3, --tee=0:1, "
+                 "--duplicate-stdout-filters=loss"));
+}
+
 TEST_CASE("shutdown timeout: flag, PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s") {
   Sandbox sb;
   using ms = std::chrono::milliseconds;

@@ -441,6 +441,30 @@ class Forms(Base):
             self.ok(r)
             self.assertIn("argv %r" % (expected,), r.stdout)
 
+    def test_log_dir_dev_null(self):
+        # torch 2.6: no log directory, TORCHELASTIC_ERROR_FILE empty, the job runs. Rank 1 is off
+        # the console (--local-ranks-filter) and has no file to go to; ddprun's temporary run
+        # directory goes at the end even though the job failed (no error files, no stacks).
+        tmp = self.p("tmp")
+        os.mkdir(tmp)
+        script = 'echo "rank$LOCAL_RANK error_file=[$TORCHELASTIC_ERROR_FILE]"; exit $LOCAL_RANK'
+        r = run(["--log-dir", "/dev/null", "--nproc-per-node=2", "--local-ranks-filter=0", "--stacks=off",
+                 "--no-python", "/bin/sh", "-c", script], env={"TMPDIR": tmp})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("rank0 error_file=[]\n", r.stdout)
+        self.assertNotIn("rank1", r.stdout)
+        self.assertIn("error_file : <N/A>", r.stderr)
+        self.assertNotIn("log directory set to", r.stderr)
+        self.assertEqual(os.listdir(tmp), [])
+        self.assertFalse(os.path.isdir("/dev/null"))
+        # --redirects/--tee have no file to write: the streams stay on the console, as in torch 2.6.
+        r = run(["--log-dir=/dev/null", "--redirects=3", "--no-python", "/bin/sh", "-c", "echo out; echo err >&2"],
+                env={"TMPDIR": tmp})
+        self.ok(r)
+        self.assertIn("out\n", r.stdout)
+        self.assertIn("err\n", r.stderr)
+        self.assertIn("--log-dir=/dev/null writes no log files: ignoring --redirects=3", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

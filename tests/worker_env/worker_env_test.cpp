@@ -121,6 +121,9 @@ TEST_CASE("error file path per local rank, with or without a trailing slash") {
   CHECK(as_map(build_worker_env(a, 2, o, {})).at("TORCHELASTIC_ERROR_FILE") == "/logs/job_x/attempt_1/2/error.json");
   o.error_file_dir = "/logs/job_x/attempt_1";
   CHECK(as_map(build_worker_env(a, 0, o, {})).at("TORCHELASTIC_ERROR_FILE") == "/logs/job_x/attempt_1/0/error.json");
+  // --log-dir /dev/null: set and empty, as torch 2.6's agent sets it.
+  o.no_error_file = true;
+  CHECK(as_map(build_worker_env(a, 1, o, {})).at("TORCHELASTIC_ERROR_FILE").empty());
 }
 
 TEST_CASE("NCCL async error handling only when unset in the parent, each name on its own") {

@@ -73,7 +73,9 @@ EnvList build_worker_env(const Placement& a, int local_rank, const EnvOptions& o
   env.emplace_back("TORCHELASTIC_RUN_ID", a.run_id);
   // Python's str(bool): torch compares against the exact string "True".
   env.emplace_back("TORCHELASTIC_USE_AGENT_STORE", a.use_agent_store ? "True" : "False");
-  if (opts.error_file_dir) {
+  if (opts.no_error_file) {
+    env.emplace_back("TORCHELASTIC_ERROR_FILE", std::string());
+  } else if (opts.error_file_dir) {
     std::string path = *opts.error_file_dir;
     if (opts.flat_error_file) {
       while (!path.empty() && path.back() == '/') path.pop_back();

@@ -93,6 +93,10 @@ struct AgentConfig {
 
   // Output. Empty maps mean "same for all local ranks" via the *_all fields.
   std::optional<std::filesystem::path> log_dir;  // default: a fresh dir under $TMPDIR
+  // --log-dir /dev/null (torch 2.6's os.devnull): no log files and no error files
+  // (TORCHELASTIC_ERROR_FILE empty); log_dir stays unset, so ddprun's own run directory is the
+  // temporary one, and a stream that would go to a file only goes nowhere (Route::discard).
+  bool no_log_files = false;
   Streams redirects_all = Streams::none;
   std::map<int, Streams> redirects;  // per local rank overrides
   Streams tee_all = Streams::none;

@@ -11,6 +11,8 @@
 //             to the console with the prefix (--tee).
 //   prefixed - a pipe the agent reads; each line goes to the console with the prefix, no file
 //             (--prefix-output, used by remote agents of a fan-out launch).
+//   discard - /dev/null: a stream kept off the console when there are no log files
+//             (--log-dir /dev/null).
 //
 // LineBuffer (pure) holds a partial line until its newline arrives or the buffer is full (a line
 // longer than the capacity is cut there and ended with a newline on the console; its rest goes
@@ -36,7 +38,7 @@ class io_context;
 
 namespace ddprun::agent {
 
-enum class Route : std::uint8_t { inherit, file, tee, prefixed };
+enum class Route : std::uint8_t { inherit, file, tee, prefixed, discard };
 
 struct RankRoutes {
   Route out = Route::inherit;

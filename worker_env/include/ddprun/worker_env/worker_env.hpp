@@ -36,6 +36,9 @@ struct EnvOptions {
   std::optional<std::string> error_file_dir;
   // Instead <dir>.<local_rank>.error.json: no directory per rank (the agent's flat layout).
   bool flat_error_file = false;
+  // TORCHELASTIC_ERROR_FILE set but empty, whatever error_file_dir says: torch 2.6's agent with
+  // --log-dir /dev/null (torch's error handler then only logs the error).
+  bool no_error_file = false;
   bool virtual_local_rank = false;  // LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its one device>
 };
 
