@@ -19,6 +19,23 @@ bool is_plain_file(const fs::path& p) {
 
 bool is_executable_file(const fs::path& p) { return is_plain_file(p) && ::access(p.c_str(), X_OK) == 0; }
 
+bool is_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+// What Python runs a directory by (`python appdir`): its __main__ module, as source or bytecode.
+bool has_main_module(const fs::path& dir) {
+  return is_plain_file(dir / "__main__.py") || is_plain_file(dir / "__main__.pyc");
+}
+
+// Files Python runs whatever their mode bits: scripts, and zip applications (zipapp's .pyz, or
+// any .zip with a __main__.py), which the kernel cannot exec without a #! line.
+bool python_file_suffix(const fs::path& p) {
+  const auto ext = p.extension();
+  return ext == ".py" || ext == ".pyz" || ext == ".zip";
+}
+
 std::string lookup(const std::map<std::string, std::string>& env, const std::string& key) {
   const auto it = env.find(key);
   return it == env.end() ? std::string() : it->second;
@@ -95,8 +112,9 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
 
   const fs::path as_file = absolute_from(program, cwd);
   if (request.run_path) {
-    // torchrun: --run-path takes precedence over --no-python.
-    if (!is_plain_file(as_file)) {
+    // torchrun: --run-path takes precedence over --no-python. runpy.run_path also runs a
+    // directory (or zip) by its __main__.py.
+    if (!is_plain_file(as_file) && !(is_dir(as_file) && has_main_module(as_file))) {
       throw UsageError("--run-path: training script '" + program + "' not found (looked for " + as_file.string() + ")",
                        "pass the path of a Python file");
     }
@@ -106,7 +124,22 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
   }
 
   const bool has_slash = program.find('/') != std::string::npos;
-  const bool python_suffix = as_file.extension() == ".py";
+  const bool python_suffix = python_file_suffix(as_file);
+  const bool directory = !request.no_python && is_dir(as_file);
+  auto no_main_module = [&] {
+    return UsageError(
+        "training program '" + program + "' is a directory without __main__.py (" + as_file.string() + ")",
+        "Python runs a directory by its __main__.py: add one, or name the script inside it");
+  };
+  if (directory && has_main_module(as_file)) {
+    // torchrun runs `python -u appdir`, which runs appdir/__main__.py with appdir on sys.path.
+    out.argv = with_args({resolve_python(env, cwd), "-u", program});
+    out.python_worker = true;
+    return out;
+  }
+  // Without __main__.py, a bare name may still be a command on PATH (a directory of that name
+  // in the working directory is a coincidence).
+  if (directory && has_slash) throw no_main_module();
   if (!request.no_python && python_suffix) {
     if (!is_plain_file(as_file)) {
       throw UsageError("training script '" + program + "' not found (looked for " + as_file.string() + ")",
@@ -133,12 +166,16 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
     } else if (is_plain_file(as_file)) {
       throw UsageError("training program '" + program + "' is not executable (" + as_file.string() + ")",
                        "chmod +x it, or drop --no-python to run it under Python");
+    } else if (has_slash && is_dir(as_file)) {
+      throw UsageError("training program '" + program + "' is a directory (" + as_file.string() + ")",
+                       "drop --no-python to run its __main__.py under Python, or name an executable");
     } else if (has_slash) {
       throw UsageError("training program '" + program + "' not found (looked for " + as_file.string() + ")",
                        "check the path; relative paths are taken from the current directory");
     }
   }
   if (!exe) exe = find_on_path(program, path_env, cwd);
+  if (!exe && directory) throw no_main_module();
   if (!exe) {
     throw UsageError("training program '" + program + "' not found: not a file in " + cwd.string() +
                          " and not an executable on PATH (" + searched_dirs(path_env) + ")",

@@ -109,3 +109,37 @@ TEST_CASE("find_on_path skips non-executables and directories") {
   CHECK_FALSE(find_on_path("adir", path_env, sb.dir()));
   CHECK_FALSE(find_on_path("a/b", path_env, sb.dir()));
 }
+
+TEST_CASE("a directory with __main__.py and a zip application run under Python, as torchrun runs them") {
+  Sandbox sb;
+  const std::string py = sb.path("bin/python3");
+  std::filesystem::create_directory(sb.dir() / "appdir");
+  Sandbox::write(sb.dir() / "appdir" / "__main__.py", "print('hi')\n", false);
+  const auto app = resolve(sb, {"appdir", {"--lr", "1"}});
+  CHECK(app.argv == Strings{py, "-u", "appdir", "--lr", "1"});
+  CHECK(app.python_worker);
+  CHECK(resolve(sb, {"./appdir/", {}}).argv == Strings{py, "-u", "./appdir/"});
+  // runpy.run_path runs a directory by its __main__.py too.
+  ProgramRequest run_path{"appdir", {}};
+  run_path.run_path = true;
+  CHECK(resolve(sb, run_path).argv == Strings{py, "-u", "-c", std::string(run_path_code), sb.path("appdir")});
+  // A zip application runs under Python even when executable: without a #! line the kernel
+  // cannot run it.
+  Sandbox::write(sb.dir() / "app.pyz", "PK\x03\x04", true);
+  CHECK(resolve(sb, {"app.pyz", {"x"}}).argv == Strings{py, "-u", "app.pyz", "x"});
+  Sandbox::write(sb.dir() / "app.zip", "PK\x03\x04", true);
+  CHECK(resolve(sb, {"./app.zip", {}}).argv == Strings{py, "-u", "./app.zip"});
+  ProgramRequest exec_zip{"./app.pyz", {}};
+  exec_zip.no_python = true;
+  CHECK(resolve(sb, exec_zip).argv == Strings{sb.path("app.pyz")});
+  // A directory without __main__.py, or one given with --no-python, says so.
+  std::filesystem::create_directory(sb.dir() / "data");
+  CHECK_THROWS_WITH(resolve(sb, {"data", {}}), Contains("'data' is a directory without __main__.py"));
+  CHECK_THROWS_WITH(resolve(sb, {"./data", {}}), Contains("'./data' is a directory without __main__.py"));
+  ProgramRequest nopy{"./appdir", {}};
+  nopy.no_python = true;
+  CHECK_THROWS_WITH(resolve(sb, nopy), Contains("'./appdir' is a directory") && Contains("drop --no-python"));
+  // A bare name that is also a directory here, without __main__.py, is still looked up on PATH.
+  std::filesystem::create_directory(sb.dir() / "tool");
+  CHECK(resolve(sb, {"tool", {}}).argv == Strings{sb.path("bin/tool")});
+}

@@ -9,6 +9,8 @@ Classes (each runnable alone, e.g. `test_torchrun_compat.py FileTimer`):
   EventLog    --event-log-handler console / file:PATH / null, --logs-specs.
   Summary     the failure summary names the script and lists the failed ranks.
   PeerFlags   a peer tool's option is refused instead of read as an abbreviation.
+  Forms       torchrun command lines: the static backend at --rdzv-endpoint, "--" after the
+              script, --log-dir /dev/null, a directory or zip application as the program.
 Every wait is bounded by a subprocess timeout; readiness comes from the workers' own files.
 """
 import json
@@ -464,6 +466,25 @@ class Forms(Base):
         self.assertIn("out\n", r.stdout)
         self.assertIn("err\n", r.stderr)
         self.assertIn("--log-dir=/dev/null writes no log files: ignoring --redirects=3", r.stderr)
+
+    def test_directory_and_zip_application_as_the_program(self):
+        import zipapp
+        app = self.p("appdir")
+        os.mkdir(app)
+        with open(os.path.join(app, "__main__.py"), "w") as f:
+            f.write(self.ARGV)
+        r = run(["appdir", "--lr", "1"], cwd=self.dir)
+        self.ok(r)
+        self.assertIn("argv ['--lr', '1']", r.stdout)
+        zipapp.create_archive(app, self.p("app.pyz"))
+        os.chmod(self.p("app.pyz"), 0o755)  # executable, without a #! line: only Python runs it
+        r = run(["--nproc-per-node=2", "app.pyz", "x"], cwd=self.dir)
+        self.ok(r)
+        self.assertEqual(r.stdout.count("argv ['x']"), 2)
+        os.mkdir(self.p("data"))
+        r = run(["./data"], cwd=self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is a directory without __main__.py", r.stderr)
 
 
 if __name__ == "__main__":

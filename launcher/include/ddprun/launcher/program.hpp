@@ -1,6 +1,7 @@
 #pragma once
 // Turning "the training program and its arguments" into the worker argv, the way torchrun does:
 //   train.py ARGS         -> PYTHON -u train.py ARGS        (PYTHON = $PYTHON_EXEC, else python3 on PATH)
+//   appdir, app.pyz ARGS  -> PYTHON -u appdir ARGS          (a directory with __main__.py, a zip app)
 //   -m pkg.mod ARGS       -> PYTHON -u -m pkg.mod ARGS
 //   --run-path train.py   -> PYTHON -u -c "<runpy.run_path>" /abs/train.py ARGS
 //   ./prog ARGS, prog     -> /abs/prog ARGS                 (also with --no-python)
