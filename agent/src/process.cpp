@@ -40,6 +40,7 @@ struct ChildArgs {
   const char* const* cgroup_procs = nullptr;  // nullptr-terminated
   bool in_first_cgroup = false;               // started in cgroup_procs[0]'s cgroup (CLONE_INTO_CGROUP)
   bool reset_listed = false;                  // SpawnRequest::reset_signals given; else look at every signal
+  bool new_session = false;                   // SpawnRequest::new_session
   const int* reset_signals = nullptr;
   std::size_t reset_count = 0;
   // Written by the child (shared memory: CLONE_VM), read by the parent after the vfork-style
@@ -93,7 +94,10 @@ int child_main(void* raw) {
   ::sigemptyset(&empty);
   ::sigprocmask(SIG_SETMASK, &empty, nullptr);
 
-  if (::setpgid(0, 0) != 0) {
+  // Either way the child leads a process group whose id is its pid (signal_group's killpg).
+  if (args->new_session) {
+    if (::setsid() < 0) child_fail(args, "setsid");
+  } else if (::setpgid(0, 0) != 0) {
     child_fail(args, "setpgid");
   }
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
@@ -234,6 +238,7 @@ SpawnResult spawn_worker(const SpawnRequest& request) {
   args.stdout_fd = request.stdout_fd;
   args.stderr_fd = request.stderr_fd;
   args.parent_pid = ::getpid();
+  args.new_session = request.new_session;
   if (request.reset_signals != nullptr) {
     args.reset_listed = true;
     args.reset_signals = request.reset_signals->data();

@@ -112,6 +112,7 @@ void WorkerRun::spawn(Worker& w, const std::string& executable, const worker_env
   req.cwd = w.spec.cwd;
   req.cpus = w.spec.cpus;  // --numa-binding
   req.reset_signals = &reset_signals_;
+  req.new_session = true;  // a worker may read the terminal (process.hpp)
   if (containment_ != nullptr) {
     req.cgroup_procs = containment_->join_files(local_rank);
     req.cgroup_dir_fd = containment_->join_dir_fd(local_rank);
@@ -253,9 +254,18 @@ void WorkerRun::signal_groups(int sig) {
     }
   }
   teardown_signals_.push_back(sig);
+  // A stopped process (SIGSTOP, a debugger, SIGTTIN) takes SIGKILL at once, but a signal it
+  // handles (Python's SIGINT, a trainer's SIGTERM checkpoint hook) stays pending until it runs
+  // again: SIGCONT right after, as a shell's `kill` does for a stopped job, lets it act now
+  // rather than at the shutdown timeout. Not after a stop signal itself, which it would undo.
+  const bool resume =
+      sig != SIGKILL && sig != SIGCONT && sig != SIGSTOP && sig != SIGTSTP && sig != SIGTTIN && sig != SIGTTOU;
   // Exited workers are zombies until reaped, so their process-group id cannot have been reused:
   // signalling it reaches only what is left of that worker's group.
-  for (const auto& w : workers_) w->child.signal_group(sig);
+  for (const auto& w : workers_) {
+    w->child.signal_group(sig);
+    if (resume) w->child.signal_group(SIGCONT);
+  }
 }
 
 void WorkerRun::arm_grace() {

@@ -168,6 +168,82 @@ class SingleNode(unittest.TestCase):
             proc.communicate()
             proc.stdout.close()
 
+    def test_worker_reads_the_terminal(self):
+        # A worker reading ddprun's terminal (pdb, breakpoint(), input()) gets the typed line: it
+        # runs in a session of its own, as torch 2.6 starts workers. A process group of ddprun's
+        # session is a background job of that terminal and would be stopped by SIGTTIN.
+        import pty
+        import select
+        pid, fd = pty.fork()
+        if pid == 0:
+            try:
+                os.execv(DDPRUN, [DDPRUN, "--master-port", "0", "--no-python", sys.executable, "-c",
+                                  "print('ready', flush=True); print('got', input(), flush=True)"])
+            finally:
+                os._exit(127)
+        out = b""
+        sent = False
+        deadline = time.monotonic() + 30
+        try:
+            while True:  # until the terminal's last user is gone (EIO) or the deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if not select.select([fd], [], [], left)[0]:
+                    continue
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+                if not sent and b"ready" in out:
+                    os.write(fd, b"hello\n")
+                    sent = True
+            self.assertIn(b"got hello", out, out.decode(errors="replace"))
+            for _ in range(200):  # exits right after its worker; bounded
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                select.select([], [], [], 0.05)
+            self.assertEqual(done, pid)
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0, out.decode(errors="replace"))
+        finally:
+            os.close(fd)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+    def test_stopped_worker_gets_the_stop_signal_at_once(self):
+        # Rank 1 handles SIGTERM and is stopped (as a debugger or SIGTTIN leaves it) when rank 0
+        # fails. A handled signal waits until the process runs again, so ddprun continues it
+        # (SIGCONT) right after the SIGTERM: the handler runs at once, not at the shutdown timeout.
+        script = ("import os, signal, sys, time\n"
+                  "marker = sys.argv[1]\n"
+                  "signal.signal(signal.SIGTERM, lambda *a: (print('rank 1 got SIGTERM', flush=True), os._exit(0)))\n"
+                  "if os.environ['RANK'] == '1':\n"
+                  "    with open(marker + '.tmp', 'w') as f: f.write(str(os.getpid()))\n"
+                  "    os.rename(marker + '.tmp', marker)\n"
+                  "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                  "    time.sleep(60)\n"
+                  "    sys.exit(9)\n"
+                  "for _ in range(3000):\n"  # rank 0: fail once rank 1 is stopped (state T)
+                  "    if os.path.exists(marker):\n"
+                  "        with open('/proc/%s/stat' % open(marker).read()) as f:\n"
+                  "            if f.read().rsplit(')', 1)[1].split()[0] == 'T': sys.exit(3)\n"
+                  "    time.sleep(0.01)\n"
+                  "sys.exit(8)\n")
+        start = time.monotonic()
+        r = run(["--nproc-per-node", "2", "--master-port", "0", "--shutdown-timeout", "20", "--no-python",
+                 sys.executable, "-c", script, self.p("stopped")], timeout=60)
+        elapsed = time.monotonic() - start
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("rank 1 got SIGTERM", r.stdout, r.stderr)
+        self.assertLess(elapsed, 15, r.stderr)
+
     def test_kill9_leaves_no_orphans(self):
         proc = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", "--no-python", WORKER,
                                  "--ready-file", "-", "--sleep-ms", "60000", "--ignore-sigterm"],

@@ -1,6 +1,6 @@
 #pragma once
-// Process primitives of the agent: spawn a worker in its own process group, observe its exit
-// through a pidfd without reaping it, signal its group, reap it.
+// Process primitives of the agent: spawn a worker in its own process group (a session of its
+// own for workers), observe its exit through a pidfd without reaping it, signal its group, reap it.
 //
 // Why not Boost.Process v2's launchers: in Boost 1.81 both default_launcher (plain fork of a
 // parent that may be large) and vfork_launcher (calls io_context::notify_fork(fork_child) in the
@@ -10,9 +10,10 @@
 // atomically with the child. The pidfd is then watched on the io_context (readable = exited).
 //
 // Child setup, in order: signal dispositions that are handlers in the agent go back to SIG_DFL,
-// SIGPIPE to SIG_DFL, signal mask cleared; setpgid(0, 0) (own process group, so the agent's
-// killpg reaches the worker and its children but a terminal Ctrl-C does not go around the
-// agent); prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
+// SIGPIPE to SIG_DFL, signal mask cleared; setpgid(0, 0), or setsid() with new_session (own
+// process group with the child's pid as its id either way, so the agent's killpg reaches the
+// worker and its children but a terminal Ctrl-C does not go around the agent);
+// prctl(PR_SET_PDEATHSIG, SIGKILL) and a getppid() check (so `kill -9 ddprun` kills the
 // worker, even if the agent died during the spawn); dup2 of the requested stdin/stdout/stderr; every
 // other descriptor above 2 closed (close_range; the agent's sockets never leak into workers);
 // joining the requested cgroups (containment); CPU affinity (--numa-binding: the raw sched_setaffinity syscall with a
@@ -54,6 +55,11 @@ struct SpawnRequest {
   // every signal itself, ~64 sigaction calls (0.6 µs each on the development VM) per worker
   // while the agent waits for the exec.
   const std::vector<int>* reset_signals = nullptr;
+  // setsid() instead of setpgid(0, 0): a session of its own, without a controlling terminal, as
+  // torch 2.6 starts workers (start_new_session=True). A process group of ddprun's session is a
+  // background job of ddprun's terminal, and reading that terminal (pdb, breakpoint(), input())
+  // stops it with SIGTTIN; a process of another session reads it freely.
+  bool new_session = false;
 };
 
 // SIGPIPE (which the agent ignores for itself) and every signal this process has a handler for:
@@ -72,7 +78,7 @@ struct SpawnResult {
   pid_t pid = -1;
   int pidfd = -1;                     // owned by the caller (close after reap)
   int error = 0;                      // errno of the failed step when pid == -1 or the child failed before exec
-  const char* failed_step = nullptr;  // "clone", "setpgid", "prctl", "dup2", "chdir", "execve", ...
+  const char* failed_step = nullptr;  // "clone", "setpgid", "setsid", "prctl", "dup2", "chdir", "execve", ...
   int affinity_error = 0;             // errno of sched_setaffinity when `cpus` was given and binding failed (not fatal)
   int cgroup_error = 0;               // errno of joining one of `cgroup_procs` (not fatal; the caller warns)
   bool ok() const { return pid > 0 && error == 0; }
