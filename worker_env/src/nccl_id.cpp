@@ -269,8 +269,8 @@ void NcclIdHolder::await(std::chrono::milliseconds timeout) {
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) break;
     pollfd fds[2] = {{out_open ? out_fd_ : -1, POLLIN, 0}, {err_open ? err_fd_ : -1, POLLIN, 0}};
-    const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
-    if (n < 0 && errno != EINTR) break;
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (ready < 0 && errno != EINTR) break;
     char buf[4096];
     for (int i = 0; i < 2; ++i) {
       if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
