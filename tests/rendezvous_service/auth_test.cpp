@@ -76,6 +76,13 @@ rdzv::NodeInfo node(int i, int nproc = 1) {
   return n;
 }
 
+// The reason of the one refusal `d` must hold.
+std::string refusal(const rdzv::Decisions& d) {
+  REQUIRE(d.size() == 1);
+  REQUIRE(std::holds_alternative<rdzv::Refuse>(d[0]));
+  return std::get<rdzv::Refuse>(d[0]).reason;
+}
+
 }  // namespace
 
 TEST_CASE("every numeric field of a configuration is bounded, the field named", "[auth][validate]") {
@@ -106,11 +113,6 @@ TEST_CASE("every numeric field of a configuration is bounded, the field named", 
 TEST_CASE("absurd node sizes and rejoin assignments are refused, not allocated", "[auth][validate]") {
   ddprun::ManualClock clock;
   rdzv::RendezvousRegistry reg;
-  auto refusal = [](const rdzv::Decisions& d) {
-    REQUIRE(d.size() == 1);
-    REQUIRE(std::holds_alternative<rdzv::Refuse>(d[0]));
-    return std::get<rdzv::Refuse>(d[0]).reason;
-  };
   CHECK(refusal(reg.join("j", rdzv::JoinRequest{node(1, INT_MAX), good_config()}, clock.now())) ==
         "node 10.0.0.1:101/x announced local_world_size 2147483647: --nproc-per-node must be between 1 and 16384");
   CHECK_THAT(refusal(reg.join(std::string(300, 'r'), rdzv::JoinRequest{node(1), good_config()}, clock.now())),
@@ -134,11 +136,6 @@ TEST_CASE("a node's names and NCCL IDs are bounded: a member cannot make the dae
           "[auth][validate]") {
   ddprun::ManualClock clock;
   rdzv::RendezvousRegistry reg;
-  auto refusal = [](const rdzv::Decisions& d) {
-    REQUIRE(d.size() == 1);
-    REQUIRE(std::holds_alternative<rdzv::Refuse>(d[0]));
-    return std::get<rdzv::Refuse>(d[0]).reason;
-  };
   const std::string longest(rdzv::max_node_text_bytes, 'a');
   const std::string too_long(rdzv::max_node_text_bytes + 1, 'a');
   for (auto field : {&rdzv::NodeInfo::addr, &rdzv::NodeInfo::store_host}) {
