@@ -396,7 +396,10 @@ class PeerFlags(Base):
 
 
 class Forms(Base):
-    ARGV = "import os, sys; print('argv', sys.argv[1:], os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n"
+    # One write per line: under `python -u` print() writes each argument separately, and two
+    # ranks sharing ddprun's stdout interleave mid-line ("argvargv  ['x']['x']").
+    ARGV = ("import os, sys; sys.stdout.write('argv %s %s %s\\n' % (sys.argv[1:], os.environ['MASTER_ADDR'], "
+            "os.environ['MASTER_PORT']))\n")
 
     def test_static_endpoint_is_where_a_single_node_job_serves(self):
         port = free_port()
