@@ -263,11 +263,15 @@ class Diagnosis(unittest.TestCase):
 
     # ---- containment ----
 
-    def run_daemon_case(self, mode, how, binary=DDPRUN):
+    def run_daemon_case(self, mode, how, binary=DDPRUN, restarted=False):
+        """A worker leaves a daemon, then ddprun ends `how`. With `restarted`, attempt 0 fails
+        leaving nothing and attempt 1 leaves the daemon (its end must still find it)."""
         script = self.script("daemon.py", DAEMON)
-        pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}.pid")
-        proc = self.ddprun(["--containment", mode, "--nproc-per-node", "1", "--no-python", PYTHON, script, pidfile,
-                            "exit" if how == "normal" else "block"], binary=binary,
+        pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}-{restarted}.pid")
+        args = [PYTHON, script, pidfile, "exit" if how == "normal" else "block"]
+        if restarted:
+            args = ["--max-restarts", "1", PYTHON, self.script("daemon_second.py", DAEMON_SECOND_ATTEMPT), pidfile]
+        proc = self.ddprun(["--containment", mode, "--nproc-per-node", "1", "--no-python"] + args, binary=binary,
                            start_new_session=(how == "killpg"))
         try:
             read_until(proc, "ready", 30)
@@ -311,34 +315,10 @@ class Diagnosis(unittest.TestCase):
                     self.run_daemon_case(mode, how)
 
     def test_daemon_of_a_restarted_attempt_ends_with_the_job(self):
-        # Attempt 0 fails and leaves nothing (its sweep finds the job cgroup empty); attempt 1
-        # leaves a daemon and succeeds: the end of the job must still find and end it.
-        self.script("daemon.py", DAEMON)
-        script = self.script("daemon_second.py", DAEMON_SECOND_ATTEMPT)
+        # Attempt 0's sweep finds the job cgroup empty; attempt 1's daemon must still be ended.
         for mode in modes():
             with self.subTest(mode=mode):
-                pidfile = os.path.join(self.dir, f"daemon-second-{mode}.pid")
-                proc = self.ddprun(["--containment", mode, "--max-restarts", "1", "--nproc-per-node", "1",
-                                    "--no-python", PYTHON, script, pidfile])
-                try:
-                    read_until(proc, "ready", 30)
-                    with open(pidfile) as f:
-                        daemon = int(f.read())
-                    self.assertTrue(alive(daemon))
-                    watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
-                    self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
-                    proc.stdin.write(b"go\n")
-                    proc.stdin.flush()
-                    _, err = proc.communicate(timeout=30)
-                    self.assertEqual(proc.returncode, 0, err.decode())
-                    self.assertTrue(wait_gone(daemon, 10), f"{mode}: daemon {daemon} outlived ddprun: {err.decode()}")
-                    self.assertTrue(wait_gone(watchdogs[0], 10), "the watchdog did not end")
-                    for root in cgroup_roots():
-                        self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{mode}: {root}/ddprun-{proc.pid} left")
-                finally:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.communicate()
+                self.run_daemon_case(mode, "normal", restarted=True)
 
     def test_daemon_ends_with_the_job_with_a_forked_watchdog(self):
         lone = self.lone_ddprun()
