@@ -202,11 +202,13 @@ class SingleNode(unittest.TestCase):
                     os.write(fd, b"hello\n")
                     sent = True
             self.assertIn(b"got hello", out, out.decode(errors="replace"))
-            for _ in range(200):  # exits right after its worker; bounded
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    break
-                select.select([], [], [], 0.05)
+            # ddprun exits right after its worker: wait for that (its pidfd turns readable), bounded.
+            exited = os.pidfd_open(pid)
+            try:
+                self.assertTrue(select.select([exited], [], [], 10)[0], "ddprun did not exit after its worker")
+            finally:
+                os.close(exited)
+            done, status = os.waitpid(pid, 0)
             self.assertEqual(done, pid)
             self.assertEqual(os.waitstatus_to_exitcode(status), 0, out.decode(errors="replace"))
         finally:
