@@ -417,3 +417,23 @@ TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encode
   CHECK(got.node == id);
   CHECK(got.assignment == a);
 }
+
+TEST_CASE("a WORKER_FAILED message past the bound is cut at a character boundary", "[wire]") {
+  // The job keeps the message as its root cause and repeats it to every node: a frame's worth
+  // (1 MiB) per job is what a peer may send, not what the daemon keeps.
+  rdzv::WorkerFailure f = failure();
+  f.message = std::string(rdzv::max_failure_message_bytes - 1, 'a') + "\xc3\xa9" + std::string(5000, 'b');
+  std::string bytes;
+  rdzv::encode_client(bytes, rdzv::WorkerFailedMessage{"job-a", f});
+  rdzv::ClientMessage back;
+  REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+  const std::string& got = std::get<rdzv::WorkerFailedMessage>(back).failure.message;
+  // The two-byte character straddling the bound is dropped whole, and the cut says how much.
+  CHECK(got == std::string(rdzv::max_failure_message_bytes - 1, 'a') + " [... 5002 more bytes cut by the rendezvous]");
+  // A message within the bound arrives as sent.
+  f.message = std::string(rdzv::max_failure_message_bytes, 'c');
+  bytes.clear();
+  rdzv::encode_client(bytes, rdzv::WorkerFailedMessage{"job-a", f});
+  REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::WorkerFailedMessage>(back).failure.message == f.message);
+}

@@ -191,6 +191,13 @@ WorkerFailure read_failure(const Reader& r) {
   // ddprun exits with 128 + signal: a signal number that is no signal would overflow it.
   if (f.signal && (*f.signal < 1 || *f.signal > 127)) r.bad("signal", "a signal number between 1 and 127");
   f.message = r.str_or("message", "");
+  if (f.message.size() > max_failure_message_bytes) {
+    const std::size_t total = f.message.size();
+    std::size_t cut = max_failure_message_bytes;
+    while (cut > 0 && (static_cast<unsigned char>(f.message[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
+    f.message.resize(cut);
+    f.message += fmt::format(" [... {} more bytes cut by the rendezvous]", total - cut);
+  }
   return f;
 }
 
