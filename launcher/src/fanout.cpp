@@ -830,13 +830,35 @@ class Fanout {
 
 }  // namespace
 
+std::string remote_dir_word(const std::string& dir) {
+  // A leading ~ or ~user is left unquoted so the host's shell expands it to that home directory
+  // (a quoted ~ is a directory named "~"); the rest is quoted as ever.
+  if (!dir.empty() && dir[0] == '~') {
+    const std::size_t slash = dir.find('/');
+    const std::string_view user =
+        std::string_view(dir).substr(1, slash == std::string::npos ? std::string::npos : slash - 1);
+    const bool plain_user = std::all_of(user.begin(), user.end(),
+                                        [](char c) {
+                                          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                                                 (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+                                        }) &&
+                            (user.empty() || user[0] != '-');
+    if (plain_user) {
+      if (slash == std::string::npos) return dir;
+      const std::string rest = dir.substr(slash + 1);
+      return dir.substr(0, slash + 1) + (rest.empty() ? "" : shell_quote(rest));
+    }
+  }
+  return shell_quote(dir);
+}
+
 namespace {
 
 // remote_command in three parts: the shell's "cd ... && exec ", the words that differ between
 // hosts, and those every host of the job shares (the program among them), so that checking the
 // commands of 10,000 hosts does not build 10,000 copies of a long program line.
 std::string remote_command_head(const FanoutPlan& plan) {
-  return "cd -- " + shell_quote(plan.remote_cwd) + " && exec ";
+  return "cd -- " + remote_dir_word(plan.remote_cwd) + " && exec ";
 }
 
 std::vector<std::string> remote_command_host_words(const FanoutPlan& plan, const FanoutHost& host,

@@ -112,6 +112,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   // agent checks the entries against its own devices.
   const auto global_gpus = p.given("gpus");
   const std::string gpus_list = global_gpus ? parse_gpus_value(global_gpus->text, global_gpus->what) : "";
+  std::vector<std::string> slots_win;  // hosts whose --include/--exclude slots replace --gpus
   for (std::size_t i = 0; i < selected.size(); ++i) {
     FanoutHost h;
     h.user = selected[i].user;
@@ -122,11 +123,19 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
       std::string list;
       for (int d : *selected[i].slot_indices) list += (list.empty() ? "" : ",") + std::to_string(d);
       h.gpus = list;
+      if (global_gpus) slots_win.push_back(selected[i].host);
     } else if (global_gpus) {
       h.gpus = gpus_list;
     }
     h.index = plan.hosts.size();
     plan.hosts.push_back(std::move(h));
+  }
+  if (!slots_win.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < slots_win.size() && i < 8; ++i) names += (i ? ", " : "") + slots_win[i];
+    if (slots_win.size() > 8) names += " and " + std::to_string(slots_win.size() - 8) + " more";
+    out.notes.push_back(global_gpus->what + " is ignored on " + names + ": the slots " +
+                        (include ? "--include" : "--exclude") + " chose there are its devices");
   }
 
   // ssh: BatchMode so a missing key fails instead of prompting; keepalives so a dead network is
@@ -188,7 +197,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     if (file.is_relative()) file = ctx.cwd / file;
     file_entries = load_env_file(file.string());
   }
-  plan.env = select_remote_env(ctx.env, env_flags, file_entries);
+  plan.env = select_remote_env(ctx.env, env_flags, file_entries, &out.notes);
 
   // Rendezvous settings: checked here; the token travels in the environment, not on a command line.
   std::map<std::string, std::string> conf;

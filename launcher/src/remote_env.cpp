@@ -111,7 +111,7 @@ EnvFlag parse_env_flag(std::string_view text) {
 }
 
 EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_env, const std::vector<EnvFlag>& flags,
-                             const EnvEntries& env_file_entries) {
+                             const EnvEntries& env_file_entries, std::vector<std::string>* notes) {
   EnvEntries out;
   for (const auto& [name, value] : launcher_env) {
     const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(),
@@ -135,6 +135,12 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
       upsert(out, f.name, *f.value);
     } else if (const auto it = launcher_env.find(f.name); it != launcher_env.end()) {
       upsert(out, f.name, it->second);
+    } else if (notes) {
+      // As mpirun -x warns: the user asked for a value this shell does not have.
+      notes->push_back("--env " + f.name + ": " + f.name +
+                       " is not set here, so nothing is carried for it (the hosts' own value, if any, stays); "
+                       "give --env " +
+                       f.name + "=VALUE to set it");
     }
   }
   return out;

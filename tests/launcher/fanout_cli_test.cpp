@@ -3,8 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/shell.hpp"
 #include "ddprun/launcher/command_line.hpp"
 #include "ddprun/launcher/fanout.hpp"
 #include "ddprun/launcher/values.hpp"
@@ -12,6 +16,7 @@
 
 using namespace ddprun::launcher;
 using Catch::Matchers::Contains;
+using ddprun::shell_quote;
 using ddprun::UsageError;
 using ddprun::test::Sandbox;
 using Strings = std::vector<std::string>;
@@ -85,6 +90,12 @@ TEST_CASE("slots of a hostfile give the worker counts; include slots become the 
   CHECK(o.fanout->hosts[0].gpus == "1,3");
   CHECK(o.fanout->hosts[1].host == "h2");
   CHECK(o.fanout->hosts[1].nproc == "3");
+  CHECK(o.notes.empty());
+  // A --gpus beside them is kept for the hosts without chosen slots, and said to be ignored on the others.
+  o = sb.parse({"--hostfile", "hosts", "--include", "h1:1,3@h2", "--gpus", "0,1,2", "train.py"});
+  CHECK(o.fanout->hosts[0].gpus == "1,3");
+  CHECK(o.fanout->hosts[1].gpus == "0,1,2");
+  CHECK(o.notes == Strings{"--gpus is ignored on h1: the slots --include chose there are its devices"});
 
   o = sb.parse({"--hostfile", "hosts", "--num-nodes", "2", "--num-gpus", "1", "train.py"});
   REQUIRE(o.fanout->hosts.size() == 2);
@@ -296,7 +307,15 @@ TEST_CASE("the carried environment: the default set, --env and --env-file; devic
   REQUIRE(env_value(p, "FROM_FILE"));
   REQUIRE(env_value(p, "ONLY_HERE"));
   CHECK(*env_value(p, "ONLY_HERE") == "x y");
+  CHECK(o.notes.empty());
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--env", "RANK=3", "train.py"}), UsageError);
+  // A name this shell does not have carries nothing, and says so (as mpirun -x warns).
+  const auto unset = sb.parse({"--hosts", "h0", "--env", "NOT_SET_HERE", "train.py"}, {{"NCCL_DEBUG", "INFO"}});
+  REQUIRE(unset.fanout);
+  CHECK(env_value(*unset.fanout, "NOT_SET_HERE") == nullptr);
+  REQUIRE(unset.notes.size() == 1);
+  CHECK_THAT(unset.notes[0],
+             Contains("--env NOT_SET_HERE: NOT_SET_HERE is not set here") && Contains("--env NOT_SET_HERE=VALUE"));
 }
 
 TEST_CASE("remote_command: the agent's flags, the host label in the prefix, every word quoted") {
@@ -323,6 +342,29 @@ TEST_CASE("remote_command: the agent's flags, the host label in the prefix, ever
         Contains("--node-order=" + std::to_string(i)) && Contains("--node-label=" + three.fanout->hosts[i].host));
   }
   CHECK(three.fanout->hosts[0].host == "h2");
+}
+
+TEST_CASE("--remote-cwd: a leading ~ or ~user is left for the host's shell to expand, the rest quoted") {
+  CHECK(remote_dir_word("/w/a b") == "'/w/a b'");
+  CHECK(remote_dir_word("~") == "~");
+  CHECK(remote_dir_word("~/") == "~/");
+  CHECK(remote_dir_word("~/run dir/$x") == "~/'run dir/$x'");
+  CHECK(remote_dir_word("~alice/w") == "~alice/w");
+  CHECK(remote_dir_word("~a$(x)/w") == "'~a$(x)/w'");  // not a user name: all quoted
+  CHECK(remote_dir_word("~-/w") == "'~-/w'");          // ~- is the shell's OLDPWD, not a home
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0", "--remote-cwd", "~/job 1", "train.py"});
+  REQUIRE(o.fanout);
+  CHECK_THAT(remote_command(*o.fanout, o.fanout->hosts[0], "10.0.0.1:5", "j"), Contains("cd -- ~/'job 1' && exec "));
+  // What a POSIX shell makes of it: the home directory's "job 1".
+  std::filesystem::create_directories(sb.dir() / "job 1");
+  const std::string script = "HOME=" + shell_quote(sb.dir().string()) + "; cd -- " + remote_dir_word("~/job 1") +
+                             " && pwd > " + shell_quote(sb.path("pwd.out"));
+  REQUIRE(std::system(("/bin/sh -c " + shell_quote(script)).c_str()) == 0);
+  std::ifstream in(sb.path("pwd.out"));
+  std::string line;
+  std::getline(in, line);
+  CHECK(line == (sb.dir() / "job 1").string());
 }
 
 TEST_CASE("--ranks-filter takes ranks and ranges") {

@@ -126,10 +126,14 @@ TreeNodePlan decode_tree_node(std::string_view text);
 
 // A tree node's whole run: `agent_argv` starts this host's own agent (the remote agent command
 // this process was started with; it is executed through /proc/self/exe, so the agent runs the
-// same image as this node even if the file at agent_argv[0] was replaced since), `env` is the environment block it read (kTreeEnvName
-// removed), control_fd the parent's control channel. Returns the exit code.
+// same image as this node even if the file at agent_argv[0] was replaced since), `env` is the environment block it read
+// (kTreeEnvName removed), control_fd the parent's control channel. Returns the exit code.
 int run_tree_node(const TreeNodePlan& node, const std::vector<std::string>& agent_argv,
                   const std::vector<std::pair<std::string, std::string>>& env, int control_fd);
+// --remote-cwd as a word of the remote command: quoted for a POSIX shell, except a leading ~ or
+// ~user (letters, digits, '.', '_', '-'), left for the host's shell to expand. Pure.
+std::string remote_dir_word(const std::string& dir);
+
 // The command line the remote login shell runs for `host` (every word quoted for a POSIX shell).
 // Pure; exposed for tests and --dry-run.
 std::string remote_command(const FanoutPlan& plan, const FanoutHost& host, const std::string& rdzv_endpoint,

@@ -70,8 +70,9 @@ EnvFlag parse_env_flag(std::string_view text);
 // The entries for the remote env block: launcher variables matching kDefaultRemoteEnvPatterns
 // (minus exceptions and reserved names), then env-file entries, then --env flags; a later
 // source wins. Each name appears once, at the position where it first appeared (defaults in
-// name order). Reserved names in the env file or flags throw UsageError.
+// name order). Reserved names in the env file or flags throw UsageError. A --env NAME whose NAME
+// is not set here carries nothing: a note saying so goes to `notes` (when not null).
 EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_env, const std::vector<EnvFlag>& flags,
-                             const EnvEntries& env_file_entries);
+                             const EnvEntries& env_file_entries, std::vector<std::string>* notes = nullptr);
 
 }  // namespace ddprun::launcher
