@@ -134,11 +134,22 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
   const std::string console_prefix = route == Route::inherit ? std::string() : prefix;
   ChildStream st;
   st.kind = ChildStream::Kind::sink;
-  st.sink = [=, scratch = std::make_shared<std::vector<iovec>>()](std::string_view block, bool complete) {
+  struct ConsoleState {
+    std::vector<iovec> scratch;
+    bool cut = false;  // the last block written to the console was a line cut short
+  };
+  st.sink = [=, console = std::make_shared<ConsoleState>()](std::string_view block, bool complete) {
     // The log file gets the bytes as they are, as without filters: a long line cut into pieces
     // by the pump's buffer stays one line.
     if (log) write_all(log->fd, block);
-    if (to_console) write_prefixed_lines(console_fd, console_prefix, block, complete, *scratch);
+    if (to_console) {
+      // As the pump's own console path: a cut piece was ended with a newline of ddprun's, so the
+      // line's real newline right after the cut ends that line, not an empty one.
+      std::string_view shown = block;
+      if (console->cut && !shown.empty() && shown.front() == '\n') shown.remove_prefix(1);
+      console->cut = !complete;
+      if (!shown.empty()) write_prefixed_lines(console_fd, console_prefix, shown, complete, console->scratch);
+    }
     filtered->feed(block, complete);
   };
   return st;

@@ -407,6 +407,32 @@ TEST_CASE("health endpoint: idle connections neither exhaust the agent nor stop 
   server.join();
 }
 
+TEST_CASE("duplicate filters: on the console, a line cut where the buffer filled adds no empty line") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun_dupconsole_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  int console[2];
+  REQUIRE(::pipe(console) == 0);
+  {
+    ChildStream st =
+        duplicating_stream(Route::prefixed, "", (dir / "filtered.log").string(), console[1], "[0]:", {"x"});
+    // A line exactly as long as the pump's buffer: released as a cut piece, its newline next.
+    st.sink("01234567", false);
+    st.sink("\nabcdefgh", false);
+    st.sink("ij\n\nz\n", true);
+  }
+  ::close(console[1]);
+  std::string shown;
+  char buf[256];
+  for (ssize_t n; (n = ::read(console[0], buf, sizeof buf)) > 0;) shown.append(buf, static_cast<std::size_t>(n));
+  ::close(console[0]);
+  // As OutputPump's own console path: the real newline after a cut ends that line; an empty
+  // line of the worker's stays.
+  CHECK(shown == "[0]:01234567\n[0]:abcdefgh\n[0]:ij\n[0]:\n[0]:z\n");
+  fs::remove_all(dir);
+}
+
 TEST_CASE("duplicate filters: a line longer than the pump's buffer stays one line") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("ddprun_dupfilter_" + std::to_string(::getpid()));
