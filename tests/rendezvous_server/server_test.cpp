@@ -402,6 +402,40 @@ TEST_CASE("a request whose handling throws closes its connection, not the server
   CHECK(legit.recv(4) == test::u32(7));
 }
 
+TEST_CASE("an extension whose on_disconnect throws still lets the connection go", "[server]") {
+  class ThrowsOnClose final : public StoreExtension {
+   public:
+    DecodeResult on_frame(ConnectionId, std::string_view, StoreState&, Outbox&) override {
+      DecodeResult r;
+      r.status = DecodeStatus::error;
+      r.reason = "no extension frames";
+      return r;
+    }
+    void on_disconnect(ConnectionId) override { throw std::bad_alloc(); }
+  };
+  StoreServerOptions opts;
+  opts.extension = std::make_shared<ThrowsOnClose>();
+  ServerThread server(opts);
+  auto connections_become = [&](std::size_t n) {  // a condition, bounded, not a sleep
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server.stats().connections != n && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    return server.stats().connections == n;
+  };
+  {
+    RawClient peer_closes(server.port());  // the peer's close
+    handshake(peer_closes);
+  }
+  REQUIRE(connections_become(0));
+  RawClient refused(server.port());  // the server's own close, for a bad frame
+  refused.send(hex("40"));
+  CHECK(refused.closed_by_peer());
+  REQUIRE(connections_become(0));
+  RawClient after(server.port());  // and it goes on serving
+  handshake(after);
+  after.send(hex("0d") + test::u32(9));
+  CHECK(after.recv(4) == test::u32(9));
+}
+
 TEST_CASE("on_drained runs once the last connection has closed, and at once when none is open", "[server]") {
   ServerThread server;
   // Waits for the server to have seen the closes (a condition, not a time).

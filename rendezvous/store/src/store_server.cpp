@@ -861,7 +861,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       spdlog::debug("store: closing connection from {}: {}", c->peer, reason);
     }
     state.disconnect(c->id);
-    if (options.extension) options.extension->on_disconnect(c->id);
+    if (options.extension) {
+      // The close goes on whatever the extension's bookkeeping does (e.g. out of memory while it
+      // tells a job that a node went): the socket, its budget and its slot are freed below.
+      try {
+        options.extension->on_disconnect(c->id);
+      } catch (const std::exception& e) {
+        spdlog::error("store: while closing the connection from {}: {}", c->peer, e.what());
+      }
+    }
     if (c->is_link) {
       // Every connection the link carried ends with it (their nodes see a disconnect).
       auto carried = std::move(c->relayed);
