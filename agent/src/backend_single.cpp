@@ -104,8 +104,10 @@ class SingleNodeBackend final : public RendezvousBackend {
 
 }  // namespace
 
-// The worker store binds the master address itself when it is numeric, else every interface
-// (a name like "localhost" may resolve to several addresses).
+// The worker store binds the master address itself when it is numeric, else every interface,
+// IPv6 and IPv4 (a name like "localhost" may resolve to several addresses, of either family: the
+// workers connect to whichever their resolver gives first, as torch's own TCPStore server, which
+// listens on :: too). The store server falls back to 0.0.0.0 where IPv6 is missing.
 std::string bind_host(const std::string& addr) {
   boost::system::error_code ec;
   std::string host = addr;
@@ -113,7 +115,7 @@ std::string bind_host(const std::string& addr) {
     host = host.substr(1, host.size() - 2);
   }
   asio::ip::make_address(host, ec);
-  return ec ? std::string("0.0.0.0") : host;
+  return ec ? std::string("::") : host;
 }
 
 std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io, const std::string& addr,

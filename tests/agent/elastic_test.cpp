@@ -7,6 +7,8 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "ddprun/agent/elastic.hpp"
+#include "ddprun/agent/rendezvous_backend.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/common/error.hpp"
 
 using namespace ddprun::agent;
@@ -102,6 +104,27 @@ TEST_CASE("local addresses: loopback range and interfaces") {
   CHECK(is_local_address("127.0.0.4"));
   CHECK(is_local_address("::1"));
   CHECK_FALSE(is_local_address("192.0.2.77"));  // TEST-NET-1, never assigned
+}
+
+TEST_CASE("the worker store for a host name listens on IPv6 and IPv4; for an address, on it alone") {
+  CHECK(bind_host("127.0.0.2") == "127.0.0.2");
+  CHECK(bind_host("[::1]") == "::1");
+  CHECK(bind_host("localhost") == "::");
+  CHECK(bind_host("head-node.example") == "::");
+  boost::asio::io_context io;
+  const auto store = host_worker_store(io, "localhost", 0, false, "");
+  auto reaches = [&](const char* address) {
+    boost::asio::ip::tcp::socket s(io);
+    boost::system::error_code ec;
+    s.connect({boost::asio::ip::make_address(address), store->port()}, ec);
+    return !ec;
+  };
+  // A name may resolve to either family first (an IPv6-only name to ::1-like addresses only).
+  CHECK(reaches("127.0.0.1"));
+  boost::asio::ip::tcp::socket probe(io);
+  boost::system::error_code no_v6;
+  probe.open(boost::asio::ip::tcp::v6(), no_v6);
+  if (!no_v6) CHECK(reaches("::1"));  // where the host has IPv6 at all
 }
 
 TEST_CASE("hosting decision") {

@@ -83,10 +83,11 @@ class RendezvousBackend {
 };
 
 // The address a server for `addr` binds: `addr` itself when numeric (brackets dropped), else
-// every interface (a name like "localhost" may resolve to several addresses).
+// "::", every interface of both families (a name like "localhost" may resolve to several
+// addresses, IPv6 among them).
 std::string bind_host(const std::string& addr);
 
-// This node's worker store, bound to `addr` (a numeric address itself, else every interface)
+// This node's worker store, bound to bind_host(addr)
 // at `port` (0 = any free port). Throws NetworkError with `hint` when it cannot bind (naming the
 // port when `name_port`).
 std::unique_ptr<rendezvous::StoreServer> host_worker_store(boost::asio::io_context& io, const std::string& addr,
