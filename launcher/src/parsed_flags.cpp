@@ -42,7 +42,7 @@ std::string footer() {
          "  ddprun [options] train.py ARGS      PYTHON -u train.py ARGS   (PYTHON: $PYTHON_EXEC, else python3 on "
          "PATH)\n"
          "  ddprun [options] -m pkg.mod ARGS    PYTHON -u -m pkg.mod ARGS\n"
-         "  ddprun [options] --run-path t.py    PYTHON -u -c <runpy.run_path> /abs/t.py ARGS\n"
+         "  ddprun [options] --run-path t.py    PYTHON -u -c <runpy.run_path> t.py ARGS\n"
          "  ddprun [options] ./prog ARGS        /abs/prog ARGS   (any executable; also with --no-python)\n"
          "\n"
          "Every option has a dash and an underscore spelling (--nproc-per-node, --nproc_per_node) and,\n"

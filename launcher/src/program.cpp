@@ -118,7 +118,9 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
       throw UsageError("--run-path: training script '" + program + "' not found (looked for " + as_file.string() + ")",
                        "pass the path of a Python file");
     }
-    out.argv = with_args({resolve_python(env, cwd), "-u", "-c", std::string(run_path_code), as_file.string()});
+    // The path as written, as torchrun passes it (the worker runs in this directory): sys.argv[0]
+    // and __file__ look the same as under torchrun.
+    out.argv = with_args({resolve_python(env, cwd), "-u", "-c", std::string(run_path_code), program});
     out.python_worker = true;
     return out;
   }

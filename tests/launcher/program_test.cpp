@@ -49,13 +49,13 @@ TEST_CASE("-m runs a module; combined with --no-python it is an error") {
   CHECK_THROWS_WITH(resolve(sb, bad), Contains("--no-python") && Contains("-m"));
 }
 
-TEST_CASE("--run-path uses runpy.run_path on the absolute script") {
+TEST_CASE("--run-path uses runpy.run_path on the script as typed (checked to exist)") {
   Sandbox sb;
   ProgramRequest req{"train.py", {"x"}};
   req.run_path = true;
   req.no_python = true;  // --run-path wins, as in torchrun
   const auto r = resolve(sb, req);
-  CHECK(r.argv == Strings{sb.path("bin/python3"), "-u", "-c", std::string(run_path_code), sb.path("train.py"), "x"});
+  CHECK(r.argv == Strings{sb.path("bin/python3"), "-u", "-c", std::string(run_path_code), "train.py", "x"});
   req.program = "missing.py";
   CHECK_THROWS_WITH(resolve(sb, req), Contains("missing.py"));
 }
@@ -122,7 +122,7 @@ TEST_CASE("a directory with __main__.py and a zip application run under Python, 
   // runpy.run_path runs a directory by its __main__.py too.
   ProgramRequest run_path{"appdir", {}};
   run_path.run_path = true;
-  CHECK(resolve(sb, run_path).argv == Strings{py, "-u", "-c", std::string(run_path_code), sb.path("appdir")});
+  CHECK(resolve(sb, run_path).argv == Strings{py, "-u", "-c", std::string(run_path_code), "appdir"});
   // A zip application runs under Python even when executable: without a #! line the kernel
   // cannot run it.
   Sandbox::write(sb.dir() / "app.pyz", "PK\x03\x04", true);

@@ -446,6 +446,16 @@ class Forms(Base):
             self.ok(r)
             self.assertIn("argv %r" % (expected,), r.stdout)
 
+    def test_run_path_script_as_typed(self):
+        # torchrun --run-path: sys.argv[0] and __file__ are the path as typed, relative here.
+        os.mkdir(self.p("sub"))
+        with open(self.p("sub/t.py"), "w") as f:
+            f.write("import sys; sys.stdout.write('argv0 %s file %s rest %s\\n' % (sys.argv[0], __file__, "
+                    "sys.argv[1:]))\n")
+        r = run(["--run-path", "sub/t.py", "--lr", "1"], cwd=self.dir)
+        self.ok(r)
+        self.assertIn("argv0 sub/t.py file sub/t.py rest ['--lr', '1']\n", r.stdout)
+
     def test_log_dir_dev_null(self):
         # torch 2.6: no log directory, TORCHELASTIC_ERROR_FILE empty, the job runs. Rank 1 is off
         # the console (--local-ranks-filter) and has no file to go to; ddprun's temporary run
