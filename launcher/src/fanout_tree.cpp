@@ -1,11 +1,14 @@
 // The launch tree's pure half (fanout.hpp): how the host list is cut into subtrees, and how a
 // subtree travels to its root in the environment block. The running half is in fanout.cpp.
+#include <unistd.h>
+
 #include <algorithm>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/launcher/fanout.hpp"
@@ -192,6 +195,16 @@ TreeNodePlan decode_tree_node(std::string_view text) {
   }
   if (!r.empty()) Reader::fail("bytes after the last host");
   return node;
+}
+
+std::string node_ssh_client(const std::string& launcher_ssh, const std::string& path_var) {
+  // Hosts of one cluster may keep ssh in different places (/usr/bin, /usr/local/bin, a module).
+  if (::access(launcher_ssh.c_str(), X_OK) == 0) return launcher_ssh;
+  try {
+    return agent::resolve_executable("ssh", path_var, "");
+  } catch (const Error&) {
+    return launcher_ssh;
+  }
 }
 
 }  // namespace ddprun::launcher

@@ -69,7 +69,9 @@ int run(int argc, char** argv) {
     control_fd = prepare_remote_agent(tree, env);
     if (tree) {
       // A launch tree node: this host's agent is the same command, started as a child.
-      const auto node = ddprun::launcher::decode_tree_node(*tree);
+      auto node = ddprun::launcher::decode_tree_node(*tree);
+      const char* path = std::getenv("PATH");
+      node.plan.ssh_command[0] = ddprun::launcher::node_ssh_client(node.plan.ssh_command[0], path ? path : "");
       ddprun::setup_logging("ddprun@" + node.self_label, static_cast<spdlog::level::level_enum>(node.plan.log_level));
       // argv[0] of this host's agent: the running binary's name (the exec itself goes through
       // /proc/self/exe, see run_tree_node); the kernel appends " (deleted)" once the file is gone.

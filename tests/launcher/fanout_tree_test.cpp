@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -232,4 +233,14 @@ TEST_CASE("a subtree plan larger than a host reads on stdin is refused before an
   // Under 1 MiB on its own (a leaf's block would fit), over it with 1,999 hosts of plan added.
   p.env = {{"BIG", std::string(1'000'000, 'x')}};
   CHECK_THROWS_WITH(run_fanout(p), Contains("hosts below it") && Contains("over the 1048576"));
+}
+
+TEST_CASE("a tree node runs the launcher's ssh where it exists, else the ssh on its own PATH") {
+  ddprun::test::Sandbox sb;
+  std::filesystem::create_directories(sb.dir() / "node-bin");
+  ddprun::test::Sandbox::write(sb.dir() / "node-bin" / "ssh", "#!/bin/sh\n", true);
+  const std::string node_path = "/nonexistent:" + sb.path("node-bin");
+  CHECK(node_ssh_client(sb.path("bin/python3"), node_path) == sb.path("bin/python3"));  // executable here: kept
+  CHECK(node_ssh_client("/opt/launcher-only/bin/ssh", node_path) == sb.path("node-bin/ssh"));
+  CHECK(node_ssh_client("/opt/launcher-only/bin/ssh", "/nonexistent") == "/opt/launcher-only/bin/ssh");
 }

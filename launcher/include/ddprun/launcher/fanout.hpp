@@ -124,6 +124,11 @@ struct TreeNodePlan {
 std::string encode_tree_node(const TreeNodePlan& node);
 TreeNodePlan decode_tree_node(std::string_view text);
 
+// The ssh client a tree node runs: the launcher's (an absolute path found on the launcher's
+// PATH) when it is an executable here too, else the first ssh on this node's `path_var`; the
+// launcher's path when neither is, so the error names what was tried.
+std::string node_ssh_client(const std::string& launcher_ssh, const std::string& path_var);
+
 // A tree node's whole run: `agent_argv` starts this host's own agent (the remote agent command
 // this process was started with; it is executed through /proc/self/exe, so the agent runs the
 // same image as this node even if the file at agent_argv[0] was replaced since), `env` is the environment block it read
