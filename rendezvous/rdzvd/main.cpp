@@ -314,6 +314,15 @@ int main(int argc, char** argv) {
                  "address\n";
     return 2;
   }
+  if (const auto& l = options.limits.store;
+      relay_to.empty() && (l.max_queued_reply_bytes < 8 || l.max_value_bytes > l.max_queued_reply_bytes - 8)) {
+    // A value the store accepts must fit one GET reply (8 bytes of length, then the value).
+    std::cerr << "ddprun-rdzvd: error: --max-value-bytes " << l.max_value_bytes
+              << " is more than one reply may queue (--max-queued-reply-bytes " << l.max_queued_reply_bytes
+              << ", less 8 bytes of length): such a value could be written but never read back. Raise "
+                 "--max-queued-reply-bytes or lower --max-value-bytes\n";
+    return 2;
+  }
   const auto level = log_level.empty() ? std::optional(ddprun::log_level_from_env(spdlog::level::info))
                                        : ddprun::parse_log_level(log_level);
   if (!level) {

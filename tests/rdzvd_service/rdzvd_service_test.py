@@ -170,6 +170,13 @@ class Service(unittest.TestCase):
             self.assertEqual(r.returncode, 2, (bad, r.stderr))
             self.assertIn("--job-expiry " + bad + ": not a number of seconds from 0 to 2592000", r.stderr)
             self.assertEqual(r.stdout, "", "it must not start listening")
+        # A value the store would take but no GET could return.
+        r = subprocess.run([RDZVD, "--port", "0", "--max-value-bytes", "2000", "--max-queued-reply-bytes", "2007"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--max-value-bytes 2000 is more than one reply may queue (--max-queued-reply-bytes 2007",
+                      r.stderr)
+        self.assertEqual(r.stdout, "", "it must not start listening")
         r = subprocess.run([RDZVD, "--log-format", "xml"], capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--log-format", r.stderr)
@@ -189,7 +196,8 @@ class Service(unittest.TestCase):
         analyze = shutil.which("systemd-analyze")
         if not analyze:
             self.skipTest("systemd-analyze is not installed (Debian package systemd)")
-        unit = open(os.path.join(SRC, "packaging", "systemd", "ddprun-rdzvd.service")).read()
+        with open(os.path.join(SRC, "packaging", "systemd", "ddprun-rdzvd.service")) as f:
+            unit = f.read()
         self.assertIn("ExecStart=/usr/bin/ddprun-rdzvd --token-file ${CREDENTIALS_DIRECTORY}/token", unit)
         self.assertIn("Type=notify", unit)
         # The unit as installed under another prefix: ExecStart names this build's binary.

@@ -223,7 +223,9 @@ TEST_CASE("an APPEND to a large watched value does not copy it when the watcher 
     bool reserve_push(ConnectionId conn, std::size_t) override { return conn != 2; }
     std::unordered_map<ConnectionId, std::string> out;
   };
-  StoreState state;
+  StoreLimits limits;
+  limits.max_value_bytes = 256u << 20;  // the codec bounds a SET's value; APPEND's result is bounded here
+  StoreState state(limits);
   Refusing box;
   const std::string big(128u << 20, 'v');
   REQUIRE(state.apply(1, req(Op::set, "k", big), box).ok);
@@ -253,4 +255,18 @@ TEST_CASE("a watch event carries the old and the new value, APPEND's included", 
   CHECK(box.take(2) == del + del);
   state.disconnect(2);
   CHECK(state.registrations() == 0);
+}
+
+TEST_CASE("APPEND keeps a value within max_value_bytes, so a GET can read it back", "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_value_bytes = 8;
+  StoreState state(limits);
+  RecordingOutbox box;
+  REQUIRE(state.apply(1, req(Op::append, "k", "12345"), box).ok);  // creates it
+  REQUIRE(state.apply(1, req(Op::append, "k", "678"), box).ok);    // exactly the limit
+  const ApplyResult refused = state.apply(1, req(Op::append, "k", "9"), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("would make its value 9 bytes") && Catch::Contains("--max-value-bytes"));
+  REQUIRE(state.value("k"));
+  CHECK(*state.value("k") == "12345678");  // unchanged
 }

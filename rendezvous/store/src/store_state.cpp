@@ -358,6 +358,15 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         store(res, req.key, req.value, outbox);
         break;
       }
+      if (it->second.size() + req.value.size() > limits_.max_value_bytes) {
+        // A value SET could not write stays one GET can read back: its reply fits
+        // --max-queued-reply-bytes whenever a SET's does.
+        res = {false, fmt::format("APPEND of {} bytes to key '{}' would make its value {} bytes, over the largest "
+                                  "value of {} bytes (--max-value-bytes)",
+                                  req.value.size(), printable(req.key), it->second.size() + req.value.size(),
+                                  limits_.max_value_bytes)};
+        break;
+      }
       if (bytes_ + req.value.size() > limits_.max_total_bytes) {
         res = too_big(req.key, req.value.size());
         break;
