@@ -23,6 +23,8 @@ namespace {
 
 // Per rank: how long a faulthandler dump or an eu-stack run may take before we give up.
 constexpr std::chrono::milliseconds kStackBound{2000};
+// The most of one rank's dump read back (faulthandler stops at 100 threads of 100 frames).
+constexpr std::size_t kMaxDumpBytes = 8u << 20;
 
 constexpr const char* kSiteCustomize =
     R"PY(# Installed by ddprun (see docs/errors.md): lets the agent ask this rank for the stacks of
@@ -71,6 +73,7 @@ _ddprun_setup()
 del _ddprun_setup
 )PY";
 
+// /proc files: small, and the kernel's own.
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -110,7 +113,8 @@ std::string base_name(const std::string& path) {
 }
 
 std::string source_line(const std::string& file, int line) {
-  std::ifstream in(file);
+  // The path comes from the rank's own dump: a regular file only, its first 4 MiB.
+  std::istringstream in(read_worker_file(file, 4u << 20, 0, true).value_or(std::string()));
   std::string text;
   for (int i = 1; std::getline(in, text); ++i) {
     if (i == line) {
@@ -149,94 +153,191 @@ std::string install_python_hook(const std::string& job_dir) {
   return dir;
 }
 
-RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string& rank_dir) {
-  RankStacks s;
-  s.rank = rank;
-  s.local_rank = local_rank;
-  s.pid = pid;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + kStackBound;
-  auto finish = [&] {
-    s.millis = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return s;
+std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const std::string bound = std::to_string(kStackBound.count()) + " ms";
+  std::vector<RankStacks> out(targets.size());
+  auto done_at = [&](RankStacks& s, Clock::time_point at) {
+    s.millis = std::chrono::duration<double, std::milli>(at - t0).count();
   };
-  if (catches(pid, stacks_signal())) {
-    const std::string file = rank_dir + "/stacks.txt";
-    const off_t before = std::max<off_t>(file_size(file), 0);
-    ::kill(pid, stacks_signal());
-    // faulthandler writes the whole dump from the signal handler in one go: done when the file
-    // grew and stopped growing.
-    off_t last = before;
-    int stable = 0;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const off_t now = file_size(file);
-      if (now > before && now == last) {
-        if (++stable >= 3) break;
-      } else {
-        stable = 0;
+  // 1. Every rank with the hook is asked at once; the dumps are written in parallel.
+  struct Dump {
+    std::size_t index = 0;
+    std::string file;
+    std::size_t before = 0;  // bytes of earlier dumps (a restarted attempt's rank dir is new, but be safe)
+    std::size_t last = 0;
+    Clock::time_point changed;
+    bool done = false;
+  };
+  std::vector<Dump> dumps;
+  std::vector<std::size_t> native;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const auto& t = targets[i];
+    out[i].rank = t.rank;
+    out[i].local_rank = t.local_rank;
+    out[i].pid = t.pid;
+    if (!catches(t.pid, stacks_signal())) {
+      native.push_back(i);
+      continue;
+    }
+    Dump d;
+    d.index = i;
+    d.file = t.rank_dir + "/stacks.txt";
+    d.before = d.last = static_cast<std::size_t>(std::max<off_t>(file_size(d.file), 0));
+    d.changed = Clock::now();
+    ::kill(t.pid, stacks_signal());
+    dumps.push_back(std::move(d));
+  }
+  // faulthandler writes line by line from the signal handler, the main thread last. A dump is
+  // complete once its last line is the main thread's outermost frame; a dump that never shows one
+  // (a main thread already past its module, a stack cut at 100 frames) once it has been still for
+  // kDumpQuiet. A preempted writer pauses for milliseconds, so stillness alone is not enough.
+  constexpr auto kDumpQuiet = std::chrono::milliseconds(150);
+  const auto deadline = t0 + kStackBound;
+  std::size_t open = dumps.size();
+  while (open > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto now = Clock::now();
+    for (auto& d : dumps) {
+      if (d.done) continue;
+      const auto size = static_cast<std::size_t>(std::max<off_t>(file_size(d.file), 0));
+      if (size != d.last) {
+        d.last = size;
+        d.changed = now;
+        continue;
       }
-      last = now;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (size <= d.before) continue;
+      const bool quiet = now - d.changed >= kDumpQuiet;
+      const auto tail = read_worker_file(d.file, 4096, size > 4096 ? size - 4096 : 0);
+      if (quiet || (tail && dump_complete(*tail))) {
+        d.done = true;
+        --open;
+        done_at(out[d.index], now);
+      }
     }
-    if (last > before) {
-      const std::string all = read_all(file);
-      s.text = all.substr(static_cast<std::size_t>(std::min<off_t>(before, static_cast<off_t>(all.size()))));
-      s.method = "faulthandler";
-      s.file = file;
-      s.where = python_where(s.text);
-      return finish();
-    }
-    s.where = "no faulthandler dump within " + std::to_string(kStackBound.count()) + " ms";
   }
+  for (auto& d : dumps) {
+    RankStacks& s = out[d.index];
+    if (d.last <= d.before) {
+      s.where = "no faulthandler dump within " + bound;
+      native.push_back(d.index);
+      continue;
+    }
+    std::size_t size = 0;
+    s.text = read_worker_file(d.file, kMaxDumpBytes, d.before, false, nullptr, &size).value_or(std::string());
+    s.method = "faulthandler";
+    s.file = d.file;
+    s.where = python_where(s.text);
+    if (!d.done) {
+      done_at(s, Clock::now());
+      s.where += std::string(s.where.empty() ? "" : " ") + "(the dump was still being written after " + bound + ")";
+    }
+  }
+  if (native.empty()) return out;
+
+  // 2. The others through eu-stack, all at once, with a bound of their own.
   const std::string eu = find_on_path("eu-stack");
-  if (eu.empty()) {
-    if (s.where.empty())
-      s.where = "no stacks: not a Python rank with the ddprun hook, and eu-stack (elfutils) is not installed";
-    return finish();
+  struct Run {
+    std::size_t index;
+    std::string file;
+    SpawnResult res;
+  };
+  std::vector<Run> runs;
+  for (const std::size_t i : native) {
+    RankStacks& s = out[i];
+    auto because = [&](const std::string& why) { s.where = s.where.empty() ? why : s.where + "; " + why; };
+    if (eu.empty()) {
+      because(s.where.empty() ? "no stacks: not a Python rank with the ddprun hook, and eu-stack (elfutils) is not "
+                                "installed"
+                              : "eu-stack (elfutils) is not installed");
+      continue;
+    }
+    Run r{i, targets[i].rank_dir + "/stacks-native.txt", {}};
+    const int fd = ::open(r.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      because("cannot write " + r.file + ": " + std::strerror(errno));
+      continue;
+    }
+    SpawnRequest req;
+    req.path = eu;
+    req.argv = {"eu-stack", "-p", std::to_string(targets[i].pid)};
+    req.envp = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
+    req.stdout_fd = fd;
+    req.stderr_fd = fd;
+    r.res = spawn_worker(req);
+    ::close(fd);
+    if (r.res.pid <= 0) {
+      because("cannot run eu-stack");
+      continue;
+    }
+    runs.push_back(std::move(r));
   }
-  const std::string file = rank_dir + "/stacks-native.txt";
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    s.where = "cannot write " + file + ": " + std::strerror(errno);
-    return finish();
+  const auto eu_deadline = Clock::now() + kStackBound;
+  std::vector<bool> finished(runs.size(), false);
+  std::size_t running = runs.size();
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<std::size_t> which;
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      if (finished[k]) continue;
+      fds.push_back({runs[k].res.pidfd, POLLIN, 0});
+      which.push_back(k);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(eu_deadline - Clock::now()).count();
+    if (left <= 0 || ::poll(fds.data(), fds.size(), static_cast<int>(left)) == 0) break;
+    for (std::size_t j = 0; j < fds.size(); ++j) {
+      if (fds[j].revents == 0) continue;
+      finished[which[j]] = true;
+      --running;
+      done_at(out[runs[which[j]].index], Clock::now());
+    }
   }
-  SpawnRequest req;
-  req.path = eu;
-  req.argv = {"eu-stack", "-p", std::to_string(pid)};
-  req.envp = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
-  req.stdout_fd = fd;
-  req.stderr_fd = fd;
-  const SpawnResult res = spawn_worker(req);
-  ::close(fd);
-  if (res.pid <= 0) {
-    s.where = "cannot run eu-stack";
-    return finish();
-  }
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  pollfd p{res.pidfd, POLLIN, 0};
-  if (::poll(&p, 1, static_cast<int>(std::max<long>(left.count(), 1))) <= 0) {
-    signal_group(res.pid, SIGKILL);
-    s.where = "eu-stack did not finish within " + std::to_string(kStackBound.count()) + " ms";
-  }
-  reap(res.pid, res.pidfd);
-  s.text = read_all(file);
-  s.file = file;
-  s.method = "eu-stack";
-  // Only the main thread (TID == pid) says where the rank is: torch's helper threads sit in
-  // c10d/gloo code whatever the main thread does.
-  const std::string tid = "TID " + std::to_string(pid) + ":";
-  if (const auto b = s.text.find(tid); b != std::string::npos) {
-    const auto e = s.text.find("\nTID ", b + tid.size());
-    s.main_thread = s.text.substr(b, e == std::string::npos ? std::string::npos : e - b);
-  }
-  if (s.where.empty()) {
-    // The innermost frame with a symbol: "#2  0x... clock_nanosleep".
-    static const std::regex frame(R"(#\d+[ \t]+0x[0-9a-f]+[ \t]+(\S+))");
-    std::smatch m;
-    s.where = std::regex_search(s.main_thread, m, frame) ? m[1].str() + " (native, main thread)"
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    Run& r = runs[k];
+    RankStacks& s = out[r.index];
+    const pid_t pid = targets[r.index].pid;
+    const bool timed_out = !finished[k];
+    if (timed_out) {
+      signal_group(r.res.pid, SIGKILL);
+      done_at(s, Clock::now());
+    }
+    reap(r.res.pid, r.res.pidfd);
+    s.text = read_worker_file(r.file, kMaxDumpBytes).value_or(std::string());
+    s.file = r.file;
+    s.method = "eu-stack";
+    // Only the main thread (TID == pid) says where the rank is: torch's helper threads sit in
+    // c10d/gloo code whatever the main thread does.
+    const std::string tid = "TID " + std::to_string(pid) + ":";
+    if (const auto b = s.text.find(tid); b != std::string::npos) {
+      const auto e = s.text.find("\nTID ", b + tid.size());
+      s.main_thread = s.text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    }
+    std::string where;
+    if (timed_out) {
+      where = "eu-stack did not finish within " + bound;
+    } else {
+      // The innermost frame with a symbol: "#2  0x... clock_nanosleep".
+      static const std::regex frame(R"(#\d+[ \t]+0x[0-9a-f]+[ \t]+(\S+))");
+      std::smatch m;
+      where = std::regex_search(s.main_thread, m, frame) ? m[1].str() + " (native, main thread)"
                                                          : "no named frame in the main thread (eu-stack)";
+    }
+    // A faulthandler that did not answer stays said: it is why eu-stack was run.
+    s.where = s.where.empty() ? where : where + " (" + s.where + ")";
   }
-  return finish();
+  return out;
+}
+
+bool dump_complete(std::string_view text) {
+  // The last line: the main thread's outermost frame, a script's or -c's "<module>", or runpy's
+  // "_run_module_as_main" under -m.
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  if (text.size() == 0) return false;
+  const auto nl = text.rfind('\n');
+  const std::string_view last = nl == std::string_view::npos ? text : text.substr(nl + 1);
+  if (last.find("File \"") == std::string_view::npos) return false;
+  return last.ends_with(" in <module>") || last.ends_with(" in _run_module_as_main");
 }
 
 std::string python_where(const std::string& text) {
@@ -256,11 +357,13 @@ std::string python_where(const std::string& text) {
     if (line.find("File \"") != std::string::npos) raw.back().push_back(line);
   }
   const std::vector<std::string>* best = nullptr;
+  bool main_thread = false;
   for (const auto& t : raw) {
     if (t.empty()) continue;
     if (best == nullptr) best = &t;
-    if (t.back().find("in <module>") != std::string::npos) {
+    if (dump_complete(t.back())) {
       best = &t;
+      main_thread = true;
       break;
     }
   }
@@ -272,6 +375,8 @@ std::string python_where(const std::string& text) {
   const int ln = std::stoi(m[2].str());
   std::string out = m[3].str() + " at " + base_name(file) + ":" + std::to_string(ln);
   if (const std::string src = source_line(file, ln); !src.empty()) out += " (`" + src + "`)";
+  // No thread of the dump holds a module's frame: the one shown may be a helper thread.
+  if (!main_thread) out += " (not known to be the main thread)";
   return out;
 }
 
@@ -330,15 +435,46 @@ Progress sample_progress(const std::vector<pid_t>& pids) {
   return p;
 }
 
-std::string read_tail(const std::string& path, std::size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return {};
-  const auto size = static_cast<std::size_t>(in.tellg());
-  const auto from = size > max_bytes ? size - max_bytes : 0;
-  in.seekg(static_cast<std::streamoff>(from));
-  std::string out(size - from, '\0');
-  in.read(out.data(), static_cast<std::streamsize>(out.size()));
+std::optional<std::string> read_worker_file(const std::string& path, std::size_t max_bytes, std::size_t from,
+                                            bool follow_links, std::string* problem, std::size_t* size) {
+  auto fail = [&](std::string why) -> std::optional<std::string> {
+    if (problem) *problem = std::move(why);
+    return std::nullopt;
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | (follow_links ? 0 : O_NOFOLLOW));
+  if (fd < 0) return fail(errno == ELOOP ? "is a symbolic link" : std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const auto mode = st.st_mode & S_IFMT;
+    ::close(fd);
+    return fail(mode == S_IFIFO                      ? "is a FIFO"
+                : mode == S_IFDIR                    ? "is a directory"
+                : mode == S_IFCHR || mode == S_IFBLK ? "is a device"
+                : mode == S_IFSOCK                   ? "is a socket"
+                                                     : "is not a regular file");
+  }
+  const auto whole = static_cast<std::size_t>(st.st_size);
+  if (size) *size = whole;
+  std::string out;
+  if (from < whole) {
+    out.resize(std::min(max_bytes, whole - from));
+    std::size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(from + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // shrunk meanwhile, or an error: what was read stands
+      got += static_cast<std::size_t>(n);
+    }
+    out.resize(got);
+  }
+  ::close(fd);
   return out;
+}
+
+std::string read_tail(const std::string& path, std::size_t max_bytes) {
+  std::size_t size = 0;
+  if (!read_worker_file(path, 0, 0, false, nullptr, &size)) return {};
+  return read_worker_file(path, max_bytes, size > max_bytes ? size - max_bytes : 0).value_or(std::string());
 }
 
 std::string format_bytes(std::uint64_t bytes) {

@@ -1,11 +1,15 @@
 // Error-file parsing and the root-cause summary; see failure.hpp.
 #include "ddprun/agent/failure.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include <boost/json.hpp>
 #include <ctime>
+
+#include "ddprun/agent/diagnosis.hpp"
 
 namespace json = boost::json;
 
@@ -192,12 +196,17 @@ std::string format_diagnosis_block(std::string_view host, std::string_view headl
 
 void load_error_file(FailureReport& report) {
   if (report.error_file.empty()) return;
-  std::ifstream in(report.error_file, std::ios::binary);
-  if (!in) return;
-  std::stringstream ss;
-  ss << in.rdbuf();
   std::string problem;
-  report.error = parse_error_file(ss.str(), &problem);
+  std::size_t size = 0;
+  const auto text = read_worker_file(report.error_file, kMaxErrorFileBytes, 0, false, &problem, &size);
+  if (!text) {
+    if (problem == std::strerror(ENOENT)) return;  // the rank wrote none
+  } else if (size > kMaxErrorFileBytes) {
+    problem = "it is " + std::to_string(size) + " bytes, over the " + std::to_string(kMaxErrorFileBytes) +
+              "-byte read of an error file";
+  } else {
+    report.error = parse_error_file(*text, &problem);
+  }
   if (!report.error) {
     report.note += (report.note.empty() ? "" : "; ") + std::string("error file ") + report.error_file +
                    " could not be used: " + problem;
@@ -206,11 +215,10 @@ void load_error_file(FailureReport& report) {
 
 std::string error_file_message(const std::string& path) {
   if (path.empty()) return {};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto parsed = parse_error_file(ss.str());
+  std::size_t size = 0;
+  const auto text = read_worker_file(path, kMaxErrorFileBytes, 0, false, nullptr, &size);
+  if (!text || size > kMaxErrorFileBytes) return {};
+  const auto parsed = parse_error_file(*text);
   return parsed ? parsed->message : std::string();
 }
 

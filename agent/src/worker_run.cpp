@@ -382,7 +382,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   std::vector<std::string> culprits;
   std::vector<std::string> ranks;
   std::vector<std::string> files;
-  std::vector<RankStacks> stacks;
+  std::vector<StackTarget> targets;
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& w : workers_) {
     if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
@@ -390,8 +390,9 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
     const std::string rank_dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
     // Flat layout: the rank's directory is made now; when that fails, collect_stacks says so.
     if (!lazy_job_dir_.empty()) ensure_dir(lazy_job_dir_, rank_dir);
-    stacks.push_back(collect_stacks(w->child.pid(), w->spec.rank, w->spec.local_rank, rank_dir));
+    targets.push_back({w->child.pid(), w->spec.rank, w->spec.local_rank, rank_dir});
   }
+  const std::vector<RankStacks> stacks = collect_stacks(targets);
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!stacks.empty()) spdlog::info("collected the stacks of {} rank(s) in {:.1f} ms", stacks.size(), total_ms);
 

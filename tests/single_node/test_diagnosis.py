@@ -13,6 +13,7 @@ Every wait is bounded and driven by output or files (readiness lines, pidfds), n
 """
 import ctypes
 import os
+import re
 import select
 import shutil
 import signal
@@ -82,6 +83,38 @@ chunks = []
 for _ in range(64):
     chunks.append(bytearray(32 * 1024 * 1024))
 print("survived", flush=True)
+'''
+
+
+FIFO_ERROR_FILE = r'''import os, sys, time
+if os.environ["LOCAL_RANK"] == "0":
+    os.mkfifo(os.environ["TORCHELASTIC_ERROR_FILE"])  # torch's error file, replaced by a FIFO
+    sys.exit(3)
+time.sleep(600)
+'''
+
+# Ranks 1..3 stop themselves (no faulthandler can answer in a stopped process); rank 0 fails once
+# all three are stopped.
+STOPPED = r'''import os, signal, sys, time
+d = sys.argv[1]
+if os.environ["LOCAL_RANK"] != "0":
+    with open(os.path.join(d, os.environ["LOCAL_RANK"] + ".tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(d, os.environ["LOCAL_RANK"] + ".tmp"), os.path.join(d, os.environ["LOCAL_RANK"]))
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(600)
+def stopped(rank):
+    try:
+        with open(os.path.join(d, rank)) as f:
+            pid = f.read()
+        with open("/proc/%s/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+deadline = time.monotonic() + 60
+while not all(stopped(r) for r in ("1", "2", "3")) and time.monotonic() < deadline:
+    time.sleep(0.01)  # no event tells another process of a stop
+sys.exit(9)
 '''
 
 
@@ -607,6 +640,36 @@ class Diagnosis(unittest.TestCase):
                       err)
         # The culprit comes before the victims' lines in the block.
         self.assertLess(err.index("culprit    : rank 1"), err.index("rank 0 (local 0"))
+
+    def test_an_error_file_replaced_by_a_fifo_is_noted_not_waited_on(self):
+        script = self.script("fifo.py", FIFO_ERROR_FILE)
+        proc = self.ddprun(["--nproc-per-node", "2", "--stacks", "off", "--no-python", PYTHON, script])
+        try:
+            out, err = proc.communicate(timeout=60)  # the agent blocked in open(2) forever before
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        err = err.decode()
+        self.assertEqual(proc.returncode, 3, err)
+        self.assertIn("could not be used: is a FIFO", err)
+        self.assertIn("exitcode   : 3", err)
+
+    def test_stacks_of_several_ranks_are_collected_at_once(self):
+        script = self.script("stopped.py", STOPPED)
+        marks = os.path.join(self.dir, "marks")
+        os.mkdir(marks)
+        proc = self.ddprun(["--nproc-per-node", "4", "--no-python", PYTHON, script, marks])
+        out, err = proc.communicate(timeout=120)
+        err = err.decode()
+        self.assertEqual(proc.returncode, 9, err)
+        # Each stopped rank's faulthandler cannot answer: the reason stays beside eu-stack's result.
+        for rank in (1, 2, 3):
+            self.assertRegex(err, r"rank %d \(local %d, pid \d+\): .*no faulthandler dump within 2000 ms" % (rank, rank))
+        # One bound for all of them (2 s for the dumps, 2 s for eu-stack), not 2 s or more per rank
+        # one after the other (6 s and more before).
+        took = float(re.search(r"collected the stacks of 3 rank\(s\) in ([0-9.]+) ms", err).group(1))
+        self.assertLess(took, 5500, err)
 
     # ---- hang detection ----
 

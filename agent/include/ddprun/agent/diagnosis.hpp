@@ -5,7 +5,7 @@
 // rank's death, the culprit of a collective timeout, and the progress signal of the hang
 // detector. See docs/errors.md for what the summaries look like.
 //
-// Stack collection is bounded in time (kStackBound per rank) and only ever signals a rank that
+// Stack collection is bounded in time (whatever the number of ranks) and only ever signals a rank that
 // has the handler installed (its SigCgt mask in /proc says so): a rank without it is never sent
 // the signal, whose default action would kill it.
 #include <sys/types.h>
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddprun::agent {
@@ -43,9 +44,23 @@ struct RankStacks {
   double millis = 0;        // what collecting them cost
 };
 
-// Collects the stacks of `pid` into `rank_dir`/stacks.txt (faulthandler writes to the file the
-// hook opened there) or `rank_dir`/stacks-native.txt (eu-stack). Bounded.
-RankStacks collect_stacks(pid_t pid, int rank, int local_rank, const std::string& rank_dir);
+struct StackTarget {
+  pid_t pid = 0;
+  int rank = 0;
+  int local_rank = 0;
+  std::string rank_dir;
+};
+
+// Collects the stacks of every target, in parallel: each Python rank with the hook is signalled
+// at once and writes `rank_dir`/stacks.txt (faulthandler, to the file the hook opened there);
+// the others, and those whose dump did not come, get eu-stack into `rank_dir`/stacks-native.txt,
+// all at once. Bounded by kStackBound for the dumps plus kStackBound for eu-stack, whatever the
+// number of ranks. One result per target, in order.
+std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets);
+
+// Whether a faulthandler dump (or its tail) ends with the main thread's outermost frame, which
+// faulthandler writes last: "<module>" (a script, -c) or runpy's "_run_module_as_main" (-m).
+bool dump_complete(std::string_view text);
 
 // The innermost frame of the main Python thread of a faulthandler dump: "f at file.py:42
 // (`source line`)"; "" when the text has no Python frame.
@@ -67,7 +82,16 @@ struct Progress {
 };
 Progress sample_progress(const std::vector<pid_t>& pids);
 
-// The last `max_bytes` of a file ("" when unreadable).
+// A file a worker wrote (or could have replaced): read only when it is a regular file, opened
+// without blocking (a FIFO is refused, not waited on) and, unless `follow_links`, not through a
+// symbolic link; at most `max_bytes` from offset `from`. nullopt when it cannot be used, with why
+// in `problem` ("is a FIFO", "No such file or directory", ...). `size` (when not null) gets the
+// file's whole size, so a caller can tell that it read only part of it.
+std::optional<std::string> read_worker_file(const std::string& path, std::size_t max_bytes, std::size_t from = 0,
+                                            bool follow_links = false, std::string* problem = nullptr,
+                                            std::size_t* size = nullptr);
+
+// The last `max_bytes` of a regular file ("" when unreadable or not a regular file).
 std::string read_tail(const std::string& path, std::size_t max_bytes);
 
 // "812.4 MiB".

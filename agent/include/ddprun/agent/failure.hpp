@@ -54,8 +54,12 @@ std::string format_diagnosis_block(std::string_view host, std::string_view headl
 std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
                                    const std::vector<FailureReport>& others);
 
+// The most of an error file read: a worker's traceback is kilobytes; more is not one.
+inline constexpr std::size_t kMaxErrorFileBytes = 1024 * 1024;
+
 // Reads `report.error_file` (when set and present) into `report.error`; a file that cannot be
-// used adds why to `report.note`.
+// used (not a regular file, a symbolic link, over kMaxErrorFileBytes, not torch's JSON) adds why
+// to `report.note`. Never blocks (a FIFO is refused).
 void load_error_file(FailureReport& report);
 
 // The message of the error file at `path`; "" when there is none or it cannot be used.

@@ -1,0 +1,136 @@
+// The pure parts of diagnosis: reading what workers wrote (bounded, never blocking), when a
+// faulthandler dump is complete, and which thread of it says where the rank is.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "ddprun/agent/diagnosis.hpp"
+#include "ddprun/agent/failure.hpp"
+
+using namespace ddprun::agent;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ddprun-diag-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name, const std::string& text) const {
+    const std::string p = (path / name).string();
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+  fs::path path;
+};
+
+// A dump as faulthandler writes it: helper threads first (newest first), the main thread last.
+const char* kDump =
+    "Thread 0x00007f0000000002 (most recent call first):\n"
+    "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n"
+    "  File \"/usr/lib/python3.11/threading.py\", line 995 in _bootstrap\n"
+    "\n"
+    "Current thread 0x00007f0000000001 (most recent call first):\n"
+    "  File \"/w/train.py\", line 14 in train_step\n"
+    "  File \"/w/train.py\", line 20 in <module>\n";
+
+}  // namespace
+
+TEST_CASE("a faulthandler dump is complete once the main thread's outermost frame is written") {
+  CHECK(dump_complete(kDump));
+  const std::string text = kDump;
+  CHECK_FALSE(dump_complete(text.substr(0, text.find("  File \"/w/train.py\", line 20"))));  // main thread cut
+  CHECK_FALSE(dump_complete(text.substr(0, text.find("\n\nCurrent"))));                      // a helper thread's end
+  CHECK(
+      dump_complete("Current thread 0x1 (most recent call first):\n"
+                    "  File \"/w/pkg/__main__.py\", line 3 in <module>\n"
+                    "  File \"<frozen runpy>\", line 88 in _run_code\n"
+                    "  File \"<frozen runpy>\", line 198 in _run_module_as_main"));  // python -m, no newline yet
+  CHECK_FALSE(dump_complete(""));
+  CHECK_FALSE(dump_complete("  File \"/w/t.py\", line 1 in <mod"));
+}
+
+TEST_CASE("python_where names the main thread's innermost frame, and says when it cannot tell") {
+  TempDir d;
+  CHECK(python_where(kDump) == "train_step at train.py:14");
+  // python -m: the main thread ends in runpy, not in <module>.
+  const std::string module_run =
+      "Thread 0x2 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n"
+      "\n"
+      "Current thread 0x1 (most recent call first):\n"
+      "  File \"/w/pkg/loop.py\", line 7 in spin\n"
+      "  File \"/w/pkg/__main__.py\", line 3 in <module>\n"
+      "  File \"<frozen runpy>\", line 88 in _run_code\n"
+      "  File \"<frozen runpy>\", line 198 in _run_module_as_main\n";
+  CHECK(python_where(module_run) == "spin at loop.py:7");
+  // No thread with a module frame (the dump was cut): the first thread, marked as a guess.
+  const std::string cut = std::string(kDump).substr(0, std::string(kDump).find("Current"));
+  const std::string guess = python_where(cut);
+  CHECK(guess.rfind("wait at threading.py:320", 0) == 0);
+  CHECK(guess.ends_with(" (not known to be the main thread)"));
+  // The source line, from a regular file only.
+  const std::string src = d.file("t.py", "import time\n    time.sleep(600)\n");
+  CHECK(python_where("  File \"" + src + "\", line 2 in <module>\n") == "<module> at t.py:2 (`time.sleep(600)`)");
+  const std::string fifo = (d.path / "fifo.py").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(python_where("  File \"" + fifo + "\", line 2 in <module>\n") == "<module> at fifo.py:2");  // no hang
+}
+
+TEST_CASE("read_worker_file reads regular files only, bounded, without blocking") {
+  TempDir d;
+  const std::string f = d.file("a", "0123456789");
+  std::string problem;
+  std::size_t size = 0;
+  CHECK(read_worker_file(f, 4, 0, false, &problem, &size) == std::optional<std::string>("0123"));
+  CHECK(size == 10);
+  CHECK(read_worker_file(f, 100, 7) == std::optional<std::string>("789"));
+  CHECK(read_worker_file(f, 100, 10) == std::optional<std::string>(""));
+  const std::string fifo = (d.path / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_FALSE(read_worker_file(fifo, 100, 0, false, &problem));  // would block forever in open(2) before
+  CHECK(problem == "is a FIFO");
+  const std::string link = (d.path / "link").string();
+  REQUIRE(::symlink("/dev/zero", link.c_str()) == 0);
+  CHECK_FALSE(read_worker_file(link, 100, 0, false, &problem));
+  CHECK(problem == "is a symbolic link");
+  CHECK_FALSE(read_worker_file(link, 100, 0, true, &problem));  // followed: a device
+  CHECK(problem == "is a device");
+  CHECK_FALSE(read_worker_file((d.path / "missing").string(), 100, 0, false, &problem));
+  CHECK(read_tail(f, 3) == "789");
+  CHECK(read_tail(fifo, 3).empty());
+}
+
+TEST_CASE("an error file that is not a regular file, or too large, is noted and never read whole") {
+  TempDir d;
+  FailureReport r;
+  r.error_file = (d.path / "fifo.json").string();
+  REQUIRE(::mkfifo(r.error_file.c_str(), 0600) == 0);
+  load_error_file(r);  // returns at once
+  CHECK_FALSE(r.error);
+  CHECK_THAT(r.note, Contains("could not be used: is a FIFO"));
+  CHECK(error_file_message(r.error_file).empty());
+
+  FailureReport big;
+  big.error_file = (d.path / "big.json").string();
+  {
+    std::ofstream out(big.error_file, std::ios::binary);
+    out << "{\"message\": \"" << std::string(kMaxErrorFileBytes, 'x') << "\"}";
+  }
+  load_error_file(big);
+  CHECK_FALSE(big.error);
+  CHECK_THAT(big.note, Contains("over the 1048576-byte read of an error file"));
+
+  FailureReport none;
+  none.error_file = (d.path / "absent.json").string();
+  load_error_file(none);  // the rank wrote none: nothing to say
+  CHECK(none.note.empty());
+}
