@@ -231,6 +231,16 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       return;
     }
     if (!m.auth) {
+      if (!options.token.empty()) {
+        // Anything can say "no token needed"; only the daemon that holds it can prove it (AUTH_OK).
+        // A client with a token never takes assignments from a server that did not.
+        refused(
+            fmt::format("the rendezvous server {} did not ask for the token: it is not the daemon the token "
+                        "is for, or that daemon runs without one. Check --rdzv-endpoint, or unset "
+                        "DDPRUN_RDZV_TOKEN / the token_file setting to use a daemon without a token",
+                        endpoint_text()));
+        return;
+      }
       handshake_done();
       return;
     }
@@ -546,6 +556,12 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   auto on_message = [&](ServerMessage& msg) -> bool {
     if (auto* c = std::get_if<ChallengeMessage>(&msg)) {
       if (!c->auth) {
+        if (!token.empty()) {
+          error =
+              "the server did not ask for the token: it is not the daemon the token is for, or that daemon runs "
+              "without one (unset DDPRUN_RDZV_TOKEN or drop --token-file to query a daemon without a token)";
+          return true;
+        }
         send(StatusMessage{run_id});
         return false;
       }
