@@ -242,18 +242,19 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
 }
 
 std::string format_status(const rdzv::RegistryStatus& status, const std::string& endpoint, const std::string& run_id) {
+  // Every string below but the endpoint came from the server, and most from its other clients.
   std::string out;
   if (status.jobs.empty()) {
     out += run_id.empty() ? fmt::format("rendezvous {}: no jobs\n", endpoint)
-                          : fmt::format("rendezvous {}: no job '{}'\n", endpoint, run_id);
+                          : fmt::format("rendezvous {}: no job '{}'\n", endpoint, terminal_safe(run_id));
     return out;
   }
   out += fmt::format("rendezvous {}: {} job(s)\n", endpoint, status.jobs.size());
   for (const auto& job : status.jobs) {
-    out += fmt::format("\njob '{}': {}{}, round {}, nodes {}:{}, restarts {}/{}\n", job.run_id,
+    out += fmt::format("\njob '{}': {}{}, round {}, nodes {}:{}, restarts {}/{}\n", terminal_safe(job.run_id),
                        rdzv::to_string(job.state), job.closed ? " (closed)" : "", job.round, job.min_nodes,
                        job.max_nodes, job.restarts_used, job.max_restarts);
-    if (!job.progress.empty()) out += "  " + job.progress + "\n";
+    if (!job.progress.empty()) out += "  " + terminal_safe(job.progress) + "\n";
     std::string timers;
     auto timer = [&](const char* name, const std::optional<Duration>& d) {
       if (d) timers += fmt::format("{}{} in {}", timers.empty() ? "" : ", ", name, secs(*d));
@@ -264,8 +265,8 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
     timer("rebuild grace", job.rebuild_in);
     timer("forgotten", job.gc_in);
     if (!timers.empty()) out += "  timers: " + timers + "\n";
-    if (!job.result.empty()) out += "  result: " + job.result + "\n";
-    if (job.last_failure) out += "  last worker failure: " + job.last_failure->describe() + "\n";
+    if (!job.result.empty()) out += "  result: " + terminal_safe(job.result) + "\n";
+    if (job.last_failure) out += "  last worker failure: " + terminal_safe(job.last_failure->describe()) + "\n";
     if (job.members.empty()) {
       out += "  no members\n";
       continue;
@@ -276,8 +277,8 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
       std::string state = m.succeeded ? "succeeded" : (m.disconnected ? "disconn." : "ok");
       out += fmt::format("  {:<6} {:<12} {:<22} {:>7} {:<10} {:>9} {:>9}  {}\n",
                          m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"), rdzv::to_string(m.role),
-                         m.addr, m.local_world_size, state, secs(m.last_heartbeat_age) + " ago", secs(m.lease_left),
-                         m.id.to_string());
+                         terminal_safe(m.addr), m.local_world_size, state, secs(m.last_heartbeat_age) + " ago",
+                         secs(m.lease_left), terminal_safe(m.id.to_string()));
     }
   }
   return out;

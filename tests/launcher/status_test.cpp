@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
 #include "ddprun/launcher/status_command.hpp"
 
 using namespace ddprun::launcher;
@@ -66,6 +67,26 @@ TEST_CASE("status table lists jobs, timers and members") {
   CHECK_THAT(text, Contains("127.0.0.2"));
   CHECK_THAT(text, Contains("succeeded"));
   CHECK_THAT(text, Contains("127.0.0.3:101/bb"));
+}
+
+TEST_CASE("status text: what other clients sent cannot drive the terminal") {
+  rdzv::RegistryStatus st;
+  rdzv::JobStatus job;
+  job.run_id = "job\x1b[31mRED\x1b]0;pwned\x07";
+  job.result = "ok\r\nforged line";
+  rdzv::MemberStatus m;
+  m.id = {"h\x1b[2J", 100, "aa"};
+  m.addr = "10.0.0.1\x9b";  // a lone byte, kept: not a UTF-8 C1 control
+  job.members.push_back(m);
+  st.jobs.push_back(job);
+  const auto text = format_status(st, "127.0.0.1:5000", "");
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find('\x07') == std::string::npos);
+  CHECK(text.find('\r') == std::string::npos);
+  CHECK_THAT(text, Contains("job 'job\\x1b[31mRED\\x1b]0;pwned\\x07'"));
+  CHECK_THAT(text, Contains("result: ok\\x0d\\x0aforged line\n"));
+  CHECK_THAT(text, Contains("h\\x1b[2J:100/aa"));
+  CHECK(ddprun::terminal_safe("caf\xc3\xa9 \xc2\x9b x\\y") == "caf\xc3\xa9 \\u009b x\\\\y");
 }
 
 TEST_CASE("status --json and --watch arguments") {

@@ -36,6 +36,7 @@
 
 #include "ddprun/common/backoff.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
 
@@ -583,7 +584,7 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
       return false;
     }
     if (auto* r = std::get_if<Refuse>(&msg)) {
-      error = "refused: " + r->reason;
+      error = "refused: " + ddprun::terminal_safe(r->reason);
       return true;
     }
     if (auto* s = std::get_if<RegistryStatus>(&msg)) {
