@@ -8,6 +8,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <utility>
 
 namespace ddprun::http {
@@ -68,6 +69,26 @@ Response plain(int status, std::string_view text) {
   return Response{status, "text/plain; charset=utf-8", std::string(text) + "\n"};
 }
 
+// The end of a request head: an empty line, ended by CRLF or by a bare LF (RFC 9112 2.2 lets a
+// server take LF alone as a line end): "\n\n" or "\n\r\n".
+std::pair<asio::buffers_iterator<asio::streambuf::const_buffers_type>, bool> end_of_head(
+    asio::buffers_iterator<asio::streambuf::const_buffers_type> begin,
+    asio::buffers_iterator<asio::streambuf::const_buffers_type> end) {
+  int state = 0;  // 1: after a LF; 2: after LF CR
+  for (auto it = begin; it != end; ++it) {
+    const char ch = *it;
+    if (ch == '\n') {
+      if (state != 0) return {std::next(it), true};
+      state = 1;
+    } else if (ch == '\r' && state == 1) {
+      state = 2;
+    } else if (ch != '\r') {
+      state = 0;
+    }
+  }
+  return {begin, false};
+}
+
 struct Server::Impl : std::enable_shared_from_this<Impl> {
   Impl(tcp::acceptor acceptor_, Options options_)
       : acceptor(std::move(acceptor_)), retry(acceptor.get_executor()), options(std::move(options_)) {}
@@ -105,12 +126,21 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     boost::system::error_code ec;
     const Limits& limits = options.limits;
     if (connections.size() >= limits.max_connections) {
-      // Idle connections must not pin descriptors: one beyond the limit is closed at once.
+      // Idle connections must not pin descriptors, nor shut out a real client (a liveness probe):
+      // the oldest connection still short of a complete request gives way to the new one. Only
+      // when every slot is sending an answer is the new one closed.
+      const auto oldest = std::find_if(connections.begin(), connections.end(),
+                                       [](const auto& entry) { return !entry.second->head_read; });
       ++stats.rejected;
       ++stats.over_limit;
-      spdlog::debug("{}: closing a connection: {} already open", options.name, limits.max_connections);
-      socket.close(ec);
-      return;
+      if (oldest == connections.end()) {
+        spdlog::debug("{}: closing a connection: {} already open", options.name, limits.max_connections);
+        socket.close(ec);
+        return;
+      }
+      spdlog::debug("{}: {} connections open: closing the oldest without a complete request", options.name,
+                    limits.max_connections);
+      close(std::shared_ptr<Connection>(oldest->second));
     }
     auto c = std::make_shared<Connection>(std::move(socket), limits.max_request_bytes);
     c->id = next_id++;
@@ -124,7 +154,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
       self->close(c);
     });
     asio::async_read_until(
-        c->socket, c->in, "\r\n\r\n",
+        c->socket, c->in, end_of_head,
         [self = shared_from_this(), c](boost::system::error_code rec, std::size_t n) { self->on_head(c, rec, n); });
   }
 
@@ -142,7 +172,8 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     const std::size_t len = ec ? c->in.size() : n;
     const std::string head(asio::buffers_begin(c->in.data()),
                            asio::buffers_begin(c->in.data()) + static_cast<long>(len));
-    const std::string_view line = std::string_view(head).substr(0, head.find("\r\n"));
+    std::string_view line = std::string_view(head).substr(0, head.find('\n'));
+    if (line.ends_with('\r')) line.remove_suffix(1);
     const auto sp1 = line.find(' ');
     const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
     if (ec || sp2 == std::string_view::npos || !line.substr(sp2 + 1).starts_with("HTTP/1.")) {

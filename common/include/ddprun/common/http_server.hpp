@@ -6,7 +6,9 @@
 // reachable by anyone who can reach the host, so every connection is treated as hostile: the
 // request head must arrive within limits.read_timeout and the answer be read within another,
 // a head larger than limits.max_request_bytes is not read further, at most
-// limits.max_connections are served at once (one beyond that is closed at accept), and a failed
+// limits.max_connections are served at once (a new one beyond that takes the slot of the oldest
+// connection still short of a complete request, or is closed at accept when every slot is
+// answering), a head may end its lines with CRLF or a bare LF, and a failed
 // accept (out of descriptors) is retried after 1 s instead of ending the listener. Request
 // bodies are never read.
 //
