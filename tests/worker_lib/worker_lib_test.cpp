@@ -84,6 +84,14 @@ TEST_CASE("worker info from the environment", "[worker]") {
   bad["RANK"] = "8";
   CHECK_THROWS_WITH(w::parse_info(bad), Catch::Contains("RANK=8 is not below WORLD_SIZE=8"));
   CHECK_THROWS_AS(w::parse_info(bad), std::runtime_error);
+  // Layouts no launcher makes.
+  bad = base_env();
+  bad["GROUP_RANK"] = "5";
+  bad["GROUP_WORLD_SIZE"] = "2";
+  CHECK_THROWS_WITH(w::parse_info(bad), Catch::Contains("GROUP_RANK=5 is not below GROUP_WORLD_SIZE=2"));
+  bad = base_env();
+  bad["LOCAL_WORLD_SIZE"] = "9";
+  CHECK_THROWS_WITH(w::parse_info(bad), Catch::Contains("LOCAL_WORLD_SIZE=9 is more than WORLD_SIZE=8"));
 
   const auto o = w::Store::options_from_env(base_env());
   CHECK(o.host == "10.0.0.1");
@@ -91,6 +99,9 @@ TEST_CASE("worker info from the environment", "[worker]") {
   CHECK(o.world_size == 8);
   CHECK(o.key_prefix == "/ddprun/attempt_2/");
   CHECK_FALSE(o.legacy_protocol);
+  env = base_env();
+  env["MASTER_ADDR"] = " ";  // was 300 s of retries against ":29501"
+  CHECK_THROWS_WITH(w::Store::options_from_env(env), Catch::Contains("MASTER_ADDR is empty"));
   env = base_env();
   env["DDPRUN_STORE_GENERATION"] = "ancient";
   CHECK_THROWS_WITH(w::Store::options_from_env(env), Catch::Contains("DDPRUN_STORE_GENERATION='ancient'"));

@@ -75,6 +75,14 @@ Info parse_info_impl(const Environment& env) {
     throw Invalid("LOCAL_RANK=" + std::to_string(i.local_rank) +
                   " is not below LOCAL_WORLD_SIZE=" + std::to_string(i.local_world_size));
   }
+  if (i.local_world_size > i.world_size) {
+    throw Invalid("LOCAL_WORLD_SIZE=" + std::to_string(i.local_world_size) +
+                  " is more than WORLD_SIZE=" + std::to_string(i.world_size));
+  }
+  if (i.group_rank >= i.group_world_size) {
+    throw Invalid("GROUP_RANK=" + std::to_string(i.group_rank) +
+                  " is not below GROUP_WORLD_SIZE=" + std::to_string(i.group_world_size));
+  }
   return i;
 }
 
@@ -114,6 +122,7 @@ StoreOptions store_options_impl(const Environment& env) {
   const std::string* addr = find(env, "MASTER_ADDR");
   if (addr == nullptr) throw NotSet("MASTER_ADDR is not set", "run this program under ddprun or torchrun");
   o.host = std::string(trim(*addr));
+  if (o.host.empty()) throw Invalid("MASTER_ADDR is empty");  // not 300 s of retries against ":PORT"
   o.port = static_cast<std::uint16_t>(int_var(env, "MASTER_PORT", std::nullopt, 1, 65535));
   o.world_size = static_cast<int>(int_var(env, "WORLD_SIZE", std::nullopt, 1, 1 << 30));
   o.key_prefix = "/ddprun/attempt_" + std::to_string(int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30)) + "/";
