@@ -118,6 +118,25 @@ sys.exit(9)
 '''
 
 
+# Rank 0 raises while a non-daemon thread keeps its process alive; rank 1 fails later, on its own.
+RAISED_BUT_ALIVE = r'''import os, sys, threading, time
+marker = os.path.join(sys.argv[1], "raised")
+if os.environ["LOCAL_RANK"] == "0":
+    def keeper():
+        while threading.main_thread().is_alive():  # the main thread ends by its exception
+            time.sleep(0.01)
+        open(marker, "w").close()
+        time.sleep(600)
+    threading.Thread(target=keeper).start()
+    raise ValueError("boom in rank 0")
+deadline = time.monotonic() + 60
+while not os.path.exists(marker) and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.3)  # the gap the diagnosis must see: rank 0 raised well before rank 1 ends
+sys.exit(5)
+'''
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -670,6 +689,15 @@ class Diagnosis(unittest.TestCase):
         # one after the other (6 s and more before).
         took = float(re.search(r"collected the stacks of 3 rank\(s\) in ([0-9.]+) ms", err).group(1))
         self.assertLess(took, 5500, err)
+
+    def test_a_rank_that_raised_first_but_still_runs_is_the_culprit(self):
+        script = self.script("raised.py", RAISED_BUT_ALIVE)
+        proc = self.ddprun(["--nproc-per-node", "2", "--no-python", PYTHON, script, self.dir])
+        out, err = proc.communicate(timeout=120)
+        err = err.decode()
+        self.assertEqual(proc.returncode, 5, err)  # the first exit is still the root cause, as in torchrun
+        self.assertRegex(err, r"culprit    : rank 0 raised ValueError: boom in rank 0 [0-9.]+ s before rank 1 ended, "
+                              r"and is still running")
 
     # ---- hang detection ----
 
