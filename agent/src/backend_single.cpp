@@ -58,7 +58,10 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this, a] { events_.on_assignment(a); });
   }
 
-  void report_failure(std::uint64_t /*round*/, const FailureReport& failure) override { failure_ = failure; }
+  void report_failure(std::uint64_t /*round*/, const FailureReport& failure) override {
+    failure_ = failure;
+    failed_ = true;
+  }
 
   void report_success(std::uint64_t /*round*/) override {
     post([this] { events_.on_job_completed(); });
@@ -67,16 +70,27 @@ class SingleNodeBackend final : public RendezvousBackend {
   void await_verdict(int exit_code, std::vector<FailureReport> others) override {
     if (restarts_ < config_.max_restarts) {
       ++restarts_;
+      failed_ = false;  // the next attempt starts clean
       post([this] { events_.on_restart(); });
       return;
     }
+    failed_ = false;
     FailureReport report = failure_;
     load_error_file(report);
     write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 
-  void leave(int exit_code) override { spdlog::warn("workers stopped after a signal; exiting with {}", exit_code); }
+  void leave(int exit_code) override {
+    if (failed_) {
+      // A rank had failed before the signal came (a Ctrl-C during the teardown's grace): what
+      // failed is still the news, with its diagnosis.
+      FailureReport report = failure_;
+      load_error_file(report);
+      write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
+    }
+    spdlog::warn("workers stopped after a signal; exiting with {}", exit_code);
+  }
 
   void stop(std::function<void()> stopped) override {
     stopped_ = true;
@@ -98,6 +112,7 @@ class SingleNodeBackend final : public RendezvousBackend {
   std::unique_ptr<rendezvous::StoreServer> store_;
   std::vector<std::uint8_t> offer_;
   FailureReport failure_;
+  bool failed_ = false;  // this attempt reported a failure
   int restarts_ = 0;
   bool stopped_ = false;
 };

@@ -215,7 +215,11 @@ void WorkerRun::on_done(int local_rank) {
 }
 
 void WorkerRun::signal(int sig) {
-  if (!ended_) apply(machine_.on_signal(sig));
+  if (ended_) return;
+  // A signal while a stop is under way ends the grace: say so, not "did not stop within".
+  insisted_ = machine_.state() == GroupState::stopping ? sig : 0;
+  apply(machine_.on_signal(sig));
+  insisted_ = 0;
 }
 
 void WorkerRun::stop() {
@@ -250,7 +254,11 @@ void WorkerRun::apply(const GroupActions& actions) {
 void WorkerRun::signal_groups(int sig) {
   if (sig == SIGKILL && machine_.state() == GroupState::stopping) {
     for (const auto& w : workers_) {
-      if (w->child.pid() > 0 && !w->child.exited()) {
+      if (w->child.pid() <= 0 || w->child.exited()) continue;
+      if (insisted_ != 0) {
+        spdlog::warn("local rank {} (pid {}) still running at a second {} during the stop: sending SIGKILL",
+                     w->spec.local_rank, w->child.pid(), signal_name(insisted_));
+      } else {
         spdlog::warn("local rank {} (pid {}) did not stop within {} ms: sending SIGKILL", w->spec.local_rank,
                      w->child.pid(), config_.shutdown_timeout.count());
       }

@@ -137,6 +137,21 @@ sys.exit(5)
 '''
 
 
+# Rank 0 fails; rank 1 ignores SIGTERM and SIGINT, so the teardown waits out its grace.
+FAIL_THEN_STUBBORN = r'''import os, signal, sys, time
+ready = os.path.join(sys.argv[1], "stubborn")
+if os.environ["LOCAL_RANK"] == "0":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.01)  # rank 1 must ignore the teardown's signals before rank 0 fails
+    raise ValueError("rank 0 broke")
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+open(ready, "w").close()
+time.sleep(600)
+'''
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -698,6 +713,41 @@ class Diagnosis(unittest.TestCase):
         self.assertEqual(proc.returncode, 5, err)  # the first exit is still the root cause, as in torchrun
         self.assertRegex(err, r"culprit    : rank 0 raised ValueError: boom in rank 0 [0-9.]+ s before rank 1 ended, "
                               r"and is still running")
+
+    def test_ctrl_c_twice_after_a_failure_keeps_its_summary(self):
+        script = self.script("stubborn.py", FAIL_THEN_STUBBORN)
+        proc = self.ddprun(["--nproc-per-node", "2", "--shutdown-timeout", "60", "--no-python", PYTHON, script,
+                            self.dir])
+        err = b""
+
+        def read_err_until(token, timeout=60):
+            nonlocal err
+            deadline = time.monotonic() + timeout
+            while token not in err:
+                left = deadline - time.monotonic()
+                self.assertGreater(left, 0, err.decode())
+                r, _, _ = select.select([proc.stderr], [], [], left)
+                if r:
+                    chunk = os.read(proc.stderr.fileno(), 65536)
+                    self.assertTrue(chunk, err.decode())
+                    err += chunk
+
+        try:
+            read_err_until(b"collected the stacks")  # rank 0 failed, the teardown's grace runs
+            proc.send_signal(signal.SIGINT)
+            read_err_until(b"received SIGINT")
+            proc.send_signal(signal.SIGINT)  # the user insists
+            rest = proc.communicate(timeout=60)[1]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        text = (err + rest).decode()
+        self.assertEqual(proc.returncode, 130, text)
+        self.assertIn("still running at a second SIGINT during the stop: sending SIGKILL", text)
+        self.assertNotIn("did not stop within", text)  # the grace (60 s) did not run out
+        self.assertIn("Root Cause (first observed failure)", text)  # what failed is still reported
+        self.assertIn("Diagnosis (", text)
 
     # ---- hang detection ----
 

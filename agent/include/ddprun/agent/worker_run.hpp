@@ -118,7 +118,8 @@ class WorkerRun {
   Progress last_progress_;
   std::chrono::steady_clock::time_point last_change_;
   bool hang_fired_ = false;
-  std::string diagnosis_;              // this attempt's diagnosis block
+  int insisted_ = 0;       // the signal that came while a stop was under way (its SIGKILL is not the grace's)
+  std::string diagnosis_;  // this attempt's diagnosis block
   std::vector<int> teardown_signals_;  // what signal_groups() sent this attempt
   std::string attempt_dir_;
   std::vector<int> reset_signals_;  // signals_to_reset(), once per round (start)
