@@ -224,6 +224,10 @@ RegistryStatus RendezvousRegistry::status(TimePoint now) const {
   return s;
 }
 
+void RendezvousRegistry::for_each_job(const std::function<void(const RendezvousJob&)>& f) const {
+  for (const auto& [id, e] : jobs_) f(e.job);
+}
+
 std::optional<JobStatus> RendezvousRegistry::status_of(const std::string& run_id, TimePoint now) const {
   auto it = jobs_.find(run_id);
   if (it == jobs_.end()) return std::nullopt;

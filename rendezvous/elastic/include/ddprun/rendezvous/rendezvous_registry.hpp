@@ -16,6 +16,7 @@
 // id. This bounds what abandoned jobs (crashed launchers, junk run ids) cost the daemon, and
 // max_jobs bounds how many exist at once.
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -55,6 +56,9 @@ class RendezvousRegistry {
 
   std::optional<TimePoint> next_deadline() const;
   RegistryStatus status(TimePoint now) const;
+  // Every job, for counting (the metrics endpoint): no JobStatus is built, so a scrape over
+  // 100,000 jobs costs a pass over them rather than a copy of each one's members.
+  void for_each_job(const std::function<void(const RendezvousJob&)>& f) const;
   // One job's status; nullopt when the registry does not have it. O(log J + its members).
   std::optional<JobStatus> status_of(const std::string& run_id, TimePoint now) const;
   const RendezvousJob* find(const std::string& run_id) const;
