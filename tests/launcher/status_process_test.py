@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -201,6 +202,33 @@ class StatusWithoutServer(unittest.TestCase):
                             "--watch-count", "1", "--json"], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn(ep, json.loads(r.stdout)["error"])
+
+    def test_timeout_bounds_a_name_server_that_does_not_answer(self):
+        # getaddrinfo made slow for one name by a preloaded shim (ddprun resolves through glibc):
+        # the query must end at --timeout, not when the resolver gives up.
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self.skipTest("no C compiler to build the getaddrinfo shim")
+        tmp = tempfile.TemporaryDirectory(prefix="ddprun-slowdns-")
+        self.addCleanup(tmp.cleanup)
+        src = os.path.join(tmp.name, "slowdns.c")
+        lib = os.path.join(tmp.name, "slowdns.so")
+        with open(src, "w") as f:
+            f.write("#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <netdb.h>\n#include <string.h>\n"
+                    "#include <unistd.h>\n"
+                    "int getaddrinfo(const char* n, const char* s, const struct addrinfo* h, struct addrinfo** r) {\n"
+                    "  static int (*real)(const char*, const char*, const struct addrinfo*, struct addrinfo**);\n"
+                    "  if (!real) real = dlsym(RTLD_NEXT, \"getaddrinfo\");\n"
+                    "  if (n && strcmp(n, \"blackholed.test\") == 0) sleep(30);\n"
+                    "  return real(n, s, h, r);\n}\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", lib, src, "-ldl"], check=True, timeout=120)
+        started = time.monotonic()
+        r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", "blackholed.test:29400", "--timeout", "1"],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, LD_PRELOAD=lib))
+        took = time.monotonic() - started
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot resolve 'blackholed.test' within 1000 ms", r.stderr)
+        self.assertLess(took, 20, "ended by the name server, not by --timeout")  # 30 s before
 
     def test_usage_errors(self):
         for args, text in ((["--watch-count", "2"], "needs --watch"), (["--watch", "-1"], "'-1'"),

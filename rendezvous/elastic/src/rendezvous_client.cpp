@@ -31,8 +31,11 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <vector>
+#include <future>
+#include <memory>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "ddprun/common/backoff.hpp"
 #include "ddprun/common/error.hpp"
@@ -536,7 +539,6 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   if (!token.empty()) auth::require_crypto();
   asio::io_context io(1);
   tcp::socket socket(io);
-  tcp::resolver resolver(io);
   std::optional<RegistryStatus> result;
   std::string error;
   const std::string client_nonce = auth::random_hex(auth::nonce_bytes);
@@ -621,24 +623,49 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
                              read_more();
                            });
   };
-  resolver.async_resolve(
-      server.host, std::to_string(server.port), [&](boost::system::error_code ec, tcp::resolver::results_type results) {
-        if (ec) {
-          error = fmt::format("cannot resolve '{}': {}", server.host, ec.message());
-          return;
-        }
-        asio::async_connect(socket, results, [&](boost::system::error_code cec, const tcp::endpoint&) {
-          if (cec) {
-            error = cec.message();
-            return;
-          }
-          send(HelloMessage{1, client_nonce});
-          read_more();
-        });
-      });
-  io.run_for(timeout);
+  // getaddrinfo cannot be cancelled, and Asio's resolver thread is joined when its io_context
+  // goes: a slow or black-holed DNS server held the call past `timeout`. The name is resolved on
+  // a thread of its own, waited for no longer than the timeout and then left to finish alone.
+  const auto started = std::chrono::steady_clock::now();
+  struct Resolved {
+    boost::system::error_code ec;
+    std::vector<tcp::endpoint> endpoints;
+  };
+  auto resolving = std::make_shared<std::promise<Resolved>>();
+  auto resolved_future = resolving->get_future();
+  std::thread([resolving, host = server.host, port = std::to_string(server.port)] {
+    Resolved r;
+    asio::io_context rio(1);
+    tcp::resolver name_resolver(rio);
+    for (const auto& e : name_resolver.resolve(host, port, r.ec)) r.endpoints.push_back(e.endpoint());
+    resolving->set_value(std::move(r));
+  }).detach();
+  if (resolved_future.wait_for(timeout) != std::future_status::ready) {
+    error =
+        fmt::format("cannot resolve '{}' within {} ms (the name server does not answer)", server.host, timeout.count());
+  } else if (Resolved r = resolved_future.get(); r.ec || r.endpoints.empty()) {
+    error = fmt::format("cannot resolve '{}': {}", server.host, r.ec ? r.ec.message() : "no address");
+  } else {
+    asio::async_connect(socket, r.endpoints, [&](boost::system::error_code cec, const tcp::endpoint&) {
+      if (cec) {
+        error = cec.message();
+        return;
+      }
+      send(HelloMessage{1, client_nonce});
+      read_more();
+    });
+    const auto left =
+        timeout - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    io.run_for(std::max(left, std::chrono::milliseconds(1)));
+  }
   if (result) return std::move(*result);
   if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());
+  if (run_id.empty() && error.find("exceeds the limit") != std::string::npos) {
+    // The status of every job is one reply, bounded on this side: a daemon holding tens of
+    // thousands of jobs with long names passes it.
+    throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
+                       "the daemon holds too many jobs to list at once: ask for one with --rdzv-id ID");
+  }
   throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
                      "check --rdzv-endpoint, that ddprun-rdzvd is running there and, if it has a token, that "
                      "DDPRUN_RDZV_TOKEN or --token-file holds it");
