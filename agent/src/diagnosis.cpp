@@ -285,7 +285,10 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
       which.push_back(k);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(eu_deadline - Clock::now()).count();
-    if (left <= 0 || ::poll(fds.data(), fds.size(), static_cast<int>(left)) == 0) break;
+    if (left <= 0) break;
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(left));
+    if (ready == 0 || (ready < 0 && errno != EINTR)) break;
+    if (ready < 0) continue;
     for (std::size_t j = 0; j < fds.size(); ++j) {
       if (fds[j].revents == 0) continue;
       finished[which[j]] = true;
