@@ -7,11 +7,13 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/etcd_client.hpp"
 #include "etcd_harness.hpp"
+#include "fake_gateway.hpp"
 
 using namespace ddprun;
 using namespace ddprun::rendezvous::etcd;
 using namespace std::chrono_literals;
 using ddprun::test::EtcdCluster;
+using ddprun::test::FakeGateway;
 using ddprun::test::run_until;
 
 namespace {
@@ -237,4 +239,32 @@ TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client]
   missing.cacert = (certs_dir / "nope.pem").string();
   CHECK_THROWS_WITH(EtcdClient(io, missing), Catch::Contains("nope.pem"));
   std::filesystem::remove_all(certs_dir);
+}
+
+TEST_CASE("etcd client: a chunk-size line or chunk extension without end fails the call at once", "[etcd][client]") {
+  // 8 MiB of one chunk header, then silence: the client must give up on the line after a bounded
+  // buffer, not keep reading it until the request timeout.
+  const std::string endless_size = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(8 << 20, '0');
+  const std::string endless_ext =
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;a=" + std::string(8 << 20, 'b');
+  boost::asio::io_context io;
+  FakeGateway g1(io, [&](const std::string&, const std::string&) { return FakeGateway::Reply{endless_size}; });
+  FakeGateway g2(io, [&](const std::string&, const std::string&) { return FakeGateway::Reply{endless_ext}; });
+  EtcdClient c(io, options_for(g1.endpoint() + "," + g2.endpoint()));  // request timeout 3 s
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [e, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/k", {}, 0, 0, false, false}, cb); });
+  REQUIRE(e);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK_THAT(e->message, Catch::Contains(g1.endpoint() + ": no reply: a reply line or chunk header over") &&
+                             Catch::Contains(g2.endpoint() + ": no reply: a reply line or chunk header over"));
+
+  // The watch stream: the broken stream is reported and resumed elsewhere, not read forever.
+  std::vector<std::string> broke;
+  WatchHandlers wh;
+  wh.on_reconnect = [&](const std::string& why) { broke.push_back(why); };
+  c.watch({"/k", {}, 0, false}, wh);
+  REQUIRE(run_until(
+      io, [&] { return broke.size() >= 2; }, 2s));
+  CHECK_THAT(broke[0], Catch::Contains("chunk header over"));
+  CHECK_THAT(broke[1], Catch::Contains("chunk header over"));
 }

@@ -34,11 +34,17 @@ namespace {
 
 constexpr std::size_t kHeaderLimit = 16 * 1024;
 constexpr std::size_t kErrorBodyLimit = 64 * 1024;
+// What one connection may hold read but not parsed yet: the headers, or a chunk-size line with
+// its extensions (Beast needs the whole line buffered). Body bytes pass through in pieces. A
+// server that never ends such a line fails the read with buffer_overflow instead of growing
+// the buffer without end.
+constexpr std::size_t kReadBufferLimit = kHeaderLimit + 64 * 1024;
 
 std::string describe(const error_code& ec) {
   if (ec == beast::error::timeout) return "timed out";
   if (ec == http::error::body_limit) return "reply larger than the response size limit";
   if (ec == http::error::header_limit) return "reply headers over 16 KiB";
+  if (ec == http::error::buffer_overflow) return "a reply line or chunk header over 80 KiB (not an etcd gateway?)";
   if (ec == asio::error::eof || ec == http::error::end_of_stream || ec == ssl::error::stream_truncated)
     return "connection closed by the server";
   return ec.message();
@@ -124,7 +130,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   tcp::resolver resolver_;
   std::unique_ptr<beast::tcp_stream> tcp_;
   std::unique_ptr<Tls> tls_;
-  beast::flat_buffer buf_;
+  beast::flat_buffer buf_{kReadBufferLimit};
   bool open_ = false;
 };
 
