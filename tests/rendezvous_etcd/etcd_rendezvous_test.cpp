@@ -14,6 +14,7 @@
 
 #include "ddprun/rendezvous/etcd_rendezvous.hpp"
 #include "etcd_harness.hpp"
+#include "fake_gateway.hpp"
 
 using namespace ddprun;
 using namespace ddprun::rendezvous;
@@ -54,7 +55,8 @@ struct Agent {
   std::optional<std::string> refused, unreachable;
 
   Agent(boost::asio::io_context& io, int i, const std::string& endpoints, const std::string& run_id,
-        const JobConfig& config, const std::string& user = {}, const std::string& password = {}) {
+        const JobConfig& config, const std::string& user = {}, const std::string& password = {},
+        Duration give_up_after = 20s) {
     index = i;
     node.id = NodeId{"127.0.0." + std::to_string(i + 1), 1000 + i, "inst" + std::to_string(i)};
     node.addr = node.id.addr;
@@ -71,7 +73,7 @@ struct Agent {
     o.run_id = run_id;
     o.node = node;
     o.config = config;
-    o.give_up_after = 20s;
+    o.give_up_after = give_up_after;
     RendezvousEvents ev;
     ev.on_assignment = [this](const Assignment& a) { assignments.push_back(a); };
     ev.on_restart = [this](const SendRestart& r) {
@@ -556,4 +558,34 @@ TEST_CASE("etcd rendezvous: leave() ends the round for the others and the job go
   CHECK(agents[1]->restarts.empty());
   CHECK(run_until(
       io, [&] { return !agents[1]->rdzv->connected(); }, 10s));
+}
+
+TEST_CASE("etcd rendezvous: a watch refused again and again backs off and gives up after the read timeout",
+          "[etcd][rendezvous]") {
+  // A gateway in front of a real member that answers every watch with HTTP 400: the agent reads
+  // the job again after a backoff (not at once, thousands of times a second) and ends with the
+  // error when the failures outlast give_up_after.
+  EtcdCluster cluster(1, "watch-refused");
+  const std::string direct = cluster.endpoints();
+  const auto upstream = static_cast<std::uint16_t>(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  boost::asio::io_context io;
+  int watches = 0;
+  ddprun::test::FakeGateway gw(io, [&](const std::string& line, const std::string& body) {
+    if (line.starts_with("POST /v3/watch ")) {
+      ++watches;
+      return ddprun::test::FakeGateway::Reply{
+          ddprun::test::http_reply(400, R"({"error":"bad watch","code":3,"message":"bad watch"})")};
+    }
+    return ddprun::test::forward(upstream, line, body);
+  });
+  Agent a(io, 0, gw.endpoint(), "watch-refused", test_config(1, 1, 0), {}, {}, 3s);
+  const auto t0 = std::chrono::steady_clock::now();
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return a.unreachable.has_value(); }, 15s));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 3s);
+  CHECK(watches >= 3);
+  CHECK(watches < 40);
+  CHECK_THAT(*a.unreachable,
+             Catch::Contains(gw.endpoint()) && Catch::Contains("bad watch") && Catch::Contains("watch"));
 }

@@ -105,4 +105,21 @@ inline std::string http_reply(int status, const std::string& body) {
          " X\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// Sends one request to a real etcd member on 127.0.0.1:`port` and returns its whole reply (the
+// connection is closed after it, and so is the client's). Blocking: for quick unary calls only.
+inline FakeGateway::Reply forward(std::uint16_t port, const std::string& request_line, const std::string& body) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  const std::string req = request_line + "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  asio::write(s, asio::buffer(req));
+  std::string out;
+  std::array<char, 65536> buf{};
+  boost::system::error_code ec;
+  while (!ec) out.append(buf.data(), s.read_some(asio::buffer(buf), ec));
+  return {out, true};
+}
+
 }  // namespace ddprun::test

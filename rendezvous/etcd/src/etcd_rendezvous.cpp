@@ -345,8 +345,14 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   bool putting = false;
   std::uint64_t op_counter = 0;
   std::optional<std::uint64_t> watch_id;
-  asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer;
+  asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer, watch_retry_timer;
   Backoff backoff{Backoff::Options{std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0, 0.3}};
+  // Watches that ended one after the other (each soon after it started), since when, and the
+  // delay before the next re-read.
+  Backoff watch_backoff{Backoff::Options{std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0, 0.3}};
+  TimePoint watch_started{};
+  std::optional<TimePoint> watch_failing_since;
+  int watch_failures = 0;
   TimePoint started_at{};
   std::optional<TimePoint> last_ok;
   std::string last_error;
@@ -379,7 +385,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         keepalive_timer(io_),
         deadline_timer(io_),
         retry_timer(io_),
-        leave_timer(io_) {
+        leave_timer(io_),
+        watch_retry_timer(io_) {
     job_prefix = options.prefix + options.run_id + "/";
     log_prefix = job_prefix + "log/";
     nodes_prefix = job_prefix + "nodes/";
@@ -425,6 +432,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     deadline_timer.cancel();
     retry_timer.cancel();
     leave_timer.cancel();
+    watch_retry_timer.cancel();
     client.shutdown();
     lease_client.shutdown();
     ops.clear();
@@ -544,6 +552,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   // watch from the revision of the read.
   void sync() {
     syncing = true;
+    watch_retry_timer.cancel();  // a re-read after a failed watch is this one
     if (watch_id) client.cancel_watch(*watch_id);
     watch_id.reset();
     const auto [from, to] = view_range();
@@ -653,16 +662,53 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     h.on_message = [this](const etcd::WatchMessage& m) { on_watch(m); };
     h.on_error = [this](const etcd::EtcdError& e) {
       if (stopped()) return;
-      spdlog::warn("etcd rendezvous '{}': {}; re-reading the job", options.run_id, e.message);
       watch_id.reset();
-      sync();
+      watch_failed(e);
     };
     const auto [key, end] = view_range();
+    watch_started = std::chrono::steady_clock::now();
     watch_id = client.watch({key, end, from, false}, std::move(h));
+  }
+
+  // The watch ended (refused, malformed or oversized message): re-read the job after a backoff.
+  // A watch that keeps ending soon after it starts counts against the same budget as failed
+  // calls (give_up_after), so a member that answers every watch wrongly ends the job with its
+  // error instead of being asked again and again.
+  void watch_failed(const etcd::EtcdError& e) {
+    const TimePoint now = std::chrono::steady_clock::now();
+    // One that ran for a while (or delivered events) worked: a new streak starts.
+    if (watch_failing_since && now - watch_started > options.etcd.request_timeout) watch_failing_since.reset();
+    if (!watch_failing_since) {
+      watch_failing_since = now;
+      watch_failures = 0;
+      watch_backoff.reset();
+    }
+    ++watch_failures;
+    healthy = false;
+    last_error = e.message;
+    if (now - *watch_failing_since >= options.give_up_after) {
+      auto cb = events.on_unreachable;
+      const std::string msg =
+          fmt::format("etcd rendezvous '{}': the watch on etcd {} failed {} times in a row for {}; last error: {}",
+                      options.run_id, where(), watch_failures, format_seconds(now - *watch_failing_since), e.message);
+      stop();
+      if (cb) cb(msg);
+      return;
+    }
+    spdlog::warn("etcd rendezvous '{}': {}; re-reading the job", options.run_id, e.message);
+    // Nothing is applied, appended or put on a view that is not followed.
+    syncing = true;
+    ++sync_gen;
+    watch_retry_timer.expires_after(watch_backoff.next_delay());
+    watch_retry_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->stopped()) return;
+      self->sync();
+    });
   }
 
   void on_watch(const etcd::WatchMessage& m) {
     if (stopped() || syncing) return;
+    watch_failing_since.reset();
     for (const etcd::WatchEvent& e : m.events) {
       const std::string& key = e.kv.key;
       const bool put = e.type == etcd::WatchEvent::Type::put;
