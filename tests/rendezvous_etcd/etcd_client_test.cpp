@@ -268,3 +268,37 @@ TEST_CASE("etcd client: a chunk-size line or chunk extension without end fails t
   CHECK_THAT(broke[0], Catch::Contains("chunk header over"));
   CHECK_THAT(broke[1], Catch::Contains("chunk header over"));
 }
+
+TEST_CASE("etcd client: a member answering 5xx, 404 or a malformed reply is skipped for the next", "[etcd][client]") {
+  EtcdCluster cluster(1, "bad-member");
+  boost::asio::io_context io;
+  using ddprun::test::http_reply;
+  FakeGateway g500(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(503, R"({"error":"overloaded","code":2,"message":"overloaded"})")};
+  });
+  FakeGateway g404(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(404, "404 page not found\n")};
+  });
+  FakeGateway bad(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(200, R"({"header":{"revision":"x"}})")};
+  });
+  EtcdClient c(io,
+               options_for(g500.endpoint() + "," + g404.endpoint() + "," + bad.endpoint() + "," + cluster.endpoints()));
+  auto [e1, h1] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/m", "1", 0}, cb); });
+  REQUIRE_FALSE(e1);
+  CHECK(g500.requests() == 1);
+  CHECK(g404.requests() == 1);
+  CHECK(bad.requests() == 1);
+  // The call stays on the member that answered.
+  auto [e2, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/m", {}, 0, 0, false, false}, cb); });
+  REQUIRE_FALSE(e2);
+  CHECK(r.kvs.at(0).value == "1");
+  CHECK(bad.requests() == 1);
+
+  // Only bad members: the error names each and what it answered.
+  EtcdClient d(io, options_for(g500.endpoint() + "," + bad.endpoint()));
+  auto [e3, r3] = call<RangeResponse>(io, [&](auto cb) { d.range({"/m", {}, 0, 0, false, false}, cb); });
+  REQUIRE(e3);
+  CHECK_THAT(e3->message, Catch::Contains(g500.endpoint() + ": HTTP 503: overloaded") &&
+                              Catch::Contains(bad.endpoint() + ": malformed reply: "));
+}

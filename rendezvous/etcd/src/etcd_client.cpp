@@ -155,6 +155,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   struct Call {
     std::string path;
     std::string body;
+    // Decodes a 200 reply (into the caller's value); "" or why it is malformed.
+    std::function<std::string(std::string_view)> accept;
     std::function<void(const std::optional<EtcdError>&, std::string)> done;
     std::size_t tried = 0;
     std::string errors;
@@ -230,11 +232,13 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   // ---- unary calls ----
 
   void submit(std::string path, std::string body,
-              std::function<void(const std::optional<EtcdError>&, std::string)> done) {
+              std::function<void(const std::optional<EtcdError>&, std::string)> done,
+              std::function<std::string(std::string_view)> accept = {}) {
     if (closed) return;
     auto call = std::make_shared<Call>();
     call->path = std::move(path);
     call->body = std::move(body);
+    call->accept = std::move(accept);
     call->done = std::move(done);
     queue.push_back(std::move(call));
     pump();
@@ -304,14 +308,26 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     exchange(call->path, call->body, token, options.max_response_bytes,
              [self, call](const std::string& terr, unsigned status, std::string body) {
                if (!terr.empty()) return self->failover(call, terr);
-               if (status == 200) return self->finish(call, std::nullopt, std::move(body));
+               if (status == 200) {
+                 // A reply that does not decode is this member's fault: the next may answer.
+                 if (call->accept) {
+                   if (std::string why = call->accept(body); !why.empty())
+                     return self->failover(call, "malformed reply: " + why);
+                 }
+                 return self->finish(call, std::nullopt, std::move(body));
+               }
                GatewayError g = decode_error(body);
                if (!self->options.username.empty() && is_invalid_token_error(g) && !call->token_retry) {
                  call->token_retry = true;
                  self->token.clear();
                  return self->run(call);
                }
-               if (is_failover_error(g)) return self->failover(call, g.message);
+               // A member that fails (5xx) or has no such API (404 but not etcd's NotFound: not
+               // an etcd gateway, a proxy in the way) says nothing about the others.
+               if (is_failover_error(g) || status >= 500 || (status == 404 && g.code != 5)) {
+                 return self->failover(call, fmt::format("HTTP {}: {}", status,
+                                                         g.message.empty() ? std::string("no message") : g.message));
+               }
                const std::size_t i = self->current;
                EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}", self->endpoint_text(i), call->path,
                                        status, g.message),
@@ -524,7 +540,9 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
       token.clear();
       return watch_broken(w, g.message, false);
     }
-    if (is_failover_error(g) || st.status >= 500) return watch_broken(w, g.message, true);
+    if (is_failover_error(g) || st.status >= 500 || (st.status == 404 && g.code != 5)) {
+      return watch_broken(w, fmt::format("HTTP {}: {}", st.status, g.message), true);
+    }
     watch_fatal(w,
                 fmt::format("etcd at {} refused the watch on '{}' with HTTP {}: {}", endpoint_text(w->endpoint),
                             w->create.key, st.status, g.message),
@@ -640,44 +658,46 @@ std::string EtcdClient::endpoints_text() const {
 
 namespace {
 
-// Wraps a typed callback around a raw body callback.
+// Submits a call whose 200 reply decodes into T. A reply that does not decode fails over to the
+// next endpoint like a member that does not answer; the caller sees the value or the error.
 template <class T, class Decode>
-std::function<void(const std::optional<EtcdError>&, std::string)> typed(EtcdCallback<T> done, Decode decode,
-                                                                        std::string what) {
-  return
-      [done = std::move(done), decode, what = std::move(what)](const std::optional<EtcdError>& err, std::string body) {
+void submit_typed(EtcdClient::Impl& impl, std::string path, std::string body, EtcdCallback<T> done, Decode decode) {
+  auto value = std::make_shared<T>();
+  impl.submit(
+      std::move(path), std::move(body),
+      [done = std::move(done), value](const std::optional<EtcdError>& err, std::string) {
         if (!done) return;
         if (err) return done(err, T{});
-        T value{};
-        if (std::string why = decode(body, value); !why.empty()) {
-          return done(EtcdError{fmt::format("malformed etcd reply to {}: {}", what, why), "", 0, false}, T{});
-        }
-        done(std::nullopt, std::move(value));
-      };
+        done(std::nullopt, std::move(*value));
+      },
+      [decode, value](std::string_view reply) {
+        *value = T{};
+        return decode(reply, *value);
+      });
 }
 
 }  // namespace
 
 void EtcdClient::range(RangeRequest request, EtcdCallback<RangeResponse> done) {
-  impl_->submit("/v3/kv/range", encode_range(request), typed<RangeResponse>(std::move(done), decode_range, "range"));
+  submit_typed<RangeResponse>(*impl_, "/v3/kv/range", encode_range(request), std::move(done), decode_range);
 }
 
 void EtcdClient::put(PutRequest request, EtcdCallback<ResponseHeader> done) {
-  impl_->submit("/v3/kv/put", encode_put(request), typed<ResponseHeader>(std::move(done), decode_header_only, "put"));
+  submit_typed<ResponseHeader>(*impl_, "/v3/kv/put", encode_put(request), std::move(done), decode_header_only);
 }
 
 void EtcdClient::delete_range(DeleteRangeRequest request, EtcdCallback<ResponseHeader> done) {
-  impl_->submit("/v3/kv/deleterange", encode_delete_range(request),
-                typed<ResponseHeader>(std::move(done), decode_header_only, "deleterange"));
+  submit_typed<ResponseHeader>(*impl_, "/v3/kv/deleterange", encode_delete_range(request), std::move(done),
+                               decode_header_only);
 }
 
 void EtcdClient::txn(TxnRequest request, EtcdCallback<TxnResponse> done) {
-  impl_->submit("/v3/kv/txn", encode_txn(request), typed<TxnResponse>(std::move(done), decode_txn, "txn"));
+  submit_typed<TxnResponse>(*impl_, "/v3/kv/txn", encode_txn(request), std::move(done), decode_txn);
 }
 
 void EtcdClient::lease_grant(std::int64_t ttl_seconds, EtcdCallback<LeaseGrantResponse> done) {
-  impl_->submit("/v3/lease/grant", encode_lease_grant(ttl_seconds),
-                typed<LeaseGrantResponse>(std::move(done), decode_lease_grant, "lease grant"));
+  submit_typed<LeaseGrantResponse>(*impl_, "/v3/lease/grant", encode_lease_grant(ttl_seconds), std::move(done),
+                                   decode_lease_grant);
 }
 
 void EtcdClient::lease_keepalive(std::int64_t id, EtcdCallback<LeaseKeepAliveResponse> done) {
@@ -687,13 +707,11 @@ void EtcdClient::lease_keepalive(std::int64_t id, EtcdCallback<LeaseKeepAliveRes
     if (why.empty() && se) return "stream error: " + se->message;
     return why;
   };
-  impl_->submit("/v3/lease/keepalive", encode_lease_id(id),
-                typed<LeaseKeepAliveResponse>(std::move(done), decode, "lease keepalive"));
+  submit_typed<LeaseKeepAliveResponse>(*impl_, "/v3/lease/keepalive", encode_lease_id(id), std::move(done), decode);
 }
 
 void EtcdClient::lease_revoke(std::int64_t id, EtcdCallback<ResponseHeader> done) {
-  impl_->submit("/v3/lease/revoke", encode_lease_id(id),
-                typed<ResponseHeader>(std::move(done), decode_header_only, "lease revoke"));
+  submit_typed<ResponseHeader>(*impl_, "/v3/lease/revoke", encode_lease_id(id), std::move(done), decode_header_only);
 }
 
 std::uint64_t EtcdClient::watch(WatchCreate create, WatchHandlers handlers) {

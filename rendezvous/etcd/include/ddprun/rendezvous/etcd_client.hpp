@@ -5,8 +5,9 @@
 //
 // Unary calls (range, put, delete, txn, lease grant/keepalive/revoke) are queued and sent one at
 // a time over one keep-alive connection to the current endpoint. When that endpoint cannot be
-// reached, times out, or answers that it has no leader (etcd's Unavailable / "no leader" /
-// "request timed out"), the call moves to the next endpoint of the list; it fails only after
+// reached, times out, answers that it has no leader (etcd's Unavailable / "no leader" /
+// "request timed out"), answers HTTP 5xx or a 404 that is not etcd's NotFound, or sends a 200
+// reply that does not decode, the call moves to the next endpoint of the list; it fails only after
 // every endpoint was tried once, with an error naming each endpoint and what it answered. Auth:
 // the client authenticates before its first call and again when etcd says the token is invalid
 // (simple tokens expire), then retries the call once. Wrong credentials fail the call with
