@@ -589,3 +589,55 @@ TEST_CASE("etcd rendezvous: a watch refused again and again backs off and gives 
   CHECK_THAT(*a.unreachable,
              Catch::Contains(gw.endpoint()) && Catch::Contains("bad watch") && Catch::Contains("watch"));
 }
+
+TEST_CASE(
+    "etcd rendezvous: a job-lease claim failing again and again gives up after the join timeout, "
+    "with one lease",
+    "[etcd][rendezvous]") {
+  // Every txn fails (HTTP 503) while lease grants and keepalives work: those successes are not
+  // progress of the claim, and each retry reuses the lease of the failed claim.
+  EtcdCluster cluster(1, "claim-fails");
+  const std::string direct = cluster.endpoints();
+  const auto upstream = static_cast<std::uint16_t>(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  boost::asio::io_context io;
+  int grants = 0, txns = 0;
+  ddprun::test::FakeGateway gw(io, [&](const std::string& line, const std::string& body) {
+    if (line.starts_with("POST /v3/kv/txn ")) {
+      ++txns;
+      return ddprun::test::FakeGateway::Reply{
+          ddprun::test::http_reply(503, R"({"error":"overloaded","code":2,"message":"overloaded"})")};
+    }
+    if (line.starts_with("POST /v3/lease/grant ")) ++grants;
+    return ddprun::test::forward(upstream, line, body);
+  });
+  JobConfig c = test_config(1, 1, 0);
+  c.join_timeout = 3s;
+  Agent a(io, 0, gw.endpoint(), "claim-fails", c);
+  const auto t0 = std::chrono::steady_clock::now();
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return a.unreachable.has_value(); }, 15s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 8s);
+  CHECK(txns >= 3);
+  CHECK(grants == 2);  // the node lease and one job lease
+  CHECK_THAT(*a.unreachable, Catch::Contains("HTTP 503: overloaded"));
+}
+
+TEST_CASE("etcd rendezvous: etcd with auth on and no user name given is refused at once", "[etcd][rendezvous][auth]") {
+  EtcdCluster cluster(1, "rdzv-no-user");
+  const std::string ep = "--endpoints=" + cluster.member(0).client_url(false);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user add root:rootpw") == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable") == 0);
+  boost::asio::io_context io;
+  JobConfig c = test_config(1, 1, 0);
+  c.join_timeout = 60s;
+  Agent anon(io, 0, cluster.endpoints(), "job-no-user", c);
+  const auto t0 = std::chrono::steady_clock::now();
+  anon.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return anon.refused.has_value() || anon.unreachable.has_value(); }, 15s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  REQUIRE(anon.refused.has_value());
+  CHECK_THAT(*anon.refused, Catch::Contains(cluster.endpoints()) && Catch::Contains("user name is empty") &&
+                                Catch::Contains("username="));
+}

@@ -329,9 +329,13 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                                                          g.message.empty() ? std::string("no message") : g.message));
                }
                const std::size_t i = self->current;
-               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}", self->endpoint_text(i), call->path,
-                                       status, g.message),
-                           self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7};
+               // etcd with auth on, asked without a user name.
+               const bool no_user = g.message.find("user name is empty") != std::string::npos;
+               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}{}", self->endpoint_text(i), call->path,
+                                       status, g.message,
+                                       no_user ? " (etcd has auth enabled: pass --rdzv-conf username=/password=)" : ""),
+                           self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7 || no_user};
+               e.permanent = status == 400 || status == 401 || status == 403;
                self->finish(call, e, {});
              });
   }

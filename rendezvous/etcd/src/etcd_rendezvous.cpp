@@ -337,6 +337,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   JobConfig replica;
   Phase phase = Phase::idle;
   std::int64_t node_lease = 0, job_lease = 0;
+  std::int64_t spare_job_lease = 0;  // granted for a job-lease claim that failed
   std::optional<Assignment> assignment;
   bool want_join = false;
   bool leaving = false;
@@ -354,7 +355,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   std::optional<TimePoint> watch_failing_since;
   int watch_failures = 0;
   TimePoint started_at{};
-  std::optional<TimePoint> last_ok;
+  std::optional<TimePoint> last_ok;  // the last success of an operation that is progress
+  std::set<std::string> failing;     // operations whose last try failed
+  std::optional<TimePoint> failing_since;
   std::string last_error;
   bool healthy = false;
   bool syncing = false;
@@ -438,40 +441,54 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     ops.clear();
   }
 
+  // Wraps a call's callback: `op` names the operation for the give-up clock (on_error). A
+  // `progress` operation that succeeds is the agent's work moving on; lease grants and
+  // keepalives are not: they succeed while, say, every job-lease claim is refused.
   template <class F>
-  auto guard(F f) {
-    return
-        [self = shared_from_this(), f = std::move(f)](const std::optional<etcd::EtcdError>& err, auto value) mutable {
-          if (self->stopped()) return;
-          if (err) {
-            self->on_error(*err);
-            return;
-          }
-          self->on_ok();
-          f(std::move(value));
-        };
+  auto guard(const char* op, F f, bool progress = true) {
+    return [self = shared_from_this(), f = std::move(f), op, progress](const std::optional<etcd::EtcdError>& err,
+                                                                       auto value) mutable {
+      if (self->stopped()) return;
+      if (err) {
+        self->on_error(*err, op);
+        return;
+      }
+      self->on_ok(op, progress);
+      f(std::move(value));
+    };
   }
 
-  void on_ok() {
-    last_ok = std::chrono::steady_clock::now();
+  void on_ok(const char* op, bool progress) {
     healthy = true;
-    backoff.reset();
+    failing.erase(op);
+    if (progress) {
+      last_ok = std::chrono::steady_clock::now();
+      failing.clear();
+    }
+    if (failing.empty()) {
+      failing_since.reset();
+      backoff.reset();
+    }
   }
 
-  // A failed exchange: fatal for refused credentials, else retried until the budget is spent.
-  void on_error(const etcd::EtcdError& err) {
+  // A failed exchange: fatal for refused credentials and for answers a retry cannot change,
+  // else retried until the budget is spent. The budget runs from the first failure while some
+  // operation has not succeeded since (before any progress: from the start).
+  void on_error(const etcd::EtcdError& err, const char* op) {
     healthy = false;
     last_error = err.message;
-    if (err.auth_failed) {
+    if (err.auth_failed || err.permanent) {
       auto cb = events.on_refused;
       stop();
       if (cb) cb(err.message);
       return;
     }
     const TimePoint now = std::chrono::steady_clock::now();
+    failing.insert(op);
+    if (!failing_since) failing_since = last_ok ? now : started_at;
     Duration budget = options.give_up_after;
     if (!last_ok) budget = std::min(budget, options.config.join_timeout);
-    const TimePoint since = last_ok.value_or(started_at);
+    const TimePoint since = *failing_since;
     if (now - since >= budget) {
       auto cb = events.on_unreachable;
       const std::string msg = fmt::format(
@@ -507,10 +524,13 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   void start_sequence() {
     phase = Phase::starting;
     if (node_lease == 0) {
-      client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse r) {
-                           node_lease = r.id;
-                           start_sequence();
-                         }));
+      client.lease_grant(node_ttl, guard(
+                                       "node lease grant",
+                                       [this](etcd::LeaseGrantResponse r) {
+                                         node_lease = r.id;
+                                         start_sequence();
+                                       },
+                                       false));
       return;
     }
     if (job_lease == 0) return claim_job_lease();
@@ -518,34 +538,47 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   }
 
   void claim_job_lease() {
+    // A lease of a claim that failed goes to the next one: a new lease per try would leave one
+    // more lease in etcd each time (until its TTL), and revoking it is unsafe, since the failed
+    // claim may have committed (its answer lost) and other agents may already use it.
+    if (spare_job_lease != 0) return claim_job_lease_with(spare_job_lease);
     client.lease_grant(
-        job_ttl, guard([this](etcd::LeaseGrantResponse r) {
-          const std::int64_t mine = r.id;
-          etcd::TxnRequest t;
-          t.compare.push_back({lease_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
-          t.success.emplace_back(etcd::PutRequest{lease_key, std::to_string(mine), mine});
-          t.failure.emplace_back(etcd::RangeRequest{lease_key, {}, 0, 0, false, false});
-          client.txn(std::move(t), guard([this, mine](etcd::TxnResponse tr) {
-                       if (tr.succeeded) {
-                         job_lease = mine;
-                       } else {
-                         std::int64_t other = 0;
-                         if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
-                           const std::string& v = tr.responses[0].range.kvs[0].value;
-                           std::from_chars(v.data(), v.data() + v.size(), other);
-                         }
-                         // The key may hold our own lease: the client retries a request whose
-                         // answer was lost on the next endpoint, and the first try committed.
-                         // Revoking it then would delete the job's state with it.
-                         if (other != mine) client.lease_revoke(mine, [](const auto&, auto) {});
-                         if (other <= 0) {  // vanished meanwhile, or garbage: try again
-                           return claim_job_lease();
-                         }
-                         job_lease = other;
-                       }
-                       sync();
-                     }));
-        }));
+        job_ttl, guard(
+                     "job lease grant", [this](etcd::LeaseGrantResponse r) { claim_job_lease_with(r.id); }, false));
+  }
+
+  void claim_job_lease_with(std::int64_t mine) {
+    spare_job_lease = 0;
+    etcd::TxnRequest t;
+    t.compare.push_back({lease_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
+    t.success.emplace_back(etcd::PutRequest{lease_key, std::to_string(mine), mine});
+    t.failure.emplace_back(etcd::RangeRequest{lease_key, {}, 0, 0, false, false});
+    auto claimed = guard("job lease claim", [this, mine](etcd::TxnResponse tr) {
+      if (tr.succeeded) {
+        job_lease = mine;
+      } else {
+        std::int64_t other = 0;
+        if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
+          const std::string& v = tr.responses[0].range.kvs[0].value;
+          std::from_chars(v.data(), v.data() + v.size(), other);
+        }
+        // The key may hold our own lease: the client retries a request whose
+        // answer was lost on the next endpoint, and the first try committed.
+        // Revoking it then would delete the job's state with it.
+        if (other != mine) client.lease_revoke(mine, [](const auto&, auto) {});
+        if (other <= 0) {  // vanished meanwhile, or garbage: try again
+          return claim_job_lease();
+        }
+        job_lease = other;
+      }
+      sync();
+    });
+    client.txn(std::move(t), [this, mine, claimed = std::move(claimed)](const std::optional<etcd::EtcdError>& err,
+                                                                        etcd::TxnResponse tr) mutable {
+      // A lease etcd no longer knows (NotFound) is not kept for the next try.
+      if (err && !stopped() && err->grpc_code != 5) spare_job_lease = mine;
+      claimed(err, std::move(tr));
+    });
   }
 
   // Reads this agent's view of the job (view_range), applies the log, then follows it with a
@@ -558,7 +591,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     const auto [from, to] = view_range();
     // Only the latest read counts: the role (and with it the range) may have changed since.
     const std::uint64_t gen = ++sync_gen;
-    client.range({from, to, 0, 0, false, false}, guard([this, gen](etcd::RangeResponse r) {
+    client.range({from, to, 0, 0, false, false}, guard("read", [this, gen](etcd::RangeResponse r) {
                    if (gen != sync_gen) return;
                    syncing = false;
                    bool has_lease_key = false;
@@ -759,7 +792,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     t.compare.push_back({leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     t.success.emplace_back(etcd::PutRequest{leader_key, options.node.id.to_string(), node_lease});
     t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, false, false});
-    client.txn(std::move(t), guard([this](etcd::TxnResponse r) {
+    client.txn(std::move(t), guard("campaign", [this](etcd::TxnResponse r) {
                  campaigning = false;
                  std::int64_t rev = r.header.revision;
                  if (!r.succeeded) {
@@ -956,7 +989,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     etcd::TxnRequest t;
     t.success.emplace_back(etcd::PutRequest{inbox_prefix + it->id, etcd::encode_event(ev), node_lease});
     if (it->with_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
-    client.txn(std::move(t), guard([this, id = it->id, lease = node_lease](etcd::TxnResponse) {
+    client.txn(std::move(t), guard("report", [this, id = it->id, lease = node_lease](etcd::TxnResponse) {
                  putting = false;
                  auto op = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id == id; });
                  // Under a lease we since replaced the key is gone again: put it once more.
@@ -1051,8 +1084,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     t.failure.emplace_back(etcd::RangeRequest{key, etcd::prefix_range_end(log_prefix), 256, 0, false, false});
     t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, true, false});
     for (const std::string& g : gone) t.failure.emplace_back(etcd::RangeRequest{g, {}, 0, 0, true, false});
-    client.txn(std::move(t), guard([this, seq, value = std::move(value), taken = std::move(taken),
-                                    gone = std::move(gone)](etcd::TxnResponse r) {
+    client.txn(std::move(t), guard("append", [this, seq, value = std::move(value), taken = std::move(taken),
+                                              gone = std::move(gone)](etcd::TxnResponse r) {
                  folding = false;
                  if (!leader) return;
                  if (r.succeeded) {
@@ -1097,28 +1130,39 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (node_lease != 0) {
       // Keepalives queue up while a member stalls; an answer about a lease this node already
       // replaced says nothing about the current one (acting on it would drop a live lease).
-      lease_client.lease_keepalive(node_lease, guard([this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
-                                     if (r.ttl > 0 || id != node_lease) return;
-                                     spdlog::warn(
-                                         "etcd rendezvous '{}': this node's lease expired; "
-                                         "taking a new one",
-                                         options.run_id);
-                                     node_lease = 0;
-                                     if (leader) step_down("its lease expired");
-                                     // The inbox keys went with the lease: put what is not applied again.
-                                     for (Op& op : ops) op.put = false;
-                                     client.lease_grant(node_ttl, guard([this](etcd::LeaseGrantResponse g) {
-                                                          node_lease = g.id;
-                                                          after_apply();
-                                                        }));
-                                   }));
+      lease_client.lease_keepalive(node_lease, guard(
+                                                   "keepalive",
+                                                   [this, id = node_lease](etcd::LeaseKeepAliveResponse r) {
+                                                     if (r.ttl > 0 || id != node_lease) return;
+                                                     spdlog::warn(
+                                                         "etcd rendezvous '{}': this node's lease expired; "
+                                                         "taking a new one",
+                                                         options.run_id);
+                                                     node_lease = 0;
+                                                     if (leader) step_down("its lease expired");
+                                                     // The inbox keys went with the lease: put what is not applied
+                                                     // again.
+                                                     for (Op& op : ops) op.put = false;
+                                                     client.lease_grant(node_ttl,
+                                                                        guard(
+                                                                            "node lease grant",
+                                                                            [this](etcd::LeaseGrantResponse g) {
+                                                                              node_lease = g.id;
+                                                                              after_apply();
+                                                                            },
+                                                                            false));
+                                                   },
+                                                   false));
     }
     // The job lease needs one keeper: the sequencer (or, while none is known, everyone). A
     // sequencer that dies is replaced within a node TTL; the job TTL is at least three.
     if (job_lease != 0 && (leader || !leader_known)) {
-      lease_client.lease_keepalive(job_lease, guard([this](etcd::LeaseKeepAliveResponse r) {
-                                     if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
-                                   }));
+      lease_client.lease_keepalive(job_lease, guard(
+                                                  "job keepalive",
+                                                  [this](etcd::LeaseKeepAliveResponse r) {
+                                                    if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
+                                                  },
+                                                  false));
     }
     // Three keepalives per TTL, like etcd's own clients: one lost or late keepalive costs nothing.
     keepalive_timer.expires_after(std::chrono::milliseconds(node_ttl * 1000 / 3));

@@ -62,7 +62,10 @@ struct EtcdError {
   std::string message;       // one sentence, names the endpoint(s)
   std::string endpoint;      // "host:port" of the last endpoint tried
   int grpc_code = 0;         // 0 when the failure was not an etcd answer (network, protocol)
-  bool auth_failed = false;  // etcd refused the username/password
+  bool auth_failed = false;  // etcd refused the username/password, or wants them and got none
+  // etcd's answer will not change on a retry: HTTP 400/401/403 other than an invalid token (a
+  // request etcd rejects, permission denied). NotFound (an expired lease) is not permanent.
+  bool permanent = false;
 };
 
 template <class T>
