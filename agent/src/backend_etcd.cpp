@@ -31,7 +31,9 @@ class EtcdTransport final : public ClientTransport<rendezvous::EtcdRendezvous> {
     where_ = "etcd " + list;
   }
 
-  Endpoint peer() const override { return config_.etcd.endpoints.front(); }
+  // Any member will do: one whose name does not resolve (or has no route) from here must not
+  // fail the job while the others answer.
+  std::vector<Endpoint> peers() const override { return config_.etcd.endpoints; }
   std::string where() const override { return where_; }
   void start(const std::string& /*advertised*/) override {}
 

@@ -46,7 +46,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
         endpoint_(endpoints_.front()),
         linger_timer_(io) {}
 
-  Endpoint peer() const override { return endpoint_; }
+  std::vector<Endpoint> peers() const override { return {endpoint_}; }
   std::string where() const override {
     return endpoints_.size() > 1 ? endpoint_list_text(endpoints_) : endpoint_.to_string();
   }
@@ -163,7 +163,7 @@ class ClientBackend final : public RendezvousBackend {
   ClientBackend& operator=(const ClientBackend&) = delete;
 
   void start() override {
-    addr_ = advertised_address(config_, transport_->peer());
+    addr_ = advertised_address(config_, transport_->peers());
     node_id_ = rendezvous::NodeId{addr_, static_cast<std::int64_t>(::getpid()), random_instance_id()};
     // This node's worker store: MASTER_ADDR/PORT for every worker when this node gets group rank 0.
     store_ = host_worker_store(io_, addr_, 0, false, "pass --local-addr with an address of this machine");

@@ -145,6 +145,21 @@ std::string advertised_address(const AgentConfig& config, const Endpoint& peer) 
   return found;
 }
 
+std::string advertised_address(const AgentConfig& config, const std::vector<Endpoint>& peers) {
+  if (config.local_addr) return *config.local_addr;
+  if (peers.size() == 1) return advertised_address(config, peers.front());
+  std::string errors;
+  for (const Endpoint& peer : peers) {
+    try {
+      return advertised_address(config, peer);
+    } catch (const NetworkError& e) {
+      errors += (errors.empty() ? "" : "; ") + e.message();
+    }
+  }
+  throw NetworkError("cannot pick this node's address: no rendezvous endpoint resolves or has a route: " + errors,
+                     "check --rdzv-endpoint, or pass --local-addr with this node's address");
+}
+
 bool is_local_address(const std::string& host) {
   const auto addrs = resolve_numeric(host);
   if (addrs.empty()) return false;

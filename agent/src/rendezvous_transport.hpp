@@ -37,8 +37,9 @@ struct ClientParams {
 class RendezvousTransport {
  public:
   virtual ~RendezvousTransport() = default;
-  // The endpoint this node's advertised address is picked towards (advertised_address()).
-  virtual Endpoint peer() const = 0;
+  // The endpoints this node's advertised address is picked towards (advertised_address()): the
+  // first that resolves and has a route.
+  virtual std::vector<Endpoint> peers() const = 0;
   // The rendezvous in messages: "127.0.0.1:29400", "etcd http://h1:2379,http://h2:2379".
   virtual std::string where() const = 0;
   // Once this node's address and worker store are known: a transport may host here.

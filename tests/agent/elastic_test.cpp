@@ -99,6 +99,18 @@ TEST_CASE("advertised address: --local-addr, else the route's source address (no
   CHECK(advertised_address(c, {"127.0.0.5", 29400}) == "127.0.0.1");  // the kernel's source for 127/8
 }
 
+TEST_CASE("advertised address: the first of several endpoints that resolves; none names each") {
+  AgentConfig c = base();
+  // ".invalid" never resolves (RFC 6761), and getaddrinfo says so without asking a DNS server.
+  const std::vector<ddprun::Endpoint> some{{"no-such-host.invalid", 2379}, {"127.0.0.1", 2379}};
+  CHECK(advertised_address(c, some) == "127.0.0.1");
+  const std::vector<ddprun::Endpoint> none{{"no-such-host.invalid", 2379}, {"other-host.invalid", 2379}};
+  CHECK_THROWS_WITH(advertised_address(c, none),
+                    Catch::Contains("no-such-host.invalid") && Catch::Contains("other-host.invalid"));
+  c.local_addr = "127.0.0.3";
+  CHECK(advertised_address(c, none) == "127.0.0.3");
+}
+
 TEST_CASE("local addresses: loopback range and interfaces") {
   CHECK(is_local_address("127.0.0.1"));
   CHECK(is_local_address("127.0.0.4"));

@@ -210,6 +210,18 @@ def unreachable(c):
     check(not c.envs(), "workers started without a rendezvous")
 
 
+def unresolvable_first(c):
+    # The first etcd member's name does not resolve here (".invalid" never does, and without a
+    # DNS query): the agent picks its address towards the next member and runs the job.
+    port = c.start_daemon()
+    ep = "no-such-member.invalid:2379,127.0.0.1:%d" % port
+    c.start_agent(ADDRS[0], ep, nnodes="1:1", local_addr=False, worker_args=["--sleep", "0"])
+    codes = c.wait_agents(30)
+    check(codes[ADDRS[0]] == 0, "exit %s, want 0\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(len(envs) == 2 and {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}, "workers %s" % envs)
+
+
 def bad_credentials(c):
     # etcd with auth on: a wrong password fails with an error naming the endpoint and the user;
     # the right one (password_file, DDPRUN_ETCD_PASSWORD) runs the job.
@@ -280,7 +292,7 @@ def tls(c):
 
 
 SCENARIOS = {f.__name__: f for f in [scripts, python_raise, ha_failover, minority_stall, unreachable,
-                                      bad_credentials, tls]}
+                                      unresolvable_first, bad_credentials, tls]}
 
 
 def main():

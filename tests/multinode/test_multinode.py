@@ -104,14 +104,16 @@ class Cluster:
         return buf.decode()
 
     def start_agent(self, addr, endpoint, nnodes="3:3", max_restarts=0, conf=FAST_CONF, worker_args=(),
-                    program=None, extra=(), env=None, nproc="2", name=None, run_id=None):
-        """`name` keys the agent (default: its address; several agents on one address need one)."""
+                    program=None, extra=(), env=None, nproc="2", name=None, run_id=None, local_addr=True):
+        """`name` keys the agent (default: its address; several agents on one address need one).
+        local_addr=False: no --local-addr (the agent picks its address towards the endpoint)."""
         name = name or addr
         log_path = os.path.join(self.dir, "agent-%s.log" % name)
         log = open(log_path, "ab")
         args = [DDPRUN, "--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", self.backend,
-                "--rdzv-endpoint", endpoint, "--rdzv-id", run_id or self.marker, "--local-addr", addr,
-                "--max-restarts", str(max_restarts), "--rdzv-conf", conf, "--shutdown-timeout", "3"]
+                "--rdzv-endpoint", endpoint, "--rdzv-id", run_id or self.marker]
+        args += ["--local-addr", addr] if local_addr else []
+        args += ["--max-restarts", str(max_restarts), "--rdzv-conf", conf, "--shutdown-timeout", "3"]
         args += list(extra)
         if program is None:
             args += [WORKER, self.marker, "--out", self.out] + list(worker_args)

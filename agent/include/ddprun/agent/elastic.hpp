@@ -43,6 +43,9 @@ rendezvous::JobConfig job_config(const AgentConfig& config);
 // --local-addr when given, else the local address the kernel picks to reach `peer`.
 // Throws NetworkError naming the peer when no route exists.
 std::string advertised_address(const AgentConfig& config, const Endpoint& peer);
+// The same towards the first of `peers` that resolves and has a route (etcd members: any will
+// do). Throws NetworkError naming each peer and why when none does.
+std::string advertised_address(const AgentConfig& config, const std::vector<Endpoint>& peers);
 
 // `host` (a numeric address, or a name resolved without reverse lookups) is loopback or an
 // address of one of this machine's interfaces.
