@@ -47,6 +47,24 @@ TEST_CASE("endpoint lists: several hosts, default port, schemes", "[etcd][codec]
   CHECK_THROWS_WITH(parse_endpoints("h1:99999", "--rdzv-endpoint"), Catch::Contains("--rdzv-endpoint"));
 }
 
+TEST_CASE("endpoint lists: schemes in any case; other schemes, port 0, user names and spaces refused",
+          "[etcd][codec]") {
+  auto u = parse_endpoints("HTTPS://h1:2379,Https://h2", "--rdzv-endpoint");
+  CHECK(u.scheme_tls == true);
+  REQUIRE(u.endpoints.size() == 2);
+  CHECK(u.endpoints[0].to_string() == "h1:2379");
+  CHECK(u.endpoints[1].to_string() == "h2:2379");
+  CHECK(parse_endpoints("HTTP://[::1]:4001", "--rdzv-endpoint").endpoints.at(0).to_string() == "[::1]:4001");
+  for (const char* bad :
+       {"ftp://h1:2379", "h1:0", "user@h1:2379", "h 1:2379", "h1:2379,h1:2379:x", "h1/x:2379", "h1:99999", "[::1"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_endpoints(bad, "--rdzv-endpoint"), ddprun::UsageError);
+    CHECK_THROWS_WITH(parse_endpoints(bad, "--rdzv-endpoint"),
+                      Catch::Contains("--rdzv-endpoint") && Catch::Contains("[http://|https://]HOST[:PORT]"));
+  }
+  CHECK_THROWS_WITH(parse_endpoints("ftp://h1:2379", "--rdzv-endpoint"), Catch::Contains("scheme 'ftp'"));
+}
+
 TEST_CASE("request bodies use proto field names, base64 bytes and string int64", "[etcd][codec]") {
   CHECK(encode_range({"a", "b", 5, 0, false, false}) == R"({"key":"YQ==","range_end":"Yg==","limit":"5"})");
   CHECK(encode_put({"k", "v", 42}) == R"({"key":"aw==","value":"dg==","lease":"42"})");

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <boost/json.hpp>
+#include <cctype>
 #include <charconv>
 #include <limits>
 
@@ -305,6 +306,9 @@ std::string prefix_range_end(std::string_view prefix) {
 }
 
 EndpointList parse_endpoints(std::string_view text, std::string_view what) {
+  const std::string forms =
+      "accepted forms: [http://|https://]HOST[:PORT] (the scheme in any letter case, PORT 1..65535, 2379 by "
+      "default, an IPv6 address in brackets), comma-separated, e.g. h1:2379,h2:2379";
   EndpointList out;
   std::size_t pos = 0;
   while (pos <= text.size()) {
@@ -313,17 +317,27 @@ EndpointList parse_endpoints(std::string_view text, std::string_view what) {
     std::string_view item = text.substr(pos, comma - pos);
     while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (item.empty()) {
-      throw UsageError(fmt::format("{} '{}': empty endpoint in the list", what, text),
-                       "write host:port[,host:port...], e.g. 10.0.0.1:2379,10.0.0.2:2379");
-    }
+    if (item.empty()) throw UsageError(fmt::format("{} '{}': empty endpoint in the list", what, text), forms);
+    const std::string_view whole = item;
+    auto fail = [&](const std::string& why) {
+      throw UsageError(fmt::format("{} '{}': endpoint '{}' {}", what, text, whole, why), forms);
+    };
+    auto starts_with_nocase = [&](std::string_view prefix) {
+      if (item.size() < prefix.size()) return false;
+      for (std::size_t i = 0; i < prefix.size(); ++i) {
+        if (std::tolower(static_cast<unsigned char>(item[i])) != prefix[i]) return false;
+      }
+      return true;
+    };
     std::optional<bool> tls;
-    if (item.starts_with("https://")) {
+    if (starts_with_nocase("https://")) {
       tls = true;
       item.remove_prefix(8);
-    } else if (item.starts_with("http://")) {
+    } else if (starts_with_nocase("http://")) {
       tls = false;
       item.remove_prefix(7);
+    } else if (const std::size_t s = item.find("://"); s != std::string_view::npos) {
+      fail(fmt::format("has the scheme '{}' (etcd speaks http:// or https://)", item.substr(0, s)));
     }
     if (!item.empty() && item.back() == '/') item.remove_suffix(1);
     if (tls) {
@@ -333,7 +347,20 @@ EndpointList parse_endpoints(std::string_view text, std::string_view what) {
       }
       out.scheme_tls = tls;
     }
-    out.endpoints.push_back(parse_endpoint(item, 2379, what));
+    Endpoint ep;
+    try {
+      ep = parse_endpoint(item, 2379, what);
+    } catch (const UsageError& e) {
+      throw UsageError(e.message(), forms);  // with the forms etcd accepts (no port 0)
+    }
+    if (ep.port == 0) fail("has port 0");
+    if (ep.host.find_first_of(" \t\r\n@/?#") != std::string::npos)
+      fail("has a space, '@', '/', '?' or '#' in its host (no user names, paths or queries)");
+    // parse_endpoint takes text with several ':' for a bare IPv6 address.
+    if (ep.host.find(':') != std::string::npos &&
+        ep.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
+      fail("is neither HOST:PORT nor an IPv6 address");
+    out.endpoints.push_back(std::move(ep));
     pos = comma + 1;
   }
   return out;
