@@ -302,3 +302,52 @@ TEST_CASE("etcd client: a member answering 5xx, 404 or a malformed reply is skip
   CHECK_THAT(e3->message, Catch::Contains(g500.endpoint() + ": HTTP 503: overloaded") &&
                               Catch::Contains(bad.endpoint() + ": malformed reply: "));
 }
+
+TEST_CASE("etcd client: a watch refused with a body that never comes times out; a silent stream is resumed",
+          "[etcd][client]") {
+  boost::asio::io_context io;
+  // HTTP 400 announcing 100 bytes of body, then silence: the request timeout applies to the
+  // body of a refusal like to any reply (the stream had no deadline at all).
+  FakeGateway stuck(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        "{\"error\":"};
+  });
+  auto o = options_for(stuck.endpoint());
+  o.request_timeout = 500ms;
+  EtcdClient c(io, o);
+  std::vector<std::string> broke;
+  WatchHandlers wh;
+  wh.on_reconnect = [&](const std::string& why) { broke.push_back(why); };
+  wh.on_error = [&](const EtcdError& e) { broke.push_back("error: " + e.message); };
+  c.watch({"/k", {}, 0, false}, wh);
+  REQUIRE(run_until(
+      io, [&] { return !broke.empty(); }, 5s));
+  CHECK_THAT(broke[0], Catch::Contains(stuck.endpoint()) && Catch::Contains("timed out"));
+
+  // A stream that was created and then says nothing for the idle timeout is resumed on the same
+  // member (a healthy quiet one answers again; a stalled one then times out and is left).
+  const std::string created = R"({"result":{"header":{"revision":"5"},"created":true}})"
+                              "\n";
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx", created.size());
+  FakeGateway quiet(io, [&](const std::string&, const std::string&) {
+    return FakeGateway::Reply{
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(size) +
+        "\r\n" + created + "\r\n"};
+  });
+  auto q = options_for(quiet.endpoint());
+  q.watch_idle_timeout = 300ms;
+  EtcdClient d(io, q);
+  std::vector<std::string> resumed;
+  WatchHandlers qh;
+  qh.on_reconnect = [&](const std::string& why) { resumed.push_back(why); };
+  qh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
+  const auto t0 = std::chrono::steady_clock::now();
+  d.watch({"/k", {}, 0, true}, qh);
+  REQUIRE(run_until(
+      io, [&] { return resumed.size() >= 2 && quiet.requests() >= 3; }, 5s));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 600ms);
+  CHECK_THAT(resumed[0], Catch::Contains("no message for 300 ms"));
+  for (const std::string& line : quiet.request_lines()) CHECK(line.starts_with("POST /v3/watch "));
+}

@@ -171,6 +171,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     std::size_t endpoint = 0;
     std::shared_ptr<Conn> conn;
     std::unique_ptr<asio::steady_timer> retry;
+    std::unique_ptr<asio::steady_timer> idle;  // a 200 stream silent for watch_idle_timeout
     std::unique_ptr<Backoff> backoff;
     std::string pending;  // bytes of the message being assembled
     bool cancelled = false;
@@ -407,6 +408,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     w->handlers = std::move(handlers);
     w->endpoint = current;
     w->retry = std::make_unique<asio::steady_timer>(io);
+    w->idle = std::make_unique<asio::steady_timer>(io);
     w->backoff =
         std::make_unique<Backoff>(Backoff::Options{std::chrono::milliseconds(50), std::chrono::seconds(2), 2.0, 0.3});
     watches[w->id] = w;
@@ -420,6 +422,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     auto w = it->second;
     w->cancelled = true;
     w->retry->cancel();
+    w->idle->cancel();
     if (w->conn) w->conn->close();
     watches.erase(it);
   }
@@ -431,6 +434,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   void watch_broken(const std::shared_ptr<Watch>& w, const std::string& why, bool rotate) {
     if (closed || w->cancelled) return;
     ++w->generation;
+    w->idle->cancel();
     if (w->conn) w->conn->close();
     w->conn.reset();
     w->pending.clear();
@@ -508,7 +512,15 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                                     if (!self->alive(w, gen)) return;
                                     if (ec2) return self->watch_broken(w, "no watch reply: " + describe(ec2), true);
                                     st->status = st->parser.get().result_int();
-                                    c->lowest().expires_never();
+                                    if (st->status == 200) {
+                                      // A stream: no deadline, but silence for the idle timeout
+                                      // reconnects it.
+                                      c->lowest().expires_never();
+                                      self->arm_idle(w, gen);
+                                    } else {
+                                      // An error body is a reply like any other.
+                                      c->lowest().expires_after(self->options.request_timeout);
+                                    }
                                     self->read_watch(w, gen, st);
                                   });
         });
@@ -526,6 +538,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
         if (!self->alive(w, gen)) return;
         if (ec == http::error::need_buffer) ec = {};
         const std::size_t got = st->chunk.size() - st->parser.get().body().size;
+        if (got > 0 && st->status == 200) self->arm_idle(w, gen);
         if (got > 0 && !self->feed(w, gen, *st, std::string_view(st->chunk.data(), got))) return;
         if (!self->alive(w, gen)) return;
         if (ec) return self->watch_broken(w, "stream ended: " + describe(ec), true);
@@ -535,6 +548,23 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
         }
         self->read_watch(w, gen, st);
       });
+    });
+  }
+
+  // A watch stream that says nothing for watch_idle_timeout may sit on a member that stalled
+  // or was cut off without closing the connection: resume it (from the next revision, so
+  // nothing is lost) on the same endpoint; one that does not answer moves it to the next.
+  void arm_idle(const std::shared_ptr<Watch>& w, std::uint64_t gen) {
+    if (options.watch_idle_timeout <= Duration::zero()) return;
+    w->idle->expires_after(options.watch_idle_timeout);
+    auto self = shared_from_this();
+    w->idle->async_wait([self, w, gen](const error_code& ec) {
+      if (ec || !self->alive(w, gen)) return;
+      self->watch_broken(
+          w,
+          fmt::format("no message for {} ms",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(self->options.watch_idle_timeout).count()),
+          false);
     });
   }
 
@@ -640,6 +670,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     for (auto& [id, w] : watches) {
       w->cancelled = true;
       w->retry->cancel();
+      w->idle->cancel();
       if (w->conn) w->conn->close();
     }
     watches.clear();

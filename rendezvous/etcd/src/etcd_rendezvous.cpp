@@ -377,7 +377,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
 
   Impl(asio::io_context& io_, EtcdRendezvousOptions o, RendezvousEvents ev)
       : io(io_),
-        options(std::move(o)),
+        options(with_defaults(std::move(o))),
         events(std::move(ev)),
         client(io_, options.etcd),
         lease_client(io_, options.etcd),
@@ -398,6 +398,13 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     leader_key = job_prefix + "leader";
     my_key = node_key(options.node.id);
     new_source();
+  }
+
+  // A watch silent for half the give-up budget is resumed anew: one on a member that stalled
+  // without closing the connection would otherwise miss the log until the job is given up.
+  static EtcdRendezvousOptions with_defaults(EtcdRendezvousOptions o) {
+    if (o.etcd.watch_idle_timeout <= Duration::zero()) o.etcd.watch_idle_timeout = o.give_up_after / 2;
+    return o;
   }
 
   // A fresh id source: the node instance plus a nonce, so two objects of one agent (or a
@@ -700,7 +707,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     };
     const auto [key, end] = view_range();
     watch_started = std::chrono::steady_clock::now();
-    watch_id = client.watch({key, end, from, false}, std::move(h));
+    watch_id = client.watch({key, end, from, true}, std::move(h));
   }
 
   // The watch ended (refused, malformed or oversized message): re-read the job after a backoff.

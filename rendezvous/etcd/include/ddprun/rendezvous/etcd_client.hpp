@@ -18,7 +18,8 @@
 //
 // A watch runs on its own streaming connection. When the connection breaks (member killed, "no
 // leader", token expired) it reconnects to the next endpoint with backoff and resumes from the
-// revision after the last event it delivered, so no event is lost or repeated. It ends (on_error)
+// revision after the last event it delivered, so no event is lost or repeated; a stream silent
+// for watch_idle_timeout is resumed the same way (on the same endpoint). It ends (on_error)
 // only when resuming is impossible: the revision was compacted, the watch was refused, or a
 // message was malformed or over the size bound.
 //
@@ -56,6 +57,9 @@ struct EtcdClientOptions {
   Duration request_timeout = std::chrono::seconds(5);
   std::size_t max_response_bytes = std::size_t{32} << 20;
   std::size_t max_watch_message_bytes = std::size_t{32} << 20;
+  // A watch stream silent this long is resumed anew (a member may stall without closing the
+  // connection); zero: never. Ask for progress_notify so etcd itself speaks now and then.
+  Duration watch_idle_timeout{};
 };
 
 struct EtcdError {
