@@ -201,8 +201,14 @@ Decisions JobLog::apply(std::int64_t seq, const std::vector<LogEvent>& batch) {
   }
   Decisions out;
   for (const LogEvent& e : batch) {
-    if (seen(e.id)) continue;
-    if (auto split = split_event_id(e.id)) applied_[split->first] = split->second;
+    // Only agents' messages are deduplicated (an inbox key put twice, two sequencers during a
+    // takeover): their ids grow in put order per source. The sequencer's ticks and expiries
+    // are written once each, in the entry it appends, and must not pass for a later id of the
+    // sequencer's own pending message.
+    if (e.kind == EventKind::message) {
+      if (seen(e.id)) continue;
+      if (auto split = split_event_id(e.id)) applied_[split->first] = split->second;
+    }
     Decisions more = apply_one(seq, e);
     if (out.empty()) {
       out = std::move(more);
@@ -345,6 +351,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   std::deque<Op> ops;
   bool putting = false;
   std::uint64_t op_counter = 0;
+  std::uint64_t seq_counter = 0;  // ticks and expiries this agent appends as the sequencer
   std::optional<std::uint64_t> watch_id;
   asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer, watch_retry_timer;
   Backoff backoff{Backoff::Options{std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0, 0.3}};
@@ -414,6 +421,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                          static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                              reinterpret_cast<std::uintptr_t>(this));
     op_counter = 0;
+    seq_counter = 0;
   }
 
   std::string node_key(const NodeId& id) const { return nodes_prefix + id.to_string(); }
@@ -1014,7 +1022,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     std::vector<etcd::LogEvent> batch;
     std::vector<std::string> gone;
     std::size_t bytes = 0;
-    auto next_id = [this] { return fmt::format("{}-{:012d}", source, ++op_counter); };
+    // Ids of the sequencer's own events: a source of their own (not op_counter: a later id of
+    // this agent's source would make replicas skip its messages still in the inbox).
+    auto next_id = [this] { return fmt::format("{}.seq-{:012d}", source, ++seq_counter); };
     // Deadlines that passed come first: they passed before the events still pending.
     if (const auto due = log.next_deadline_ms(); due && *due <= wall_ms()) {
       batch.push_back(etcd::LogEvent{now, etcd::EventKind::tick, next_id(), StatusMessage{options.run_id}});
