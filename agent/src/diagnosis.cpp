@@ -113,7 +113,10 @@ std::string base_name(const std::string& path) {
 }
 
 std::string source_line(const std::string& file, int line) {
-  // The path comes from the rank's own dump: a regular file only, its first 4 MiB.
+  // The path comes from the rank's own dump: a regular file only (checked before any open: opening
+  // some devices acts), its first 4 MiB.
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
   std::istringstream in(read_worker_file(file, 4u << 20, 0, true).value_or(std::string()));
   std::string text;
   for (int i = 1; std::getline(in, text); ++i) {
@@ -194,6 +197,7 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
   // (a main thread already past its module, a stack cut at 100 frames) once it has been still for
   // kDumpQuiet. A preempted writer pauses for milliseconds, so stillness alone is not enough.
   constexpr auto kDumpQuiet = std::chrono::milliseconds(150);
+  constexpr auto kMarkerQuiet = std::chrono::milliseconds(10);
   const auto deadline = t0 + kStackBound;
   std::size_t open = dumps.size();
   while (open > 0 && Clock::now() < deadline) {
@@ -209,6 +213,9 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
       }
       if (size <= d.before) continue;
       const bool quiet = now - d.changed >= kDumpQuiet;
+      // The marker line may also be a mid-stack frame (a module being imported, -m's own
+      // module) where the writer was preempted: it counts once the file has been still a while.
+      if (!quiet && now - d.changed < kMarkerQuiet) continue;
       const auto tail = read_worker_file(d.file, 4096, size > 4096 ? size - 4096 : 0);
       if (quiet || (tail && dump_complete(*tail))) {
         d.done = true;
@@ -254,9 +261,10 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
       continue;
     }
     Run r{i, targets[i].rank_dir + "/stacks-native.txt", {}};
-    const int fd = ::open(r.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    std::string why;
+    const int fd = create_agent_file(r.file, &why);
     if (fd < 0) {
-      because("cannot write " + r.file + ": " + std::strerror(errno));
+      because("cannot write " + r.file + ": " + why);
       continue;
     }
     SpawnRequest req;
@@ -436,6 +444,26 @@ Progress sample_progress(const std::vector<pid_t>& pids) {
     }
   }
   return p;
+}
+
+int create_agent_file(const std::string& path, std::string* problem) {
+  // O_NONBLOCK: a FIFO a worker put there fails (ENXIO without a reader) instead of blocking
+  // the agent; O_NOFOLLOW: no link is followed; then only a regular file is kept.
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  if (fd < 0) {
+    if (problem) *problem = errno == ELOOP ? "is a symbolic link" : std::strerror(errno);
+    return -1;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (problem) *problem = "is not a regular file";
+    return -1;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
 }
 
 std::optional<std::string> read_worker_file(const std::string& path, std::size_t max_bytes, std::size_t from,

@@ -481,9 +481,9 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   }
   std::string block = format_diagnosis_block(host, headline, culprits, ranks, files);
   // Next to the stacks it refers to (a run without any keeps no file for it).
-  if (std::FILE* f = files.empty() ? nullptr : std::fopen((attempt_dir_ + "/diagnosis.txt").c_str(), "w")) {
-    std::fwrite(block.data(), 1, block.size(), f);
-    std::fclose(f);
+  if (const int fd = files.empty() ? -1 : create_agent_file(attempt_dir_ + "/diagnosis.txt"); fd >= 0) {
+    write_all(fd, block);
+    ::close(fd);
   }
   return block;
 }

@@ -134,3 +134,21 @@ TEST_CASE("an error file that is not a regular file, or too large, is noted and 
   load_error_file(none);  // the rank wrote none: nothing to say
   CHECK(none.note.empty());
 }
+
+TEST_CASE("create_agent_file makes a regular file only, never blocking on a FIFO a worker put there") {
+  TempDir d;
+  std::string problem;
+  const int fd = create_agent_file((d.path / "new.txt").string(), &problem);
+  REQUIRE(fd >= 0);
+  CHECK(::write(fd, "x", 1) == 1);
+  ::close(fd);
+  const std::string fifo = (d.path / "stacks-native.txt").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(create_agent_file(fifo, &problem) == -1);  // open(2) blocked until a reader came before
+  CHECK_FALSE(problem.empty());
+  const std::string link = (d.path / "diagnosis.txt").string();
+  REQUIRE(::symlink((d.path / "elsewhere").c_str(), link.c_str()) == 0);
+  CHECK(create_agent_file(link, &problem) == -1);
+  CHECK(problem == "is a symbolic link");
+  CHECK_FALSE(fs::exists(d.path / "elsewhere"));
+}

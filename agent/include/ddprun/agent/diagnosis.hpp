@@ -91,6 +91,11 @@ std::optional<std::string> read_worker_file(const std::string& path, std::size_t
                                             bool follow_links = false, std::string* problem = nullptr,
                                             std::size_t* size = nullptr);
 
+// Creates (truncates) `path` in a directory a worker can write to, for the agent to write: never
+// blocks on a FIFO put there, never follows a link, keeps only a regular file. The descriptor
+// (blocking again), or -1 with why in `problem`.
+int create_agent_file(const std::string& path, std::string* problem = nullptr);
+
 // The last `max_bytes` of a regular file ("" when unreadable or not a regular file).
 std::string read_tail(const std::string& path, std::size_t max_bytes);
 
