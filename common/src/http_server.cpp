@@ -74,19 +74,21 @@ Response plain(int status, std::string_view text) {
 std::pair<asio::buffers_iterator<asio::streambuf::const_buffers_type>, bool> end_of_head(
     asio::buffers_iterator<asio::streambuf::const_buffers_type> begin,
     asio::buffers_iterator<asio::streambuf::const_buffers_type> end) {
-  int state = 0;  // 1: after a LF; 2: after LF CR
+  int state = 0;       // 1: after a LF; 2: after LF CR
+  auto partial = end;  // where a terminator may have begun: the next read resumes there
   for (auto it = begin; it != end; ++it) {
     const char ch = *it;
     if (ch == '\n') {
       if (state != 0) return {std::next(it), true};
       state = 1;
+      partial = it;
     } else if (ch == '\r' && state == 1) {
       state = 2;
     } else if (ch != '\r') {
       state = 0;
     }
   }
-  return {begin, false};
+  return {state != 0 ? partial : end, false};
 }
 
 struct Server::Impl : std::enable_shared_from_this<Impl> {

@@ -11,7 +11,8 @@
 // torch's open-source agent starts no server on this port (its HealthCheckServer is a no-op).
 // The port is reachable by anyone who can reach the host, so every connection is treated as
 // hostile by the common http::Server that serves it (the one behind the metrics endpoint): at
-// most 16 are served at once (one beyond that is closed at accept), each gets 5 s to send its
+// most 16 are served at once (a new one beyond that takes the place of the oldest that has not sent
+// a complete request, or is closed at accept when all are being answered), each gets 5 s to send its
 // request head (8 KiB at most) and 5 s to read the answer, and a failed accept (EMFILE) is
 // retried after 1 s instead of ending the endpoint. Unlike the metrics endpoint it answers every
 // request the same way (any path, any method, a head cut off or too large).
@@ -43,7 +44,8 @@ class HealthEndpoint {
   std::uint16_t port() const { return server_->port(); }
   // What the agent does now, e.g. "running round 2"; shown in the answer.
   void set_state(std::string state, std::uint64_t round);
-  // Connections open now, and those closed at accept because kMaxConnections were open.
+  // Connections open now, and those closed (at accept, or the oldest idle one) because
+  // kMaxConnections were open.
   std::size_t open_connections() const { return server_->stats().open; }
   std::uint64_t rejected() const { return server_->stats().over_limit; }
   static constexpr std::size_t kMaxConnections = 16;

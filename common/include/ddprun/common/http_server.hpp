@@ -56,7 +56,7 @@ using Handler = std::function<Response(const Request&)>;
 struct Stats {
   std::uint64_t ok = 0;          // 2xx answers
   std::uint64_t rejected = 0;    // 4xx answers, read timeouts and connections over the limit
-  std::uint64_t over_limit = 0;  // of those, connections closed at accept
+  std::uint64_t over_limit = 0;  // of those, connections closed for the cap (at accept, or the oldest idle one)
   std::size_t open = 0;          // connections open now
 };
 

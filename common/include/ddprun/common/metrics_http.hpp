@@ -7,7 +7,8 @@
 // so every request is treated as hostile: one request per connection (the reply carries
 // `Connection: close` and the socket is closed after it), the head must arrive within
 // limits.read_timeout, and at most limits.max_connections are served at once (a connection
-// beyond that is closed at accept). Request bodies are never read.
+// beyond that takes the place of the oldest without a complete request, or is closed at accept
+// when all are being answered). Request bodies are never read.
 // It is the one route of the common http::Server (http_server.hpp), which the agent's health
 // endpoint shares.
 //
