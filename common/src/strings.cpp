@@ -94,22 +94,51 @@ std::string terminal_safe(std::string_view text) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
-      out += "\\x";
-      out.push_back(digits[c >> 4]);
-      out.push_back(digits[c & 0xF]);
-    } else if (c == '\\') {
-      out += "\\\\";
-    } else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
-      const auto c1 = static_cast<unsigned char>(text[++i]);
-      out += "\\u00";
-      out.push_back(digits[c1 >> 4]);
-      out.push_back(digits[c1 & 0xF]);
+  auto escape = [&](const char* prefix, unsigned char c) {
+    out += prefix;
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 0xF]);
+  };
+  auto byte = [&](std::size_t i) -> unsigned char { return i < text.size() ? static_cast<unsigned char>(text[i]) : 0; };
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) {
+        escape("\\x", c);
+      } else if (c == '\\') {
+        out += "\\\\";
+      } else {
+        out.push_back(static_cast<char>(c));
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence is kept, but for the C1 controls (U+0080..U+009F); any other
+    // byte >= 0x80 is escaped: a lone 0x9b is CSI to a terminal reading Latin-1.
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    }
+    bool valid = n > 0 && i + n <= text.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
+    for (std::size_t k = 2; valid && k < n; ++k) valid = byte(i + k) >= 0x80 && byte(i + k) <= 0xbf;
+    if (!valid) {
+      escape("\\x", c);
+      ++i;
+    } else if (n == 2 && c == 0xc2 && byte(i + 1) <= 0x9f) {
+      escape("\\u00", byte(i + 1));
+      i += 2;
     } else {
-      out.push_back(static_cast<char>(c));
+      out.append(text.substr(i, n));
+      i += n;
     }
   }
   return out;

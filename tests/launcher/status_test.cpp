@@ -76,7 +76,7 @@ TEST_CASE("status text: what other clients sent cannot drive the terminal") {
   job.result = "ok\r\nforged line";
   rdzv::MemberStatus m;
   m.id = {"h\x1b[2J", 100, "aa"};
-  m.addr = "10.0.0.1\x9b";  // a lone byte, kept: not a UTF-8 C1 control
+  m.addr = "10.0.0.1\x9b";  // a lone byte: CSI to a Latin-1 terminal
   job.members.push_back(m);
   st.jobs.push_back(job);
   const auto text = format_status(st, "127.0.0.1:5000", "");
@@ -86,7 +86,15 @@ TEST_CASE("status text: what other clients sent cannot drive the terminal") {
   CHECK_THAT(text, Contains("job 'job\\x1b[31mRED\\x1b]0;pwned\\x07'"));
   CHECK_THAT(text, Contains("result: ok\\x0d\\x0aforged line\n"));
   CHECK_THAT(text, Contains("h\\x1b[2J:100/aa"));
+  CHECK_THAT(text, Contains("10.0.0.1\\x9b"));
   CHECK(ddprun::terminal_safe("caf\xc3\xa9 \xc2\x9b x\\y") == "caf\xc3\xa9 \\u009b x\\\\y");
+  // Bytes outside well-formed UTF-8 (a lone CSI for a Latin-1 terminal, a cut sequence, an
+  // overlong form, a surrogate) are escaped one by one; a 4-byte character is kept.
+  CHECK(ddprun::terminal_safe("a\x9b[2Jb") == "a\\x9b[2Jb");
+  CHECK(ddprun::terminal_safe("\xe2\x82") == "\\xe2\\x82");
+  CHECK(ddprun::terminal_safe("\xc0\xaf") == "\\xc0\\xaf");
+  CHECK(ddprun::terminal_safe("\xed\xa0\x80") == "\\xed\\xa0\\x80");
+  CHECK(ddprun::terminal_safe("\xf0\x9f\x98\x80") == "\xf0\x9f\x98\x80");
 }
 
 TEST_CASE("status --json and --watch arguments") {

@@ -660,7 +660,7 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   }
   if (result) return std::move(*result);
   if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());
-  if (run_id.empty() && error.find("exceeds the limit") != std::string::npos) {
+  if (run_id.empty() && error.rfind("STATUS_REPLY payload", 0) == 0) {  // this side's decode limit, not a server's text
     // The status of every job is one reply, bounded on this side: a daemon holding tens of
     // thousands of jobs with long names passes it.
     throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),

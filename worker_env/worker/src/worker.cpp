@@ -79,7 +79,8 @@ Info parse_info_impl(const Environment& env) {
     throw Invalid("LOCAL_WORLD_SIZE=" + std::to_string(i.local_world_size) +
                   " is more than WORLD_SIZE=" + std::to_string(i.world_size));
   }
-  if (i.group_rank >= i.group_world_size) {
+  // Only against a GROUP_WORLD_SIZE that is set: a launcher that exports GROUP_RANK alone is left be.
+  if (find(env, "GROUP_WORLD_SIZE") != nullptr && i.group_rank >= i.group_world_size) {
     throw Invalid("GROUP_RANK=" + std::to_string(i.group_rank) +
                   " is not below GROUP_WORLD_SIZE=" + std::to_string(i.group_world_size));
   }

@@ -20,9 +20,10 @@ std::optional<double> parse_seconds(std::string_view text);
 // A non-negative number of seconds (finite, at most 1e12) as whole milliseconds, rounded to
 // nearest. Without libm: bin/ddprun does not load it (docs/performance.md).
 std::int64_t seconds_to_ms(double seconds);
-// Text from the network made safe for a terminal: C0 controls (newline and tab included), DEL
-// and the C1 controls (UTF-8 C2 80..C2 9F) become \xNN / \u00NN, and a backslash "\\"; the
-// rest, UTF-8 included, is kept. A peer cannot move the cursor, recolour or forge lines with it.
+// Text from the network made safe for a terminal: C0 controls (newline and tab included), DEL,
+// the C1 controls (UTF-8 C2 80..C2 9F) and every byte that is not part of well-formed UTF-8
+// become \xNN / \u00NN, and a backslash "\\"; the rest, UTF-8 included, is kept. A peer cannot
+// move the cursor, recolour or forge lines with it.
 std::string terminal_safe(std::string_view text);
 // Lowercase hex of bytes.
 std::string to_hex(std::string_view bytes);
