@@ -31,9 +31,35 @@ constexpr const char* kSiteCustomize =
 # all its threads (faulthandler on a real-time signal, written to the file the agent named)
 # and records an uncaught exception's traceback next to it. Only the rank process itself
 # registers (the variable is removed for its children); then the sitecustomize this file
-# shadows, if any, runs as usual.
+# shadows, if any, runs as usual. It also drops NCCL_ASYNC_ERROR_HANDLING where the torch on the
+# path is 2.2 or later (below).
 import os
 import sys
+
+
+def _ddprun_nccl_env():
+    # ddprun sets NCCL_ASYNC_ERROR_HANDLING (all torch 1.x reads) and TORCH_NCCL_ASYNC_ERROR_HANDLING
+    # (its name since torch 2.2, which wins over the old one there and warns on every rank that
+    # still has the old one). Where torch/version.py on the path says 2.2 or later, the old name
+    # goes: the same value stands, without the warning. Nothing is imported to find out.
+    if "NCCL_ASYNC_ERROR_HANDLING" not in os.environ or "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+        return
+    for entry in sys.path:
+        try:
+            with open(os.path.join(entry or ".", "torch", "version.py")) as f:
+                text = f.read(8192)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("__version__"):
+                parts = line.split("=", 1)[1].strip().strip("'\"").split(".")
+                try:
+                    if (int(parts[0]), int(parts[1])) >= (2, 2):
+                        del os.environ["NCCL_ASYNC_ERROR_HANDLING"]
+                except (ValueError, IndexError):
+                    pass
+                break
+        return
 
 
 def _ddprun_setup():
@@ -62,6 +88,10 @@ def _ddprun_setup():
             sys.excepthook = hook
         except Exception:
             pass
+    try:
+        _ddprun_nccl_env()
+    except Exception:
+        pass
     me = sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # noqa: F401  (the shadowed one)
@@ -70,7 +100,7 @@ def _ddprun_setup():
 
 
 _ddprun_setup()
-del _ddprun_setup
+del _ddprun_setup, _ddprun_nccl_env
 )PY";
 
 // /proc files: small, and the kernel's own.

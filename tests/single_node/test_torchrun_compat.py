@@ -456,6 +456,27 @@ class Forms(Base):
         self.ok(r)
         self.assertIn("argv0 sub/t.py file sub/t.py rest ['--lr', '1']\n", r.stdout)
 
+    def test_nccl_async_error_handling_names_follow_the_torch_on_the_path(self):
+        # torch 1.x reads only NCCL_ASYNC_ERROR_HANDLING; 2.2+ reads TORCH_NCCL_ASYNC_ERROR_HANDLING
+        # first and warns on every rank that still has the old name, which torchrun 2.x never sets.
+        script = self.p("aeh.py")
+        with open(script, "w") as f:
+            f.write("import os, sys; sys.stdout.write('aeh %s %s\\n' % (os.environ.get('NCCL_ASYNC_ERROR_HANDLING'), "
+                    "os.environ.get('TORCH_NCCL_ASYNC_ERROR_HANDLING')))\n")
+        r = run([script], cwd=self.dir)  # Debian's torch 1.13 on the path
+        self.ok(r)
+        self.assertIn("aeh 1 1\n", r.stdout)
+        os.makedirs(self.p("newer/torch"))
+        with open(self.p("newer/torch/version.py"), "w") as f:
+            f.write("from typing import Optional\n__version__ = '2.6.0+debian'\n")
+        r = run([script], cwd=self.dir, env={"PYTHONPATH": self.p("newer")})
+        self.ok(r)
+        self.assertIn("aeh None 1\n", r.stdout)
+        # A value the user exported is theirs, under any torch.
+        r = run([script], cwd=self.dir, env={"NCCL_ASYNC_ERROR_HANDLING": "0"})
+        self.ok(r)
+        self.assertIn("aeh 0 1\n", r.stdout)
+
     def test_log_dir_dev_null(self):
         # torch 2.6: no log directory, TORCHELASTIC_ERROR_FILE empty, the job runs. Rank 1 is off
         # the console (--local-ranks-filter) and has no file to go to; ddprun's temporary run

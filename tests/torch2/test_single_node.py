@@ -33,7 +33,9 @@ JOB_TIMEOUT = 200
 SAME_VALUE = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-              "OMP_NUM_THREADS"]
+              "OMP_NUM_THREADS",
+              # torchrun 2.x sets only the TORCH_ name (2.2+ warns on every rank given the old one)
+              "NCCL_ASYNC_ERROR_HANDLING"]
 # Exported by torchrun 2.9 and later (2.11 on the GPU machine, tests/gpu/device), not by 2.6.
 SINCE_2_9 = ["TORCHELASTIC_SIGNALS_TO_HANDLE"]
 
