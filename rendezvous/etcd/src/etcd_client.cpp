@@ -534,7 +534,10 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     auto self = shared_from_this();
     auto c = w->conn;
     c->with_stream([&](auto& s) {
-      http::async_read_some(s, c->buffer(), st->parser, [self, w, gen, st](error_code ec, std::size_t) {
+      // The handler owns the connection (its buffer and stream) until the read completes:
+      // watch_broken (the idle timer, a failed endpoint) closes the socket and drops w->conn
+      // while this read is pending; the aborted read still writes to both.
+      http::async_read_some(s, c->buffer(), st->parser, [self, w, gen, c, st](error_code ec, std::size_t) {
         if (!self->alive(w, gen)) return;
         if (ec == http::error::need_buffer) ec = {};
         const std::size_t got = st->chunk.size() - st->parser.get().body().size;
