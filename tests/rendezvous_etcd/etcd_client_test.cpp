@@ -196,6 +196,63 @@ TEST_CASE("etcd client: auth with username/password, token refresh, wrong passwo
   CHECK_THAT(e4->message, Catch::Contains(cluster.endpoints()));
 }
 
+TEST_CASE("etcd client: an auth store newer than the token or a dropped token refreshes it, on each member",
+          "[etcd][client][auth]") {
+  // After any user or role change etcd answers every older token with HTTP 400 "revision of
+  // auth store is old", and a request whose token it dropped with "user name is empty": both
+  // mean authenticate again, not a refused call. The one refresh a call may make is per member.
+  EtcdCluster cluster(1, "auth-old", {"--auth-token", "simple"});
+  const std::string ep = "--endpoints=" + cluster.member(0).client_url(false);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user add root:rootpw") == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable") == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " --user root:rootpw put /a 1") == 0);
+  const std::string direct = cluster.endpoints();
+  const auto upstream = static_cast<std::uint16_t>(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  using ddprun::test::http_reply;
+  boost::asio::io_context io;
+  int auth1 = 0, range1 = 0, auth2 = 0, range2 = 0;
+  // The first member: the auth store moved on, then (with a fresh token) it fails.
+  FakeGateway g1(io, [&](const std::string& line, const std::string& body) {
+    if (line.starts_with("POST /v3/auth/authenticate ")) {
+      ++auth1;
+      return ddprun::test::forward(upstream, line, body);
+    }
+    if (++range1 == 1) {
+      return FakeGateway::Reply{http_reply(
+          400,
+          R"({"error":"etcdserver: revision of auth store is old","code":3,"message":"etcdserver: revision of auth store is old"})")};
+    }
+    return FakeGateway::Reply{http_reply(503, R"({"error":"overloaded","code":2,"message":"overloaded"})")};
+  });
+  // The second member dropped the token, then answers.
+  FakeGateway* g2p = nullptr;
+  FakeGateway g2(io, [&](const std::string& line, const std::string& body) {
+    if (line.starts_with("POST /v3/auth/authenticate ")) {
+      ++auth2;
+      return ddprun::test::forward(upstream, line, body);
+    }
+    if (++range2 == 1) {
+      return FakeGateway::Reply{http_reply(
+          400, R"({"error":"etcdserver: user name is empty","code":3,"message":"etcdserver: user name is empty"})")};
+    }
+    return ddprun::test::forward(upstream, line, body, g2p->authorization());
+  });
+  g2p = &g2;
+  auto o = options_for(g1.endpoint() + "," + g2.endpoint());
+  o.username = "root";
+  o.password = "rootpw";
+  EtcdClient c(io, o);
+  auto [e1, r] = call<RangeResponse>(io, [&](auto cb) { c.range({"/a", {}, 0, 0, false, false}, cb); });
+  INFO((e1 ? e1->message : std::string()));
+  REQUIRE_FALSE(e1);
+  REQUIRE(r.kvs.size() == 1);
+  CHECK(r.kvs[0].value == "1");
+  CHECK(auth1 == 2);
+  CHECK(range1 == 2);
+  CHECK(auth2 == 1);
+  CHECK(range2 == 2);
+}
+
 TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client][tls]") {
   const auto certs_dir = ddprun::test::make_temp_dir("certs");
   const auto f = ddprun::test::make_tls_files(certs_dir);

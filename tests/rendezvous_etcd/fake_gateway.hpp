@@ -34,6 +34,8 @@ class FakeGateway {
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(port()); }
   int requests() const { return requests_; }
+  // The Authorization header of the request being answered ("" when none); for forward().
+  const std::string& authorization() const { return authorization_; }
   const std::vector<std::string>& request_lines() const { return lines_; }
 
  private:
@@ -75,6 +77,12 @@ class FakeGateway {
     for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (const auto p = head.find("content-length:"); p != std::string::npos) length = std::stoul(head.substr(p + 15));
     if (c->in.size() < end + 4 + length) return false;
+    authorization_.clear();
+    if (const auto p = head.find("\r\nauthorization:"); p != std::string::npos) {
+      const std::size_t from = head.find_first_not_of(' ', p + 16);
+      const std::size_t to = head.find("\r\n", from);
+      authorization_ = c->in.substr(from, to == std::string::npos ? std::string::npos : to - from);
+    }
     const std::string line = c->in.substr(0, c->in.find("\r\n"));
     const std::string body = c->in.substr(end + 4, length);
     c->in.erase(0, end + 4 + length);
@@ -97,6 +105,7 @@ class FakeGateway {
   std::vector<std::shared_ptr<Conn>> conns_;
   int requests_ = 0;
   std::vector<std::string> lines_;
+  std::string authorization_;
 };
 
 // An HTTP/1.1 reply with a Content-Length body.
@@ -107,13 +116,16 @@ inline std::string http_reply(int status, const std::string& body) {
 
 // Sends one request to a real etcd member on 127.0.0.1:`port` and returns its whole reply (the
 // connection is closed after it, and so is the client's). Blocking: for quick unary calls only.
-inline FakeGateway::Reply forward(std::uint16_t port, const std::string& request_line, const std::string& body) {
+// `authorization`: the token to pass on (FakeGateway::authorization()).
+inline FakeGateway::Reply forward(std::uint16_t port, const std::string& request_line, const std::string& body,
+                                  const std::string& authorization = {}) {
   namespace asio = boost::asio;
   asio::io_context io;
   asio::ip::tcp::socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), port});
-  const std::string req = request_line + "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  const std::string req = request_line + "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          (authorization.empty() ? "" : "Authorization: " + authorization + "\r\n") +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   asio::write(s, asio::buffer(req));
   std::string out;
   std::array<char, 65536> buf{};

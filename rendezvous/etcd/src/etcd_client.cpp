@@ -299,7 +299,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                if (std::string why = decode_authenticate(body, tok); !why.empty())
                  return self->failover(call, "malformed authenticate reply: " + why);
                self->token = std::move(tok);
-               self->send(call);
+               // On the same connection unless the member closed it after the token.
+               self->run(call);
              });
   }
 
@@ -380,6 +381,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (conn) conn->close();
     conn.reset();
     current = (current + 1) % options.endpoints.size();
+    call->token_retry = false;  // the next member may refuse the token as well: one refresh each
     endpoint_failed(failed);
     if (++call->tried >= options.endpoints.size()) {
       EtcdError e{fmt::format("no etcd endpoint answered {}: {}", call->path.empty() ? "authenticate" : call->path,

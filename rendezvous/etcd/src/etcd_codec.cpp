@@ -376,7 +376,12 @@ bool is_failover_error(const GatewayError& e) {
 }
 
 bool is_invalid_token_error(const GatewayError& e) {
+  // Like etcd's Go client: a token older than the last user/role change (every token of the
+  // cluster after any such change, JWT or simple) and a token etcd dropped ("user name is
+  // empty": the request reached etcd as anonymous) are refreshed, not fatal.
   return e.message.find("invalid auth token") != std::string::npos ||
+         e.message.find("revision of auth store is old") != std::string::npos ||
+         e.message.find("user name is empty") != std::string::npos ||
          (e.code == 16 && e.message.find("token") != std::string::npos);
 }
 

@@ -166,7 +166,10 @@ struct GatewayError {
 // gRPC codes that mean "this member cannot serve now, another may" (Unavailable, deadline
 // exceeded, and the leader-loss messages etcd sends with other codes).
 bool is_failover_error(const GatewayError& e);
-// The token is unknown or expired: authenticate again and retry.
+// The token is unknown, expired, older than the auth store ("revision of auth store is old",
+// after any user or role change) or was dropped ("user name is empty"): authenticate again and
+// retry. Only meaningful with a user name configured (without one, "user name is empty" means
+// etcd wants credentials).
 bool is_invalid_token_error(const GatewayError& e);
 
 // ---- encoding (request bodies) ----
