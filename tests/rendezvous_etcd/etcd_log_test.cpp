@@ -175,19 +175,30 @@ TEST_CASE("a batch carries many events in one log entry and replicas apply each 
   CHECK_THAT(decode_batch("ddprun-etcd-batch 1 2\nxx\n", WireLimits{}, back), Catch::Contains("no length"));
 }
 
-TEST_CASE("the sequencer's tick before its own pending message does not hide the message", "[etcd][log]") {
-  // The sequencer put its join (id S-1) in the inbox, then a deadline passed: its tick comes
-  // first in the entry and, written later, may carry a later id of the same source (S-2).
+TEST_CASE("ticks and expiries are deduplicated like messages; the sequencer's get a source of their own",
+          "[etcd][log]") {
+  // The sequencer put its join (id S-1) in the inbox, then a deadline passed: its tick and an
+  // expiry come first in the entry. With ids of a source of their own (S.seq-N) they hide
+  // nothing.
   const JobConfig c = config(1, 1);
   const std::string s = "inst1.5f";
   LogEvent join = join_event(1000, 1, c);
   join.id = s + "-000000000001";
-  const LogEvent tick{1000, EventKind::tick, s + "-000000000002", StatusMessage{"job"}};
-  const LogEvent lost{1000, EventKind::expired, s + "-000000000003", LeaveMessage{"job", node(2).id}};
+  const LogEvent tick{1000, EventKind::tick, s + ".seq-000000000001", StatusMessage{"job"}};
+  const LogEvent lost{1000, EventKind::expired, s + ".seq-000000000002", LeaveMessage{"job", node(2).id}};
   JobLog log("job");
   const auto a = only<SendAssignment>(log.apply(0, std::vector<LogEvent>{tick, lost, join}));
   REQUIRE(a.size() == 1);
   CHECK(a[0].node == node(1).id);
   CHECK(log.seen(join.id));
-  CHECK_FALSE(log.seen(s + "-000000000002"));
+  CHECK(log.seen(tick.id));
+  CHECK(log.seen(lost.id));
+
+  // A log written by an older sequencer (the tick S-2 ahead of the join S-1 of the same
+  // source) is replayed the way that version's replicas applied it: the join is skipped, on
+  // every replica alike.
+  JobLog old("job");
+  const LogEvent old_tick{1000, EventKind::tick, s + "-000000000002", StatusMessage{"job"}};
+  CHECK(only<SendAssignment>(old.apply(0, std::vector<LogEvent>{old_tick, join})).empty());
+  CHECK(old.seen(join.id));
 }

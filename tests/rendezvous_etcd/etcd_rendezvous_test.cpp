@@ -296,6 +296,60 @@ TEST_CASE("etcd rendezvous: the sequencer dies, another agent takes over and the
   CHECK(rest[0]->failed->exit_code == 7);
 }
 
+TEST_CASE("etcd rendezvous: a new sequencer's tick and expiry ahead of its own pending join do not hide it",
+          "[etcd][rendezvous]") {
+  // B sequences its own join (entry 0, a last-call deadline 1 s later) and dies. A joins while
+  // B's leader key still lives: A's join waits in the inbox. When B's lease expires A takes
+  // over and appends, in one entry, the tick of the deadline that passed, B's expiry, then its
+  // own join. The tick and the expiry must not carry later ids of A's own source, else every
+  // replica skips the join as seen (A's agent notices and sends it again, one entry later; a
+  // skipped failure report is not sent again).
+  EtcdCluster cluster(1, "rdzv-takeover-pending");
+  boost::asio::io_context io;
+  JobConfig c = test_config(1, 2, 0);
+  c.last_call_timeout = 1s;
+  Agent b(io, 1, cluster.endpoints(), "job-pending", c);
+  Agent a(io, 0, cluster.endpoints(), "job-pending", c);
+  etcd::EtcdClientOptions wo;
+  wo.endpoints = etcd::parse_endpoints(cluster.endpoints(), "test").endpoints;
+  etcd::EtcdClient watcher(io, wo);
+  const std::string log_prefix = "/ddprun-test/job-pending/log/";
+  // A replica of our own, fed by a watch on the log: whether A is a member after entry 1.
+  int entries = 0;
+  etcd::JobLog replay("job-pending");
+  std::optional<std::optional<MemberRole>> a_after_takeover;
+  etcd::WatchHandlers wh;
+  wh.on_message = [&](const etcd::WatchMessage& m) {
+    for (const etcd::WatchEvent& e : m.events) {
+      if (e.type != etcd::WatchEvent::Type::put) continue;
+      ++entries;
+      const auto seq = etcd::parse_log_seq(std::string_view(e.kv.key).substr(log_prefix.size()));
+      std::vector<etcd::LogEvent> batch;
+      REQUIRE(seq.has_value());
+      REQUIRE(etcd::decode_batch(e.kv.value, WireLimits{}, batch) == "");
+      replay.apply(*seq, batch);
+      if (*seq == 1) a_after_takeover = replay.role(a.node.id);
+    }
+  };
+  watcher.watch({log_prefix, etcd::prefix_range_end(log_prefix), 1, false}, wh);
+  b.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return entries >= 1; }, 20s));
+  REQUIRE(b.rdzv->sequencing());
+  REQUIRE(b.assignments.empty());  // the last call is still open
+  b.rdzv->stop();
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return !a.assignments.empty() || a.failed || a.refused || a.unreachable; }, 20s));
+  REQUIRE(a.assignments.size() == 1);
+  CHECK(a.assignments[0].group_world_size == 1);
+  CHECK(a.rdzv->sequencing());
+  // The takeover entry itself made A a member (not a join sent again after it was skipped).
+  REQUIRE(run_until(
+      io, [&] { return a_after_takeover.has_value(); }, 10s));
+  CHECK(a_after_takeover->has_value());
+}
+
 // A TCP proxy in front of one etcd member. It relays both ways, except that the answer to the
 // first request whose bytes contain every string of `match` is swallowed and that connection
 // closed: what a client sees when a member commits a write and dies before answering.

@@ -201,14 +201,12 @@ Decisions JobLog::apply(std::int64_t seq, const std::vector<LogEvent>& batch) {
   }
   Decisions out;
   for (const LogEvent& e : batch) {
-    // Only agents' messages are deduplicated (an inbox key put twice, two sequencers during a
-    // takeover): their ids grow in put order per source. The sequencer's ticks and expiries
-    // are written once each, in the entry it appends, and must not pass for a later id of the
-    // sequencer's own pending message.
-    if (e.kind == EventKind::message) {
-      if (seen(e.id)) continue;
-      if (auto split = split_event_id(e.id)) applied_[split->first] = split->second;
-    }
+    // Every event is deduplicated by its id (an inbox key put twice, two sequencers during a
+    // takeover), ticks and expiries included: replicas of any version must skip the same
+    // events of a log, whoever wrote it. The sequencer gives its ticks and expiries ids of a
+    // source of their own (fold), so they never pass for a later id of its pending messages.
+    if (seen(e.id)) continue;
+    if (auto split = split_event_id(e.id)) applied_[split->first] = split->second;
     Decisions more = apply_one(seq, e);
     if (out.empty()) {
       out = std::move(more);

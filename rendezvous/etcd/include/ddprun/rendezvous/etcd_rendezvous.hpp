@@ -159,11 +159,11 @@ class JobLog {
  public:
   explicit JobLog(std::string run_id);
   // REQUIRES seq == next_seq() (else nothing happens). Applies the events of one log entry in
-  // order, skipping any message whose id was applied before (seen()), and returns every action
-  // (for every node). Ticks and expiries are never skipped nor recorded as seen.
+  // order, skipping any event whose id was applied before (seen()), and returns every action
+  // (for every node).
   Decisions apply(std::int64_t seq, const std::vector<LogEvent>& batch);
   Decisions apply(std::int64_t seq, const LogEvent& event) { return apply(seq, std::vector<LogEvent>{event}); }
-  // True when a message with this id, or a later one of the same source, was applied.
+  // True when an event with this id, or a later one of the same source, was applied.
   bool seen(std::string_view id) const;
   std::int64_t next_seq() const { return next_seq_; }
   std::int64_t last_time_ms() const { return last_ms_; }
