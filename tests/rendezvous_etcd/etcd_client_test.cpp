@@ -360,6 +360,42 @@ TEST_CASE("etcd client: a member answering 5xx, 404 or a malformed reply is skip
                               Catch::Contains(bad.endpoint() + ": malformed reply: "));
 }
 
+TEST_CASE("etcd client: a 400/401/403 that is not etcd's error moves to the next member; etcd's own is final",
+          "[etcd][client]") {
+  EtcdCluster cluster(1, "proxy-4xx");
+  boost::asio::io_context io;
+  using ddprun::test::http_reply;
+  // A proxy's pages, and an etcd-looking body whose code does not go with its status.
+  FakeGateway html403(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(403, "<html><body>Forbidden by the proxy</body></html>")};
+  });
+  FakeGateway html401(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(401, "<html><body>Log in first</body></html>")};
+  });
+  FakeGateway odd400(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(400, R"({"error":"bad gateway","code":14,"message":"bad gateway"})")};
+  });
+  EtcdClient c(io, options_for(html403.endpoint() + "," + html401.endpoint() + "," + odd400.endpoint() + "," +
+                               cluster.endpoints()));
+  auto [e1, h1] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/p", "1", 0}, cb); });
+  REQUIRE_FALSE(e1);
+  CHECK(html403.requests() == 1);
+  CHECK(html401.requests() == 1);
+  CHECK(odd400.requests() == 1);
+
+  // etcd's own InvalidArgument: no other member would answer otherwise.
+  FakeGateway refusal(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(
+        400, R"({"error":"etcdserver: key is not provided","code":3,"message":"etcdserver: key is not provided"})")};
+  });
+  EtcdClient d(io, options_for(refusal.endpoint() + "," + cluster.endpoints()));
+  auto [e2, h2] = call<ResponseHeader>(io, [&](auto cb) { d.put({"/p", "2", 0}, cb); });
+  REQUIRE(e2);
+  CHECK(e2->permanent);
+  CHECK(e2->grpc_code == 3);
+  CHECK_THAT(e2->message, Catch::Contains(refusal.endpoint()) && Catch::Contains("key is not provided"));
+}
+
 TEST_CASE("etcd client: a watch refused with a body that never comes times out; a silent stream is resumed",
           "[etcd][client]") {
   boost::asio::io_context io;

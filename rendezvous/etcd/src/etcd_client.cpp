@@ -50,6 +50,32 @@ std::string describe(const error_code& ec) {
   return ec.message();
 }
 
+// etcd's own refusal of a request: grpc-gateway maps these gRPC codes to these statuses
+// (InvalidArgument, FailedPrecondition and OutOfRange to 400, Unauthenticated to 401,
+// PermissionDenied to 403) with the JSON error body. The same status without such a body comes
+// from something else in the way (a proxy's page) and says nothing about the other members.
+bool is_etcd_refusal(unsigned status, const GatewayError& g) {
+  switch (status) {
+    case 400:
+      return g.code == 3 || g.code == 9 || g.code == 11;
+    case 401:
+      return g.code == 16;
+    case 403:
+      return g.code == 7;
+    default:
+      return false;
+  }
+}
+
+// This member cannot serve the request now, another may: it is failing (5xx, leader loss), has
+// no such API (a 404 that is not etcd's NotFound), or a 400/401/403 did not come from etcd.
+bool is_member_failure(unsigned status, const GatewayError& g) {
+  if (is_failover_error(g) || status >= 500) return true;
+  if (status == 404) return g.code != 5;
+  if (status == 400 || status == 401 || status == 403) return !is_etcd_refusal(status, g);
+  return false;
+}
+
 bool is_ip_literal(const std::string& host) {
   error_code ec;
   asio::ip::make_address(host, ec);
@@ -326,7 +352,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                }
                // A member that fails (5xx) or has no such API (404 but not etcd's NotFound: not
                // an etcd gateway, a proxy in the way) says nothing about the others.
-               if (is_failover_error(g) || status >= 500 || (status == 404 && g.code != 5)) {
+               if (is_member_failure(status, g)) {
                  return self->failover(call, fmt::format("HTTP {}: {}", status,
                                                          g.message.empty() ? std::string("no message") : g.message));
                }
@@ -337,7 +363,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                                        status, g.message,
                                        no_user ? " (etcd has auth enabled: pass --rdzv-conf username=/password=)" : ""),
                            self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7 || no_user};
-               e.permanent = status == 400 || status == 401 || status == 403;
+               e.permanent = is_etcd_refusal(status, g);
                self->finish(call, e, {});
              });
   }
@@ -579,7 +605,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
       token.clear();
       return watch_broken(w, g.message, false);
     }
-    if (is_failover_error(g) || st.status >= 500 || (st.status == 404 && g.code != 5)) {
+    if (is_member_failure(st.status, g)) {
       return watch_broken(w, fmt::format("HTTP {}: {}", st.status, g.message), true);
     }
     watch_fatal(w,

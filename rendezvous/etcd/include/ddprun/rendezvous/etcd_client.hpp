@@ -6,11 +6,12 @@
 // Unary calls (range, put, delete, txn, lease grant/keepalive/revoke) are queued and sent one at
 // a time over one keep-alive connection to the current endpoint. When that endpoint cannot be
 // reached, times out, answers that it has no leader (etcd's Unavailable / "no leader" /
-// "request timed out"), answers HTTP 5xx or a 404 that is not etcd's NotFound, or sends a 200
-// reply that does not decode, the call moves to the next endpoint of the list; it fails only after
-// every endpoint was tried once, with an error naming each endpoint and what it answered. Auth:
-// the client authenticates before its first call and again when etcd says the token is invalid
-// (simple tokens expire), then retries the call once. Wrong credentials fail the call with
+// "request timed out"), answers HTTP 5xx, a 404 that is not etcd's NotFound or a 400/401/403
+// that is not etcd's error, or sends a 200 reply that does not decode, the call moves to the
+// next endpoint of the list; it fails only after every endpoint was tried once, with an error
+// naming each endpoint and what it answered. Auth: the client authenticates before its first
+// call and again when etcd says the token is invalid, expired, older than the auth store or
+// dropped, then retries the call (once per endpoint). Wrong credentials fail the call with
 // EtcdError::auth_failed set and the endpoint named.
 //
 // Retrying a call on another endpoint may apply a mutation twice when the first member applied it
@@ -67,8 +68,11 @@ struct EtcdError {
   std::string endpoint;      // "host:port" of the last endpoint tried
   int grpc_code = 0;         // 0 when the failure was not an etcd answer (network, protocol)
   bool auth_failed = false;  // etcd refused the username/password, or wants them and got none
-  // etcd's answer will not change on a retry: HTTP 400/401/403 other than an invalid token (a
-  // request etcd rejects, permission denied). NotFound (an expired lease) is not permanent.
+  // etcd's answer will not change on a retry: HTTP 400/401/403 with etcd's error body and a
+  // gRPC code that goes with the status (InvalidArgument, FailedPrecondition, OutOfRange;
+  // Unauthenticated; PermissionDenied), other than a token to refresh. The same status without
+  // such a body (a proxy's page) moves the call to the next endpoint. NotFound (an expired
+  // lease) is not permanent.
   bool permanent = false;
 };
 
