@@ -65,6 +65,18 @@ TEST_CASE("endpoint lists: schemes in any case; other schemes, port 0, user name
   CHECK_THROWS_WITH(parse_endpoints("ftp://h1:2379", "--rdzv-endpoint"), Catch::Contains("scheme 'ftp'"));
 }
 
+TEST_CASE("endpoint lists: a link-local IPv6 address may name its zone", "[etcd][codec]") {
+  const auto z = parse_endpoints("[fe80::1%eth0]:2379,http://[fe80::2%2]", "--rdzv-endpoint");
+  REQUIRE(z.endpoints.size() == 2);
+  CHECK(z.endpoints[0].host == "fe80::1%eth0");
+  CHECK(z.endpoints[0].port == 2379);
+  CHECK(z.endpoints[1].host == "fe80::2%2");
+  for (const char* bad : {"[fe80::1%]:2379", "[fe80::1%a:b]:2379", "[fe80::1%a%b]:2379", "[fe8g::1%eth0]:2379"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_endpoints(bad, "--rdzv-endpoint"), ddprun::UsageError);
+  }
+}
+
 TEST_CASE("request bodies use proto field names, base64 bytes and string int64", "[etcd][codec]") {
   CHECK(encode_range({"a", "b", 5, 0, false, false}) == R"({"key":"YQ==","range_end":"Yg==","limit":"5"})");
   CHECK(encode_put({"k", "v", 42}) == R"({"key":"aw==","value":"dg==","lease":"42"})");

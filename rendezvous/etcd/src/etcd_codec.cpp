@@ -356,10 +356,16 @@ EndpointList parse_endpoints(std::string_view text, std::string_view what) {
     if (ep.port == 0) fail("has port 0");
     if (ep.host.find_first_of(" \t\r\n@/?#") != std::string::npos)
       fail("has a space, '@', '/', '?' or '#' in its host (no user names, paths or queries)");
-    // parse_endpoint takes text with several ':' for a bare IPv6 address.
-    if (ep.host.find(':') != std::string::npos &&
-        ep.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
-      fail("is neither HOST:PORT nor an IPv6 address");
+    // parse_endpoint takes text with several ':' for a bare IPv6 address. A link-local one may
+    // name its zone: [fe80::1%eth0]:2379.
+    if (const std::size_t colon = ep.host.find(':'); colon != std::string::npos) {
+      const std::size_t pct = ep.host.find('%');
+      const std::string_view addr = std::string_view(ep.host).substr(0, pct);
+      const bool zone_ok = pct == std::string::npos ||
+                           (pct + 1 < ep.host.size() && ep.host.find_first_of(":%", pct + 1) == std::string::npos);
+      if (addr.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos || !zone_ok)
+        fail("is neither HOST:PORT nor an IPv6 address");
+    }
     out.endpoints.push_back(std::move(ep));
     pos = comma + 1;
   }
