@@ -253,6 +253,43 @@ TEST_CASE("etcd client: an auth store newer than the token or a dropped token re
   CHECK(range2 == 2);
 }
 
+TEST_CASE("etcd client: a member failing the authentication (5xx, a proxy's 404) is skipped, not taken for a refusal",
+          "[etcd][client][auth]") {
+  EtcdCluster cluster(1, "auth-failover", {"--auth-token", "simple"});
+  const std::string ep = "--endpoints=" + cluster.member(0).client_url(false);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " user add root:rootpw") == 0);
+  REQUIRE(ddprun::test::run_shell("ETCDCTL_API=3 etcdctl " + ep + " auth enable") == 0);
+  boost::asio::io_context io;
+  using ddprun::test::http_reply;
+  FakeGateway g503(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(503, R"({"error":"overloaded","code":2,"message":"overloaded"})")};
+  });
+  FakeGateway g404(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(404, "404 page not found\n")};
+  });
+  auto o = options_for(g503.endpoint() + "," + g404.endpoint() + "," + cluster.endpoints());
+  o.username = "root";
+  o.password = "rootpw";
+  EtcdClient c(io, o);
+  auto [e1, h1] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/f", "1", 0}, cb); });
+  INFO((e1 ? e1->message : std::string()));
+  REQUIRE_FALSE(e1);
+  CHECK(g503.requests() == 1);
+  CHECK(g404.requests() == 1);
+
+  // Only failing members: an error naming each, not a refusal of the credentials.
+  auto od = options_for(g503.endpoint() + "," + g404.endpoint());
+  od.username = "root";
+  od.password = "rootpw";
+  EtcdClient e(io, od);
+  auto [e2, h2] = call<ResponseHeader>(io, [&](auto cb) { e.put({"/f", "2", 0}, cb); });
+  REQUIRE(e2);
+  CHECK_FALSE(e2->auth_failed);
+  CHECK_FALSE(e2->permanent);
+  CHECK_THAT(e2->message, Catch::Contains(g503.endpoint() + ": authenticate: HTTP 503: overloaded") &&
+                              Catch::Contains(g404.endpoint() + ": authenticate: HTTP 404"));
+}
+
 TEST_CASE("etcd client: TLS with a CA and a client certificate", "[etcd][client][tls]") {
   const auto certs_dir = ddprun::test::make_temp_dir("certs");
   const auto f = ddprun::test::make_tls_files(certs_dir);

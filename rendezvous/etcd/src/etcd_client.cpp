@@ -313,7 +313,12 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                if (!terr.empty()) return self->failover(call, terr);
                if (status != 200) {
                  GatewayError g = decode_error(body);
-                 if (is_failover_error(g)) return self->failover(call, g.message);
+                 // Only etcd's own refusal is about the credentials; a failing member or a
+                 // proxy's page is not.
+                 if (is_member_failure(status, g)) {
+                   return self->failover(call, fmt::format("authenticate: HTTP {}: {}", status,
+                                                           g.message.empty() ? std::string("no message") : g.message));
+                 }
                  const std::size_t i = self->current;
                  EtcdError e{fmt::format("etcd at {} refused the credentials of user '{}': {} "
                                          "(check --rdzv-conf username=/password=)",
