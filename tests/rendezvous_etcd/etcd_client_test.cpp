@@ -481,3 +481,46 @@ TEST_CASE("etcd client: a watch refused with a body that never comes times out; 
   CHECK_THAT(resumed[0], Catch::Contains("no message for 300 ms"));
   for (const std::string& line : quiet.request_lines()) CHECK(line.starts_with("POST /v3/watch "));
 }
+
+TEST_CASE("etcd client: a quiet watch resumes from its last progress notification; a healthy stream resets the backoff",
+          "[etcd][client]") {
+  // Each watch is accepted, created at revision 5 and told (progress notification) that all is
+  // sent up to revision 100, then goes quiet until the idle timeout resumes it.
+  boost::asio::io_context io;
+  auto chunk = [](const std::string& text) {
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx", text.size());
+    return std::string(size) + "\r\n" + text + "\r\n";
+  };
+  std::vector<std::string> bodies;
+  std::vector<std::chrono::steady_clock::time_point> arrived;
+  FakeGateway quiet(io, [&](const std::string&, const std::string& body) {
+    bodies.push_back(body);
+    arrived.push_back(std::chrono::steady_clock::now());
+    return FakeGateway::Reply{
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+        chunk(R"({"result":{"header":{"revision":"5"},"created":true}})"
+              "\n") +
+        chunk(R"({"result":{"header":{"revision":"100"}}})"
+              "\n")};
+  });
+  auto o = options_for(quiet.endpoint());
+  o.watch_idle_timeout = 300ms;
+  o.request_timeout = 200ms;
+  EtcdClient c(io, o);
+  std::vector<std::chrono::steady_clock::time_point> broke;
+  WatchHandlers h;
+  h.on_reconnect = [&](const std::string&) { broke.push_back(std::chrono::steady_clock::now()); };
+  h.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
+  c.watch({"/k", {}, 0, true}, h);
+  REQUIRE(run_until(
+      io, [&] { return bodies.size() >= 7; }, 15s));
+  CHECK_THAT(bodies[0], !Catch::Contains("start_revision"));
+  for (std::size_t i = 1; i < bodies.size(); ++i) CHECK_THAT(bodies[i], Catch::Contains(R"("start_revision":"101")"));
+  // Every stream lasted the idle timeout, longer than the request timeout: each resume waits the
+  // first backoff step (50 ms), not 0.4, 0.8, 1.6 s...
+  for (std::size_t i = 3; i < 6; ++i) {
+    INFO("resume " << i);
+    CHECK(arrived.at(i + 1) - broke.at(i) < 450ms);
+  }
+}

@@ -200,6 +200,9 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     std::unique_ptr<asio::steady_timer> idle;  // a 200 stream silent for watch_idle_timeout
     std::unique_ptr<Backoff> backoff;
     std::string pending;  // bytes of the message being assembled
+    // When the current stream was accepted (HTTP 200); one that lasted the request timeout
+    // was healthy, and the backoff starts anew when it breaks.
+    std::optional<std::chrono::steady_clock::time_point> stream_since;
     bool cancelled = false;
     std::uint64_t generation = 0;  // bumps on each (re)connect: stale handlers stop
   };
@@ -471,6 +474,10 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (w->conn) w->conn->close();
     w->conn.reset();
     w->pending.clear();
+    if (w->stream_since && std::chrono::steady_clock::now() - *w->stream_since >= options.request_timeout) {
+      w->backoff->reset();
+    }
+    w->stream_since.reset();
     const std::string where = endpoint_text(w->endpoint);
     if (rotate) w->endpoint = (w->endpoint + 1) % options.endpoints.size();
     spdlog::debug("etcd: watch on {} broke ({}); resuming at revision {} on {}", where, why, w->next_revision,
@@ -549,6 +556,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                                       // A stream: no deadline, but silence for the idle timeout
                                       // reconnects it.
                                       c->lowest().expires_never();
+                                      w->stream_since = std::chrono::steady_clock::now();
                                       self->arm_idle(w, gen);
                                     } else {
                                       // An error body is a reply like any other.
@@ -671,6 +679,14 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
       return false;
     }
     if (m.created && w->next_revision == 0) w->next_revision = m.header.revision + 1;
+    // A progress notification (asked with progress_notify): etcd sends it to a watcher that has
+    // caught up, with the store's revision, after every event up to it. A quiet watch resumed
+    // later starts there, not at its last event (possibly hours old: etcd would scan all the
+    // history since, and cancel the watch once that was compacted).
+    if (!m.created && !m.canceled && m.events.empty() && w->next_revision > 0 &&
+        m.header.revision >= w->next_revision) {
+      w->next_revision = m.header.revision + 1;
+    }
     if (m.canceled) {
       if (m.compact_revision > 0) {
         watch_fatal(w,
