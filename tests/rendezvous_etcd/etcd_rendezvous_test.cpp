@@ -695,3 +695,65 @@ TEST_CASE("etcd rendezvous: etcd with auth on and no user name given is refused 
   CHECK_THAT(*anon.refused, Catch::Contains(cluster.endpoints()) && Catch::Contains("user name is empty") &&
                                 Catch::Contains("username="));
 }
+
+TEST_CASE("etcd rendezvous: a node lease re-grant that fails is retried", "[etcd][rendezvous]") {
+  // A gateway in front of a real member that, once the agent runs, answers one keepalive of the
+  // node lease with TTL 0 (the lease expired) and the next lease grant with HTTP 503.
+  EtcdCluster cluster(1, "regrant");
+  const std::string direct = cluster.endpoints();
+  const auto upstream = static_cast<std::uint16_t>(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  boost::asio::io_context io;
+  using ddprun::test::FakeGateway;
+  using ddprun::test::http_reply;
+  bool expire = false, expired = false, refuse_grant = false;
+  int grants = 0, refused_grants = 0;
+  std::string node_lease;
+  FakeGateway gw(io, [&](const std::string& line, const std::string& body) {
+    if (line.starts_with("POST /v3/watch ")) {
+      // forward() cannot relay a stream: a watch that is created and stays quiet (one agent
+      // applies its own appends without it).
+      const std::string created = R"({"result":{"header":{"revision":"1"},"created":true}})"
+                                  "\n";
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx", created.size());
+      return FakeGateway::Reply{
+          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          std::string(size) + "\r\n" + created + "\r\n"};
+    }
+    if (line.starts_with("POST /v3/lease/grant ")) {
+      ++grants;
+      if (refuse_grant) {
+        refuse_grant = false;
+        ++refused_grants;
+        return FakeGateway::Reply{http_reply(503, R"({"error":"overloaded","code":2,"message":"overloaded"})")};
+      }
+      FakeGateway::Reply r = ddprun::test::forward(upstream, line, body);
+      if (node_lease.empty()) {  // the first grant is the node lease
+        const auto p = r.bytes.find("\"ID\":\"");
+        node_lease = r.bytes.substr(p + 6, r.bytes.find('"', p + 6) - p - 6);
+      }
+      return r;
+    }
+    if (line.starts_with("POST /v3/lease/keepalive ") && expire && !expired &&
+        body.find(node_lease) != std::string::npos) {
+      expired = true;
+      refuse_grant = true;
+      return FakeGateway::Reply{
+          http_reply(200, R"({"result":{"header":{"revision":"1"},"ID":")" + node_lease + R"(","TTL":"0"}})")};
+    }
+    return ddprun::test::forward(upstream, line, body);
+  });
+  Agent a(io, 0, gw.endpoint(), "regrant", test_config(1, 1, 0));
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return !a.assignments.empty() || a.unreachable || a.refused || a.failed; }, 20s));
+  REQUIRE(a.assignments.size() == 1);
+  REQUIRE(grants == 2);  // the node lease and the job lease
+  expire = true;
+  // The failed re-grant is tried again: a third grant refused, a fourth that works.
+  REQUIRE(run_until(
+      io, [&] { return grants >= 4 || a.unreachable.has_value() || a.refused.has_value(); }, 20s));
+  CHECK(refused_grants == 1);
+  CHECK_FALSE(a.unreachable);
+  CHECK_FALSE(a.refused);
+}

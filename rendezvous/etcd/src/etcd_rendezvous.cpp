@@ -361,8 +361,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   int watch_failures = 0;
   TimePoint started_at{};
   std::optional<TimePoint> last_ok;  // the last success of an operation that is progress
-  std::set<std::string> failing;     // operations whose last try failed
-  std::optional<TimePoint> failing_since;
+  // Operations whose last try failed, each with when it started failing: the budget is per
+  // operation, and one that is no longer tried (abandoned) is dropped, so neither pins it.
+  std::map<std::string, TimePoint> failing;
+  bool granting_node_lease = false;
   std::string last_error;
   bool healthy = false;
   bool syncing = false;
@@ -478,10 +480,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       last_ok = std::chrono::steady_clock::now();
       failing.clear();
     }
-    if (failing.empty()) {
-      failing_since.reset();
-      backoff.reset();
-    }
+    if (failing.empty()) backoff.reset();
   }
 
   // A failed exchange: fatal for refused credentials and for answers a retry cannot change,
@@ -497,11 +496,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       return;
     }
     const TimePoint now = std::chrono::steady_clock::now();
-    failing.insert(op);
-    if (!failing_since) failing_since = last_ok ? now : started_at;
+    const TimePoint since = failing.emplace(op, last_ok ? now : started_at).first->second;
     Duration budget = options.give_up_after;
     if (!last_ok) budget = std::min(budget, options.config.join_timeout);
-    const TimePoint since = *failing_since;
     if (now - since >= budget) {
       auto cb = events.on_unreachable;
       const std::string msg = fmt::format(
@@ -522,6 +519,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       if (self->phase == Phase::starting) {
         self->start_sequence();
       } else {
+        if (self->node_lease == 0) self->grant_node_lease();  // a re-grant that failed
         // Whatever was in flight failed (a late answer is harmless: puts are idempotent and
         // an append is a compare-and-swap).
         self->putting = false;
@@ -799,6 +797,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   // ---- sequencer election ----
 
   void campaign() {
+    if (leader || leader_known) failing.erase("campaign");  // no longer tried
     if (phase != Phase::ready || leader || leader_known || campaigning || leaving || syncing || node_lease == 0) return;
     campaigning = true;
     etcd::TxnRequest t;
@@ -966,7 +965,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   void pump() {
     if (stopped()) return;
     process_ops();
-    if (!leader_known) campaign();
+    campaign();
     fold();
   }
 
@@ -1140,6 +1139,23 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
 
   // ---- keepalive ----
 
+  // A new node lease after this node's expired (the inbox keys wait for it).
+  void grant_node_lease() {
+    if (stopped() || node_lease != 0 || granting_node_lease) return;
+    granting_node_lease = true;
+    client.lease_grant(
+        node_ttl, [self = shared_from_this()](const std::optional<etcd::EtcdError>& err, etcd::LeaseGrantResponse g) {
+          self->granting_node_lease = false;
+          self->guard(
+              "node lease grant",
+              [self](etcd::LeaseGrantResponse r) {
+                self->node_lease = r.id;
+                self->after_apply();
+              },
+              false)(err, std::move(g));
+        });
+  }
+
   void keepalive_tick() {
     if (stopped()) return;
     if (node_lease != 0) {
@@ -1158,16 +1174,12 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                                                      // The inbox keys went with the lease: put what is not applied
                                                      // again.
                                                      for (Op& op : ops) op.put = false;
-                                                     client.lease_grant(node_ttl,
-                                                                        guard(
-                                                                            "node lease grant",
-                                                                            [this](etcd::LeaseGrantResponse g) {
-                                                                              node_lease = g.id;
-                                                                              after_apply();
-                                                                            },
-                                                                            false));
+                                                     grant_node_lease();
                                                    },
                                                    false));
+    } else {
+      failing.erase("keepalive");                     // of a lease that is gone
+      if (phase == Phase::ready) grant_node_lease();  // retried on every tick until it works
     }
     // The job lease needs one keeper: the sequencer (or, while none is known, everyone). A
     // sequencer that dies is replaced within a node TTL; the job TTL is at least three.
@@ -1178,6 +1190,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                                                     if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
                                                   },
                                                   false));
+    } else {
+      failing.erase("job keepalive");  // another agent keeps it now
     }
     // Three keepalives per TTL, like etcd's own clients: one lost or late keepalive costs nothing.
     keepalive_timer.expires_after(std::chrono::milliseconds(node_ttl * 1000 / 3));
