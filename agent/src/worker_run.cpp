@@ -44,6 +44,37 @@ int open_log_file(const std::string& path) {
   return fd;
 }
 
+// What a still-running rank raised clearly before `failed_at` ("ValueError: boom 2.5 s"): the
+// last line of the hook's stacks.txt.exception in `rank_dir`, else the message of torch's error
+// file; nullopt when it wrote neither, or only later (a victim raises too, after the failure it
+// reacts to).
+std::optional<std::string> raised_before(const std::string& rank_dir, FailureReport report,
+                                         std::chrono::system_clock::time_point failed_at) {
+  using namespace std::chrono;
+  auto written = [](const std::string& path) -> std::optional<system_clock::time_point> {
+    struct stat st {};
+    if (path.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return std::nullopt;
+    return system_clock::time_point(
+        duration_cast<system_clock::duration>(seconds(st.st_mtim.tv_sec) + nanoseconds(st.st_mtim.tv_nsec)));
+  };
+  std::string what;
+  auto when = written(rank_dir + "/stacks.txt.exception");
+  if (when) {
+    std::istringstream in(read_tail(rank_dir + "/stacks.txt.exception", 4096));
+    for (std::string line; std::getline(in, line);) {
+      if (!trim(line).empty()) what = std::string(trim(line));  // the last: "ValueError: boom"
+    }
+  } else if ((when = written(report.error_file))) {
+    load_error_file(report);
+    if (report.error) what = report.error->message.substr(0, report.error->message.find('\n'));
+  }
+  if (!when || *when > failed_at - milliseconds(50)) return std::nullopt;
+  if (what.size() > 300) what = what.substr(0, 300) + "...";
+  char ago[32];
+  std::snprintf(ago, sizeof(ago), " %.1f s", duration<double>(failed_at - *when).count());
+  return (what.empty() ? std::string("an exception") : what) + ago;
+}
+
 }  // namespace
 
 struct WorkerRun::Worker {
@@ -425,37 +456,14 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   // handler keeps its process alive) failed first in all but its exit: the hook's
   // stacks.txt.exception or torch's error file, written before the failed rank ended, says so.
   if (failed != nullptr) {
-    using namespace std::chrono;
     for (const auto& w : workers_) {
       if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
       const std::string dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
-      std::string what;
-      std::optional<system_clock::time_point> when;
-      auto written = [](const std::string& path) -> std::optional<system_clock::time_point> {
-        struct stat st {};
-        if (path.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)
-          return std::nullopt;
-        return system_clock::time_point(
-            duration_cast<system_clock::duration>(seconds(st.st_mtim.tv_sec) + nanoseconds(st.st_mtim.tv_nsec)));
-      };
-      if (auto t = written(dir + "/stacks.txt.exception")) {
-        when = t;
-        std::istringstream in(read_tail(dir + "/stacks.txt.exception", 4096));
-        for (std::string line; std::getline(in, line);) {
-          if (!trim(line).empty()) what = std::string(trim(line));  // the last: "ValueError: boom"
-        }
-      } else if (auto rep = report_of(*w); (when = written(rep.error_file))) {
-        load_error_file(rep);
-        if (rep.error) what = rep.error->message.substr(0, rep.error->message.find('\n'));
+      if (auto raised = raised_before(dir, report_of(*w), failed->exit_time)) {
+        culprits.push_back("rank " + std::to_string(w->spec.rank) + " raised " + *raised + " before rank " +
+                           std::to_string(failed->spec.rank) +
+                           " ended, and is still running (a non-daemon thread or an atexit handler keeps it alive)");
       }
-      // A victim raises too, after the failure it reacts to: only what came clearly before counts.
-      if (!when || *when > failed->exit_time - milliseconds(50)) continue;
-      if (what.size() > 300) what = what.substr(0, 300) + "...";
-      char ago[32];
-      std::snprintf(ago, sizeof(ago), "%.1f s", duration<double>(failed->exit_time - *when).count());
-      culprits.push_back("rank " + std::to_string(w->spec.rank) + " raised " + (what.empty() ? "an exception" : what) +
-                         " " + ago + " before rank " + std::to_string(failed->spec.rank) +
-                         " ended, and is still running (a non-daemon thread or an atexit handler keeps it alive)");
     }
   }
   auto inside_collective = [](const RankStacks& s) {
