@@ -37,6 +37,8 @@ namespace ddprun::agent {
 namespace {
 
 constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
+// Empty token scans in a row that end a proc sweep (ddprun-watchdog's PROC_EMPTY_SCANS).
+constexpr int kProcEmptyScans = 8;
 constexpr std::chrono::milliseconds kSweepBound{3000};
 
 // With read(2) rather than an ifstream (whose open, locale and stream copy cost ~25 µs a file:
@@ -368,9 +370,68 @@ bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 
 
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
 
-// Processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this process.
-std::vector<pid_t> token_pids(const std::string& needle) {
-  std::vector<pid_t> out;
+// The living processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this
+// process, and their process groups. `/proc` is read first, then the processes newest first
+// (highest pid first; pids grow until they wrap): a process that forks and exits over and over
+// is listed with its newest pid, which is then the first one read, while it is still alive (read
+// in listing order it was gone by its turn, and its child unlisted, scan after scan). Its process
+// group outlives each step, and a SIGKILL of the whole group also reaches a child being forked
+// at that moment (the kernel restarts a fork that a group signal interrupts). A group is taken
+// only outside `agent_sid`, ddprun's own session (its process group may hold a pipeline's other
+// commands): every worker starts a session of its own, so every session a job process is in was
+// made by the job, and so is everything in it.
+// What a sweep needs of /proc/PID/stat.
+struct ProcStat {
+  char state = '?';
+  long pgrp = 0;
+  long sid = 0;
+};
+std::optional<ProcStat> proc_stat(const std::string& path) {
+  const auto st = read_text(path);
+  if (!st) return std::nullopt;
+  const auto close = st->rfind(')');  // the command name may hold anything, ')' included
+  if (close == std::string::npos || close + 2 >= st->size()) return std::nullopt;
+  // Fields from the third: state, ppid, pgrp, session.
+  ProcStat out;
+  out.state = (*st)[close + 2];
+  std::string_view rest(*st);
+  rest.remove_prefix(close + 3);
+  for (int field = 4; field <= 6; ++field) {
+    if (rest.empty() || rest.front() != ' ') return std::nullopt;
+    rest.remove_prefix(1);
+    const auto end = std::min(rest.find(' '), rest.size());
+    const std::string_view value = rest.substr(0, end);
+    rest.remove_prefix(end);
+    const auto parse = [&](auto& to) {
+      return std::from_chars(value.data(), value.data() + value.size(), to).ec == std::errc{};
+    };
+    if ((field == 5 && !parse(out.pgrp)) || (field == 6 && !parse(out.sid))) {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+// Processes created on this machine since boot ("processes" in /proc/stat: every fork and
+// clone); 0 when unknown.
+unsigned long long forks_so_far() {
+  const auto text = read_text("/proc/stat");
+  if (!text) return 0;
+  const auto at = text->find("\nprocesses ");
+  if (at == std::string::npos) return 0;
+  unsigned long long n = 0;
+  const char* from = text->data() + at + 11;
+  std::from_chars(from, text->data() + text->size(), n);
+  return n;
+}
+
+struct TokenScan {
+  std::vector<pid_t> pids;
+  std::vector<pid_t> groups;
+};
+TokenScan token_scan(const std::string& needle, pid_t agent_sid) {
+  TokenScan out;
+  std::vector<pid_t> listed;
   DIR* d = ::opendir("/proc");
   if (d == nullptr) return out;
   const pid_t self = ::getpid();
@@ -378,21 +439,36 @@ std::vector<pid_t> token_pids(const std::string& needle) {
     char* end = nullptr;
     const long p = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || p <= 0 || p == self) continue;
-    const auto env = read_text("/proc/" + std::string(e->d_name) + "/environ");
+    listed.push_back(static_cast<pid_t>(p));
+  }
+  ::closedir(d);
+  std::sort(listed.begin(), listed.end(), std::greater<>());
+  const pid_t own_group = ::getpgid(0);
+  for (const pid_t p : listed) {
+    const std::string dir = "/proc/" + std::to_string(p);
+    const auto env = read_text(dir + "/environ");
     if (!env) continue;
-    std::size_t pos = 0;
-    while (pos < env->size()) {
+    bool holds = false;
+    for (std::size_t pos = 0; pos < env->size() && !holds;) {
       const auto nul = env->find('\0', pos);
       const auto len = (nul == std::string::npos ? env->size() : nul) - pos;
-      if (env->compare(pos, len, needle) == 0) {
-        out.push_back(static_cast<pid_t>(p));
-        break;
-      }
+      holds = env->compare(pos, len, needle) == 0;
       if (nul == std::string::npos) break;
       pos = nul + 1;
     }
+    if (!holds) continue;
+    // Read right after: a holder that has exited since is a zombie until it is reaped, and a
+    // zombie's stat still names its process group (another process under the same pid would
+    // take a full turn of the pid space in between).
+    const auto st = proc_stat(dir + "/stat");
+    if (!st) continue;
+    if (st->state != 'Z') out.pids.push_back(p);  // a zombie stays until its parent reaps it
+    const auto group = static_cast<pid_t>(st->pgrp);
+    if (group > 1 && group != own_group && st->sid != agent_sid &&
+        std::find(out.groups.begin(), out.groups.end(), group) == out.groups.end()) {
+      out.groups.push_back(group);
+    }
   }
-  ::closedir(d);
   return out;
 }
 
@@ -473,7 +549,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     }
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
-    if (!swept) c->sweep();
+    if (!swept) c->sweep(true);
     // The run directory before the cgroups (whose rmdir waits for grace periods), as main.c.
     std::error_code ec;
     if (!run_dir.empty()) {
@@ -569,7 +645,7 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   if (c.mode_ == ContainmentMode::proc) {
     // The token by the socket, not in the arguments every user can read. Lost only if the agent
     // dies before this line, before any worker.
-    if (!send_line(fds[1], "t " + c.token_env() + "\n")) {
+    if (!send_line(fds[1], "t " + std::to_string(c.agent_sid_) + " " + c.token_env() + "\n")) {
       spdlog::warn(
           "containment: ddprun-watchdog (pid {}) did not take the job token ({}): if ddprun is killed, "
           "the job's detached processes may outlive it; check {}",
@@ -713,6 +789,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   if (!ok) {
     c->mode_ = ContainmentMode::proc;
     c->mechanism_ = "job token in /proc/PID/environ";
+    c->agent_sid_ = ::getsid(0);
     if (mode == ContainmentMode::automatic)
       spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
   }
@@ -767,7 +844,7 @@ Containment::~Containment() {
     if (fd >= 0) ::close(fd);
   }
   rank_dir_fds_.clear();
-  sweep();
+  sweep(true);
   if (watchdog_fd_ >= 0) {
     // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
     // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
@@ -914,7 +991,7 @@ RankMemory Containment::rank_memory(int local_rank) const {
   return m;
 }
 
-int Containment::sweep() {
+int Containment::sweep(bool last) {
   if (mode_ == ContainmentMode::off) return 0;
   if (mode_ == ContainmentMode::cgroup2) {
     // Once empty, it stays empty until a worker is started in it: a process enters a cgroup by
@@ -932,27 +1009,45 @@ int Containment::sweep() {
   }
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
+  std::vector<pid_t> alive;
+  int empty_scans = 0;
   for (;;) {
-    const std::vector<pid_t> pids = mode_ == ContainmentMode::proc ? token_pids(token_env()) : *job_pids();
-    // A zombie stays listed until its parent reaps it; only count the living.
-    std::vector<pid_t> alive;
-    for (pid_t p : pids) {
-      const auto st = read_text("/proc/" + std::to_string(p) + "/stat");
-      if (!st) continue;
-      const auto close = st->rfind(')');
-      if (close != std::string::npos && close + 2 < st->size() && (*st)[close + 2] == 'Z') continue;
-      alive.push_back(p);
-    }
-    if (alive.empty()) break;
-    if (mode_ == ContainmentMode::cgroup2) {
-      write_text(job_dir_ + "/cgroup.kill", "1");  // the job cgroup and every cgroup below it
-    } else if (mode_ == ContainmentMode::cgroup1) {
-      // Frozen, nothing can fork while we kill; SIGKILL takes effect on thaw.
-      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");
-      for (pid_t p : alive) ::kill(p, SIGKILL);
-      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "THAWED");
+    if (mode_ == ContainmentMode::proc) {
+      const auto forks_before = last ? forks_so_far() : 0;
+      const TokenScan scan = token_scan(token_env(), agent_sid_);
+      if (scan.pids.empty()) {
+        // A scan can miss a process that forks and exits without pause: the holder it listed
+        // is gone by its turn, its child not listed. A scan during which this machine created
+        // no process has missed nothing; at the job's end another scan follows any other, up
+        // to kProcEmptyScans in a row.
+        const bool exact = forks_before != 0 && forks_so_far() == forks_before;
+        if (!last || exact || ++empty_scans >= kProcEmptyScans || std::chrono::steady_clock::now() > deadline) break;
+        continue;
+      }
+      empty_scans = 0;
+      for (pid_t g : scan.groups) ::kill(-g, SIGKILL);
+      for (pid_t p : scan.pids) ::kill(p, SIGKILL);
+      alive = scan.pids;
     } else {
-      for (pid_t p : alive) ::kill(p, SIGKILL);
+      alive.clear();
+      const std::vector<pid_t> members = *job_pids();
+      for (pid_t p : members) {
+        // A zombie stays listed until its parent reaps it; only count the living.
+        const auto st = read_text("/proc/" + std::to_string(p) + "/stat");
+        if (!st) continue;
+        const auto close = st->rfind(')');
+        if (close != std::string::npos && close + 2 < st->size() && (*st)[close + 2] == 'Z') continue;
+        alive.push_back(p);
+      }
+      if (alive.empty()) break;
+      if (mode_ == ContainmentMode::cgroup2) {
+        write_text(job_dir_ + "/cgroup.kill", "1");  // the job cgroup and every cgroup below it
+      } else {
+        // Frozen, nothing can fork while we kill; SIGKILL takes effect on thaw.
+        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");
+        for (pid_t p : alive) ::kill(p, SIGKILL);
+        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "THAWED");
+      }
     }
     for (pid_t p : alive) {
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);

@@ -4,8 +4,9 @@
  * The agent starts it once, before any worker, with one end of a socket pair as fd 3 whose other
  * end only the agent holds (a socket, not a pipe: the agent writes with MSG_NOSIGNAL, so a
  * watchdog that ended early cannot end the agent with SIGPIPE). It reads lines from the agent:
- *   "t ENTRY"     the job token as in the workers' environment, "DDPRUN_JOB_TOKEN=..." (proc; not
- *                 in the arguments, which every user can read in ps)
+ *   "t SID ENTRY" the agent's session and the job token as in the workers' environment,
+ *                 "DDPRUN_JOB_TOKEN=..." (proc; not in the arguments, which every user can read
+ *                 in ps)
  *   "m RANK PID"  move PID into the rank's memory cgroup (v1 memory, --rank-memory on)
  *   "e DIR"       the run directory: if the agent ends without settling it ("r", or removing or
  *                 keeping it itself), remove it unless it holds a file with data (ddprun's Python
@@ -229,6 +230,7 @@ static long nproc;
 static int rank_dirs;
 static const char* memory_dir;
 static char token[256];
+static long agent_sid = -1;
 static char run_dir[4096];    /* "r": remove */
 static char unused_dir[4096]; /* "e": remove unless it holds data */
 
@@ -285,8 +287,8 @@ static int has_token(const char* pid_name) {
   if (fd < 0) return 0;
   static char buf[16384];
   const long k = (long)str_len(token);
-  long at = 0;    /* position in the current entry */
-  int match = 1;  /* the current entry matches `token` so far */
+  long at = 0;   /* position in the current entry */
+  int match = 1; /* the current entry matches `token` so far */
   int found = 0;
   for (;;) {
     const long n = sys_read(fd, buf, (long)sizeof buf);
@@ -308,35 +310,115 @@ static int has_token(const char* pid_name) {
   return found || (match && at == k); /* a last entry without its NUL */
 }
 
+/* Process groups of token holders outside the agent's session (the agent's sweep, token_scan). */
+#define MAX_GROUPS 4096
+static int groups[MAX_GROUPS];
+static long ngroups;
+
+/* From /proc/PID/stat: the state letter, process group and session; 0 when unreadable. */
+static int stat_of(const char* pid_name, char* state, long* pgrp, long* sid) {
+  static char st[1024];
+  char path[64] = "/proc/";
+  size_t l = 6;
+  for (const char* s = pid_name; *s != '\0' && l < 40; ++s) path[l++] = *s;
+  const char* tail = "/stat";
+  while (*tail != '\0') path[l++] = *tail++;
+  path[l] = '\0';
+  const long n = read_file(path, st, (long)sizeof st - 1);
+  if (n <= 0) return 0;
+  st[n] = '\0';
+  long close = -1;
+  for (long i = 0; i < n; ++i) {
+    if (st[i] == ')') close = i;
+  }
+  if (close < 0 || close + 2 >= n) return 0;
+  *state = st[close + 2];
+  const char* s = st + close + 3;
+  long fields[3];
+  for (int i = 0; i < 3; ++i) {
+    if (*s != ' ') return 0;
+    ++s;
+    fields[i] = parse_num(&s);
+  }
+  *pgrp = fields[1];
+  *sid = fields[2];
+  return 1;
+}
+
+/* Processes created on this machine since boot ("processes" in /proc/stat); 0 when unknown. */
+static char stat_text[1 << 18];
+static unsigned long forks_so_far(void) {
+  const long n = read_file("/proc/stat", stat_text, (long)sizeof stat_text);
+  static const char key[] = "\nprocesses ";
+  const long k = (long)sizeof key - 1;
+  for (long i = 0; i + k < n; ++i) {
+    long j = 0;
+    while (j < k && stat_text[i + j] == key[j]) ++j;
+    if (j < k) continue;
+    unsigned long v = 0;
+    for (long d = i + k; d < n && stat_text[d] >= '0' && stat_text[d] <= '9'; ++d)
+      v = v * 10 + (unsigned long)(stat_text[d] - '0');
+    return v;
+  }
+  return 0;
+}
+
+/* The job token's holders, newest first, and their process groups: as the agent's token_scan
+ * (agent/src/containment.cpp), which says why in that order and why a group may be signalled. */
+static int listed[MAX_PIDS];
 static void add_token_pids(void) {
   const int fd = sys_open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   const long self = sys_getpid();
+  long nlisted = 0;
   static char dents[32768] __attribute__((aligned(8)));
   for (;;) {
     const long n = sys_getdents(fd, dents, (long)sizeof dents);
     if (n <= 0) break;
-    for (long off = 0; off < n;) {
+    for (long off = 0; off < n && nlisted < MAX_PIDS;) {
       const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
       const char* name = dents + off + 19;
       off += reclen;
       const char* s = name;
       const long pid = parse_num(&s);
       if (pid <= 0 || *s != '\0' || pid == self) continue;
-      if (has_token(name)) add_pid(pid);
+      listed[nlisted++] = (int)pid;
     }
   }
   sys_close(fd);
+  /* /proc lists pids in increasing order (insertion sort for what else comes along). */
+  for (long i = 1; i < nlisted; ++i) {
+    const int v = listed[i];
+    long j = i;
+    for (; j > 0 && listed[j - 1] > v; --j) listed[j] = listed[j - 1];
+    listed[j] = v;
+  }
+  for (long i = nlisted - 1; i >= 0; --i) {
+    char name[24];
+    *put_num(name, listed[i]) = '\0';
+    char state = '?';
+    long pgrp = 0, sid = 0;
+    if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) continue;
+    if (state != 'Z' && npids < MAX_PIDS) pids[npids++] = listed[i];
+    if (pgrp > 1 && pgrp != self && sid != agent_sid) {
+      long g = 0;
+      while (g < ngroups && groups[g] != pgrp) ++g;
+      if (g == ngroups && ngroups < MAX_GROUPS) groups[ngroups++] = (int)pgrp;
+    }
+  }
 }
 
 static void freeze_ranks(const char* state) {
-  for (long r = 0; r < (rank_dirs ? nproc : 1); ++r) write_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state);
+  for (long r = 0; r < (rank_dirs ? nproc : 1); ++r)
+    write_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state);
 }
 
+#define PROC_EMPTY_SCANS 8
 /* SIGKILLs every process of the job still alive, for up to 3 s (the agent's Containment::sweep). */
 static void sweep(void) {
   const int v2 = str_eq(mode, "cgroup2"), v1 = str_eq(mode, "cgroup1");
   const long deadline = now_ms() + 3000;
+  int empty_scans = 0;
   for (;;) {
     if (v2) {
       /* One read answers for the whole job: "populated 0" once no process is left in any rank's
@@ -347,13 +429,26 @@ static void sweep(void) {
       write_file(path_of(job_dir, -1, "cgroup.kill"), "1"); /* the job cgroup and every one below */
     } else {
       npids = 0;
+      ngroups = 0;
+      const unsigned long forks_before = v1 ? 0 : forks_so_far();
       if (v1) {
-        for (long r = 0; r < (rank_dirs ? nproc : 1); ++r) add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
+        for (long r = 0; r < (rank_dirs ? nproc : 1); ++r)
+          add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
       } else if (token[0] != '\0') {
         add_token_pids();
       }
-      if (npids == 0) return;
+      if (npids == 0 && ngroups == 0) {
+        /* A token scan can miss a process that forks and exits without pause; one during which
+         * the machine created no process has missed nothing (the agent's sweep). */
+        if (v1 || token[0] == '\0' || (forks_before != 0 && forks_so_far() == forks_before) ||
+            ++empty_scans >= PROC_EMPTY_SCANS || now_ms() > deadline) {
+          return;
+        }
+        continue;
+      }
+      empty_scans = 0;
       if (v1) freeze_ranks("FROZEN"); /* frozen, nothing can fork while we kill; SIGKILL lands on thaw */
+      for (long g = 0; g < ngroups; ++g) sys_kill(-groups[g], 9); /* also stops a fork under way */
       for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9);
       if (v1) freeze_ranks("THAWED");
     }
@@ -479,8 +574,14 @@ static void handle_line(const char* line, int* swept) {
     *put_num(text, pid) = '\0';
     write_file(path_of(memory_dir, rank, "cgroup.procs"), text);
   } else if (line[0] == 't' && line[1] == ' ') {
-    const size_t n = str_len(line + 2);
-    if (n < sizeof token) memcpy(token, line + 2, n + 1);
+    const char* s = line + 2;
+    const long sid = parse_num(&s);
+    if (sid <= 0 || *s != ' ') return;
+    const size_t n = str_len(s + 1);
+    if (n < sizeof token) {
+      memcpy(token, s + 1, n + 1);
+      agent_sid = sid;
+    }
   } else if ((line[0] == 'r' || line[0] == 'e') && line[1] == ' ' && line[2] == '/') {
     char* dst = line[0] == 'r' ? run_dir : unused_dir;
     const size_t n = str_len(line + 2);

@@ -8,13 +8,15 @@ depends on the machine: the system call numbers and registers, the start-up code
 getdents64 layouts.
 
 - run by hand (no fd 3, fd 3 not a socket): the usage line, exit 2, nothing touched;
-- the agent's socket, "t" (job token) and EOF: every process with the token in its environment is
+- the agent's socket, "t" (the agent's session, job token) and EOF: every process with the token
+  in its environment and its process group (outside the agent's session) is
   SIGKILLed, others are not;
 - "r DIR": the run directory goes, with a subdirectory, without following a symbolic link.
 
 Exit 77 (skipped) without clang-14, ld.lld-14 or qemu-aarch64 (scripts/setup installs them).
 """
 import os
+import select
 import shutil
 import signal
 import socket
@@ -101,15 +103,23 @@ def main():
                 f.write("x")
         os.symlink(outside, os.path.join(run_dir, "sub", "link"))
         token = f"DDPRUN_JOB_TOKEN=a64-{os.getpid()}"
-        member = subprocess.Popen(["sleep", "600"], env={token.split("=")[0]: token.split("=", 1)[1]},
-                                  start_new_session=True)
+        token_env = {token.split("=")[0]: token.split("=", 1)[1], "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        # A job process in a session of its own (as a worker is), with a process in its group
+        # that dropped the token: the group is swept, so that one ends too.
+        member = subprocess.Popen(["sh", "-c", "env -u DDPRUN_JOB_TOKEN sleep 600 & echo $!; exec sleep 600"],
+                                  env=token_env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+        tokenless = int(member.stdout.readline())
+        tokenless_fd = os.pidfd_open(tokenless)
         bystander = subprocess.Popen(["sleep", "600"], env={"DDPRUN_JOB_TOKEN": "another-job"}, start_new_session=True)
+        # A holder in the agent's session (this test's, as told in the "t" line): it ends, but its
+        # process group, this test's own, is not signalled.
+        in_agent_session = subprocess.Popen(["sleep", "600"], env=token_env)
         try:
             agent_end, wd_end = socket.socketpair()
             wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", qemu, exe, *args],
                                   pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wd_end.close()
-            agent_end.sendall(f"t {token}\nr {run_dir}\n".encode())
+            agent_end.sendall(f"t {os.getsid(0)} {token}\nr {run_dir}\n".encode())
             agent_end.close()  # the agent is gone
             _, err = wd.communicate(timeout=60)
             if wd.returncode != 0:
@@ -122,15 +132,26 @@ def main():
                 failures.append(f"the job's process ended with {member.returncode}, not SIGKILL")
             if bystander.poll() is not None:
                 failures.append("a process of another job was killed")
+            try:
+                in_agent_session.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                failures.append("the job's process in the agent's session was not killed")
+            # Exited (pidfd readable): the group's SIGKILL was sent before the watchdog's exit.
+            if not select.select([tokenless_fd], [], [], 10)[0]:
+                failures.append("the process without the token in a job process's group was not killed")
             if os.path.exists(run_dir):
                 failures.append(f"the run directory is still there: {os.listdir(run_dir)}")
             if os.listdir(outside) != ["precious"]:
                 failures.append("the removal followed a symbolic link")
         finally:
-            for p in (member, bystander):
+            for p in (member, bystander, in_agent_session):
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            if not select.select([tokenless_fd], [], [], 0)[0]:
+                signal.pidfd_send_signal(tokenless_fd, signal.SIGKILL)
+            os.close(tokenless_fd)
+            member.stdout.close()
     if failures:
         sys.exit("FAIL: " + "; ".join(failures))
     print("PASS: ddprun-watchdog for aarch64 (qemu-user): refusals, token sweep, run directory removal")

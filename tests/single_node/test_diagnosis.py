@@ -55,6 +55,46 @@ if sys.argv[2] == "block":
 sys.stdin.readline()  # the test's go-ahead: the daemon was seen alive
 '''
 
+# A worker whose daemon (fork, setsid, fork) forks and exits over and over: at each step the
+# child takes over and its parent exits, so no pid of it lives long. Every step adds one
+# to a counter in a shared mapping of the file argv[1]: a count that still moves says the loop
+# runs; the second long holds the loop's process group. The worker prints "ready" once the loop
+# has taken 100 steps, then waits to be ended. The loop ends by itself after argv[2] seconds, so
+# one that escaped does not run on.
+FORK_LOOP_C = r'''
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  const int fd = open(argv[1], O_RDWR | O_CREAT, 0644);
+  if (fd < 0 || ftruncate(fd, 2 * sizeof(long)) != 0) return 1;
+  volatile long* count = mmap(0, 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (count == MAP_FAILED) return 1;
+  const time_t end = time(0) + atoi(argv[2]);
+  const pid_t daemon = fork();
+  if (daemon < 0) return 1;
+  if (daemon > 0) {
+    while (*count < 100 && time(0) <= end) usleep(1000);
+    printf("ready\n");
+    fflush(stdout);
+    for (;;) pause();
+  }
+  count[1] = setsid();
+  if (fork() != 0) _exit(0);
+  for (;;) {
+    ++*count;
+    usleep(200);  /* each pid lives ~0.2 ms: far less than a scan of /proc, gentle on the pid space */
+    if (time(0) > end) _exit(0);
+    if (fork() > 0) _exit(0);
+  }
+}
+'''
+
 DAEMON_SECOND_ATTEMPT = r'''
 import os, runpy, sys
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
@@ -380,6 +420,61 @@ class Diagnosis(unittest.TestCase):
             for how in ("normal", "sigterm", "sigkill", "killpg"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how)
+
+    def test_a_daemon_that_forks_and_exits_without_pause_ends_with_the_job(self):
+        # No pid of the loop lives long: a proc scan lists one that is gone by its turn. Every
+        # mode, ddprun stopped (its own sweep) and killed (the watchdog's: the program's and the
+        # agent's fork where the program is missing).
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self.skipTest("no C compiler to build the fork loop")
+        src = self.script("fork_loop.c", FORK_LOOP_C)
+        loop = os.path.join(self.dir, "fork_loop")
+        subprocess.run([cc, "-O2", "-o", loop, src], check=True, timeout=120)
+        lone = self.lone_ddprun()
+        cases = [(m, h, DDPRUN) for m in modes() for h in ("sigterm", "sigkill")]
+        cases += [(m, "sigkill", lone) for m in modes()]
+        for mode, how, binary in cases:
+            with self.subTest(mode=mode, how=how, watchdog="forked" if binary == lone else "program"):
+                counter = os.path.join(self.dir, f"count-{mode}-{how}-{binary == lone}")
+                errors = open(counter + ".err", "w+b")
+                # stderr to a file: an escaped loop holds on to what ddprun's workers inherit
+                proc = subprocess.Popen([binary, "--master-port", "0", "--containment", mode, "--nproc-per-node", "1",
+                                         "--no-python", loop, counter, "60"],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+                try:
+                    read_until(proc, "ready", 30)
+                    helpers = children(proc.pid)  # the worker and the watchdog, which sweeps after a SIGKILL
+                    proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+                    proc.wait(timeout=30)
+                    for pid in helpers:
+                        self.assertTrue(wait_gone(pid, 10), f"{comm(pid)} ({pid}) did not end")
+
+                    def count():
+                        with open(counter, "rb") as f:
+                            return int.from_bytes(f.read(8), "little", signed=True)
+
+                    # Ended means the count stands still; a live loop takes ~2,000 steps in 0.5 s.
+                    before = count()
+                    time.sleep(0.5)
+                    errors.seek(0)
+                    self.assertEqual(count(), before, f"the fork loop outlived ddprun: {errors.read().decode()}")
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                    proc.stdout.close()
+                    errors.close()
+                    # An escaped loop stays in its process group: end all of it at once.
+                    group = 0
+                    if os.path.exists(counter):
+                        with open(counter, "rb") as f:
+                            group = int.from_bytes(f.read(16)[8:], "little", signed=True)
+                    if group > 1:
+                        try:
+                            os.killpg(group, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
 
     def test_daemon_of_a_restarted_attempt_ends_with_the_job(self):
         # Attempt 0's sweep finds the job cgroup empty; attempt 1's daemon must still be ended.

@@ -100,7 +100,10 @@ class Containment {
   std::optional<std::vector<pid_t>> job_pids() const;
   RankMemory rank_memory(int local_rank) const;
   // SIGKILLs every process of the job still alive, bounded in time; returns how many it killed.
-  int sweep();
+  // `last`: the job's end (not an attempt's), where the proc mode's scan is repeated until
+  // several in a row find nothing (a process that forks and exits without pause can slip past
+  // one scan).
+  int sweep(bool last = false);
   // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
   // it once the agent is gone: the agent's exit does not wait for a disk file system to free the
   // directory. False when there is no watchdog to take it, or when this process is PID 1 (its
@@ -121,6 +124,7 @@ class Containment {
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
+  pid_t agent_sid_ = -1;    // the agent's session: proc sweeps signal no process group in it
   std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
   bool rank_dirs_ = false;  // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
   std::string memory_dir_;  // the job's memory cgroup; empty = none
