@@ -72,7 +72,8 @@ const FlagSpec* find_status_flag(std::string_view name) {
 std::chrono::milliseconds parse_interval(const std::string& value, const std::string& what, double min) {
   const auto v = parse_seconds(trim(value));
   if (!v || *v < min || *v > 1e6) {
-    throw UsageError(what + "=" + value + ": not a positive number of seconds", "e.g. " + what + " 5");
+    throw UsageError(fmt::format("{}={}: not a number of seconds from {} to 1000000", what, value, min),
+                     "e.g. " + what + " 5");
   }
   return std::chrono::milliseconds(seconds_to_ms(*v));
 }

@@ -215,11 +215,15 @@ class StatusWithoutServer(unittest.TestCase):
         lib = os.path.join(tmp.name, "slowdns.so")
         with open(src, "w") as f:
             f.write("#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <netdb.h>\n#include <string.h>\n"
-                    "#include <unistd.h>\n"
+                    "#include <unistd.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
                     "int getaddrinfo(const char* n, const char* s, const struct addrinfo* h, struct addrinfo** r) {\n"
                     "  static int (*real)(const char*, const char*, const struct addrinfo*, struct addrinfo**);\n"
                     "  if (!real) real = dlsym(RTLD_NEXT, \"getaddrinfo\");\n"
-                    "  if (n && strcmp(n, \"blackholed.test\") == 0) sleep(30);\n"
+                    "  if (n && strcmp(n, \"blackholed.test\") == 0) {\n"
+                    "    const char* log = getenv(\"SLOWDNS_LOG\");\n"
+                    "    if (log) { FILE* f = fopen(log, \"a\"); if (f) { fputs(\"lookup\\n\", f); fclose(f); } }\n"
+                    "    sleep(30);\n"
+                    "  }\n"
                     "  return real(n, s, h, r);\n}\n")
         subprocess.run([cc, "-shared", "-fPIC", "-o", lib, src, "-ldl"], check=True, timeout=120)
         started = time.monotonic()
@@ -229,10 +233,21 @@ class StatusWithoutServer(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("cannot resolve 'blackholed.test' within 1000 ms", r.stderr)
         self.assertLess(took, 20, "ended by the name server, not by --timeout")  # 30 s before
+        # --watch asks every interval: a lookup still under way is waited on again, not started
+        # again (a thread each, blocked for as long as the name server keeps silent).
+        log = os.path.join(tmp.name, "lookups")
+        r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", "blackholed.test:29400", "--timeout", "0.2",
+                            "--watch", "0.1", "--watch-count", "6"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, LD_PRELOAD=lib, SLOWDNS_LOG=log))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout.count("cannot resolve 'blackholed.test' within 200 ms"), 6, r.stdout + r.stderr)
+        with open(log) as f:
+            self.assertEqual(f.read().count("lookup"), 1, "one lookup per tick")
 
     def test_usage_errors(self):
         for args, text in ((["--watch-count", "2"], "needs --watch"), (["--watch", "-1"], "'-1'"),
-                           (["--watch", "0"], "--watch=0"), (["--json=1"], "takes no value"),
+                           (["--watch", "0"], "--watch=0"),
+                           (["--watch", "0.05"], "--watch=0.05: not a number of seconds from 0.1 to 1000000"), (["--json=1"], "takes no value"),
                            (["--watch", "1", "--watch-count", "x"], "--watch-count=x")):
             r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", "127.0.0.1:1"] + args, capture_output=True,
                                text=True, timeout=30)

@@ -32,7 +32,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -467,6 +469,37 @@ struct RendezvousClient::Impl {
 };
 
 namespace {
+
+struct ResolvedName {
+  boost::system::error_code ec;
+  std::vector<tcp::endpoint> endpoints;
+};
+
+// `host`:`port` resolved on a detached thread (getaddrinfo cannot be cancelled). A lookup of the
+// same name still under way is shared rather than started again; a finished one is not reused,
+// so every query after it sees the name server's current answer.
+std::shared_future<ResolvedName> resolve_in_background(const std::string& host, std::uint16_t port) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_future<ResolvedName>> pending;
+  const std::string key = host + "\n" + std::to_string(port);
+  const std::lock_guard lock(mutex);
+  for (auto it = pending.begin(); it != pending.end();) {
+    it = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? pending.erase(it) : std::next(it);
+  }
+  if (const auto it = pending.find(key); it != pending.end()) return it->second;
+  auto promise = std::make_shared<std::promise<ResolvedName>>();
+  std::shared_future<ResolvedName> future = promise->get_future().share();
+  std::thread([promise, host, port = std::to_string(port)] {
+    ResolvedName r;
+    asio::io_context rio(1);
+    tcp::resolver name_resolver(rio);
+    for (const auto& e : name_resolver.resolve(host, port, r.ec)) r.endpoints.push_back(e.endpoint());
+    promise->set_value(std::move(r));
+  }).detach();
+  pending.emplace(key, future);
+  return future;
+}
+
 // A client with a token needs the handshake's cryptography: checked before anything connects.
 RendezvousClientOptions with_crypto(RendezvousClientOptions options) {
   if (!options.token.empty()) auth::require_crypto();
@@ -626,24 +659,14 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   // getaddrinfo cannot be cancelled, and Asio's resolver thread is joined when its io_context
   // goes: a slow or black-holed DNS server held the call past `timeout`. The name is resolved on
   // a thread of its own, waited for no longer than the timeout and then left to finish alone.
+  // A lookup still under way is shared by the next query of the same name (`status --watch`
+  // asks every interval): one thread per name, not one per tick.
   const auto started = std::chrono::steady_clock::now();
-  struct Resolved {
-    boost::system::error_code ec;
-    std::vector<tcp::endpoint> endpoints;
-  };
-  auto resolving = std::make_shared<std::promise<Resolved>>();
-  auto resolved_future = resolving->get_future();
-  std::thread([resolving, host = server.host, port = std::to_string(server.port)] {
-    Resolved r;
-    asio::io_context rio(1);
-    tcp::resolver name_resolver(rio);
-    for (const auto& e : name_resolver.resolve(host, port, r.ec)) r.endpoints.push_back(e.endpoint());
-    resolving->set_value(std::move(r));
-  }).detach();
+  const std::shared_future<ResolvedName> resolved_future = resolve_in_background(server.host, server.port);
   if (resolved_future.wait_for(timeout) != std::future_status::ready) {
     error =
         fmt::format("cannot resolve '{}' within {} ms (the name server does not answer)", server.host, timeout.count());
-  } else if (Resolved r = resolved_future.get(); r.ec || r.endpoints.empty()) {
+  } else if (const ResolvedName& r = resolved_future.get(); r.ec || r.endpoints.empty()) {
     error = fmt::format("cannot resolve '{}': {}", server.host, r.ec ? r.ec.message() : "no address");
   } else {
     asio::async_connect(socket, r.endpoints, [&](boost::system::error_code cec, const tcp::endpoint&) {
