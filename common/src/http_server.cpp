@@ -26,6 +26,7 @@ struct Connection {
   asio::streambuf in;
   std::string reply;
   std::uint64_t id = 0;
+  asio::ip::address peer;  // the client's address (unspecified when the socket could not say)
   bool closed = false;
   // Set once the head is read: a read-timeout handler already queued when the head arrived (its
   // cancel came too late) must not cut off the answer.
@@ -124,28 +125,46 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
+  // The connection a new one from `peer` replaces: the oldest still short of a complete request
+  // from the address holding the most such connections, the new one counted (so a client that
+  // opens connections in a loop replaces its own, not a probe from elsewhere that has connected
+  // and not yet sent its request); nullptr when every connection has sent its request.
+  std::shared_ptr<Connection> connection_to_evict(const asio::ip::address& peer) const {
+    std::map<asio::ip::address, std::size_t> waiting{{peer, 1}};
+    std::size_t most = 1;
+    for (const auto& [id, c] : connections) {
+      if (!c->head_read) most = std::max(most, ++waiting[c->peer]);
+    }
+    for (const auto& [id, c] : connections) {  // oldest first (ids grow)
+      if (!c->head_read && waiting[c->peer] == most) return c;
+    }
+    return nullptr;
+  }
+
   void on_accept(tcp::socket socket) {
     boost::system::error_code ec;
     const Limits& limits = options.limits;
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    const asio::ip::address peer = ec ? asio::ip::address() : remote.address();
     if (connections.size() >= limits.max_connections) {
       // Idle connections must not pin descriptors, nor shut out a real client (a liveness probe):
-      // the oldest connection still short of a complete request gives way to the new one. Only
-      // when every slot is sending an answer is the new one closed.
-      const auto oldest = std::find_if(connections.begin(), connections.end(),
-                                       [](const auto& entry) { return !entry.second->head_read; });
+      // a connection still short of a complete request gives way to the new one. Only when every
+      // slot is sending an answer is the new one closed.
+      const auto victim = connection_to_evict(peer);
       ++stats.rejected;
       ++stats.over_limit;
-      if (oldest == connections.end()) {
+      if (victim == nullptr) {
         spdlog::debug("{}: closing a connection: {} already open", options.name, limits.max_connections);
         socket.close(ec);
         return;
       }
-      spdlog::debug("{}: {} connections open: closing the oldest without a complete request", options.name,
-                    limits.max_connections);
-      close(std::shared_ptr<Connection>(oldest->second));
+      spdlog::debug("{}: {} connections open: closing one without a complete request (from {})", options.name,
+                    limits.max_connections, victim->peer.to_string());
+      close(victim);
     }
     auto c = std::make_shared<Connection>(std::move(socket), limits.max_request_bytes);
     c->id = next_id++;
+    c->peer = peer;
     connections.emplace(c->id, c);
     c->timer.expires_after(limits.read_timeout);
     c->timer.async_wait([self = shared_from_this(), c](boost::system::error_code tec) {

@@ -151,3 +151,46 @@ TEST_CASE("beyond the cap the oldest connection without a request gives way; the
   while (r.on_io([&] { return server.stats().open; }) > 0) std::this_thread::yield();
   CHECK_THAT(roundtrip(port, "GET / HTTP/1.1\r\n\r\n"), Catch::EndsWith("ok\n"));
 }
+
+TEST_CASE("over the cap a client opening connections in a loop replaces its own, not another's waiting one") {
+  Runner r;
+  ddprun::http::Options options;
+  options.name = "test";
+  options.limits.max_connections = 3;
+  options.fallback = [](const ddprun::http::Request&) { return ddprun::http::Response{200, "text/plain", "ok\n"}; };
+  ddprun::http::Server server(loopback_acceptor(r.io), std::move(options));
+  server.start();
+  r.start();
+  const std::uint16_t port = server.port();
+  const tcp::endpoint to(asio::ip::make_address("127.0.0.1"), port);
+  asio::io_context client;
+  // A probe from 127.0.0.2 connects first and has not sent its request yet...
+  tcp::socket probe(client);
+  probe.open(tcp::v4());
+  probe.bind(tcp::endpoint(asio::ip::make_address("127.0.0.2"), 0));
+  probe.connect(to);
+  while (r.on_io([&] { return server.stats().open; }) < 1) std::this_thread::yield();
+  // ...when 127.0.0.1 opens twice the cap's worth of idle connections, one at a time.
+  std::vector<tcp::socket> flood;
+  for (int i = 0; i < 6; ++i) {
+    flood.emplace_back(client);
+    flood.back().connect(to);
+    const std::size_t accepted = static_cast<std::size_t>(i) + 2;
+    while (r.on_io([&] { return server.stats().open + server.stats().over_limit; }) < accepted)
+      std::this_thread::yield();
+  }
+  CHECK(r.on_io([&] { return server.stats().over_limit; }) == 4);
+  // The probe was the oldest connection the whole time, and it still gets its answer.
+  asio::write(probe, asio::buffer(std::string("GET / HTTP/1.1\r\n\r\n")));
+  std::string reply;
+  boost::system::error_code ec;
+  asio::read(probe, asio::dynamic_buffer(reply), ec);
+  CHECK_THAT(reply, Catch::EndsWith("ok\n"));
+  // The flood's four oldest were closed unanswered.
+  for (int i = 0; i < 4; ++i) {
+    std::string left;
+    asio::read(flood[static_cast<std::size_t>(i)], asio::dynamic_buffer(left), ec);
+    CHECK(ec == asio::error::eof);
+    CHECK(left.empty());
+  }
+}
