@@ -37,8 +37,12 @@ namespace ddprun::agent {
 namespace {
 
 constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
-// Empty token scans in a row that end a proc sweep (ddprun-watchdog's PROC_EMPTY_SCANS).
-constexpr int kProcEmptyScans = 8;
+// Empty token scans in a row, 2 ms apart, that end the job's last proc sweep where processes
+// were created on the machine during each (ddprun-watchdog's PROC_EMPTY_SCANS).
+constexpr int kProcEmptyScans = 3;
+// The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another version
+// refuses to run, and the agent forks its own. 2: the "t" line carries the agent's session.
+constexpr const char* kWatchdogProtocol = "2";
 constexpr std::chrono::milliseconds kSweepBound{3000};
 
 // With read(2) rather than an ifstream (whose open, locale and stream copy cost ~25 µs a file:
@@ -370,16 +374,6 @@ bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 
 
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
 
-// The living processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this
-// process, and their process groups. `/proc` is read first, then the processes newest first
-// (highest pid first; pids grow until they wrap): a process that forks and exits over and over
-// is listed with its newest pid, which is then the first one read, while it is still alive (read
-// in listing order it was gone by its turn, and its child unlisted, scan after scan). Its process
-// group outlives each step, and a SIGKILL of the whole group also reaches a child being forked
-// at that moment (the kernel restarts a fork that a group signal interrupts). A group is taken
-// only outside `agent_sid`, ddprun's own session (its process group may hold a pipeline's other
-// commands): every worker starts a session of its own, so every session a job process is in was
-// made by the job, and so is everything in it.
 // What a sweep needs of /proc/PID/stat.
 struct ProcStat {
   char state = '?';
@@ -425,12 +419,20 @@ unsigned long long forks_so_far() {
   return n;
 }
 
-struct TokenScan {
-  std::vector<pid_t> pids;
+// SIGKILLs the processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this
+// process, with their process groups, and returns the living ones it found. `/proc` is listed
+// first, then read newest first (highest pid first; pids grow until they wrap): a process that
+// forks and exits over and over is listed with its newest pid, which is then read first, while
+// it is still alive (read in listing order it was gone by its turn, and its child unlisted, scan
+// after scan). Its process group outlives each step, and a SIGKILL of the whole group also
+// reaches a child being forked at that moment (the kernel restarts a fork that a group signal
+// interrupts). A group is signalled only outside `agent_sid`, ddprun's own session (its process
+// group may hold a pipeline's other commands; negative: unknown, no group is signalled): every
+// worker starts a session of its own, so every session a job process is in was made by the job,
+// and so is everything in it.
+std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid) {
+  std::vector<pid_t> out;
   std::vector<pid_t> groups;
-};
-TokenScan token_scan(const std::string& needle, pid_t agent_sid) {
-  TokenScan out;
   std::vector<pid_t> listed;
   DIR* d = ::opendir("/proc");
   if (d == nullptr) return out;
@@ -462,12 +464,15 @@ TokenScan token_scan(const std::string& needle, pid_t agent_sid) {
     // take a full turn of the pid space in between).
     const auto st = proc_stat(dir + "/stat");
     if (!st) continue;
-    if (st->state != 'Z') out.pids.push_back(p);  // a zombie stays until its parent reaps it
+    // Signalled at once: the group of a holder read a moment ago, not after the whole scan.
     const auto group = static_cast<pid_t>(st->pgrp);
-    if (group > 1 && group != own_group && st->sid != agent_sid &&
-        std::find(out.groups.begin(), out.groups.end(), group) == out.groups.end()) {
-      out.groups.push_back(group);
+    if (group > 1 && group != own_group && agent_sid >= 0 && st->sid != agent_sid &&
+        std::find(groups.begin(), groups.end(), group) == groups.end()) {
+      ::kill(-group, SIGKILL);
+      groups.push_back(group);
     }
+    ::kill(p, SIGKILL);
+    out.push_back(p);
   }
   return out;
 }
@@ -616,9 +621,8 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
                      : c.mode_ == ContainmentMode::cgroup1 ? "cgroup1"
                                                            : "proc";
   const std::string nproc = std::to_string(c.nproc_);
-  const char* argv[] = {"ddprun-watchdog",     "1",           mode,
-                        c.job_dir_.c_str(),    nproc.c_str(), c.rank_dirs_ ? "1" : "0",
-                        c.memory_dir_.c_str(), nullptr};
+  const char* argv[] = {"ddprun-watchdog",        kWatchdogProtocol,     mode,   c.job_dir_.c_str(), nproc.c_str(),
+                        c.rank_dirs_ ? "1" : "0", c.memory_dir_.c_str(), nullptr};
   WatchdogChild child;
   child.path = path.c_str();
   child.argv = const_cast<char* const*>(argv);  // NOLINT: execve's signature
@@ -1009,45 +1013,61 @@ int Containment::sweep(bool last) {
   }
   std::vector<pid_t> killed;
   const auto deadline = std::chrono::steady_clock::now() + kSweepBound;
+  const auto living = [](const std::vector<pid_t>& pids) {
+    std::vector<pid_t> out;
+    for (pid_t p : pids) {
+      // A zombie stays listed until its parent reaps it; only count the living.
+      const auto st = proc_stat("/proc/" + std::to_string(p) + "/stat");
+      if (st && st->state != 'Z') out.push_back(p);
+    }
+    return out;
+  };
   std::vector<pid_t> alive;
   int empty_scans = 0;
   for (;;) {
     if (mode_ == ContainmentMode::proc) {
       const auto forks_before = last ? forks_so_far() : 0;
-      const TokenScan scan = token_scan(token_env(), agent_sid_);
-      if (scan.pids.empty()) {
+      alive = token_scan(token_env(), agent_sid_);  // SIGKILLed as found
+      if (alive.empty()) {
         // A scan can miss a process that forks and exits without pause: the holder it listed
         // is gone by its turn, its child not listed. A scan during which this machine created
-        // no process has missed nothing; at the job's end another scan follows any other, up
-        // to kProcEmptyScans in a row.
+        // no process has missed nothing; at the job's end another follows any other, up to
+        // kProcEmptyScans in a row.
         const bool exact = forks_before != 0 && forks_so_far() == forks_before;
         if (!last || exact || ++empty_scans >= kProcEmptyScans || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
       }
       empty_scans = 0;
-      for (pid_t g : scan.groups) ::kill(-g, SIGKILL);
-      for (pid_t p : scan.pids) ::kill(p, SIGKILL);
-      alive = scan.pids;
+    } else if (mode_ == ContainmentMode::cgroup2) {
+      // "populated 0" once no process is left in the job cgroup or below; `cgroup.kill` reaches
+      // every one, a process forking at that moment included.
+      const auto events = read_text(job_dir_ + "/cgroup.events");
+      if (!events || events->find("populated 0") != std::string::npos) break;
+      alive = living(*job_pids());
+      write_text(job_dir_ + "/cgroup.kill", "1");
     } else {
-      alive.clear();
-      const std::vector<pid_t> members = *job_pids();
-      for (pid_t p : members) {
-        // A zombie stays listed until its parent reaps it; only count the living.
-        const auto st = read_text("/proc/" + std::to_string(p) + "/stat");
-        if (!st) continue;
-        const auto close = st->rfind(')');
-        if (close != std::string::npos && close + 2 < st->size() && (*st)[close + 2] == 'Z') continue;
-        alive.push_back(p);
+      // cgroup v1 has no populated flag: a process that forks and exits may show only pids that
+      // are gone. An empty member list is final (a forking process is listed until its child
+      // is); otherwise the list is read again frozen, where nothing can fork or exit.
+      if (job_pids()->empty()) break;
+      const auto set = [&](const char* state) {
+        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", state);
+      };
+      set("FROZEN");
+      // FREEZING until every task has stopped; bounded by the sweep's deadline.
+      for (int r = 0; r < nproc_ && std::chrono::steady_clock::now() < deadline;) {
+        const auto state = read_text(rank_dir(job_dir_, r) + "/freezer.state");
+        if (!state || state->rfind("FROZEN", 0) == 0) {
+          ++r;
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
       }
+      alive = living(*job_pids());
+      for (pid_t p : alive) ::kill(p, SIGKILL);  // takes effect on thaw
+      set("THAWED");
       if (alive.empty()) break;
-      if (mode_ == ContainmentMode::cgroup2) {
-        write_text(job_dir_ + "/cgroup.kill", "1");  // the job cgroup and every cgroup below it
-      } else {
-        // Frozen, nothing can fork while we kill; SIGKILL takes effect on thaw.
-        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");
-        for (pid_t p : alive) ::kill(p, SIGKILL);
-        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "THAWED");
-      }
     }
     for (pid_t p : alive) {
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);

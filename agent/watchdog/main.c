@@ -24,7 +24,7 @@
  * It is built for x86-64 and aarch64; elsewhere the agent forks as before.
  *
  * Usage (the agent's, not a user's):
- *   ddprun-watchdog 1 MODE JOB_DIR NPROC RANK_DIRS MEMORY_DIR
+ *   ddprun-watchdog 2 MODE JOB_DIR NPROC RANK_DIRS MEMORY_DIR
  * MODE: cgroup2, cgroup1 or proc; JOB_DIR: the containment cgroup ("" for proc); RANK_DIRS: 1
  * when JOB_DIR has a cgroup rankR per local rank; MEMORY_DIR: the job's v1 memory cgroup ("" for
  * none). */
@@ -262,17 +262,22 @@ static void add_pid(long pid) {
   if (alive(pid)) pids[npids++] = (int)pid;
 }
 
-/* The living processes listed in a cgroup.procs file. */
 static char procs[1 << 20];
-static void add_cgroup_pids(const char* file) {
+/* Adds the living processes listed in a cgroup.procs file; returns how many were listed. */
+static long add_cgroup_pids(const char* file) {
   const long n = read_file(file, procs, (long)sizeof procs - 1);
-  if (n <= 0) return;
+  if (n <= 0) return 0;
   procs[n] = '\0';
+  long listed_here = 0;
   for (const char* s = procs; *s != '\0';) {
     const long pid = parse_num(&s);
-    if (pid > 0) add_pid(pid);
+    if (pid > 0) {
+      ++listed_here;
+      add_pid(pid);
+    }
     while (*s != '\0' && (*s < '0' || *s > '9')) ++s;
   }
+  return listed_here;
 }
 
 /* Whether /proc/PID/environ holds the entry `token`, read as a stream of NUL-ended entries. */
@@ -363,48 +368,49 @@ static unsigned long forks_so_far(void) {
   return 0;
 }
 
-/* The job token's holders, newest first, and their process groups: as the agent's token_scan
- * (agent/src/containment.cpp), which says why in that order and why a group may be signalled. */
+/* SIGKILLs the job token's holders, newest first, with their process groups (not in the
+ * agent's session; none when that is unknown), as found; adds them to `pids`. As the agent's
+ * token_scan (agent/src/containment.cpp), which says why in that order and why a group may be
+ * signalled. /proc lists pids in increasing order; past MAX_PIDS the newest are kept. */
 static int listed[MAX_PIDS];
 static void add_token_pids(void) {
   const int fd = sys_open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   const long self = sys_getpid();
-  long nlisted = 0;
+  long nlisted = 0; /* how many were listed: the newest MAX_PIDS of them are kept, in a ring */
   static char dents[32768] __attribute__((aligned(8)));
   for (;;) {
     const long n = sys_getdents(fd, dents, (long)sizeof dents);
     if (n <= 0) break;
-    for (long off = 0; off < n && nlisted < MAX_PIDS;) {
+    for (long off = 0; off < n;) {
       const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
       const char* name = dents + off + 19;
       off += reclen;
       const char* s = name;
       const long pid = parse_num(&s);
       if (pid <= 0 || *s != '\0' || pid == self) continue;
-      listed[nlisted++] = (int)pid;
+      listed[nlisted++ % MAX_PIDS] = (int)pid;
     }
   }
   sys_close(fd);
-  /* /proc lists pids in increasing order (insertion sort for what else comes along). */
-  for (long i = 1; i < nlisted; ++i) {
-    const int v = listed[i];
-    long j = i;
-    for (; j > 0 && listed[j - 1] > v; --j) listed[j] = listed[j - 1];
-    listed[j] = v;
-  }
-  for (long i = nlisted - 1; i >= 0; --i) {
+  ngroups = 0;
+  for (long i = nlisted - 1; i >= 0 && i >= nlisted - MAX_PIDS; --i) {
+    const int pid = listed[i % MAX_PIDS];
     char name[24];
-    *put_num(name, listed[i]) = '\0';
+    *put_num(name, pid) = '\0';
     char state = '?';
     long pgrp = 0, sid = 0;
     if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) continue;
-    if (state != 'Z' && npids < MAX_PIDS) pids[npids++] = listed[i];
-    if (pgrp > 1 && pgrp != self && sid != agent_sid) {
+    if (pgrp > 1 && pgrp != self && agent_sid >= 0 && sid != agent_sid) {
       long g = 0;
       while (g < ngroups && groups[g] != pgrp) ++g;
-      if (g == ngroups && ngroups < MAX_GROUPS) groups[ngroups++] = (int)pgrp;
+      if (g == ngroups) {
+        sys_kill(-(int)pgrp, 9); /* also stops a fork under way */
+        if (ngroups < MAX_GROUPS) groups[ngroups++] = (int)pgrp;
+      }
     }
+    sys_kill(pid, 9);
+    if (npids < MAX_PIDS) pids[npids++] = pid;
   }
 }
 
@@ -413,11 +419,12 @@ static void freeze_ranks(const char* state) {
     write_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state);
 }
 
-#define PROC_EMPTY_SCANS 8
+#define PROC_EMPTY_SCANS 3
 /* SIGKILLs every process of the job still alive, for up to 3 s (the agent's Containment::sweep). */
 static void sweep(void) {
   const int v2 = str_eq(mode, "cgroup2"), v1 = str_eq(mode, "cgroup1");
   const long deadline = now_ms() + 3000;
+  const long ranks = rank_dirs ? nproc : 1;
   int empty_scans = 0;
   for (;;) {
     if (v2) {
@@ -427,30 +434,45 @@ static void sweep(void) {
       const long n = read_file(path_of(job_dir, -1, "cgroup.events"), events, (long)sizeof events);
       if (n < 0 || has(events, n, "populated 0")) return;
       write_file(path_of(job_dir, -1, "cgroup.kill"), "1"); /* the job cgroup and every one below */
-    } else {
+    } else if (v1) {
+      /* As the agent's sweep: an empty member list is final; otherwise it is read again frozen
+       * (a process that forks and exits may show only pids that are gone). */
+      long listed_pids = 0;
       npids = 0;
-      ngroups = 0;
-      const unsigned long forks_before = v1 ? 0 : forks_so_far();
-      if (v1) {
-        for (long r = 0; r < (rank_dirs ? nproc : 1); ++r)
-          add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
-      } else if (token[0] != '\0') {
-        add_token_pids();
+      for (long r = 0; r < ranks; ++r)
+        listed_pids += add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
+      if (listed_pids == 0) return;
+      freeze_ranks("FROZEN");
+      for (long r = 0; r < ranks && now_ms() <= deadline;) { /* FREEZING until every task stopped */
+        static char state[64];
+        const long n = read_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state, (long)sizeof state);
+        if (n < 6 || has(state, 6, "FROZEN")) {
+          ++r;
+        } else {
+          sleep_ms(1);
+        }
       }
-      if (npids == 0 && ngroups == 0) {
+      npids = 0;
+      for (long r = 0; r < ranks; ++r) add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
+      for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9); /* takes effect on thaw */
+      freeze_ranks("THAWED");
+      if (npids == 0) return;
+    } else {
+      if (token[0] == '\0') return;
+      npids = 0;
+      const unsigned long forks_before = forks_so_far();
+      add_token_pids(); /* SIGKILLs as it finds */
+      if (npids == 0) {
         /* A token scan can miss a process that forks and exits without pause; one during which
          * the machine created no process has missed nothing (the agent's sweep). */
-        if (v1 || token[0] == '\0' || (forks_before != 0 && forks_so_far() == forks_before) ||
-            ++empty_scans >= PROC_EMPTY_SCANS || now_ms() > deadline) {
+        if ((forks_before != 0 && forks_so_far() == forks_before) || ++empty_scans >= PROC_EMPTY_SCANS ||
+            now_ms() > deadline) {
           return;
         }
+        sleep_ms(2);
         continue;
       }
       empty_scans = 0;
-      if (v1) freeze_ranks("FROZEN"); /* frozen, nothing can fork while we kill; SIGKILL lands on thaw */
-      for (long g = 0; g < ngroups; ++g) sys_kill(-groups[g], 9); /* also stops a fork under way */
-      for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9);
-      if (v1) freeze_ranks("THAWED");
     }
     if (now_ms() > deadline) return;
     sleep_ms(2); /* the kernel delivers SIGKILL asynchronously */
@@ -574,13 +596,15 @@ static void handle_line(const char* line, int* swept) {
     *put_num(text, pid) = '\0';
     write_file(path_of(memory_dir, rank, "cgroup.procs"), text);
   } else if (line[0] == 't' && line[1] == ' ') {
+    /* "t SID ENTRY"; SID may be 0 (a session led from outside this PID namespace). Without a
+     * readable SID the token is kept and no process group is signalled. */
     const char* s = line + 2;
     const long sid = parse_num(&s);
-    if (sid <= 0 || *s != ' ') return;
-    const size_t n = str_len(s + 1);
+    const char* entry = sid >= 0 && *s == ' ' ? s + 1 : line + 2;
+    const size_t n = str_len(entry);
     if (n < sizeof token) {
-      memcpy(token, s + 1, n + 1);
-      agent_sid = sid;
+      memcpy(token, entry, n + 1);
+      agent_sid = entry == line + 2 ? -1 : sid;
     }
   } else if ((line[0] == 'r' || line[0] == 'e') && line[1] == ' ' && line[2] == '/') {
     char* dst = line[0] == 'r' ? run_dir : unused_dir;
@@ -595,7 +619,7 @@ static const char usage[] =
 __attribute__((used)) void watchdog_main(long* sp) {
   const long argc = sp[0];
   char** argv = (char**)(sp + 1);
-  if (argc != 7 || !str_eq(argv[1], "1")) {
+  if (argc != 7 || !str_eq(argv[1], "2")) { /* the protocol's version: the agent's kWatchdogProtocol */
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }

@@ -81,7 +81,7 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="ddprun-wd-a64-") as work:
         exe = build(clang, work)
-        args = ["1", "proc", "", "1", "0", ""]
+        args = ["2", "proc", "", "1", "0", ""]
 
         # By hand: no fd 3, then fd 3 a file.
         r = subprocess.run([qemu, exe], capture_output=True, text=True, timeout=60)
@@ -111,15 +111,19 @@ def main():
         tokenless = int(member.stdout.readline())
         tokenless_fd = os.pidfd_open(tokenless)
         bystander = subprocess.Popen(["sleep", "600"], env={"DDPRUN_JOB_TOKEN": "another-job"}, start_new_session=True)
-        # A holder in the agent's session (this test's, as told in the "t" line): it ends, but its
-        # process group, this test's own, is not signalled.
-        in_agent_session = subprocess.Popen(["sleep", "600"], env=token_env)
+        # A holder in the agent's session (a session of its own here, told in the "t" line) with a
+        # process without the token in its group: the holder ends, its group is not signalled.
+        in_agent_session = subprocess.Popen(
+            ["sh", "-c", "env -u DDPRUN_JOB_TOKEN sleep 600 & echo $!; exec sleep 600"], env=token_env,
+            start_new_session=True, stdout=subprocess.PIPE, text=True)
+        spared = int(in_agent_session.stdout.readline())
+        spared_fd = os.pidfd_open(spared)
         try:
             agent_end, wd_end = socket.socketpair()
             wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", qemu, exe, *args],
                                   pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wd_end.close()
-            agent_end.sendall(f"t {os.getsid(0)} {token}\nr {run_dir}\n".encode())
+            agent_end.sendall(f"t {in_agent_session.pid} {token}\nr {run_dir}\n".encode())
             agent_end.close()  # the agent is gone
             _, err = wd.communicate(timeout=60)
             if wd.returncode != 0:
@@ -139,6 +143,9 @@ def main():
             # Exited (pidfd readable): the group's SIGKILL was sent before the watchdog's exit.
             if not select.select([tokenless_fd], [], [], 10)[0]:
                 failures.append("the process without the token in a job process's group was not killed")
+            # By now a SIGKILL sent to the agent's session's group would have landed too.
+            if select.select([spared_fd], [], [], 0.2)[0]:
+                failures.append("a process group in the agent's session was signalled")
             if os.path.exists(run_dir):
                 failures.append(f"the run directory is still there: {os.listdir(run_dir)}")
             if os.listdir(outside) != ["precious"]:
@@ -148,10 +155,12 @@ def main():
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-            if not select.select([tokenless_fd], [], [], 0)[0]:
-                signal.pidfd_send_signal(tokenless_fd, signal.SIGKILL)
-            os.close(tokenless_fd)
+            for fd in (tokenless_fd, spared_fd):
+                if not select.select([fd], [], [], 0)[0]:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                os.close(fd)
             member.stdout.close()
+            in_agent_session.stdout.close()
     if failures:
         sys.exit("FAIL: " + "; ".join(failures))
     print("PASS: ddprun-watchdog for aarch64 (qemu-user): refusals, token sweep, run directory removal")

@@ -505,9 +505,18 @@ class Diagnosis(unittest.TestCase):
         if cg:
             os.mkdir(cg)
         try:
-            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "1", "cgroup2",
+            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "2", "cgroup2",
                                 cg or "/nonexistent", "1", "0", ""], capture_output=True, text=True, timeout=10,
                                stdin=subprocess.DEVNULL)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("not a command to run by hand", r.stderr)
+            # The agent's socket but another version of the protocol (an agent of another build,
+            # whose lines it would misread): refused the same way.
+            ours, theirs = socket.socketpair()
+            with ours, theirs:
+                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "1", "cgroup2",
+                                    cg or "/nonexistent", "1", "0", ""], pass_fds=(theirs.fileno(),),
+                                   capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("not a command to run by hand", r.stderr)
             if cg:
@@ -563,7 +572,7 @@ class Diagnosis(unittest.TestCase):
                     os.mkdir(os.path.join(cg, name))
                 ours, theirs = socket.socketpair()
                 try:
-                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "1",
+                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "2",
                                            "cgroup2", cg, "3", "0", ""], pass_fds=(theirs.fileno(),),
                                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
                     theirs.close()
