@@ -284,15 +284,27 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     const std::string& arg = out[i];
     if (arg == "--" || arg.empty() || arg.front() != '-' || arg == "-") break;  // the program starts here
     if (!starts_with(arg, "--")) {
-      // A short option takes its value from the next word unless it is attached (-r3).
-      if (arg.size() == 2) {
-        for (const auto& spec : launcher_flags()) {
-          if (spec.short_name == arg.substr(1) && spec.kind != FlagKind::boolean) ++i;
+      // A short option takes its value from the next word unless it is attached (-r3, or -r=3
+      // as argparse reads it: the value 3, made two words here for CLI11, which would read "=3").
+      const FlagSpec* spec = nullptr;
+      for (const auto& f : launcher_flags()) {
+        if (!f.short_name.empty() && arg.size() >= 2 && f.short_name == arg.substr(1, 1) &&
+            f.kind != FlagKind::boolean) {
+          spec = &f;
         }
+      }
+      if (spec != nullptr && arg.size() == 2) {
+        ++i;
+      } else if (spec != nullptr && arg[2] == '=') {
+        const std::string value = arg.substr(3);
+        out[i] = arg.substr(0, 2);
+        out.insert(out.begin() + static_cast<std::ptrdiff_t>(i) + 1, value);
+        ++i;
       }
       continue;
     }
     const auto eq = arg.find('=');
+    const bool empty_value = eq != std::string::npos && eq + 1 == arg.size();  // (arg changes below)
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     const FlagSpec* match = nullptr;
     bool exact = name == "help";
@@ -339,7 +351,15 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
       match = *prefixed.begin();
       out[i] = "--" + first_spelling + (eq == std::string::npos ? std::string() : arg.substr(eq));
     }
-    if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) ++i;  // skip its value
+    if (match != nullptr && match->kind != FlagKind::boolean && empty_value) {
+      // --name= (a shell variable that was empty): the empty value, as argparse reads it, made
+      // two words for CLI11, which would take the next word as the value instead.
+      out[i].pop_back();
+      out.insert(out.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+      ++i;
+    } else if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) {
+      ++i;  // skip its value
+    }
   }
   return out;
 }

@@ -178,7 +178,12 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
     const std::string under = "--" + underscore(c.dash);
     std::vector<Strings> spellings = {
         {dash, c.value}, {dash + "=" + c.value}, {under, c.value}, {under + "=" + c.value}};
-    if (!c.short_name.empty()) spellings.push_back({"-" + c.short_name, c.value});
+    if (!c.short_name.empty()) {
+      // -r 3, -r3 and, as argparse reads it, -r=3
+      spellings.push_back({"-" + c.short_name, c.value});
+      spellings.push_back({"-" + c.short_name + c.value});
+      spellings.push_back({"-" + c.short_name + "=" + c.value});
+    }
     for (const auto& spelled : spellings) {
       Strings args = c.extra;
       args.insert(args.end(), spelled.begin(), spelled.end());
@@ -481,6 +486,22 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   // Arguments with spaces and empty arguments survive.
   CHECK(sb.parse({"train.py", "a b", ""}).config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "a b", ""});
+}
+
+TEST_CASE("--flag= is an empty value, as argparse reads it, never the next word") {
+  // What `--master_addr=$ADDR` becomes when ADDR is unset: CLI11 alone took the next word as the
+  // value (MASTER_ADDR=--master_port=29652, and that flag lost).
+  Sandbox sb;
+  CHECK_THROWS_WITH(sb.parse({"--master_addr=", "--master_port=29652", "train.py"}),
+                    Contains("--master-addr=: not a host name"));
+  CHECK_THROWS_WITH(sb.parse({"--rdzv_id=", "--nproc-per-node", "2", "train.py"}), Contains("--rdzv-id is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--log-dir=", "--tee", "3", "train.py"}), Contains("--log-dir is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--role=", "train.py", "x"}), Contains("--role is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--rol=", "train.py"}), Contains("--role is empty"));  // an abbreviation too
+  // An empty value where the flag's default is the empty one is that default.
+  const auto o = sb.parse({"--local-ranks-filter=", "--nproc-per-node=2", "train.py"});
+  CHECK(o.config.nproc_per_node == 2);
+  CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py"});
 }
 
 TEST_CASE("usage errors: no program, unknown options, missing values") {
