@@ -121,8 +121,24 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   if (auto g = p.given("nproc-per-node")) {
     const std::string kind = to_lower(trim(g->text));
     if (kind == "gpu" || kind == "auto") {  // cpu needs no GPU inventory
-      cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.cpus(), probed());
-      nproc_from_gpus = worker_env::count_visible_gpus(cvd, probed()) > 0;
+      if (cvd && !probed().device_nodes && !worker_env::parse_cuda_visible_devices(*cvd).empty()) {
+        // CUDA_VISIBLE_DEVICES counts where no GPU library answers, but not on a machine that
+        // shows no NVIDIA device at all (a CPU-only container or CI job the variable leaked
+        // into): there torch.cuda.is_available() is false, and torchrun counts the CPUs.
+        const std::string why = "CUDA_VISIBLE_DEVICES='" + *cvd + "' is set, but this machine shows no NVIDIA GPU (" +
+                                worker_env::kNoNvidiaDevice + "; " + probed().diagnostic + ")";
+        if (kind == "gpu") {
+          throw UsageError(g->what + "=gpu: " + why,
+                           "pass a number of processes, use auto (falls back to the CPU count), or run where the "
+                           "GPUs are");
+        }
+        cfg.nproc_per_node = std::max(ctx.cpus(), 1);
+        out.notes.push_back(g->what + "=auto: " + why + ": counting the CPUs (" + std::to_string(cfg.nproc_per_node) +
+                            ")");
+      } else {
+        cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, ctx.cpus(), probed());
+        nproc_from_gpus = worker_env::count_visible_gpus(cvd, probed()) > 0;
+      }
     } else {
       cfg.nproc_per_node = parse_nproc_per_node(g->text, g->what, cvd, kind == "cpu" ? ctx.cpus() : 1);
     }

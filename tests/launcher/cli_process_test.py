@@ -163,6 +163,25 @@ class ExitCodes(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--nproc-per-node=gpu: no GPU found", r.stderr)
 
+    def test_gpu_and_auto_on_a_machine_without_gpus_ignore_a_leaked_cvd(self):
+        # CUDA_VISIBLE_DEVICES set where the machine shows no NVIDIA device (a CPU-only container
+        # or CI job it leaked into): torch sees no GPU, and torchrun's auto counts the CPUs.
+        if os.path.isdir("/proc/driver/nvidia/gpus") or any(
+                re.fullmatch(r"nvidia[0-9]+", n) for n in os.listdir("/dev")):
+            self.skipTest("this machine shows an NVIDIA device")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1,2", DDPRUN_NVML_LIBRARY="none")
+        r = subprocess.run([BIN, "--dry-run", "--nproc-per-node", "auto", "--no-python", "/bin/true"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cpus = len(os.sched_getaffinity(0)) if os.cpu_count() is None else os.cpu_count()
+        self.assertEqual(len(re.findall(r"^local rank [0-9]+:", r.stdout, re.M)), cpus, r.stdout)
+        self.assertIn("CUDA_VISIBLE_DEVICES='0,1,2' is set, but this machine shows no NVIDIA GPU", r.stderr)
+        r = subprocess.run([BIN, "--dry-run", "--nproc-per-node", "gpu", "--no-python", "/bin/true"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--nproc-per-node=gpu: CUDA_VISIBLE_DEVICES='0,1,2' is set, but this machine shows no NVIDIA GPU",
+                      r.stderr)
+
     def test_unknown_rdzv_conf_key_warns(self):
         # As torchrun: an unknown key does not stop the job; it is named in a warning.
         with tempfile.TemporaryDirectory(prefix="ddprun-cli-") as d:

@@ -228,6 +228,7 @@ GpuInventory probe_gpus(const EnvMap& env) {
   }
   inv.source = "none";
   inv.diagnostic = diag.empty() ? "no GPU library tried" : diag;
+  inv.device_nodes = nvidia_device_present();
   return inv;
 }
 

@@ -305,12 +305,24 @@ bool nvidia_gpu_visible(const EnvMap& env, const std::string& root, std::string*
     if (why != nullptr) *why = "CUDA_VISIBLE_DEVICES='" + it->second + "' names no device";
     return false;
   }
+  if (nvidia_device_present(root)) return true;
+  if (why != nullptr) *why = std::string("no NVIDIA GPU is visible (") + kNoNvidiaDevice + ")";
+  return false;
+}
+
+bool nvidia_device_present(const std::string& root) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path gpus = fs::path(root + "/proc/driver/nvidia/gpus");
   if (fs::is_directory(gpus, ec) && fs::directory_iterator(gpus, ec) != fs::directory_iterator()) return true;
-  if (fs::exists(fs::path(root + "/dev/nvidia0"), ec)) return true;
-  if (why != nullptr) *why = "no NVIDIA GPU is visible (no /proc/driver/nvidia/gpus/*, no /dev/nvidia0)";
+  if (fs::exists(fs::path(root + "/dev/nvidia0"), ec)) return true;  // the usual case, one lookup
+  for (fs::directory_iterator it(fs::path(root + "/dev"), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      return true;
+    }
+  }
   return false;
 }
 

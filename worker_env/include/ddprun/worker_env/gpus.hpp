@@ -51,6 +51,9 @@ struct GpuInventory {
   std::string source = "none";
   // Why nothing was found (libraries tried and their errors); empty when devices were found.
   std::string diagnostic;
+  // False when the probe found no GPU and the machine shows no NVIDIA device either
+  // (nvidia_device_present): a CPU-only machine, whatever CUDA_VISIBLE_DEVICES says.
+  bool device_nodes = true;
 };
 
 // Lists the node's GPUs: NVML first (DDPRUN_NVML_LIBRARY or libnvidia-ml.so.1), then the CUDA
@@ -65,6 +68,11 @@ GpuInventory probe_gpus(const EnvMap& env);
 // `<root>/dev/nvidia0` exists). `root` is for tests. Used by --nccl-id auto, so CPU-only jobs
 // do not pay for an NCCL unique ID nobody can use. `why` (optional) gets a reason when false.
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::string* why = nullptr);
+
+// Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/` or a
+// `<root>/dev/nvidiaN` (a container given one GPU may have /dev/nvidia2 alone). No library loaded.
+bool nvidia_device_present(const std::string& root = "");
+inline constexpr const char* kNoNvidiaDevice = "no /proc/driver/nvidia/gpus/*, no /dev/nvidiaN";
 
 // A device a CUDA program started with the parent's environment would see, in CUDA ordinal
 // order (cuda:0, cuda:1, …).
