@@ -199,6 +199,7 @@ class Agent {
     h.on_done = [this](bool ok, int code) {
       if (finished_) return;
       if (!ok && machine_.state() == ElasticState::running) {
+        backend_->update_diagnosis(run_.diagnosis());
         auto others = run_.other_failures();
         for (const auto& f : others) {
           event("torchelastic.worker.status.FAILED", "WORKER",

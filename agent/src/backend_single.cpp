@@ -67,6 +67,10 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this] { events_.on_job_completed(); });
   }
 
+  void update_diagnosis(const std::string& block) override {
+    if (failed_) failure_.diagnosis = block;
+  }
+
   void await_verdict(int exit_code, std::vector<FailureReport> others) override {
     if (restarts_ < config_.max_restarts) {
       ++restarts_;

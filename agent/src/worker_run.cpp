@@ -111,6 +111,7 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
   if (lazy_job_dir_.empty()) make_dir(attempt_dir_);
   machine_ = WorkerGroupMachine(static_cast<int>(specs.size()), 0);
   diagnosis_.clear();
+  diagnosis_parts_ = {};
   teardown_signals_.clear();
   hang_fired_ = false;
   if (containment_ != nullptr) containment_->begin_attempt();
@@ -233,6 +234,19 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
   if (was_healthy && !status.ok() && !hang_fired_) {
     // Before the group is signalled: the survivors' stacks show where each one was.
     diagnosis_ = diagnose(&w, "rank " + std::to_string(w.spec.rank) + " failed first (" + describe(status) + ")");
+  } else if (!was_healthy && w.killed_by.empty() && !by_teardown(status) && !diagnosis_.empty()) {
+    // Its stack was taken while it was on its way out (raising too, say): it was not stuck.
+    auto& d = diagnosis_parts_;
+    for (std::size_t i = 0; i < d.ranks.size(); ++i) {
+      if (d.local_rank_of_line[i] != local_rank) continue;
+      const auto where = d.ranks[i].find("): ");
+      const std::string before = where == std::string::npos ? std::string() : d.ranks[i].substr(where + 3);
+      d.ranks[i] = "rank " + std::to_string(w.spec.rank) + " (local " + std::to_string(local_rank) + ", pid " +
+                   std::to_string(w.child.pid()) + "): " + (status.ok() ? "ended" : "failed") +
+                   " on its own after the first failure (" + describe(status) + ")" +
+                   (before.empty() ? std::string() : "; its stack a moment before: " + before);
+      render_diagnosis();
+    }
   }
   apply(machine_.on_exited(local_rank, status));
   if (was_healthy && !status.ok() && !ended_ && hooks_.on_first_failure) {
@@ -423,6 +437,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   const std::string host = host_buf;
   std::vector<std::string> culprits;
   std::vector<std::string> ranks;
+  std::vector<int> local_rank_of_line;
   std::vector<std::string> files;
   std::vector<StackTarget> targets;
   const auto t0 = std::chrono::steady_clock::now();
@@ -451,6 +466,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
                     (collective.empty() ? "" : "; timed out in " + collective));
+    local_rank_of_line.push_back(-1);
   }
   // A rank that raised before the failure yet still runs (a non-daemon thread or an atexit
   // handler keeps its process alive) failed first in all but its exit: the hook's
@@ -482,18 +498,26 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     std::to_string(s.pid) + "): " + (inside ? "in a collective, " : "") +
                     (s.where.empty() ? std::string("no Python frame") : "in " + s.where) +
                     (s.method.empty() ? "" : " [" + s.method + ", " + cost + "]"));
+    local_rank_of_line.push_back(s.local_rank);
     if (!s.file.empty()) files.push_back(s.file);
   }
   if (culprits.empty() && !collective.empty() && !stacks.empty()) {
     culprits.push_back("every other rank was inside a collective too: look for the first rank that timed out");
   }
-  std::string block = format_diagnosis_block(host, headline, culprits, ranks, files);
+  diagnosis_parts_ = {
+      host, headline, std::move(culprits), std::move(ranks), std::move(local_rank_of_line), std::move(files)};
+  render_diagnosis();
+  return diagnosis_;
+}
+
+void WorkerRun::render_diagnosis() {
+  const auto& d = diagnosis_parts_;
+  diagnosis_ = format_diagnosis_block(d.host, d.headline, d.culprits, d.ranks, d.files);
   // Next to the stacks it refers to (a run without any keeps no file for it).
-  if (const int fd = files.empty() ? -1 : create_agent_file(attempt_dir_ + "/diagnosis.txt"); fd >= 0) {
-    write_all(fd, block);
+  if (const int fd = d.files.empty() ? -1 : create_agent_file(attempt_dir_ + "/diagnosis.txt"); fd >= 0) {
+    write_all(fd, diagnosis_);
     ::close(fd);
   }
-  return block;
 }
 
 void WorkerRun::mark_killed_by(pid_t pid, const std::string& what) {

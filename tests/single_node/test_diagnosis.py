@@ -95,6 +95,24 @@ int main(int argc, char** argv) {
 }
 '''
 
+# Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
+# teardown's SIGTERM and then fail on their own (exit code 1).
+ALL_FAIL = r'''
+import os, signal, sys, time
+marker = os.path.join(sys.argv[1], "rank0-failing")
+if os.environ["RANK"] == "0":
+    while not all(os.path.exists(os.path.join(sys.argv[1], "ready-%d" % r)) for r in (1, 2)):
+        time.sleep(0.01)
+    open(marker, "w").close()
+    raise RuntimeError("rank 0 fails first")
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(sys.argv[1], "ready-" + os.environ["RANK"]), "w").close()
+while not os.path.exists(marker):
+    time.sleep(0.01)
+time.sleep(2)
+raise RuntimeError("rank " + os.environ["RANK"] + " fails too")
+'''
+
 DAEMON_SECOND_ATTEMPT = r'''
 import os, runpy, sys
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
@@ -817,6 +835,19 @@ class Diagnosis(unittest.TestCase):
         self.assertEqual(proc.returncode, 5, err)  # the first exit is still the root cause, as in torchrun
         self.assertRegex(err, r"culprit    : rank 0 raised ValueError: boom in rank 0 [0-9.]+ s before rank 1 ended, "
                               r"and is still running")
+
+    def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
+        # Their stacks were taken while they were still running; the block says how they ended.
+        script = self.script("all_fail.py", ALL_FAIL)
+        proc = self.ddprun(["--nproc-per-node", "3", "--no-python", PYTHON, script, self.dir])
+        _, err = proc.communicate(timeout=120)
+        err = err.decode()
+        self.assertEqual(proc.returncode, 1, err)
+        block = err[err.index("Diagnosis ("):]
+        self.assertIn("rank 0 failed first (exit code 1)", block)
+        for rank in (1, 2):
+            self.assertRegex(block, r"rank %d \(local %d, pid [0-9]+\): failed on its own after the first failure "
+                                    r"\(exit code 1\); its stack a moment before: " % (rank, rank))
 
     def test_ctrl_c_twice_after_a_failure_keeps_its_summary(self):
         script = self.script("stubborn.py", FAIL_THEN_STUBBORN)

@@ -75,6 +75,10 @@ class RendezvousBackend {
   // attempt's other local ranks that failed on their own (WorkerRun::other_failures), which a
   // failure summary lists after the root cause.
   virtual void await_verdict(int exit_code, std::vector<FailureReport> others) = 0;
+  // The round's diagnosis block as it stands once the local workers have stopped (a rank that
+  // ended on its own after the first failure gets its line amended); called before
+  // await_verdict. A backend that printed the block at report_failure keeps what it printed.
+  virtual void update_diagnosis(const std::string& /*block*/) {}
   // This node stops after a signal and exits with `exit_code`.
   virtual void leave(int exit_code) = 0;
   // The agent is done: stop serving, then call `stopped` (at once, or once peers had their

@@ -84,6 +84,8 @@ class WorkerRun {
   WorkerCounts worker_counts() const;
   // The failing worker of the attempt, as a report (nullopt when no worker failed).
   std::optional<FailureReport> root_cause() const;
+  // This attempt's diagnosis block (empty: none), amended as ranks end after the first failure.
+  const std::string& diagnosis() const { return diagnosis_; }
   // The attempt's other failed ranks, in exit order, with their error files read: every worker
   // that ended unsuccessfully on its own. Ranks ended by ddprun (its teardown signals after the
   // first failure, the hang detector) are consequences and are left out, as torchrun lists only
@@ -120,6 +122,18 @@ class WorkerRun {
   bool hang_fired_ = false;
   int insisted_ = 0;       // the signal that came while a stop was under way (its SIGKILL is not the grace's)
   std::string diagnosis_;  // this attempt's diagnosis block
+  // Its parts, kept so a rank that ends on its own after the first failure (it was on its way
+  // out when its stack was taken) gets its line amended: render_diagnosis().
+  struct DiagnosisParts {
+    std::string host;
+    std::string headline;
+    std::vector<std::string> culprits;
+    std::vector<std::string> ranks;
+    std::vector<int> local_rank_of_line;  // -1: the first failure's line
+    std::vector<std::string> files;
+  };
+  DiagnosisParts diagnosis_parts_;
+  void render_diagnosis();
   std::vector<int> teardown_signals_;  // what signal_groups() sent this attempt
   std::string attempt_dir_;
   std::vector<int> reset_signals_;  // signals_to_reset(), once per round (start)
