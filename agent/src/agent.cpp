@@ -178,6 +178,7 @@ class Agent {
     std::function<bool(const std::string&)> later;
     if (exit_code_ == 0) later = [this](const std::string& dir) { return containment_->remove_when_gone(dir); };
     remove_job_dir_unless_useful(config_, job_dir_, exit_code_ != 0 || any_files_ || run_.wrote_files(), later);
+    if (config_.log_dir) tidy_job_dir(job_dir_);  // the user's directory: only what torchrun leaves
     job_dir_settled_ = true;
     return exit_code_;
   }

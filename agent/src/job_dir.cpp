@@ -99,6 +99,28 @@ bool run_dir_holds_data(const std::string& dir) {
   return false;
 }
 
+void tidy_job_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  const fs::path top(dir);
+  if (fs::symlink_status(top, ec).type() != fs::file_type::directory) return;
+  fs::remove_all(top / ".ddprun-python", ec);  // a link there goes, not what it points to
+  for (fs::directory_iterator a(top, ec), end; !ec && a != end; a.increment(ec)) {
+    std::error_code aec;
+    if (a->symlink_status(aec).type() != fs::file_type::directory ||
+        a->path().filename().string().rfind("attempt_", 0) != 0) {
+      continue;
+    }
+    for (fs::directory_iterator r(a->path(), aec), rend; !aec && r != rend; r.increment(aec)) {
+      std::error_code rec;
+      if (r->symlink_status(rec).type() != fs::file_type::directory) continue;
+      const std::string stacks = (r->path() / "stacks.txt").string();
+      struct stat st {};
+      if (::lstat(stacks.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) ::unlink(stacks.c_str());
+    }
+  }
+}
+
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
                                   const std::function<bool(const std::string&)>& remove_later) {
   if (config.log_dir || dir.empty()) return;

@@ -274,6 +274,21 @@ class SingleNode(unittest.TestCase):
         with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "1", "stdout.log")) as f:
             self.assertEqual(f.read(), "rank 1 line 0 stdout\nrank 1 line 1 stdout\n")
 
+    def test_log_dir_holds_only_what_torchrun_leaves_after_a_python_job(self):
+        # ddprun's Python hook and the empty stack files it opened per rank are gone at the end;
+        # the logs stay (a failed run also keeps the stacks that were written).
+        script = self.p("hello.py")
+        with open(script, "w") as f:
+            f.write("print('hello')\n")
+        r = run(["--nproc-per-node", "2", "--redirects", "3", "--log-dir", self.p("logs"), script],
+                env={"PYTHON_EXEC": PYTHON})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        found = sorted(os.path.relpath(os.path.join(d, n), self.p("logs")).split(os.sep, 1)[1]
+                       for d, dirs, files in os.walk(self.p("logs")) for n in dirs + files
+                       if os.path.dirname(os.path.relpath(os.path.join(d, n), self.p("logs"))) != "")
+        self.assertEqual(found, ["attempt_0", "attempt_0/0", "attempt_0/0/stderr.log", "attempt_0/0/stdout.log",
+                                 "attempt_0/1", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"])
+
     def test_redirects_and_filter(self):
         r = run(["--standalone", "--nproc-per-node", "3", "--redirects", "0:3", "--local-ranks-filter", "1",
                  "--log-dir", self.p("logs"), "--no-python", WORKER, "--print-lines", "1"])
