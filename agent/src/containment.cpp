@@ -40,8 +40,9 @@ constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
 // Empty token scans in a row, 2 ms apart, that end the job's last proc sweep where processes
 // were created on the machine during each (ddprun-watchdog's PROC_EMPTY_SCANS).
 constexpr int kProcEmptyScans = 3;
-// The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another version
-// refuses to run, and the agent forks its own. 2: the "t" line carries the agent's session.
+// The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another build
+// refuses to run (exit 2) rather than misread the lines; the agent finds it gone only when it
+// next writes to it (docs/errors.md). 2: the "t" line carries the agent's session.
 constexpr const char* kWatchdogProtocol = "2";
 constexpr std::chrono::milliseconds kSweepBound{3000};
 

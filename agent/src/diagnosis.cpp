@@ -532,6 +532,8 @@ std::optional<std::string> read_worker_file(const std::string& path, std::size_t
   return out;
 }
 
+bool catches_signal(pid_t pid, int sig) { return catches(pid, sig); }
+
 std::string read_tail(const std::string& path, std::size_t max_bytes) {
   std::size_t size = 0;
   if (!read_worker_file(path, 0, 0, false, nullptr, &size)) return {};

@@ -1,6 +1,8 @@
 // The job's log directory; see job_dir.hpp.
 #include "ddprun/agent/job_dir.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -101,24 +104,41 @@ bool run_dir_holds_data(const std::string& dir) {
 
 void tidy_job_dir(const std::string& dir) {
   if (dir.empty()) return;
+  const int top = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (top < 0) return;
   std::error_code ec;
-  const fs::path top(dir);
-  if (fs::symlink_status(top, ec).type() != fs::file_type::directory) return;
-  fs::remove_all(top / ".ddprun-python", ec);  // a link there goes, not what it points to
-  for (fs::directory_iterator a(top, ec), end; !ec && a != end; a.increment(ec)) {
-    std::error_code aec;
-    if (a->symlink_status(aec).type() != fs::file_type::directory ||
-        a->path().filename().string().rfind("attempt_", 0) != 0) {
-      continue;
+  fs::remove_all(fs::path(dir) / ".ddprun-python", ec);  // a link there goes, not what it points to
+  // Every directory below, two levels deep (attempt_N/R single node, round_N/R with a rendezvous),
+  // each opened without following a link, its stacks.txt removed relative to it when empty.
+  const auto each_dir = [](int parent, const std::function<void(int)>& f) {
+    const int fd = ::dup(parent);
+    DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
+    if (d == nullptr) {
+      if (fd >= 0) ::close(fd);
+      return;
     }
-    for (fs::directory_iterator r(a->path(), aec), rend; !aec && r != rend; r.increment(aec)) {
-      std::error_code rec;
-      if (r->symlink_status(rec).type() != fs::file_type::directory) continue;
-      const std::string stacks = (r->path() / "stacks.txt").string();
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != ".." && n != ".ddprun-python") names.push_back(n);
+    }
+    ::closedir(d);
+    for (const auto& n : names) {
+      const int sub = ::openat(parent, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) continue;
+      f(sub);
+      ::close(sub);
+    }
+  };
+  each_dir(top, [&](int attempt) {
+    each_dir(attempt, [](int rank) {
       struct stat st {};
-      if (::lstat(stacks.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) ::unlink(stacks.c_str());
-    }
-  }
+      if (::fstatat(rank, "stacks.txt", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) {
+        ::unlinkat(rank, "stacks.txt", 0);
+      }
+    });
+  });
+  ::close(top);
 }
 
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,

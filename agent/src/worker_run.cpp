@@ -241,10 +241,19 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
       if (d.local_rank_of_line[i] != local_rank) continue;
       const auto where = d.ranks[i].find("): ");
       const std::string before = where == std::string::npos ? std::string() : d.ranks[i].substr(where + 3);
-      d.ranks[i] = "rank " + std::to_string(w.spec.rank) + " (local " + std::to_string(local_rank) + ", pid " +
-                   std::to_string(w.child.pid()) + "): " + (status.ok() ? "ended" : "failed") +
-                   " on its own after the first failure (" + describe(status) + ")" +
-                   (before.empty() ? std::string() : "; its stack a moment before: " + before);
+      const std::string head = "rank " + std::to_string(w.spec.rank) + " (local " + std::to_string(local_rank) +
+                               ", pid " + std::to_string(w.child.pid()) + "): ";
+      if (d.handles_sigterm[i] &&
+          std::find(teardown_signals_.begin(), teardown_signals_.end(), SIGTERM) != teardown_signals_.end()) {
+        // Its own SIGTERM handler may have ended it on the teardown's SIGTERM (a checkpoint on
+        // preemption, say): where it was at the first failure is still the news.
+        d.ranks[i] =
+            head + before + "; it then ended with " + describe(status) + " after ddprun's SIGTERM, which it handles";
+      } else {
+        d.ranks[i] = head + (status.ok() ? "ended" : "failed") + " on its own after the first failure (" +
+                     describe(status) + ")" +
+                     (before.empty() ? std::string() : "; its stack a moment before: " + before);
+      }
       render_diagnosis();
     }
   }
@@ -438,6 +447,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   std::vector<std::string> culprits;
   std::vector<std::string> ranks;
   std::vector<int> local_rank_of_line;
+  std::vector<bool> handles_sigterm;
   std::vector<std::string> files;
   std::vector<StackTarget> targets;
   const auto t0 = std::chrono::steady_clock::now();
@@ -467,6 +477,7 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
                     (collective.empty() ? "" : "; timed out in " + collective));
     local_rank_of_line.push_back(-1);
+    handles_sigterm.push_back(false);
   }
   // A rank that raised before the failure yet still runs (a non-daemon thread or an atexit
   // handler keeps its process alive) failed first in all but its exit: the hook's
@@ -499,13 +510,19 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     (s.where.empty() ? std::string("no Python frame") : "in " + s.where) +
                     (s.method.empty() ? "" : " [" + s.method + ", " + cost + "]"));
     local_rank_of_line.push_back(s.local_rank);
+    handles_sigterm.push_back(catches_signal(s.pid, SIGTERM));
     if (!s.file.empty()) files.push_back(s.file);
   }
   if (culprits.empty() && !collective.empty() && !stacks.empty()) {
     culprits.push_back("every other rank was inside a collective too: look for the first rank that timed out");
   }
-  diagnosis_parts_ = {
-      host, headline, std::move(culprits), std::move(ranks), std::move(local_rank_of_line), std::move(files)};
+  diagnosis_parts_ = {host,
+                      headline,
+                      std::move(culprits),
+                      std::move(ranks),
+                      std::move(local_rank_of_line),
+                      std::move(handles_sigterm),
+                      std::move(files)};
   render_diagnosis();
   return diagnosis_;
 }

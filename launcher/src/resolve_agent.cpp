@@ -118,6 +118,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     return *inventory;
   };
   bool nproc_from_gpus = false;
+  bool cvd_names_nothing_here = false;  // set on a machine without any NVIDIA device (below)
   if (auto g = p.given("nproc-per-node")) {
     const std::string kind = to_lower(trim(g->text));
     if (kind == "gpu" || kind == "auto") {  // cpu needs no GPU inventory
@@ -133,6 +134,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
                            "GPUs are");
         }
         cfg.nproc_per_node = std::max(ctx.cpus(), 1);
+        cvd_names_nothing_here = true;  // and no GPU plan from it: the workers inherit it as it is
         out.notes.push_back(g->what + "=auto: " + why + ": counting the CPUs (" + std::to_string(cfg.nproc_per_node) +
                             ")");
       } else {
@@ -384,7 +386,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     // torchrun's --virtual-local-rank on a machine without any GPU: LOCAL_RANK=0 and
     // CUDA_VISIBLE_DEVICES=<local rank>, as before (build_worker_env does it).
     const bool cpu_virtual = cfg.virtual_local_rank && !gpus && !isolation && !cvd && !have_gpus;
-    if (!cpu_virtual && (cvd || wants_gpus || nproc_from_gpus)) {
+    if (!cpu_virtual && ((cvd && !cvd_names_nothing_here) || wants_gpus || nproc_from_gpus)) {
       worker_env::GpuRequest req;
       req.parent_cvd = cvd;
       req.parent_device_order = p.env("CUDA_DEVICE_ORDER");

@@ -176,6 +176,8 @@ class ExitCodes(unittest.TestCase):
         cpus = len(os.sched_getaffinity(0)) if os.cpu_count() is None else os.cpu_count()
         self.assertEqual(len(re.findall(r"^local rank [0-9]+:", r.stdout, re.M)), cpus, r.stdout)
         self.assertIn("CUDA_VISIBLE_DEVICES='0,1,2' is set, but this machine shows no NVIDIA GPU", r.stderr)
+        self.assertNotIn("DDPRUN_CUDA_DEVICE", r.stdout)  # no GPU plan from it either
+        self.assertNotIn("GPU(s) selected", r.stdout)
         r = subprocess.run([BIN, "--dry-run", "--nproc-per-node", "gpu", "--no-python", "/bin/true"], env=env,
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 2, r.stderr)

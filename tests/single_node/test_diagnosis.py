@@ -96,20 +96,28 @@ int main(int argc, char** argv) {
 '''
 
 # Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
-# teardown's SIGTERM and then fail on their own (exit code 1).
+# teardown's SIGTERM and then fail on their own (exit code 1); rank 3 waits, and its SIGTERM
+# handler exits 1 on the teardown's SIGTERM.
 ALL_FAIL = r'''
-import os, signal, sys, time
+import glob, os, signal, sys, time
 marker = os.path.join(sys.argv[1], "rank0-failing")
 if os.environ["RANK"] == "0":
-    while not all(os.path.exists(os.path.join(sys.argv[1], "ready-%d" % r)) for r in (1, 2)):
+    while not all(os.path.exists(os.path.join(sys.argv[1], "ready-%d" % r)) for r in (1, 2, 3)):
         time.sleep(0.01)
     open(marker, "w").close()
     raise RuntimeError("rank 0 fails first")
+if os.environ["RANK"] == "3":  # stopped by the teardown through its own handler: not "on its own"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    open(os.path.join(sys.argv[1], "ready-3"), "w").close()
+    while True:
+        time.sleep(0.05)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(os.path.join(sys.argv[1], "ready-" + os.environ["RANK"]), "w").close()
-while not os.path.exists(marker):
+# Its stacks are taken at rank 0's exit: it fails once its dump is written (faulthandler writes
+# the whole dump in its signal handler, before this loop runs again).
+stacks = os.path.join(sys.argv[1], "logs", "*", "attempt_0", os.environ["LOCAL_RANK"], "stacks.txt")
+while not any(os.path.getsize(f) > 0 for f in glob.glob(stacks)):
     time.sleep(0.01)
-time.sleep(2)
 raise RuntimeError("rank " + os.environ["RANK"] + " fails too")
 '''
 
@@ -839,7 +847,7 @@ class Diagnosis(unittest.TestCase):
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.
         script = self.script("all_fail.py", ALL_FAIL)
-        proc = self.ddprun(["--nproc-per-node", "3", "--no-python", PYTHON, script, self.dir])
+        proc = self.ddprun(["--nproc-per-node", "4", "--no-python", PYTHON, script, self.dir])
         _, err = proc.communicate(timeout=120)
         err = err.decode()
         self.assertEqual(proc.returncode, 1, err)
@@ -848,6 +856,8 @@ class Diagnosis(unittest.TestCase):
         for rank in (1, 2):
             self.assertRegex(block, r"rank %d \(local %d, pid [0-9]+\): failed on its own after the first failure "
                                     r"\(exit code 1\); its stack a moment before: " % (rank, rank))
+        self.assertRegex(block, r"rank 3 \(local 3, pid [0-9]+\): in .*; it then ended with exit code 1 after "
+                                r"ddprun's SIGTERM, which it handles")
 
     def test_ctrl_c_twice_after_a_failure_keeps_its_summary(self):
         script = self.script("stubborn.py", FAIL_THEN_STUBBORN)

@@ -288,6 +288,13 @@ class SingleNode(unittest.TestCase):
                        if os.path.dirname(os.path.relpath(os.path.join(d, n), self.p("logs"))) != "")
         self.assertEqual(found, ["attempt_0", "attempt_0/0", "attempt_0/0/stderr.log", "attempt_0/0/stdout.log",
                                  "attempt_0/1", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"])
+        # With a rendezvous the attempts are round_N.
+        r = run(["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nproc-per-node", "2",
+                 "--log-dir", self.p("logs2"), script], env={"PYTHON_EXEC": PYTHON})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        left = [os.path.relpath(os.path.join(d, n), self.p("logs2")) for d, dirs, files in os.walk(self.p("logs2"))
+                for n in files]
+        self.assertEqual(left, [])
 
     def test_redirects_and_filter(self):
         r = run(["--standalone", "--nproc-per-node", "3", "--redirects", "0:3", "--local-ranks-filter", "1",

@@ -316,6 +316,10 @@ bool nvidia_device_present(const std::string& root) {
   const fs::path gpus = fs::path(root + "/proc/driver/nvidia/gpus");
   if (fs::is_directory(gpus, ec) && fs::directory_iterator(gpus, ec) != fs::directory_iterator()) return true;
   if (fs::exists(fs::path(root + "/dev/nvidia0"), ec)) return true;  // the usual case, one lookup
+  // Jetson boards (integrated GPU, no NVML) and WSL2 (the GPU behind /dev/dxg) have no nvidiaN.
+  for (const char* other : {"/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg"}) {
+    if (fs::exists(fs::path(root + other), ec)) return true;
+  }
   for (fs::directory_iterator it(fs::path(root + "/dev"), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&

@@ -99,6 +99,9 @@ int create_agent_file(const std::string& path, std::string* problem = nullptr);
 // The last `max_bytes` of a regular file ("" when unreadable or not a regular file).
 std::string read_tail(const std::string& path, std::size_t max_bytes);
 
+// Whether process `pid` has a handler for `sig` (SigCgt in /proc/PID/status); false when gone.
+bool catches_signal(pid_t pid, int sig);
+
 // "812.4 MiB".
 std::string format_bytes(std::uint64_t bytes);
 

@@ -31,13 +31,14 @@ bool ensure_dir(const std::string& job_dir, const std::string& dir);
 std::string job_dir_pattern(const AgentConfig& config);
 // Whether `dir` holds a regular file with data, ddprun's Python hook (.ddprun-python) aside.
 bool run_dir_holds_data(const std::string& dir);
+// ddprun's own leftovers in a run directory that stays (a --log-dir's): the Python hook
+// (.ddprun-python) and the stack files no dump was written to (the hook opens one per Python
+// rank at its start: attempt_N/R/stacks.txt, round_N/R/stacks.txt). Never follows a symbolic
+// link. Call at the end of the job.
+void tidy_job_dir(const std::string& dir);
 // Without --log-dir: removes `dir` unless `may_hold_files` and run_dir_holds_data(dir). The
 // removal goes to `remove_later` (given `dir`, absolute from make_job_dir;
 // Containment::remove_when_gone) when that takes it.
-// ddprun's own leftovers in a run directory that stays (a --log-dir's): the Python hook
-// (.ddprun-python) and the stack files no dump was written to (the hook opens one per Python
-// rank at its start, attempt_N/R/stacks.txt). Never follows a symbolic link. Call at the end.
-void tidy_job_dir(const std::string& dir);
 void remove_job_dir_unless_useful(const AgentConfig& config, const std::string& dir, bool may_hold_files,
                                   const std::function<bool(const std::string&)>& remove_later = {});
 

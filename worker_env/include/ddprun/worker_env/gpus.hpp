@@ -69,10 +69,12 @@ GpuInventory probe_gpus(const EnvMap& env);
 // do not pay for an NCCL unique ID nobody can use. `why` (optional) gets a reason when false.
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::string* why = nullptr);
 
-// Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/` or a
-// `<root>/dev/nvidiaN` (a container given one GPU may have /dev/nvidia2 alone). No library loaded.
+// Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/`, a
+// `<root>/dev/nvidiaN` (a container given one GPU may have /dev/nvidia2 alone), a Jetson's
+// `/dev/nvhost-*-gpu` or WSL2's `/dev/dxg`. No library loaded.
 bool nvidia_device_present(const std::string& root = "");
-inline constexpr const char* kNoNvidiaDevice = "no /proc/driver/nvidia/gpus/*, no /dev/nvidiaN";
+inline constexpr const char* kNoNvidiaDevice =
+    "no /proc/driver/nvidia/gpus/*, no /dev/nvidiaN, /dev/nvhost-*-gpu or /dev/dxg";
 
 // A device a CUDA program started with the parent's environment would see, in CUDA ordinal
 // order (cuda:0, cuda:1, …).
