@@ -224,6 +224,7 @@ class StatusWithoutServer(unittest.TestCase):
                     "    if (log) { FILE* f = fopen(log, \"a\"); if (f) { fputs(\"lookup\\n\", f); fclose(f); } }\n"
                     "    sleep(30);\n"
                     "  }\n"
+                    "  if (n && strcmp(n, \"slow.test\") == 0) { usleep(300000); n = \"127.0.0.1\"; }\n"
                     "  return real(n, s, h, r);\n}\n")
         subprocess.run([cc, "-shared", "-fPIC", "-o", lib, src, "-ldl"], check=True, timeout=120)
         started = time.monotonic()
@@ -243,6 +244,18 @@ class StatusWithoutServer(unittest.TestCase):
         self.assertEqual(r.stdout.count("cannot resolve 'blackholed.test' within 200 ms"), 6, r.stdout + r.stderr)
         with open(log) as f:
             self.assertEqual(f.read().count("lookup"), 1, "one lookup per tick")
+        # A name server slower than --timeout: the answer that came after a tick gave up is used
+        # by the next one (here it names a port where nothing listens: refused, not unresolved).
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", "slow.test:%d" % port, "--timeout", "0.1",
+                            "--watch", "0.4", "--watch-count", "3"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, LD_PRELOAD=lib))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot resolve 'slow.test' within 100 ms", r.stdout)
+        self.assertLess(r.stdout.count("cannot resolve"), 3, r.stdout)
 
     def test_usage_errors(self):
         for args, text in ((["--watch-count", "2"], "needs --watch"), (["--watch", "-1"], "'-1'"),

@@ -475,18 +475,30 @@ struct ResolvedName {
   std::vector<tcp::endpoint> endpoints;
 };
 
+// Name lookups under way, or finished after their query gave up and not used since.
+struct Lookup {
+  std::uint64_t id = 0;
+  std::shared_future<ResolvedName> answer;
+};
+struct PendingLookups {
+  std::mutex mutex;
+  std::uint64_t next_id = 1;
+  std::map<std::string, Lookup> by_name;
+};
+PendingLookups& pending_lookups() {
+  static PendingLookups p;
+  return p;
+}
+std::string lookup_key(const std::string& host, std::uint16_t port) { return host + "\n" + std::to_string(port); }
+
 // `host`:`port` resolved on a detached thread (getaddrinfo cannot be cancelled). A lookup of the
-// same name still under way is shared rather than started again; a finished one is not reused,
-// so every query after it sees the name server's current answer.
-std::shared_future<ResolvedName> resolve_in_background(const std::string& host, std::uint16_t port) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_future<ResolvedName>> pending;
-  const std::string key = host + "\n" + std::to_string(port);
-  const std::lock_guard lock(mutex);
-  for (auto it = pending.begin(); it != pending.end();) {
-    it = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? pending.erase(it) : std::next(it);
-  }
-  if (const auto it = pending.find(key); it != pending.end()) return it->second;
+// same name still under way is shared rather than started again, and one that finished after
+// its query gave up answers the next query (a name server slower than the timeout still
+// answers every other tick); once an answer is used (lookup_used), a query starts a new lookup.
+Lookup resolve_in_background(const std::string& host, std::uint16_t port) {
+  auto& p = pending_lookups();
+  const std::lock_guard lock(p.mutex);
+  if (const auto it = p.by_name.find(lookup_key(host, port)); it != p.by_name.end()) return it->second;
   auto promise = std::make_shared<std::promise<ResolvedName>>();
   std::shared_future<ResolvedName> future = promise->get_future().share();
   std::thread([promise, host, port = std::to_string(port)] {
@@ -496,8 +508,18 @@ std::shared_future<ResolvedName> resolve_in_background(const std::string& host, 
     for (const auto& e : name_resolver.resolve(host, port, r.ec)) r.endpoints.push_back(e.endpoint());
     promise->set_value(std::move(r));
   }).detach();
-  pending.emplace(key, future);
-  return future;
+  const Lookup lookup{p.next_id++, future};
+  p.by_name.emplace(lookup_key(host, port), lookup);
+  return lookup;
+}
+
+// The answer of `lookup` was used: the next query of the name asks the name server again.
+void lookup_used(const std::string& host, std::uint16_t port, const Lookup& lookup) {
+  auto& p = pending_lookups();
+  const std::lock_guard lock(p.mutex);
+  if (const auto it = p.by_name.find(lookup_key(host, port)); it != p.by_name.end() && it->second.id == lookup.id) {
+    p.by_name.erase(it);
+  }
 }
 
 // A client with a token needs the handshake's cryptography: checked before anything connects.
@@ -662,8 +684,11 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   // A lookup still under way is shared by the next query of the same name (`status --watch`
   // asks every interval): one thread per name, not one per tick.
   const auto started = std::chrono::steady_clock::now();
-  const std::shared_future<ResolvedName> resolved_future = resolve_in_background(server.host, server.port);
-  if (resolved_future.wait_for(timeout) != std::future_status::ready) {
+  const Lookup lookup = resolve_in_background(server.host, server.port);
+  const std::shared_future<ResolvedName>& resolved_future = lookup.answer;
+  const bool answered = resolved_future.wait_for(timeout) == std::future_status::ready;
+  if (answered) lookup_used(server.host, server.port, lookup);
+  if (!answered) {
     error =
         fmt::format("cannot resolve '{}' within {} ms (the name server does not answer)", server.host, timeout.count());
   } else if (const ResolvedName& r = resolved_future.get(); r.ec || r.endpoints.empty()) {
