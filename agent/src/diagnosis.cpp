@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -118,15 +119,29 @@ off_t file_size(const std::string& path) {
 
 // Whether `pid` catches `sig` (SigCgt in /proc/PID/status).
 bool catches(pid_t pid, int sig) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("SigCgt:", 0) == 0) {
-      const auto mask = std::stoull(line.substr(7), nullptr, 16);
-      return ((mask >> (sig - 1)) & 1ULL) != 0;
-    }
+  // read(2), not an ifstream: the teardown asks this too, and a launch builds no C++ locale.
+  // (Not read_worker_file: it reads up to the size fstat gives, 0 for a /proc file.)
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/status").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string buf(8192, '\0');
+  std::size_t got = 0;
+  for (;;) {
+    if (got == buf.size()) buf.resize(buf.size() * 2);
+    const ssize_t n = ::read(fd, buf.data() + got, buf.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || buf.size() > 64 * 1024) break;
+    got += static_cast<std::size_t>(n);
   }
-  return false;
+  ::close(fd);
+  buf.resize(got);
+  const auto at = buf.find("\nSigCgt:");
+  if (at == std::string::npos) return false;
+  const char* from = buf.data() + at + 8;
+  const char* end = buf.data() + buf.size();
+  while (from < end && (*from == ' ' || *from == '\t')) ++from;
+  std::uint64_t mask = 0;
+  if (std::from_chars(from, end, mask, 16).ec != std::errc{}) return false;
+  return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1ULL) != 0;
 }
 
 std::string find_on_path(const std::string& name) {

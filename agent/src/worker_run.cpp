@@ -85,6 +85,9 @@ struct WorkerRun::Worker {
   std::string note;       // spawn error, if any
   std::string cause;      // why it ended (cause_of)
   std::string killed_by;  // set when ddprun itself ends it: "the hang detector"
+  // It had a handler for a signal the teardown sent it (SigCgt then): an exit code that follows
+  // may be that handler's (a checkpoint on SIGTERM), a consequence of the teardown.
+  bool handled_teardown = false;
 };
 
 WorkerRun::WorkerRun(asio::io_context& io, const AgentConfig& config, Hooks hooks)
@@ -243,12 +246,11 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
       const std::string before = where == std::string::npos ? std::string() : d.ranks[i].substr(where + 3);
       const std::string head = "rank " + std::to_string(w.spec.rank) + " (local " + std::to_string(local_rank) +
                                ", pid " + std::to_string(w.child.pid()) + "): ";
-      if (d.handles_sigterm[i] &&
-          std::find(teardown_signals_.begin(), teardown_signals_.end(), SIGTERM) != teardown_signals_.end()) {
-        // Its own SIGTERM handler may have ended it on the teardown's SIGTERM (a checkpoint on
-        // preemption, say): where it was at the first failure is still the news.
-        d.ranks[i] =
-            head + before + "; it then ended with " + describe(status) + " after ddprun's SIGTERM, which it handles";
+      if (w.handled_teardown) {
+        // Its own handler may have ended it on the teardown's signal (a checkpoint on SIGTERM,
+        // say): where it was at the first failure is still the news.
+        d.ranks[i] = head + before + "; it then ended with " + describe(status) +
+                     " after ddprun's teardown signal, which it handles";
       } else {
         d.ranks[i] = head + (status.ok() ? "ended" : "failed") + " on its own after the first failure (" +
                      describe(status) + ")" +
@@ -328,6 +330,9 @@ void WorkerRun::signal_groups(int sig) {
   // Exited workers are zombies until reaped, so their process-group id cannot have been reused:
   // signalling it reaches only what is left of that worker's group.
   for (const auto& w : workers_) {
+    if (resume && w->child.pid() > 0 && !w->child.exited() && catches_signal(w->child.pid(), sig)) {
+      w->handled_teardown = true;
+    }
     w->child.signal_group(sig);
     if (resume) w->child.signal_group(SIGCONT);
   }
@@ -410,6 +415,8 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
   } else if (machine_.state() != GroupState::healthy) {
     parts.push_back(by_teardown(status)
                         ? "stopped by ddprun's teardown after the first failure (a consequence, not a cause)"
+                    : w.handled_teardown
+                        ? "ended after ddprun's teardown signal, which it handles (likely a consequence, not a cause)"
                         : "failed on its own after the first failure (not ended by ddprun's teardown)");
   }
   const RankMemory mem = containment_ != nullptr ? containment_->rank_memory(w.spec.local_rank) : RankMemory{};
@@ -447,7 +454,6 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
   std::vector<std::string> culprits;
   std::vector<std::string> ranks;
   std::vector<int> local_rank_of_line;
-  std::vector<bool> handles_sigterm;
   std::vector<std::string> files;
   std::vector<StackTarget> targets;
   const auto t0 = std::chrono::steady_clock::now();
@@ -477,7 +483,6 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
                     (collective.empty() ? "" : "; timed out in " + collective));
     local_rank_of_line.push_back(-1);
-    handles_sigterm.push_back(false);
   }
   // A rank that raised before the failure yet still runs (a non-daemon thread or an atexit
   // handler keeps its process alive) failed first in all but its exit: the hook's
@@ -510,19 +515,13 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
                     (s.where.empty() ? std::string("no Python frame") : "in " + s.where) +
                     (s.method.empty() ? "" : " [" + s.method + ", " + cost + "]"));
     local_rank_of_line.push_back(s.local_rank);
-    handles_sigterm.push_back(catches_signal(s.pid, SIGTERM));
     if (!s.file.empty()) files.push_back(s.file);
   }
   if (culprits.empty() && !collective.empty() && !stacks.empty()) {
     culprits.push_back("every other rank was inside a collective too: look for the first rank that timed out");
   }
-  diagnosis_parts_ = {host,
-                      headline,
-                      std::move(culprits),
-                      std::move(ranks),
-                      std::move(local_rank_of_line),
-                      std::move(handles_sigterm),
-                      std::move(files)};
+  diagnosis_parts_ = {
+      host, headline, std::move(culprits), std::move(ranks), std::move(local_rank_of_line), std::move(files)};
   render_diagnosis();
   return diagnosis_;
 }

@@ -251,7 +251,7 @@ class StatusWithoutServer(unittest.TestCase):
         port = s.getsockname()[1]
         s.close()
         r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", "slow.test:%d" % port, "--timeout", "0.1",
-                            "--watch", "0.4", "--watch-count", "3"], capture_output=True, text=True, timeout=60,
+                            "--watch", "1", "--watch-count", "3"], capture_output=True, text=True, timeout=60,
                            env=dict(os.environ, LD_PRELOAD=lib))
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("cannot resolve 'slow.test' within 100 ms", r.stdout)

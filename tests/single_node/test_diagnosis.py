@@ -856,8 +856,9 @@ class Diagnosis(unittest.TestCase):
         for rank in (1, 2):
             self.assertRegex(block, r"rank %d \(local %d, pid [0-9]+\): failed on its own after the first failure "
                                     r"\(exit code 1\); its stack a moment before: " % (rank, rank))
+        self.assertIn("ended after ddprun's teardown signal, which it handles (likely a consequence", err)
         self.assertRegex(block, r"rank 3 \(local 3, pid [0-9]+\): in .*; it then ended with exit code 1 after "
-                                r"ddprun's SIGTERM, which it handles")
+                                r"ddprun's teardown signal, which it handles")
 
     def test_ctrl_c_twice_after_a_failure_keeps_its_summary(self):
         script = self.script("stubborn.py", FAIL_THEN_STUBBORN)

@@ -130,7 +130,6 @@ class WorkerRun {
     std::vector<std::string> culprits;
     std::vector<std::string> ranks;
     std::vector<int> local_rank_of_line;  // -1: the first failure's line
-    std::vector<bool> handles_sigterm;    // per line: the rank had a SIGTERM handler then
     std::vector<std::string> files;
   };
   DiagnosisParts diagnosis_parts_;
