@@ -305,6 +305,7 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     }
     const auto eq = arg.find('=');
     const bool empty_value = eq != std::string::npos && eq + 1 == arg.size();  // (arg changes below)
+    const std::string as_given = arg;
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     const FlagSpec* match = nullptr;
     bool exact = name == "help";
@@ -350,6 +351,12 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
     if (!exact && prefixed.size() == 1) {
       match = *prefixed.begin();
       out[i] = "--" + first_spelling + (eq == std::string::npos ? std::string() : arg.substr(eq));
+    }
+    if (match != nullptr && match->kind == FlagKind::boolean && eq != std::string::npos) {
+      // argparse refuses a value for a switch ("ignored explicit argument"); CLI11 would read
+      // --standalone=false as off and --no-python= as on.
+      throw UsageError("--" + std::string(match->dash) + " is a switch and takes no value, got " + as_given,
+                       "write --" + std::string(match->dash) + " alone to turn it on, or leave it out");
     }
     if (match != nullptr && match->kind != FlagKind::boolean && empty_value) {
       // --name= (a shell variable that was empty): the empty value, as argparse reads it, made

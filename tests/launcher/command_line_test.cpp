@@ -504,6 +504,19 @@ TEST_CASE("--flag= is an empty value, as argparse reads it, never the next word"
   CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py"});
 }
 
+TEST_CASE("a switch given a value is refused, as argparse refuses it") {
+  // CLI11 alone read --standalone=false as off and --no-python= as on; argparse says "ignored
+  // explicit argument" for any value, the empty one too.
+  Sandbox sb;
+  for (const Strings& args : {Strings{"--standalone=1", "train.py"}, Strings{"--standalone=false", "train.py"},
+                              Strings{"--standalone=", "train.py"}, Strings{"--stand=", "train.py"},
+                              Strings{"--no_python=0", "tool"}, Strings{"--run-path=yes", "train.py"}}) {
+    CHECK_THROWS_AS(sb.parse(args), UsageError);
+    CHECK_THROWS_WITH(sb.parse(args), Contains("is a switch and takes no value, got " + args.front()));
+  }
+  CHECK(sb.parse({"--standalone", "train.py"}).config.standalone);
+}
+
 TEST_CASE("usage errors: no program, unknown options, missing values") {
   Sandbox sb;
   CHECK_THROWS_WITH(sb.parse({}), Contains("no training program"));
