@@ -185,6 +185,7 @@ class ClientBackend final : public RendezvousBackend {
     }
     store_->reset();  // a fresh key space for the next round's workers
     local_first_.reset();
+    printed_diagnosis_.clear();
     local_others_.clear();
     group_done_ = false;
     deferred_job_failed_.reset();
@@ -194,6 +195,7 @@ class ClientBackend final : public RendezvousBackend {
   void report_failure(std::uint64_t round, const FailureReport& f) override {
     // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
     if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
+    printed_diagnosis_ = f.diagnosis;
     local_first_ = f;
     load_error_file(*local_first_);
     local_first_->diagnosis.clear();  // printed above
@@ -205,6 +207,14 @@ class ClientBackend final : public RendezvousBackend {
     spdlog::info("all {} local worker(s) succeeded; waiting for the other nodes (exit barrier, at most {} s)",
                  config_.nproc_per_node, std::chrono::duration<double>(config_.rdzv.exit_barrier_timeout).count());
     transport_->report_success(round);
+  }
+
+  void update_diagnosis(const std::string& block) override {
+    // Printed at the first failure, before the other local ranks ended: what they did since
+    // (failed on their own, ended after the teardown signal they handle) follows it.
+    const std::string amendment = format_diagnosis_amendment(printed_diagnosis_, block);
+    if (!amendment.empty()) write_all(STDERR_FILENO, amendment);
+    if (!amendment.empty()) printed_diagnosis_ = block;
   }
 
   void await_verdict(int exit_code, std::vector<FailureReport> others) override {
@@ -351,7 +361,8 @@ class ClientBackend final : public RendezvousBackend {
   // rendezvous) and the ranks that failed on their own after it (await_verdict).
   std::optional<FailureReport> local_first_;
   std::vector<FailureReport> local_others_;
-  bool group_done_ = false;  // this round's local workers have all exited (await_verdict)
+  std::string printed_diagnosis_;  // this node's block as printed at its first failure, amended since
+  bool group_done_ = false;        // this round's local workers have all exited (await_verdict)
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };

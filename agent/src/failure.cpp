@@ -1,6 +1,7 @@
 // Error-file parsing and the root-cause summary; see failure.hpp.
 #include "ddprun/agent/failure.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -192,6 +193,32 @@ std::string format_diagnosis_block(std::string_view host, std::string_view headl
   for (const auto& r : ranks) out += "  " + r + "\n";
   for (const auto& f : files) out += "  stacks     : " + f + "\n";
   return out;
+}
+
+std::string format_diagnosis_amendment(std::string_view printed, std::string_view now) {
+  if (printed.empty() || now == printed) return {};
+  const auto lines = [](std::string_view text) {
+    std::vector<std::string_view> out;
+    while (!text.empty()) {
+      const auto nl = text.find('\n');
+      out.push_back(text.substr(0, nl));
+      text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    }
+    return out;
+  };
+  const auto before = lines(printed);
+  const auto after = lines(now);
+  std::string changed;
+  for (const auto line : after) {
+    if (std::find(before.begin(), before.end(), line) == before.end()) changed += std::string(line) + "\n";
+  }
+  if (changed.empty() || after.empty()) return {};
+  // "Diagnosis (HOST): headline" -> "Diagnosis (HOST), amended as more ranks ended:"
+  std::string_view head = after.front();
+  const auto close = head.find("): ");
+  const std::string_view host_part =
+      close == std::string_view::npos ? std::string_view("Diagnosis") : head.substr(0, close + 1);
+  return std::string(host_part) + ", amended as more ranks ended:\n" + changed;
 }
 
 void load_error_file(FailureReport& report) {

@@ -492,9 +492,10 @@ std::string WorkerRun::diagnose(const Worker* failed, const std::string& headlin
       if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
       const std::string dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
       if (auto raised = raised_before(dir, report_of(*w), failed->exit_time)) {
-        culprits.push_back("rank " + std::to_string(w->spec.rank) + " raised " + *raised + " before rank " +
-                           std::to_string(failed->spec.rank) +
-                           " ended, and is still running (a non-daemon thread or an atexit handler keeps it alive)");
+        culprits.push_back(
+            "rank " + std::to_string(w->spec.rank) + " raised " + *raised + " before rank " +
+            std::to_string(failed->spec.rank) +
+            " ended, and was still running then (a non-daemon thread or an atexit handler kept it alive)");
       }
     }
   }

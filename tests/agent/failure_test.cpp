@@ -122,3 +122,23 @@ TEST_CASE("summary lists the other failed ranks as [1], [2], ... before the root
   CHECK_THAT(text.substr(root_at), Catch::Contains("exitcode   : 5 (pid: 11)"));
   CHECK_THAT(text, !Catch::Contains("<NO_OTHER_FAILURES>"));
 }
+
+TEST_CASE("a diagnosis printed at the first failure is amended by the lines that changed since") {
+  const std::vector<std::string> files = {"/run/x/round_0/0/stacks.txt"};
+  const std::string printed = format_diagnosis_block(
+      "node-a", "rank 3 failed first (exit code 7)", {},
+      {"rank 3 (local 1, pid 11): exit code 7", "rank 2 (local 0, pid 10): in work at w.py:3 [faulthandler, 2.0 ms]"},
+      files);
+  CHECK(format_diagnosis_amendment(printed, printed).empty());
+  CHECK(format_diagnosis_amendment("", printed).empty());  // nothing was printed: nothing to amend
+  const std::string now = format_diagnosis_block(
+      "node-a", "rank 3 failed first (exit code 7)", {},
+      {"rank 3 (local 1, pid 11): exit code 7",
+       "rank 2 (local 0, pid 10): failed on its own after the first failure (exit code 5); its stack a moment "
+       "before: in work at w.py:3 [faulthandler, 2.0 ms]"},
+      files);
+  CHECK(format_diagnosis_amendment(printed, now) ==
+        "Diagnosis (node-a), amended as more ranks ended:\n"
+        "  rank 2 (local 0, pid 10): failed on its own after the first failure (exit code 5); its stack a moment "
+        "before: in work at w.py:3 [faulthandler, 2.0 ms]\n");
+}

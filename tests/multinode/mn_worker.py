@@ -9,8 +9,9 @@ At start it writes DIR/env_<RANK>_a<RESTART_COUNT>_w<WORLD_SIZE>_<pid>.json with
 distributed variables and its agent's pid (its parent). Then, in this order:
   * RANK == R and TORCHELASTIC_RESTART_COUNT == A: (with R2: once DIR/armed_R2 exists) write
     $TORCHELASTIC_ERROR_FILE and DIR/failed_R, exit N;
-  * RANK == R2 in attempt A: ignore SIGTERM, write DIR/armed_R2, wait for DIR/failed_R, exit N2
-    by itself (a second failure of its own, after the first);
+  * RANK == R2 in attempt A: ignore SIGTERM, write DIR/armed_R2, wait for DIR/failed_R and for
+    its stacks.txt (beside its error file) to be written, exit N2 by itself (a second failure of
+    its own, after the first);
   * WORLD_SIZE == W: exit 0 at once;
   * --wait-file: exit 0 once PATH exists (checked every 20 ms, at most --sleep seconds);
   * sleep --sleep seconds (default 60; RANK == --slow-rank: --slow-sleep) and exit 0.
@@ -78,7 +79,12 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         open(os.path.join(a.out, "armed_%d" % rank), "w").close()
         wait_for(os.path.join(a.out, "failed_%d" % a.fail_rank))
-        time.sleep(0.2)
+        # Once the agent has taken its stacks (written beside its error file): its line in the
+        # diagnosis printed at the first failure is then amended when it exits.
+        stacks = os.path.join(os.path.dirname(os.environ.get("TORCHELASTIC_ERROR_FILE", "")), "stacks.txt")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (os.path.exists(stacks) and os.path.getsize(stacks) > 0):
+            time.sleep(0.01)
         sys.exit(a.second_exit)
     if world == a.exit_when_world:
         sys.exit(0)

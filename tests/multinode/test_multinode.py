@@ -16,6 +16,7 @@ holders) is left: no orphans.
 import glob
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -449,6 +450,15 @@ def summary_lists_failed_ranks(c):
             check("[1]:" in failures and "rank       : 2 (local_rank: 0)" in failures and
                   "exitcode   : 5" in failures and "host       : %s" % node in failures,
                   "the failing node's summary does not list rank 2:\n%s" % log)
+            # Its diagnosis, printed at rank 3's failure while rank 2 still ran, is amended once
+            # rank 2 ends on its own, before the summary.
+            first = re.search(r"Diagnosis \(([^)]+)\): rank 3 failed first", log)
+            amended = "Diagnosis (%s), amended as more ranks ended:\n" % (first.group(1) if first else "?")
+            check(first and amended in log and first.start() < log.index(amended) < log.index("FAILED\n"),
+                  "no amendment of the diagnosis between it and the summary:\n%s" % log)
+            check(re.search(r"amended as more ranks ended:\n  rank 2 \(local 0, pid \d+\): failed on its own after "
+                            r"the first failure \(exit code 5\); its stack a moment before: ", log),
+                  "rank 2's amended line:\n%s" % log)
         else:
             check("<NO_OTHER_FAILURES>" in failures, "summary on %s lists ranks the teardown ended:\n%s" % (a, log))
 

@@ -842,7 +842,7 @@ class Diagnosis(unittest.TestCase):
         err = err.decode()
         self.assertEqual(proc.returncode, 5, err)  # the first exit is still the root cause, as in torchrun
         self.assertRegex(err, r"culprit    : rank 0 raised ValueError: boom in rank 0 [0-9.]+ s before rank 1 ended, "
-                              r"and is still running")
+                              r"and was still running then")
 
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.

@@ -48,6 +48,12 @@ std::string format_diagnosis_block(std::string_view host, std::string_view headl
                                    const std::vector<std::string>& culprits, const std::vector<std::string>& ranks,
                                    const std::vector<std::string>& files);
 
+// What a diagnosis block printed earlier lacks: `now` is the same block re-rendered after more
+// ranks ended (their lines amended). Empty when nothing changed; else a header naming the host
+// and the lines of `now` that `printed` does not hold, for a node that printed its block at the
+// first failure and cannot take it back.
+std::string format_diagnosis_amendment(std::string_view printed, std::string_view now);
+
 // The bordered root-cause block (torchrun's ChildFailedError layout, with the exit code or the
 // signal name spelled out): `others` under "Failures:" as [1], [2], ... (further ranks of the
 // same attempt that failed on their own, in exit order), then the root cause as [0].
