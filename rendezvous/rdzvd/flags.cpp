@@ -49,6 +49,10 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "idle-timeout-ms", .metavar = "MS",
    .help = "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job).",
    .default_text = "0"},
+  {.dash = "handshake-timeout-ms", .metavar = "MS",
+   .help = "With a token (and no --allow-unauthenticated-store): close a connection that has not authenticated this long "
+           "after connecting (0 = never). At --max-connections the oldest such connection always gives way.",
+   .default_text = "10000"},
   {.dash = "token", .metavar = "TOKEN", .help = "Refused: use --token-file or DDPRUN_RDZV_TOKEN.", .hidden = true},
   {.dash = "token-file", .metavar = "FILE",
    .help = "Shared secret every client must prove in the handshake, read from this file (one trailing newline is "

@@ -249,6 +249,13 @@ int main(int argc, char** argv) {
          "Close a connection silent this long and not waiting (0 = never; torch clients idle for a whole job)")
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.idle_timeout.count()));
+  app.add_option_function<std::int64_t>(
+         "--handshake-timeout-ms",
+         [&](const std::int64_t& ms) { options.limits.handshake_timeout = std::chrono::milliseconds(ms); },
+         "With a token (and no --allow-unauthenticated-store): close a connection that has not authenticated this "
+         "long after connecting (0 = never). At --max-connections the oldest such connection always gives way")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.limits.handshake_timeout.count()));
   // --- end of store bounds ---
   // Accepted only to refuse it with a hint: a token on the command line is readable by every
   // local user in /proc/*/cmdline.
@@ -378,7 +385,8 @@ int main(int argc, char** argv) {
          {"--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
           "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-buffered-bytes",
           "--max-connections-per-peer", "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms",
-          "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs"}) {
+          "--handshake-timeout-ms", "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry",
+          "--max-jobs"}) {
       if (app.count(flag) > 0) {
         std::cerr << "ddprun-rdzvd: error: " << flag << " does not apply to a relay (--relay-to): give it to the "
                   << "daemon the relay connects to\n";

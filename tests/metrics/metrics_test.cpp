@@ -71,5 +71,6 @@ TEST_CASE("refused connection reasons have fixed names") {
   CHECK(refused_reason_name(RefusedReason::buffer_limit) == "buffer_limit");
   CHECK(refused_reason_name(RefusedReason::timeout) == "timeout");
   CHECK(refused_reason_name(RefusedReason::unauthenticated) == "unauthenticated");
-  CHECK(static_cast<std::size_t>(RefusedReason::unauthenticated) + 1 == ddprun::rendezvous::kRefusedReasons);
+  CHECK(refused_reason_name(RefusedReason::wait_limit) == "wait_limit");
+  CHECK(static_cast<std::size_t>(RefusedReason::wait_limit) + 1 == ddprun::rendezvous::kRefusedReasons);
 }

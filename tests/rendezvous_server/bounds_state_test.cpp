@@ -70,7 +70,7 @@ TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wa
   StoreLimits limits;
   limits.max_waits = 3;
   StoreState state(limits);
-  RecordingOutbox box;
+  RoomOutbox box(1 << 20);  // cannot shed: a request that does not fit is refused
   CHECK_FALSE(state.apply(1, keys_req(Op::wait, {"a", "b", "c", "d"}), box).ok);
   CHECK(state.registrations() == 0);
   REQUIRE(state.apply(1, keys_req(Op::wait, {"a", "b"}), box).ok);
@@ -83,11 +83,45 @@ TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wa
   CHECK_THAT(refused.reason, Catch::Contains("--max-waits"));
   REQUIRE(state.apply(4, req(Op::set, "a", "1"), box).ok);
   REQUIRE(state.apply(4, req(Op::set, "b", "1"), box).ok);  // wakes connection 1
-  CHECK(box.take(1) == test::u8(0));
+  CHECK(box.out[1] == test::u8(0));
   CHECK(state.registrations() == 1);
   state.disconnect(2);
   CHECK(state.registrations() == 0);
   CHECK(state.apply(3, req(Op::barrier, "bar2"), box).ok);
+}
+
+TEST_CASE("a full wait table sheds the connection holding the most, never one holding no more than the requester",
+          "[state][bounds]") {
+  // One client pipelining WAITs on many keys must not make another client's one-key WAIT (the
+  // store barrier of init_process_group) fail.
+  StoreLimits limits;
+  limits.max_waits = 6;
+  StoreState state(limits);
+  RecordingOutbox box;
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"h1", "h2", "h3"}), box).ok);
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"h4", "h5"}), box).ok);  // pipelined: its first five stay
+  REQUIRE(state.apply(2, keys_req(Op::wait, {"w"}), box).ok);
+  CHECK(state.registrations() == 6);
+  Request barrier = req(Op::barrier, "bar");
+  barrier.number = 2;
+  REQUIRE(state.apply(3, barrier, box).ok);  // connection 1 (5 held) gives way
+  CHECK(box.shed_reasons.size() == 1);
+  CHECK_THAT(box.shed_reasons[1], Catch::Contains("holds 5 wait registrations") && Catch::Contains("--max-waits"));
+  CHECK(state.registrations() == 2);
+  CHECK_FALSE(state.waiting(1));
+  // Equal holders: nobody holds more than the requester would, so the requester is refused.
+  REQUIRE(state.apply(4, keys_req(Op::wait, {"x"}), box).ok);
+  REQUIRE(state.apply(5, keys_req(Op::wait, {"y"}), box).ok);
+  REQUIRE(state.apply(6, keys_req(Op::wait, {"z"}), box).ok);
+  REQUIRE(state.apply(7, req(Op::watch_key, "k"), box).ok);
+  CHECK(state.registrations() == 6);
+  const ApplyResult refused = state.apply(8, keys_req(Op::wait, {"v"}), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-waits"));
+  CHECK(box.shed_reasons.size() == 1);
+  // A request bigger than the whole table sheds nobody.
+  CHECK_FALSE(state.apply(9, keys_req(Op::wait, {"1", "2", "3", "4", "5", "6", "7"}), box).ok);
+  CHECK(box.shed_reasons.size() == 1);
 }
 
 TEST_CASE("wait registrations' key bytes count against max_total_bytes", "[state][bounds]") {
@@ -269,4 +303,20 @@ TEST_CASE("APPEND keeps a value within max_value_bytes, so a GET can read it bac
   CHECK_THAT(refused.reason, Catch::Contains("would make its value 9 bytes") && Catch::Contains("--max-value-bytes"));
   REQUIRE(state.value("k"));
   CHECK(*state.value("k") == "12345678");  // unchanged
+}
+
+TEST_CASE("LIST_KEYS of more keys than one request may name is refused before any work", "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_keys_per_request = 3;
+  StoreState state(limits);
+  RecordingOutbox box;
+  for (const char* k : {"a", "b", "c"}) REQUIRE(state.apply(1, req(Op::set, k, "1"), box).ok);
+  box.take(1);
+  REQUIRE(state.apply(1, req(Op::list_keys), box).ok);
+  CHECK(box.take(1).size() == 8 + 3 * 9);
+  REQUIRE(state.apply(1, req(Op::set, "d", "1"), box).ok);
+  const ApplyResult refused = state.apply(1, req(Op::list_keys), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("would list 4 keys") && Catch::Contains("--max-keys-per-request 3"));
+  CHECK(box.take(1).empty());
 }

@@ -262,6 +262,36 @@ def main():
         expect_refused(s, "opt-in daemon, STATUS", "authentication required")
     p2.send_signal(signal.SIGTERM)
     assert p2.wait(timeout=10) == 0
+
+    # 7. Connections that never authenticate cannot hold the slots: at --max-connections the
+    # oldest of them gives way to a new connection, and each is closed after
+    # --handshake-timeout-ms. Before, 40 silent connections locked every agent out for good.
+    p3, port3 = start_daemon(["--max-connections", "40", "--handshake-timeout-ms", "60000"])
+    silent = [connect(port3) for _ in range(20)]
+    hello_only = []
+    for _ in range(20):
+        c = connect(port3)
+        c.sendall(frame(0x48, {"v": 1, "client_nonce": os.urandom(32).hex()}))
+        read_frame(c)  # the server's nonce: it now waits for AUTH
+        hello_only.append(c)
+    agents = [connect(port3, TOKEN, "late-agent") for _ in range(3)]  # each handshake completes
+    assert all(harness.closed_by_peer(c, 20) for c in silent[:3]), "the 3 oldest waiting connections were kept"
+    # Each gave way as an agent connected, before its handshake: the others are still open.
+    kept = [c for c in silent[3:] + hello_only if not harness.closed_by_peer(c, 0.02)]
+    assert len(kept) == 37, f"{37 - len(kept)} more waiting connections were closed than agents came"
+    for c in agents:
+        c.close()
+    p3.send_signal(signal.SIGTERM)
+    assert p3.wait(timeout=10) == 0
+    for c in silent + hello_only:
+        c.close()
+    p4, port4 = start_daemon(["--handshake-timeout-ms", "200"])
+    slow = connect(port4)
+    assert harness.closed_by_peer(slow, 20), "a connection that never authenticated was kept"
+    with connect(port4, TOKEN, "victim") as s:  # an authenticated one stays, silent or not
+        assert not harness.closed_by_peer(s, 1.0), "an authenticated connection was closed"
+    p4.send_signal(signal.SIGTERM)
+    assert p4.wait(timeout=10) == 0
     print("OK")
 
 

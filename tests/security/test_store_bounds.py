@@ -148,6 +148,22 @@ class StoreBounds(unittest.TestCase):
             self.assertTrue(waiter.wait_reply(10))
             self.assertIn("idle for more than 300 ms", d.log())
 
+    def test_one_client_cannot_take_every_wait_registration(self):
+        # Pipelined WAITs on many keys filled the shared table, and every other client's one-key
+        # WAIT (init_process_group's store barrier) was closed: now the hoarder gives way.
+        with Daemon(["--max-waits", "1000"], mem_cap=1 * GiB) as d:
+            hoarder = Client(d.port, source="127.0.0.2")
+            for batch in range(4):
+                hoarder.wait_send(["hoard-%d-%d" % (batch, i) for i in range(250)])
+            # The table is full once the hoarder's fourth WAIT is in: a PING after them answers.
+            self.assertTrue(hoarder.ping())
+            waiter = Client(d.port)
+            waiter.wait_send(["rank_0_ready"])
+            self.assertTrue(harness.closed_by_peer(hoarder.sock, 20), "the connection holding 1,000 waits was kept")
+            Client(d.port).set("rank_0_ready", "1")
+            self.assertTrue(waiter.wait_reply(10), "the one-key WAIT was not served")
+            self.assertIn("holds 1000 wait registrations, the most of any connection", d.log())
+
     def test_half_frame_timeout(self):
         with Daemon(["--frame-timeout-ms", "300"], mem_cap=1 * GiB) as d:
             legit = Client(d.port)

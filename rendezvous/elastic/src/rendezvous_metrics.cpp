@@ -31,7 +31,7 @@ void add_rendezvous_metrics(metrics::Exposition& out, const RendezvousServer& se
   }
   out.counter("ddprun_rdzvd_connections_refused_total",
               "Connections refused at accept (connection_limit, peer_limit, out_of_descriptors) or closed by the "
-              "server (protocol_error, buffer_limit, timeout, unauthenticated).",
+              "server (protocol_error, buffer_limit, timeout, unauthenticated, wait_limit).",
               refused_connections);
 
   std::array<double, 4> by_state{};

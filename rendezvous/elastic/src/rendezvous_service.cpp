@@ -383,6 +383,14 @@ std::string RendezvousService::store_op_refusal(ConnectionId conn) {
          "cannot: start ddprun-rdzvd with --allow-unauthenticated-store to let them in)";
 }
 
+bool RendezvousService::awaiting_authentication(ConnectionId conn) {
+  // With --allow-unauthenticated-store a connection that never authenticates may be a torch
+  // client: only a daemon that refuses those waits for every connection's handshake.
+  if (options_.token.empty() || options_.allow_unauthenticated_store) return false;
+  auto it = sessions_.find(conn);
+  return it == sessions_.end() || it->second.run_id.empty();
+}
+
 void RendezvousService::on_disconnect(ConnectionId conn) {
   sessions_.erase(conn);
   auto it = node_of_.find(conn);

@@ -31,6 +31,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <iterator>
+#include <list>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -94,10 +96,15 @@ struct Connection {
   bool read_paused = false;  // output backlog over pause_output_above
   bool dirty = false;
   bool closed = false;
-  std::size_t accounted = 0;      // this connection's share of Core::buffered
-  std::string overflow;           // set by reserve_push: why the connection must be closed
+  std::size_t accounted = 0;  // this connection's share of Core::buffered
+  std::string overflow;       // set by reserve_push or shed: why the connection must be closed
+  RefusedReason overflow_reason = RefusedReason::buffer_limit;
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
+  Clock::time_point accepted;
+  // Listed in Core::awaiting while the extension awaits its handshake (awaiting_authentication).
+  bool awaiting_auth = false;
+  std::list<ConnectionId>::iterator awaiting_pos;
   // Relays (relay_link.hpp): a relayed connection has no socket; its bytes arrive and leave as
   // relay frames numbered `vid` on the connection `link`. A link (is_link) carries `relayed`.
   std::weak_ptr<Connection> link;
@@ -143,6 +150,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   int spare_fd = -1;                                      // released to accept-and-close when out of descriptors
   RateLimitedWarning refuse_warning;
   std::unordered_map<ConnectionId, ConnectionPtr> connections;
+  // Socket connections the extension still awaits a handshake from, oldest first: closed after
+  // options.handshake_timeout, and the first to give way at the connection limit.
+  std::list<ConnectionId> awaiting;
   std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
   ConnectionId next_id = 1;
   std::size_t relayed_count = 0;  // relayed connections open (they hold no descriptor)
@@ -224,6 +234,18 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return false;
   }
 
+  bool shed(ConnectionId id, const std::string& why) override {
+    auto it = connections.find(id);
+    if (it == connections.end() || (current && current->id == id)) return false;
+    const ConnectionPtr& c = it->second;
+    if (c->overflow.empty()) {
+      c->overflow = why;
+      c->overflow_reason = RefusedReason::wait_limit;
+    }
+    mark_dirty(c);  // closed by the flush after this request
+    return true;
+  }
+
   std::string make_relay_link(ConnectionId id) override {
     auto it = connections.find(id);
     if (it == connections.end()) return "the connection is gone";
@@ -278,7 +300,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (c->closed) return;
     account(*c);
     if (!c->overflow.empty()) {
-      close(c, c->overflow, RefusedReason::buffer_limit);
+      close(c, c->overflow, c->overflow_reason);
     } else if (c->queued() > options.limits.max_queued_reply_bytes) {
       close(c,
             fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
@@ -428,6 +450,19 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     auto peer_ep = socket.remote_endpoint(ec);
     std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
     std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
+    if (connections.size() - relayed_count >= max_connections && !awaiting.empty()) {
+      // A connection that has not authenticated yet gives way: an agent completes its handshake
+      // within a round trip of connecting, so the oldest one waiting is a client that never
+      // will (holding slots that way would lock every agent out of a token daemon).
+      const ConnectionPtr oldest = connections.at(awaiting.front());
+      close(oldest,
+            fmt::format("it has not authenticated {} ms after connecting; closed to admit a new connection at the "
+                        "limit of {} (--max-connections)",
+                        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - oldest->accepted).count(),
+                        max_connections),
+            RefusedReason::connection_limit);
+      flush();
+    }
     if (connections.size() - relayed_count >= max_connections) {
       ++counters.connections_rejected;
       // An agent's worker store has no --max-connections of its own: there the cap is the
@@ -464,9 +499,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->peer_address = std::move(peer_address);
     c->decoder.accept_legacy = options.accept_legacy;
     c->last_active = Clock::now();
+    c->accepted = c->last_active;
     account(*c);
     if (!c->peer_address.empty()) ++per_peer[c->peer_address];
     connections.emplace(c->id, c);
+    if (options.extension && options.extension->awaiting_authentication(c->id)) {
+      c->awaiting_auth = true;
+      c->awaiting_pos = awaiting.insert(awaiting.end(), c->id);
+    }
     ++counters.connections_total;
     spdlog::debug("store: connection {} from {}", c->id, c->peer);
     start_read(c);
@@ -592,6 +632,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           break;
         }
         r = options.extension->on_frame(c->id, view, state, *this);
+        if (c->awaiting_auth && !options.extension->awaiting_authentication(c->id)) stop_awaiting(*c);
       } else if (r.status == DecodeStatus::ok) {
         if (options.extension) {
           if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
@@ -850,9 +891,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   // `reason` empty: a normal close. With `refused`: counted under that reason and logged as a
   // warning.
+  void stop_awaiting(Connection& c) {
+    if (!c.awaiting_auth) return;
+    awaiting.erase(c.awaiting_pos);
+    c.awaiting_auth = false;
+  }
+
   void close(const ConnectionPtr& c, const std::string& reason, std::optional<RefusedReason> refused = std::nullopt) {
     if (c->closed) return;
     c->closed = true;
+    stop_awaiting(*c);
     if (refused) {
       ++counters.connections_rejected;
       ++counters.refused[idx(*refused)];
@@ -935,7 +983,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   void arm_sweep() {
     using std::chrono::milliseconds;
     milliseconds shortest{0};
-    for (milliseconds t : {options.frame_timeout, options.idle_timeout}) {
+    const milliseconds handshake = options.extension ? options.handshake_timeout : milliseconds(0);
+    for (milliseconds t : {options.frame_timeout, options.idle_timeout, handshake}) {
       if (t.count() > 0 && (shortest.count() == 0 || t < shortest)) shortest = t;
     }
     if (shortest.count() == 0 || stopped) return;
@@ -951,7 +1000,20 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   void sweep() {
     const auto now = Clock::now();
     std::vector<std::pair<ConnectionPtr, std::string>> expired;
+    const bool handshakes = options.extension && options.handshake_timeout.count() > 0;
+    const auto handshake_over = [&](const Connection& c) {
+      return handshakes && c.awaiting_auth && now - c.accepted > options.handshake_timeout;
+    };
+    if (handshakes) {
+      for (const ConnectionId id : awaiting) {
+        const ConnectionPtr& c = connections.at(id);
+        if (!handshake_over(*c)) break;  // oldest first: the rest are younger
+        expired.emplace_back(c, fmt::format("no handshake within {} ms of connecting (--handshake-timeout-ms)",
+                                            options.handshake_timeout.count()));
+      }
+    }
     for (auto& [id, c] : connections) {
+      if (handshake_over(*c)) continue;  // listed above
       const bool partial = c->end > c->begin && c->end - c->begin < c->need;
       if (options.frame_timeout.count() > 0 && partial && !c->read_paused &&
           now - c->frame_start > options.frame_timeout) {
@@ -1011,6 +1073,8 @@ std::string_view refused_reason_name(RefusedReason reason) {
       return "timeout";
     case RefusedReason::unauthenticated:
       return "unauthenticated";
+    case RefusedReason::wait_limit:
+      return "wait_limit";
   }
   return "unknown";
 }

@@ -88,6 +88,42 @@ bool StoreState::can_register(ApplyResult& res, Op op, std::size_t n, std::size_
   return true;
 }
 
+std::size_t StoreState::held_by(ConnectionId conn) const {
+  std::size_t n = 0;
+  if (auto a = awaited_.find(conn); a != awaited_.end()) n += a->second.keys.size();
+  if (auto w = watched_.find(conn); w != watched_.end()) n += w->second.size();
+  return n;
+}
+
+bool StoreState::make_room(ApplyResult& res, ConnectionId conn, Op op, std::size_t n, std::size_t key_bytes,
+                           Outbox& outbox) {
+  for (;;) {
+    ApplyResult refused;
+    if (can_register(refused, op, n, key_bytes)) return true;
+    const std::size_t would_hold = held_by(conn) + n;
+    ConnectionId largest = 0;
+    std::size_t most = 0;
+    const auto consider = [&](ConnectionId c) {
+      if (c == conn) return;
+      const std::size_t held = held_by(c);
+      if (held > most) {
+        most = held;
+        largest = c;
+      }
+    };
+    for (const auto& [c, a] : awaited_) consider(c);
+    for (const auto& [c, w] : watched_) consider(c);
+    if (most <= would_hold ||
+        !outbox.shed(largest, fmt::format("it holds {} wait registrations, the most of any connection, and the "
+                                          "store's {} are taken (--max-waits); a {} of another client needed room",
+                                          most, registrations_, op_name(op)))) {
+      res = std::move(refused);
+      return false;
+    }
+    disconnect(largest);  // its registrations go now; the server closes it after this request
+  }
+}
+
 bool StoreState::can_add_entry(ApplyResult& res, std::string_view key) const {
   if (entries() < limits_.max_keys) return true;
   res = {false, fmt::format("creating key '{}' would pass the store's limit of {} keys and queued items (--max-keys)",
@@ -319,7 +355,7 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       // 1.13 client that timed out locally stay and may still wake it.
       std::size_t key_bytes = 0;
       for (auto k : req.keys) key_bytes += exists(k) ? 0 : k.size();
-      if (!can_register(res, req.op, static_cast<std::size_t>(missing), key_bytes)) break;
+      if (!make_room(res, conn, req.op, static_cast<std::size_t>(missing), key_bytes, outbox)) break;
       awaited_[conn].missing = missing;
       for (auto k : req.keys) {
         if (!exists(k)) register_wait(conn, k);
@@ -330,7 +366,7 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       reply::i64(outbox.buffer(conn), static_cast<std::int64_t>(kv_.size()));
       break;
     case Op::watch_key: {
-      if (!can_register(res, req.op, 1, req.key.size())) break;
+      if (!make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
       reply::u8(outbox.buffer(conn), static_cast<std::uint8_t>(WatchResponse::key_callback_registered));
       auto it = watchers_.find(req.key);
       if (it == watchers_.end()) it = watchers_.try_emplace(std::string(req.key)).first;
@@ -440,6 +476,14 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       break;
     }
     case Op::list_keys: {
+      // One request's work stays bounded like a MULTI_GET's: listing millions of keys took the
+      // one thread that serves every client (and an agent's heartbeats) for a second each time.
+      if (kv_.size() > limits_.max_keys_per_request) {
+        res = {false, fmt::format("LIST_KEYS would list {} keys, more than one request may name "
+                                  "(--max-keys-per-request {})",
+                                  kv_.size(), limits_.max_keys_per_request)};
+        break;
+      }
       std::size_t reply_size = 8;
       for (const auto& kv : kv_) reply_size += 8 + kv.first.size();
       if (!reply_fits(res, conn, req.op, reply_size, outbox)) break;
@@ -456,7 +500,7 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
         wake_all(req.key, outbox);
       } else {
-        if (!can_register(res, req.op, 1, req.key.size())) break;
+        if (!make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
         awaited_[conn].missing = 1;
         register_wait(conn, req.key);
       }

@@ -46,6 +46,7 @@ struct RendezvousLimits {
   // Connection timeouts of the store server (defaults and meaning: StoreServerOptions).
   std::chrono::milliseconds frame_timeout = StoreServerOptions{}.frame_timeout;
   std::chrono::milliseconds idle_timeout = StoreServerOptions{}.idle_timeout;
+  std::chrono::milliseconds handshake_timeout = StoreServerOptions{}.handshake_timeout;
 };
 
 struct RendezvousServerOptions {

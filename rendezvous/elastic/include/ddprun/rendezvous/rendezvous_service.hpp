@@ -111,6 +111,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override;
   void on_disconnect(ConnectionId conn) override;
   std::string store_op_refusal(ConnectionId conn) override;
+  bool awaiting_authentication(ConnectionId conn) override;
   // on_reset: the default (nothing). The server closes every connection right after a reset
   // (on_disconnect follows for each); the jobs themselves survive a key-space reset.
 

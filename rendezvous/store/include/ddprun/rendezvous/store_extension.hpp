@@ -34,6 +34,13 @@ class StoreExtension {
     (void)conn;
     return {};
   }
+  // Whether `conn` must still authenticate before it may do anything (a token daemon that lets
+  // no unauthenticated client in). Such a connection is closed after the server's handshake
+  // timeout, and is the first to give way when the connection limit is reached.
+  virtual bool awaiting_authentication(ConnectionId conn) {
+    (void)conn;
+    return false;
+  }
   // The connection closed (peer, error, reset or stop).
   virtual void on_disconnect(ConnectionId conn) { (void)conn; }
   // StoreServer::reset() dropped the key space.

@@ -19,7 +19,9 @@
 // read buffers and queued replies of all connections share one global cap. Connections are
 // capped overall (clamped below the open-files limit with a reserve, and a spare descriptor
 // lets the server accept and close a connection it has no room for, with a log line) and per
-// peer address. A connection stuck inside a request is closed after frame_timeout; an idle
+// peer address; at the connection cap, a connection still owing its handshake to an
+// authenticating extension gives way to the new one, and such a connection is closed after
+// handshake_timeout. A connection stuck inside a request is closed after frame_timeout; an idle
 // connection after idle_timeout (off by default: torch keeps its store connection idle for a
 // whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle.
 #include <array>
@@ -61,14 +63,21 @@ struct StoreServerOptions {
   // and is not waiting for a WAIT/BARRIER or watching a key. Zero (the default) disables:
   // torch's clients hold their store connection idle through a whole job and do not reconnect.
   std::chrono::milliseconds idle_timeout{0};
+  // Close a connection the extension still awaits a handshake from (awaiting_authentication)
+  // this long after its accept. Zero disables. Whatever it is, when the connection limit is
+  // reached the oldest such connection is closed to admit the new one.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
 };
 
 // Why a connection was refused at accept or closed by the server (StoreStats::refused):
-// connection_limit: --max-connections reached; peer_limit: --max-connections-per-peer reached;
+// connection_limit: --max-connections reached (refused, or a connection that had not
+// authenticated closed to admit a new one); peer_limit: --max-connections-per-peer reached;
 // out_of_descriptors: accepted with the spare descriptor and closed; protocol_error: a
 // malformed frame or a failed request; buffer_limit: a reply backlog or read buffer over its
-// cap; timeout: --frame-timeout-ms or --idle-timeout-ms; unauthenticated: a TCPStore op on a
-// connection the extension (the daemon's token) has not authenticated.
+// cap; timeout: --frame-timeout-ms, --idle-timeout-ms or --handshake-timeout-ms; unauthenticated:
+// a TCPStore op on a connection the extension (the daemon's token) has not authenticated;
+// wait_limit: it held the most wait registrations when another client's WAIT needed room
+// (StoreState, "Fairness").
 enum class RefusedReason : std::uint8_t {
   connection_limit,
   peer_limit,
@@ -77,8 +86,9 @@ enum class RefusedReason : std::uint8_t {
   buffer_limit,
   timeout,
   unauthenticated,
+  wait_limit,
 };
-inline constexpr std::size_t kRefusedReasons = 7;
+inline constexpr std::size_t kRefusedReasons = 8;
 std::string_view refused_reason_name(RefusedReason reason);
 
 struct StoreStats {
@@ -89,8 +99,8 @@ struct StoreStats {
   std::size_t bytes = 0;          // keys + values held
   std::size_t pending_waits = 0;  // connections blocked in WAIT/BARRIER
   std::uint64_t requests = 0;
-  std::size_t buffered_bytes = 0;   // read buffers + queued replies of every connection
-  std::size_t max_connections = 0;  // effective connection cap (after the open-files clamp)
+  std::size_t buffered_bytes = 0;       // read buffers + queued replies of every connection
+  std::size_t max_connections = 0;      // effective connection cap (after the open-files clamp)
   std::size_t relay_links = 0;          // open connections of relays (ddprun-rdzvd --relay-to)
   std::size_t relayed_connections = 0;  // open client connections carried by them (in `connections`)
   // For the metrics endpoint: connections_rejected split by reason (indexed by RefusedReason),

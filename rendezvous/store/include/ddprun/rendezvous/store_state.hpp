@@ -14,6 +14,12 @@
 // Outbox::reply_room() is refused before any of the reply is built. Each refusal is an error
 // naming the limit and its flag.
 //
+// Fairness: the registration table is shared by every connection. When a WAIT, BARRIER or
+// WATCH_KEY does not fit, the connection holding the most registrations is closed to make room
+// (Outbox::shed), provided it holds more than the requester would after its request; otherwise the
+// requester is refused. So one client pipelining WAITs on many keys cannot make every other
+// client's one-key WAIT fail.
+//
 // Not thread-safe: owned by the one thread that runs the server's io_context. Connection ids are
 // chosen by the caller and never reused while registrations for them exist.
 #include <cstddef>
@@ -54,6 +60,14 @@ class Outbox {
     (void)n;
     return true;
   }
+  // Asks to close `conn` (another connection than the one whose request is being executed): it
+  // holds the most wait registrations when the table is full (StoreState, "Fairness"). False:
+  // the outbox cannot, and the request that needed the room is refused instead.
+  virtual bool shed(ConnectionId conn, const std::string& why) {
+    (void)conn;
+    (void)why;
+    return false;
+  }
   // Turns `conn` into a relay link (store_server.hpp, "Relays"): every byte after the frame being
   // handled is a relay frame. "" = done; otherwise why not, and the caller refuses the request.
   virtual std::string make_relay_link(ConnectionId conn) {
@@ -72,7 +86,12 @@ class RecordingOutbox final : public Outbox {
     out[conn].clear();
     return s;
   }
+  bool shed(ConnectionId conn, const std::string& why) override {
+    shed_reasons[conn] = why;
+    return true;
+  }
   std::unordered_map<ConnectionId, std::string> out;
+  std::unordered_map<ConnectionId, std::string> shed_reasons;  // connections shed, and why
 };
 
 // std::stoll-compatible lenient parse (leading whitespace, optional sign, digits, anything
@@ -139,6 +158,11 @@ class StoreState {
   // False (and `res` set) when `n` more registrations of keys totalling `key_bytes` would pass
   // max_waits or max_total_bytes.
   bool can_register(ApplyResult& res, Op op, std::size_t n, std::size_t key_bytes) const;
+  // can_register, after shedding the connections that hold the most registrations when they
+  // hold more than `conn` would (see "Fairness" above).
+  bool make_room(ApplyResult& res, ConnectionId conn, Op op, std::size_t n, std::size_t key_bytes, Outbox& outbox);
+  // Registrations `conn` holds (WAIT/BARRIER keys plus WATCH_KEYs).
+  std::size_t held_by(ConnectionId conn) const;
   // False (and `res` set) when one more key or queued item would pass max_keys.
   bool can_add_entry(ApplyResult& res, std::string_view key) const;
   // False (and `res` set) when a reply of `size` bytes does not fit in the outbox's room.
