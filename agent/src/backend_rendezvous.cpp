@@ -245,7 +245,8 @@ class ClientBackend final : public RendezvousBackend {
  private:
   void job_failed(const rendezvous::SendJobFailed& f) {
     if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-      write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f)));
+      write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f),
+                                                 root_here(f) ? &*local_first_ : nullptr));
     } else {
       // A fan-out launch shows every host's output in one terminal: one summary is enough, the
       // failing worker's node prints it.
@@ -256,11 +257,14 @@ class ClientBackend final : public RendezvousBackend {
 
   // The failed ranks of this node that the job summary lists besides the root cause: this
   // node's first failure unless it is the root cause itself, then the ranks that failed after it.
+  bool root_here(const rendezvous::SendJobFailed& f) const {
+    return f.root_cause && f.root_cause->failure.node == node_id_ && local_first_ &&
+           f.root_cause->failure.global_rank == local_first_->rank;
+  }
+
   std::vector<FailureReport> local_failures(const rendezvous::SendJobFailed& f) const {
     std::vector<FailureReport> out;
-    const bool root_here = f.root_cause && f.root_cause->failure.node == node_id_ && local_first_ &&
-                           f.root_cause->failure.global_rank == local_first_->rank;
-    if (local_first_ && !root_here) out.push_back(*local_first_);
+    if (local_first_ && !root_here(f)) out.push_back(*local_first_);
     out.insert(out.end(), local_others_.begin(), local_others_.end());
     for (auto& r : out) r.host = addr_;
     return out;

@@ -258,10 +258,18 @@ rendezvous::WorkerFailure make_failure(std::uint64_t round, const rendezvous::No
 }
 
 std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command,
-                              const std::vector<FailureReport>& local_others) {
+                              const std::vector<FailureReport>& local_others, const FailureReport* local_root) {
   std::string out = "ddprun: job '" + failed.run_id + "' failed: " + failed.reason + "\n";
   if (!failed.root_cause) return out;
   const auto& rc = *failed.root_cause;
+  const std::string where = "group rank " + std::to_string(rc.group_rank) + ", node " + rc.failure.node.to_string();
+  if (local_root != nullptr) {
+    FailureReport report = *local_root;
+    report.host.clear();  // the summary's host: this node's address
+    report.note = report.note.empty() ? where : report.note + "; " + where;
+    out += format_failure_summary(command, rc.node_addr, report, local_others);
+    return out;
+  }
   FailureReport report;
   report.rank = rc.failure.global_rank;
   report.local_rank = rc.failure.local_rank;
@@ -274,7 +282,7 @@ std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std
     e.message = rc.failure.message;
     report.error = e;
   }
-  report.note = "group rank " + std::to_string(rc.group_rank) + ", node " + rc.failure.node.to_string();
+  report.note = where;
   out += format_failure_summary(command, rc.node_addr, report, local_others);
   return out;
 }

@@ -87,7 +87,8 @@ void append_report(std::string& out, std::size_t index, std::string_view host, c
     out += "  exitcode   : " + std::to_string(r.status.exit_code) + " (" + pid + ")\n";
   }
   if (r.error) {
-    out += "  error_file : " + r.error_file + "\n";
+    // Empty: the message came from another node (relayed by the rendezvous), not from a file here.
+    out += "  error_file : " + (r.error_file.empty() ? std::string("<N/A>") : r.error_file) + "\n";
     out += "  message    : ";
     append_indented(out, r.error->message, indent);
     out += "  traceback  : ";

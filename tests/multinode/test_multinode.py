@@ -423,6 +423,15 @@ def budget_spent(c):
         check("host       : %s" % node[0] in log, "summary on %s lacks the node %s:\n%s" % (a, node[0], log))
         check("rank       : 3 (local_rank: 1)" in log, "summary on %s lacks rank 3:\n%s" % (a, log))
         check("MnWorkerError: rank 3 failed on purpose" in log, "summary on %s lacks the error file message" % a)
+        root = log[log.index("Root Cause (first observed failure):"):] if "Root Cause" in log else ""
+        if a == node[0]:
+            # The failing node has the rank's own report: its pid and the error file it wrote,
+            # not only the message the rendezvous relayed.
+            check("(pid: %d)" % failing[0]["pid"] in root and re.search(r"error_file : /\S+/error\.json", root),
+                  "the failing node's root cause lacks the pid or the error file:\n%s" % log)
+        else:
+            check("(pid: on that node)" in root and "error_file : <N/A>" in root,
+                  "root cause on %s:\n%s" % (a, log))
     check(time.monotonic() - t0 < 20, "stopping took too long")
 
 

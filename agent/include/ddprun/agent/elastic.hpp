@@ -69,8 +69,11 @@ rendezvous::WorkerFailure make_failure(std::uint64_t round, const rendezvous::No
 
 // The text every agent prints when the job fails: the reason, then the bordered root-cause block
 // naming the failing node and rank (when a worker failure caused it), with `local_others` (this
-// node's other failed ranks of the round) listed under "Failures:".
+// node's other failed ranks of the round) listed under "Failures:". `local_root`: this node's own
+// report of the root-cause rank when it failed here (pid, error file, traceback, cause), used
+// instead of what the rendezvous relayed (the message alone).
 std::string format_job_failed(const rendezvous::SendJobFailed& failed, const std::string& command,
-                              const std::vector<FailureReport>& local_others = {});
+                              const std::vector<FailureReport>& local_others = {},
+                              const FailureReport* local_root = nullptr);
 
 }  // namespace ddprun::agent
