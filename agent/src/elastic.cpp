@@ -196,8 +196,11 @@ bool may_host(const AgentConfig& config, const Endpoint& endpoint, const std::st
         if (x == y) return true;
       }
     }
-    return false;
   }
+  // As torch (_matches_machine_hostname): an endpoint naming this machine may be hosted here,
+  // whatever --local-addr says: a multi-NIC head node advertises its fabric address while the
+  // endpoint names it by its host name. Several agents on one machine: the first to bind hosts,
+  // the others join it (host_embedded).
   return is_local_address(endpoint.host);
 }
 

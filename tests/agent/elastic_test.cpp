@@ -1,6 +1,9 @@
 // The pure pieces of the elastic agent: path selection, JobConfig translation, address choice,
 // hosting decision, failure reports and the job-failed summary.
 #include <catch2/catch.hpp>
+#include <netdb.h>
+#include <unistd.h>
+
 #include <csignal>
 
 #include <boost/asio/io_context.hpp>
@@ -148,7 +151,20 @@ TEST_CASE("hosting decision") {
   c.local_addr = "127.0.0.2";
   CHECK(may_host(c, ep, "127.0.0.2"));
   c.local_addr = "127.0.0.3";
-  CHECK_FALSE(may_host(c, ep, "127.0.0.3"));  // with --local-addr only an exact match hosts
+  // An endpoint naming this machine may be hosted whatever --local-addr says, as torchrun
+  // decides (a multi-NIC head node advertising its fabric address): the first to bind hosts.
+  CHECK(may_host(c, ep, "127.0.0.3"));
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof name - 1) == 0);
+  if (addrinfo* res = nullptr; ::getaddrinfo(name, nullptr, nullptr, &res) == 0) {  // (a name that resolves)
+    ::freeaddrinfo(res);
+    CHECK(may_host(c, {name, 29400}, "127.0.0.3"));  // this machine's host name
+  }
+  CHECK(may_host(c, {"localhost", 29400}, "127.0.0.3"));
+  CHECK_FALSE(may_host(c, {"192.0.2.77", 29400}, "127.0.0.3"));  // not this machine
+  c.local_addr = "192.0.2.77";
+  CHECK(may_host(c, {"192.0.2.77", 29400}, "192.0.2.77"));  // the advertised address itself
+  c.local_addr = "127.0.0.3";
   c.rdzv.is_host = true;
   CHECK(may_host(c, ep, "127.0.0.3"));
   c.rdzv.is_host = false;
