@@ -345,7 +345,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   void give_up() {
     const std::string msg = fmt::format(
         "rendezvous server {} unreachable for {} (last error: {}); is ddprun-rdzvd running there? "
-        "Check --rdzv-endpoint and that the port is open",
+        "Check --rdzv-endpoint and that the port is open; without a daemon, the node that names the endpoint "
+        "hosts it (pass --rdzv-conf is_host=1 there if it is not recognised as that machine)",
         all_endpoints_text(), seconds_text(options.give_up_after), last_error.empty() ? "none" : last_error);
     stop();
     if (events.on_unreachable) events.on_unreachable(msg);
