@@ -456,6 +456,22 @@ class Forms(Base):
         self.ok(r)
         self.assertIn("argv0 sub/t.py file sub/t.py rest ['--lr', '1']\n", r.stdout)
 
+    def test_run_path_records_the_exception_as_torchrun_does(self):
+        # torchrun's run_script_path is decorated with @record: the summary shows the traceback.
+        with open(self.p("boom.py"), "w") as f:
+            f.write("def main():\n    raise ValueError('plain exc')\n\nmain()\n")
+        r = run(["--run-path", "boom.py"], cwd=self.dir)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertRegex(r.stderr, r"error_file : /\S+/error\.json")
+        self.assertIn("message    : ValueError: plain exc", r.stderr)
+        self.assertIn('boom.py", line 2, in main', r.stderr)
+        # SystemExit is the script's own exit code, not an error to record.
+        with open(self.p("quit.py"), "w") as f:
+            f.write("import sys\nsys.exit(4)\n")
+        r = run(["--run-path", "quit.py"], cwd=self.dir)
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("error_file : <N/A>", r.stderr)
+
     def test_nccl_async_error_handling_names_follow_the_torch_on_the_path(self):
         # torch 1.x reads only NCCL_ASYNC_ERROR_HANDLING; 2.2+ reads TORCH_NCCL_ASYNC_ERROR_HANDLING
         # first and warns on every rank that still has the old name, which torchrun 2.x never sets.

@@ -31,8 +31,26 @@ struct ResolvedProgram {
 };
 
 // The code --run-path passes to `python -c`; argv[1] of that interpreter is the script.
+// As torchrun's run_script_path, which is decorated with @record: an exception the script raises
+// is written to $TORCHELASTIC_ERROR_FILE in torch's format (the summary shows its traceback), and
+// raised on. Without importing torch: a plain Python worker runs this way too.
 inline constexpr std::string_view run_path_code =
-    "import runpy,sys; sys.argv=sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+    "import runpy,sys\n"
+    "sys.argv=sys.argv[1:]\n"
+    "try:\n"
+    " runpy.run_path(sys.argv[0],run_name='__main__')\n"
+    "except SystemExit:\n"
+    " raise\n"
+    "except Exception as e:\n"
+    " import json,os,time,traceback\n"
+    " f=os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
+    " if f:\n"
+    "  try:\n"
+    "   with open(f,'w') as o:json.dump({'message':{'message':'%s: %s'%(type(e).__name__,e),"
+    "'extraInfo':{'py_callstack':traceback.format_exc(),'timestamp':str(int(time.time()))}}},o)\n"
+    "  except OSError:\n"
+    "   pass\n"
+    " raise\n";
 
 // `env` supplies PATH and PYTHON_EXEC; relative names are resolved against `cwd`.
 ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<std::string, std::string>& env,
