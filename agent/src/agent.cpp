@@ -180,6 +180,15 @@ class Agent {
     remove_job_dir_unless_useful(config_, job_dir_, exit_code_ != 0 || any_files_ || run_.wrote_files(), later);
     if (config_.log_dir) tidy_job_dir(job_dir_);  // the user's directory: only what torchrun leaves
     job_dir_settled_ = true;
+    if (exit_code_ != 0) {
+      // torchrun's main is decorated with @record: the launcher's own error file gets the root
+      // cause (a scheduler that set it reads it back).
+      if (const auto it = parent_env_.find("TORCHELASTIC_ERROR_FILE"); it != parent_env_.end()) {
+        const auto root = backend_->local_root_cause();
+        write_launcher_error_file(it->second, root ? &*root : nullptr,
+                                  fatal_error_.empty() ? backend_->job_failure_reason() : fatal_error_);
+      }
+    }
     return exit_code_;
   }
 
@@ -251,6 +260,7 @@ class Agent {
   // Refused / unreachable: stop the workers (if any) and exit 1 once they are gone.
   void exit_with_error(const std::string& message) {
     write_all(STDERR_FILENO, "ddprun: error: " + message + "\n");
+    if (fatal_error_.empty()) fatal_error_ = message;
     if (!finished_) apply(machine_.on_result(1));
   }
 
@@ -447,6 +457,7 @@ class Agent {
   bool any_files_ = false;
   bool finished_ = false;
   int exit_code_ = 1;
+  std::string fatal_error_;  // ddprun's own reason to fail (exit_with_error), for the launcher's error file
   // remote-agent mode: the launcher's control channel
   std::unique_ptr<asio::posix::stream_descriptor> control_;
   std::array<char, 256> control_buf_{};

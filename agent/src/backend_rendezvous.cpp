@@ -209,6 +209,9 @@ class ClientBackend final : public RendezvousBackend {
     transport_->report_success(round);
   }
 
+  std::optional<FailureReport> local_root_cause() const override { return root_cause_; }
+  std::string job_failure_reason() const override { return failure_reason_; }
+
   void update_diagnosis(const std::string& block) override {
     // Printed at the first failure, before the other local ranks ended: what they did since
     // (failed on their own, ended after the teardown signal they handle) follows it.
@@ -244,6 +247,8 @@ class ClientBackend final : public RendezvousBackend {
 
  private:
   void job_failed(const rendezvous::SendJobFailed& f) {
+    if (root_here(f)) root_cause_ = *local_first_;
+    if (!f.root_cause) failure_reason_ = "job '" + f.run_id + "' failed: " + f.reason;
     if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
       write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f),
                                                  root_here(f) ? &*local_first_ : nullptr));
@@ -365,8 +370,10 @@ class ClientBackend final : public RendezvousBackend {
   // rendezvous) and the ranks that failed on their own after it (await_verdict).
   std::optional<FailureReport> local_first_;
   std::vector<FailureReport> local_others_;
-  std::string printed_diagnosis_;  // this node's block as printed at its first failure, amended since
-  bool group_done_ = false;        // this round's local workers have all exited (await_verdict)
+  std::optional<FailureReport> root_cause_;  // the job's root cause when it failed here (local_root_cause)
+  std::string failure_reason_;               // the job's failure when no worker caused it (job_failure_reason)
+  std::string printed_diagnosis_;            // this node's block as printed at its first failure, amended since
+  bool group_done_ = false;                  // this round's local workers have all exited (await_verdict)
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };

@@ -67,6 +67,8 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this] { events_.on_job_completed(); });
   }
 
+  std::optional<FailureReport> local_root_cause() const override { return root_cause_; }
+
   void update_diagnosis(const std::string& block) override {
     if (failed_) failure_.diagnosis = block;
   }
@@ -82,6 +84,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     FailureReport report = failure_;
     load_error_file(report);
     write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
+    root_cause_ = report;
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 
@@ -92,6 +95,7 @@ class SingleNodeBackend final : public RendezvousBackend {
       FailureReport report = failure_;
       load_error_file(report);
       write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
+      root_cause_ = report;
     }
     spdlog::warn("workers stopped after a signal; exiting with {}", exit_code);
   }
@@ -116,7 +120,8 @@ class SingleNodeBackend final : public RendezvousBackend {
   std::unique_ptr<rendezvous::StoreServer> store_;
   std::vector<std::uint8_t> offer_;
   FailureReport failure_;
-  bool failed_ = false;  // this attempt reported a failure
+  std::optional<FailureReport> root_cause_;  // the job's failure, as summarised (local_root_cause)
+  bool failed_ = false;                      // this attempt reported a failure
   int restarts_ = 0;
   bool stopped_ = false;
 };

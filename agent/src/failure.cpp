@@ -1,6 +1,10 @@
 // Error-file parsing and the root-cause summary; see failure.hpp.
 #include "ddprun/agent/failure.hpp"
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -11,6 +15,7 @@
 #include <ctime>
 
 #include "ddprun/agent/diagnosis.hpp"
+#include "ddprun/agent/output.hpp"
 
 namespace json = boost::json;
 
@@ -220,6 +225,41 @@ std::string format_diagnosis_amendment(std::string_view printed, std::string_vie
   const std::string_view host_part =
       close == std::string_view::npos ? std::string_view("Diagnosis") : head.substr(0, close + 1);
   return std::string(host_part) + ", amended as more ranks ended:\n" + changed;
+}
+
+void write_launcher_error_file(const std::string& path, const FailureReport* root, const std::string& own_error) {
+  if (path.empty()) return;
+  std::string text;
+  if (root != nullptr && root->error && !root->error_file.empty()) {
+    const auto raw = read_worker_file(root->error_file, kMaxErrorFileBytes, 0, false, nullptr, nullptr);
+    boost::system::error_code ec;
+    json::value v = raw ? json::parse(*raw, ec) : json::value();
+    if (raw && !ec && v.is_object()) {
+      auto* message = v.as_object().if_contains("message");
+      if (message != nullptr && message->is_object()) {
+        message->as_object()["errorCode"] =
+            root->status.signal != 0 ? root->status.shell_code() : root->status.exit_code;
+      }
+      text = json::serialize(v);
+    }
+  }
+  if (text.empty() && !own_error.empty()) {
+    json::object extra;
+    extra["py_callstack"] = "";
+    extra["timestamp"] = std::to_string(static_cast<long long>(std::time(nullptr)));
+    json::object message;
+    message["message"] = own_error;
+    message["extraInfo"] = std::move(extra);
+    json::object top;
+    top["message"] = std::move(message);
+    text = json::serialize(top);
+  }
+  if (text.empty()) return;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd < 0 || !write_all(fd, text)) {
+    spdlog::warn("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}: {}", path, std::strerror(errno));
+  }
+  if (fd >= 0) ::close(fd);
 }
 
 void load_error_file(FailureReport& report) {

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddprun/agent/failure.hpp"
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
@@ -59,6 +60,13 @@ int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::Remote
   // On a line of its own even if the remote login's rc files printed something without a newline.
   ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
   return control;
+}
+
+// torchrun's main is decorated with @record: an error of the launcher itself goes to its
+// TORCHELASTIC_ERROR_FILE, for the scheduler that set it.
+void record_error(const std::string& what) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path != nullptr && *path != '\0') ddprun::agent::write_launcher_error_file(path, nullptr, what);
 }
 
 int run(int argc, char** argv) {
@@ -141,12 +149,15 @@ int main(int argc, char** argv) {
     ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
     if (e.hint().find("--help") == std::string::npos)
       ddprun::launcher::lazy_cerr() << "ddprun: run 'ddprun --help' for usage\n";
+    record_error(e.what());
     return kExitUsage;
   } catch (const ddprun::Error& e) {
     ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
+    record_error(e.what());
     return kExitError;
   } catch (const std::exception& e) {
     ddprun::launcher::lazy_cerr() << "ddprun: internal error: " << e.what() << '\n';
+    record_error(std::string("internal error: ") + e.what());
     return kExitError;
   }
 }

@@ -379,6 +379,55 @@ class Summary(Base):
         self.assertNotIn("rank       : 0 ", summary)
 
 
+class LauncherErrorFile(Base):
+    # torchrun's main is decorated with @record: a scheduler that sets TORCHELASTIC_ERROR_FILE for
+    # the launcher reads the root cause back from it.
+    WORKER = ("import json, os, sys\n"
+              "if os.environ['RANK'] == '1':\n"
+              "    with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:\n"
+              "        json.dump({'message': {'message': 'ValueError: rank 1 broke', 'extraInfo': {\n"
+              "            'py_callstack': 'Traceback ... ValueError: rank 1 broke', 'timestamp': '1'}}}, f)\n"
+              "    sys.exit(3)\n")
+
+    def test_the_root_cause_rank_error_file_with_its_exit_code(self):
+        with open(self.p("w.py"), "w") as f:
+            f.write(self.WORKER)
+        mine = self.p("launcher.json")
+        r = run(["--nproc-per-node=2", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 3, r.stderr)
+        with open(mine) as f:
+            message = json.load(f)["message"]
+        self.assertEqual(message["message"], "ValueError: rank 1 broke")
+        self.assertEqual(message["errorCode"], 3)
+        self.assertIn("Traceback", message["extraInfo"]["py_callstack"])
+
+    def test_ddprun_own_failures_in_torch_format(self):
+        mine = self.p("launcher.json")
+        r = run(["--nnodes=2:1", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        with open(mine) as f:
+            self.assertIn("--nnodes=2:1", json.load(f)["message"]["message"])
+        os.unlink(mine)
+        with open(self.p("w.py"), "w") as f:
+            f.write("pass\n")
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        closed.close()  # nothing listens there
+        r = run(["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:%d" % port,
+                 "--rdzv-conf=is_host=0,read_timeout=1", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        with open(mine) as f:
+            message = json.load(f)["message"]
+        self.assertIn("unreachable", message["message"])
+        self.assertIn("timestamp", message["extraInfo"])
+        # A job that succeeds writes nothing.
+        os.unlink(mine)
+        r = run(["--nproc-per-node=1", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(os.path.exists(mine))
+
+
 class PeerFlags(Base):
     def test_deepspeed_launcher_flag(self):
         r = run(["--launcher", "pdsh", "--hosts", "h1,h2", "--no-python", "/bin/true"])

@@ -60,6 +60,13 @@ std::string format_diagnosis_amendment(std::string_view printed, std::string_vie
 std::string format_failure_summary(std::string_view command, std::string_view host, const FailureReport& root,
                                    const std::vector<FailureReport>& others);
 
+// What torchrun's own @record writes to the launcher's TORCHELASTIC_ERROR_FILE (`path`, from
+// ddprun's environment) when the job fails: the root-cause rank's error file, its message given
+// an "errorCode" (the exit code), when that rank ran here and wrote one; else, with `own_error`,
+// ddprun's own failure (rendezvous timeout, unreachable server, bad flag) in torch's format.
+// Nothing otherwise, as torchrun. Never throws; a file that cannot be written is logged.
+void write_launcher_error_file(const std::string& path, const FailureReport* root, const std::string& own_error);
+
 // The most of an error file read: a worker's traceback is kilobytes; more is not one.
 inline constexpr std::size_t kMaxErrorFileBytes = 1024 * 1024;
 

@@ -21,6 +21,7 @@
 // knows (the job-failed summary, a refusal's reason), then raises the event.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,11 @@ class RendezvousBackend {
   // ended on its own after the first failure gets its line amended); called before
   // await_verdict. A backend that printed the block at report_failure keeps what it printed.
   virtual void update_diagnosis(const std::string& /*block*/) {}
+  // The failure the job ended with, when its root-cause rank ran on this node (its error file
+  // loaded): what the launcher's own TORCHELASTIC_ERROR_FILE gets (write_launcher_error_file).
+  virtual std::optional<FailureReport> local_root_cause() const { return std::nullopt; }
+  // Why the job failed when no worker's failure caused it (a rendezvous that timed out, say).
+  virtual std::string job_failure_reason() const { return {}; }
   // This node stops after a signal and exits with `exit_code`.
   virtual void leave(int exit_code) = 0;
   // The agent is done: stop serving, then call `stopped` (at once, or once peers had their
