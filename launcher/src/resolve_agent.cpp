@@ -386,6 +386,14 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     // torchrun's --virtual-local-rank on a machine without any GPU: LOCAL_RANK=0 and
     // CUDA_VISIBLE_DEVICES=<local rank>, as before (build_worker_env does it).
     const bool cpu_virtual = cfg.virtual_local_rank && !gpus && !isolation && !cvd && !have_gpus;
+    if (cvd && !cvd_names_nothing_here && !wants_gpus && !nproc_from_gpus && !have_gpus &&
+        !worker_env::parse_cuda_visible_devices(*cvd).empty() && !worker_env::nvidia_device_present()) {
+      // Only CUDA_VISIBLE_DEVICES asks for a GPU plan, on a machine without any NVIDIA device: a
+      // value leaked into a CPU-only container or CI job. The workers inherit it as it is.
+      cvd_names_nothing_here = true;
+      out.notes.push_back("CUDA_VISIBLE_DEVICES='" + *cvd + "' is set, but this machine shows no NVIDIA GPU (" +
+                          worker_env::kNoNvidiaDevice + "): no GPU plan, the workers inherit it as it is");
+    }
     if (!cpu_virtual && ((cvd && !cvd_names_nothing_here) || wants_gpus || nproc_from_gpus)) {
       worker_env::GpuRequest req;
       req.parent_cvd = cvd;

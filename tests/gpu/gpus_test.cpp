@@ -258,10 +258,13 @@ TEST_CASE("nvidia_gpu_visible: CUDA_VISIBLE_DEVICES first, then the driver's dev
   CHECK_THAT(why, Catch::Contains("no NVIDIA GPU is visible"));
   CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", ""}}, root.string(), &why));
   CHECK_THAT(why, Catch::Contains("CUDA_VISIBLE_DEVICES=''"));
-  CHECK(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "1"}}, root.string()));
+  // Set but leaked into a machine without any NVIDIA device: nothing a worker could use.
+  CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "1"}}, root.string(), &why));
+  CHECK_THAT(why, Catch::Contains("CUDA_VISIBLE_DEVICES='1' is set, but this machine shows no NVIDIA GPU"));
   CHECK_FALSE(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "-1"}}, root.string()));
   { std::ofstream(root / "dev" / "nvidia0") << ""; }
   CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
+  CHECK(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "1"}}, root.string()));
   fs::remove(root / "dev" / "nvidia0");
   fs::create_directories(root / "proc/driver/nvidia/gpus/0000:3b:00.0");
   CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));

@@ -183,6 +183,18 @@ class ExitCodes(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--nproc-per-node=gpu: CUDA_VISIBLE_DEVICES='0,1,2' is set, but this machine shows no NVIDIA GPU",
                       r.stderr)
+        # A number of workers: no GPU plan and no NCCL ID holder from the leaked value either.
+        r = subprocess.run([BIN, "--dry-run", "--nproc-per-node", "2", "--no-python", "/bin/true"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("DDPRUN_CUDA_DEVICE", r.stdout)
+        self.assertNotIn("CUDA_DEVICE_ORDER", r.stdout)
+        self.assertIn("no GPU plan, the workers inherit it as it is", r.stderr)
+        r = subprocess.run([BIN, "--nproc-per-node", "2", "--no-python", "/bin/sh", "-c",
+                            'echo "nccl=${DDPRUN_NCCL_UNIQUE_ID:-none} cvd=$CUDA_VISIBLE_DEVICES"'], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("nccl=none cvd=0,1,2"), 2, r.stdout + r.stderr)
 
     def test_unknown_rdzv_conf_key_warns(self):
         # As torchrun: an unknown key does not stop the job; it is named in a warning.

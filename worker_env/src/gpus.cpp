@@ -301,8 +301,16 @@ GpuPlan plan_gpus(const GpuRequest& r) {
 
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root, std::string* why) {
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) {
-    if (!parse_cuda_visible_devices(it->second).empty()) return true;
-    if (why != nullptr) *why = "CUDA_VISIBLE_DEVICES='" + it->second + "' names no device";
+    if (parse_cuda_visible_devices(it->second).empty()) {
+      if (why != nullptr) *why = "CUDA_VISIBLE_DEVICES='" + it->second + "' names no device";
+      return false;
+    }
+    // A value that leaked into a CPU-only container or CI job names devices that are not there.
+    if (nvidia_device_present(root)) return true;
+    if (why != nullptr) {
+      *why = "CUDA_VISIBLE_DEVICES='" + it->second + "' is set, but this machine shows no NVIDIA GPU (" +
+             kNoNvidiaDevice + ")";
+    }
     return false;
   }
   if (nvidia_device_present(root)) return true;

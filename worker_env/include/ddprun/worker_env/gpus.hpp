@@ -63,8 +63,8 @@ struct GpuInventory {
 GpuInventory probe_gpus(const EnvMap& env);
 
 // A cheap "could a worker use an NVIDIA GPU here?" without loading any library: false when
-// CUDA_VISIBLE_DEVICES is set and empty; true when it is set and non-empty; otherwise whether
-// the driver shows a device (`<root>/proc/driver/nvidia/gpus/` has an entry or
+// CUDA_VISIBLE_DEVICES is set and names nothing; otherwise (set or not) whether the driver shows
+// a device (`<root>/proc/driver/nvidia/gpus/` has an entry or
 // `<root>/dev/nvidia0` exists). `root` is for tests. Used by --nccl-id auto, so CPU-only jobs
 // do not pay for an NCCL unique ID nobody can use. `why` (optional) gets a reason when false.
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::string* why = nullptr);
