@@ -6,6 +6,8 @@
 // Heartbeats and reconnects are the client's job.
 #include <unistd.h>
 
+#include <map>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
@@ -347,7 +349,11 @@ class ClientBackend final : public RendezvousBackend {
     r.round = a.round;
     r.placement = placement_of(config_, a);
     r.nccl_id = a.nccl_id;
-    r.dir_name = "round_" + std::to_string(a.round);
+    // torchrun's layout, attempt_<restart count>: a scheduler's glob of attempt_*/*/error.json
+    // finds them. A membership change starts a round without a restart (torchrun reuses and wipes
+    // the directory then); here it gets attempt_<count>.<k>, and the earlier round's logs stay.
+    const int again = rounds_at_count_[a.restart_count]++;
+    r.dir_name = "attempt_" + std::to_string(a.restart_count) + (again == 0 ? "" : "." + std::to_string(again));
     const auto& p = r.placement;
     r.summary = "round " + std::to_string(a.round) + ": group rank " + std::to_string(p.group_rank) + " of " +
                 std::to_string(a.group_world_size) + " nodes, ranks " + std::to_string(p.rank_offset) + ".." +
@@ -372,8 +378,10 @@ class ClientBackend final : public RendezvousBackend {
   std::vector<FailureReport> local_others_;
   std::optional<FailureReport> root_cause_;  // the job's root cause when it failed here (local_root_cause)
   std::string failure_reason_;               // the job's failure when no worker caused it (job_failure_reason)
-  std::string printed_diagnosis_;            // this node's block as printed at its first failure, amended since
-  bool group_done_ = false;                  // this round's local workers have all exited (await_verdict)
+  std::string printed_diagnosis_;
+  std::map<int, int> rounds_at_count_;  // rounds started at each restart count (their directories)            // this
+                                        // node's block as printed at its first failure, amended since
+  bool group_done_ = false;             // this round's local workers have all exited (await_verdict)
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };

@@ -108,7 +108,7 @@ void tidy_job_dir(const std::string& dir) {
   if (top < 0) return;
   std::error_code ec;
   fs::remove_all(fs::path(dir) / ".ddprun-python", ec);  // a link there goes, not what it points to
-  // Every directory below, two levels deep (attempt_N/R single node, round_N/R with a rendezvous),
+  // Every directory below, two levels deep (attempt_N/R, attempt_N.K/R after a membership change),
   // each opened without following a link, its stacks.txt removed relative to it when empty.
   const auto each_dir = [](int parent, const std::function<void(int)>& f) {
     const int fd = ::dup(parent);

@@ -519,6 +519,14 @@ def grow(c):
     envs = c.wait_envs(lambda e: e["WORLD_SIZE"] == "6", 6, 30, "the 3-node round")
     check_world(envs, 6, 3)
     check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "membership change used a restart")
+    # torchrun's layout, attempt_<restart count>/<local rank>: the first round of the two nodes
+    # in attempt_0, the round the membership change started (no restart) in attempt_0.1.
+    def attempt_dir(e):
+        return os.path.basename(os.path.dirname(os.path.dirname(e["TORCHELASTIC_ERROR_FILE"])))
+    first = [e for e in c.envs() if e["WORLD_SIZE"] == "4"]
+    check({attempt_dir(e) for e in first} == {"attempt_0"}, "first round: %s" % [attempt_dir(e) for e in first])
+    later = {attempt_dir(e) for e in envs if e["agent_pid"] != c.agents[ADDRS[2]][0].pid}
+    check(later == {"attempt_0.1"}, "after the membership change: %s" % later)
     codes = c.wait_agents(30)
     check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
 

@@ -288,7 +288,7 @@ class SingleNode(unittest.TestCase):
                        if os.path.dirname(os.path.relpath(os.path.join(d, n), self.p("logs"))) != "")
         self.assertEqual(found, ["attempt_0", "attempt_0/0", "attempt_0/0/stderr.log", "attempt_0/0/stdout.log",
                                  "attempt_0/1", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"])
-        # With a rendezvous the attempts are round_N.
+        # With a rendezvous too: nothing left after a success.
         r = run(["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nproc-per-node", "2",
                  "--log-dir", self.p("logs2"), script], env={"PYTHON_EXEC": PYTHON})
         self.assertEqual(r.returncode, 0, r.stderr)

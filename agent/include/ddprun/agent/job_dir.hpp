@@ -33,7 +33,7 @@ std::string job_dir_pattern(const AgentConfig& config);
 bool run_dir_holds_data(const std::string& dir);
 // ddprun's own leftovers in a run directory that stays (a --log-dir's): the Python hook
 // (.ddprun-python) and the stack files no dump was written to (the hook opens one per Python
-// rank at its start: attempt_N/R/stacks.txt, round_N/R/stacks.txt). Never follows a symbolic
+// rank at its start: attempt_N/R/stacks.txt, attempt_N.K/R/stacks.txt). Never follows a symbolic
 // link. Call at the end of the job.
 void tidy_job_dir(const std::string& dir);
 // Without --log-dir: removes `dir` unless `may_hold_files` and run_dir_holds_data(dir). The
