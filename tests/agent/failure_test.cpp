@@ -124,7 +124,7 @@ TEST_CASE("summary lists the other failed ranks as [1], [2], ... before the root
 }
 
 TEST_CASE("a diagnosis printed at the first failure is amended by the lines that changed since") {
-  const std::vector<std::string> files = {"/run/x/round_0/0/stacks.txt"};
+  const std::vector<std::string> files = {"/run/x/attempt_0/0/stacks.txt"};
   const std::string printed = format_diagnosis_block(
       "node-a", "rank 3 failed first (exit code 7)", {},
       {"rank 3 (local 1, pid 11): exit code 7", "rank 2 (local 0, pid 10): in work at w.py:3 [faulthandler, 2.0 ms]"},
