@@ -450,6 +450,21 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     auto peer_ep = socket.remote_endpoint(ec);
     std::string peer = ec ? std::string("unknown peer") : endpoint_text(peer_ep);
     std::string peer_address = ec ? std::string() : peer_ep.address().to_string();
+    // The address's own cap first: a connection refused for it makes nobody else give way.
+    const std::size_t per_peer_cap = options.limits.max_connections_per_peer;
+    if (per_peer_cap != 0 && !peer_address.empty()) {
+      auto it = per_peer.find(peer_address);
+      if (it != per_peer.end() && it->second >= per_peer_cap) {
+        ++counters.connections_rejected;
+        ++counters.refused[idx(RefusedReason::peer_limit)];
+        refuse_warning.warn(
+            "store: closing new connection from {}: {} connections from that address are open, the "
+            "limit per address (--max-connections-per-peer)",
+            peer, it->second);
+        socket.close(ec);
+        return;
+      }
+    }
     if (connections.size() - relayed_count >= max_connections && !awaiting.empty()) {
       // A connection that has not authenticated yet gives way: an agent completes its handshake
       // within a round trip of connecting, so the oldest one waiting is a client that never
@@ -476,20 +491,6 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       ++counters.refused[idx(RefusedReason::connection_limit)];
       socket.close(ec);
       return;
-    }
-    const std::size_t per_peer_cap = options.limits.max_connections_per_peer;
-    if (per_peer_cap != 0 && !peer_address.empty()) {
-      auto it = per_peer.find(peer_address);
-      if (it != per_peer.end() && it->second >= per_peer_cap) {
-        ++counters.connections_rejected;
-        ++counters.refused[idx(RefusedReason::peer_limit)];
-        refuse_warning.warn(
-            "store: closing new connection from {}: {} connections from that address are open, the "
-            "limit per address (--max-connections-per-peer)",
-            peer, it->second);
-        socket.close(ec);
-        return;
-      }
     }
     socket.set_option(tcp::no_delay(true), ec);
     socket.non_blocking(true, ec);  // on_readable reads with read_some, which must not block
