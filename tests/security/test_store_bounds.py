@@ -61,6 +61,27 @@ class StoreBounds(unittest.TestCase):
             attacker.close()
             self.assertTrue(legit.works("pipelined-after"))
 
+    def test_readers_that_do_not_read_give_way_to_a_large_request(self):
+        # Two clients each hold a 16 MiB reply they never read; the budget is 40 MiB. A 10 MiB SET
+        # then needs a read buffer the budget has no room for: before, its sender was closed;
+        # now the larger unread backlog gives way.
+        with Daemon(["--max-buffered-bytes", str(40 * MiB)], mem_cap=1 * GiB) as d:
+            Client(d.port).set("big", b"v" * (16 * MiB))
+            hoarders = []
+            for _ in range(2):
+                h = d.connect()
+                h.sendall(harness.VALIDATE + bytes([harness.GET]) + s("big"))
+                self.assertTrue(harness.wait_io(h, 20, absolute=False), "no reply started")
+                self.assertGreater(len(h.recv(1)), 0)  # its reply is queued: then it stops reading
+                hoarders.append(h)
+            legit = Client(d.port)
+            legit.set("large", b"w" * (10 * MiB))
+            self.assertTrue(legit.works("after-large-set"), "the large SET's sender was closed")
+            self.assertEqual(len(legit.get("large", timeout=30)), 10 * MiB)
+            # The shed came before the SET was read, so before works() answered: a short look each.
+            self.assertGreaterEqual(sum(harness.closed_by_peer(h, 2) for h in hoarders), 1, "no backlog gave way")
+            self.assertIn("does not read its reply backlog", d.log())
+
     def test_multi_get_whose_reply_is_too_big_is_refused_before_it_is_built(self):
         # Before: one 1.4 MB MULTI_GET (128Ki x a 1 MiB value) killed the daemon in 2 s.
         with Daemon(mem_cap=1 * GiB) as d:

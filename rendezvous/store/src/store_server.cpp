@@ -310,11 +310,37 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     }
   }
 
-  void shed_if_over_budget() {
-    if (buffered <= options.limits.max_buffered_bytes) return;
-    // First what idle connections keep for their next reply (up to shrink_above per buffer):
-    // giving it back loses nothing, and kept, a few hundred idle connections that once read a
-    // large value held the budget and got innocent clients with a reply in flight closed.
+  // A read buffer of `need` bytes does not fit the budget (`over`): what idle connections keep
+  // goes first, then the connections whose unread reply backlog is larger than `need`, largest
+  // first, give way (the same rule as shed_if_over_budget). Clients that pipeline requests and
+  // never read cannot keep everybody else from sending a large request.
+  template <typename Over>
+  void make_buffer_room(const ConnectionPtr& c, std::size_t need, const Over& over) {
+    trim_kept_buffers();
+    if (!over()) return;
+    std::vector<ConnectionPtr> by_backlog;
+    for (auto& [id, conn] : connections) {
+      if (conn != c && !conn->closed && conn->queued() > need) by_backlog.push_back(conn);
+    }
+    std::sort(by_backlog.begin(), by_backlog.end(),
+              [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->queued() > b->queued(); });
+    bool shed = false;
+    for (auto& conn : by_backlog) {
+      if (!over()) break;
+      close(conn,
+            fmt::format("the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), another "
+                        "client's request needs {} bytes, and this connection does not read its reply backlog of {} "
+                        "bytes",
+                        buffered, options.limits.max_buffered_bytes, need, conn->queued()),
+            RefusedReason::buffer_limit);
+      shed = true;
+    }
+    if (shed) flush();  // what the closes queued for others (an extension's notices)
+  }
+
+  // What idle connections keep for their next reply (up to shrink_above per buffer): giving it
+  // back loses nothing.
+  void trim_kept_buffers() {
     for (auto& [id, conn] : connections) {
       if (conn->closed) continue;
       bool trimmed = false;
@@ -328,6 +354,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       }
       if (trimmed) account(*conn);
     }
+  }
+
+  void shed_if_over_budget() {
+    if (buffered <= options.limits.max_buffered_bytes) return;
+    // First what idle connections keep for their next reply: kept, a few hundred idle
+    // connections that once read a large value held the budget and got innocent clients with a
+    // reply in flight closed.
+    trim_kept_buffers();
     if (buffered <= options.limits.max_buffered_bytes) return;
     std::vector<ConnectionPtr> by_backlog;
     for (auto& [id, conn] : connections) {
@@ -538,8 +572,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         // Grow with the bytes that arrived (doubling what is buffered), never to a length the
         // request only declares: a header announcing 64 MiB costs nothing until they arrive.
         const std::size_t grown = std::min(c->end + want, std::max(c->in.size() * 2, c->end + min_read_space));
-        if (buffered - c->accounted + grown + c->pending.capacity() + c->writing.capacity() >
-            options.limits.max_buffered_bytes) {
+        const auto over = [&] {
+          return buffered - c->accounted + grown + c->pending.capacity() + c->writing.capacity() >
+                 options.limits.max_buffered_bytes;
+        };
+        if (over()) make_buffer_room(c, grown, over);
+        if (over()) {
           close(c,
                 fmt::format("a request of at least {} bytes does not fit: the server's buffers hold {} bytes, the "
                             "limit is {} (--max-buffered-bytes)",
