@@ -320,3 +320,27 @@ TEST_CASE("LIST_KEYS of more keys than one request may name is refused before an
   CHECK_THAT(refused.reason, Catch::Contains("would list 4 keys") && Catch::Contains("--max-keys-per-request 3"));
   CHECK(box.take(1).empty());
 }
+
+TEST_CASE("a wait table full in key bytes sheds the largest holder of bytes, and nobody when that cannot make room",
+          "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_total_bytes = 1000;  // registrations copy their keys twice
+  StoreState state(limits);
+  RecordingOutbox box;
+  const std::string long_key(480, 'k');
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"a", "b", "c"}), box).ok);  // 3 registrations, 6 bytes
+  REQUIRE(state.apply(2, keys_req(Op::wait, {long_key}), box).ok);       // 1 registration, 960 bytes
+  const std::string k21(21, 'x');
+  REQUIRE(state.apply(3, keys_req(Op::wait, {k21}), box).ok);  // 42 more bytes: connection 2 gives way
+  CHECK(box.shed_reasons.size() == 1);
+  CHECK_THAT(box.shed_reasons[2], Catch::Contains("960 key bytes") && Catch::Contains("--max-total-bytes"));
+  CHECK(state.waiting(1));
+  // Now 48 bytes held; a request of 960 more than fits nobody can make room for: refused, nobody shed.
+  const std::string k476(476, 'y');
+  const ApplyResult refused = state.apply(4, keys_req(Op::wait, {k476, "z"}), box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-total-bytes"));
+  CHECK(box.shed_reasons.size() == 1);
+  CHECK(state.waiting(1));
+  CHECK(state.waiting(3));
+}

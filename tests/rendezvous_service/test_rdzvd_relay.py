@@ -376,6 +376,38 @@ def relay_dies(root_port, token_file, metrics_port):
     assert relay2.wait(timeout=30) == 0, relay2.returncode
 
 
+def silent_through_relay(token_file):
+    # Connections that never authenticate, carried by a relay, get the root's handshake bounds
+    # too: at --max-relayed-connections the oldest gives way to a new one, and each is closed
+    # after --handshake-timeout-ms. Before, 5 silent clients locked every agent behind the relay out.
+    root, root_port = start_daemon(["--token-file", token_file, "--max-relayed-connections", "5",
+                                    "--handshake-timeout-ms", "60000"])
+    relay, relay_port = start_relay(root_port, token_file)
+    silent = [socket.create_connection(("127.0.0.1", relay_port), timeout=10) for _ in range(5)]
+    agents = []
+    for attempt in range(2):  # both stay open: each needs a slot of its own
+        ok = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+        assert handshake(ok, TOKEN, "py-job-%d" % attempt) is None, "the handshake through the relay failed"
+        agents.append(ok)
+    for s in silent[:2]:
+        expect_closed(s, "the oldest silent relayed connection")
+    for s in silent + agents:
+        s.close()
+    os.killpg(relay.pid, signal.SIGTERM)
+    relay.wait(timeout=30)
+    os.killpg(root.pid, signal.SIGTERM)
+    root.wait(timeout=30)
+    root, root_port = start_daemon(["--token-file", token_file, "--handshake-timeout-ms", "200"])
+    relay, relay_port = start_relay(root_port, token_file)
+    with socket.create_connection(("127.0.0.1", relay_port), timeout=10) as slow:
+        slow.settimeout(20)
+        assert slow.recv(1) == b"", "a silent relayed connection outlived --handshake-timeout-ms"
+    os.killpg(relay.pid, signal.SIGTERM)
+    relay.wait(timeout=30)
+    os.killpg(root.pid, signal.SIGTERM)
+    root.wait(timeout=30)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "token")
@@ -407,6 +439,7 @@ def main():
         os.killpg(root.pid, signal.SIGTERM)
         assert root.wait(timeout=30) == 0
 
+        silent_through_relay(token_file)
         relay_before_root(token_file)
         again, again_port = root_restarted(token_file, tmp)
         relay_gives_up(again, again_port, token_file)

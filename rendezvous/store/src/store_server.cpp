@@ -102,8 +102,9 @@ struct Connection {
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
   Clock::time_point accepted;
-  // Listed in Core::awaiting while the extension awaits its handshake (awaiting_authentication).
-  bool awaiting_auth = false;
+  // Listed in Core::awaiting (a socket) or Core::awaiting_relayed while the extension awaits its
+  // handshake (awaiting_authentication); null once it authenticated or closed.
+  std::list<ConnectionId>* awaiting_in = nullptr;
   std::list<ConnectionId>::iterator awaiting_pos;
   // Relays (relay_link.hpp): a relayed connection has no socket; its bytes arrive and leave as
   // relay frames numbered `vid` on the connection `link`. A link (is_link) carries `relayed`.
@@ -153,7 +154,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   // Socket connections the extension still awaits a handshake from, oldest first: closed after
   // options.handshake_timeout, and the first to give way at the connection limit.
   std::list<ConnectionId> awaiting;
-  std::function<void()> on_drained;  // StoreServer::on_drained: run once no connection is open
+  std::list<ConnectionId> awaiting_relayed;  // the same for connections carried by relays
+  std::function<void()> on_drained;          // StoreServer::on_drained: run once no connection is open
   ConnectionId next_id = 1;
   std::size_t relayed_count = 0;  // relayed connections open (they hold no descriptor)
   std::size_t link_count = 0;     // relay links open
@@ -499,18 +501,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         return;
       }
     }
-    if (connections.size() - relayed_count >= max_connections && !awaiting.empty()) {
-      // A connection that has not authenticated yet gives way: an agent completes its handshake
-      // within a round trip of connecting, so the oldest one waiting is a client that never
-      // will (holding slots that way would lock every agent out of a token daemon).
-      const ConnectionPtr oldest = connections.at(awaiting.front());
-      close(oldest,
-            fmt::format("it has not authenticated {} ms after connecting; closed to admit a new connection at the "
-                        "limit of {} (--max-connections)",
-                        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - oldest->accepted).count(),
-                        max_connections),
-            RefusedReason::connection_limit);
-      flush();
+    if (connections.size() - relayed_count >= max_connections) {
+      evict_oldest_awaiting(awaiting, fmt::format("{} (--max-connections)", max_connections), true);
     }
     if (connections.size() - relayed_count >= max_connections) {
       ++counters.connections_rejected;
@@ -538,10 +530,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     account(*c);
     if (!c->peer_address.empty()) ++per_peer[c->peer_address];
     connections.emplace(c->id, c);
-    if (options.extension && options.extension->awaiting_authentication(c->id)) {
-      c->awaiting_auth = true;
-      c->awaiting_pos = awaiting.insert(awaiting.end(), c->id);
-    }
+    start_awaiting(*c, awaiting);
     ++counters.connections_total;
     spdlog::debug("store: connection {} from {}", c->id, c->peer);
     start_read(c);
@@ -659,7 +648,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   }
 
   void process_requests(const ConnectionPtr& c) {
-    while (!c->closed && c->end - c->begin >= c->need && c->queued() < pause_above) {
+    // A connection marked for closing (shed, or pushed past its cap) runs nothing more.
+    while (!c->closed && c->overflow.empty() && c->end - c->begin >= c->need && c->queued() < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
       if (r.status == DecodeStatus::extension) {
@@ -671,7 +661,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           break;
         }
         r = options.extension->on_frame(c->id, view, state, *this);
-        if (c->awaiting_auth && !options.extension->awaiting_authentication(c->id)) stop_awaiting(*c);
+        if (c->awaiting_in != nullptr && !options.extension->awaiting_authentication(c->id)) stop_awaiting(*c);
       } else if (r.status == DecodeStatus::ok) {
         if (options.extension) {
           if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
@@ -767,10 +757,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::string address = printable ? address_of(peer_text) : std::string();
     std::string refusal;
     RefusedReason reason = RefusedReason::connection_limit;
-    if (relayed_count >= options.limits.max_relayed_connections) {
-      refusal = fmt::format("relayed connection limit of {} reached (--max-relayed-connections)",
-                            options.limits.max_relayed_connections);
-    } else if (const std::size_t cap = options.limits.max_connections_per_peer; cap != 0 && !address.empty()) {
+    if (const std::size_t cap = options.limits.max_connections_per_peer; cap != 0 && !address.empty()) {
       auto pit = per_peer.find(address);
       if (pit != per_peer.end() && pit->second >= cap) {
         reason = RefusedReason::peer_limit;
@@ -778,6 +765,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
             "{} connections from that address are open, the limit per address "
             "(--max-connections-per-peer)",
             pit->second);
+      }
+    }
+    if (refusal.empty() && relayed_count >= options.limits.max_relayed_connections) {
+      evict_oldest_awaiting(awaiting_relayed,
+                            fmt::format("{} (--max-relayed-connections)", options.limits.max_relayed_connections),
+                            false);
+      if (relayed_count >= options.limits.max_relayed_connections || link->closed) {
+        refusal = fmt::format("relayed connection limit of {} reached (--max-relayed-connections)",
+                              options.limits.max_relayed_connections);
       }
     }
     if (!refusal.empty()) {
@@ -795,12 +791,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->peer_address = std::move(address);
     c->decoder.accept_legacy = options.accept_legacy;
     c->last_active = Clock::now();
+    c->accepted = c->last_active;
     c->link = link;
     c->vid = vid;
     if (!c->peer_address.empty()) ++per_peer[c->peer_address];
     connections.emplace(c->id, c);
     link->relayed.emplace(vid, c);
     ++relayed_count;
+    start_awaiting(*c, awaiting_relayed);
     ++counters.connections_total;
     spdlog::debug("store: connection {} from {}", c->id, c->peer);
   }
@@ -930,10 +928,33 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   // `reason` empty: a normal close. With `refused`: counted under that reason and logged as a
   // warning.
+  // Lists a new connection in `list` when the extension awaits its handshake.
+  void start_awaiting(Connection& c, std::list<ConnectionId>& list) {
+    if (!options.extension || !options.extension->awaiting_authentication(c.id)) return;
+    c.awaiting_in = &list;
+    c.awaiting_pos = list.insert(list.end(), c.id);
+  }
+
   void stop_awaiting(Connection& c) {
-    if (!c.awaiting_auth) return;
-    awaiting.erase(c.awaiting_pos);
-    c.awaiting_auth = false;
+    if (c.awaiting_in == nullptr) return;
+    c.awaiting_in->erase(c.awaiting_pos);
+    c.awaiting_in = nullptr;
+  }
+
+  // At a connection limit: the oldest connection in `list` (not authenticated yet) gives way. An
+  // agent completes its handshake within a round trip of connecting, so the oldest one waiting is
+  // a client that never will (holding slots that way would lock every agent out of a token daemon).
+  // `flush`: false inside a relay link's frames (the handler that runs them flushes after).
+  void evict_oldest_awaiting(std::list<ConnectionId>& list, std::string_view limit, bool flush_now) {
+    if (list.empty()) return;
+    const ConnectionPtr oldest = connections.at(list.front());
+    close(oldest,
+          fmt::format("it has not authenticated {} ms after connecting; closed to admit a new connection at the "
+                      "limit of {}",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - oldest->accepted).count(),
+                      limit),
+          RefusedReason::connection_limit);
+    if (flush_now) flush();
   }
 
   void close(const ConnectionPtr& c, const std::string& reason, std::optional<RefusedReason> refused = std::nullopt) {
@@ -1041,10 +1062,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::vector<std::pair<ConnectionPtr, std::string>> expired;
     const bool handshakes = options.extension && options.handshake_timeout.count() > 0;
     const auto handshake_over = [&](const Connection& c) {
-      return handshakes && c.awaiting_auth && now - c.accepted > options.handshake_timeout;
+      return handshakes && c.awaiting_in != nullptr && now - c.accepted > options.handshake_timeout;
     };
-    if (handshakes) {
-      for (const ConnectionId id : awaiting) {
+    for (const auto* list : {&awaiting, &awaiting_relayed}) {
+      if (!handshakes) break;
+      for (const ConnectionId id : *list) {
         const ConnectionPtr& c = connections.at(id);
         if (!handshake_over(*c)) break;  // oldest first: the rest are younger
         expired.emplace_back(c, fmt::format("no handshake within {} ms of connecting (--handshake-timeout-ms)",

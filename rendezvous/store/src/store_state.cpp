@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <unordered_set>
 
 namespace ddprun::rendezvous {
 namespace {
@@ -88,40 +89,65 @@ bool StoreState::can_register(ApplyResult& res, Op op, std::size_t n, std::size_
   return true;
 }
 
-std::size_t StoreState::held_by(ConnectionId conn) const {
-  std::size_t n = 0;
-  if (auto a = awaited_.find(conn); a != awaited_.end()) n += a->second.keys.size();
-  if (auto w = watched_.find(conn); w != watched_.end()) n += w->second.size();
-  return n;
+StoreState::Held StoreState::held_by(ConnectionId conn) const {
+  Held h;
+  if (auto a = awaited_.find(conn); a != awaited_.end()) {
+    h.count += a->second.keys.size();
+    for (const auto& [k, seq] : a->second.keys) h.bytes += 2 * k.size();
+  }
+  if (auto w = watched_.find(conn); w != watched_.end()) {
+    h.count += w->second.size();
+    for (const auto& k : w->second) h.bytes += 2 * k.size();
+  }
+  return h;
 }
 
 bool StoreState::make_room(ApplyResult& res, ConnectionId conn, Op op, std::size_t n, std::size_t key_bytes,
                            Outbox& outbox) {
-  for (;;) {
-    ApplyResult refused;
-    if (can_register(refused, op, n, key_bytes)) return true;
-    const std::size_t would_hold = held_by(conn) + n;
-    ConnectionId largest = 0;
-    std::size_t most = 0;
-    const auto consider = [&](ConnectionId c) {
-      if (c == conn) return;
-      const std::size_t held = held_by(c);
-      if (held > most) {
-        most = held;
-        largest = c;
-      }
-    };
-    for (const auto& [c, a] : awaited_) consider(c);
-    for (const auto& [c, w] : watched_) consider(c);
-    if (most <= would_hold ||
-        !outbox.shed(largest, fmt::format("it holds {} wait registrations, the most of any connection, and the "
-                                          "store's {} are taken (--max-waits); a {} of another client needed room",
-                                          most, registrations_, op_name(op)))) {
-      res = std::move(refused);
+  if (can_register(res, op, n, key_bytes)) return true;
+  // The table is full (in registrations, or in their key bytes: each holds its key twice). The
+  // connections holding more than this one would after its request give way, largest first, in
+  // the measure that is short; nobody is shed unless that makes room.
+  const bool count_short = registrations_ + n > limits_.max_waits;
+  const bool bytes_short = registered_bytes_ + 2 * key_bytes > limits_.max_total_bytes;
+  Held mine = held_by(conn);
+  mine.count += n;
+  mine.bytes += 2 * key_bytes;
+  std::vector<std::pair<ConnectionId, Held>> larger;
+  std::unordered_set<ConnectionId> seen;  // (a connection may both wait and watch)
+  const auto consider = [&](ConnectionId c) {
+    if (c == conn || !seen.insert(c).second) return;
+    const Held h = held_by(c);
+    if ((!count_short || h.count > mine.count) && (!bytes_short || h.bytes > mine.bytes)) larger.emplace_back(c, h);
+  };
+  for (const auto& [c, a] : awaited_) consider(c);
+  for (const auto& [c, w] : watched_) consider(c);
+  std::sort(larger.begin(), larger.end(), [&](const auto& x, const auto& y) {
+    return bytes_short && !count_short ? x.second.bytes > y.second.bytes : x.second.count > y.second.count;
+  });
+  std::size_t count = registrations_;
+  std::size_t bytes = registered_bytes_;
+  std::size_t plan = 0;
+  const auto fits = [&] { return count + n <= limits_.max_waits && bytes + 2 * key_bytes <= limits_.max_total_bytes; };
+  while (!fits() && plan < larger.size()) {
+    count -= larger[plan].second.count;
+    bytes -= larger[plan].second.bytes;
+    ++plan;
+  }
+  if (!fits()) return false;  // `res` says which limit: can_register's refusal
+  const std::string limit = count_short ? "--max-waits" : "--max-total-bytes";
+  for (std::size_t i = 0; i < plan; ++i) {
+    const auto& [victim, held] = larger[i];
+    if (!outbox.shed(victim, fmt::format("it holds {} wait registrations ({} key bytes), more than any other "
+                                         "connection, and the store's are taken ({}); a {} of another client "
+                                         "needed room",
+                                         held.count, held.bytes, limit, op_name(op)))) {
       return false;
     }
-    disconnect(largest);  // its registrations go now; the server closes it after this request
+    disconnect(victim);  // its registrations go now; the server closes it after this request
   }
+  res = {};
+  return can_register(res, op, n, key_bytes);
 }
 
 bool StoreState::can_add_entry(ApplyResult& res, std::string_view key) const {

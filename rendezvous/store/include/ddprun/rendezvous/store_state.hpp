@@ -15,10 +15,11 @@
 // naming the limit and its flag.
 //
 // Fairness: the registration table is shared by every connection. When a WAIT, BARRIER or
-// WATCH_KEY does not fit, the connection holding the most registrations is closed to make room
-// (Outbox::shed), provided it holds more than the requester would after its request; otherwise the
-// requester is refused. So one client pipelining WAITs on many keys cannot make every other
-// client's one-key WAIT fail.
+// WATCH_KEY does not fit (max_waits, or the key bytes registrations copy against
+// max_total_bytes), the connections holding more than the requester would after its request, in
+// the measure that is short, are closed to make room, largest first (Outbox::shed), if that makes
+// enough; otherwise the requester is refused and nobody is shed. So one client pipelining WAITs on many keys cannot
+// make every other client's one-key WAIT fail.
 //
 // Not thread-safe: owned by the one thread that runs the server's io_context. Connection ids are
 // chosen by the caller and never reused while registrations for them exist.
@@ -161,8 +162,12 @@ class StoreState {
   // can_register, after shedding the connections that hold the most registrations when they
   // hold more than `conn` would (see "Fairness" above).
   bool make_room(ApplyResult& res, ConnectionId conn, Op op, std::size_t n, std::size_t key_bytes, Outbox& outbox);
-  // Registrations `conn` holds (WAIT/BARRIER keys plus WATCH_KEYs).
-  std::size_t held_by(ConnectionId conn) const;
+  // Registrations `conn` holds (WAIT/BARRIER keys plus WATCH_KEYs) and the key bytes they copy.
+  struct Held {
+    std::size_t count = 0;
+    std::size_t bytes = 0;
+  };
+  Held held_by(ConnectionId conn) const;
   // False (and `res` set) when one more key or queued item would pass max_keys.
   bool can_add_entry(ApplyResult& res, std::string_view key) const;
   // False (and `res` set) when a reply of `size` bytes does not fit in the outbox's room.
