@@ -111,7 +111,11 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
       return;
     }
     host_server_->start();
-    spdlog::info("no rendezvous server answered at {}: this agent hosts it", endpoint_.to_string());
+    spdlog::info(
+        "no rendezvous server answered at {}: this agent hosts it (it names this machine; where a ddprun-rdzvd "
+        "should serve it, pass --rdzv-conf is_host=0 so that an agent started while the daemon restarts waits for "
+        "it)",
+        endpoint_.to_string());
   }
 
   // torchrun's recipe for several single-node jobs on one machine, --rdzv-endpoint HOST:0: this
@@ -378,10 +382,9 @@ class ClientBackend final : public RendezvousBackend {
   std::vector<FailureReport> local_others_;
   std::optional<FailureReport> root_cause_;  // the job's root cause when it failed here (local_root_cause)
   std::string failure_reason_;               // the job's failure when no worker caused it (job_failure_reason)
-  std::string printed_diagnosis_;
-  std::map<int, int> rounds_at_count_;  // rounds started at each restart count (their directories)            // this
-                                        // node's block as printed at its first failure, amended since
-  bool group_done_ = false;             // this round's local workers have all exited (await_verdict)
+  std::string printed_diagnosis_;            // this node's block as printed at its first failure, amended since
+  std::map<int, int> rounds_at_count_;       // rounds started at each restart count (their directories)
+  bool group_done_ = false;                  // this round's local workers have all exited (await_verdict)
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
 };

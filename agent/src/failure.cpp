@@ -237,8 +237,8 @@ void write_launcher_error_file(const std::string& path, const FailureReport* roo
     if (raw && !ec && v.is_object()) {
       auto* message = v.as_object().if_contains("message");
       if (message != nullptr && message->is_object()) {
-        message->as_object()["errorCode"] =
-            root->status.signal != 0 ? root->status.shell_code() : root->status.exit_code;
+        // torch's exitcode: the code, or minus the signal (multiprocessing's convention).
+        message->as_object()["errorCode"] = root->status.signal != 0 ? -root->status.signal : root->status.exit_code;
       }
       text = json::serialize(v);
     }
@@ -255,7 +255,13 @@ void write_launcher_error_file(const std::string& path, const FailureReport* roo
     text = json::serialize(top);
   }
   if (text.empty()) return;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644);
+  // Replaced, not written through: a link planted at the path must not redirect the write (torch
+  // removes the file first too).
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    spdlog::warn("cannot replace TORCHELASTIC_ERROR_FILE={}: {}", path, std::strerror(errno));
+    return;
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
   if (fd < 0 || !write_all(fd, text)) {
     spdlog::warn("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}: {}", path, std::strerror(errno));
   }

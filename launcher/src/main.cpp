@@ -64,7 +64,10 @@ int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::Remote
 
 // torchrun's main is decorated with @record: an error of the launcher itself goes to its
 // TORCHELASTIC_ERROR_FILE, for the scheduler that set it.
+bool status_command = false;  // `ddprun status`: not a launch, its errors are not a job's
+
 void record_error(const std::string& what) {
+  if (status_command) return;
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path != nullptr && *path != '\0') ddprun::agent::write_launcher_error_file(path, nullptr, what);
 }
@@ -101,6 +104,7 @@ int run(int argc, char** argv) {
     std::erase_if(context.env, [](const auto& kv) { return kv.first.rfind("PET_", 0) == 0; });
   }
   if (argc >= 2 && std::string_view(argv[1]) == "status") {
+    status_command = true;
     // `ddprun status ...` (a training program literally named "status" needs ./status).
     const std::vector<std::string> args(argv + 2, argv + argc);
     const auto request = ddprun::launcher::parse_status_args(args, context.env);

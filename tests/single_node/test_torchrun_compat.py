@@ -421,8 +421,21 @@ class LauncherErrorFile(Base):
             message = json.load(f)["message"]
         self.assertIn("unreachable", message["message"])
         self.assertIn("timestamp", message["extraInfo"])
-        # A job that succeeds writes nothing.
+        # A link planted at the path is replaced, not written through.
         os.unlink(mine)
+        target = self.p("target")
+        open(target, "w").close()
+        os.symlink(target, mine)
+        r = run(["--nnodes=2:1", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertFalse(os.path.islink(mine))
+        self.assertEqual(os.path.getsize(target), 0)
+        # ddprun status is not a launch: its errors are not recorded.
+        os.unlink(mine)
+        r = run(["status"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertFalse(os.path.exists(mine))
+        # A job that succeeds writes nothing.
         r = run(["--nproc-per-node=1", "w.py"], cwd=self.dir, env={"TORCHELASTIC_ERROR_FILE": mine})
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertFalse(os.path.exists(mine))

@@ -62,9 +62,10 @@ std::string format_failure_summary(std::string_view command, std::string_view ho
 
 // What torchrun's own @record writes to the launcher's TORCHELASTIC_ERROR_FILE (`path`, from
 // ddprun's environment) when the job fails: the root-cause rank's error file, its message given
-// an "errorCode" (the exit code), when that rank ran here and wrote one; else, with `own_error`,
-// ddprun's own failure (rendezvous timeout, unreachable server, bad flag) in torch's format.
-// Nothing otherwise, as torchrun. Never throws; a file that cannot be written is logged.
+// an "errorCode" (the exit code, or minus the signal), when that rank ran here and wrote one;
+// else, with `own_error`, ddprun's own failure (rendezvous timeout, unreachable server, bad
+// flag) in torch's format. Nothing otherwise. The file is replaced (unlinked, then created
+// without following a link). Never throws; a file that cannot be written is logged.
 void write_launcher_error_file(const std::string& path, const FailureReport* root, const std::string& own_error);
 
 // The most of an error file read: a worker's traceback is kilobytes; more is not one.
