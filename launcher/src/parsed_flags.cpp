@@ -288,6 +288,14 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
       // as argparse reads it: the value 3, made two words here for CLI11, which would read "=3").
       const FlagSpec* spec = nullptr;
       for (const auto& f : launcher_flags()) {
+        if (f.short_name.empty() || arg.size() < 3 || f.short_name != arg.substr(1, 1)) continue;
+        if (f.kind == FlagKind::boolean && arg[2] == '=') {  // -m=x: argparse's "ignored explicit argument"
+          throw UsageError("-" + std::string(f.short_name) + " (--" + std::string(f.dash) +
+                               ") is a switch and takes no value, got " + arg,
+                           "write -" + std::string(f.short_name) + " alone");
+        }
+      }
+      for (const auto& f : launcher_flags()) {
         if (!f.short_name.empty() && arg.size() >= 2 && f.short_name == arg.substr(1, 1) &&
             f.kind != FlagKind::boolean) {
           spec = &f;

@@ -515,6 +515,8 @@ TEST_CASE("a switch given a value is refused, as argparse refuses it") {
     CHECK_THROWS_WITH(sb.parse(args), Contains("is a switch and takes no value, got " + args.front()));
   }
   CHECK(sb.parse({"--standalone", "train.py"}).config.standalone);
+  CHECK_THROWS_WITH(sb.parse({"-m=pkg.train"}),
+                    Contains("-m (--module) is a switch and takes no value, got -m=pkg.train"));
 }
 
 TEST_CASE("usage errors: no program, unknown options, missing values") {
