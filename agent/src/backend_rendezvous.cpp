@@ -103,6 +103,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
     opts.host = bind_host(endpoint_.host);
     opts.port = endpoint_.port;
     opts.token = config_.rdzv.token;
+    opts.embedded = true;
     try {
       host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     } catch (const Error& e) {
@@ -131,6 +132,7 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
     opts.host = bind_host(endpoint_.host);
     opts.port = 0;
     opts.token = config_.rdzv.token;
+    opts.embedded = true;
     host_server_ = std::make_unique<rendezvous::RendezvousServer>(io_, opts);
     host_server_->start();
     endpoint_.port = host_server_->port();

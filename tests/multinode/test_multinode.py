@@ -678,6 +678,30 @@ def agent_sigterm(c):
     check(set(codes.values()) == {0}, "survivors' exit codes %s\n%s" % (codes, c.all_logs()))
 
 
+def embedded_host_lost(c):
+    # The agent hosting the rendezvous (no daemon) is SIGKILLed, then, in a second job, stopped
+    # with SIGTERM: the others exit 1 at once, saying so, instead of retrying for read_timeout
+    # (20 s here; the wait below is shorter) and blaming a ddprun-rdzvd nobody started.
+    for how in (signal.SIGKILL, signal.SIGTERM):
+        port = free_port("127.0.0.2")
+        ep = "127.0.0.2:%d" % port
+        run_id = "%s-%d" % (c.marker, how)
+        names = ["%s-%d" % (a, how) for a in ADDRS]
+        c.start_agent(ADDRS[0], ep, nnodes="2:3", run_id=run_id, name=names[0], worker_args=["--sleep", "60"])
+        for a, name in zip(ADDRS[1:], names[1:]):  # is_host=0: the first agent hosts, whoever probes first
+            c.start_agent(a, ep, nnodes="2:3", run_id=run_id, name=name, conf=FAST_CONF + ",is_host=0",
+                          worker_args=["--sleep", "60"])
+        c.wait_envs(lambda e: e["TORCHELASTIC_RUN_ID"] == run_id and e["WORLD_SIZE"] == "6", 6, 30, "6 workers")
+        check("this agent hosts it" in c.log(names[0]), "127.0.0.2 did not host:\n" + c.all_logs())
+        c.agents[names[0]][0].send_signal(how)
+        codes = c.wait_agents(15, names[1:])
+        check(set(codes.values()) == {1}, "exit codes %s\n%s" % (codes, c.all_logs()))
+        for name in names[1:]:
+            check("was hosted by the agent on that node (no ddprun-rdzvd), and it is gone" in c.log(name),
+                  "no clear message on %s:\n%s" % (name, c.log(name)))
+        c.wait_agents(15, names[:1])
+
+
 def embedded_failure_restart(c):
     # Worker failure with the rendezvous embedded in one agent: all nodes restart, then succeed.
     port = free_port("127.0.0.2")
@@ -694,7 +718,8 @@ def embedded_failure_restart(c):
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
-                                      below_min, agent_sigterm, embedded_failure_restart, static_backend,
+                                      below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
+                                      static_backend,
                                       exit_barrier, nccl_ids]}
 
 

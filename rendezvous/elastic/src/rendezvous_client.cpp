@@ -97,6 +97,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   std::string node_secret;  // from JOINED; presented by every REJOIN
   std::optional<TimePoint> unreachable_since;
   std::string last_error;
+  bool host_embedded = false;  // the server said (CHALLENGE) it is a rendezvous inside one agent
+  bool last_refused = false;   // the last connect was refused: nothing listens there
 
   std::string in;
   std::size_t in_begin = 0;
@@ -208,6 +210,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
             self->connect_timer.cancel();
             if (gen != self->generation || self->stopped()) return;
             if (cec) {
+              self->last_refused = cec == asio::error::connection_refused;
               self->connect_failed(cec == asio::error::operation_aborted
                                        ? std::string("connect timed out")
                                        : fmt::format("connect failed: {}", cec.message()));
@@ -221,6 +224,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   // connecting -> handshaking: every (re)connect authenticates before anything else is sent.
   void on_connected() {
     link = LinkState::handshaking;
+    last_refused = false;
     boost::system::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
     in.clear();
@@ -236,6 +240,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       connection_lost("protocol error from the server: CHALLENGE outside the handshake");
       return;
     }
+    host_embedded = m.embedded;
     if (!m.auth) {
       if (!options.token.empty()) {
         // Anything can say "no token needed"; only the daemon that holds it can prove it (AUTH_OK).
@@ -325,6 +330,18 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     const TimePoint now = timers.clock().now();
     if (!unreachable_since) unreachable_since = now;
     const Duration down = now - *unreachable_since;
+    if (host_embedded && last_refused && options.alternates.empty()) {
+      // Nothing listens where an agent hosted the rendezvous: that agent is gone, and with it the
+      // job's state; nobody else serves that address (torchrun fails at once too).
+      const std::string msg = fmt::format(
+          "the rendezvous at {} was hosted by the agent on that node (no ddprun-rdzvd), and it is gone "
+          "({}): the job cannot go on without it. Use ddprun-rdzvd (or --rdzv-backend etcd) for jobs that must "
+          "survive the loss of any node",
+          endpoint_text(), last_error);
+      stop();
+      if (events.on_unreachable) events.on_unreachable(msg);
+      return;
+    }
     if (down >= options.give_up_after) {
       give_up();
       return;

@@ -57,8 +57,7 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
       const int participants = count(MemberRole::participant);
       if (exit_barrier_) {
         return fmt::format("exit barrier: {}/{} nodes finished, timeout in {}", succeeded_count_,
-                           participants + absent_count(),
-                           format_seconds(until(*exit_barrier_, now)));
+                           participants + absent_count(), format_seconds(until(*exit_barrier_, now)));
       }
       return fmt::format("running round {} with {} nodes (restarts {}/{})", round_, participants, restarts_used_,
                          config_.max_restarts);

@@ -43,6 +43,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
   service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
+  service_options.embedded = options_.embedded;
   service_options.limits = options_.limits.wire;
   service_options.progress_interval = options_.progress_interval;
   service_options.job_expiry = options_.job_expiry;

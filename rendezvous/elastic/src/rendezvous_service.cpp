@@ -129,7 +129,7 @@ RendezvousService::Refusal RendezvousService::handshake(ConnectionId conn, Clien
     it->second.server_nonce = auth::random_hex(auth::nonce_bytes);
     it->second.client_nonce = std::move(hello->client_nonce);
     scratch_.clear();
-    encode_server(scratch_, ChallengeMessage{it->second.server_nonce, !options_.token.empty()});
+    encode_server(scratch_, ChallengeMessage{it->second.server_nonce, !options_.token.empty(), options_.embedded});
     emit(conn, scratch_);
     return {};
   }

@@ -348,7 +348,9 @@ void encode_one(std::string& out, const T& m) {
   } else if constexpr (std::is_same_v<T, Progress>) {
     frame_progress(out, m);
   } else if constexpr (std::is_same_v<T, ChallengeMessage>) {
-    frame(out, NativeOp::challenge, json::object{{"server_nonce", m.server_nonce}, {"auth", m.auth}});
+    json::object o{{"server_nonce", m.server_nonce}, {"auth", m.auth}};
+    if (m.embedded) o["embedded"] = true;
+    frame(out, NativeOp::challenge, std::move(o));
   } else if constexpr (std::is_same_v<T, AuthOkMessage>) {
     frame(out, NativeOp::auth_ok, json::object{{"mac", m.mac}});
   } else if constexpr (std::is_same_v<T, JoinedMessage>) {

@@ -414,7 +414,8 @@ DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, Se
         return s;
       }
       case NativeOp::challenge:
-        return ChallengeMessage{r.hex_of("server_nonce", auth::nonce_bytes), r.boolean("auth")};
+        return ChallengeMessage{r.hex_of("server_nonce", auth::nonce_bytes), r.boolean("auth"),
+                                r.find("embedded") != nullptr && r.boolean("embedded")};
       case NativeOp::auth_ok:
         return AuthOkMessage{r.hex_of("mac", 32)};
       case NativeOp::joined:

@@ -58,6 +58,9 @@ struct RendezvousServerOptions {
   // With a token: let connections that did not authenticate use TCPStore ops (torchrun's c10d
   // backend cannot authenticate). Anyone who reaches the port can then read and delete keys.
   bool allow_unauthenticated_store = false;
+  // Hosted inside an agent (the c10d and static backends without a daemon): clients learn it in
+  // the handshake and give up at once when it is gone (RendezvousClientOptions).
+  bool embedded = false;
   RendezvousLimits limits;
   // Throttle for Progress lines to the nodes waiting in a collecting round.
   Duration progress_interval = std::chrono::seconds(1);

@@ -69,6 +69,7 @@ struct RendezvousServiceOptions {
   // (rendezvous_registry.hpp); nullopt = never.
   std::optional<Duration> job_expiry = default_job_expiry;
   std::size_t max_jobs = default_max_jobs;  // 0 = no cap
+  bool embedded = false;                    // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
 };
 
 struct RendezvousServiceStats {

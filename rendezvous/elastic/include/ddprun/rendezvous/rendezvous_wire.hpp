@@ -110,14 +110,17 @@ struct RelayMessage {
   int version = 1;
 };
 
-using ClientMessage = std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage, WorkerFailedMessage,
-                                   SucceededMessage, CloseMessage, StatusMessage, HelloMessage, AuthMessage,
-                                   RelayMessage>;
+using ClientMessage =
+    std::variant<JoinMessage, RejoinMessage, HeartbeatMessage, LeaveMessage, WorkerFailedMessage, SucceededMessage,
+                 CloseMessage, StatusMessage, HelloMessage, AuthMessage, RelayMessage>;
 
 // ---- server -> client messages: the registry's actions plus the STATUS reply ----
 struct ChallengeMessage {
   std::string server_nonce;  // 64 hex digits
   bool auth = false;         // false: the server has no token, no AUTH is needed
+  // The server is a rendezvous embedded in one agent (no ddprun-rdzvd): once it refuses
+  // connections, that agent is gone and the job cannot go on. Optional on the wire.
+  bool embedded = false;
 };
 struct AuthOkMessage {
   std::string mac;  // the server's proof that it knows the token
