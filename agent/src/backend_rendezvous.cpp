@@ -49,6 +49,18 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
         linger_timer_(io) {}
 
   std::vector<Endpoint> peers() const override { return {endpoint_}; }
+
+  void leave() override {
+    if (host_server_ && !host_stopped_) {
+      // This agent hosts the rendezvous and stops (a signal): the others cannot go on without it;
+      // tell them now rather than start a round it would leave within seconds.
+      host_server_->abort_jobs("the agent hosting the rendezvous at " + endpoint_.to_string() +
+                                   " stopped after a signal; the job cannot go on without it (use ddprun-rdzvd for "
+                                   "jobs that must survive the loss of any node)",
+                               1);
+    }
+    ClientTransport::leave();
+  }
   std::string where() const override {
     return endpoints_.size() > 1 ? endpoint_list_text(endpoints_) : endpoint_.to_string();
   }
@@ -243,6 +255,7 @@ class ClientBackend final : public RendezvousBackend {
   }
 
   void leave(int /*exit_code*/) override {
+    leaving_ = true;  // (the job's end that our own leave may cause is no news here)
     spdlog::warn("workers stopped after a signal; leaving the rendezvous");
     transport_->leave();
   }
@@ -309,7 +322,7 @@ class ClientBackend final : public RendezvousBackend {
       events_.on_restart();
     };
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {
-      if (stopped_) return;
+      if (stopped_ || leaving_) return;
       if (local_first_ && !group_done_) {
         // This node's workers are still stopping after its own failure: the summary waits for
         // them (await_verdict), so it can list every local rank that failed on its own.
@@ -389,6 +402,7 @@ class ClientBackend final : public RendezvousBackend {
   bool group_done_ = false;                  // this round's local workers have all exited (await_verdict)
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
+  bool leaving_ = false;  // leave() after a signal: this node is on its way out
 };
 
 }  // namespace

@@ -696,10 +696,17 @@ def embedded_host_lost(c):
         c.agents[names[0]][0].send_signal(how)
         codes = c.wait_agents(15, names[1:])
         check(set(codes.values()) == {1}, "exit codes %s\n%s" % (codes, c.all_logs()))
+        # Killed, it is gone; stopped by a signal, it tells the others the job is over before it
+        # goes (no round without it first).
+        want = ("was hosted by the agent on that node (no ddprun-rdzvd), and it is gone" if how == signal.SIGKILL
+                else "the agent hosting the rendezvous at %s stopped after a signal" % ep)
         for name in names[1:]:
-            check("was hosted by the agent on that node (no ddprun-rdzvd), and it is gone" in c.log(name),
-                  "no clear message on %s:\n%s" % (name, c.log(name)))
-        c.wait_agents(15, names[:1])
+            check(want in c.log(name), "no clear message on %s:\n%s" % (name, c.log(name)))
+            check("round 1" not in c.log(name), "a round was started without the host:\n%s" % c.log(name))
+        host_code = c.wait_agents(15, names[:1])[names[0]]
+        # SIGKILL: the kernel's verdict; SIGTERM: ddprun's own exit after forwarding it, 128 + 15.
+        check(host_code == (-how if how == signal.SIGKILL else 128 + how),
+              "the host exited %s after signal %d" % (host_code, how))
 
 
 def embedded_failure_restart(c):

@@ -525,6 +525,12 @@ Decisions RendezvousJob::succeeded(const NodeId& node, std::uint64_t round, Time
   return out;
 }
 
+Decisions RendezvousJob::abort(const std::string& reason, int exit_code, TimePoint now) {
+  Decisions out;
+  if (!finished()) fail_job(out, reason, std::nullopt, exit_code, now);
+  return out;
+}
+
 Decisions RendezvousJob::close(TimePoint now) {
   closed_ = true;
   mark_gc_if_empty(now);

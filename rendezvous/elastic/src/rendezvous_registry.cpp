@@ -146,6 +146,15 @@ Decisions RendezvousRegistry::close(const std::string& run_id, TimePoint now) {
   return it == jobs_.end() ? Decisions{} : touched(it, it->second.job.close(now), now);
 }
 
+Decisions RendezvousRegistry::abort_all(const std::string& reason, int exit_code, TimePoint now) {
+  Decisions out;
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    Decisions d = touched(it, it->second.job.abort(reason, exit_code, now), now);
+    out.insert(out.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
+  }
+  return out;
+}
+
 RendezvousRegistry::Jobs::iterator RendezvousRegistry::add_job(const std::string& run_id, RendezvousJob job,
                                                                TimePoint now) {
   auto it = jobs_.try_emplace(run_id, Entry{std::move(job), std::nullopt, std::nullopt}).first;

@@ -68,6 +68,10 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   if (!options_.stop_signals.empty()) signals_ = std::make_unique<Signals>(io);
 }
 
+void RendezvousServer::abort_jobs(const std::string& reason, int exit_code) {
+  if (service_) service_->abort_all(reason, exit_code);
+}
+
 RendezvousServer::~RendezvousServer() {
   stop();
   // The store's pending handlers may keep the service object alive after this; its timer must

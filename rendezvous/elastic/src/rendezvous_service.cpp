@@ -526,6 +526,11 @@ void RendezvousService::rearm() {
   });
 }
 
+void RendezvousService::abort_all(const std::string& reason, int exit_code) {
+  apply(registry_.abort_all(reason, exit_code, clock_.now()));
+  rearm();
+}
+
 void RendezvousService::on_timer() {
   std::vector<std::string> dropped;
   apply(registry_.on_tick(clock_.now(), &dropped));

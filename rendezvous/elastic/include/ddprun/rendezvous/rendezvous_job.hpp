@@ -107,6 +107,9 @@ class RendezvousJob {
   Decisions worker_failed(const WorkerFailure& failure, TimePoint now);
   Decisions succeeded(const NodeId& node, std::uint64_t round, TimePoint now);
   Decisions close(TimePoint now);
+  // Ends an unfinished job as failed with `reason` (the agent hosting an embedded rendezvous
+  // stops: nobody can go on without it). Finished jobs keep their result.
+  Decisions abort(const std::string& reason, int exit_code, TimePoint now);
   Decisions on_tick(TimePoint now);
 
   // Earliest time on_tick has something to do; nullopt when nothing is pending.

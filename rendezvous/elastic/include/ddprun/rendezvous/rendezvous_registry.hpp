@@ -50,6 +50,8 @@ class RendezvousRegistry {
   Decisions succeeded(const std::string& run_id, const NodeId& node, std::uint64_t round, TimePoint now);
   // Unknown run ids are ignored (nothing to refuse later).
   Decisions close(const std::string& run_id, TimePoint now);
+  // RendezvousJob::abort of every job.
+  Decisions abort_all(const std::string& reason, int exit_code, TimePoint now);
   // Runs the timers of the jobs that are due and drops the collectable and expired ones; their
   // run ids are appended to `dropped` when given.
   Decisions on_tick(TimePoint now, std::vector<std::string>* dropped = nullptr);

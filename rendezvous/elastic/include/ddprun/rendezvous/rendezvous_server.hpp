@@ -88,6 +88,8 @@ class RendezvousServer {
   // Detaches the service, closes the acceptor and every connection, stops listening for
   // signals. Idempotent.
   void stop();
+  // Fails every unfinished job it serves with `reason` (an embedded host whose agent stops).
+  void abort_jobs(const std::string& reason, int exit_code);
 
   std::uint16_t port() const;
   const std::string& host() const;

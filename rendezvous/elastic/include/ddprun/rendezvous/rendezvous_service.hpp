@@ -108,6 +108,8 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // detach() and release the timer for good: later events still update the registry but arm
   // nothing. After this the service holds no object of the io_context, so it may outlive it.
   void shutdown();
+  // Every unfinished job fails with `reason` (RendezvousJob::abort); its members are told now.
+  void abort_all(const std::string& reason, int exit_code);
 
   DecodeResult on_frame(ConnectionId conn, std::string_view buffer, StoreState& state, Outbox& outbox) override;
   void on_disconnect(ConnectionId conn) override;
