@@ -133,6 +133,59 @@ std::vector<pid_t> read_pids(const std::string& procs_file) {
   return out;
 }
 
+// The members of the cgroup `dir` and of every cgroup below it (16 levels): a job process may
+// make a cgroup of its own inside its rank's, and a cgroup.procs lists only its own members.
+// Never through a symbolic link.
+void add_subtree_pids(const std::string& dir, int depth, std::vector<pid_t>& out) {
+  const auto own = read_pids(dir + "/cgroup.procs");
+  out.insert(out.end(), own.begin(), own.end());
+  if (depth >= 16) return;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
+  if (d == nullptr) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  std::vector<std::string> subs;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_type == DT_DIR && std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      subs.emplace_back(e->d_name);
+    }
+  }
+  ::closedir(d);
+  for (const auto& s : subs) add_subtree_pids(dir + "/" + s, depth + 1, out);
+}
+
+std::vector<pid_t> subtree_pids(const std::string& dir) {
+  std::vector<pid_t> out;
+  add_subtree_pids(dir, 0, out);
+  return out;
+}
+
+// rmdir of the cgroup `dir` and, when it says EBUSY (children, or members still leaving), of
+// every cgroup below it first, deepest first; each rmdir retried for up to 2 s (a process
+// SIGKILLed a moment ago may not have left its cgroup yet). 16 levels at most.
+void remove_cgroup_tree(const std::string& dir, int depth) {
+  if (::rmdir(dir.c_str()) == 0 || errno != EBUSY || depth >= 16) return;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (DIR* d = fd < 0 ? nullptr : ::fdopendir(fd); d != nullptr) {
+    std::vector<std::string> subs;
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_type == DT_DIR && std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        subs.emplace_back(e->d_name);
+      }
+    }
+    ::closedir(d);
+    for (const auto& s : subs) remove_cgroup_tree(dir + "/" + s, depth + 1);
+  } else if (fd >= 0) {
+    ::close(fd);
+  }
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    if (::rmdir(dir.c_str()) == 0 || errno != EBUSY) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 struct Mount {
   std::string dir;   // mount point
   std::string path;  // this process's cgroup in that hierarchy ("/a/b")
@@ -861,26 +914,11 @@ Containment::~Containment() {
     ::close(watchdog_fd_);
     return;
   }
-  // A process SIGKILLed by the sweep a moment ago may not have left its cgroup yet (rmdir says
-  // EBUSY until its exit reaches the cgroup core, after /proc stopped showing it as a job
-  // member): retry for up to 2 s, so the job's cgroups do not outlive it.
-  auto remove_dir = [](const std::string& dir) {
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      if (::rmdir(dir.c_str()) == 0 || errno != EBUSY) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  };
-  auto remove = [this, &remove_dir](const std::string& job) {
-    if (job.empty()) return;
-    // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier
-    // agent with this pid: containers reuse pids) make the job's rmdir fail with EBUSY, as do
-    // processes still leaving it; only then are they looked for (an absent one costs a lookup).
-    if (::rmdir(job.c_str()) == 0 || errno != EBUSY) return;
-    for (int r = 0; r < nproc_; ++r) remove_dir(rank_dir(job, r));
-    remove_dir(job);
-  };
-  remove(job_dir_);
-  if (memory_dir_ != job_dir_) remove(memory_dir_);
+  // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
+  // with this pid: containers reuse pids), cgroups a job process made, and processes still
+  // leaving make the job's rmdir fail with EBUSY; only then is the tree below looked at.
+  if (!job_dir_.empty()) remove_cgroup_tree(job_dir_, 0);
+  if (!memory_dir_.empty() && memory_dir_ != job_dir_) remove_cgroup_tree(memory_dir_, 0);
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }
@@ -962,13 +1000,8 @@ std::optional<std::vector<pid_t>> Containment::job_pids() const {
   // proc/off: the token would need a scan of every /proc/PID/environ; v1 memory cgroups are
   // joined after the start (join_memory) and miss what a worker started early. Neither is exact.
   if (job_dir_.empty()) return std::nullopt;
-  if (!rank_dirs_) return read_pids(job_dir_ + "/cgroup.procs");
-  std::vector<pid_t> out;
-  for (int r = 0; r < nproc_; ++r) {
-    const auto p = read_pids(rank_dir(job_dir_, r) + "/cgroup.procs");
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
+  // The whole subtree: the rank cgroups, and any cgroup a job process made below them.
+  return subtree_pids(job_dir_);
 }
 
 RankMemory Containment::rank_memory(int local_rank) const {

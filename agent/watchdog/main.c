@@ -263,9 +263,47 @@ static void add_pid(long pid) {
 }
 
 static char procs[1 << 20];
-/* Adds the living processes listed in a cgroup.procs file; returns how many were listed. */
-static long add_cgroup_pids(const char* file) {
-  const long n = read_file(file, procs, (long)sizeof procs - 1);
+static long add_listed_pids(long n);
+/* Adds the living processes listed in the cgroup.procs of the cgroup open as `dirfd` and of every
+ * cgroup below it (16 levels); returns how many were listed. A job process
+ * may make a cgroup of its own inside its rank's, and a v1 cgroup.procs lists only its own
+ * members. Never through a symbolic link. */
+static long add_cgroup_tree_pids(int dirfd, int depth) {
+  long listed = 0;
+  const int pf = sys_openat(dirfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+  if (pf >= 0) {
+    long got = 0;
+    while (got < (long)sizeof procs - 1) {
+      const long n = sys_read(pf, procs + got, (long)sizeof procs - 1 - got);
+      if (n == -E_INTR) continue;
+      if (n <= 0) break;
+      got += n;
+    }
+    sys_close(pf);
+    listed += add_listed_pids(got);
+  }
+  if (depth >= 16) return listed;
+  char dents[4096] __attribute__((aligned(8)));
+  sys_lseek0(dirfd);
+  for (;;) {
+    const long n = sys_getdents(dirfd, dents, (long)sizeof dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+      const unsigned char type = (unsigned char)dents[off + 18];
+      const char* entry = dents + off + 19;
+      off += reclen;
+      if (type != DT_DIRECTORY || str_eq(entry, ".") || str_eq(entry, "..")) continue;
+      const int sub = sys_openat(dirfd, entry, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) continue;
+      listed += add_cgroup_tree_pids(sub, depth + 1);
+      sys_close(sub);
+    }
+  }
+  return listed;
+}
+
+static long add_listed_pids(long n) {
   if (n <= 0) return 0;
   procs[n] = '\0';
   long listed_here = 0;
@@ -437,11 +475,15 @@ static void sweep(void) {
     } else if (v1) {
       /* As the agent's sweep: an empty member list is final; otherwise it is read again frozen
        * (a process that forks and exits may show only pids that are gone). */
-      long listed_pids = 0;
+      /* The whole subtree: the rank cgroups and any cgroup a job process made below them. */
+      const int job_fd = sys_open(job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (job_fd < 0) return;
       npids = 0;
-      for (long r = 0; r < ranks; ++r)
-        listed_pids += add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
-      if (listed_pids == 0) return;
+      const long listed_pids = add_cgroup_tree_pids(job_fd, 0);
+      if (listed_pids == 0) {
+        sys_close(job_fd);
+        return;
+      }
       freeze_ranks("FROZEN");
       for (long r = 0; r < ranks && now_ms() <= deadline;) { /* FREEZING until every task stopped */
         static char state[64];
@@ -453,7 +495,8 @@ static void sweep(void) {
         }
       }
       npids = 0;
-      for (long r = 0; r < ranks; ++r) add_cgroup_pids(path_of(job_dir, rank_dirs ? r : -1, "cgroup.procs"));
+      add_cgroup_tree_pids(job_fd, 0);
+      sys_close(job_fd);
       for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9); /* takes effect on thaw */
       freeze_ranks("THAWED");
       if (npids == 0) return;
@@ -479,23 +522,43 @@ static void sweep(void) {
   }
 }
 
-/* rmdir, retried while a process SIGKILLed a moment ago has not left the cgroup (EBUSY), 2 s. */
-static void remove_dir(const char* dir) {
-  if (!dir) return;
+/* Removes the cgroup `name` below `dirfd` and every cgroup below it, deepest first: the rank
+ * cgroups, and any a job process made (its rmdir says EBUSY while a cgroup has children or
+ * members leaving). Only on EBUSY are they looked for: an rmdir that works costs nothing more.
+ * Never through a symbolic link, 16 levels at most; each rmdir retried for up to 2 s. */
+static void remove_cgroup_tree(int dirfd, const char* name, int depth) {
+  if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_BUSY || depth >= 16) return;
+  const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    char dents[4096] __attribute__((aligned(8)));
+    /* Read again until a pass finds no cgroup below: entries removed while read may hide others. */
+    for (int pass = 0, seen = 1; seen && pass < 8; ++pass) {
+      seen = 0;
+      sys_lseek0(fd);
+      for (;;) {
+        const long n = sys_getdents(fd, dents, (long)sizeof dents);
+        if (n <= 0) break;
+        for (long off = 0; off < n;) {
+          const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+          const unsigned char type = (unsigned char)dents[off + 18];
+          const char* entry = dents + off + 19;
+          off += reclen;
+          if (type != DT_DIRECTORY || str_eq(entry, ".") || str_eq(entry, "..")) continue;
+          seen = 1;
+          remove_cgroup_tree(fd, entry, depth + 1);
+        }
+      }
+    }
+    sys_close(fd);
+  }
   for (int attempt = 0; attempt < 200; ++attempt) {
-    if (sys_unlinkat(AT_FD_CWD, dir, AT_REMOVE_DIR) != -E_BUSY) return;
+    if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_BUSY) return;
     sleep_ms(10);
   }
 }
 static void remove_cgroups(const char* job) {
   if (job[0] == '\0') return;
-  /* Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
-   * with this pid: containers reuse pids) make the job's rmdir fail with EBUSY, as do processes
-   * still leaving it. Only then are they looked for: each lookup of an absent one costs ~3 us in
-   * cgroupfs, 0.2 ms at 64 ranks. */
-  if (sys_unlinkat(AT_FD_CWD, job, AT_REMOVE_DIR) != -E_BUSY) return;
-  for (long r = 0; r < nproc; ++r) remove_dir(path_of(job, r, 0));
-  remove_dir(path_of(job, -1, 0));
+  remove_cgroup_tree(AT_FD_CWD, job, 0);
 }
 
 /* Removes `name` below `dirfd` with what is in it: never through a symbolic link (O_NOFOLLOW,

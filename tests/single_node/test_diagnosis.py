@@ -98,6 +98,25 @@ int main(int argc, char** argv) {
 # Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
 # teardown's SIGTERM and then fail on their own (exit code 1); rank 3 waits, and its SIGTERM
 # handler exits 1 on the teardown's SIGTERM.
+NEST_SH = r'''
+# nest.sh OUT MODE HOW: a child of this worker moves into a cgroup made inside the job's own.
+out=$1
+if [ "$2" = cgroup1 ]; then
+    root=$(awk '$3 == "cgroup" && $4 ~ /(^|,)freezer(,|$)/ {print $2; exit}' /proc/mounts)
+    cg=$root$(grep ':freezer:' /proc/self/cgroup | cut -d: -f3)
+else
+    root=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
+    cg=$root$(grep '^0::' /proc/self/cgroup | cut -d: -f3)
+fi
+mkdir "$cg/inner" || exit 9
+setsid sleep 60 </dev/null >/dev/null 2>&1 &
+echo $! > "$cg/inner/cgroup.procs" || exit 8
+echo "$! $cg/inner" > "$out"
+echo ready
+[ "$3" = sigkill ] && exec sleep 60
+exit 0
+'''
+
 ALL_FAIL = r'''
 import glob, os, signal, sys, time
 marker = os.path.join(sys.argv[1], "rank0-failing")
@@ -501,6 +520,48 @@ class Diagnosis(unittest.TestCase):
                             os.killpg(group, signal.SIGKILL)
                         except ProcessLookupError:
                             pass
+
+    def test_a_process_in_a_cgroup_made_inside_the_job_ends_with_it(self):
+        # A worker's child makes a cgroup of its own inside its rank's (v1) or the job's (v2)
+        # cgroup and moves there (nested runtimes, CRIU and Ray do). Before: with cgroup1 it
+        # outlived ddprun (a v1 cgroup.procs lists only its own members), with cgroup2 the
+        # nested cgroup and the job's were left behind.
+        script = self.script("nest.sh", NEST_SH)
+        lone = self.lone_ddprun()  # its watchdog is the agent's fork, which sweeps with the agent's code
+        for mode in [m for m in modes() if m != "proc"]:
+            for how, binary in (("normal", DDPRUN), ("sigkill", DDPRUN), ("sigkill", lone)):
+                with self.subTest(mode=mode, how=how, watchdog="forked" if binary == lone else "program"):
+                    out = os.path.join(self.dir, f"nested-{mode}-{how}-{binary == lone}")
+                    proc = subprocess.Popen([binary, "--master-port", "0", "--containment", mode,
+                                             "--nproc-per-node", "1", "--no-python", "/bin/sh", script, out, mode,
+                                             how],
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL)
+                    pid = 0
+                    try:
+                        read_until(proc, "ready", 30)
+                        with open(out) as f:
+                            pid, cgroup = f.read().split()
+                        pid = int(pid)
+                        if how == "sigkill":
+                            proc.send_signal(signal.SIGKILL)
+                        proc.wait(timeout=30)
+                        self.assertTrue(wait_gone(pid, 10), f"the process in {cgroup} outlived ddprun ({mode}, {how})")
+                        job = cgroup[:cgroup.index("/ddprun-%d" % proc.pid) + len("/ddprun-%d" % proc.pid)]
+                        deadline = time.monotonic() + 10  # the watchdog removes them after ddprun's exit
+                        while os.path.exists(job) and time.monotonic() < deadline:
+                            time.sleep(0.02)
+                        self.assertFalse(os.path.exists(job), f"{job} was left ({mode}, {how})")
+                    finally:
+                        if proc.poll() is None:
+                            proc.kill()
+                            proc.wait()
+                        proc.stdout.close()
+                        if pid:
+                            try:
+                                os.kill(pid, signal.SIGKILL)
+                            except ProcessLookupError:
+                                pass
 
     def test_daemon_of_a_restarted_attempt_ends_with_the_job(self):
         # Attempt 0's sweep finds the job cgroup empty; attempt 1's daemon must still be ended.
