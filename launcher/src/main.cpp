@@ -62,10 +62,10 @@ int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::Remote
   return control;
 }
 
-// torchrun's main is decorated with @record: an error of the launcher itself goes to its
-// TORCHELASTIC_ERROR_FILE, for the scheduler that set it.
 bool status_command = false;  // `ddprun status`: not a launch, its errors are not a job's
 
+// torchrun's main is decorated with @record: an error of the launcher itself goes to its
+// TORCHELASTIC_ERROR_FILE, for the scheduler that set it.
 void record_error(const std::string& what) {
   if (status_command) return;
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
