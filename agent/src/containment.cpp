@@ -133,27 +133,31 @@ std::vector<pid_t> read_pids(const std::string& procs_file) {
   return out;
 }
 
-// The members of the cgroup `dir` and of every cgroup below it (16 levels): a job process may
-// make a cgroup of its own inside its rank's, and a cgroup.procs lists only its own members.
-// Never through a symbolic link.
-void add_subtree_pids(const std::string& dir, int depth, std::vector<pid_t>& out) {
-  const auto own = read_pids(dir + "/cgroup.procs");
-  out.insert(out.end(), own.begin(), own.end());
-  if (depth >= 16) return;
+// The names of the directories in `dir` (the cgroups below a cgroup), never through a link.
+std::vector<std::string> subdirs_of(const std::string& dir) {
+  std::vector<std::string> out;
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
   if (d == nullptr) {
     if (fd >= 0) ::close(fd);
-    return;
+    return out;
   }
-  std::vector<std::string> subs;
   while (const dirent* e = ::readdir(d)) {
     if (e->d_type == DT_DIR && std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      subs.emplace_back(e->d_name);
+      out.emplace_back(e->d_name);
     }
   }
   ::closedir(d);
-  for (const auto& s : subs) add_subtree_pids(dir + "/" + s, depth + 1, out);
+  return out;
+}
+
+// The members of the cgroup `dir` and of every cgroup below it (16 levels): a job process may
+// make a cgroup of its own inside its rank's, and a cgroup.procs lists only its own members.
+void add_subtree_pids(const std::string& dir, int depth, std::vector<pid_t>& out) {
+  const auto own = read_pids(dir + "/cgroup.procs");
+  out.insert(out.end(), own.begin(), own.end());
+  if (depth >= 16) return;
+  for (const auto& s : subdirs_of(dir)) add_subtree_pids(dir + "/" + s, depth + 1, out);
 }
 
 std::vector<pid_t> subtree_pids(const std::string& dir) {
@@ -167,19 +171,7 @@ std::vector<pid_t> subtree_pids(const std::string& dir) {
 // SIGKILLed a moment ago may not have left its cgroup yet). 16 levels at most.
 void remove_cgroup_tree(const std::string& dir, int depth) {
   if (::rmdir(dir.c_str()) == 0 || errno != EBUSY || depth >= 16) return;
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (DIR* d = fd < 0 ? nullptr : ::fdopendir(fd); d != nullptr) {
-    std::vector<std::string> subs;
-    while (const dirent* e = ::readdir(d)) {
-      if (e->d_type == DT_DIR && std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        subs.emplace_back(e->d_name);
-      }
-    }
-    ::closedir(d);
-    for (const auto& s : subs) remove_cgroup_tree(dir + "/" + s, depth + 1);
-  } else if (fd >= 0) {
-    ::close(fd);
-  }
+  for (const auto& s : subdirs_of(dir)) remove_cgroup_tree(dir + "/" + s, depth + 1);
   for (int attempt = 0; attempt < 200; ++attempt) {
     if (::rmdir(dir.c_str()) == 0 || errno != EBUSY) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

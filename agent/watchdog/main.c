@@ -199,9 +199,10 @@ static const char* path_of(const char* a, long r, const char* b) {
   return path_buf;
 }
 
-static long read_file(const char* path, char* buf, long cap) {
-  if (!path) return -1;
-  const int fd = sys_open(path, O_RDONLY | O_CLOEXEC);
+/* Up to `cap` bytes of `name` below `dirfd` (AT_FD_CWD: a path); -1 when it cannot be opened. */
+static long read_at(int dirfd, const char* name, char* buf, long cap) {
+  if (!name) return -1;
+  const int fd = sys_openat(dirfd, name, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   long got = 0;
   while (got < cap) {
@@ -212,6 +213,29 @@ static long read_file(const char* path, char* buf, long cap) {
   }
   sys_close(fd);
   return got;
+}
+static long read_file(const char* path, char* buf, long cap) { return read_at(AT_FD_CWD, path, buf, cap); }
+
+/* Calls f(fd, name, type, ctx) for every entry of the directory open as `fd` but "." and "..",
+ * from its start, until f returns non-zero, which is returned; 0 at the end, -1 when the listing
+ * fails. */
+typedef int (*entry_fn)(int fd, const char* name, unsigned char type, void* ctx);
+static int each_entry(int fd, entry_fn f, void* ctx) {
+  char dents[4096] __attribute__((aligned(8)));
+  sys_lseek0(fd);
+  for (;;) {
+    const long n = sys_getdents(fd, dents, (long)sizeof dents);
+    if (n <= 0) return n < 0 ? -1 : 0;
+    for (long off = 0; off < n;) {
+      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
+      const unsigned char type = (unsigned char)dents[off + 18];
+      const char* entry = dents + off + 19;
+      off += reclen;
+      if (str_eq(entry, ".") || str_eq(entry, "..")) continue;
+      const int r = f(fd, entry, type, ctx);
+      if (r != 0) return r;
+    }
+  }
 }
 static void write_file(const char* path, const char* text) {
   if (!path) return;
@@ -268,39 +292,24 @@ static long add_listed_pids(long n);
  * cgroup below it (16 levels); returns how many were listed. A job process
  * may make a cgroup of its own inside its rank's, and a v1 cgroup.procs lists only its own
  * members. Never through a symbolic link. */
+struct tree_pids {
+  long listed;
+  int depth;
+};
+static int add_subtree_pids(int fd, const char* name, unsigned char type, void* ctx);
 static long add_cgroup_tree_pids(int dirfd, int depth) {
-  long listed = 0;
-  const int pf = sys_openat(dirfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
-  if (pf >= 0) {
-    long got = 0;
-    while (got < (long)sizeof procs - 1) {
-      const long n = sys_read(pf, procs + got, (long)sizeof procs - 1 - got);
-      if (n == -E_INTR) continue;
-      if (n <= 0) break;
-      got += n;
-    }
-    sys_close(pf);
-    listed += add_listed_pids(got);
-  }
-  if (depth >= 16) return listed;
-  char dents[4096] __attribute__((aligned(8)));
-  sys_lseek0(dirfd);
-  for (;;) {
-    const long n = sys_getdents(dirfd, dents, (long)sizeof dents);
-    if (n <= 0) break;
-    for (long off = 0; off < n;) {
-      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
-      const unsigned char type = (unsigned char)dents[off + 18];
-      const char* entry = dents + off + 19;
-      off += reclen;
-      if (type != DT_DIRECTORY || str_eq(entry, ".") || str_eq(entry, "..")) continue;
-      const int sub = sys_openat(dirfd, entry, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      if (sub < 0) continue;
-      listed += add_cgroup_tree_pids(sub, depth + 1);
-      sys_close(sub);
-    }
-  }
-  return listed;
+  struct tree_pids t = {add_listed_pids(read_at(dirfd, "cgroup.procs", procs, (long)sizeof procs - 1)), depth};
+  if (depth < 16) each_entry(dirfd, add_subtree_pids, &t);
+  return t.listed;
+}
+static int add_subtree_pids(int fd, const char* name, unsigned char type, void* ctx) {
+  struct tree_pids* t = (struct tree_pids*)ctx;
+  if (type != DT_DIRECTORY) return 0;
+  const int sub = sys_openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sub < 0) return 0;
+  t->listed += add_cgroup_tree_pids(sub, t->depth + 1);
+  sys_close(sub);
+  return 0;
 }
 
 static long add_listed_pids(long n) {
@@ -526,28 +535,20 @@ static void sweep(void) {
  * cgroups, and any a job process made (its rmdir says EBUSY while a cgroup has children or
  * members leaving). Only on EBUSY are they looked for: an rmdir that works costs nothing more.
  * Never through a symbolic link, 16 levels at most; each rmdir retried for up to 2 s. */
+struct cgroup_pass {
+  int depth;
+  int seen;
+};
+static int remove_child_cgroup(int fd, const char* name, unsigned char type, void* ctx);
 static void remove_cgroup_tree(int dirfd, const char* name, int depth) {
   if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_BUSY || depth >= 16) return;
   const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
-    char dents[4096] __attribute__((aligned(8)));
     /* Read again until a pass finds no cgroup below: entries removed while read may hide others. */
-    for (int pass = 0, seen = 1; seen && pass < 8; ++pass) {
-      seen = 0;
-      sys_lseek0(fd);
-      for (;;) {
-        const long n = sys_getdents(fd, dents, (long)sizeof dents);
-        if (n <= 0) break;
-        for (long off = 0; off < n;) {
-          const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
-          const unsigned char type = (unsigned char)dents[off + 18];
-          const char* entry = dents + off + 19;
-          off += reclen;
-          if (type != DT_DIRECTORY || str_eq(entry, ".") || str_eq(entry, "..")) continue;
-          seen = 1;
-          remove_cgroup_tree(fd, entry, depth + 1);
-        }
-      }
+    struct cgroup_pass p = {depth, 1};
+    for (int pass = 0; p.seen && pass < 8; ++pass) {
+      p.seen = 0;
+      each_entry(fd, remove_child_cgroup, &p);
     }
     sys_close(fd);
   }
@@ -555,6 +556,13 @@ static void remove_cgroup_tree(int dirfd, const char* name, int depth) {
     if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_BUSY) return;
     sleep_ms(10);
   }
+}
+static int remove_child_cgroup(int fd, const char* name, unsigned char type, void* ctx) {
+  struct cgroup_pass* p = (struct cgroup_pass*)ctx;
+  if (type != DT_DIRECTORY) return 0;
+  p->seen = 1;
+  remove_cgroup_tree(fd, name, p->depth + 1);
+  return 0;
 }
 static void remove_cgroups(const char* job) {
   if (job[0] == '\0') return;
@@ -566,6 +574,12 @@ static void remove_cgroups(const char* job) {
  * below it stays, as does the directory above it), at most 64 levels deep. Each directory is
  * read again until a pass finds nothing left, as some file systems skip entries of a directory
  * that changes while it is read. */
+struct tree_walk {
+  const struct file_id* top;
+  int depth;
+  int seen;
+};
+static int remove_entry(int fd, const char* name, unsigned char type, void* ctx);
 static void remove_tree(int dirfd, const char* name, const struct file_id* top, int depth) {
   if (sys_unlinkat(dirfd, name, AT_REMOVE_DIR) != -E_NOTEMPTY || depth >= 64) return;
   const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -575,65 +589,46 @@ static void remove_tree(int dirfd, const char* name, const struct file_id* top, 
     sys_close(fd);
     return;
   }
-  char dents[4096] __attribute__((aligned(8)));
-  for (int pass = 0; pass < 8; ++pass) {
-    int seen = 0;
-    sys_lseek0(fd);
-    for (;;) {
-      const long n = sys_getdents(fd, dents, (long)sizeof dents);
-      if (n <= 0) break;
-      for (long off = 0; off < n;) {
-        const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
-        const unsigned char type = (unsigned char)dents[off + 18];
-        const char* entry = dents + off + 19;
-        off += reclen;
-        if (str_eq(entry, ".") || str_eq(entry, "..")) continue;
-        seen = 1;
-        if (type == DT_DIRECTORY || sys_unlinkat(fd, entry, 0) == -E_ISDIR) remove_tree(fd, entry, top, depth + 1);
-      }
-    }
-    if (!seen) break;
+  struct tree_walk w = {top, depth, 1};
+  for (int pass = 0; w.seen && pass < 8; ++pass) {
+    w.seen = 0;
+    each_entry(fd, remove_entry, &w);
   }
   sys_close(fd);
   sys_unlinkat(dirfd, name, AT_REMOVE_DIR);
+}
+static int remove_entry(int fd, const char* name, unsigned char type, void* ctx) {
+  struct tree_walk* w = (struct tree_walk*)ctx;
+  w->seen = 1;
+  if (type == DT_DIRECTORY || sys_unlinkat(fd, name, 0) == -E_ISDIR) remove_tree(fd, name, w->top, w->depth + 1);
+  return 0;
 }
 
 /* Whether the tree `name` below `dirfd` holds a regular file with data (at its top, ddprun's
  * Python hook ".ddprun-python" aside): the agent's rule for keeping a run directory
  * (remove_job_dir_unless_useful). What cannot be read, another file system, more than 64
  * levels: kept. */
+static int entry_holds_data(int fd, const char* name, unsigned char type, void* ctx);
 static int holds_data(int dirfd, const char* name, const struct file_id* top, int depth) {
   if (depth >= 64) return 1;
   const int fd = sys_openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return fd != -E_NOENT;
   struct file_id here;
   int found = file_of(fd, "", &here) != 0 || here.dev_major != top->dev_major || here.dev_minor != top->dev_minor;
-  char dents[4096] __attribute__((aligned(8)));
-  while (!found) {
-    const long n = sys_getdents(fd, dents, (long)sizeof dents);
-    if (n <= 0) {
-      found = n < 0;
-      break;
-    }
-    for (long off = 0; off < n && !found;) {
-      const unsigned short reclen = *(const unsigned short*)(dents + off + 16);
-      const char* entry = dents + off + 19;
-      off += reclen;
-      if (str_eq(entry, ".") || str_eq(entry, "..") || (depth == 0 && str_eq(entry, ".ddprun-python"))) continue;
-      struct file_id f;
-      if (file_of(fd, entry, &f) != 0) {
-        found = 1;
-      } else if (f.type == 0100000u /* S_IFREG */) {
-        found = f.size > 0;
-      } else if (f.type == 0040000u) {
-        found = holds_data(fd, entry, top, depth + 1);
-      } else if (f.type == 0120000u) {
-        found = 1; /* a symbolic link: the agent's check follows it to what may be data; kept */
-      }
-    }
-  }
+  struct tree_walk w = {top, depth, 0};
+  if (!found) found = each_entry(fd, entry_holds_data, &w) != 0; /* a listing that fails counts as data */
   sys_close(fd);
   return found;
+}
+static int entry_holds_data(int fd, const char* name, unsigned char type, void* ctx) {
+  (void)type;
+  const struct tree_walk* w = (const struct tree_walk*)ctx;
+  if (w->depth == 0 && str_eq(name, ".ddprun-python")) return 0;
+  struct file_id f;
+  if (file_of(fd, name, &f) != 0) return 1;
+  if (f.type == 0100000u /* S_IFREG */) return f.size > 0;
+  if (f.type == 0040000u) return holds_data(fd, name, w->top, w->depth + 1);
+  return f.type == 0120000u; /* a symbolic link: the agent's check follows it to what may be data; kept */
 }
 /* The run directory `dir` (a real directory, not a link to one), with what is in it; when
  * `if_unused`, only where it holds no data (holds_data). */
