@@ -151,6 +151,11 @@ class Agent {
       run_.mark_killed_by(pid, "file timer (a FileTimer scope expired)");
       return true;
     });
+    if (file_timer_) {  // should the agent be killed, the watchdog removes the FIFO
+      std::error_code ec;
+      const auto fifo = std::filesystem::absolute(file_timer_->path(), ec);
+      if (!ec) containment_->unlink_when_gone(fifo.string(), file_timer_->fifo_dev(), file_timer_->fifo_ino());
+    }
     if (config_.health_check_port) {
       health_ = std::make_unique<HealthEndpoint>(io_, *config_.health_check_port);
       health_->start();

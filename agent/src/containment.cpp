@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,8 +43,47 @@ constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
 constexpr int kProcEmptyScans = 3;
 // The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another build
 // refuses to run (exit 2) rather than misread the lines; the agent finds it gone only when it
-// next writes to it (docs/errors.md). 2: the "t" line carries the agent's session.
-constexpr const char* kWatchdogProtocol = "2";
+// next writes to it (docs/errors.md). 2: the "t" line carries the agent's session. 3: the job
+// comes by the socket ("j", "c", "M"), not in the arguments, and "f" names the FIFO.
+constexpr const char* kWatchdogProtocol = "3";
+// What the watchdog calls itself (both kinds): not "ddprun-...", so that `pkill ddprun` and
+// `pkill -f ddprun` end the agent and not the process that cleans up after it.
+constexpr const char* kWatchdogName = "ddp-watchdog";
+
+// The forked watchdog's command line (/proc/PID/cmdline, what `pkill -f` reads) is the agent's,
+// copied: overwritten in place with kWatchdogName, as setproctitle does. The area's bounds are
+// fields 48 and 49 of /proc/self/stat.
+void rename_command_line() {
+  const int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[2048];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the name in parentheses may hold spaces
+  if (p == nullptr) return;
+  // After ')': field 3 (state) onwards; arg_start is field 48, arg_end 49.
+  unsigned long long start = 0;
+  unsigned long long end = 0;
+  int field = 2;
+  for (const char* q = p + 1; *q != '\0' && field < 49;) {
+    while (*q == ' ') ++q;
+    ++field;
+    const char* tok = q;
+    while (*q != ' ' && *q != '\0') ++q;
+    if (field == 48 || field == 49) {
+      unsigned long long v = 0;
+      std::from_chars(tok, q, v);
+      (field == 48 ? start : end) = v;
+    }
+  }
+  const std::size_t name = std::strlen(kWatchdogName);
+  if (start == 0 || end <= start + name) return;
+  char* area = reinterpret_cast<char*>(static_cast<std::uintptr_t>(start));  // NOLINT: our own memory
+  std::memset(area, 0, static_cast<std::size_t>(end - start));
+  std::memcpy(area, kWatchdogName, name);
+}
 constexpr std::chrono::milliseconds kSweepBound{3000};
 
 // With read(2) rather than an ifstream (whose open, locale and stream copy cost ~25 µs a file:
@@ -542,7 +582,8 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
   if (pid < 0) throw Error(std::string("containment: fork: ") + std::strerror(errno));
   if (pid == 0) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
-    ::prctl(PR_SET_NAME, "ddprun-watchdog", 0, 0, 0);  // findable in ps and by the tests
+    ::prctl(PR_SET_NAME, kWatchdogName, 0, 0, 0);  // findable in ps and by the tests
+    rename_command_line();
     ::setsid();  // out of the agent's process group: `kill -9 -PGID`, `timeout -s KILL` miss it
     ::close(fds[1]);
     if (fds[0] != 3) {
@@ -557,12 +598,18 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
     // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
-    // (join_memory), "e DIR" (clean_up_when_gone), "r DIR" (remove_when_gone), "d" (it ended
-    // normally and swept the job itself); EOF when it is gone, however it ended.
+    // (join_memory), "e DIR" (clean_up_when_gone), "r DIR" (remove_when_gone), "f MAJOR MINOR
+    // INODE PATH" (unlink_when_gone), "d" (it ended normally and swept the job itself); EOF
+    // when it is gone, however it ended. The job's lines ("j", "c", "M") are for the program:
+    // this copy of the agent knows the job.
     char buf[256];
     std::string pending;
     std::string run_dir;     // "r": remove
     std::string unused_dir;  // "e": remove unless it holds data (the agent did not settle it)
+    std::string fifo;        // "f": the file timer's FIFO
+    unsigned fifo_major = 0;
+    unsigned fifo_minor = 0;
+    unsigned long long fifo_ino = 0;
     bool swept = false;
     bool overlong = false;
     constexpr std::size_t kMaxLine = 4351;  // main.c's line buffer
@@ -589,6 +636,10 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
           run_dir = line.substr(2);
         } else if (line.rfind("e /", 0) == 0) {
           unused_dir = line.substr(2);
+        } else if (int at = 0;
+                   std::sscanf(line.c_str(), "f %u %u %llu %n", &fifo_major, &fifo_minor, &fifo_ino, &at) == 3 &&
+                   at > 0 && line[static_cast<std::size_t>(at)] == '/') {
+          fifo = line.substr(static_cast<std::size_t>(at));
         }
       }
       // Lines are short (a path at most): as in the program (main.c), a longer one is dropped
@@ -601,6 +652,11 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
     if (!swept) c->sweep(true);
+    struct stat st {};
+    if (!fifo.empty() && ::lstat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) && major(st.st_dev) == fifo_major &&
+        minor(st.st_dev) == fifo_minor && st.st_ino == fifo_ino) {
+      ::unlink(fifo.c_str());
+    }
     // The run directory before the cgroups (whose rmdir waits for grace periods), as main.c.
     std::error_code ec;
     if (!run_dir.empty()) {
@@ -666,9 +722,19 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   const char* mode = c.mode_ == ContainmentMode::cgroup2   ? "cgroup2"
                      : c.mode_ == ContainmentMode::cgroup1 ? "cgroup1"
                                                            : "proc";
-  const std::string nproc = std::to_string(c.nproc_);
-  const char* argv[] = {"ddprun-watchdog",        kWatchdogProtocol,     mode,   c.job_dir_.c_str(), nproc.c_str(),
-                        c.rank_dirs_ ? "1" : "0", c.memory_dir_.c_str(), nullptr};
+  // The job, by the socket before the start: it is there whenever the watchdog reads, even if the
+  // agent is killed right after the clone, and not in its arguments (see kWatchdogName). Paths
+  // that cannot be one line: the fork instead.
+  for (const std::string* dir : {&c.job_dir_, &c.memory_dir_}) {
+    if (dir->find('\n') != std::string::npos || dir->size() > 4000) return -1;
+  }
+  std::string job = "j " + std::string(mode) + " " + std::to_string(c.nproc_) + (c.rank_dirs_ ? " 1\n" : " 0\n");
+  if (!c.job_dir_.empty()) job += "c " + c.job_dir_ + "\n";
+  if (!c.memory_dir_.empty()) job += "M " + c.memory_dir_ + "\n";
+  // The token too, not in the arguments every user can read.
+  if (c.mode_ == ContainmentMode::proc) job += "t " + std::to_string(c.agent_sid_) + " " + c.token_env() + "\n";
+  if (!send_line(fds[1], job)) return -1;  // (the fork ignores these lines)
+  const char* argv[] = {kWatchdogName, kWatchdogProtocol, nullptr};
   WatchdogChild child;
   child.path = path.c_str();
   child.argv = const_cast<char* const*>(argv);  // NOLINT: execve's signature
@@ -691,16 +757,6 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
     }
     spdlog::debug("containment: cannot start {} ({}); forking the watchdog", path, std::strerror(err));
     return -1;
-  }
-  if (c.mode_ == ContainmentMode::proc) {
-    // The token by the socket, not in the arguments every user can read. Lost only if the agent
-    // dies before this line, before any worker.
-    if (!send_line(fds[1], "t " + std::to_string(c.agent_sid_) + " " + c.token_env() + "\n")) {
-      spdlog::warn(
-          "containment: ddprun-watchdog (pid {}) did not take the job token ({}): if ddprun is killed, "
-          "the job's detached processes may outlive it; check {}",
-          pid, std::strerror(errno), path);
-    }
   }
   return pid;
 }
@@ -951,6 +1007,16 @@ bool Containment::remove_when_gone(const std::string& dir) const {
 }
 
 void Containment::clean_up_when_gone(const std::string& dir) const { send_dir('e', dir); }
+
+void Containment::unlink_when_gone(const std::string& path, dev_t dev, ino_t ino) const {
+  // As send_dir: an absolute path on one line that fits the watchdog's buffer.
+  if (watchdog_fd_ < 0 || path.empty() || path.front() != '/' || path.find('\n') != std::string::npos ||
+      path.size() > 4000) {
+    return;
+  }
+  send_line(watchdog_fd_, "f " + std::to_string(major(dev)) + " " + std::to_string(minor(dev)) + " " +
+                              std::to_string(ino) + " " + path + "\n");
+}
 
 int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
   const std::string file = rank_dir(memory_dir_, local_rank) + "/cgroup.procs";

@@ -4,17 +4,27 @@
  * The agent starts it once, before any worker, with one end of a socket pair as fd 3 whose other
  * end only the agent holds (a socket, not a pipe: the agent writes with MSG_NOSIGNAL, so a
  * watchdog that ended early cannot end the agent with SIGPIPE). It reads lines from the agent:
+ *   "j MODE NPROC RANK_DIRS" the job (written before the agent starts it, so it is never
+ *                 missing): MODE cgroup2, cgroup1 or proc; RANK_DIRS 1 when the job cgroup has a
+ *                 cgroup rankR per local rank. Without it the watchdog touches nothing.
+ *   "c DIR"       the job's containment cgroup (cgroup2, cgroup1)
+ *   "M DIR"       the job's v1 memory cgroup (--rank-memory on)
  *   "t SID ENTRY" the agent's session and the job token as in the workers' environment,
- *                 "DDPRUN_JOB_TOKEN=..." (proc; not in the arguments, which every user can read
- *                 in ps)
+ *                 "DDPRUN_JOB_TOKEN=..." (proc)
  *   "m RANK PID"  move PID into the rank's memory cgroup (v1 memory, --rank-memory on)
  *   "e DIR"       the run directory: if the agent ends without settling it ("r", or removing or
  *                 keeping it itself), remove it unless it holds a file with data (ddprun's Python
  *                 hook aside), as the agent would have
  *   "r DIR"       remove the run directory DIR once the agent is gone (nothing in it to keep)
+ *   "f MAJOR MINOR INODE PATH" remove the FIFO at PATH (the file timer's) once the agent is
+ *                 gone, if it is still that file
  *   "d"           the agent ended normally and swept the job itself
  * and, at EOF (the agent is gone, however it ended, SIGKILL included), sweeps the job unless
- * told "d", then removes the job's cgroups and the run directory.
+ * told "d", then removes the job's cgroups, the run directory and the FIFO.
+ *
+ * Its name: it calls itself "ddp-watchdog" (comm) and is started with that name alone in its
+ * arguments, the job's paths coming by the socket: `pkill ddprun` and `pkill -f ddprun`, which
+ * end the agent, must not end the process that cleans up after it.
  *
  * Why a program of its own, and without a C library: the agent used to fork(), and a fork of
  * the agent copies its page tables and makes every page the agent writes afterwards fault
@@ -24,10 +34,8 @@
  * It is built for x86-64 and aarch64; elsewhere the agent forks as before.
  *
  * Usage (the agent's, not a user's):
- *   ddprun-watchdog 2 MODE JOB_DIR NPROC RANK_DIRS MEMORY_DIR
- * MODE: cgroup2, cgroup1 or proc; JOB_DIR: the containment cgroup ("" for proc); RANK_DIRS: 1
- * when JOB_DIR has a cgroup rankR per local rank; MEMORY_DIR: the job's v1 memory cgroup ("" for
- * none). */
+ *   ddp-watchdog 3
+ * where 3 is the version of the protocol above (the agent's kWatchdogProtocol). */
 #include <asm/unistd.h>
 #include <linux/fcntl.h>
 #include <linux/signal.h>
@@ -110,21 +118,22 @@ static long now_ms(void) {
   return ts.sec * 1000 + ts.nsec / 1000000;
 }
 /* statx (the same layout on every machine, unlike struct stat): the file type bits of stx_mode
- * and the device, of `path` below `dirfd` or of `dirfd` itself (path ""). -1 on failure. */
+ * the device and the inode, of `path` below `dirfd` or of `dirfd` itself (path ""). -1 on failure. */
 struct file_id {
   unsigned type;
   unsigned dev_major, dev_minor;
-  unsigned long long size;
+  unsigned long long size, ino;
 };
 static int file_of(int dirfd, const char* path, struct file_id* out) {
   unsigned char buf[256] __attribute__((aligned(8)));
   const long r = sys6(__NR_statx, dirfd, (long)path, 0x1000 /* AT_EMPTY_PATH */ | 0x100 /* AT_SYMLINK_NOFOLLOW */,
-                      0x1 /* STATX_TYPE */ | 0x200 /* STATX_SIZE */, (long)buf, 0);
+                      0x1 /* STATX_TYPE */ | 0x100 /* STATX_INO */ | 0x200 /* STATX_SIZE */, (long)buf, 0);
   if (r < 0) return -1;
   out->type = *(const unsigned short*)(buf + 0x1c) & 0170000u;
   out->dev_major = *(const unsigned*)(buf + 0x88);
   out->dev_minor = *(const unsigned*)(buf + 0x8c);
   out->size = *(const unsigned long long*)(buf + 0x28);
+  out->ino = *(const unsigned long long*)(buf + 0x20);
   return 0;
 }
 
@@ -248,11 +257,15 @@ static void write_file(const char* path, const char* text) {
 /* ----------------------------------------------------------------------------------------- */
 /* The job */
 
-static const char* mode;
-static const char* job_dir;
+static int configured; /* a "j" line came: without it nothing is touched */
+static char mode[8];
+static char job_dir[4096];
 static long nproc;
 static int rank_dirs;
-static const char* memory_dir;
+static char memory_dir[4096];
+static char fifo[4096]; /* "f": the file timer's FIFO */
+static unsigned fifo_major, fifo_minor;
+static unsigned long long fifo_ino;
 static char token[256];
 static long agent_sid = -1;
 static char run_dir[4096];    /* "r": remove */
@@ -640,10 +653,68 @@ static void remove_run_dir(const char* dir, int if_unused) {
 
 /* ----------------------------------------------------------------------------------------- */
 
+/* Copies `src` into `dst` (of `cap` bytes) when it fits; else leaves `dst` as it was. */
+static void keep_text(char* dst, size_t cap, const char* src) {
+  const size_t n = str_len(src);
+  if (n < cap) memcpy(dst, src, n + 1);
+}
+
+/* "j MODE NPROC RANK_DIRS": the first one counts. */
+static void configure(const char* s) {
+  if (configured) return;
+  char m[sizeof mode];
+  size_t n = 0;
+  while (s[n] != ' ' && s[n] != '\0' && n + 1 < sizeof m) {
+    m[n] = s[n];
+    ++n;
+  }
+  m[n] = '\0';
+  if (s[n] != ' ' || !(str_eq(m, "cgroup2") || str_eq(m, "cgroup1") || str_eq(m, "proc"))) return;
+  s += n + 1;
+  const long np = parse_num(&s);
+  if (np < 0 || *s != ' ' || (s[1] != '0' && s[1] != '1') || s[2] != '\0') return;
+  memcpy(mode, m, n + 1);
+  nproc = np;
+  rank_dirs = s[1] == '1';
+  configured = 1;
+}
+
+/* "f MAJOR MINOR INODE PATH" */
+static void remember_fifo(const char* s) {
+  const long major = parse_num(&s);
+  if (major < 0 || *s++ != ' ') return;
+  const long minor = parse_num(&s);
+  if (minor < 0 || *s++ != ' ') return;
+  const long ino = parse_num(&s);
+  if (ino <= 0 || *s++ != ' ' || *s != '/') return;
+  keep_text(fifo, sizeof fifo, s);
+  fifo_major = (unsigned)major;
+  fifo_minor = (unsigned)minor;
+  fifo_ino = (unsigned long long)ino;
+}
+
 static void handle_line(const char* line, int* swept) {
-  if (line[0] == 'd' && line[1] == '\0') {
-    *swept = 1;
-  } else if (line[0] == 'm' && line[1] == ' ' && memory_dir[0] != '\0') {
+  if (line[0] == '\0' || (line[1] != ' ' && line[1] != '\0')) return;
+  const char* arg = line[1] == ' ' ? line + 2 : line + 1;
+  switch (line[0]) {
+    case 'j':
+      configure(arg);
+      return;
+    case 'c':
+    case 'M':
+      /* The agent sends them right after "j". */
+      if (configured && arg[0] == '/') keep_text(line[0] == 'c' ? job_dir : memory_dir, sizeof job_dir, arg);
+      return;
+    case 'd':
+      if (line[1] == '\0') *swept = 1;
+      return;
+    case 'f':
+      remember_fifo(arg);
+      return;
+    default:
+      break;
+  }
+  if (line[0] == 'm' && line[1] == ' ' && memory_dir[0] != '\0') {
     const char* s = line + 2;
     const long rank = parse_num(&s);
     if (*s != ' ') return;
@@ -665,29 +736,27 @@ static void handle_line(const char* line, int* swept) {
       agent_sid = entry == line + 2 ? -1 : sid;
     }
   } else if ((line[0] == 'r' || line[0] == 'e') && line[1] == ' ' && line[2] == '/') {
-    char* dst = line[0] == 'r' ? run_dir : unused_dir;
-    const size_t n = str_len(line + 2);
-    if (n < sizeof run_dir) memcpy(dst, line + 2, n + 1);
+    keep_text(line[0] == 'r' ? run_dir : unused_dir, sizeof run_dir, line + 2);
   }
+}
+
+/* The file timer's FIFO, if PATH still names the one the agent made (not a file put there since). */
+static void remove_fifo(void) {
+  struct file_id f;
+  if (fifo[0] == '\0' || file_of(AT_FD_CWD, fifo, &f) != 0) return;
+  if (f.type == 0010000u /* S_IFIFO */ && f.dev_major == fifo_major && f.dev_minor == fifo_minor && f.ino == fifo_ino)
+    sys_unlinkat(AT_FD_CWD, fifo, 0);
 }
 
 static const char usage[] =
     "ddprun-watchdog: started by ddprun's agent with a socket on fd 3; not a command to run by hand\n";
 
 __attribute__((used)) void watchdog_main(long* sp) {
+  /* Not "ddprun-watchdog" (the file's name, which the exec gave it): see the top. */
+  SYS(__NR_prctl, 15 /* PR_SET_NAME */, "ddp-watchdog", 0);
   const long argc = sp[0];
   char** argv = (char**)(sp + 1);
-  if (argc != 7 || !str_eq(argv[1], "2")) { /* the protocol's version: the agent's kWatchdogProtocol */
-    sys_write(2, usage, (long)sizeof usage - 1);
-    sys_exit(2);
-  }
-  mode = argv[2];
-  job_dir = argv[3];
-  const char* s = argv[4];
-  nproc = parse_num(&s);
-  rank_dirs = str_eq(argv[5], "1");
-  memory_dir = argv[6];
-  if (nproc < 0 || *s != '\0' || !(str_eq(mode, "cgroup2") || str_eq(mode, "cgroup1") || str_eq(mode, "proc"))) {
+  if (argc != 2 || !str_eq(argv[1], "3")) { /* the protocol's version: the agent's kWatchdogProtocol */
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
@@ -734,7 +803,9 @@ __attribute__((used)) void watchdog_main(long* sp) {
       overlong = 0;
     }
   }
+  if (!configured) sys_exit(0); /* not told of a job: nothing of it to touch */
   if (!swept) sweep();
+  remove_fifo();
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */
   if (run_dir[0] != '\0') {

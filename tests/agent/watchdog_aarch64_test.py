@@ -8,10 +8,11 @@ depends on the machine: the system call numbers and registers, the start-up code
 getdents64 layouts.
 
 - run by hand (no fd 3, fd 3 not a socket): the usage line, exit 2, nothing touched;
-- the agent's socket, "t" (the agent's session, job token) and EOF: every process with the token
+- the agent's socket, "j" (the job), "t" (the agent's session, job token) and EOF: every process with the token
   in its environment and its process group (outside the agent's session) is
   SIGKILLed, others are not;
-- "r DIR": the run directory goes, with a subdirectory, without following a symbolic link.
+- "r DIR": the run directory goes, with a subdirectory, without following a symbolic link;
+- "f MAJOR MINOR INODE PATH": the file timer's FIFO goes (statx's inode field).
 
 Exit 77 (skipped) without clang-14, ld.lld-14 or qemu-aarch64 (scripts/setup installs them).
 """
@@ -81,7 +82,7 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="ddprun-wd-a64-") as work:
         exe = build(clang, work)
-        args = ["2", "proc", "", "1", "0", ""]
+        args = ["3"]
 
         # By hand: no fd 3, then fd 3 a file.
         r = subprocess.run([qemu, exe], capture_output=True, text=True, timeout=60)
@@ -123,7 +124,13 @@ def main():
             wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", qemu, exe, *args],
                                   pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wd_end.close()
-            agent_end.sendall(f"t {in_agent_session.pid} {token}\nr {run_dir}\n".encode())
+            # The file timer's FIFO ("f"): removed.
+            fifo = os.path.join(work, "timer.fifo")
+            os.mkfifo(fifo)
+            st = os.lstat(fifo)
+            lines = (f"j proc 1 0\nt {in_agent_session.pid} {token}\nr {run_dir}\n"
+                     f"f {os.major(st.st_dev)} {os.minor(st.st_dev)} {st.st_ino} {fifo}\n")
+            agent_end.sendall(lines.encode())
             agent_end.close()  # the agent is gone
             _, err = wd.communicate(timeout=60)
             if wd.returncode != 0:
@@ -150,6 +157,8 @@ def main():
                 failures.append(f"the run directory is still there: {os.listdir(run_dir)}")
             if os.listdir(outside) != ["precious"]:
                 failures.append("the removal followed a symbolic link")
+            if os.path.exists(fifo):
+                failures.append("the file timer's FIFO is still there")
         finally:
             for p in (member, bystander, in_agent_session):
                 if p.poll() is None:

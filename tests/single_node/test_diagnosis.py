@@ -1,7 +1,8 @@
 """End-to-end tests of containment and failure diagnosis through the real `ddprun` binary.
 
 - containment: a worker's double-forked, setsid daemon ends after a normal end, after SIGTERM
-  and after SIGKILL of ddprun, with each containment mechanism this box offers, with the
+  and after SIGKILL of ddprun (by pid, by process group, and by name with `pkill ddprun` and
+  `pkill -f ddprun`, which must spare the watchdog), with each containment mechanism this box offers, with the
   ddprun-watchdog program and with the fork the agent uses where that program is missing; the
   run directory the watchdog removes after ddprun's exit;
 - cause of death: a worker past its memory cgroup's limit is reported out of memory with its peak,
@@ -285,10 +286,19 @@ def read_until(proc, token, timeout):
 
 
 def children(pid):
+    """Processes whose parent is `pid`, from every /proc/N/stat (the per-thread `children` files
+    can miss a child while a thread of `pid` ends)."""
     out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(x) for x in f.read().split()]
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(name))
     return out
 
 
@@ -420,6 +430,13 @@ class Diagnosis(unittest.TestCase):
         leaving nothing and attempt 1 leaves the daemon (its end must still find it)."""
         script = self.script("daemon.py", DAEMON)
         pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}-{restarted}.pid")
+        if how.startswith("pkill"):
+            # Out of this test's directory ("ddprun_diag_..."): `pkill -f ddprun` must match the
+            # agent by its own command line, not the job's processes by their paths.
+            plain = tempfile.mkdtemp(prefix="containment_")
+            self.addCleanup(shutil.rmtree, plain, True)
+            script = shutil.copy(script, plain)
+            pidfile = os.path.join(plain, os.path.basename(pidfile))
         args = [PYTHON, script, pidfile, "exit" if how == "normal" else "block"]
         if restarted:
             args = ["--max-restarts", "1", PYTHON, self.script("daemon_second.py", DAEMON_SECOND_ATTEMPT), pidfile]
@@ -430,7 +447,7 @@ class Diagnosis(unittest.TestCase):
             with open(pidfile) as f:
                 daemon = int(f.read())
             self.assertTrue(alive(daemon))
-            watchdogs = [c for c in children(proc.pid) if comm(c) == "ddprun-watchdog"]
+            watchdogs = [c for c in children(proc.pid) if comm(c) == "ddp-watchdog"]
             self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
             # The program beside ddprun (where it was built), else (the lone copy) a fork of the agent.
             program = binary == DDPRUN and os.access(DDPRUN + "-watchdog", os.X_OK)
@@ -438,6 +455,9 @@ class Diagnosis(unittest.TestCase):
             self.assertEqual(os.path.realpath(f"/proc/{watchdogs[0]}/exe"), expected)
             # In a session of its own: a signal to ddprun's process group does not reach it.
             self.assertNotEqual(os.getpgid(watchdogs[0]), os.getpgid(proc.pid))
+            # Nothing in its name or command line says "ddprun" (`pkill ddprun` must spare it).
+            with open(f"/proc/{watchdogs[0]}/cmdline", "rb") as f:
+                self.assertNotIn(b"ddprun", f.read())
             if how == "normal":
                 proc.stdin.write(b"go\n")
                 proc.stdin.flush()
@@ -447,6 +467,10 @@ class Diagnosis(unittest.TestCase):
                 proc.send_signal(signal.SIGKILL)
             elif how == "killpg":  # `kill -9 -PGID`, `timeout -s KILL`: ddprun's whole process group
                 os.killpg(proc.pid, signal.SIGKILL)
+            elif how in ("pkill", "pkill -f"):  # by name, limited to this test's processes (-P)
+                kill = ["pkill", "-9", "-P", f"{os.getpid()},{proc.pid}"] + (["-f"] if how == "pkill -f" else [])
+                r = subprocess.run(kill + ["ddprun"], capture_output=True, text=True, timeout=30)
+                self.assertEqual(r.returncode, 0, f"pkill matched nothing: {r.stderr}")
             _, err = proc.communicate(timeout=30)
             self.assertTrue(wait_gone(daemon, 10), f"{mode}/{how}: daemon {daemon} outlived ddprun: {err.decode()}")
             if how == "normal":
@@ -462,7 +486,7 @@ class Diagnosis(unittest.TestCase):
 
     def test_daemon_ends_with_the_job(self):
         for mode in modes():
-            for how in ("normal", "sigterm", "sigkill", "killpg"):
+            for how in ("normal", "sigterm", "sigkill", "killpg", "pkill", "pkill -f"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how)
 
@@ -572,7 +596,7 @@ class Diagnosis(unittest.TestCase):
     def test_daemon_ends_with_the_job_with_a_forked_watchdog(self):
         lone = self.lone_ddprun()
         for mode in modes():
-            for how in ("normal", "sigkill"):
+            for how in ("normal", "sigkill", "pkill", "pkill -f"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how, binary=lone)
 
@@ -592,20 +616,31 @@ class Diagnosis(unittest.TestCase):
         if cg:
             os.mkdir(cg)
         try:
-            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "2", "cgroup2",
-                                cg or "/nonexistent", "1", "0", ""], capture_output=True, text=True, timeout=10,
-                               stdin=subprocess.DEVNULL)
+            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "3"], capture_output=True,
+                               text=True, timeout=10, stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("not a command to run by hand", r.stderr)
             # The agent's socket but another version of the protocol (an agent of another build,
             # whose lines it would misread): refused the same way.
+            for old in (["2", "cgroup2", cg or "/nonexistent", "1", "0", ""], ["1"]):
+                ours, theirs = socket.socketpair()
+                with ours, theirs:
+                    ours.sendall(f"j cgroup2 1 0\nc {cg or '/nonexistent'}\n".encode())
+                    ours.shutdown(socket.SHUT_WR)
+                    r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program] + old,
+                                       pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=10,
+                                       stdin=subprocess.DEVNULL)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("not a command to run by hand", r.stderr)
+            # The agent's socket and this protocol, but no job told ("j"): it touches nothing.
             ours, theirs = socket.socketpair()
             with ours, theirs:
-                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "1", "cgroup2",
-                                    cg or "/nonexistent", "1", "0", ""], pass_fds=(theirs.fileno(),),
-                                   capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-            self.assertEqual(r.returncode, 2, r.stderr)
-            self.assertIn("not a command to run by hand", r.stderr)
+                ours.sendall(f"c {cg or '/nonexistent'}\nr {cg or '/nonexistent'}\n".encode())
+                ours.shutdown(socket.SHUT_WR)
+                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "3"],
+                                   pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=10,
+                                   stdin=subprocess.DEVNULL)
+            self.assertEqual(r.returncode, 0, r.stderr)
             if cg:
                 self.assertTrue(os.path.isdir(cg), "the cgroup named by hand was removed")
         finally:
@@ -644,7 +679,7 @@ class Diagnosis(unittest.TestCase):
                 self.assertIsNone(left, f"{job} left with {left}")
 
     def test_watchdog_program_removes_rank_cgroups_it_was_not_told_of(self):
-        # The same, with the program run as the agent runs it: arguments, then EOF without "d".
+        # The same, with the program run as the agent runs it: the job's lines, then EOF without "d".
         program = DDPRUN + "-watchdog"
         if not os.access(program, os.X_OK):
             self.skipTest("no ddprun-watchdog built for this machine: the agent forks its watchdog")
@@ -659,9 +694,9 @@ class Diagnosis(unittest.TestCase):
                     os.mkdir(os.path.join(cg, name))
                 ours, theirs = socket.socketpair()
                 try:
-                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "2",
-                                           "cgroup2", cg, "3", "0", ""], pass_fds=(theirs.fileno(),),
-                                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                    ours.sendall(f"j cgroup2 3 0\nc {cg}\n".encode())
+                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "3"],
+                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
                     theirs.close()
                     ours.close()
                     _, err = wd.communicate(timeout=30)

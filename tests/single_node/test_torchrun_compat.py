@@ -16,6 +16,7 @@ Every wait is bounded by a subprocess timeout; readiness comes from the workers'
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -45,6 +46,31 @@ def run(args, timeout=90, env=None, cwd=None):
     e["PET_MASTER_PORT"] = "0"  # the worker store on a free port: other jobs may hold 29500
     e.update(env or {})
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+
+
+def children(pid):
+    """Processes whose parent is `pid`, from every /proc/N/stat (the per-thread `children` files
+    can miss a child while a thread of `pid` ends)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def free_port():
@@ -237,6 +263,53 @@ class FileTimer(Base):
     def test_off_by_default(self):
         r = run(["--no-python", "/bin/sh", "-c", 'test -z "$TORCHELASTIC_TIMER_FILE"'])
         self.ok(r)
+
+    def test_fifo_is_removed_when_ddprun_is_killed(self):
+        # SIGKILLed, the agent cannot remove its FIFO: the watchdog does, once it sees the agent
+        # gone, only while the path still names that FIFO (not one put there since). With the
+        # watchdog program and with the agent's fork where the program is missing.
+        lone_dir = self.p("lone")
+        os.makedirs(lone_dir)
+        shutil.copy2(DDPRUN, lone_dir)
+        script = 'echo "$TORCHELASTIC_TIMER_FILE" > "$1"; echo ready; exec sleep 60'
+        for binary in (DDPRUN, os.path.join(lone_dir, "ddprun")):
+            for replaced in (False, True):
+                with self.subTest(watchdog="program" if binary == DDPRUN else "fork", replaced=replaced):
+                    told = self.p(f"fifo-path-{replaced}-{binary == DDPRUN}")
+                    e = dict(os.environ, PYTHON_EXEC=PYTHON, PET_MASTER_PORT="0", TORCHELASTIC_ENABLE_FILE_TIMER="1")
+                    proc = subprocess.Popen([binary, "--no-python", "/bin/sh", "-c", script, "sh", told],
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            env=e, text=True)
+                    fifo = None
+                    try:
+                        self.assertEqual(proc.stdout.readline().strip(), "ready")  # bounded by the job's sleep
+                        with open(told) as f:
+                            fifo = f.read().strip()
+                        self.assertTrue(fifo.startswith("/tmp/watchdog_timer_"), fifo)
+                        watchdogs = [pid for pid in children(proc.pid) if comm(pid) == "ddp-watchdog"]
+                        self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+                        pidfd = os.pidfd_open(watchdogs[0])
+                        if replaced:  # somebody else's FIFO at the path now: it must stay
+                            os.unlink(fifo)
+                            os.mkfifo(fifo, 0o600)
+                        proc.kill()
+                        proc.wait(timeout=30)
+                        try:
+                            # The watchdog's end (its pidfd readable) comes after its cleanup.
+                            self.assertTrue(select.select([pidfd], [], [], 30)[0], "the watchdog did not end")
+                        finally:
+                            os.close(pidfd)
+                        self.assertEqual(os.path.exists(fifo), replaced,
+                                         "a FIFO made after ddprun's was removed" if replaced
+                                         else "ddprun's FIFO outlived its watchdog")
+                    finally:
+                        if proc.poll() is None:
+                            proc.kill()
+                            proc.wait()
+                        proc.stdout.close()
+                        proc.stderr.close()
+                        if fifo and os.path.exists(fifo):
+                            os.unlink(fifo)
 
 
 class Health(Base):

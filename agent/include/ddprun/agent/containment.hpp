@@ -113,6 +113,9 @@ class Containment {
   // settling it (killed), the watchdog removes it unless it holds a file with data, by the rule
   // of remove_job_dir_unless_useful.
   void clean_up_when_gone(const std::string& dir) const;
+  // Tells the watchdog about the file timer's FIFO `path` (absolute; the file `dev`/`ino`): should
+  // the agent end without removing it (killed), the watchdog does, if the path still names it.
+  void unlink_when_gone(const std::string& path, dev_t dev, ino_t ino) const;
 
  private:
   Containment() = default;

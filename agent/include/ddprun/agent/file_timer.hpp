@@ -101,6 +101,8 @@ class FileTimerServer {
   // A worker exited: its timers are dropped.
   void drop_pid(pid_t pid);
   const std::string& path() const { return path_; }
+  dev_t fifo_dev() const { return fifo_dev_; }  // the FIFO made at path()
+  ino_t fifo_ino() const { return fifo_ino_; }
   std::size_t timers() const { return table_.size(); }
   std::size_t requests_seen() const { return requests_; }
 
