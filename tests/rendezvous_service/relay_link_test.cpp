@@ -3,6 +3,7 @@
 #include <string>
 
 #include "ddprun/rendezvous/relay_link.hpp"
+#include "ddprun/rendezvous/rendezvous_wire.hpp"
 
 namespace rdzv = ddprun::rendezvous;
 using Status = rdzv::RelayDecodeResult::Status;
@@ -79,11 +80,36 @@ TEST_CASE("malformed relay frames are refused from their header", "[relay]") {
     CHECK(r.reason.find("1048577") != std::string::npos);
     CHECK(rdzv::decode_relay_frame(header(0x70, 1, 257), f).status == Status::error);
     CHECK(rdzv::decode_relay_frame(header(0x72, 1, 1025), f).status == Status::error);
+    CHECK(rdzv::decode_relay_frame(header(0x73, 1, 1), f).status == Status::error);  // TRUSTED carries nothing
+    CHECK(rdzv::decode_relay_frame(header(0x74, 1, 0), f).status == Status::error);
   }
   SECTION("an empty DATA") { CHECK(rdzv::decode_relay_frame(header(0x71, 1, 0), f).status == Status::error); }
   SECTION("limits themselves are accepted") {
     CHECK(rdzv::decode_relay_frame(header(0x70, 1, 256), f).status == Status::need_more);
     CHECK(rdzv::decode_relay_frame(header(0x71, 1, 1u << 20), f).status == Status::need_more);
     CHECK(rdzv::decode_relay_frame(header(0x72, 1, 0), f).status == Status::ok);
+    CHECK(rdzv::decode_relay_frame(header(0x73, 7, 0), f).status == Status::ok);
+    CHECK(f.op == rdzv::RelayOp::trusted);
+    CHECK(f.vid == 7);
   }
+}
+
+TEST_CASE("RELAY asks for TRUSTED frames and RELAY_OK answers", "[relay]") {
+  std::string out;
+  rdzv::encode_client(out, rdzv::RelayMessage{1, true});
+  rdzv::ClientMessage m;
+  REQUIRE(rdzv::decode_client(out, rdzv::WireLimits{}, m).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::RelayMessage>(m).trusted_frames);
+  out.clear();
+  rdzv::encode_client(out, rdzv::RelayMessage{});
+  REQUIRE(rdzv::decode_client(out, rdzv::WireLimits{}, m).status == rdzv::DecodeStatus::ok);
+  CHECK_FALSE(std::get<rdzv::RelayMessage>(m).trusted_frames);  // an older relay: none are sent
+  out.clear();
+  rdzv::encode_relay_ok(out, true);
+  CHECK(rdzv::relay_ok_trusted_frames(out));
+  out.clear();
+  rdzv::encode_relay_ok(out);
+  CHECK(out.substr(rdzv::native_header_bytes) == "{}");  // what an older daemon sends
+  CHECK_FALSE(rdzv::relay_ok_trusted_frames(out));
+  CHECK_FALSE(rdzv::relay_ok_trusted_frames("garbage"));
 }

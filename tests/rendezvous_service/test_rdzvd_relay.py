@@ -8,6 +8,10 @@
 * the relay link itself (spoken by Python): RELAY needs a connection authenticated for every
   job; OPEN/DATA/CLOSE carry a connection; a malformed relay frame closes the link and only it;
 * relay frames from a connection that is not a link are refused, the root keeps serving;
+* TRUSTED frames: a link that asks gets one per relayed connection once it authenticated (at once
+  where the root awaits no handshake), none before; one sent by a relay closes the link. At the
+  relay's own --max-connections the oldest client without one gives way to a new client, an
+  authenticated one never does;
 * SIGKILL of a relay drops its clients (EOF), SIGTERM stops it with exit 0;
 * a relay outlives its root: when the root is SIGKILLed and started again on the same port, the
   relay links again and a job running through it completes (its agents re-register with the new
@@ -20,6 +24,9 @@
 
 Readiness is each process's `listening on HOST:PORT` line; every read has a deadline.
 """
+import hashlib
+import hmac
+import json
 import os
 import select
 import signal
@@ -298,6 +305,33 @@ def relay_refused(root_port, token_file, want):
     assert f"127.0.0.1:{root_port}" in r.stderr and want in r.stderr, r.stderr
 
 
+def trusted_by_hand(root_port, awaited):
+    """A link that asks for TRUSTED frames. `awaited` (a token root without
+    --allow-unauthenticated-store): none before the handshake, one once the client authenticated;
+    else one at once (the root awaits no handshake). A TRUSTED from the relay's side closes the link."""
+    with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
+        assert handshake(s, TOKEN, "*") is None
+        s.sendall(frame(0x4A, {"v": 1, "trusted": True}))
+        op, msg = read_frame(s)
+        assert (op, msg) == (0x6B, {"trusted": True}), (op, msg)
+        s.sendall(relay_frame(0x70, 9, b"10.9.8.7:4243"))
+        if not awaited:
+            assert read_relay_frame(s) == (0x73, 9, b""), "no TRUSTED for a connection the root awaits nothing from"
+        client_nonce = os.urandom(32).hex()
+        s.sendall(relay_frame(0x71, 9, frame(0x48, {"v": 1, "client_nonce": client_nonce})))
+        op, vid, payload = read_relay_frame(s)
+        assert (op, vid) == (0x71, 9) and payload[:1] == b"\x68", (op, vid, payload[:40])
+        server_nonce = json.loads(payload[5:])["server_nonce"]
+        mac = hmac.new(TOKEN.encode(), b"ddprun-rdzv-client-v1\0" + (server_nonce + client_nonce + "py-job").encode(),
+                       hashlib.sha256).hexdigest()
+        s.sendall(relay_frame(0x71, 9, frame(0x49, {"run_id": "py-job", "mac": mac})))
+        got = [read_relay_frame(s)[:2] for _ in range(2 if awaited else 1)]
+        want = [(0x71, 9), (0x73, 9)] if awaited else [(0x71, 9)]
+        assert sorted(got) == want, f"expected {want} (AUTH_OK, TRUSTED), got {got}"
+        s.sendall(relay_frame(0x73, 9))
+        expect_closed(s, "TRUSTED from a relay")
+
+
 def link_by_hand(root_port):
     # RELAY on a connection bound to one job is refused.
     with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
@@ -331,6 +365,7 @@ def link_by_hand(root_port):
         s.sendall(relay_frame(0x71, 5, b"x"))
         s.sendall(relay_frame(0x7F, 1, b""))
         expect_closed(s, "a malformed relay frame")
+    trusted_by_hand(root_port, awaited=False)
     # An oversized DATA is refused from its header.
     with socket.create_connection(("127.0.0.1", root_port), timeout=10) as s:
         assert handshake(s, TOKEN, "*") is None
@@ -408,6 +443,36 @@ def silent_through_relay(token_file):
     root.wait(timeout=30)
 
 
+def relay_limit_makes_room(token_file):
+    # At the relay's own --max-connections, the oldest client that has not authenticated gives
+    # way to a new one (the root tells the relay which have, in TRUSTED frames); an authenticated
+    # one never does. Before, 4 silent clients at a relay of --max-connections 4 locked every agent
+    # behind it out until the root's --handshake-timeout-ms closed them, and the next 4 again.
+    root, root_port = start_daemon(["--token-file", token_file, "--handshake-timeout-ms", "60000"])
+    trusted_by_hand(root_port, awaited=True)
+    relay, relay_port = start_daemon(["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file,
+                                      "--max-connections", "4"])
+    # Accepted in order (the listen queue is first in, first out): the silent ones first.
+    silent = [socket.create_connection(("127.0.0.1", relay_port), timeout=10) for _ in range(4)]
+    agent = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+    assert handshake(agent, TOKEN, "relay-room") is None, "an agent was locked out by silent clients"
+    expect_closed(silent[0], "the oldest silent client")
+    # The agent is trusted now (TRUSTED precedes its AUTH_OK on the link): four more clients make
+    # room from the silent ones and from each other, never from it.
+    more = [socket.create_connection(("127.0.0.1", relay_port), timeout=10) for _ in range(4)]
+    for s in silent[1:] + more[:1]:
+        expect_closed(s, "a silent client that gave way")
+    agent.sendall(frame(0x47, {"run_id": "relay-room"}))
+    op, _ = read_frame(agent)
+    assert op == 0x67, f"the authenticated agent lost its connection: 0x{op:02x}"
+    for s in silent + more + [agent]:
+        s.close()
+    os.killpg(relay.pid, signal.SIGTERM)
+    assert relay.wait(timeout=30) == 0
+    os.killpg(root.pid, signal.SIGTERM)
+    assert root.wait(timeout=30) == 0
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "token")
@@ -440,6 +505,7 @@ def main():
         assert root.wait(timeout=30) == 0
 
         silent_through_relay(token_file)
+        relay_limit_makes_room(token_file)
         relay_before_root(token_file)
         again, again_port = root_restarted(token_file, tmp)
         relay_gives_up(again, again_port, token_file)

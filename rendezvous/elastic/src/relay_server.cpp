@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
+#include <list>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +59,10 @@ struct Client {
   bool close_after_write = false;  // the root closed it: write what is left, then close
   bool paused = false;             // not reading: the link to the root is backed up
   bool closed = false;
+  // Listed in Core::untrusted (oldest first) until the root's TRUSTED frame: it has not
+  // authenticated, and at --max-connections it may give way to a new client.
+  bool listed = false;
+  std::list<std::uint32_t>::iterator untrusted_pos;
 };
 using ClientPtr = std::shared_ptr<Client>;
 
@@ -121,8 +126,10 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::size_t up_end = 0;
   std::vector<char> scratch = std::vector<char>(read_chunk);
   std::unordered_map<std::uint32_t, ClientPtr> clients;
-  tcp::endpoint accepted_from;        // the peer of the connection being accepted (one accept at a time)
-  RateLimitedWarning refuse_warning;  // refusals a flood of clients could repeat
+  std::list<std::uint32_t> untrusted;  // clients without TRUSTED yet, oldest first
+  bool root_sends_trusted = false;     // the root's RELAY_OK said it sends TRUSTED frames
+  tcp::endpoint accepted_from;         // the peer of the connection being accepted (one accept at a time)
+  RateLimitedWarning refuse_warning;   // refusals a flood of clients could repeat
   std::vector<std::weak_ptr<Client>> paused;
   std::uint32_t next_vid = 1;
   std::size_t max_connections = 0;
@@ -189,13 +196,16 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
                          "check that --relay-to names your ddprun-rdzvd and that both use the same token");
     }
     out.clear();
-    encode_client(out, RelayMessage{});
+    encode_client(out, RelayMessage{1, true});
     asio::write(s, asio::buffer(out), ec);
     if (ec) throw NetworkError(fmt::format("relay: cannot write to the daemon at {}: {}", where, ec.message()));
     const std::string answer = read_native_frame(s, where);
     if (static_cast<std::uint8_t>(answer[0]) != static_cast<std::uint8_t>(NativeOp::relay_ok)) {
       (void)expect<AuthOkMessage>(answer, where, "RELAY");  // throws with the refusal's reason
     }
+    // A root of an older version sends no TRUSTED frames: then no client can be told from one
+    // that authenticated, and the relay refuses at its limit instead of making room.
+    root_sends_trusted = relay_ok_trusted_frames(answer);
     tv = timeval{};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -277,6 +287,18 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   void on_accept(tcp::socket socket) {
     boost::system::error_code ec;
     std::string peer = endpoint_text(accepted_from);  // filled by accept: no getpeername per client
+    if (clients.size() >= max_connections && root_sends_trusted && !untrusted.empty()) {
+      // The oldest client that has not authenticated gives way (as at the root's limits): an
+      // agent completes its handshake within a round trip, so silent connections cannot hold
+      // every slot and lock the agents behind this relay out.
+      ClientPtr oldest = clients.at(untrusted.front());
+      ++counters.clients_evicted;
+      refuse_warning.warn(
+          "relay: connection limit of {} reached (--max-connections): closing the oldest connection that has not "
+          "authenticated, from {}, for a new one from {}",
+          max_connections, oldest->peer, peer);
+      close_client(oldest, "gave way to a new connection: it had not authenticated", true);
+    }
     if (clients.size() >= max_connections) {
       ++counters.clients_refused;
       refuse_warning.warn("relay: closing new connection from {}: connection limit of {} reached (--max-connections)",
@@ -291,6 +313,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     c->socket.set_option(tcp::no_delay(true), ec);
     c->socket.non_blocking(true, ec);
     clients.emplace(c->vid, c);
+    c->untrusted_pos = untrusted.insert(untrusted.end(), c->vid);
+    c->listed = true;
     ++counters.clients_total;
     append_relay_frame(up_pending, RelayOp::open, c->vid, std::string_view(c->peer).substr(0, max_relay_peer_bytes));
     kick_upstream();
@@ -367,12 +391,19 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     if (!reason.empty()) spdlog::debug("relay: closing connection from {}: {}", c->peer, reason);
     boost::system::error_code ec;
     c->socket.close(ec);  // the only descriptor of the connection: close() ends it (no shutdown)
+    untrust_list_drop(*c);
     clients.erase(c->vid);
     if (tell_root && !lost) {
       append_relay_frame(up_pending, RelayOp::close, c->vid,
                          std::string_view(reason).substr(0, max_relay_reason_bytes));
       kick_upstream();
     }
+  }
+
+  void untrust_list_drop(Client& c) {
+    if (!c.listed) return;
+    untrusted.erase(c.untrusted_pos);
+    c.listed = false;
   }
 
   // ---- the link to the root ----
@@ -447,7 +478,9 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       auto it = clients.find(f.vid);
       if (it != clients.end()) {
         ClientPtr c = it->second;
-        if (f.op == RelayOp::data) {
+        if (f.op == RelayOp::trusted) {
+          untrust_list_drop(*c);
+        } else if (f.op == RelayOp::data) {
           if (c->pending.size() + c->writing.size() + f.payload.size() > options.max_queued_bytes) {
             refuse_warning.warn(
                 "relay: closing connection from {}: {} bytes from the daemon wait for it, over the limit of {} "

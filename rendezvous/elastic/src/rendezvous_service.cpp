@@ -156,7 +156,7 @@ RendezvousService::Refusal RendezvousService::handshake(ConnectionId conn, Clien
   return {};
 }
 
-RendezvousService::Refusal RendezvousService::relay(ConnectionId conn) {
+RendezvousService::Refusal RendezvousService::relay(ConnectionId conn, const RelayMessage& m) {
   // A relay speaks for many peers: only a holder of the daemon's token, bound to every job, may.
   if (options_.token.empty()) {
     return {RefuseCode::auth,
@@ -170,11 +170,13 @@ RendezvousService::Refusal RendezvousService::relay(ConnectionId conn) {
   if (node_of_.count(conn) != 0) {
     return {RefuseCode::not_owner, "a connection that speaks for a node cannot become a relay link"};
   }
-  if (std::string why = outbox_->make_relay_link(conn); !why.empty()) return {RefuseCode::other, why};
+  if (std::string why = outbox_->make_relay_link(conn, m.trusted_frames); !why.empty()) {
+    return {RefuseCode::other, why};
+  }
   // RELAY_OK is the last frame of the plain protocol: the server reads relay frames after this
   // one, and everything it writes to the link from now on follows it.
   scratch_.clear();
-  encode_relay_ok(scratch_);
+  encode_relay_ok(scratch_, m.trusted_frames);
   emit(conn, scratch_);
   ++counters_.relay_links;
   return {};
@@ -246,7 +248,7 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
   if (std::holds_alternative<HelloMessage>(message) || std::holds_alternative<AuthMessage>(message)) {
     return handshake(conn, message);
   }
-  if (std::holds_alternative<RelayMessage>(message)) return relay(conn);
+  if (const auto* m = std::get_if<RelayMessage>(&message)) return relay(conn, *m);
   const TimePoint now = clock_.now();
   return std::visit(
       [&](auto& m) -> Refusal {

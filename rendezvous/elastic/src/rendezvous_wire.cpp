@@ -310,7 +310,9 @@ void encode_client(std::string& out, const ClientMessage& message) {
           frame(out, NativeOp::auth, json::object{{"run_id", m.run_id}, {"mac", m.mac}});
         } else {
           static_assert(std::is_same_v<T, RelayMessage>);
-          frame(out, NativeOp::relay, json::object{{"v", m.version}});
+          json::object o{{"v", m.version}};
+          if (m.trusted_frames) o["trusted"] = true;
+          frame(out, NativeOp::relay, std::move(o));
         }
       },
       message);
@@ -370,7 +372,11 @@ void encode_server(std::string& out, const ServerMessage& message) {
   std::visit([&](const auto& m) { encode_one(out, m); }, message);
 }
 
-void encode_relay_ok(std::string& out) { frame(out, NativeOp::relay_ok, json::object{}); }
+void encode_relay_ok(std::string& out, bool trusted_frames) {
+  json::object o;
+  if (trusted_frames) o["trusted"] = true;
+  frame(out, NativeOp::relay_ok, std::move(o));
+}
 
 void encode_decision(std::string& out, const Decision& action) {
   std::visit([&](const auto& a) { encode_one(out, a); }, action);

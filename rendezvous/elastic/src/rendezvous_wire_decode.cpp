@@ -357,11 +357,20 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
       case NativeOp::auth:
         return AuthMessage{r.str("run_id"), r.hex_of("mac", 32)};
       case NativeOp::relay:
-        return RelayMessage{r.i32("v", 1, 1)};
+        return RelayMessage{r.i32("v", 1, 1), r.find("trusted") != nullptr && r.boolean("trusted")};
       default:
         throw WireError{fmt::format("opcode 0x{:02x} is not a client-to-server rendezvous operation", op)};
     }
   });
+}
+
+bool relay_ok_trusted_frames(std::string_view frame) {
+  bool trusted = false;
+  const DecodeResult r = decode_with(frame, WireLimits{}, trusted, [](std::uint8_t op, const Reader& r) -> bool {
+    if (static_cast<NativeOp>(op) != NativeOp::relay_ok) throw WireError{"not RELAY_OK"};
+    return r.find("trusted") != nullptr && r.boolean("trusted");
+  });
+  return r.status == DecodeStatus::ok && trusted;
 }
 
 DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, ServerMessage& out) {

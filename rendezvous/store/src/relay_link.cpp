@@ -17,6 +17,8 @@ std::size_t max_payload(RelayOp op) {
       return max_relay_data_bytes;
     case RelayOp::close:
       return max_relay_reason_bytes;
+    case RelayOp::trusted:
+      return 0;
   }
   return 0;
 }
@@ -36,23 +38,26 @@ RelayDecodeResult decode_relay_frame(std::string_view buffer, RelayFrame& out) {
     r.min_total = relay_header_bytes;
     if (!buffer.empty()) {
       const auto op = static_cast<unsigned char>(buffer[0]);
-      if (op < 0x70 || op > 0x72) {
+      if (op < 0x70 || op > 0x73) {
         r.status = RelayDecodeResult::Status::error;
-        r.reason = fmt::format("relay link: opcode 0x{:02x} is not OPEN, DATA or CLOSE", op);
+        r.reason = fmt::format("relay link: opcode 0x{:02x} is not OPEN, DATA, CLOSE or TRUSTED", op);
       }
     }
     return r;
   }
   const auto op_byte = static_cast<unsigned char>(buffer[0]);
-  if (op_byte < 0x70 || op_byte > 0x72) {
+  if (op_byte < 0x70 || op_byte > 0x73) {
     r.status = RelayDecodeResult::Status::error;
-    r.reason = fmt::format("relay link: opcode 0x{:02x} is not OPEN, DATA or CLOSE", op_byte);
+    r.reason = fmt::format("relay link: opcode 0x{:02x} is not OPEN, DATA, CLOSE or TRUSTED", op_byte);
     return r;
   }
   const auto op = static_cast<RelayOp>(op_byte);
   const std::uint32_t vid = bytes::load_le<std::uint32_t>(buffer.data() + 1);
   const std::size_t length = bytes::load_le<std::uint32_t>(buffer.data() + 5);
-  const char* name = op == RelayOp::open ? "OPEN" : op == RelayOp::data ? "DATA" : "CLOSE";
+  const char* name = op == RelayOp::open    ? "OPEN"
+                     : op == RelayOp::data  ? "DATA"
+                     : op == RelayOp::close ? "CLOSE"
+                                            : "TRUSTED";
   if (vid == 0) {
     r.status = RelayDecodeResult::Status::error;
     r.reason = fmt::format("relay link: {} names connection 0 (connection numbers start at 1)", name);

@@ -111,7 +111,8 @@ struct Connection {
   std::weak_ptr<Connection> link;
   std::uint32_t vid = 0;
   bool is_link = false;
-  bool peer_gone = false;  // the relay reported the close: no CLOSE goes back
+  bool trusted_frames = false;  // a link whose relay asked for TRUSTED frames
+  bool peer_gone = false;       // the relay reported the close: no CLOSE goes back
   std::unordered_map<std::uint32_t, std::shared_ptr<Connection>> relayed;
   bool relayed_conn() const { return vid != 0; }
   std::size_t queued() const { return pending.size() + writing.size(); }
@@ -248,7 +249,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return true;
   }
 
-  std::string make_relay_link(ConnectionId id) override {
+  std::string make_relay_link(ConnectionId id, bool trusted_frames) override {
     auto it = connections.find(id);
     if (it == connections.end()) return "the connection is gone";
     Connection& c = *it->second;
@@ -256,6 +257,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       return "a relayed connection cannot carry relays itself (relays of relays: not supported yet)";
     if (c.is_link) return "the connection is a relay link already";
     c.is_link = true;
+    c.trusted_frames = trusted_frames;
     ++link_count;
     spdlog::info("store: connection {} from {} is a relay link", c.id, c.peer);
     return {};
@@ -661,7 +663,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           break;
         }
         r = options.extension->on_frame(c->id, view, state, *this);
-        if (c->awaiting_in != nullptr && !options.extension->awaiting_authentication(c->id)) stop_awaiting(*c);
+        if (c->awaiting_in != nullptr && !options.extension->awaiting_authentication(c->id)) {
+          stop_awaiting(*c);
+          tell_trusted(*c);
+        }
       } else if (r.status == DecodeStatus::ok) {
         if (options.extension) {
           if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
@@ -747,7 +752,22 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
           close(c, {});
         }
         return;
+      case RelayOp::trusted:
+        close(link,
+              fmt::format("relay link: TRUSTED of connection {} from the relay (only the daemon sends it)", f.vid),
+              RefusedReason::protocol_error);
+        return;
     }
+  }
+
+  // Tells the relay carrying `c` (if it asked) that `c` no longer awaits a handshake: at the
+  // relay's own --max-connections it is then never the one that gives way.
+  void tell_trusted(const Connection& c) {
+    if (!c.relayed_conn()) return;
+    ConnectionPtr link = c.link.lock();
+    if (!link || link->closed || !link->trusted_frames) return;
+    append_relay_frame(link->pending, RelayOp::trusted, c.vid, {});
+    mark_dirty(link);
   }
 
   void open_relayed(const ConnectionPtr& link, std::uint32_t vid, std::string_view peer_text) {
@@ -799,6 +819,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     link->relayed.emplace(vid, c);
     ++relayed_count;
     start_awaiting(*c, awaiting_relayed);
+    if (c->awaiting_in == nullptr) tell_trusted(*c);  // no handshake awaited from it
     ++counters.connections_total;
     spdlog::debug("store: connection {} from {}", c->id, c->peer);
   }

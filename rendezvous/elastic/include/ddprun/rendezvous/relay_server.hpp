@@ -59,9 +59,10 @@ struct RelayStats {
   std::size_t clients = 0;          // open now
   std::uint64_t clients_total = 0;  // accepted since start
   std::uint64_t clients_refused = 0;
-  std::uint64_t bytes_up = 0;       // client bytes sent to the root
-  std::uint64_t bytes_down = 0;     // root bytes written to clients
-  std::size_t max_connections = 0;  // after the open-files clamp
+  std::uint64_t clients_evicted = 0;  // closed at --max-connections to make room (not authenticated)
+  std::uint64_t bytes_up = 0;         // client bytes sent to the root
+  std::uint64_t bytes_down = 0;       // root bytes written to clients
+  std::size_t max_connections = 0;    // after the open-files clamp
 };
 
 class RelayServer {

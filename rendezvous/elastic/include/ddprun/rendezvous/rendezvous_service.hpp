@@ -155,7 +155,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   Refusal handle(ConnectionId conn, ClientMessage& message);
   Refusal handshake(ConnectionId conn, ClientMessage& message);
   // RELAY: a token holder authenticated for every job turns its connection into a relay link.
-  Refusal relay(ConnectionId conn);
+  Refusal relay(ConnectionId conn, const RelayMessage& m);
   // No refusal when `conn` may act on `run_id` (authenticated for it, or no token).
   Refusal check_run(ConnectionId conn, const std::string& run_id) const;
   // No refusal when `conn` owns (run_id, node).

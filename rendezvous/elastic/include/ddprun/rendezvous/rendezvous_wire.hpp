@@ -108,6 +108,10 @@ struct AuthMessage {
 // A relay (ddprun-rdzvd --relay-to) asks to turn its authenticated connection into a relay link.
 struct RelayMessage {
   int version = 1;
+  // Asks for TRUSTED link frames (relay_link.hpp): which relayed connections have authenticated,
+  // so the relay knows which of its clients may give way at its own --max-connections. A daemon
+  // that sends them says so in RELAY_OK; an older one ignores the field.
+  bool trusted_frames = false;
 };
 
 using ClientMessage =
@@ -139,8 +143,12 @@ using ServerMessage = std::variant<SendAssignment, SendRestart, SendJobFailed, S
 void encode_client(std::string& out, const ClientMessage& message);
 void encode_server(std::string& out, const ServerMessage& message);
 void encode_decision(std::string& out, const Decision& action);
-// RELAY_OK (payload "{}"): the server's answer to an accepted RELAY.
-void encode_relay_ok(std::string& out);
+// RELAY_OK: the server's answer to an accepted RELAY; payload "{}", or {"trusted": true} when
+// it will send TRUSTED link frames (RelayMessage::trusted_frames).
+void encode_relay_ok(std::string& out, bool trusted_frames = false);
+// Whether the RELAY_OK frame `frame` (whole) says TRUSTED frames will follow; false for a frame
+// that does not decode or is not RELAY_OK.
+bool relay_ok_trusted_frames(std::string_view frame);
 
 // Decodes one frame at the start of `buffer`. A server->client op on the server side (and the
 // reverse) is an error.

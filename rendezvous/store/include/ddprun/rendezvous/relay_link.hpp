@@ -12,6 +12,11 @@
 //   CLOSE (0x72) both ways: the connection ended on the sender's side; payload = a reason for the
 //                logs (at most max_relay_reason_bytes, may be empty). No answer is expected; a
 //                DATA or CLOSE that crosses it on the wire names a vid that is gone and is ignored.
+//   TRUSTED (0x73) daemon -> relay, only on a link whose RELAY asked for it and whose RELAY_OK
+//                said yes: the connection has authenticated (or the daemon awaits no handshake
+//                from it); payload empty. At its --max-connections the relay makes room by
+//                closing its oldest client without one, never a trusted one. Sent by a relay: a
+//                protocol error. A vid that is gone is ignored.
 //
 // Pure codec, no I/O; thread-safe (no shared state). A frame that breaks these rules is a
 // protocol error of the whole link (the daemon closes the link and with it every connection it
@@ -23,7 +28,7 @@
 
 namespace ddprun::rendezvous {
 
-enum class RelayOp : std::uint8_t { open = 0x70, data = 0x71, close = 0x72 };
+enum class RelayOp : std::uint8_t { open = 0x70, data = 0x71, close = 0x72, trusted = 0x73 };
 
 inline constexpr std::size_t relay_header_bytes = 9;
 inline constexpr std::size_t max_relay_data_bytes = std::size_t{1} << 20;

@@ -71,8 +71,10 @@ class Outbox {
   }
   // Turns `conn` into a relay link (store_server.hpp, "Relays"): every byte after the frame being
   // handled is a relay frame. "" = done; otherwise why not, and the caller refuses the request.
-  virtual std::string make_relay_link(ConnectionId conn) {
+  // `trusted_frames`: the relay asked for TRUSTED frames (relay_link.hpp); the server sends them.
+  virtual std::string make_relay_link(ConnectionId conn, bool trusted_frames) {
     (void)conn;
+    (void)trusted_frames;
     return "this server does not carry relays";
   }
 };
