@@ -78,11 +78,13 @@ void rename_command_line() {
       (field == 48 ? start : end) = v;
     }
   }
-  const std::size_t name = std::strlen(kWatchdogName);
-  if (start == 0 || end <= start + name) return;
+  if (start == 0 || end <= start) return;
+  const auto size = static_cast<std::size_t>(end - start);
   char* area = reinterpret_cast<char*>(static_cast<std::uintptr_t>(start));  // NOLINT: our own memory
-  std::memset(area, 0, static_cast<std::size_t>(end - start));
-  std::memcpy(area, kWatchdogName, name);
+  std::memset(area, 0, size);
+  // As much of the name as fits before the area's last byte, which stays 0 (a shorter command
+  // line than the name, `ddprun x`, gets a shortened name: still no "ddprun").
+  std::memcpy(area, kWatchdogName, std::min(std::strlen(kWatchdogName), size - 1));
 }
 constexpr std::chrono::milliseconds kSweepBound{3000};
 
@@ -651,12 +653,19 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     }
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
-    if (!swept) c->sweep(true);
+    // The FIFO first, as main.c (remove_fifo): after "d" the agent removed it itself; else only
+    // while the path names the agent's FIFO and nobody reads it (a new job's agent would).
     struct stat st {};
-    if (!fifo.empty() && ::lstat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) && major(st.st_dev) == fifo_major &&
-        minor(st.st_dev) == fifo_minor && st.st_ino == fifo_ino) {
-      ::unlink(fifo.c_str());
+    if (!swept && !fifo.empty() && ::lstat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) &&
+        major(st.st_dev) == fifo_major && minor(st.st_dev) == fifo_minor && st.st_ino == fifo_ino) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0) {
+        ::close(fd);
+      } else if (errno == ENXIO) {
+        ::unlink(fifo.c_str());
+      }
     }
+    if (!swept) c->sweep(true);
     // The run directory before the cgroups (whose rmdir waits for grace periods), as main.c.
     std::error_code ec;
     if (!run_dir.empty()) {

@@ -76,6 +76,7 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 
 #define E_NOENT 2
 #define E_INTR 4
+#define E_NXIO 6
 #define E_BUSY 16
 #define E_ISDIR 21
 #define E_NOTEMPTY 39
@@ -176,6 +177,24 @@ static long parse_num(const char** s) {
     ++digits;
   }
   return digits > 0 ? v : -1;
+}
+/* An unsigned 64-bit number (an inode, a device number); 0 with *ok cleared when there are no
+ * digits or it does not fit. */
+static unsigned long long parse_u64(const char** s, int* ok) {
+  unsigned long long v = 0;
+  int digits = 0;
+  while (**s >= '0' && **s <= '9') {
+    const unsigned d = (unsigned)(**s - '0');
+    if (v > (~0ULL - d) / 10) {
+      *ok = 0;
+      return 0;
+    }
+    v = v * 10 + d;
+    ++*s;
+    ++digits;
+  }
+  if (digits == 0) *ok = 0;
+  return v;
 }
 static char* put_num(char* p, long v) {
   char tmp[24];
@@ -679,18 +698,19 @@ static void configure(const char* s) {
   configured = 1;
 }
 
-/* "f MAJOR MINOR INODE PATH" */
+/* "f MAJOR MINOR INODE PATH" (inodes use all 64 bits on XFS, overlayfs, large ext4) */
 static void remember_fifo(const char* s) {
-  const long major = parse_num(&s);
-  if (major < 0 || *s++ != ' ') return;
-  const long minor = parse_num(&s);
-  if (minor < 0 || *s++ != ' ') return;
-  const long ino = parse_num(&s);
-  if (ino <= 0 || *s++ != ' ' || *s != '/') return;
+  int ok = 1;
+  const unsigned long long major = parse_u64(&s, &ok);
+  if (!ok || major > 0xffffffffULL || *s++ != ' ') return;
+  const unsigned long long minor = parse_u64(&s, &ok);
+  if (!ok || minor > 0xffffffffULL || *s++ != ' ') return;
+  const unsigned long long ino = parse_u64(&s, &ok);
+  if (!ok || ino == 0 || *s++ != ' ' || *s != '/') return;
   keep_text(fifo, sizeof fifo, s);
   fifo_major = (unsigned)major;
   fifo_minor = (unsigned)minor;
-  fifo_ino = (unsigned long long)ino;
+  fifo_ino = ino;
 }
 
 static void handle_line(const char* line, int* swept) {
@@ -740,12 +760,20 @@ static void handle_line(const char* line, int* swept) {
   }
 }
 
-/* The file timer's FIFO, if PATH still names the one the agent made (not a file put there since). */
+/* The file timer's FIFO, if PATH still names the one the agent made and nobody reads it: a
+ * device and inode can be reused by a FIFO made there since (a new job with the same
+ * TORCHELASTIC_TIMER_FILE), whose agent reads it; the agent's own rule for a stale FIFO. */
 static void remove_fifo(void) {
   struct file_id f;
   if (fifo[0] == '\0' || file_of(AT_FD_CWD, fifo, &f) != 0) return;
-  if (f.type == 0010000u /* S_IFIFO */ && f.dev_major == fifo_major && f.dev_minor == fifo_minor && f.ino == fifo_ino)
-    sys_unlinkat(AT_FD_CWD, fifo, 0);
+  if (f.type != 0010000u /* S_IFIFO */ || f.dev_major != fifo_major || f.dev_minor != fifo_minor || f.ino != fifo_ino)
+    return;
+  const int fd = sys_open(fifo, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) { /* a reader: another agent's */
+    sys_close(fd);
+    return;
+  }
+  if (fd == -E_NXIO) sys_unlinkat(AT_FD_CWD, fifo, 0);
 }
 
 static const char usage[] =
@@ -804,8 +832,9 @@ __attribute__((used)) void watchdog_main(long* sp) {
     }
   }
   if (!configured) sys_exit(0); /* not told of a job: nothing of it to touch */
+  /* The FIFO first, before a new job can take its path: after "d" the agent removed it itself. */
+  if (!swept) remove_fifo();
   if (!swept) sweep();
-  remove_fifo();
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */
   if (run_dir[0] != '\0') {

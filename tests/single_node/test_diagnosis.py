@@ -431,6 +431,8 @@ class Diagnosis(unittest.TestCase):
         script = self.script("daemon.py", DAEMON)
         pidfile = os.path.join(self.dir, f"daemon-{mode}-{how}-{restarted}.pid")
         if how.startswith("pkill"):
+            if shutil.which("pkill") is None:
+                self.skipTest("no pkill (procps) here")
             # Out of this test's directory ("ddprun_diag_..."): `pkill -f ddprun` must match the
             # agent by its own command line, not the job's processes by their paths.
             plain = tempfile.mkdtemp(prefix="containment_")
@@ -599,6 +601,30 @@ class Diagnosis(unittest.TestCase):
             for how in ("normal", "sigkill", "pkill", "pkill -f"):
                 with self.subTest(mode=mode, how=how):
                     self.run_daemon_case(mode, how, binary=lone)
+
+    def test_a_forked_watchdog_with_a_short_command_line_does_not_say_ddprun(self):
+        # The fork copies the agent's command line and overwrites it with its own name, cut to
+        # fit: `ddprun x` (9 bytes) is shorter than "ddp-watchdog", and was left as it was.
+        lone = self.lone_ddprun()
+        bindir = os.path.join(self.dir, "pathbin")
+        os.makedirs(bindir)
+        with open(os.path.join(bindir, "x"), "w") as f:
+            f.write("#!/bin/sh\necho ready\nexec sleep 60\n")
+        os.chmod(os.path.join(bindir, "x"), 0o755)
+        env = dict(os.environ, PATH=bindir + ":" + os.environ.get("PATH", "/usr/bin:/bin"), PET_MASTER_PORT="0")
+        proc = subprocess.Popen(["ddprun", "x"], executable=lone, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            read_until(proc, "ready", 30)
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+                self.assertEqual(f.read(), b"ddprun\0x\0")
+            watchdogs = [c for c in children(proc.pid) if comm(c) == "ddp-watchdog"]
+            self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+            with open(f"/proc/{watchdogs[0]}/cmdline", "rb") as f:
+                self.assertNotIn(b"ddprun", f.read())
+        finally:
+            proc.kill()
+            proc.communicate()
 
     def test_watchdog_program_refuses_to_run_by_hand(self):
         # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).

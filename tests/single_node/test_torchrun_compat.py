@@ -266,14 +266,15 @@ class FileTimer(Base):
 
     def test_fifo_is_removed_when_ddprun_is_killed(self):
         # SIGKILLed, the agent cannot remove its FIFO: the watchdog does, once it sees the agent
-        # gone, only while the path still names that FIFO (not one put there since). With the
-        # watchdog program and with the agent's fork where the program is missing.
+        # gone, only while the path names that FIFO and nobody reads it (a new job's agent given
+        # the same path would, and its FIFO may even have the old one's inode). With the watchdog
+        # program and with the agent's fork where the program is missing.
         lone_dir = self.p("lone")
         os.makedirs(lone_dir)
         shutil.copy2(DDPRUN, lone_dir)
         script = 'echo "$TORCHELASTIC_TIMER_FILE" > "$1"; echo ready; exec sleep 60'
         for binary in (DDPRUN, os.path.join(lone_dir, "ddprun")):
-            for replaced in (False, True):
+            for replaced in (False, "by a new FIFO", "read by another process"):
                 with self.subTest(watchdog="program" if binary == DDPRUN else "fork", replaced=replaced):
                     told = self.p(f"fifo-path-{replaced}-{binary == DDPRUN}")
                     e = dict(os.environ, PYTHON_EXEC=PYTHON, PET_MASTER_PORT="0", TORCHELASTIC_ENABLE_FILE_TIMER="1")
@@ -281,17 +282,21 @@ class FileTimer(Base):
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             env=e, text=True)
                     fifo = None
+                    reader = -1
                     try:
-                        self.assertEqual(proc.stdout.readline().strip(), "ready")  # bounded by the job's sleep
+                        self.assertTrue(select.select([proc.stdout], [], [], 60)[0], "no readiness line")
+                        self.assertEqual(proc.stdout.readline().strip(), "ready")
                         with open(told) as f:
                             fifo = f.read().strip()
                         self.assertTrue(fifo.startswith("/tmp/watchdog_timer_"), fifo)
                         watchdogs = [pid for pid in children(proc.pid) if comm(pid) == "ddp-watchdog"]
                         self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
                         pidfd = os.pidfd_open(watchdogs[0])
-                        if replaced:  # somebody else's FIFO at the path now: it must stay
+                        if replaced == "by a new FIFO":  # somebody else's FIFO at the path now: it stays
                             os.unlink(fifo)
                             os.mkfifo(fifo, 0o600)
+                        elif replaced:  # a reader other than the agent (a new job's agent): it stays
+                            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
                         proc.kill()
                         proc.wait(timeout=30)
                         try:
@@ -299,10 +304,12 @@ class FileTimer(Base):
                             self.assertTrue(select.select([pidfd], [], [], 30)[0], "the watchdog did not end")
                         finally:
                             os.close(pidfd)
-                        self.assertEqual(os.path.exists(fifo), replaced,
-                                         "a FIFO made after ddprun's was removed" if replaced
+                        self.assertEqual(os.path.exists(fifo), bool(replaced),
+                                         f"the FIFO {replaced} was removed" if replaced
                                          else "ddprun's FIFO outlived its watchdog")
                     finally:
+                        if reader >= 0:
+                            os.close(reader)
                         if proc.poll() is None:
                             proc.kill()
                             proc.wait()

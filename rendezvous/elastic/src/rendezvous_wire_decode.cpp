@@ -366,11 +366,11 @@ DecodeResult decode_client(std::string_view buffer, const WireLimits& limits, Cl
 
 bool relay_ok_trusted_frames(std::string_view frame) {
   bool trusted = false;
-  const DecodeResult r = decode_with(frame, WireLimits{}, trusted, [](std::uint8_t op, const Reader& r) -> bool {
+  const DecodeResult res = decode_with(frame, WireLimits{}, trusted, [](std::uint8_t op, const Reader& r) -> bool {
     if (static_cast<NativeOp>(op) != NativeOp::relay_ok) throw WireError{"not RELAY_OK"};
     return r.find("trusted") != nullptr && r.boolean("trusted");
   });
-  return r.status == DecodeStatus::ok && trusted;
+  return res.status == DecodeStatus::ok && trusted;
 }
 
 DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, ServerMessage& out) {
