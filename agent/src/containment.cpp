@@ -586,6 +586,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
     ::prctl(PR_SET_NAME, kWatchdogName, 0, 0, 0);  // findable in ps and by the tests
     rename_command_line();
+    const pid_t agent = ::getppid();
     ::setsid();  // out of the agent's process group: `kill -9 -PGID`, `timeout -s KILL` miss it
     ::close(fds[1]);
     if (fds[0] != 3) {
@@ -654,8 +655,15 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     c->watchdog_ = -1;
     c->watchdog_fd_ = -1;
     // The FIFO first, as main.c (remove_fifo): after "d" the agent removed it itself; else only
-    // while the path names the agent's FIFO and nobody reads it (a new job's agent would).
+    // while the path names the agent's FIFO and nobody reads it (a new job's agent would), once
+    // the agent's own reader is closed (before its children are re-parented; bounded).
     struct stat st {};
+    if (!swept && !fifo.empty()) {
+      const auto since = std::chrono::steady_clock::now();
+      while (::getppid() == agent && std::chrono::steady_clock::now() - since < std::chrono::seconds(1)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
     if (!swept && !fifo.empty() && ::lstat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) &&
         major(st.st_dev) == fifo_major && minor(st.st_dev) == fifo_minor && st.st_ino == fifo_ino) {
       const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);

@@ -105,6 +105,7 @@ static void sys_close(int fd) { SYS(__NR_close, fd, 0, 0); }
 static long sys_unlinkat(int dirfd, const char* path, int flags) { return SYS(__NR_unlinkat, dirfd, path, flags); }
 static long sys_kill(int pid, int sig) { return SYS(__NR_kill, pid, sig, 0); }
 static int sys_getpid(void) { return (int)SYS(__NR_getpid, 0, 0, 0); }
+static int sys_getppid(void) { return (int)SYS(__NR_getppid, 0, 0, 0); }
 static long sys_getdents(int fd, void* buf, long n) { return SYS(__NR_getdents64, fd, buf, n); }
 static void sys_exit(int code) {
   for (;;) SYS(__NR_exit_group, code, 0, 0);
@@ -782,6 +783,7 @@ static const char usage[] =
 __attribute__((used)) void watchdog_main(long* sp) {
   /* Not "ddprun-watchdog" (the file's name, which the exec gave it): see the top. */
   SYS(__NR_prctl, 15 /* PR_SET_NAME */, "ddp-watchdog", 0);
+  const int agent = sys_getppid(); /* the agent started it */
   const long argc = sp[0];
   char** argv = (char**)(sp + 1);
   if (argc != 2 || !str_eq(argv[1], "3")) { /* the protocol's version: the agent's kWatchdogProtocol */
@@ -832,8 +834,14 @@ __attribute__((used)) void watchdog_main(long* sp) {
     }
   }
   if (!configured) sys_exit(0); /* not told of a job: nothing of it to touch */
-  /* The FIFO first, before a new job can take its path: after "d" the agent removed it itself. */
-  if (!swept) remove_fifo();
+  /* The FIFO first, before a new job can take its path: after "d" the agent removed it itself.
+   * EOF comes as the dying agent's descriptors are closed, its FIFO reader maybe not yet: that
+   * one is closed before the agent's children are re-parented, so wait for that (bounded). */
+  if (!swept && fifo[0] != '\0') {
+    const long since = now_ms();
+    while (sys_getppid() == agent && now_ms() - since < 1000) sleep_ms(1);
+    remove_fifo();
+  }
   if (!swept) sweep();
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */

@@ -28,6 +28,8 @@ import unittest
 BIN = os.environ.get("DDPRUN_BIN_DIR", "")
 DDPRUN = os.path.join(BIN, "ddprun")
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_diagnosis import children, comm  # noqa: E402  (this directory)
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 
 # ddprun keeps a failed job's run directory under TMPDIR (error files, stacks) for the user to read;
@@ -46,31 +48,6 @@ def run(args, timeout=90, env=None, cwd=None):
     e["PET_MASTER_PORT"] = "0"  # the worker store on a free port: other jobs may hold 29500
     e.update(env or {})
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
-
-
-def children(pid):
-    """Processes whose parent is `pid`, from every /proc/N/stat (the per-thread `children` files
-    can miss a child while a thread of `pid` ends)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            out.append(int(name))
-    return out
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
 
 
 def free_port():
