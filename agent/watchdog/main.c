@@ -17,10 +17,10 @@
  *                 hook aside), as the agent would have
  *   "r DIR"       remove the run directory DIR once the agent is gone (nothing in it to keep)
  *   "f MAJOR MINOR INODE PATH" remove the FIFO at PATH (the file timer's) once the agent is
- *                 gone, if it is still that file
+ *                 gone, if it is still that file and nobody reads it (remove_fifo)
  *   "d"           the agent ended normally and swept the job itself
- * and, at EOF (the agent is gone, however it ended, SIGKILL included), sweeps the job unless
- * told "d", then removes the job's cgroups, the run directory and the FIFO.
+ * and, at EOF (the agent is gone, however it ended, SIGKILL included), unless told "d" removes
+ * the FIFO and sweeps the job, then removes the run directory and the job's cgroups.
  *
  * Its name: it calls itself "ddp-watchdog" (comm) and is started with that name alone in its
  * arguments, the job's paths coming by the socket: `pkill ddprun` and `pkill -f ddprun`, which

@@ -114,7 +114,8 @@ class Containment {
   // of remove_job_dir_unless_useful.
   void clean_up_when_gone(const std::string& dir) const;
   // Tells the watchdog about the file timer's FIFO `path` (absolute; the file `dev`/`ino`): should
-  // the agent end without removing it (killed), the watchdog does, if the path still names it.
+  // the agent end without removing it (killed), the watchdog does, if the path still names it and
+  // nobody reads it (a new job's agent at the same path would).
   void unlink_when_gone(const std::string& path, dev_t dev, ino_t ino) const;
 
  private:
