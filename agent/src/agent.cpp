@@ -22,11 +22,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -401,6 +403,15 @@ class Agent {
       specs.push_back(worker_spec(config_, a.placement, r, attempt, parent_env_));
     }
     run_.start(attempt.dir, executable_, std::move(specs), parent_env_);
+    if (!watchdog_check_armed_) {
+      // A ddprun-watchdog of another build refuses to start (exit 2) within milliseconds: said
+      // while the job runs, not only at its end (off the path to the first exec).
+      watchdog_check_armed_ = true;
+      watchdog_check_.expires_after(std::chrono::milliseconds(200));
+      watchdog_check_.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec && containment_) containment_->check_watchdog();
+      });
+    }
   }
 
   void finish(int code) {
@@ -442,6 +453,9 @@ class Agent {
   const AgentConfig& config_;
   asio::io_context io_{1};
   asio::signal_set signals_;
+  // Once, a moment after the first workers started: is the containment watchdog still there?
+  asio::steady_timer watchdog_check_{io_};
+  bool watchdog_check_armed_ = false;
   worker_env::EnvMap parent_env_;
   std::unique_ptr<Containment> containment_;  // outlives run_, whose end sweeps it
   WorkerRun run_;

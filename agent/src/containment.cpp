@@ -27,6 +27,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/exit_status.hpp"
 #include "ddprun/agent/job_dir.hpp"
 #include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
@@ -968,22 +969,48 @@ Containment::~Containment() {
   }
   rank_dir_fds_.clear();
   sweep(true);
+  check_watchdog();
   if (watchdog_fd_ >= 0) {
     // The agent's own end: the job is swept; the watchdog removes the cgroups (rmdir of a cgroup
     // waits for the kernel's RCU grace periods: ~ms each, not worth delaying the exit for).
     // It is not waited for: it ends on its own and is reaped by init.
-    if (!send_line(watchdog_fd_, "d\n")) {
-      spdlog::warn("containment: the watchdog (pid {}) ended before the job ({}); the job's cgroups may be left",
-                   watchdog_, std::strerror(errno));
-    }
+    const bool told = send_line(watchdog_fd_, "d\n");
+    const int err = errno;
     ::close(watchdog_fd_);
-    return;
+    watchdog_fd_ = -1;
+    if (told) return;
+    spdlog::warn("containment: the watchdog (pid {}) ended before the job ({}); removing the job's cgroups here",
+                 watchdog_, std::strerror(err));
   }
   // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
   // with this pid: containers reuse pids), cgroups a job process made, and processes still
   // leaving make the job's rmdir fail with EBUSY; only then is the tree below looked at.
   if (!job_dir_.empty()) remove_cgroup_tree(job_dir_, 0);
   if (!memory_dir_.empty() && memory_dir_ != job_dir_) remove_cgroup_tree(memory_dir_, 0);
+}
+
+void Containment::check_watchdog() {
+  if (watchdog_ <= 0 || watchdog_fd_ < 0) return;
+  int status = 0;
+  if (::waitpid(watchdog_, &status, WNOHANG) != watchdog_) return;  // running (or not ours to wait for)
+  const std::string how = WIFEXITED(status)     ? "exit " + std::to_string(WEXITSTATUS(status))
+                          : WIFSIGNALED(status) ? "killed by " + signal_name(WTERMSIG(status))
+                                                : std::string("ended");
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+    spdlog::warn(
+        "containment: {} refused to start ({}): it is not of this ddprun's build; if ddprun is killed now, "
+        "nothing ends the job's detached processes{} (ddprun still does at its own end); install ddprun and "
+        "ddprun-watchdog from the same build",
+        beside_this_binary("ddprun-watchdog"), how, job_dir_.empty() ? "" : " or removes its cgroups");
+  } else {
+    spdlog::warn(
+        "containment: the watchdog (pid {}) ended before the job ({}): if ddprun is killed now, nothing ends the "
+        "job's detached processes (ddprun still does at its own end)",
+        watchdog_, how);
+  }
+  ::close(watchdog_fd_);
+  watchdog_fd_ = -1;
+  watchdog_ = -1;
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }

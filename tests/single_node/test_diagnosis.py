@@ -626,6 +626,46 @@ class Diagnosis(unittest.TestCase):
             proc.kill()
             proc.communicate()
 
+    def test_a_watchdog_of_another_build_is_reported_while_the_job_runs(self):
+        # A ddprun-watchdog that refuses the protocol (played by a script that exits 2, as one of
+        # another build does) is reported while the job runs, and ddprun removes the job's cgroups
+        # itself at its end. Before, it said so only at the end, and left the cgroups.
+        d = os.path.join(self.dir, "mixed")
+        os.makedirs(d)
+        shutil.copy2(DDPRUN, d)
+        with open(os.path.join(d, "ddprun-watchdog"), "w") as f:
+            f.write("#!/bin/sh\nexit 2\n")
+        os.chmod(os.path.join(d, "ddprun-watchdog"), 0o755)
+        for mode in modes():
+            with self.subTest(mode=mode):
+                gate = os.path.join(self.dir, f"gate-{mode}")
+                proc = subprocess.Popen([os.path.join(d, "ddprun"), "--master-port", "0", "--containment", mode,
+                                         "--no-python", "/bin/sh", "-c",
+                                         'i=0; while [ ! -e "$1" ] && [ $i -lt 3000 ]; do i=$((i+1)); sleep 0.02; done',
+                                         "sh", gate], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
+                try:
+                    deadline = time.monotonic() + 30
+                    err = b""
+                    while b"refused to start (exit 2)" not in err:
+                        left = deadline - time.monotonic()
+                        self.assertGreater(left, 0, f"no report while the job ran: {err.decode()}")
+                        if select.select([proc.stderr], [], [], left)[0]:
+                            chunk = os.read(proc.stderr.fileno(), 4096)
+                            self.assertTrue(chunk, f"ddprun ended first: {err.decode()}")
+                            err += chunk
+                    self.assertIn(b"install ddprun and ddprun-watchdog from the same build", err)
+                    open(gate, "w").close()
+                    err += proc.communicate(timeout=60)[1]
+                    self.assertEqual(proc.returncode, 0, err.decode())
+                    for root in cgroup_roots():
+                        self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+                finally:
+                    open(gate, "a").close()
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.communicate()
+
     def test_watchdog_program_refuses_to_run_by_hand(self):
         # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).
         program = DDPRUN + "-watchdog"

@@ -117,6 +117,11 @@ class Containment {
   // the agent end without removing it (killed), the watchdog does, if the path still names it and
   // nobody reads it (a new job's agent at the same path would).
   void unlink_when_gone(const std::string& path, dev_t dev, ino_t ino) const;
+  // Whether the watchdog still runs (one waitpid WNOHANG): one that ended already — a
+  // ddprun-watchdog of another build refuses the protocol and exits 2 at once, or something
+  // killed it — is reaped and reported (a warning); the agent then removes the job's cgroups and
+  // run directory itself at its end. Called once the first workers run and at the end.
+  void check_watchdog();
 
  private:
   Containment() = default;
