@@ -4,7 +4,8 @@ Classes (each runnable alone, e.g. `test_torchrun_compat.py FileTimer`):
   PortZero    --rdzv-endpoint HOST:0: several jobs on one machine, each hosting on a free port.
   RdzvConf    --rdzv-conf as lenient as torchrun (unknown keys, literal quotes, timeout+join_timeout).
   FileTimer   TORCHELASTIC_ENABLE_FILE_TIMER with torch's FileTimerClient ($PYTHON_EXEC: 1.13, or
-              2.6 through the torch2 tier) and with a native writer.
+              2.6 through the torch2 tier) and with a native writer; the FIFO after a SIGKILL of
+              ddprun (removed by the watchdog unless replaced or read by another process).
   Health      TORCHELASTIC_HEALTH_CHECK_PORT answers over HTTP while the job runs.
   EventLog    --event-log-handler console / file:PATH / null, --logs-specs.
   Summary     the failure summary names the script and lists the failed ranks.
