@@ -17,18 +17,17 @@
 // signal_set, deadlines through steady_timers.
 #include "ddprun/agent/agent.hpp"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -403,15 +402,20 @@ class Agent {
       specs.push_back(worker_spec(config_, a.placement, r, attempt, parent_env_));
     }
     run_.start(attempt.dir, executable_, std::move(specs), parent_env_);
-    if (!watchdog_check_armed_) {
-      // A ddprun-watchdog of another build refuses to start (exit 2) within milliseconds: said
-      // while the job runs, not only at its end (off the path to the first exec).
-      watchdog_check_armed_ = true;
-      watchdog_check_.expires_after(std::chrono::milliseconds(200));
-      watchdog_check_.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec && containment_) containment_->check_watchdog();
-      });
-    }
+    if (!watchdog_end_) watch_watchdog();
+  }
+
+  // A watchdog that ends while the job runs (a ddprun-watchdog of another build refuses to start,
+  // exit 2; something killed it) is reported when it ends, not only at the job's end. Armed after
+  // the first workers' exec, off the path to it; before Linux 5.3 (no pidfd) only the end looks.
+  void watch_watchdog() {
+    const pid_t pid = containment_->watchdog_pid();
+    const int fd = pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1;
+    if (fd < 0) return;
+    watchdog_end_ = std::make_unique<asio::posix::stream_descriptor>(io_, fd);
+    watchdog_end_->async_wait(asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& ec) {
+      if (!ec) containment_->check_watchdog();
+    });
   }
 
   void finish(int code) {
@@ -453,9 +457,8 @@ class Agent {
   const AgentConfig& config_;
   asio::io_context io_{1};
   asio::signal_set signals_;
-  // Once, a moment after the first workers started: is the containment watchdog still there?
-  asio::steady_timer watchdog_check_{io_};
-  bool watchdog_check_armed_ = false;
+  // The containment watchdog's end as an event (its pidfd), watched from the first workers on.
+  std::unique_ptr<asio::posix::stream_descriptor> watchdog_end_;
   worker_env::EnvMap parent_env_;
   std::unique_ptr<Containment> containment_;  // outlives run_, whose end sweeps it
   WorkerRun run_;

@@ -666,6 +666,38 @@ class Diagnosis(unittest.TestCase):
                         proc.kill()
                         proc.communicate()
 
+    def test_a_watchdog_killed_while_the_job_runs_is_reported_then(self):
+        # Its end is an event (a pidfd): reported while the job runs, however late it comes; ddprun
+        # then removes the job's cgroups itself.
+        gate = os.path.join(self.dir, "gate-killed")
+        proc = subprocess.Popen([DDPRUN, "--master-port", "0", "--no-python", "/bin/sh", "-c",
+                                 'echo ready; i=0; while [ ! -e "$1" ] && [ $i -lt 3000 ]; do i=$((i+1)); sleep 0.02; done',
+                                 "sh", gate], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            read_until(proc, "ready", 30)
+            watchdogs = [c for c in children(proc.pid) if comm(c) == "ddp-watchdog"]
+            self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
+            os.kill(watchdogs[0], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            err = b""
+            while b"ended before the job (killed by SIGKILL)" not in err:
+                left = deadline - time.monotonic()
+                self.assertGreater(left, 0, f"no report while the job ran: {err.decode()}")
+                if select.select([proc.stderr], [], [], left)[0]:
+                    chunk = os.read(proc.stderr.fileno(), 4096)
+                    self.assertTrue(chunk, f"ddprun ended first: {err.decode()}")
+                    err += chunk
+            open(gate, "w").close()
+            err += proc.communicate(timeout=60)[1]
+            self.assertEqual(proc.returncode, 0, err.decode())
+            for root in cgroup_roots():
+                self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+        finally:
+            open(gate, "a").close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
     def test_watchdog_program_refuses_to_run_by_hand(self):
         # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).
         program = DDPRUN + "-watchdog"

@@ -322,24 +322,32 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   void make_buffer_room(const ConnectionPtr& c, std::size_t need, const Over& over) {
     trim_kept_buffers();
     if (!over()) return;
+    const bool shed = shed_by_backlog(c.get(), need, over, [&](const Connection& conn) {
+      return fmt::format(
+          "the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), another client's request "
+          "needs {} bytes, and this connection does not read its reply backlog of {} bytes",
+          buffered, options.limits.max_buffered_bytes, need, conn.queued());
+    });
+    if (shed) flush();  // what the closes queued for others (an extension's notices)
+  }
+
+  // Closes the connections (but `keep`) whose unread reply backlog is larger than `above`,
+  // largest first, while `over()`; `why(conn)` says why. True when it closed one.
+  template <typename Over, typename Why>
+  bool shed_by_backlog(const Connection* keep, std::size_t above, const Over& over, const Why& why) {
     std::vector<ConnectionPtr> by_backlog;
     for (auto& [id, conn] : connections) {
-      if (conn != c && !conn->closed && conn->queued() > need) by_backlog.push_back(conn);
+      if (conn.get() != keep && !conn->closed && conn->queued() > above) by_backlog.push_back(conn);
     }
     std::sort(by_backlog.begin(), by_backlog.end(),
               [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->queued() > b->queued(); });
     bool shed = false;
     for (auto& conn : by_backlog) {
       if (!over()) break;
-      close(conn,
-            fmt::format("the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), another "
-                        "client's request needs {} bytes, and this connection does not read its reply backlog of {} "
-                        "bytes",
-                        buffered, options.limits.max_buffered_bytes, need, conn->queued()),
-            RefusedReason::buffer_limit);
+      close(conn, why(*conn), RefusedReason::buffer_limit);
       shed = true;
     }
-    if (shed) flush();  // what the closes queued for others (an extension's notices)
+    return shed;
   }
 
   // What idle connections keep for their next reply (up to shrink_above per buffer): giving it
@@ -366,21 +374,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     // connections that once read a large value held the budget and got innocent clients with a
     // reply in flight closed.
     trim_kept_buffers();
-    if (buffered <= options.limits.max_buffered_bytes) return;
-    std::vector<ConnectionPtr> by_backlog;
-    for (auto& [id, conn] : connections) {
-      if (conn->queued() > 0) by_backlog.push_back(conn);
-    }
-    std::sort(by_backlog.begin(), by_backlog.end(),
-              [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->queued() > b->queued(); });
-    for (auto& conn : by_backlog) {
-      if (buffered <= options.limits.max_buffered_bytes) break;
-      close(conn,
-            fmt::format("the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), and this "
-                        "connection has the largest unread reply backlog ({} bytes)",
-                        buffered, options.limits.max_buffered_bytes, conn->queued()),
-            RefusedReason::buffer_limit);
-    }
+    shed_by_backlog(
+        nullptr, 0, [&] { return buffered > options.limits.max_buffered_bytes; },
+        [&](const Connection& conn) {
+          return fmt::format(
+              "the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), and this connection "
+              "has the largest unread reply backlog ({} bytes)",
+              buffered, options.limits.max_buffered_bytes, conn.queued());
+        });
   }
 
   void bind() {
@@ -947,8 +948,6 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                       });
   }
 
-  // `reason` empty: a normal close. With `refused`: counted under that reason and logged as a
-  // warning.
   // Lists a new connection in `list` when the extension awaits its handshake.
   void start_awaiting(Connection& c, std::list<ConnectionId>& list) {
     if (!options.extension || !options.extension->awaiting_authentication(c.id)) return;
@@ -965,7 +964,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   // At a connection limit: the oldest connection in `list` (not authenticated yet) gives way. An
   // agent completes its handshake within a round trip of connecting, so the oldest one waiting is
   // a client that never will (holding slots that way would lock every agent out of a token daemon).
-  // `flush`: false inside a relay link's frames (the handler that runs them flushes after).
+  // `flush_now`: false inside a relay link's frames (the handler that runs them flushes after).
   void evict_oldest_awaiting(std::list<ConnectionId>& list, std::string_view limit, bool flush_now) {
     if (list.empty()) return;
     const ConnectionPtr oldest = connections.at(list.front());
@@ -978,6 +977,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (flush_now) flush();
   }
 
+  // `reason` empty: a normal close. With `refused`: counted under that reason and logged as a
+  // warning.
   void close(const ConnectionPtr& c, const std::string& reason, std::optional<RefusedReason> refused = std::nullopt) {
     if (c->closed) return;
     c->closed = true;

@@ -138,8 +138,8 @@ bool StoreState::make_room(ApplyResult& res, ConnectionId conn, Op op, std::size
   const std::string limit = count_short ? "--max-waits" : "--max-total-bytes";
   for (std::size_t i = 0; i < plan; ++i) {
     const auto& [victim, held] = larger[i];
-    if (!outbox.shed(victim, fmt::format("it holds {} wait registrations ({} key bytes), more than any other "
-                                         "connection, and the store's are taken ({}); a {} of another client "
+    if (!outbox.shed(victim, fmt::format("it holds {} wait registrations ({} key bytes), more than the requesting "
+                                         "connection would, and the store's are taken ({}); a {} of another client "
                                          "needed room",
                                          held.count, held.bytes, limit, op_name(op)))) {
       return false;

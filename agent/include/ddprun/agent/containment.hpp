@@ -120,8 +120,10 @@ class Containment {
   // Whether the watchdog still runs (one waitpid WNOHANG): one that ended already — a
   // ddprun-watchdog of another build refuses the protocol and exits 2 at once, or something
   // killed it — is reaped and reported (a warning); the agent then removes the job's cgroups and
-  // run directory itself at its end. Called once the first workers run and at the end.
+  // run directory itself at its end. Called when the watchdog's pidfd says it ended, and at the end.
   void check_watchdog();
+  // The watchdog's pid (this process's child until check_watchdog reaps it); -1 without one.
+  pid_t watchdog_pid() const { return watchdog_fd_ >= 0 ? watchdog_ : -1; }
 
  private:
   Containment() = default;
