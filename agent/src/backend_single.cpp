@@ -152,9 +152,19 @@ std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io,
   try {
     store = std::make_unique<rendezvous::StoreServer>(io, opts);
   } catch (const Error& e) {
+    // `hint` is for a port in use; an address that is not this machine's (EADDRNOTAVAIL) needs
+    // another one, and other errors keep the store's own hint.
+    std::string why = hint;
+    if (e.hint().find("not one of this machine's") != std::string::npos) {
+      why = "--master-addr " + addr +
+            " is not an address of this machine, and the worker store is hosted here: give one of its addresses or "
+            "its host name (or leave --master-addr out)";
+    } else if (e.hint().find("port in use") == std::string::npos) {
+      why = e.hint();
+    }
     throw NetworkError("cannot host the worker store on " + opts.host + (name_port ? ":" + std::to_string(port) : "") +
                            ": " + e.message(),
-                       hint);
+                       why);
   }
   store->start();
   spdlog::debug("worker store listening on {}:{}", store->host(), store->port());

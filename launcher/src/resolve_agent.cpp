@@ -162,7 +162,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.standalone = p.flag("standalone");
   if (cfg.standalone) {
     std::vector<std::string> ignored;
-    for (std::string_view f : {"rdzv-backend", "rdzv-endpoint", "rdzv-id"}) {
+    // As torchrun: a standalone job hosts its store on this machine at a free port, whatever
+    // --master-addr/--master-port (or PET_MASTER_ADDR, which e.g. Kubeflow sets) say.
+    for (std::string_view f : {"rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port"}) {
       if (auto g = p.given(f)) ignored.push_back(g->what + "=" + g->text);
     }
     if (!ignored.empty()) {
@@ -284,8 +286,8 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
         "--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" + std::to_string(cfg.max_nodes),
         "node ranks run from 0 to nnodes-1 with the static backend");
   }
-  if (auto g = p.given("master-addr")) cfg.master_addr = parse_host(g->text, g->what);
   if (!cfg.standalone) {
+    if (auto g = p.given("master-addr")) cfg.master_addr = parse_host(g->text, g->what);
     if (auto g = p.given("master-port")) cfg.master_port = parse_port_value(g->text, g->what, 0);
   }
   if (static_endpoint) {

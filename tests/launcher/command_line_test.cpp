@@ -589,7 +589,19 @@ TEST_CASE("--standalone overrides the rendezvous settings") {
   CHECK(o.config.rdzv_endpoint == "localhost:0");
   CHECK(std::regex_match(o.config.run_id, uuid4));
   CHECK(o.config.master_port == 0);
-  CHECK(has_note(o, "--standalone: ignoring --rdzv-backend=static, --rdzv-endpoint=h:1, --rdzv-id=x"));
+  CHECK(has_note(o, "--standalone: ignoring --rdzv-backend=static, --rdzv-endpoint=h:1, --rdzv-id=x, --master-port=5"));
+  // --master-addr too, from the flag or PET_MASTER_ADDR (Kubeflow sets it in every pod): before,
+  // a standalone job hosted its store there, and failed (an address not this machine's) or hung
+  // (a name that does not resolve) where torchrun ignores it.
+  const std::string default_addr = sb.parse({"train.py"}).config.master_addr;
+  const auto addr = sb.parse({"--standalone", "--master-addr", "10.255.255.1", "train.py"});
+  CHECK(addr.config.master_addr == default_addr);
+  CHECK(has_note(addr, "--standalone: ignoring --master-addr=10.255.255.1"));
+  const auto pet = sb.parse({"--standalone", "train.py"}, {{"PET_MASTER_ADDR", "somehost.invalid"}});
+  CHECK(pet.config.master_addr == default_addr);
+  CHECK(has_note(pet, "--standalone: ignoring PET_MASTER_ADDR=somehost.invalid"));
+  // Without --standalone it is used.
+  CHECK(sb.parse({"--master-addr", "10.255.255.1", "train.py"}).config.master_addr == "10.255.255.1");
   // Without explicit values there is nothing to note, and each run gets its own id.
   const auto a = sb.parse({"--standalone", "train.py"});
   const auto b = sb.parse({"--standalone", "train.py"});
@@ -730,7 +742,7 @@ TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   CHECK(o.config.nproc_per_node == 3);
   CHECK(o.config.max_restarts == 2);
   CHECK(o.config.standalone);
-  CHECK(o.config.master_addr == "10.0.0.1");
+  CHECK(has_note(o, "--standalone: ignoring --master-addr=10.0.0.1"));  // read, and ignored as torchrun
   CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "--nproc", "9"});
   // A value that looks like an abbreviation is left alone.
   CHECK(sb.parse({"--role", "--nproc", "train.py"}).config.role == "--nproc");
