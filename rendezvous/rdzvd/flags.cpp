@@ -70,6 +70,10 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "max-jobs", .metavar = "N", .help = "Most jobs held at once; a JOIN that would start one more is refused "
                                                "(0 = no cap).",
    .default_text = "100000"},
+  {.dash = "max-members", .metavar = "N",
+   .help = "Most members of all jobs together (nodes joined, and nodes whose connection closed within their "
+           "heartbeat interval); a JOIN that would add one more is refused (0 = no cap).",
+   .default_text = "262144"},
   {.dash = "log-level", .metavar = "LEVEL", .help = "trace|debug|info|warning|error|critical|off.",
    .default_text = "$DDPRUN_LOG_LEVEL, else info", .choices = kLogLevels},
   {.dash = "log-format", .metavar = "FORMAT",

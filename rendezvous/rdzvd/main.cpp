@@ -6,7 +6,8 @@
 //                [--log-level L] [--log-format text|json]
 //                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
 //   ddprun-rdzvd --relay-to HOST:PORT [--host H] [--port P] [--port-file F] [--token-file F]
-//                [--max-connections N] [--max-queued-reply-bytes N] [--relink-timeout S] [--log-level L]
+//                [--max-connections N] [--max-queued-reply-bytes N] [--max-buffered-bytes N]
+//                [--relink-timeout S] [--log-level L]
 //                [--log-format F]
 //
 // With --relay-to it is a relay (docs/daemon.md, "Relays"; relay_server.hpp): clients connect to
@@ -123,7 +124,7 @@ void write_port_file(const std::string& path, std::uint16_t port) {
 // 2 on a bad flag.
 int run_relay(const std::string& relay_to, const std::string& host, int port, const std::string& port_file,
               const std::string& token, const std::string& token_file, std::size_t max_connections,
-              std::size_t max_queued_bytes, double relink_timeout) {
+              std::size_t max_queued_bytes, std::size_t max_buffered_bytes, double relink_timeout) {
   namespace rdzv = ddprun::rendezvous;
   rdzv::RelayServerOptions options;
   try {
@@ -144,6 +145,7 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
   options.token = token;
   options.max_connections = max_connections;
   options.max_queued_bytes = max_queued_bytes;
+  options.max_buffered_bytes = max_buffered_bytes;
   options.relink_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(relink_timeout * 1000.0));
   raise_fd_limit(max_connections, false);
   boost::asio::io_context io(1);
@@ -155,6 +157,9 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
     io.stop();
   };
   try {
+    // Installed before the relay waits for its root (which may take --relink-timeout): a SIGHUP
+    // meanwhile is handled once the relay is up, not the signal's default (exit).
+    boost::asio::signal_set hup(io, SIGHUP);
     rdzv::RelayServer relay(io, options);
     relay.start();
     boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
@@ -164,6 +169,28 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
       relay.stop();
       io.stop();
     });
+    // SIGHUP re-reads --token-file, as the daemon does (`kill -HUP $(pidof ddprun-rdzvd)` reaches
+    // both): the relay's next link proves the new token; the link that is up stays.
+    std::function<void()> wait_hup = [&] {
+      hup.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        if (token_file.empty()) {
+          spdlog::warn("relay: SIGHUP: no --token-file to re-read; the token is unchanged");
+        } else {
+          try {
+            auto secret = ddprun::read_secret_file(token_file, "--token-file");
+            if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+            relay.set_token(std::move(secret.secret));
+            spdlog::info("relay: SIGHUP: re-read the token from --token-file {}; the next link to the daemon uses it",
+                         token_file);
+          } catch (const ddprun::Error& e) {
+            spdlog::error("relay: SIGHUP: keeping the old token: {}", e.what());
+          }
+        }
+        wait_hup();
+      });
+    };
+    wait_hup();
     spdlog::info("relaying to the daemon at {} ({})", relay_to,
                  token_file.empty() ? "token from DDPRUN_RDZV_TOKEN" : "token from --token-file " + token_file);
     if (!port_file.empty()) write_port_file(port_file, relay.port());
@@ -280,6 +307,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-jobs", options.max_jobs,
                  "Most jobs held at once; a JOIN that would start one more is refused (0 = no cap)")
       ->capture_default_str();
+  app.add_option("--max-members", options.max_members,
+                 "Most members of all jobs together (nodes joined, and nodes whose connection closed within their "
+                 "heartbeat interval); a JOIN that would add one more is refused (0 = no cap)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
   std::string log_format;  // empty: DDPRUN_LOG_FORMAT, else text
@@ -383,10 +414,9 @@ int main(int argc, char** argv) {
     // ignore them.
     for (const char* flag :
          {"--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
-          "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-buffered-bytes",
-          "--max-connections-per-peer", "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms",
-          "--handshake-timeout-ms", "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry",
-          "--max-jobs"}) {
+          "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
+          "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
+          "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members"}) {
       if (app.count(flag) > 0) {
         std::cerr << "ddprun-rdzvd: error: " << flag << " does not apply to a relay (--relay-to): give it to the "
                   << "daemon the relay connects to\n";
@@ -395,7 +425,8 @@ int main(int argc, char** argv) {
     }
     return run_relay(relay_to, host, port, port_file, options.token, token_file,
                      app.count("--max-connections") > 0 ? options.limits.store.max_connections : std::size_t{65536},
-                     options.limits.store.max_queued_reply_bytes, relink_timeout);
+                     options.limits.store.max_queued_reply_bytes, options.limits.store.max_buffered_bytes,
+                     relink_timeout);
   }
   if (app.count("--relink-timeout") > 0) {
     std::cerr << "ddprun-rdzvd: error: --relink-timeout applies only to a relay: give --relay-to HOST:PORT too\n";

@@ -229,3 +229,52 @@ TEST_CASE("a refused JOIN leaves nothing behind: the node may join later, the co
         ok);
   CHECK(r.total() == 1);
 }
+
+TEST_CASE("the secrets of nodes whose lease ran out in a job that lives on do not pile up", "[refuse]") {
+  // One member keeps the job alive; 5,000 others join once each, on connections that close, and
+  // lose their lease. Before: every one of their node secrets stayed until the whole job was
+  // dropped, so churn in one live job grew the daemon without bound (2.3 KB a join).
+  Harness h;
+  rdzv::JobConfig config = config_of(1, 100000);
+  config.heartbeat_interval = 1s;
+  config.missed_heartbeats = 1;
+  REQUIRE(h.join(1, "churn", 1, config) == ok);
+  for (int i = 0; i < 5000; ++i) {
+    const auto conn = static_cast<rdzv::ConnectionId>(100 + i);
+    rdzv::NodeInfo n = node(2);
+    n.id.pid = 1000 + i;
+    REQUIRE(h.send(conn, rdzv::JoinMessage{"churn", rdzv::JoinRequest{n, config}}) == ok);
+    h.service->on_disconnect(conn);
+    if (i % 100 == 99) {
+      // The keep-alive member heartbeats; the others' leases (1 s after their disconnect) run out.
+      REQUIRE(h.send(1, rdzv::HeartbeatMessage{"churn", node(1).id}) == ok);
+      h.timers.advance(2s);
+      if (h.io.stopped()) h.io.restart();
+      h.io.poll();  // the tick the advance made due
+      REQUIRE(h.send(1, rdzv::HeartbeatMessage{"churn", node(1).id}) == ok);
+    }
+  }
+  REQUIRE(h.service->registry().find("churn") != nullptr);
+  CHECK(h.service->registry().find("churn")->member_count() <= 101);
+  CHECK(h.service->stats().node_secrets < 2500);
+}
+
+TEST_CASE(
+    "before AUTH a daemon with a token refuses a frame from its header when it declares more than a "
+    "handshake needs",
+    "[refuse]") {
+  rdzv::RendezvousServiceOptions options;
+  options.token = "sekrit";
+  Harness h(options);
+  // A HELLO header that announces 1 MiB, with only the first bytes sent: refused at once, before
+  // the daemon buffers the rest (before: it waited for, and held, the whole megabyte).
+  std::string header = "H";
+  const std::uint32_t declared = (1U << 20) - 1;
+  for (int i = 0; i < 4; ++i) header.push_back(static_cast<char>((declared >> (8 * i)) & 0xff));
+  header += std::string(100, 'x');
+  const auto r = h.service->on_frame(1, header, h.state, h.outbox);
+  CHECK(r.status == refused);
+  CHECK(r.reason.find("before authentication") != std::string::npos);
+  // An ordinary HELLO is answered.
+  CHECK(h.send(2, rdzv::HelloMessage{1, std::string(64, 'a')}) == ok);
+}

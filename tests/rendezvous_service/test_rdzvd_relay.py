@@ -473,6 +473,121 @@ def relay_limit_makes_room(token_file):
     assert root.wait(timeout=30) == 0
 
 
+
+def vm_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def still_served(sock, run_id, what):
+    sock.sendall(frame(0x47, {"run_id": run_id}))
+    op, _ = read_frame(sock)
+    assert op == 0x67, f"{what} lost its connection: 0x{op:02x}"
+
+
+def pipelining_client(relay_port, run_id, gets):
+    """A client authenticated for its own job that SETs a 1 MiB value, then pipelines `gets` GETs
+    of it and never reads (a small receive buffer)."""
+    a = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    a.settimeout(10)
+    a.connect(("127.0.0.1", relay_port))
+    assert handshake(a, TOKEN, run_id) is None
+    key = b"k"
+    a.sendall(bytes.fromhex("00cef7853c") + bytes([1]) + struct.pack("<Q", len(key)) + key +
+              struct.pack("<Q", 1 << 20) + b"v" * (1 << 20))  # VALIDATE, SET k = 1 MiB
+    a.sendall(bytes([13]) + struct.pack("<I", 7))  # PING: the SET is done once it answers
+    assert recv_exact(a, 4, time.monotonic() + 10) == struct.pack("<I", 7)
+    a.sendall((bytes([3]) + struct.pack("<Q", len(key)) + key) * gets)
+    return a
+
+
+def pipelining_client_keeps_the_link(token_file):
+    # One client behind a relay pipelines 6,000 GETs of a 1 MiB value and never reads. Before:
+    # the root ran them all in one event, its link to the relay passed --max-queued-reply-bytes
+    # and the root closed the link, ending every connection the relay carried (other jobs'
+    # agents too). Now the relayed connection waits while the link is backed up; the relay's own
+    # per-client cap ends the client that does not read, and only it.
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics_file = os.path.join(tmp, "metrics.port")
+        root, root_port = start_daemon(["--token-file", token_file, "--metrics-port", "0", "--metrics-port-file",
+                                        metrics_file])
+        with open(metrics_file) as f:
+            metrics_port = int(f.read())
+    relay, relay_port = start_relay(root_port, token_file)
+    victim = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+    assert handshake(victim, TOKEN, "victim-job") is None
+    still_served(victim, "victim-job", "an agent of another job")
+    rss_before = vm_rss_kib(root.pid)
+    attacker = pipelining_client(relay_port, "attacker-job", 6000)
+    still_served(victim, "victim-job", "an agent of another job on the same relay, during")
+    # The relay ends the client that never reads (its per-client cap) and tells the root: one
+    # relayed connection is left, the victim's.
+    wait_gauge(metrics_port, "ddprun_rdzvd_relayed_connections", 1)
+    still_served(victim, "victim-job", "an agent of another job on the same relay")
+    grown = vm_rss_kib(root.pid) - rss_before
+    assert grown < 96 * 1024, f"the root grew by {grown} KiB for one client's pipelined GETs"
+    assert relay.poll() is None and root.poll() is None
+    victim.close()
+    for p in (relay, root):
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+
+
+def relay_buffers_are_bounded(token_file):
+    # Four clients behind a relay of --max-buffered-bytes 48 MiB each pipeline GETs of a 1 MiB
+    # value and never read. Before: each could hold --max-queued-reply-bytes (128 MiB) at the
+    # relay, four of them half a GiB. Now the relay closes the clients with the most unread once
+    # all of them together pass its budget; an agent on the same relay is served throughout.
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics_file = os.path.join(tmp, "metrics.port")
+        root, root_port = start_daemon(["--token-file", token_file, "--metrics-port", "0", "--metrics-port-file",
+                                        metrics_file])
+        with open(metrics_file) as f:
+            metrics_port = int(f.read())
+    relay, relay_port = start_daemon(["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file,
+                                      "--max-buffered-bytes", str(48 << 20)])
+    agent = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+    assert handshake(agent, TOKEN, "agent-job") is None
+    rss_before = vm_rss_kib(relay.pid)
+    hoarders = [pipelining_client(relay_port, f"hoarder-{i}", 200) for i in range(4)]
+    # At most one hoarder fits the budget: the relay closes the others and tells the root.
+    deadline = time.monotonic() + 30
+    while gauge(metrics_port, "ddprun_rdzvd_relayed_connections") > 2:  # the agent and one hoarder
+        assert time.monotonic() < deadline, "the relay's budget closed no client that does not read"
+        time.sleep(0.02)
+    still_served(agent, "agent-job", "an agent on the relay")
+    grown = vm_rss_kib(relay.pid) - rss_before
+    assert grown < 128 * 1024, f"the relay grew by {grown} KiB for four clients that do not read"
+    for s in hoarders + [agent]:
+        s.close()
+    for p in (relay, root):
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+
+
+def relay_survives_sighup(token_file):
+    # `kill -HUP $(pidof ddprun-rdzvd)` (docs/daemon.md, rotating the token) reaches relays too.
+    # Before: a relay had no SIGHUP handler and died of it, with every connection it carried.
+    root, root_port = start_daemon(["--token-file", token_file])
+    relay, relay_port = start_relay(root_port, token_file)
+    agent = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
+    assert handshake(agent, TOKEN, "hup-job") is None
+    os.kill(relay.pid, signal.SIGHUP)
+    os.kill(root.pid, signal.SIGHUP)
+    still_served(agent, "hup-job", "an agent on the relay after SIGHUP")
+    with socket.create_connection(("127.0.0.1", relay_port), timeout=10) as fresh:
+        assert handshake(fresh, TOKEN, "hup-job") is None, "a new client was refused after SIGHUP"
+    assert relay.poll() is None, f"the relay exited on SIGHUP ({relay.poll()})"
+    agent.close()
+    for p in (relay, root):
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "token")
@@ -506,6 +621,9 @@ def main():
 
         silent_through_relay(token_file)
         relay_limit_makes_room(token_file)
+        pipelining_client_keeps_the_link(token_file)
+        relay_buffers_are_bounded(token_file)
+        relay_survives_sighup(token_file)
         relay_before_root(token_file)
         again, again_port = root_restarted(token_file, tmp)
         relay_gives_up(again, again_port, token_file)

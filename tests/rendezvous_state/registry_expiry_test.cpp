@@ -134,6 +134,45 @@ TEST_CASE("max_jobs refuses a new job, naming the flag; existing jobs go on", "[
   CHECK(reg.job_count() == 3);
 }
 
+TEST_CASE("max_members caps the members of all jobs together; a member's own events go on", "[registry]") {
+  // Before: each job's max_nodes (its first client's choice, up to 2^20) was the only bound, and
+  // a member whose connection closed stays for its heartbeat interval: joining and closing in a
+  // loop grew the daemon without bound.
+  ManualClock clock;
+  RendezvousRegistry reg(600s, 100, 5);
+  for (int i = 0; i < 4; ++i) {
+    CHECK_FALSE(refused_with(reg.join("big", JoinRequest{node(i), cfg(1, 1000)}, clock.now()), ""));
+  }
+  CHECK_FALSE(refused_with(reg.join("other", JoinRequest{node(4), cfg(1, 1000)}, clock.now()), ""));
+  CHECK(reg.member_count() == 5);
+  auto refused = reg.join("big", JoinRequest{node(5), cfg(1, 1000)}, clock.now());
+  CHECK(refused_with(refused, "--max-members"));
+  CHECK(refused_with(reg.join("third", JoinRequest{node(6), cfg(1, 1000)}, clock.now()), "--max-members"));
+  CHECK(reg.find("third") == nullptr);
+  CHECK(refused_with(reg.rejoin("big", RejoinRequest{node(7), cfg(1, 1000), {}, std::nullopt}, clock.now()),
+                     "--max-members"));
+  // A member's own rejoin is not a new member.
+  CHECK_FALSE(refused_with(reg.rejoin("big", RejoinRequest{node(1), cfg(1, 1000), {}, std::nullopt}, clock.now()), ""));
+  // Two nodes go (one leaves, one disconnects and its lease runs out): two fit again.
+  reg.leave("big", node(0).id, clock.now());
+  reg.disconnected("big", node(2).id, clock.now());
+  clock.advance(2s);
+  for (int i : {1, 3}) reg.heartbeat("big", node(i).id, clock.now());
+  reg.heartbeat("other", node(4).id, clock.now());
+  clock.advance(2s);
+  reg.on_tick(clock.now());
+  CHECK(reg.member_count() == 3);
+  CHECK_FALSE(refused_with(reg.join("big", JoinRequest{node(8), cfg(1, 1000)}, clock.now()), ""));
+  CHECK_FALSE(refused_with(reg.join("big", JoinRequest{node(9), cfg(1, 1000)}, clock.now()), ""));
+  CHECK(refused_with(reg.join("big", JoinRequest{node(10), cfg(1, 1000)}, clock.now()), "--max-members"));
+  // A dropped job gives its members back.
+  reg.leave("other", node(4).id, clock.now());
+  clock.advance(601s);
+  reg.on_tick(clock.now());
+  CHECK(reg.find("other") == nullptr);
+  CHECK(reg.audit().empty());
+}
+
 TEST_CASE("the deadline index agrees with a scan through thousands of jobs and events", "[registry]") {
   ManualClock clock;
   RendezvousRegistry reg(30s);

@@ -80,7 +80,34 @@ class StoreBounds(unittest.TestCase):
             self.assertEqual(len(legit.get("large", timeout=30)), 10 * MiB)
             # The shed came before the SET was read, so before works() answered: a short look each.
             self.assertGreaterEqual(sum(harness.closed_by_peer(h, 2) for h in hoarders), 1, "no backlog gave way")
-            self.assertIn("does not read its reply backlog", d.log())
+            self.assertIn("bytes of replies it has not read", d.log())
+
+    def test_half_sent_requests_give_way_not_clients_with_a_reply_in_flight(self):
+        # 70 connections each send most of a 1 MiB SET and stop; the budget is 64 MiB. 300 more
+        # send a few bytes, each taking a first read buffer. Before: the read buffers pushed the
+        # total over the budget, and the shed picked by unread reply backlog alone, so the only
+        # connections with one, the legitimate clients' (a reply in flight), were closed while
+        # every half-sent request stayed. Now whoever holds the most gives way.
+        with Daemon(["--max-buffered-bytes", str(64 * MiB), "--frame-timeout-ms", "60000"], mem_cap=1 * GiB) as d:
+            legit = Client(d.port)
+            body = b"x" * (MiB - 16 * 1024)
+            attackers = []
+            for _ in range(70):
+                a = d.connect()
+                a.sendall(harness.VALIDATE + bytes([harness.SET]) + s("k") + u64(MiB) + body)
+                attackers.append(a)
+            for _ in range(300):
+                a = d.connect()
+                a.sendall(harness.VALIDATE + bytes([harness.SET]) + s("k"))
+                attackers.append(a)
+            for i in range(20):
+                self.assertTrue(legit.works(f"half-sent{i}"), f"the legitimate client was closed:\n{d.log()[-2000:]}")
+            fresh = Client(d.port)
+            self.assertTrue(fresh.works("half-sent-fresh"))
+            self.assertIn("requests received but not run", d.log())
+            self.assertGreaterEqual(sum(harness.closed_by_peer(a, 0.2) for a in attackers[:70]), 1,
+                                    "no half-sent request gave way")
+            self.assert_bounded(d, 160 * MiB, "70 half-sent 1 MiB requests")
 
     def test_multi_get_whose_reply_is_too_big_is_refused_before_it_is_built(self):
         # Before: one 1.4 MB MULTI_GET (128Ki x a 1 MiB value) killed the daemon in 2 s.

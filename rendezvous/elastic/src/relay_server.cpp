@@ -131,6 +131,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   tcp::endpoint accepted_from;         // the peer of the connection being accepted (one accept at a time)
   RateLimitedWarning refuse_warning;   // refusals a flood of clients could repeat
   std::vector<std::weak_ptr<Client>> paused;
+  std::size_t queued_total = 0;  // every client's pending + writing: bounded by max_buffered_bytes
   std::uint32_t next_vid = 1;
   std::size_t max_connections = 0;
   std::uint16_t bound_port = 0;
@@ -373,6 +374,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     asio::async_write(c->socket, asio::buffer(c->writing),
                       [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) {
                         c->write_in_flight = false;
+                        if (!c->closed) self->queued_total -= c->writing.size();  // close_client counted it
                         c->writing.clear();
                         if (c->closed || self->stopped) return;
                         if (ec) {
@@ -391,12 +393,35 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     if (!reason.empty()) spdlog::debug("relay: closing connection from {}: {}", c->peer, reason);
     boost::system::error_code ec;
     c->socket.close(ec);  // the only descriptor of the connection: close() ends it (no shutdown)
+    queued_total -= c->pending.size() + c->writing.size();
     untrust_list_drop(*c);
     clients.erase(c->vid);
     if (tell_root && !lost) {
       append_relay_frame(up_pending, RelayOp::close, c->vid,
                          std::string_view(reason).substr(0, max_relay_reason_bytes));
       kick_upstream();
+    }
+  }
+
+  // Every client's replies together passed --max-buffered-bytes: the clients with the most
+  // unread close, largest first, until under it. Each one's own cap (--max-queued-reply-bytes)
+  // alone let a few thousand clients that never read hold the relay's memory a hundredfold.
+  void shed_largest() {
+    std::vector<ClientPtr> by_size;
+    for (auto& [vid, c] : clients) {
+      if (!c->closed && c->pending.size() + c->writing.size() > 0) by_size.push_back(c);
+    }
+    std::sort(by_size.begin(), by_size.end(), [](const ClientPtr& a, const ClientPtr& b) {
+      return a->pending.size() + a->writing.size() > b->pending.size() + b->writing.size();
+    });
+    for (auto& c : by_size) {
+      if (queued_total <= options.max_buffered_bytes) break;
+      ++counters.clients_shed;
+      refuse_warning.warn(
+          "relay: closing connection from {}: replies for all clients hold {} bytes, over the limit of {} "
+          "(--max-buffered-bytes), and this client has the most unread ({} bytes)",
+          c->peer, queued_total, options.max_buffered_bytes, c->pending.size() + c->writing.size());
+      close_client(c, "its replies were not read and the relay's buffers are full", true);
     }
   }
 
@@ -489,7 +514,9 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
             close_client(c, "the client does not read its replies", true);
           } else {
             c->pending.append(f.payload);
+            queued_total += f.payload.size();
             write_client(c);
+            if (queued_total > options.max_buffered_bytes) shed_largest();
           }
         } else {
           // CLOSE: what the root sent before (a REFUSED that explains it) is written first.
@@ -654,6 +681,10 @@ RelayStats RelayServer::stats() const {
   RelayStats s = core_->counters;
   s.clients = core_->clients.size();
   return s;
+}
+
+void RelayServer::set_token(std::string token) {
+  if (!token.empty()) core_->options.token = std::move(token);
 }
 
 }  // namespace ddprun::rendezvous

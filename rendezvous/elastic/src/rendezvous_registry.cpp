@@ -14,8 +14,26 @@ bool has_live_member(const RendezvousJob& job) { return !job.finished() && job.m
 
 }  // namespace
 
-RendezvousRegistry::RendezvousRegistry(std::optional<Duration> job_expiry, std::size_t max_jobs)
-    : job_expiry_(job_expiry), max_jobs_(max_jobs) {}
+RendezvousRegistry::RendezvousRegistry(std::optional<Duration> job_expiry, std::size_t max_jobs,
+                                       std::size_t max_members)
+    : job_expiry_(job_expiry), max_jobs_(max_jobs), max_members_(max_members) {}
+
+std::string RendezvousRegistry::check_member_room(const std::string& run_id, Jobs::const_iterator it,
+                                                  const NodeId& node) const {
+  if (max_members_ == 0 || members_ < max_members_) return {};
+  if (it != jobs_.end() && it->second.job.role_of(node)) return {};  // a member already
+  return fmt::format(
+      "cannot add node {} to rendezvous '{}': the daemon's jobs hold {} members together, its limit "
+      "(--max-members); members whose connection is gone are dropped after their heartbeat interval, so retry "
+      "later or ask the admin to raise the limit",
+      node.to_string(), run_id, members_);
+}
+
+void RendezvousRegistry::recount(Entry& e) {
+  const std::size_t now_members = e.job.member_count();
+  members_ = members_ - e.counted_members + now_members;
+  e.counted_members = now_members;
+}
 
 std::string RendezvousRegistry::check_room(const std::string& run_id) const {
   if (max_jobs_ == 0 || jobs_.size() < max_jobs_) return {};
@@ -68,6 +86,9 @@ Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest&
     return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
+  if (std::string why = check_member_room(run_id, it, request.node.id); !why.empty()) {
+    return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
+  }
   if (it == jobs_.end()) {
     if (std::string why = check_room(run_id); !why.empty()) {
       return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
@@ -82,6 +103,9 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
+  if (std::string why = check_member_room(run_id, it, request.node.id); !why.empty()) {
+    return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
+  }
   if (it != jobs_.end()) return touched(it, it->second.job.rejoin(request, now), now);
   if (std::string why = check_room(run_id); !why.empty()) {
     return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
@@ -164,6 +188,7 @@ RendezvousRegistry::Jobs::iterator RendezvousRegistry::add_job(const std::string
 
 Decisions RendezvousRegistry::touched(Jobs::iterator it, Decisions out, TimePoint now) {
   Entry& e = it->second;
+  recount(e);
   if (has_live_member(e.job)) {
     e.memberless_since.reset();
   } else if (!e.memberless_since) {
@@ -205,6 +230,7 @@ Decisions RendezvousRegistry::on_tick(TimePoint now, std::vector<std::string>* d
   for (auto it : due) {
     Entry& e = it->second;
     Decisions job_actions = e.job.on_tick(now);
+    recount(e);
     out.insert(out.end(), std::make_move_iterator(job_actions.begin()), std::make_move_iterator(job_actions.end()));
     if (has_live_member(e.job)) {
       e.memberless_since.reset();
@@ -214,6 +240,7 @@ Decisions RendezvousRegistry::on_tick(TimePoint now, std::vector<std::string>* d
     if (e.job.collectable(now) || expired(e, now)) {
       if (e.due_it) due_.erase(*e.due_it);
       if (dropped != nullptr) dropped->push_back(it->first);
+      members_ -= e.counted_members;
       jobs_.erase(it);
     } else {
       reindex(it, now);

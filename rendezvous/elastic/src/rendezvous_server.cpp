@@ -48,6 +48,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   service_options.progress_interval = options_.progress_interval;
   service_options.job_expiry = options_.job_expiry;
   service_options.max_jobs = options_.max_jobs;
+  service_options.max_members = options_.max_members;
   service_ = std::make_shared<RendezvousService>(io, std::move(service_options), timers);
 
   StoreServerOptions store_options;

@@ -19,7 +19,7 @@ namespace ddprun::rendezvous {
 RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers)
     : options_(std::move(options)),
       clock_(timers.clock()),
-      registry_(options_.job_expiry, options_.max_jobs),
+      registry_(options_.job_expiry, options_.max_jobs, options_.max_members),
       timer_(timers.make_timer(io)) {}
 
 RendezvousService::~RendezvousService() = default;
@@ -46,6 +46,7 @@ RendezvousServiceStats RendezvousService::stats() const {
   RendezvousServiceStats s = counters_;
   s.jobs = registry_.job_count();
   s.nodes = node_of_.size();
+  s.node_secrets = secret_of_.size();
   return s;
 }
 
@@ -97,6 +98,28 @@ std::optional<Refuse> take_refusal(Decisions& decisions, const NodeId& node) {
 DecodeResult RendezvousService::on_frame(ConnectionId conn, std::string_view buffer, StoreState& state,
                                          Outbox& outbox) {
   (void)state;
+  // Before AUTH on a daemon with a token only HELLO and AUTH can be accepted, and both are a few
+  // hundred bytes: a frame that declares more is refused from its header, so connections that
+  // never authenticate cannot make the daemon buffer a megabyte each.
+  if (!options_.token.empty() && buffer.size() >= native_header_bytes) {
+    auto session = sessions_.find(conn);
+    if (session == sessions_.end() || session->second.run_id.empty()) {
+      std::uint32_t declared = 0;
+      for (std::size_t i = 0; i < 4; ++i) {
+        declared |= static_cast<std::uint32_t>(static_cast<unsigned char>(buffer[1 + i])) << (8 * i);
+      }
+      if (declared > max_handshake_payload_bytes) {
+        ++counters_.frames_malformed;
+        DecodeResult refused;
+        refused.status = DecodeStatus::error;
+        refused.reason = fmt::format(
+            "a {} frame of {} bytes before authentication: until AUTH succeeds only HELLO and AUTH are accepted, "
+            "at most {} bytes each",
+            native_op_name(static_cast<std::uint8_t>(buffer[0])), declared, max_handshake_payload_bytes);
+        return refused;
+      }
+    }
+  }
   DecodeResult r = decode_client(buffer, options_.limits, message_);
   if (r.status == DecodeStatus::error) ++counters_.frames_malformed;
   if (r.status != DecodeStatus::ok) return r;
@@ -352,7 +375,18 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
       message);
 }
 
+void RendezvousService::sweep_secrets_if_large() {
+  if (secret_of_.size() <= secrets_sweep_above_) return;
+  for (auto it = secret_of_.begin(); it != secret_of_.end();) {
+    const RendezvousJob* job = registry_.find(it->first.run_id);
+    const bool keep = conn_of_.count(it->first) != 0 || (job != nullptr && job->role_of(it->first.node).has_value());
+    it = keep ? std::next(it) : secret_of_.erase(it);
+  }
+  secrets_sweep_above_ = 2 * secret_of_.size() + 1024;
+}
+
 void RendezvousService::bind(ConnectionId conn, const std::string& run_id, const NodeId& node, std::string secret) {
+  sweep_secrets_if_large();  // before this node's entry: it may not be a member yet
   NodeKey key{run_id, node};
   auto [s, fresh] = secret_of_.try_emplace(key);
   if (fresh || s->second.empty()) {

@@ -113,7 +113,12 @@ struct Connection {
   bool is_link = false;
   bool trusted_frames = false;  // a link whose relay asked for TRUSTED frames
   bool peer_gone = false;       // the relay reported the close: no CLOSE goes back
+  bool parked = false;          // a relayed connection listed in its link's `parked_relayed`
+  bool frames_first = false;    // a link: whose turn it is at the next write completion
   std::unordered_map<std::uint32_t, std::shared_ptr<Connection>> relayed;
+  // Relayed connections whose requests wait, oldest first, until the link's backlog is under
+  // pause_output_above again (the link's write completion resumes them).
+  std::vector<std::weak_ptr<Connection>> parked_relayed;
   bool relayed_conn() const { return vid != 0; }
   std::size_t queued() const { return pending.size() + writing.size(); }
 };
@@ -202,7 +207,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       c = it->second.get();
     }
     const std::size_t cap = options.limits.max_queued_reply_bytes;
-    return c->queued() >= cap ? 0 : cap - c->queued();
+    const std::size_t queued = backlog(*c);
+    return queued >= cap ? 0 : cap - queued;
   }
 
   bool reserve_push(ConnectionId id, std::size_t n) override {
@@ -216,11 +222,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     }
     if (!c->overflow.empty()) return false;
     const std::size_t cap = options.limits.max_queued_reply_bytes;
-    if (c->queued() + n > cap) {
+    if (backlog(*c) + n > cap) {
       c->overflow = fmt::format(
-          "{} reply bytes queued and {} more pushed by another client's write, over the limit "
+          "{} reply bytes queued{} and {} more pushed by another client's write, over the limit "
           "of {} (--max-queued-reply-bytes): the client does not read its replies",
-          c->queued(), n, cap);
+          backlog(*c), c->relayed_conn() ? " (with its relay link's)" : "", n, cap);
     } else if (buffered + pushed + n > options.limits.max_buffered_bytes) {
       c->overflow = fmt::format(
           "{} bytes pushed by another client's write do not fit: the server's buffers hold {} "
@@ -298,6 +304,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c.accounted = now;
   }
 
+  // The reply bytes that wait for `c`'s client: a relayed connection's replies move onto its
+  // link at once, so the link's backlog is its backlog too (and the back-pressure on it).
+  static std::size_t backlog(const Connection& c) {
+    std::size_t n = c.queued();
+    if (c.relayed_conn()) {
+      if (auto link = c.link.lock()) n += link->queued();
+    }
+    return n;
+  }
+
   // After replies were queued: closes a connection past its own cap, then, while all buffers
   // together pass max_buffered_bytes, the connections with the largest reply backlogs.
   void enforce_output_caps(const ConnectionPtr& c) {
@@ -305,7 +321,11 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     account(*c);
     if (!c->overflow.empty()) {
       close(c, c->overflow, c->overflow_reason);
-    } else if (c->queued() > options.limits.max_queued_reply_bytes) {
+    } else if (c->queued() >
+               options.limits.max_queued_reply_bytes + (c->is_link ? options.limits.max_value_bytes : std::size_t{0})) {
+      // A link's backlog stays under the pause threshold plus the last request's reply (the
+      // back-pressure on its relayed connections); past the cap plus one value its relay does
+      // not read.
       close(c,
             fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
                         "read its replies",
@@ -315,34 +335,43 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   }
 
   // A read buffer of `need` bytes does not fit the budget (`over`): what idle connections keep
-  // goes first, then the connections whose unread reply backlog is larger than `need`, largest
-  // first, give way (the same rule as shed_if_over_budget). Clients that pipeline requests and
-  // never read cannot keep everybody else from sending a large request.
+  // goes first, then the connections that hold more of the budget than `need`, largest first,
+  // give way (the same rule as shed_if_over_budget). Clients that pipeline requests and never
+  // read, or that start large requests and never finish them, cannot keep everybody else from
+  // sending a large request.
   template <typename Over>
   void make_buffer_room(const ConnectionPtr& c, std::size_t need, const Over& over) {
     trim_kept_buffers();
     if (!over()) return;
-    const bool shed = shed_by_backlog(c.get(), need, over, [&](const Connection& conn) {
+    const bool shed = shed_largest(c.get(), need, over, [&](const Connection& conn) {
       return fmt::format(
           "the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), another client's request "
-          "needs {} bytes, and this connection does not read its reply backlog of {} bytes",
-          buffered, options.limits.max_buffered_bytes, need, conn.queued());
+          "needs {} bytes, and this connection holds more: {}",
+          buffered, options.limits.max_buffered_bytes, need, holding_text(conn));
     });
     if (shed) flush();  // what the closes queued for others (an extension's notices)
   }
 
-  // Closes the connections (but `keep`) whose unread reply backlog is larger than `above`,
-  // largest first, while `over()`; `why(conn)` says why. True when it closed one.
+  // What `conn` holds of the budget, for the message that closes it.
+  static std::string holding_text(const Connection& conn) {
+    return fmt::format("{} bytes of replies it has not read and {} bytes of requests received but not run",
+                       conn.queued(), conn.end - conn.begin);
+  }
+
+  // Closes the connections (but `keep`, and never a relay link: what it holds is its relayed
+  // connections' traffic, bounded by back-pressure) that hold more than `above` bytes of the
+  // budget (read buffer and replies), largest first, while `over()`; `why(conn)` says why. True
+  // when it closed one.
   template <typename Over, typename Why>
-  bool shed_by_backlog(const Connection* keep, std::size_t above, const Over& over, const Why& why) {
-    std::vector<ConnectionPtr> by_backlog;
+  bool shed_largest(const Connection* keep, std::size_t above, const Over& over, const Why& why) {
+    std::vector<ConnectionPtr> by_size;
     for (auto& [id, conn] : connections) {
-      if (conn.get() != keep && !conn->closed && conn->queued() > above) by_backlog.push_back(conn);
+      if (conn.get() != keep && !conn->closed && !conn->is_link && conn->accounted > above) by_size.push_back(conn);
     }
-    std::sort(by_backlog.begin(), by_backlog.end(),
-              [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->queued() > b->queued(); });
+    std::sort(by_size.begin(), by_size.end(),
+              [](const ConnectionPtr& a, const ConnectionPtr& b) { return a->accounted > b->accounted; });
     bool shed = false;
-    for (auto& conn : by_backlog) {
+    for (auto& conn : by_size) {
       if (!over()) break;
       close(conn, why(*conn), RefusedReason::buffer_limit);
       shed = true;
@@ -374,13 +403,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     // connections that once read a large value held the budget and got innocent clients with a
     // reply in flight closed.
     trim_kept_buffers();
-    shed_by_backlog(
+    // Then whoever holds the most: unread replies and half-sent requests alike. Shedding by reply
+    // backlog alone let connections that each sent most of a large frame and stopped hold the
+    // whole budget while clients with a reply in flight were closed.
+    shed_largest(
         nullptr, 0, [&] { return buffered > options.limits.max_buffered_bytes; },
         [&](const Connection& conn) {
           return fmt::format(
               "the server's buffers hold {} bytes, over the limit of {} (--max-buffered-bytes), and this connection "
-              "has the largest unread reply backlog ({} bytes)",
-              buffered, options.limits.max_buffered_bytes, conn.queued());
+              "holds the most: {}",
+              buffered, options.limits.max_buffered_bytes, holding_text(conn));
         });
   }
 
@@ -592,6 +624,22 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (c->closed || stopped) return;
     std::size_t n = 0;
     if (!ec) {
+      // Even the first read buffer is paid from the budget: a crowd of connections that each
+      // send a few bytes and stop must not push it over and get others shed.
+      const auto over = [&] {
+        return buffered - c->accounted + initial_buffer + c->pending.capacity() + c->writing.capacity() >
+               options.limits.max_buffered_bytes;
+      };
+      if (over()) make_buffer_room(c, initial_buffer, over);
+      if (over()) {
+        close(c,
+              fmt::format("no room for its read buffer: the server's buffers hold {} bytes, the limit is {} "
+                          "(--max-buffered-bytes)",
+                          buffered, options.limits.max_buffered_bytes),
+              RefusedReason::buffer_limit);
+        flush();
+        return;
+      }
       c->in.resize(initial_buffer);
       account(*c);
       n = c->socket.read_some(asio::buffer(c->in.data(), c->in.size()), ec);
@@ -652,7 +700,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   void process_requests(const ConnectionPtr& c) {
     // A connection marked for closing (shed, or pushed past its cap) runs nothing more.
-    while (!c->closed && c->overflow.empty() && c->end - c->begin >= c->need && c->queued() < pause_above) {
+    while (!c->closed && c->overflow.empty() && c->end - c->begin >= c->need && backlog(*c) < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
       if (r.status == DecodeStatus::extension) {
@@ -855,10 +903,21 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     std::memcpy(c->in.data() + c->end, data.data(), data.size());
     c->end += data.size();
     account(*c);
-    if (c->read_paused) return;  // resumed when its replies moved onto the link
-    process(c);
+    if (c->read_paused) {
+      // Its relay cannot be told to stop reading this one client: what it sends while its
+      // requests wait is bounded here, beyond the request being received.
+      const std::size_t waiting = c->end - c->begin;
+      if (waiting > std::max(pause_above, c->need)) {
+        close(c,
+              fmt::format("{} bytes of requests wait while its replies back up on the relay link (more than {}): "
+                          "the client sends requests without reading the replies",
+                          waiting, pause_above),
+              RefusedReason::buffer_limit);
+      }
+      return;  // resumed once its link's backlog is under pause_output_above
+    }
+    run_relayed(c);
     if (c->closed) return;
-    if (c->queued() >= pause_above) c->read_paused = true;
     if (c->begin == c->end) {
       // Nothing left unparsed: hold no buffer while the client is quiet (start_read does the same).
       c->begin = c->end = 0;
@@ -884,11 +943,43 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     account(*c);
     mark_dirty(link);
     c->last_active = Clock::now();
-    if (c->read_paused) {
+  }
+
+  // Runs a relayed connection's buffered requests and moves their replies onto the link at once,
+  // so that the next connection on the link sees the link's backlog. Once that backlog passes
+  // pause_output_above the connection waits, parked on the link, and the link is not read
+  // either (process_link): one client that pipelines requests and never reads cannot push the
+  // link past its cap, which would end every connection the relay carries.
+  void run_relayed(const ConnectionPtr& c) {
+    process(c);
+    if (c->closed) return;
+    write_relayed(c);
+    if (c->end - c->begin >= c->need && backlog(*c) >= pause_above) {
+      c->read_paused = true;
+      auto link = c->link.lock();
+      if (link && !link->closed && !c->parked) {
+        c->parked = true;
+        link->parked_relayed.push_back(c);
+      }
+    }
+  }
+
+  // The link's backlog went under pause_output_above: its parked connections run, oldest
+  // first, until it is over again (the rest wait for the next write completion).
+  void resume_parked(const ConnectionPtr& link) {
+    auto list = std::move(link->parked_relayed);
+    link->parked_relayed.clear();
+    for (auto& weak : list) {
+      auto c = weak.lock();
+      if (!c || c->closed) continue;
+      if (link->closed || link->queued() >= pause_above) {
+        link->parked_relayed.push_back(c);  // still parked, in its turn
+        continue;
+      }
+      c->parked = false;
       c->read_paused = false;
-      c->frame_start = c->last_active;
-      process(c);  // requests left buffered when the pause began
-      if (!c->closed && c->queued() >= pause_above) c->read_paused = true;
+      c->frame_start = Clock::now();  // the wait was the server's doing
+      run_relayed(c);
     }
   }
 
@@ -933,6 +1024,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                         }
                         c->last_active = Clock::now();
                         self->start_write(c);
+                        // A link's parked connections and its own frames (the other clients' new
+                        // requests) take turns at the room each write makes: either alone could
+                        // refill it every time and starve the other.
+                        const bool parked_first = c->is_link && !c->frames_first;
+                        if (c->is_link) c->frames_first = !c->frames_first;
+                        if (parked_first && !self->resume_link_parked(c)) return;
                         if (c->read_paused && c->queued() < self->pause_above) {
                           c->read_paused = false;
                           c->frame_start = c->last_active;  // the pause was the server's doing
@@ -945,7 +1042,16 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                           }
                           self->start_read(c);
                         }
+                        if (c->is_link && !parked_first) self->resume_link_parked(c);
                       });
+  }
+
+  // resume_parked when the link has room, then flush; false when the link closed meanwhile.
+  bool resume_link_parked(const ConnectionPtr& link) {
+    if (link->parked_relayed.empty() || link->queued() >= pause_above) return true;
+    resume_parked(link);
+    flush();
+    return !link->closed;
   }
 
   // Lists a new connection in `list` when the extension awaits its handshake.

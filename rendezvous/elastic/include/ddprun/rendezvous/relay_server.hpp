@@ -49,6 +49,8 @@ struct RelayServerOptions {
   std::string token;  // the root's token (a relay needs one)
   std::size_t max_connections = 65536;
   std::size_t max_queued_bytes = std::size_t{16} << 20;
+  // Replies queued for all clients together: past it the clients with the most unread are closed.
+  std::size_t max_buffered_bytes = std::size_t{1} << 30;
   std::size_t max_upstream_backlog = std::size_t{64} << 20;
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds relink_timeout{60000};  // 0: give up at the first loss
@@ -60,6 +62,7 @@ struct RelayStats {
   std::uint64_t clients_total = 0;  // accepted since start
   std::uint64_t clients_refused = 0;
   std::uint64_t clients_evicted = 0;  // closed at --max-connections to make room (not authenticated)
+  std::uint64_t clients_shed = 0;     // closed past --max-buffered-bytes (the most unread replies)
   std::uint64_t bytes_up = 0;         // client bytes sent to the root
   std::uint64_t bytes_down = 0;       // root bytes written to clients
   std::size_t max_connections = 0;    // after the open-files clamp
@@ -76,6 +79,9 @@ class RelayServer {
   void stop();
   std::uint16_t port() const;
   RelayStats stats() const;
+  // The token for the links made from now on (SIGHUP re-reads --token-file); the link that is up
+  // stays.
+  void set_token(std::string token);
 
   struct Core;
 

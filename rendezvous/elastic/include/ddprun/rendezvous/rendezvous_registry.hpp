@@ -14,7 +14,10 @@
 // is dropped `job_expiry` after it last had one, even when its own join/close timeouts (chosen
 // by the clients, up to 30 days) are longer; a node arriving later starts a fresh job of that
 // id. This bounds what abandoned jobs (crashed launchers, junk run ids) cost the daemon, and
-// max_jobs bounds how many exist at once.
+// max_jobs bounds how many exist at once, max_members how many members they hold together (each
+// job's own max_nodes is its first client's choice, up to 2^20, and a member whose connection
+// closed is kept for its heartbeat interval, up to an hour: without a daemon-wide cap one token
+// holder could make the daemon hold gigabytes of members).
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -31,6 +34,8 @@ namespace ddprun::rendezvous {
 // ddprun-rdzvd's --job-expiry and --max-jobs defaults.
 inline constexpr Duration default_job_expiry = std::chrono::minutes(10);
 inline constexpr std::size_t default_max_jobs = 100000;
+// ddprun-rdzvd's --max-members default: 2.6 times the 100,000 agents it is measured with.
+inline constexpr std::size_t default_max_members = 262144;
 
 class RendezvousRegistry {
  public:
@@ -38,8 +43,10 @@ class RendezvousRegistry {
   // from connections that passed it. `job_expiry`: nullopt = jobs without members stay until
   // their own timeouts collect them (the etcd replay, whose log decides when a job ends).
   // `max_jobs`: a JOIN or REJOIN that would create one more job is refused (0 = no cap).
+  // `max_members`: a JOIN or REJOIN that would add a member while all jobs together hold this
+  // many is refused (0 = no cap).
   explicit RendezvousRegistry(std::optional<Duration> job_expiry = default_job_expiry,
-                              std::size_t max_jobs = default_max_jobs);
+                              std::size_t max_jobs = default_max_jobs, std::size_t max_members = 0);
 
   Decisions join(const std::string& run_id, const JoinRequest& request, TimePoint now);
   Decisions rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now);
@@ -65,6 +72,7 @@ class RendezvousRegistry {
   std::optional<JobStatus> status_of(const std::string& run_id, TimePoint now) const;
   const RendezvousJob* find(const std::string& run_id) const;
   std::size_t job_count() const { return jobs_.size(); }
+  std::size_t member_count() const { return members_; }  // over all jobs
   std::optional<Duration> job_expiry() const { return job_expiry_; }
 
   // Recomputes the deadline index by brute force and compares: "" when it agrees, else what
@@ -80,6 +88,7 @@ class RendezvousRegistry {
     RendezvousJob job;
     std::optional<TimePoint> memberless_since;  // when it last had a live member; nullopt = it has one
     std::optional<DueIndex::iterator> due_it;   // this job's entry in due_ (none when nothing is pending)
+    std::size_t counted_members = 0;            // its share of members_
   };
 
   std::string check_request(const std::string& run_id, const NodeInfo& node, const JobConfig& config) const;
@@ -92,9 +101,14 @@ class RendezvousRegistry {
 
   // "" when one more job fits, else the Refuse reason.
   std::string check_room(const std::string& run_id) const;
+  // "" when `node` is a member of the job `it` (end(): none) already or one more member fits.
+  std::string check_member_room(const std::string& run_id, Jobs::const_iterator it, const NodeId& node) const;
+  void recount(Entry& e);
 
   std::optional<Duration> job_expiry_;
   std::size_t max_jobs_;
+  std::size_t max_members_;
+  std::size_t members_ = 0;
   Jobs jobs_;
   DueIndex due_;
 };

@@ -69,6 +69,8 @@ struct RendezvousServerOptions {
   std::optional<Duration> job_expiry = default_job_expiry;
   // Most jobs held at once (ddprun-rdzvd --max-jobs); 0 = no cap.
   std::size_t max_jobs = default_max_jobs;
+  // Most members of all jobs together (ddprun-rdzvd --max-members); 0 = no cap.
+  std::size_t max_members = default_max_members;
   // Signals that stop the server (e.g. {SIGINT, SIGTERM} for the daemon); empty = the owner
   // handles signals itself. on_signal runs after the stop, with the signal number.
   std::vector<int> stop_signals;

@@ -68,13 +68,15 @@ struct RendezvousServiceOptions {
   // Jobs with no live member are forgotten this long after they last had one
   // (rendezvous_registry.hpp); nullopt = never.
   std::optional<Duration> job_expiry = default_job_expiry;
-  std::size_t max_jobs = default_max_jobs;  // 0 = no cap
-  bool embedded = false;                    // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
+  std::size_t max_jobs = default_max_jobs;        // 0 = no cap
+  std::size_t max_members = default_max_members;  // over all jobs; 0 = no cap
+  bool embedded = false;                          // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
 };
 
 struct RendezvousServiceStats {
   std::size_t jobs = 0;
-  std::size_t nodes = 0;  // nodes with a live connection
+  std::size_t nodes = 0;         // nodes with a live connection
+  std::size_t node_secrets = 0;  // node secrets held (members, and nodes gone since the last sweep)
   std::uint64_t frames = 0;
   std::uint64_t pushes = 0;
   std::uint64_t progress_dropped = 0;  // throttled Progress lines
@@ -165,6 +167,10 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // After an accepted JOIN/REJOIN: `conn` speaks for the node; JOINED carries its secret.
   void bind(ConnectionId conn, const std::string& run_id, const NodeId& node, std::string secret);
   void unbind(ConnectionId conn);
+  // Secrets of nodes that are neither connected nor members any more (their lease ran out in a
+  // job that lives on): dropped once the map doubled since the last sweep, so churn within one
+  // live job cannot grow it without bound. Amortised O(log) per bind.
+  void sweep_secrets_if_large();
   void forget_dead_secrets(const std::vector<std::string>& dropped);
   // `origin`: the node whose message produced the actions (null for timer ticks).
   void apply(const Decisions& actions, const NodeId* origin = nullptr);
@@ -182,6 +188,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   std::optional<TimePoint> armed_;
   std::map<NodeKey, ConnectionId> conn_of_;
   std::map<NodeKey, std::string> secret_of_;  // node secrets issued (or adopted) per member
+  std::size_t secrets_sweep_above_ = 1024;    // sweep_secrets_if_large's threshold
   std::unordered_map<ConnectionId, Session> sessions_;
   std::unordered_map<ConnectionId, NodeKey> node_of_;
   std::unordered_map<std::string, TimePoint> last_broadcast_;  // per run id: Progress to everyone

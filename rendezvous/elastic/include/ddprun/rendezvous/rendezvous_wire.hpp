@@ -56,6 +56,8 @@ enum class NativeOp : std::uint8_t {
 const char* native_op_name(std::uint8_t op);  // "JOIN", ..., "0x4f" style for unknown
 
 inline constexpr std::size_t native_header_bytes = 5;
+// The largest payload a daemon with a token accepts before AUTH (HELLO and AUTH are far smaller).
+inline constexpr std::size_t max_handshake_payload_bytes = 4096;
 
 struct WireLimits {
   std::size_t max_payload_bytes = std::size_t{1} << 20;  // 1 MiB
