@@ -314,8 +314,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return n;
   }
 
-  // After replies were queued: closes a connection past its own cap, then, while all buffers
-  // together pass max_buffered_bytes, the connections with the largest reply backlogs.
+  // After replies were queued: closes a connection past its own cap (shed_if_over_budget, at the
+  // flush's end, then handles the budget of all buffers together).
   void enforce_output_caps(const ConnectionPtr& c) {
     if (c->closed) return;
     account(*c);
@@ -327,9 +327,13 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       // back-pressure on its relayed connections); past the cap plus one value its relay does
       // not read.
       close(c,
-            fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the client does not "
-                        "read its replies",
-                        c->queued(), options.limits.max_queued_reply_bytes),
+            c->is_link
+                ? fmt::format("{} reply bytes queued on the relay link, over the limit of {} "
+                              "(--max-queued-reply-bytes plus --max-value-bytes): the relay does not read them",
+                              c->queued(), options.limits.max_queued_reply_bytes + options.limits.max_value_bytes)
+                : fmt::format("{} reply bytes queued, over the limit of {} (--max-queued-reply-bytes): the "
+                              "client does not read its replies",
+                              c->queued(), options.limits.max_queued_reply_bytes),
             RefusedReason::buffer_limit);
     }
   }
