@@ -546,9 +546,14 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
   std::sort(expired.begin(), expired.end(), [](const NodeId* a, const NodeId* b) { return *a < *b; });
   std::vector<NodeId> lost;
   std::string reason;
+  // The reason goes to every survivor: name a few lost nodes, count the rest (a relay that dies
+  // under a 100,000-node job loses 16,000 in one tick; listing them all sent each survivor
+  // megabytes).
+  constexpr std::size_t kNamed = 8;
   for (const NodeId* id : expired) {
     const Member& m = members_.find(*id)->second;
     lost.push_back(*id);
+    if (lost.size() > kNamed) continue;
     const std::string why = m.disconnected
                                 ? fmt::format("node {} lost: connection closed and not re-registered within {}",
                                               node_label(m.info), format_seconds(config_.heartbeat_interval))
@@ -556,6 +561,7 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
                                               format_seconds(now - m.last_heartbeat));
     reason += reason.empty() ? why : "; " + why;
   }
+  if (lost.size() > kNamed) reason += fmt::format("; and {} more node(s) lost", lost.size() - kNamed);
   if (!lost.empty()) remove_members(out, lost, reason, now);
   if (state_ == JobState::running && rebuild_deadline_ && now >= *rebuild_deadline_ && absent_count() > 0) {
     const std::string ranks = absent_list();
@@ -567,15 +573,19 @@ Decisions RendezvousJob::on_tick(TimePoint now) {
   }
   if (state_ == JobState::running && exit_barrier_ && now >= *exit_barrier_) {
     int done = 0;
+    int unnamed = 0;
     std::string pending;
     for (const auto& [id, m] : members_) {
       if (m.role != MemberRole::participant) continue;
       if (m.succeeded) {
         ++done;
-      } else {
+      } else if (pending.size() < 2048) {  // the message goes to every node: a few, then a count
         pending += fmt::format("{}group rank {} on {}", pending.empty() ? "" : ", ", m.group_rank, m.info.addr);
+      } else {
+        ++unnamed;
       }
     }
+    if (unnamed > 0) pending += fmt::format(" and {} more", unnamed);
     if (absent_count() > 0) {
       pending += fmt::format("{}group ranks {} (not re-registered)", pending.empty() ? "" : ", ", absent_list());
     }
