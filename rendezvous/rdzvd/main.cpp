@@ -119,6 +119,28 @@ void write_port_file(const std::string& path, std::uint16_t port) {
   }
 }
 
+// On each SIGHUP of `hup`: re-reads `token_file` and hands the token to `apply` (a file that
+// cannot be read keeps the old token, with an error line). `who` prefixes the log lines.
+void reread_token_on_sighup(boost::asio::signal_set& hup, const std::string& token_file, const std::string& who,
+                            const std::string& effect, std::function<void(std::string)> apply) {
+  hup.async_wait([&hup, token_file, who, effect, apply](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    if (token_file.empty()) {
+      spdlog::warn("{}SIGHUP: no --token-file to re-read; the token is unchanged", who);
+    } else {
+      try {
+        auto secret = ddprun::read_secret_file(token_file, "--token-file");
+        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+        apply(std::move(secret.secret));
+        spdlog::info("{}SIGHUP: re-read the token from --token-file {}; {}", who, token_file, effect);
+      } catch (const ddprun::Error& e) {
+        spdlog::error("{}SIGHUP: keeping the old token: {}", who, e.what());
+      }
+    }
+    reread_token_on_sighup(hup, token_file, who, effect, apply);
+  });
+}
+
 // Relay mode: `relay_to` is the daemon's HOST:PORT. Exit 0 on SIGINT/SIGTERM, 1 when the daemon
 // cannot be reached or proven, or the link is lost and not made again within `relink_timeout`,
 // 2 on a bad flag.
@@ -171,26 +193,8 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
     });
     // SIGHUP re-reads --token-file, as the daemon does (`kill -HUP $(pidof ddprun-rdzvd)` reaches
     // both): the relay's next link proves the new token; the link that is up stays.
-    std::function<void()> wait_hup = [&] {
-      hup.async_wait([&](const boost::system::error_code& ec, int) {
-        if (ec) return;
-        if (token_file.empty()) {
-          spdlog::warn("relay: SIGHUP: no --token-file to re-read; the token is unchanged");
-        } else {
-          try {
-            auto secret = ddprun::read_secret_file(token_file, "--token-file");
-            if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-            relay.set_token(std::move(secret.secret));
-            spdlog::info("relay: SIGHUP: re-read the token from --token-file {}; the next link to the daemon uses it",
-                         token_file);
-          } catch (const ddprun::Error& e) {
-            spdlog::error("relay: SIGHUP: keeping the old token: {}", e.what());
-          }
-        }
-        wait_hup();
-      });
-    };
-    wait_hup();
+    reread_token_on_sighup(hup, token_file, "relay: ", "the next link to the daemon uses it",
+                           [&](std::string fresh) { relay.set_token(std::move(fresh)); });
     spdlog::info("relaying to the daemon at {} ({})", relay_to,
                  token_file.empty() ? "token from DDPRUN_RDZV_TOKEN" : "token from --token-file " + token_file);
     if (!port_file.empty()) write_port_file(port_file, relay.port());
@@ -468,25 +472,8 @@ int main(int argc, char** argv) {
     // SIGHUP re-reads --token-file: new connections must prove the new token, connections that
     // already authenticated stay (rotating the token does not stop running jobs).
     boost::asio::signal_set hup(io, SIGHUP);
-    std::function<void()> wait_hup = [&] {
-      hup.async_wait([&](const boost::system::error_code& ec, int) {
-        if (ec) return;
-        if (token_file.empty()) {
-          spdlog::warn("SIGHUP: no --token-file to re-read; the token is unchanged");
-        } else {
-          try {
-            auto secret = ddprun::read_secret_file(token_file, "--token-file");
-            if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-            server.set_token(std::move(secret.secret));
-            spdlog::info("SIGHUP: re-read the token from --token-file {}; new connections must use it", token_file);
-          } catch (const ddprun::Error& e) {
-            spdlog::error("SIGHUP: keeping the old token: {}", e.what());
-          }
-        }
-        wait_hup();
-      });
-    };
-    wait_hup();
+    reread_token_on_sighup(hup, token_file, "", "new connections must use it",
+                           [&](std::string fresh) { server.set_token(std::move(fresh)); });
     if (!port_file.empty()) write_port_file(port_file, server.port());
     const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(server.port());
     std::cout << listening << std::endl;

@@ -488,6 +488,16 @@ def still_served(sock, run_id, what):
     assert op == 0x67, f"{what} lost its connection: 0x{op:02x}"
 
 
+def root_with_metrics(token_file):
+    """A root with a token and a metrics endpoint: (process, port, metrics port)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics_file = os.path.join(tmp, "metrics.port")
+        root, root_port = start_daemon(["--token-file", token_file, "--metrics-port", "0", "--metrics-port-file",
+                                        metrics_file])
+        with open(metrics_file) as f:
+            return root, root_port, int(f.read())
+
+
 def pipelining_client(relay_port, run_id, gets):
     """A client authenticated for its own job that SETs a 1 MiB value, then pipelines `gets` GETs
     of it and never reads (a small receive buffer)."""
@@ -511,12 +521,7 @@ def pipelining_client_keeps_the_link(token_file):
     # and the root closed the link, ending every connection the relay carried (other jobs'
     # agents too). Now the relayed connection waits while the link is backed up; the relay's own
     # per-client cap ends the client that does not read, and only it.
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics_file = os.path.join(tmp, "metrics.port")
-        root, root_port = start_daemon(["--token-file", token_file, "--metrics-port", "0", "--metrics-port-file",
-                                        metrics_file])
-        with open(metrics_file) as f:
-            metrics_port = int(f.read())
+    root, root_port, metrics_port = root_with_metrics(token_file)
     relay, relay_port = start_relay(root_port, token_file)
     victim = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
     assert handshake(victim, TOKEN, "victim-job") is None
@@ -542,12 +547,7 @@ def relay_buffers_are_bounded(token_file):
     # value and never read. Before: each could hold --max-queued-reply-bytes (128 MiB) at the
     # relay, four of them half a GiB. Now the relay closes the clients with the most unread once
     # all of them together pass its budget; an agent on the same relay is served throughout.
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics_file = os.path.join(tmp, "metrics.port")
-        root, root_port = start_daemon(["--token-file", token_file, "--metrics-port", "0", "--metrics-port-file",
-                                        metrics_file])
-        with open(metrics_file) as f:
-            metrics_port = int(f.read())
+    root, root_port, metrics_port = root_with_metrics(token_file)
     relay, relay_port = start_daemon(["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file,
                                       "--max-buffered-bytes", str(48 << 20)])
     agent = socket.create_connection(("127.0.0.1", relay_port), timeout=10)
