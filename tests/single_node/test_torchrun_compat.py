@@ -619,7 +619,12 @@ class Forms(Base):
         # directory goes at the end even though the job failed (no error files, no stacks).
         tmp = self.p("tmp")
         os.mkdir(tmp)
-        script = 'echo "rank$LOCAL_RANK error_file=[$TORCHELASTIC_ERROR_FILE]"; exit $LOCAL_RANK'
+        # Rank 1 fails only once rank 0 has written its line: on a busy box rank 1 could fail, and
+        # the group be stopped, before rank 0's shell ran its echo (seen once in CI).
+        flag = self.p("rank0-said-it")
+        script = ('echo "rank$LOCAL_RANK error_file=[$TORCHELASTIC_ERROR_FILE]"; '
+                  f'if [ "$LOCAL_RANK" = 0 ]; then : > {flag}; else while [ ! -e {flag} ]; do sleep 0.01; done; fi; '
+                  'exit $LOCAL_RANK')
         r = run(["--log-dir", "/dev/null", "--nproc-per-node=2", "--local-ranks-filter=0", "--stacks=off",
                  "--no-python", "/bin/sh", "-c", script], env={"TMPDIR": tmp})
         self.assertEqual(r.returncode, 1, r.stderr)
