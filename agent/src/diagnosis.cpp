@@ -6,12 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
 #include <cstring>
 #include <fstream>
-#include <regex>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -25,7 +26,9 @@ namespace {
 // Per rank: how long a faulthandler dump or an eu-stack run may take before we give up.
 constexpr std::chrono::milliseconds kStackBound{2000};
 // The most of one rank's dump read back (faulthandler stops at 100 threads of 100 frames).
-constexpr std::size_t kMaxDumpBytes = 8u << 20;
+// Every rank's dump is held at once while the diagnosis is built: 2 MiB each (a real one is tens
+// of KB; 64 ranks that each write garbage then hold 128 MiB, not half a GiB).
+constexpr std::size_t kMaxDumpBytes = 2u << 20;
 
 constexpr const char* kSiteCustomize =
     R"PY(# Installed by ddprun (see docs/errors.md): lets the agent ask this rank for the stacks of
@@ -374,10 +377,8 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
       where = "eu-stack did not finish within " + bound;
     } else {
       // The innermost frame with a symbol: "#2  0x... clock_nanosleep".
-      static const std::regex frame(R"(#\d+[ \t]+0x[0-9a-f]+[ \t]+(\S+))");
-      std::smatch m;
-      where = std::regex_search(s.main_thread, m, frame) ? m[1].str() + " (native, main thread)"
-                                                         : "no named frame in the main thread (eu-stack)";
+      const std::string symbol = native_frame_symbol(s.main_thread);
+      where = !symbol.empty() ? symbol + " (native, main thread)" : "no named frame in the main thread (eu-stack)";
     }
     // A faulthandler that did not answer stays said: it is why eu-stack was run.
     s.where = s.where.empty() ? where : where + " (" + s.where + ")";
@@ -396,11 +397,71 @@ bool dump_complete(std::string_view text) {
   return last.ends_with(" in <module>") || last.ends_with(" in _run_module_as_main");
 }
 
+std::optional<PythonFrame> parse_python_frame(std::string_view line) {
+  // `File "PATH", line N in FUNC`, by hand: the dump is the rank's to write (a hostile or broken
+  // one included), and std::regex recursed once per character of a long path, overflowing the
+  // agent's stack. Paths over 4 KiB and names over 512 bytes (faulthandler cuts at 500) are not
+  // frames; the line number must fit an int.
+  constexpr std::string_view open = "File \"";
+  const auto f = line.find(open);
+  if (f == std::string_view::npos) return std::nullopt;
+  const std::size_t path_begin = f + open.size();
+  const auto path_end = line.find('"', path_begin);
+  if (path_end == std::string_view::npos || path_end == path_begin || path_end - path_begin > 4096) return std::nullopt;
+  std::string_view rest = line.substr(path_end + 1);
+  constexpr std::string_view at_line = ", line ";
+  if (!rest.starts_with(at_line)) return std::nullopt;
+  rest.remove_prefix(at_line.size());
+  int number = 0;
+  const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), number);
+  if (ec != std::errc() || ptr == rest.data() || number < 0) return std::nullopt;
+  rest.remove_prefix(static_cast<std::size_t>(ptr - rest.data()));
+  constexpr std::string_view in = " in ";
+  if (!rest.starts_with(in)) return std::nullopt;
+  rest.remove_prefix(in.size());
+  std::size_t n = 0;
+  while (n < rest.size() && std::isspace(static_cast<unsigned char>(rest[n])) == 0) ++n;
+  if (n == 0 || n > 512) return std::nullopt;
+  return PythonFrame{std::string(line.substr(path_begin, path_end - path_begin)), number,
+                     std::string(rest.substr(0, n))};
+}
+
+std::string native_frame_symbol(std::string_view text) {
+  // eu-stack's "#2  0x00007f... clock_nanosleep": the first such line's symbol (the innermost
+  // named frame), by hand for the reason parse_python_frame gives (the symbols are the
+  // worker's). A symbol over 512 bytes is cut.
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const auto nl = text.find('\n', pos);
+    std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() : nl + 1;
+    const auto hash = line.find('#');
+    if (hash == std::string_view::npos) continue;
+    line.remove_prefix(hash + 1);
+    std::size_t i = 0;
+    while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i])) != 0) ++i;
+    if (i == 0) continue;
+    std::size_t j = i;
+    while (j < line.size() && (line[j] == ' ' || line[j] == '\t')) ++j;
+    if (j == i || !line.substr(j).starts_with("0x")) continue;
+    std::size_t k = j + 2;
+    while (k < line.size() && std::isxdigit(static_cast<unsigned char>(line[k])) != 0) ++k;
+    if (k == j + 2) continue;
+    std::size_t m = k;
+    while (m < line.size() && (line[m] == ' ' || line[m] == '\t')) ++m;
+    if (m == k) continue;
+    std::size_t e = m;
+    while (e < line.size() && std::isspace(static_cast<unsigned char>(line[e])) == 0) ++e;
+    if (e == m) continue;
+    return std::string(line.substr(m, std::min<std::size_t>(e - m, 512)));
+  }
+  return {};
+}
+
 std::string python_where(const std::string& text) {
   // faulthandler: "Current thread 0x... (most recent call first):" or "Thread 0x...", then
   // frames "  File \"path\", line N in func". Prefer the thread that holds <module> (the main
   // thread); its first frame is the innermost one.
-  static const std::regex frame(R"re(File "([^"]+)", line (\d+) in (\S+))re");
   std::istringstream in(text);
   std::string line;
   std::vector<std::vector<std::string>> raw;
@@ -424,12 +485,10 @@ std::string python_where(const std::string& text) {
     }
   }
   if (best == nullptr) return {};
-  std::smatch m;
-  const std::string& top = best->front();
-  if (!std::regex_search(top, m, frame)) return {};
-  const std::string file = m[1].str();
-  const int ln = std::stoi(m[2].str());
-  std::string out = m[3].str() + " at " + base_name(file) + ":" + std::to_string(ln);
+  const auto frame = parse_python_frame(best->front());
+  if (!frame) return {};
+  const auto& [file, ln, func] = *frame;
+  std::string out = func + " at " + base_name(file) + ":" + std::to_string(ln);
   if (const std::string src = source_line(file, ln); !src.empty()) out += " (`" + src + "`)";
   // No thread of the dump holds a module's frame: the one shown may be a helper thread.
   if (!main_thread) out += " (not known to be the main thread)";
@@ -437,22 +496,65 @@ std::string python_where(const std::string& text) {
 }
 
 std::string collective_timeout_in(const std::string& text) {
-  static const std::regex timeout(
-      R"(([Tt]imed out|[Tt]imeout|DistBackendError|Watchdog caught collective operation timeout|Connection closed by peer))");
-  if (!std::regex_search(text, timeout)) return {};
-  static const std::regex call(
-      R"(in (all_reduce|all_gather_into_tensor|all_gather_object|all_gather|reduce_scatter_tensor|reduce_scatter|broadcast_object_list|broadcast|barrier|monitored_barrier|all_to_all_single|all_to_all|reduce|gather|scatter|send|recv)\b)");
+  // Plain searches, no std::regex: the text is the rank's (up to 1 MiB of its error file and
+  // output), and libstdc++'s regex recursed once per character of a long run.
+  constexpr std::string_view kTimeouts[] = {"Timed out",
+                                            "timed out",
+                                            "Timeout",
+                                            "timeout",
+                                            "DistBackendError",
+                                            "Watchdog caught collective operation timeout",
+                                            "Connection closed by peer"};
+  if (std::none_of(std::begin(kTimeouts), std::end(kTimeouts),
+                   [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
+    return {};
+  }
+  // The last "in <collective>" (a traceback's innermost frame comes last), as a whole word.
+  constexpr std::string_view kCalls[] = {"all_reduce",
+                                         "all_gather_into_tensor",
+                                         "all_gather_object",
+                                         "all_gather",
+                                         "reduce_scatter_tensor",
+                                         "reduce_scatter",
+                                         "broadcast_object_list",
+                                         "broadcast",
+                                         "barrier",
+                                         "monitored_barrier",
+                                         "all_to_all_single",
+                                         "all_to_all",
+                                         "reduce",
+                                         "gather",
+                                         "scatter",
+                                         "send",
+                                         "recv"};
+  const auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
   std::string last;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), call); it != std::sregex_iterator(); ++it) {
-    last = (*it)[1].str();
+  std::size_t last_at = 0;
+  for (std::string_view name : kCalls) {
+    const std::string needle = "in " + std::string(name);
+    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+      const std::size_t after = at + needle.size();
+      if (after < text.size() && word_char(text[after])) continue;  // all_gather in all_gather_object
+      if (last.empty() || at > last_at) {                           // whole words: two names never match at one place
+        last = std::string(name);
+        last_at = at;
+      }
+    }
   }
   if (last.empty()) {
-    static const std::regex nccl(R"(OpType=([A-Z_]+))");  // NCCL watchdog: WorkNCCL(SeqNum=.., OpType=ALLREDUCE, ..)
-    std::smatch m;
-    if (std::regex_search(text, m, nccl)) {
-      last = m[1].str();
-      for (auto& c : last) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (last == "allreduce") last = "all_reduce";
+    // NCCL watchdog: WorkNCCL(SeqNum=.., OpType=ALLREDUCE, ..). Scanned by hand: the text is the
+    // worker's, and std::regex recurses once per character of a run (a long one overflowed the
+    // agent's stack).
+    constexpr std::string_view key = "OpType=";
+    if (const auto at = text.find(key); at != std::string::npos) {
+      std::size_t e = at + key.size();
+      while (e < text.size() && (std::isupper(static_cast<unsigned char>(text[e])) != 0 || text[e] == '_')) ++e;
+      const std::size_t n = e - (at + key.size());
+      if (n > 0 && n <= 64) {
+        last = text.substr(at + key.size(), n);
+        for (auto& c : last) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (last == "allreduce") last = "all_reduce";
+      }
     }
   }
   return last.empty() ? std::string("a collective") : last;

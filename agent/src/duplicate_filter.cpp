@@ -87,7 +87,7 @@ class FilteredCopy {
       std::string out = prefix_ + line_;
       if (truncated_) out += " [ddprun: line cut at 1 MiB]";
       out += "\n";
-      write_all(fd_.fd, out);  // one write: ranks never interleave
+      write_log_file(fd_.fd, out, failed_);  // one write: ranks never interleave
     }
     line_.clear();
     tail_.clear();
@@ -103,6 +103,7 @@ class FilteredCopy {
   bool open_ = false;  // a line has started (an empty line matches nothing)
   bool matched_ = false;
   bool truncated_ = false;
+  bool failed_ = false;  // a write to the copy failed (reported once)
 };
 
 }  // namespace
@@ -136,12 +137,13 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
   st.kind = ChildStream::Kind::sink;
   struct ConsoleState {
     std::vector<iovec> scratch;
-    bool cut = false;  // the last block written to the console was a line cut short
+    bool cut = false;         // the last block written to the console was a line cut short
+    bool log_failed = false;  // a write to the log file failed (reported once)
   };
   st.sink = [=, console = std::make_shared<ConsoleState>()](std::string_view block, bool complete) {
     // The log file gets the bytes as they are, as without filters: a long line cut into pieces
     // by the pump's buffer stays one line.
-    if (log) write_all(log->fd, block);
+    if (log) write_log_file(log->fd, block, console->log_failed);
     if (to_console) {
       // As the pump's own console path: a cut piece was ended with a newline of ddprun's, so the
       // line's real newline right after the cut ends that line, not an empty one.

@@ -20,6 +20,7 @@
 
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/rate_limited_warning.hpp"
 
 namespace json = boost::json;
 
@@ -319,9 +320,12 @@ void FileTimerServer::on_deadline() {
 }
 
 bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& member) {
+  // A worker can repeat the refused requests below as fast as it writes: one line a second, with
+  // a count (it flooded the agent's stderr with 58,000 lines in 8 s).
+  static RateLimitedWarning refused;
   // A request names any pid; never signal the agent itself, init or a process group.
   if (pid <= 1 || pid == ::getpid()) {
-    spdlog::warn("file timer: refusing to signal pid {}", pid);
+    refused.warn("file timer: refusing to signal pid {}", pid);
     return false;
   }
   // Pin the process first: if `pid` is recycled after the membership check, the pidfd still
@@ -331,7 +335,7 @@ bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& mem
   // Other errors (ENOSYS before 5.3, EPERM from a seccomp filter): kill() by number below.
   if (!member(pid)) {
     if (fd >= 0) ::close(fd);
-    spdlog::warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
+    refused.warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);
     return false;
   }
   if (fd < 0) return ::kill(pid, signal) == 0;

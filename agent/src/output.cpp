@@ -3,11 +3,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <cstdio>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -192,6 +194,21 @@ bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view bloc
   return true;
 }
 
+void write_log_file(int fd, std::string_view data, bool& reported) {
+  if (write_all(fd, data) || reported) return;
+  const int err = errno;
+  reported = true;
+  char link[64];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  char path[4096];
+  const ssize_t n = ::readlink(link, path, sizeof path - 1);
+  const std::string name = n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "fd " + std::to_string(fd);
+  spdlog::warn(
+      "cannot write the log file {}: {}; the rest of this stream is missing from it (free space on its file system, "
+      "or give --log-dir a directory on another one)",
+      name, std::strerror(err));
+}
+
 struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   Impl(asio::io_context& io, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
        std::size_t capacity)
@@ -247,7 +264,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
             return;
           }
           if (file_fd >= 0) {
-            write_all(file_fd, block);
+            write_log_file(file_fd, block, file_failed);
           }
           if (console_fd >= 0 && console_ok) {
             std::string_view shown = block;
@@ -317,6 +334,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
   asio::posix::stream_descriptor pipe;
   int file_fd;
+  bool file_failed = false;  // a write to file_fd failed (reported once)
   int console_fd;
   bool console_ok = true;
   bool console_cut = false;  // the last block written to the console was a line cut short

@@ -448,6 +448,18 @@ std::string WorkerRun::cause_of(Worker& w, const ExitStatus& status) {
 }
 
 std::string WorkerRun::diagnose(const Worker* failed, const std::string& headline) {
+  // What the diagnosis reads is the ranks' to write: whatever goes wrong in it must not cost the
+  // failure summary, the restart or the exit code (an exception here used to end the agent).
+  try {
+    return build_diagnosis(failed, headline);
+  } catch (const std::exception& e) {
+    spdlog::error("could not build the diagnosis of this failure ({}); the failure summary follows", e.what());
+    diagnosis_parts_ = {};
+    return {};
+  }
+}
+
+std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& headline) {
   char host_buf[256] = {};
   ::gethostname(host_buf, sizeof(host_buf) - 1);
   const std::string host = host_buf;

@@ -152,3 +152,36 @@ TEST_CASE("create_agent_file makes a regular file only, never blocking on a FIFO
   CHECK(problem == "is a symbolic link");
   CHECK_FALSE(fs::exists(d.path / "elsewhere"));
 }
+
+TEST_CASE("the diagnosis parses what ranks wrote by hand, bounded: hostile text neither crashes nor floods it") {
+  // Before: std::regex recursed once per character, and a 30,000-character run after "OpType="
+  // (in a rank's stderr or error file), a 300 KB path in a faulthandler frame line or a long
+  // symbol in eu-stack's output overflowed the agent's stack (SIGSEGV: no failure summary, no
+  // restart); a line number past INT_MAX threw std::stoi's out_of_range out of the agent.
+  const std::string long_run(1'000'000, 'A');
+  CHECK(collective_timeout_in("Timed out OpType=" + long_run) == "a collective");  // too long to be an op: none named
+  CHECK(collective_timeout_in("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE)") ==
+        "all_reduce");
+  CHECK(collective_timeout_in("RuntimeError: Timed out\n  File \"t.py\", line 3, in all_gather_object\n") ==
+        "all_gather_object");
+  CHECK(collective_timeout_in("timeout in all_gather then in reduce_scatter_tensor here") == "reduce_scatter_tensor");
+  CHECK(collective_timeout_in("no such thing in all_reduce") == "");  // not a timeout
+  CHECK(collective_timeout_in(std::string(2'000'000, 'x') + " Timeout in barrier") == "barrier");
+
+  CHECK_FALSE(parse_python_frame("  File \"" + std::string(300'000, 'p') + "\", line 2 in f"));
+  CHECK_FALSE(parse_python_frame("  File \"t.py\", line 99999999999 in f"));
+  CHECK_FALSE(parse_python_frame("  File \"t.py\", line 7 in " + std::string(100'000, 'f')));
+  const auto frame = parse_python_frame("  File \"/x/t.py\", line 7 in step");
+  REQUIRE(frame);
+  CHECK(frame->file == "/x/t.py");
+  CHECK(frame->line == 7);
+  CHECK(frame->func == "step");
+  CHECK(python_where("Current thread 0x1 (most recent call first):\n  File \"t.py\", line 99999999999 in f\n").empty());
+  CHECK(python_where("Thread 0x1:\n  File \"" + std::string(300'000, 'p') + "\", line 2 in <module>\n").empty());
+
+  CHECK(native_frame_symbol("TID 5:\n#0  0x00007f0000000001 __clock_nanosleep\n#1  0x0000000000401000 main\n") ==
+        "__clock_nanosleep");
+  CHECK(native_frame_symbol("#0  0x00007f0000000001\n#1  0x0000000000401000 main\n") == "main");
+  CHECK(native_frame_symbol("#0  0x1 " + std::string(300'000, 's')).size() == 512);
+  CHECK(native_frame_symbol("no frames here").empty());
+}

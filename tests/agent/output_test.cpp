@@ -4,6 +4,9 @@
 
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+#include <algorithm>
 #include <csignal>
 #include <string>
 
@@ -191,4 +194,23 @@ TEST_CASE("write_all reports a closed pipe instead of dying") {
   CHECK_FALSE(write_all(p[1], "x"));
   ::signal(SIGPIPE, SIG_DFL);
   ::close(p[1]);
+}
+
+TEST_CASE("a log file that cannot be written (a full disk) is reported once, naming it; the stream goes on") {
+  // Before: write failures of --log-dir files were ignored: a full disk cut every log short with
+  // no word, the job exiting 0. /dev/full fails every write with ENOSPC.
+  const int fd = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  spdlog::default_logger()->sinks().push_back(sink);
+  bool reported = false;
+  for (int i = 0; i < 3; ++i) ddprun::agent::write_log_file(fd, "line\n", reported);
+  auto& sinks = spdlog::default_logger()->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  ::close(fd);
+  CHECK(reported);
+  const auto lines = sink->last_formatted();
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("cannot write the log file /dev/full: No space left on device") != std::string::npos);
+  CHECK(lines[0].find("--log-dir") != std::string::npos);
 }

@@ -62,6 +62,19 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets);
 // faulthandler writes last: "<module>" (a script, -c) or runpy's "_run_module_as_main" (-m).
 bool dump_complete(std::string_view text);
 
+// One faulthandler frame line, `File "PATH", line N in FUNC`; nullopt when `line` is not one (or
+// its path, name or number is out of bounds: the dump is the rank's to write).
+struct PythonFrame {
+  std::string file;
+  int line = 0;
+  std::string func;
+};
+std::optional<PythonFrame> parse_python_frame(std::string_view line);
+
+// The symbol of the first named frame ("#2  0x... clock_nanosleep") of eu-stack output; "" when
+// there is none.
+std::string native_frame_symbol(std::string_view text);
+
 // The innermost frame of the main Python thread of a faulthandler dump: "f at file.py:42
 // (`source line`)"; "" when the text has no Python frame.
 std::string python_where(const std::string& faulthandler_text);

@@ -82,6 +82,11 @@ class LineBuffer {
 // false when the fd is gone (EPIPE, EBADF): console output is then dropped, never fatal.
 bool write_all(int fd, std::string_view data);
 
+// write_all to a log file (--log-dir, --redirects, --tee, the filtered copies): the first
+// failure of a file (a full disk, a quota) is logged once, naming the file and what to do
+// (`reported` remembers it); the stream goes on (to the console where it goes there too).
+void write_log_file(int fd, std::string_view data, bool& reported);
+
 // Writes a block of whole lines to `fd` with `prefix` before each line in as few writev calls as
 // possible; `complete == false` appends a newline to the last (partial) line.
 bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view block, bool complete,

@@ -104,7 +104,8 @@ class WorkerRun {
   std::string cause_of(Worker& w, const ExitStatus& status);
   // Whether `status` is a kill by a signal ddprun sent to the group this attempt.
   bool by_teardown(const ExitStatus& status) const;
-  std::string diagnose(const Worker* failed, const std::string& headline);
+  std::string diagnose(const Worker* failed, const std::string& headline);  // never throws
+  std::string build_diagnosis(const Worker* failed, const std::string& headline);
   void arm_hang_check();
   void on_hang_check();
   std::vector<pid_t> job_pids() const;
