@@ -52,7 +52,7 @@ int WorkerFailure::ddprun_exit_code() const {
   return 1;
 }
 
-std::string RootCause::describe() const {
+std::string RootCause::describe(std::size_t max_message) const {
   std::string text =
       fmt::format("rank {} (local rank {} on node {}, group rank {})", failure.global_rank, failure.local_rank,
                   node_addr.empty() ? failure.node.to_string() : node_addr, group_rank);
@@ -63,7 +63,11 @@ std::string RootCause::describe() const {
   } else {
     text += " failed";
   }
-  if (!failure.message.empty()) text += ": " + failure.message;
+  if (!failure.message.empty()) {
+    text += ": " + failure.message.substr(0, max_message);
+    if (failure.message.size() > max_message)
+      text += fmt::format(" [... {} more bytes]", failure.message.size() - max_message);
+  }
   return text;
 }
 

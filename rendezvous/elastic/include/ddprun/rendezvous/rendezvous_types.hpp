@@ -132,7 +132,9 @@ struct RootCause {
   WorkerFailure failure;
   std::string node_addr;
   int group_rank = -1;
-  std::string describe() const;  // "rank 5 (local rank 1 on node 10.0.0.2) exited with code 3: msg"
+  // "rank 5 (local rank 1 on node 10.0.0.2) exited with code 3: msg", the message cut at
+  // `max_message` bytes (the text goes to every node of the job).
+  std::string describe(std::size_t max_message = 512) const;
 };
 
 struct JoinRequest {
