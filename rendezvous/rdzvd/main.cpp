@@ -240,33 +240,51 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-port-file", metrics_port_file,
                  "Write the bound metrics port number (and a newline) to this file, atomically");
-  app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")->capture_default_str();
+  // Every --max-* is unsigned: CLI11 reads "-1" into one as its largest value, i.e. no cap at all.
+  const CLI::Validator unsigned_value(
+      [](std::string& text) {
+        return text.find('-') == std::string::npos ? std::string()
+                                                   : "'" + text + "' is negative: give a number of 0 or more";
+      },
+      "");
+  app.add_option("--max-key-bytes", options.limits.store.max_key_bytes, "Largest key accepted")
+      ->check(unsigned_value)
+      ->capture_default_str();
   app.add_option("--max-value-bytes", options.limits.store.max_value_bytes, "Largest value accepted")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-keys-per-request", options.limits.store.max_keys_per_request,
                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-connections", options.limits.store.max_connections, "Most open client connections")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.store.max_total_bytes, "Most bytes of keys+values held")
+      ->check(unsigned_value)
       ->capture_default_str();
   // --- Store memory and connection bounds (docs/protocol.md, "Limits") ---
   app.add_option("--max-keys", options.limits.store.max_keys, "Most keys plus queued items held")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-waits", options.limits.store.max_waits, "Most WAIT/BARRIER/WATCH_KEY registrations held")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-queued-reply-bytes", options.limits.store.max_queued_reply_bytes,
                  "Most reply bytes queued for one connection; larger replies are refused")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-buffered-bytes", options.limits.store.max_buffered_bytes,
                  "Most bytes in all connections' read buffers and queued replies together")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-connections-per-peer", options.limits.store.max_connections_per_peer,
                  "Most connections from one peer address (0 = no cap)")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-relayed-connections", options.limits.store.max_relayed_connections,
                  "Most client connections carried by relays (ddprun-rdzvd --relay-to), over all relays")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option_function<std::int64_t>(
          "--frame-timeout-ms",
@@ -302,6 +320,7 @@ int main(int argc, char** argv) {
                "cannot authenticate). RISK: anyone who reaches the port can then read and delete every key");
   app.add_option("--max-rdzv-payload-bytes", options.limits.wire.max_payload_bytes,
                  "Largest native rendezvous message accepted")
+      ->check(unsigned_value)
       ->capture_default_str();
   std::string job_expiry_text;
   app.add_option("--job-expiry", job_expiry_text,
@@ -310,10 +329,12 @@ int main(int argc, char** argv) {
       ->default_str("600");
   app.add_option("--max-jobs", options.max_jobs,
                  "Most jobs held at once; a JOIN that would start one more is refused (0 = no cap)")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--max-members", options.max_members,
                  "Most members of all jobs together (nodes joined, and nodes whose connection closed within their "
                  "heartbeat interval); a JOIN that would add one more is refused (0 = no cap)")
+      ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");

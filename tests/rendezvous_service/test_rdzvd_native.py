@@ -155,8 +155,19 @@ def check_token_flag_refused():
     assert "visible" not in r.stderr, r.stderr
 
 
+def check_negative_limits_refused():
+    # Before: CLI11 read "-1" into an unsigned limit as its largest value, so `--max-members -1`
+    # silently meant no cap at all.
+    for flag in ("--max-members", "--max-jobs", "--max-buffered-bytes", "--max-key-bytes"):
+        r = subprocess.run([os.path.join(BIN_DIR, "ddprun-rdzvd"), "--port", "0", flag, "-1"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (flag, r)
+        assert f"{flag}: '-1' is negative: give a number of 0 or more" in r.stderr, r.stderr
+
+
 def main():
     check_token_flag_refused()
+    check_negative_limits_refused()
     check_token_daemon([], "env-token", "env-token")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "token")

@@ -285,6 +285,30 @@ def read_until(proc, token, timeout):
             return
 
 
+def abandon_gated(proc, gate):
+    """Cleanup of a job waiting for `gate` (a test's finally): opens the gate, kills what is left."""
+    open(gate, "a").close()
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def read_stderr_until(proc, token, timeout, err=b""):
+    """Reads proc.stderr (select-bounded) until `token` (bytes) is in what was read, `err` included;
+    returns all of it."""
+    deadline = time.monotonic() + timeout
+    while token not in err:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {token!r} on stderr after {timeout}s: {err.decode(errors='replace')}")
+        if select.select([proc.stderr], [], [], left)[0]:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"stderr closed before {token!r}: {err.decode(errors='replace')}")
+            err += chunk
+    return err
+
+
 def children(pid):
     """Processes whose parent is `pid`, from every /proc/N/stat (the per-thread `children` files
     can miss a child while a thread of `pid` ends)."""
@@ -645,26 +669,19 @@ class Diagnosis(unittest.TestCase):
                                          "sh", gate], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE)
                 try:
-                    deadline = time.monotonic() + 30
-                    err = b""
-                    while b"refused to start (exit 2)" not in err:
-                        left = deadline - time.monotonic()
-                        self.assertGreater(left, 0, f"no report while the job ran: {err.decode()}")
-                        if select.select([proc.stderr], [], [], left)[0]:
-                            chunk = os.read(proc.stderr.fileno(), 4096)
-                            self.assertTrue(chunk, f"ddprun ended first: {err.decode()}")
-                            err += chunk
+                    err = read_stderr_until(proc, b"refused to start (exit 2)", 30)  # while the job runs
                     self.assertIn(b"install ddprun and ddprun-watchdog from the same build", err)
-                    open(gate, "w").close()
-                    err += proc.communicate(timeout=60)[1]
-                    self.assertEqual(proc.returncode, 0, err.decode())
-                    for root in cgroup_roots():
-                        self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+                    self.open_gate_and_finish(proc, gate, err)
                 finally:
-                    open(gate, "a").close()
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.communicate()
+                    abandon_gated(proc, gate)
+
+    def open_gate_and_finish(self, proc, gate, err):
+        """Lets a job waiting for `gate` end: it must exit 0 and leave no job cgroup behind."""
+        open(gate, "w").close()
+        err += proc.communicate(timeout=60)[1]
+        self.assertEqual(proc.returncode, 0, err.decode())
+        for root in cgroup_roots():
+            self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
 
     def test_a_watchdog_killed_while_the_job_runs_is_reported_then(self):
         # Its end is an event (a pidfd): reported while the job runs, however late it comes; ddprun
@@ -678,25 +695,10 @@ class Diagnosis(unittest.TestCase):
             watchdogs = [c for c in children(proc.pid) if comm(c) == "ddp-watchdog"]
             self.assertEqual(len(watchdogs), 1, "ddprun runs one watchdog")
             os.kill(watchdogs[0], signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            err = b""
-            while b"ended before the job (killed by SIGKILL)" not in err:
-                left = deadline - time.monotonic()
-                self.assertGreater(left, 0, f"no report while the job ran: {err.decode()}")
-                if select.select([proc.stderr], [], [], left)[0]:
-                    chunk = os.read(proc.stderr.fileno(), 4096)
-                    self.assertTrue(chunk, f"ddprun ended first: {err.decode()}")
-                    err += chunk
-            open(gate, "w").close()
-            err += proc.communicate(timeout=60)[1]
-            self.assertEqual(proc.returncode, 0, err.decode())
-            for root in cgroup_roots():
-                self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+            err = read_stderr_until(proc, b"ended before the job (killed by SIGKILL)", 30)  # while the job runs
+            self.open_gate_and_finish(proc, gate, err)
         finally:
-            open(gate, "a").close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            abandon_gated(proc, gate)
 
     def test_watchdog_program_refuses_to_run_by_hand(self):
         # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).
@@ -1062,15 +1064,7 @@ class Diagnosis(unittest.TestCase):
 
         def read_err_until(token, timeout=60):
             nonlocal err
-            deadline = time.monotonic() + timeout
-            while token not in err:
-                left = deadline - time.monotonic()
-                self.assertGreater(left, 0, err.decode())
-                r, _, _ = select.select([proc.stderr], [], [], left)
-                if r:
-                    chunk = os.read(proc.stderr.fileno(), 65536)
-                    self.assertTrue(chunk, err.decode())
-                    err += chunk
+            err = read_stderr_until(proc, token, timeout, err)
 
         try:
             read_err_until(b"collected the stacks")  # rank 0 failed, the teardown's grace runs

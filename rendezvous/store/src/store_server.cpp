@@ -600,27 +600,34 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         // Grow with the bytes that arrived (doubling what is buffered), never to a length the
         // request only declares: a header announcing 64 MiB costs nothing until they arrive.
         const std::size_t grown = std::min(c->end + want, std::max(c->in.size() * 2, c->end + min_read_space));
-        const auto over = [&] {
-          return buffered - c->accounted + grown + c->pending.capacity() + c->writing.capacity() >
-                 options.limits.max_buffered_bytes;
-        };
-        if (over()) make_buffer_room(c, grown, over);
-        if (over()) {
-          close(c,
-                fmt::format("a request of at least {} bytes does not fit: the server's buffers hold {} bytes, the "
-                            "limit is {} (--max-buffered-bytes)",
-                            c->need, buffered, options.limits.max_buffered_bytes),
-                RefusedReason::buffer_limit);
-          flush();
-          return;
-        }
-        c->in.resize(grown);
-        account(*c);
+        if (!size_read_buffer(c, grown)) return;
       }
     }
     c->socket.async_read_some(
         asio::buffer(c->in.data() + c->end, c->in.size() - c->end),
         [self = shared_from_this(), c](boost::system::error_code ec, std::size_t n) { self->on_read(c, ec, n); });
+  }
+
+  // Resizes `c`'s read buffer to `size` bytes within --max-buffered-bytes, making room first
+  // (make_buffer_room); false when even then it does not fit: `c` is closed.
+  bool size_read_buffer(const ConnectionPtr& c, std::size_t size) {
+    const auto over = [&] {
+      return buffered - c->accounted + size + c->pending.capacity() + c->writing.capacity() >
+             options.limits.max_buffered_bytes;
+    };
+    if (over()) make_buffer_room(c, size, over);
+    if (over()) {
+      close(c,
+            fmt::format("its read buffer of {} bytes (for a request of at least {} bytes) does not fit: the server's "
+                        "buffers hold {} bytes, the limit is {} (--max-buffered-bytes)",
+                        size, c->need, buffered, options.limits.max_buffered_bytes),
+            RefusedReason::buffer_limit);
+      flush();
+      return false;
+    }
+    c->in.resize(size);
+    account(*c);
+    return true;
   }
 
   // The socket became readable with nothing buffered: read into a fresh buffer.
@@ -630,22 +637,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (!ec) {
       // Even the first read buffer is paid from the budget: a crowd of connections that each
       // send a few bytes and stop must not push it over and get others shed.
-      const auto over = [&] {
-        return buffered - c->accounted + initial_buffer + c->pending.capacity() + c->writing.capacity() >
-               options.limits.max_buffered_bytes;
-      };
-      if (over()) make_buffer_room(c, initial_buffer, over);
-      if (over()) {
-        close(c,
-              fmt::format("no room for its read buffer: the server's buffers hold {} bytes, the limit is {} "
-                          "(--max-buffered-bytes)",
-                          buffered, options.limits.max_buffered_bytes),
-              RefusedReason::buffer_limit);
-        flush();
-        return;
-      }
-      c->in.resize(initial_buffer);
-      account(*c);
+      if (!size_read_buffer(c, initial_buffer)) return;
       n = c->socket.read_some(asio::buffer(c->in.data(), c->in.size()), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again || ec == asio::error::interrupted) {
         start_read(c);  // a spurious wake-up: wait again (start_read drops the buffer)
