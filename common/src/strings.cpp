@@ -90,6 +90,14 @@ std::int64_t seconds_to_ms(double seconds) {
   return static_cast<std::int64_t>(seconds * 1000.0 + 0.5);
 }
 
+std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  std::size_t cut = max_bytes;
+  // Back off continuation bytes (10xxxxxx) to the start of the character the cut falls in.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0u) == 0x80u) --cut;
+  return text.substr(0, cut);
+}
+
 std::string terminal_safe(std::string_view text) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;

@@ -73,3 +73,13 @@ TEST_CASE("log levels") {
   CHECK(ddprun::parse_log_level("debug") == spdlog::level::debug);
   CHECK_FALSE(ddprun::parse_log_level("loud"));
 }
+
+TEST_CASE("utf8_prefix never ends inside a character", "[strings]") {
+  const std::string text = "ab\xc3\xa9\xe2\x82\xac";  // "abé€": 2 + 2 + 3 bytes
+  CHECK(ddprun::utf8_prefix(text, 100) == text);
+  CHECK(ddprun::utf8_prefix(text, 2) == "ab");
+  CHECK(ddprun::utf8_prefix(text, 3) == "ab");  // inside é
+  CHECK(ddprun::utf8_prefix(text, 4) == "ab\xc3\xa9");
+  CHECK(ddprun::utf8_prefix(text, 6) == "ab\xc3\xa9");  // inside €
+  CHECK(ddprun::utf8_prefix(text, 0).empty());
+}

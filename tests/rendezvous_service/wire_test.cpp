@@ -437,3 +437,20 @@ TEST_CASE("a WORKER_FAILED message past the bound is cut at a character boundary
   REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::WorkerFailedMessage>(back).failure.message == f.message);
 }
+
+TEST_CASE("a failure message cut for the reasons every node gets stays valid UTF-8", "[wire]") {
+  // describe() cuts the message at 512 bytes for the RESTART and job-failure reasons: a cut
+  // through a multi-byte character made a frame that no agent could decode.
+  rdzv::RootCause cause;
+  cause.failure = failure();
+  cause.failure.message = std::string(511, 'a') + "\xc3\xa9" + std::string(100, 'b');
+  rdzv::SendRestart restart;
+  restart.run_id = "job-a";
+  restart.reason = cause.describe();
+  std::string bytes;
+  rdzv::encode_server(bytes, restart);
+  rdzv::ServerMessage back;
+  REQUIRE(rdzv::decode_server(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::SendRestart>(back).reason.find(std::string(511, 'a') + " [... 102 more bytes]") !=
+        std::string::npos);
+}

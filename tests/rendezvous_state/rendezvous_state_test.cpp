@@ -1036,3 +1036,26 @@ TEST_CASE("a worker failure's message is cut in the RESTART that goes to every n
   CHECK(restarts.front().reason.size() < 1024);
   CHECK(restarts.front().reason.find("[... 7488 more bytes]") != std::string::npos);
 }
+
+TEST_CASE("the root cause JOB_FAILED carries to every node keeps 1 KiB of the message", "[rdzv]") {
+  // Before: the whole message (up to 8 KiB) went to every node in JOB_FAILED's root cause, as
+  // 100,000 copies of the decision at once for a 100,000-node job. The node where the rank
+  // failed prints its own whole copy; the others get the first KiB and where the rest is.
+  Fixture f;
+  const auto c = cfg(2, 2, 0);
+  f.join(node(1), c);
+  f.join(node(2), c);
+  REQUIRE(f.state().state() == JobState::running);
+  // A two-byte character straddles the 1 KiB line: it is dropped whole, never cut in half.
+  const std::string message = std::string(1023, 'm') + "\xc3\xa9" + std::string(6000, 'n');
+  auto a = f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, message}, f.clock.now());
+  const auto failed = of<SendJobFailed>(a);
+  REQUIRE(failed.size() == 2);
+  for (const auto& j : failed) {
+    REQUIRE(j.root_cause);
+    const std::string& got = j.root_cause->failure.message;
+    CHECK(got.rfind(std::string(1023, 'm') + " [... 6002 more bytes, in the failure summary on node ", 0) == 0);
+    CHECK(got.size() < broadcast_failure_message_bytes + 128);
+    CHECK(j.reason.find("[... 6513 more bytes]") != std::string::npos);
+  }
+}

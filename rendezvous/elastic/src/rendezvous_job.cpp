@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "ddprun/common/strings.hpp"
 #include "rendezvous_job_detail.hpp"
 
 namespace ddprun::rendezvous {
@@ -278,6 +279,16 @@ void RendezvousJob::fail_job(Decisions& out, const std::string& reason, std::opt
   state_ = JobState::failed;
   result_reason_ = reason;
   root_cause_ = std::move(cause);
+  if (root_cause_) {
+    std::string& message = root_cause_->failure.message;
+    if (const std::size_t kept = utf8_prefix(message, broadcast_failure_message_bytes).size(); kept < message.size()) {
+      const std::size_t cut = message.size() - kept;
+      message.resize(kept);
+      message +=
+          fmt::format(" [... {} more bytes, in the failure summary on node {}]", cut,
+                      root_cause_->node_addr.empty() ? root_cause_->failure.node.to_string() : root_cause_->node_addr);
+    }
+  }
   result_exit_code_ = exit_code;
   gc_deadline_ = now + config_.close_timeout;
   last_call_.reset();

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "ddprun/common/strings.hpp"
+
 namespace ddprun::rendezvous {
 
 std::string format_seconds(Duration d) {
@@ -64,9 +66,11 @@ std::string RootCause::describe(std::size_t max_message) const {
     text += " failed";
   }
   if (!failure.message.empty()) {
-    text += ": " + failure.message.substr(0, max_message);
-    if (failure.message.size() > max_message)
-      text += fmt::format(" [... {} more bytes]", failure.message.size() - max_message);
+    const std::string_view kept = utf8_prefix(failure.message, max_message);
+    text += ": ";
+    text += kept;
+    if (failure.message.size() > kept.size())
+      text += fmt::format(" [... {} more bytes]", failure.message.size() - kept.size());
   }
   return text;
 }

@@ -14,6 +14,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/bytes.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 
@@ -193,8 +194,7 @@ WorkerFailure read_failure(const Reader& r) {
   f.message = r.str_or("message", "");
   if (f.message.size() > max_failure_message_bytes) {
     const std::size_t total = f.message.size();
-    std::size_t cut = max_failure_message_bytes;
-    while (cut > 0 && (static_cast<unsigned char>(f.message[cut]) & 0xC0) == 0x80) --cut;  // not mid-character
+    const std::size_t cut = utf8_prefix(f.message, max_failure_message_bytes).size();
     f.message.resize(cut);
     f.message += fmt::format(" [... {} more bytes cut by the rendezvous]", total - cut);
   }

@@ -25,6 +25,10 @@ std::int64_t seconds_to_ms(double seconds);
 // become \xNN / \u00NN, and a backslash "\\"; the rest, UTF-8 included, is kept. A peer cannot
 // move the cursor, recolour or forge lines with it.
 std::string terminal_safe(std::string_view text);
+// The longest prefix of `text` of at most `max_bytes` that does not end inside a UTF-8
+// sequence: cutting well-formed UTF-8 with it keeps it well-formed (a JSON decoder rejects a
+// cut character).
+std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes);
 // Lowercase hex of bytes.
 std::string to_hex(std::string_view bytes);
 // Inverse of to_hex; nullopt on odd length or non-hex characters.

@@ -64,6 +64,9 @@ inline constexpr std::size_t max_nccl_ids = 4096;
 // A WORKER_FAILED's message (the rank's error-file message): the job keeps it as its root cause
 // and repeats it to every node, so what arrives past this is cut (at a UTF-8 boundary).
 inline constexpr std::size_t max_failure_message_bytes = 8192;
+// What of it JOB_FAILED's root cause carries to every node (the node where the rank failed
+// prints its own whole copy): 8 KiB to each of 100,000 nodes was 800 MB of pushes at once.
+inline constexpr std::size_t broadcast_failure_message_bytes = 1024;
 inline constexpr int max_local_world_size = 16384;
 inline constexpr std::int64_t max_world_size = std::int64_t{1} << 30;  // ranks
 inline constexpr int max_restarts_limit = 1000000;
