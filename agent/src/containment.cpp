@@ -1074,6 +1074,7 @@ int Containment::move_to_memory_cgroup(int local_rank, pid_t pid) const {
 
 int Containment::join_dir_fd(int local_rank) const {
   known_empty_ = false;
+  if (killed_) return -1;  // join by cgroup.procs (killed_)
   const auto i = rank_dirs_ ? static_cast<std::size_t>(local_rank) : 0;
   return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
@@ -1182,6 +1183,7 @@ int Containment::sweep(bool last) {
       if (!events || events->find("populated 0") != std::string::npos) break;
       alive = living(*job_pids());
       write_text(job_dir_ + "/cgroup.kill", "1");
+      killed_ = true;
     } else {
       // cgroup v1 has no populated flag: a process that forks and exits may show only pids that
       // are gone. An empty member list is final (a forking process is listed until its child

@@ -91,7 +91,7 @@ class Containment {
   void join_memory(int local_rank, pid_t pid) const;
   // With cgroup v2: an fd of the cgroup directory to start the rank's worker in (the rank's or
   // the job's; SpawnRequest::cgroup_dir_fd; join_files(local_rank).front() is its cgroup.procs).
-  // Else -1.
+  // Else -1, also once a sweep has used cgroup.kill (killed_).
   int join_dir_fd(int local_rank) const;
   // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
   void begin_attempt();
@@ -157,6 +157,10 @@ class Containment {
   // cgroup v2: the last sweep read "populated 0" and no worker was handed a way in since
   // (join_files, join_dir_fd): nothing can be in the job cgroup, the next sweep reads nothing.
   mutable bool known_empty_ = false;
+  // cgroup v2: a sweep wrote cgroup.kill. Some kernels (6.18 here) SIGKILL at birth every
+  // process cloned into a cgroup killed that way (CLONE_INTO_CGROUP compares kill counts), so
+  // later workers join by writing cgroup.procs instead (join_dir_fd gives -1), which is not.
+  bool killed_ = false;
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;
