@@ -383,6 +383,7 @@ std::vector<FailureReport> WorkerRun::other_failures() const {
     if (root && w->spec.local_rank == root->local_rank) continue;
     if (!w->child.exited() || w->child.status().ok() || !w->killed_by.empty()) continue;
     if (by_teardown(w->child.status())) continue;  // a consequence of the first failure
+    if (w->handled_teardown) continue;             // it ended through its handler of that signal: the same
     failed.push_back(w.get());
   }
   std::stable_sort(failed.begin(), failed.end(),

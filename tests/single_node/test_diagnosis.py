@@ -619,6 +619,31 @@ class Diagnosis(unittest.TestCase):
             with self.subTest(mode=mode):
                 self.run_daemon_case(mode, "normal", restarted=True)
 
+    def test_workers_of_the_attempt_after_a_sweep_that_killed_a_daemon_start(self):
+        # Attempt 0 leaves a daemon outside its process group (wandb's service, a compile pool)
+        # and fails; the sweep between attempts kills it (cgroup.kill on cgroup v2). Before: on
+        # kernels where a clone into a cgroup killed that way is SIGKILLed at birth, every
+        # worker of attempt 1 died at once (exit 137, "rank 0 failed first (SIGKILL)").
+        script = self.script("restarted.sh", """
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+    setsid sleep 60 </dev/null >/dev/null 2>&1 &
+    echo "daemon $!"
+    exit 3
+fi
+echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
+""")
+        for mode in modes():
+            with self.subTest(mode=mode):
+                proc = self.ddprun(["--containment", mode, "--nproc-per-node", "2", "--max-restarts", "1",
+                                    "--no-python", "/bin/sh", script])
+                out, err = proc.communicate(timeout=60)
+                out, err = out.decode(), err.decode()
+                self.assertEqual(proc.returncode, 0, f"{mode}: {out}{err}")
+                for rank in (0, 1):
+                    self.assertIn(f"attempt 1 of rank {rank} ran", out, f"{mode}: {err}")
+                for daemon in re.findall(r"daemon (\d+)", out):
+                    self.assertTrue(wait_gone(int(daemon), 10), f"{mode}: daemon {daemon} outlived its attempt")
+
     def test_daemon_ends_with_the_job_with_a_forked_watchdog(self):
         lone = self.lone_ddprun()
         for mode in modes():
@@ -1052,7 +1077,11 @@ class Diagnosis(unittest.TestCase):
         for rank in (1, 2):
             self.assertRegex(block, r"rank %d \(local %d, pid [0-9]+\): failed on its own after the first failure "
                                     r"\(exit code 1\); its stack a moment before: " % (rank, rank))
-        self.assertIn("ended after ddprun's teardown signal, which it handles (likely a consequence", err)
+        # Failures: ranks 1 and 2, which failed on their own; not rank 3, which ended through its
+        # handler of the teardown's SIGTERM (a consequence, as a rank the teardown killed).
+        failures = err[err.index("Failures:"):err.index("Root Cause")]
+        self.assertEqual(sorted(re.findall(r"rank       : (\d+)", failures)), ["1", "2"], failures)
+        self.assertNotIn("which it handles", failures)
         self.assertRegex(block, r"rank 3 \(local 3, pid [0-9]+\): in .*; it then ended with exit code 1 after "
                                 r"ddprun's teardown signal, which it handles")
 
