@@ -34,6 +34,7 @@
 #include <string_view>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/agent/agent_metrics.hpp"
 #include "ddprun/agent/containment.hpp"
 #include "ddprun/agent/diagnosis.hpp"
@@ -265,7 +266,7 @@ class Agent {
 
   // Refused / unreachable: stop the workers (if any) and exit 1 once they are gone.
   void exit_with_error(const std::string& message) {
-    write_all(STDERR_FILENO, "ddprun: error: " + message + "\n");
+    console::write(STDERR_FILENO, "ddprun: error: " + message + "\n");
     if (fatal_error_.empty()) fatal_error_ = message;
     if (!finished_) apply(machine_.on_result(1));
   }
@@ -281,7 +282,11 @@ class Agent {
     });
   }
 
-  void deliver_signal(int sig) { apply(machine_.on_signal(sig)); }
+  void deliver_signal(int sig) {
+    // The run ends for it: its exit does not wait long on a console that does not read.
+    console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
+    apply(machine_.on_signal(sig));
+  }
 
   // ---- the launcher's control channel (remote-agent mode; config.hpp) ----
 

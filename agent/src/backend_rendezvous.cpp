@@ -12,6 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
@@ -214,7 +215,7 @@ class ClientBackend final : public RendezvousBackend {
 
   void report_failure(std::uint64_t round, const FailureReport& f) override {
     // This node's own diagnosis (stacks, culprit): the job summary comes from the rendezvous.
-    if (!f.diagnosis.empty()) write_all(STDERR_FILENO, f.diagnosis);
+    if (!f.diagnosis.empty()) console::write(STDERR_FILENO, f.diagnosis);
     printed_diagnosis_ = f.diagnosis;
     local_first_ = f;
     load_error_file(*local_first_);
@@ -236,7 +237,7 @@ class ClientBackend final : public RendezvousBackend {
     // Printed at the first failure, before the other local ranks ended: what they did since
     // (failed on their own, ended after the teardown signal they handle) follows it.
     const std::string amendment = format_diagnosis_amendment(printed_diagnosis_, block);
-    if (!amendment.empty()) write_all(STDERR_FILENO, amendment);
+    if (!amendment.empty()) console::write(STDERR_FILENO, amendment);
     if (!amendment.empty()) printed_diagnosis_ = block;
   }
 
@@ -271,8 +272,8 @@ class ClientBackend final : public RendezvousBackend {
     if (root_here(f)) root_cause_ = *local_first_;
     if (!f.root_cause) failure_reason_ = "job '" + f.run_id + "' failed: " + f.reason;
     if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
-      write_all(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f),
-                                                 root_here(f) ? &*local_first_ : nullptr));
+      console::write(STDERR_FILENO, format_job_failed(f, entrypoint_name(config_), local_failures(f),
+                                                      root_here(f) ? &*local_first_ : nullptr));
     } else {
       // A fan-out launch shows every host's output in one terminal: one summary is enough, the
       // failing worker's node prints it.
@@ -355,11 +356,11 @@ class ClientBackend final : public RendezvousBackend {
       // torchrun's static backend: the group rank is --node-rank and every node runs nproc workers.
       const int expected = config_.max_nodes * config_.nproc_per_node;
       if (a.world_size != expected || a.group_world_size != config_.max_nodes) {
-        write_all(STDERR_FILENO, "ddprun: error: static rendezvous: the nodes disagree on the world size (" +
-                                     std::to_string(a.world_size) + " workers on " +
-                                     std::to_string(a.group_world_size) + " nodes, this node expects " +
-                                     std::to_string(expected) +
-                                     "); use the same --nproc-per-node and --nnodes on every node\n");
+        console::write(STDERR_FILENO, "ddprun: error: static rendezvous: the nodes disagree on the world size (" +
+                                          std::to_string(a.world_size) + " workers on " +
+                                          std::to_string(a.group_world_size) + " nodes, this node expects " +
+                                          std::to_string(expected) +
+                                          "); use the same --nproc-per-node and --nnodes on every node\n");
         events_.on_job_failed(1);
         return;
       }

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/agent/elastic.hpp"
 #include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/output.hpp"
@@ -83,7 +84,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     failed_ = false;
     FailureReport report = failure_;
     load_error_file(report);
-    write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
+    console::write(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, others));
     root_cause_ = report;
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
@@ -94,7 +95,7 @@ class SingleNodeBackend final : public RendezvousBackend {
       // failed is still the news, with its diagnosis.
       FailureReport report = failure_;
       load_error_file(report);
-      write_all(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
+      console::write(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
       root_cause_ = report;
     }
     spdlog::warn("workers stopped after a signal; exiting with {}", exit_code);

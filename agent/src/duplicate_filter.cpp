@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
@@ -136,7 +137,6 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
   ChildStream st;
   st.kind = ChildStream::Kind::sink;
   struct ConsoleState {
-    std::vector<iovec> scratch;
     bool cut = false;         // the last block written to the console was a line cut short
     bool log_failed = false;  // a write to the log file failed (reported once)
   };
@@ -150,7 +150,7 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
       std::string_view shown = block;
       if (console->cut && !shown.empty() && shown.front() == '\n') shown.remove_prefix(1);
       console->cut = !complete;
-      if (!shown.empty()) write_prefixed_lines(console_fd, console_prefix, shown, complete, console->scratch);
+      if (!shown.empty()) console::write_prefixed(console_fd, console_prefix, shown, complete);
     }
     filtered->feed(block, complete);
   };

@@ -14,6 +14,8 @@
 #include <climits>
 #include <cstring>
 
+#include "ddprun/common/console.hpp"
+
 namespace asio = boost::asio;
 
 namespace ddprun::agent {
@@ -212,7 +214,8 @@ void write_log_file(int fd, std::string_view data, bool& reported) {
 struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   Impl(asio::io_context& io, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
        std::size_t capacity)
-      : pipe(io, read_fd),
+      : io(io),
+        pipe(io, read_fd),
         file_fd(file),
         console_fd(console),
         prefix(std::move(pfx)),
@@ -253,6 +256,22 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       complete();
       return;
     }
+    if (console_fd >= 0 || sink) {
+      // A sink relays to either console stream (-1: whichever queue is full).
+      const int fd = sink ? -1 : console_fd;
+      if (console::over(fd)) {
+        // The console is not taking what is queued: stop reading the pipe until it has room,
+        // so the worker waits in its own write (console.hpp), not the agent's event loop.
+        std::weak_ptr<Impl> weak = shared_from_this();
+        room_wait = console::when_room(fd, io, [weak] {
+          if (auto self = weak.lock(); self && !self->finished && !self->reading && !self->finish_requested) {
+            self->room_wait = 0;
+            self->read_more();
+          }
+        });
+        return;
+      }
+    }
     read_more();
   }
 
@@ -266,13 +285,13 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
           if (file_fd >= 0) {
             write_log_file(file_fd, block, file_failed);
           }
-          if (console_fd >= 0 && console_ok) {
+          if (console_fd >= 0) {
             std::string_view shown = block;
             // The console got the last piece of a line cut where the buffer filled with a newline
             // of its own: the line's real newline, right after the cut, ends that line, not another.
             if (console_cut && shown.front() == '\n') shown.remove_prefix(1);
             console_cut = !whole;
-            if (!shown.empty()) console_ok = write_prefixed_lines(console_fd, prefix, shown, whole, iov_scratch);
+            console::write_prefixed(console_fd, prefix, shown, whole);
           }
         },
         eof);
@@ -281,6 +300,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   void finish_now() {
     if (finished) {
       return;
+    }
+    if (room_wait != 0) {  // paused for the console: read the rest now
+      console::cancel(room_wait);
+      room_wait = 0;
     }
     if (reading) {
       // A read in flight may already have filled the buffer without its handler having run:
@@ -319,6 +342,8 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       return;
     }
     finished = true;
+    if (room_wait != 0) console::cancel(room_wait);
+    room_wait = 0;
     boost::system::error_code ignored;
     pipe.close(ignored);
     if (file_fd >= 0) {
@@ -332,12 +357,13 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     }
   }
 
+  asio::io_context& io;
   asio::posix::stream_descriptor pipe;
   int file_fd;
   bool file_failed = false;  // a write to file_fd failed (reported once)
   int console_fd;
-  bool console_ok = true;
-  bool console_cut = false;  // the last block written to the console was a line cut short
+  std::uint64_t room_wait = 0;  // console::when_room's id while paused for the console
+  bool console_cut = false;     // the last block written to the console was a line cut short
   bool finished = false;
   bool reading = false;           // an async read owns the buffer's free space
   bool finish_requested = false;  // finish_now() waits for that read's handler
@@ -362,6 +388,7 @@ OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std
 OutputPump::~OutputPump() {
   if (impl_ && !impl_->finished) {
     impl_->finished = true;
+    if (impl_->room_wait != 0) console::cancel(impl_->room_wait);
     impl_->on_done = nullptr;
     boost::system::error_code ignored;
     impl_->pipe.close(ignored);

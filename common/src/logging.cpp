@@ -1,13 +1,16 @@
 #include "ddprun/common/logging.hpp"
 
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/ansicolor_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/common/strings.hpp"
 
 namespace ddprun {
@@ -135,7 +138,27 @@ std::unique_ptr<spdlog::formatter> make_log_formatter(LogFormat format) {
 void setup_logging(std::string_view program_name, spdlog::level::level_enum level, LogFormat format) {
   auto logger = spdlog::get(std::string(program_name));
   if (!logger) {
-    logger = spdlog::stderr_color_mt(std::string(program_name));
+    // Through the console's writer thread (console.hpp): a stderr that stops reading must not
+    // stop the caller's event loop. The sink writes a line at a time (it flushes each).
+    static FILE* const console_stderr = [] {
+      cookie_io_functions_t io{};
+      io.write = [](void*, const char* data, std::size_t size) -> ssize_t {
+        console::write(STDERR_FILENO, std::string_view(data, size));
+        return static_cast<ssize_t>(size);
+      };
+      FILE* f = ::fopencookie(nullptr, "w", io);
+      if (f != nullptr) ::setvbuf(f, nullptr, _IOFBF, 64 * 1024);
+      return f;
+    }();
+    if (console_stderr != nullptr) {
+      const bool colour = ::isatty(STDERR_FILENO) == 1 && spdlog::details::os::is_color_terminal();
+      auto sink = std::make_shared<spdlog::sinks::ansicolor_sink<spdlog::details::console_mutex>>(
+          console_stderr, colour ? spdlog::color_mode::always : spdlog::color_mode::never);
+      logger = std::make_shared<spdlog::logger>(std::string(program_name), std::move(sink));
+      spdlog::register_logger(logger);
+    } else {
+      logger = spdlog::stderr_color_mt(std::string(program_name));
+    }
   }
   logger->set_formatter(make_log_formatter(format));
   logger->set_level(level);

@@ -26,6 +26,7 @@
 #include <optional>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/agent/child_process.hpp"
 #include "ddprun/agent/output.hpp"
 #include "ddprun/agent/process.hpp"
@@ -319,6 +320,8 @@ class Fanout {
   void wait_signal() {
     signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
       if (ec) return;
+      // The run ends for it: its exit does not wait long on a console that does not read.
+      console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
       if (node_ != nullptr) {
         // A tree node is signalled by hand or by its session: act as if the parent forwarded it.
         spdlog::warn("received {}: forwarding it to this host's agent and the hosts below it", agent::signal_name(sig));
@@ -601,7 +604,7 @@ class Fanout {
       }
       out.push_back('\n');
     }
-    if (!out.empty()) agent::write_all(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out);
+    if (!out.empty()) console::write(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out);
   }
 
   static void remember(HostRun& h, std::string line) {
@@ -703,7 +706,7 @@ class Fanout {
       }
       // A tree node names itself, as the launcher would name a host's own lines.
       const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
-      agent::write_all(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
+      console::write(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
       set_failure(1);
       spdlog::warn("stopping the other hosts");
       stop_all(SIGTERM);

@@ -14,6 +14,7 @@
 
 #include "ddprun/agent/failure.hpp"
 #include "ddprun/agent/agent.hpp"
+#include "ddprun/common/console.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
 #include "ddprun/agent/output.hpp"
@@ -58,7 +59,7 @@ int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::Remote
   }
   ::close(devnull);
   // On a line of its own even if the remote login's rc files printed something without a newline.
-  ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
+  ddprun::console::write(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
   return control;
 }
 
@@ -150,16 +151,19 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const ddprun::UsageError& e) {
+    ddprun::console::drain();  // after what the job printed
     ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
     if (e.hint().find("--help") == std::string::npos)
       ddprun::launcher::lazy_cerr() << "ddprun: run 'ddprun --help' for usage\n";
     record_error(e.what());
     return kExitUsage;
   } catch (const ddprun::Error& e) {
+    ddprun::console::drain();  // after what the job printed
     ddprun::launcher::lazy_cerr() << "ddprun: error: " << e.what() << '\n';
     record_error(e.what());
     return kExitError;
   } catch (const std::exception& e) {
+    ddprun::console::drain();  // after what the job printed
     ddprun::launcher::lazy_cerr() << "ddprun: internal error: " << e.what() << '\n';
     record_error(std::string("internal error: ") + e.what());
     return kExitError;

@@ -340,6 +340,86 @@ class SingleNode(unittest.TestCase):
         self.assertIn("allreduce ok rank=1 attempt=1 sum=3", r.stdout)
 
 
+
+# Writes 64 KiB pieces to stdout without end, from a thread; once 512 KiB have gone, says so on
+# the FIFO argv[1] (more than the pipes between it and the test's console hold: the agent's
+# console writes would now block).
+FLOOD = r"""
+import os, sys, threading, time
+def flood():
+    piece = (b"x" * 1023 + b"\n") * 64
+    total, told = 0, False
+    while True:
+        sys.stdout.buffer.write(piece)
+        sys.stdout.buffer.flush()
+        total += len(piece)
+        if total >= 512 * 1024 and not told:
+            told = True
+            with open(sys.argv[1], "w") as f:
+                f.write("flooded\n")
+threading.Thread(target=flood, daemon=True).start()
+while True:
+    time.sleep(3600)
+"""
+
+
+class ConsoleStall(unittest.TestCase):
+    """A console that stops reading (Ctrl-S, a `| less` on one page) must not stop the agent."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_console_")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_agent_answers_and_stops_while_its_console_does_not_read(self):
+        # Before: the agent wrote the --tee'd output to its stdout on its event loop; with that
+        # pipe full it blocked there: no health answer, no heartbeat, SIGTERM not acted on
+        # until someone read.
+        import select
+        import socket
+        script = os.path.join(self.dir, "flood.py")
+        with open(script, "w") as f:
+            f.write(FLOOD)
+        fifo = os.path.join(self.dir, "flooded")
+        os.mkfifo(fifo)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, TORCHELASTIC_HEALTH_CHECK_PORT=str(port))
+        with open(self.p("err"), "wb") as err:
+            proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "1", "--tee", "3", "--log-dir", self.p("logs"),
+                                     "--no-python", PYTHON, script, fifo],
+                                    stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        try:
+            rd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                ready, _, _ = select.select([rd], [], [], 60)
+                self.assertTrue(ready, "the worker did not get 512 KiB out")
+            finally:
+                os.close(rd)
+            # Nobody reads ddprun's stdout. Its event loop still answers:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+                c.settimeout(10)
+                c.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                self.assertTrue(c.recv(4096).startswith(b"HTTP/1.1 200 OK"))
+            # and stops the job on SIGTERM, waiting at most a moment for the console at exit.
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        with open(self.p("err"), "rb") as f:
+            err = f.read().decode(errors="replace")
+        self.assertIn("received SIGTERM", err)
+
+    def p(self, name):
+        return os.path.join(self.dir, name)
+
+
 if __name__ == "__main__":
     if not os.path.exists(DDPRUN):
         print(f"{DDPRUN} not built", file=sys.stderr)

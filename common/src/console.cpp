@@ -1,0 +1,288 @@
+// The console written by a thread of its own (console.hpp has the contract).
+#include "ddprun/common/console.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ddprun::console {
+namespace {
+
+constexpr std::size_t kCoalesceBytes = 256 << 10;  // one write(2) of consecutive pieces
+
+// One lane per destination: fds that name the same file (2>&1, one terminal) share a lane and
+// keep their order; a destination that stops reading holds up only its own lane (a stdout piped
+// to a pager that waits does not hold back ddprun's messages on a terminal's stderr).
+struct Lane {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  dev_t rdev = 0;
+  bool known = false;  // fstat worked: the key above names the file
+  std::condition_variable work;
+  std::deque<std::pair<int, std::string>> pieces;
+  std::size_t queued = 0;   // bytes in `pieces` and in the writer's hands
+  std::size_t dropped = 0;  // bytes not queued past kConsoleHardCap, not yet told
+};
+
+struct Waiter {
+  std::uint64_t id;
+  Lane* lane;
+  boost::asio::io_context* io;
+  std::function<void()> resume;
+};
+
+struct State {
+  std::mutex m;
+  std::condition_variable idle;  // drain(): every lane empty
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::vector<std::pair<int, Lane*>> by_fd;
+  std::vector<Waiter> waiters;
+  std::vector<int> dead;  // fds a write failed on
+  std::uint64_t next_id = 1;
+  bool hooked = false;                                 // atexit and atfork installed
+  bool direct = false;                                 // a forked child: no writer threads, writes are direct
+  std::optional<std::chrono::milliseconds> exit_wait;  // limit_exit_wait
+};
+
+// Never destroyed: writer threads may still wait on it while static objects go.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+// write(2) of all of it, waiting (poll) where the descriptor was made non-blocking by someone.
+bool write_fully(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n >= 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+    } else if (errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+    } else if (errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool all_empty(const State& st) {
+  return std::all_of(st.lanes.begin(), st.lanes.end(), [](const auto& l) { return l->queued == 0; });
+}
+
+void wake_waiters(State& st, const Lane* lane) {
+  std::erase_if(st.waiters, [&](Waiter& w) {
+    if (lane != nullptr && w.lane != lane) return false;
+    boost::asio::post(*w.io, std::move(w.resume));
+    return true;
+  });
+}
+
+void push_locked(State& st, Lane& lane, int fd, std::string&& data);
+Lane& lane_for(State& st, int fd);
+
+void writer(State* st, Lane* lane) {
+  sigset_t all;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, nullptr);  // signals are the event loop's
+  std::unique_lock lock(st->m);
+  for (;;) {
+    lane->work.wait(lock, [lane] { return !lane->pieces.empty(); });
+    auto [fd, data] = std::move(lane->pieces.front());
+    lane->pieces.pop_front();
+    while (!lane->pieces.empty() && lane->pieces.front().first == fd && data.size() < kCoalesceBytes) {
+      data += lane->pieces.front().second;
+      lane->pieces.pop_front();
+    }
+    const bool dead = std::find(st->dead.begin(), st->dead.end(), fd) != st->dead.end();
+    lock.unlock();
+    const bool ok = dead || write_fully(fd, data);
+    lock.lock();
+    if (!ok) st->dead.push_back(fd);
+    lane->queued -= data.size();
+    if (lane->queued < kConsoleLowWater) {
+      if (lane->dropped > 0) {
+        std::string note = fmt::format(
+            "ddprun: {} bytes of output were dropped: the console did not read them (at most {} MiB wait)\n",
+            lane->dropped, kConsoleHardCap >> 20);
+        lane->dropped = 0;
+        push_locked(*st, lane_for(*st, STDERR_FILENO), STDERR_FILENO, std::move(note));
+      }
+      wake_waiters(*st, lane);
+    }
+    if (all_empty(*st)) st->idle.notify_all();
+  }
+}
+
+void after_fork_in_child() {
+  // The writer threads are not in the child, and the lock may have been held at the fork.
+  State& st = state();
+  new (&st.m) std::mutex;
+  st.direct = true;
+}
+
+void drain_at_exit() {
+  State& st = state();
+  std::unique_lock lock(st.m);
+  if (st.direct) return;
+  const auto done = [&st] { return all_empty(st); };
+  if (st.exit_wait) {
+    st.idle.wait_for(lock, *st.exit_wait, done);
+  } else {
+    st.idle.wait(lock, done);
+  }
+}
+
+Lane& lane_for(State& st, int fd) {
+  for (const auto& [f, lane] : st.by_fd) {
+    if (f == fd) return *lane;
+  }
+  if (!st.hooked) {
+    st.hooked = true;
+    ::pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    std::atexit(drain_at_exit);
+  }
+  struct stat sb {};
+  const bool known = ::fstat(fd, &sb) == 0;
+  Lane* lane = nullptr;
+  for (const auto& l : st.lanes) {
+    if (known && l->known && l->dev == sb.st_dev && l->ino == sb.st_ino && l->rdev == sb.st_rdev) lane = l.get();
+  }
+  if (lane == nullptr) {
+    auto fresh = std::make_unique<Lane>();
+    fresh->known = known;
+    fresh->dev = sb.st_dev;
+    fresh->ino = sb.st_ino;
+    fresh->rdev = sb.st_rdev;
+    lane = fresh.get();
+    st.lanes.push_back(std::move(fresh));
+    std::thread(writer, &st, lane).detach();
+  }
+  st.by_fd.emplace_back(fd, lane);
+  return *lane;
+}
+
+void push_locked(State& st, Lane& lane, int fd, std::string&& data) {
+  if (lane.queued + data.size() > kConsoleHardCap) {
+    lane.dropped += data.size();
+    return;
+  }
+  lane.queued += data.size();
+  lane.pieces.emplace_back(fd, std::move(data));
+  lane.work.notify_one();
+}
+
+void enqueue(int fd, std::string&& data) {
+  State& st = state();
+  std::unique_lock lock(st.m);
+  if (st.direct) {
+    lock.unlock();
+    (void)write_fully(fd, data);
+    return;
+  }
+  push_locked(st, lane_for(st, fd), fd, std::move(data));
+}
+
+void append_prefixed(std::string& out, std::string_view prefix, std::string_view block, bool complete) {
+  std::size_t pos = 0;
+  while (pos < block.size()) {
+    const auto nl = block.find('\n', pos);
+    const std::size_t end = nl == std::string_view::npos ? block.size() : nl + 1;
+    out += prefix;
+    out += block.substr(pos, end - pos);
+    pos = end;
+  }
+  if (!complete) out += '\n';
+}
+
+// The lane that holds `fd`'s output (fd -1: the fullest of all), or nullptr.
+Lane* lane_of(State& st, int fd) {
+  Lane* out = nullptr;
+  for (const auto& [f, lane] : st.by_fd) {
+    if (f == fd) return lane;
+    if (fd == -1 && (out == nullptr || lane->queued > out->queued)) out = lane;
+  }
+  return out;
+}
+
+}  // namespace
+
+void write(int fd, std::string_view data) {
+  if (!data.empty()) enqueue(fd, std::string(data));
+}
+
+void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete) {
+  if (block.empty()) return;
+  std::string text;
+  text.reserve(block.size() + prefix.size() * 8 + 1);
+  append_prefixed(text, prefix, block, complete);
+  enqueue(fd, std::move(text));
+}
+
+bool over(int fd) {
+  State& st = state();
+  std::lock_guard lock(st.m);
+  const Lane* lane = lane_of(st, fd);
+  return !st.exit_wait && lane != nullptr && lane->queued >= kConsoleHighWater;
+}
+
+std::uint64_t when_room(int fd, boost::asio::io_context& io, std::function<void()> resume) {
+  State& st = state();
+  std::lock_guard lock(st.m);
+  const std::uint64_t id = st.next_id++;
+  Lane* lane = lane_of(st, fd);
+  if (lane == nullptr || lane->queued < kConsoleLowWater || st.exit_wait) {
+    boost::asio::post(io, std::move(resume));
+  } else {
+    st.waiters.push_back(Waiter{id, lane, &io, std::move(resume)});
+  }
+  return id;
+}
+
+void cancel(std::uint64_t id) {
+  State& st = state();
+  std::lock_guard lock(st.m);
+  std::erase_if(st.waiters, [id](const Waiter& w) { return w.id == id; });
+}
+
+void drain() {
+  State& st = state();
+  std::unique_lock lock(st.m);
+  if (st.direct) return;
+  st.idle.wait(lock, [&st] { return all_empty(st); });
+}
+
+void limit_exit_wait(std::chrono::milliseconds limit) {
+  State& st = state();
+  std::lock_guard lock(st.m);
+  st.exit_wait = limit;
+  wake_waiters(st, nullptr);  // pumps read on: what a console cannot take past kConsoleHardCap is dropped
+}
+
+std::size_t queued(int fd) {
+  State& st = state();
+  std::lock_guard lock(st.m);
+  const Lane* lane = lane_of(st, fd);
+  return lane == nullptr ? 0 : lane->queued;
+}
+
+}  // namespace ddprun::console
