@@ -180,8 +180,18 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
             : static_cast<std::size_t>(parse_int_value(g->text, g->what + " (a host count, or off)", 0, 10'000'000));
   }
   if (auto g = p.given("ssh-tree-fanout")) plan.tree_fanout = parse_int_value(g->text, g->what, 2, 10'000);
-  plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
-  plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
+  // Empty would run "exec  --remote-agent ..." there, or cd to the remote home without a word.
+  plan.remote_ddprun =
+      p.given("remote-ddprun")
+          ? parse_non_empty(
+                p.given("remote-ddprun")->text, p.given("remote-ddprun")->what,
+                "give ddprun's path on the hosts, e.g. /opt/ddprun/bin/ddprun (default: this ddprun's path)")
+          : own_executable();
+  plan.remote_cwd = p.given("remote-cwd")
+                        ? parse_non_empty(p.given("remote-cwd")->text, p.given("remote-cwd")->what,
+                                          "give the workers' directory on the hosts: an absolute path, or ~ or "
+                                          "'~/DIR' for the home directory there (default: this directory)")
+                        : ctx.cwd.string();
   if (auto g = p.given("launcher-addr")) plan.launcher_addr = parse_host(g->text, g->what);
   if (auto g = p.given("ranks-filter")) {
     parse_ranks_filter(g->text, g->what);
