@@ -99,7 +99,8 @@ std::string capture(const std::vector<std::string>& argv) {
 
 // The address of this machine that traffic to `host` leaves from: ssh -G resolves the host
 // through the ssh config (aliases, HostName, Port), then a connected UDP socket asks the kernel's
-// routing table. Nothing is sent. Empty when the host cannot be resolved or routed; `why` says why.
+// routing table. Nothing is sent. Empty when the host cannot be routed; `why` says why. A host that
+// does not resolve throws the error a host that ssh cannot resolve gives, with its check command.
 std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& target, std::string& why) {
   std::vector<std::string> argv = plan.ssh_command;
   argv.emplace_back("-G");
@@ -107,18 +108,33 @@ std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& tar
   const std::string config = capture(argv);
   std::string host = target.host;
   std::string port = "22";
+  bool proxied = false;  // ssh reaches it through another host: it may resolve only there
   for (const auto& line : split(config, '\n')) {
     if (starts_with(line, "hostname ")) host = std::string(trim(line.substr(9)));
     if (starts_with(line, "port ")) port = std::string(trim(line.substr(5)));
+    if ((starts_with(line, "proxyjump ") || starts_with(line, "proxycommand ")) &&
+        to_lower(trim(line.substr(line.find(' ') + 1))) != "none") {
+      proxied = true;
+    }
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    why = "cannot resolve " + target.host + " (" + host + "): " + ::gai_strerror(rc);
+  if ((rc != 0 || found == nullptr) && proxied) {
+    why = "cannot resolve " + target.host + " (" + host +
+          ") here, and ssh reaches it through a proxy: " + ::gai_strerror(rc);
     return {};
+  }
+  if (rc != 0 || found == nullptr) {
+    // The host list's mistake, not the launcher's address: say it as ssh would for any host.
+    throw NetworkError("cannot reach host " + destination(target) + " over ssh: cannot resolve " +
+                           (host == target.host ? host : target.host + " (ssh's HostName " + host + ")") + ": " +
+                           ::gai_strerror(rc),
+                       "check that this works from this machine (host name, --ssh-port, keys in ssh-agent or the "
+                       "ssh config): " +
+                           ssh_check_command(plan, target));
   }
   std::string chosen;
   for (addrinfo* ai = found; ai != nullptr && chosen.empty(); ai = ai->ai_next) {

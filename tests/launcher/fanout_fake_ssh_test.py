@@ -10,7 +10,8 @@ a deadline well below the ctest TIMEOUT.
 The fake ssh takes the options the launcher passes (-T, -F, -p, -o), logs the destination to
 $FAKE_SSH_LOG, and acts per destination: listed in $FAKE_SSH_EXIT0 it ends the session with 0
 without running anything (a ForceCommand, a login script that exits), in $FAKE_SSH_REFUSE it
-fails as an unreachable host does (ssh's message, exit 255).
+fails as an unreachable host does (ssh's message, exit 255). `ssh -G HOST` prints the host's
+configuration as ssh would.
 """
 import os
 import re
@@ -27,6 +28,7 @@ FAKE_SSH = r"""#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
     -T) shift ;;
+    -G) echo "hostname $2"; echo "port 22"; exit 0 ;;
     -F|-p|-o) shift 2 ;;
     *) break ;;
   esac
@@ -90,13 +92,14 @@ class FakeSshCase(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def ddprun(self, args, env_extra=None, timeout=60, preexec_fn=None):
+    def ddprun(self, args, env_extra=None, timeout=60, preexec_fn=None, launcher_addr="127.0.0.1"):
         env = dict(os.environ)
         env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"),
                     "PYTHON_EXEC": PYTHON, "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "",
                     "FAKE_SSH_REFUSE": "", "DDPRUN_LOG_LEVEL": "info"})
         env.update(env_extra or {})
-        argv = [BIN, "--launcher-addr", "127.0.0.1", "--shutdown-timeout", "5"] + args
+        argv = [BIN] + (["--launcher-addr", launcher_addr] if launcher_addr else [])
+        argv += ["--shutdown-timeout", "5"] + args
         return subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, timeout=timeout, preexec_fn=preexec_fn)
 
     def ssh_destinations(self):
@@ -148,6 +151,20 @@ class UnreachableHost(FakeSshCase):
         ssh = os.path.join(self.bindir, "ssh")
         self.assertIn("%s -T -F '%s' -p 2222 -o ConnectTimeout=3 -o BatchMode=yes" % (ssh, cfg), hint[0])
         self.assertTrue(hint[0].endswith(" u@h1 true"), hint[0])
+
+
+class UnresolvableHost(FakeSshCase):
+    def test_first_host_that_does_not_resolve_gets_the_host_error(self):
+        # The launcher asks the route towards the first host for its own address: a first host
+        # that does not resolve is the host list's mistake, said as for any other host.
+        r = self.ddprun(["--hosts", "nosuch.invalid,h0", "worker.py", "10"], launcher_addr=None)
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn("ddprun: error: cannot reach host nosuch.invalid over ssh: cannot resolve nosuch.invalid", err)
+        self.assertRegex(err, r"check that this works from this machine \(host name, [^\n]*: \S*/ssh -T [^\n]* "
+                              r"nosuch.invalid true")
+        self.assertNotIn("--launcher-addr", err)
+        self.assertEqual(self.ssh_destinations(), [])
 
 
 class CommandTooLongForExec(FakeSshCase):
