@@ -58,6 +58,36 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
   it->second(g.text, g.what);
 }
 
+// ssh's ConnectTimeout in the options it is given (the first value wins, as in ssh), in seconds:
+// ssh's time format (30, 1m30s); 0 (no timeout of its own) or an unreadable value mean the kernel's connect
+// timeout, about 127 s on Linux.
+long ssh_connect_timeout_s(const std::vector<std::string>& ssh_command) {
+  constexpr long kKernelConnectTimeout = 127;
+  constexpr std::string_view key = "connecttimeout=";
+  for (std::size_t i = 0; i + 1 < ssh_command.size(); ++i) {
+    if (ssh_command[i] != "-o" || !starts_with(to_lower(ssh_command[i + 1]), key)) continue;
+    const std::string value = to_lower(trim(std::string_view(ssh_command[i + 1]).substr(key.size())));
+    long total = 0;
+    long number = -1;
+    for (const char c : value) {
+      if (c >= '0' && c <= '9') {
+        number = (number < 0 ? 0 : number) * 10 + (c - '0');
+        if (number > 1'000'000) return kKernelConnectTimeout;
+        continue;
+      }
+      const std::string_view units = "smhdw";
+      static constexpr long kScale[] = {1, 60, 3600, 86400, 604800};
+      const auto u = units.find(c);
+      if (u == std::string_view::npos || number < 0) return kKernelConnectTimeout;
+      total += number * kScale[u];
+      number = -1;
+    }
+    if (number > 0) total += number;
+    return total > 0 && total <= 7L * 86400 ? total : kKernelConnectTimeout;
+  }
+  return kKernelConnectTimeout;
+}
+
 }  // namespace
 
 void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
@@ -214,6 +244,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
   const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
+  plan.ready_timeout = std::chrono::seconds(ssh_connect_timeout_s(plan.ssh_command)) + settings.join_timeout;
   conf.erase("token");
   conf.erase("token_file");
   for (auto it = conf.begin(); it != conf.end();) {
