@@ -100,7 +100,8 @@ std::string capture(const std::vector<std::string>& argv) {
 
 // The address of this machine that traffic to `host` leaves from: ssh -G resolves the host
 // through the ssh config (aliases, HostName, Port), then a connected UDP socket asks the kernel's
-// routing table. Nothing is sent. Empty when the host cannot be resolved or routed; `why` says why.
+// routing table. Nothing is sent. Empty when the host cannot be routed; `why` says why. A host that
+// does not resolve throws the error a host that ssh cannot resolve gives, with its check command.
 std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& target, std::string& why) {
   std::vector<std::string> argv = plan.ssh_command;
   argv.emplace_back("-G");
@@ -108,18 +109,33 @@ std::string source_address_towards(const FanoutPlan& plan, const FanoutHost& tar
   const std::string config = capture(argv);
   std::string host = target.host;
   std::string port = "22";
+  bool proxied = false;  // ssh reaches it through another host: it may resolve only there
   for (const auto& line : split(config, '\n')) {
     if (starts_with(line, "hostname ")) host = std::string(trim(line.substr(9)));
     if (starts_with(line, "port ")) port = std::string(trim(line.substr(5)));
+    if ((starts_with(line, "proxyjump ") || starts_with(line, "proxycommand ")) &&
+        to_lower(trim(line.substr(line.find(' ') + 1))) != "none") {
+      proxied = true;
+    }
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    why = "cannot resolve " + target.host + " (" + host + "): " + ::gai_strerror(rc);
+  if ((rc != 0 || found == nullptr) && proxied) {
+    why = "cannot resolve " + target.host + " (" + host +
+          ") here, and ssh reaches it through a proxy: " + ::gai_strerror(rc);
     return {};
+  }
+  if (rc != 0 || found == nullptr) {
+    // The host list's mistake, not the launcher's address: say it as ssh would for any host.
+    throw NetworkError("cannot reach host " + destination(target) + " over ssh: cannot resolve " +
+                           (host == target.host ? host : target.host + " (ssh's HostName " + host + ")") + ": " +
+                           ::gai_strerror(rc),
+                       "check that this works from this machine (host name, --ssh-port, keys in ssh-agent or the "
+                       "ssh config): " +
+                           ssh_check_command(plan, target));
   }
   std::string chosen;
   for (addrinfo* ai = found; ai != nullptr && chosen.empty(); ai = ai->ai_next) {
@@ -176,6 +192,12 @@ struct HostRun {
   bool ssh_missing = false;      // the ssh client itself could not be started
   int spawn_error = 0;           // errno of that failed start
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
+  bool holds_slot = false;       // counted in inflight_: started, neither ready nor done yet
+  bool reported = false;         // its own setup failure was printed (then no list at the end)
+  std::chrono::steady_clock::time_point started_at;
+  std::chrono::steady_clock::time_point ended_at;
+  // Armed at the start for plan.ready_timeout: the agent must say it is ready by then.
+  std::unique_ptr<asio::steady_timer> ready_timer;
   // Per stream (0 stderr, 1 stdout): a line longer than a read was cut at the read's end; the
   // rest of it goes out under this prefix, the one that named the line's source. nullopt at the
   // start of a line.
@@ -464,8 +486,10 @@ class Fanout {
     cb.on_exit = [this, index](const agent::ExitStatus&) { hosts_[index].child->close_stdin(); };
     cb.on_done = [this, index] { maybe_done(hosts_[index]); };
     h.child = std::make_unique<agent::ChildProcess>(io_, kDrainTimeout);
+    h.started_at = std::chrono::steady_clock::now();
     const auto res = h.child->start(std::move(req), relay(true), relay(false), true, std::move(cb));
     h.started = true;
+    h.holds_slot = true;
     ++inflight_;
     h.child->write_stdin(h.below.empty() ? env_block_ : subtree_env_block(h));
     if (!res.ok()) {
@@ -476,7 +500,107 @@ class Fanout {
       h.spawn_error = res.error;
       return;
     }
+    h.ready_timer = std::make_unique<asio::steady_timer>(io_, plan_.ready_timeout);
+    h.ready_timer->async_wait([this, index](const boost::system::error_code& ec) {
+      if (!ec) on_ready_deadline(hosts_[index]);
+    });
     spdlog::debug("{}: {}", h.spec.label(), h.command);
+  }
+
+  // A host that counts as being set up no longer does (ready, done, or given up on): its place
+  // among the --ssh-max-inflight connections goes to the next host.
+  void release_slot(HostRun& h) {
+    if (h.ready_timer) h.ready_timer->cancel();
+    if (!h.holds_slot) return;
+    h.holds_slot = false;
+    --inflight_;
+  }
+
+  // The host's ssh still runs plan.ready_timeout after it started, past its ConnectTimeout, and
+  // its agent never said it was ready: something on the host holds the session (a login script,
+  // a PAM session module, a stalled NFS mount). The rendezvous would wait for it until its join
+  // timeout, without saying whom it waits for: fail the launch naming it.
+  void on_ready_deadline(HostRun& h) {
+    if (h.ready || h.done || finished_) return;
+    release_slot(h);
+    if (stopping_) return;  // named with the others that never started, at the end
+    h.reported = true;
+    std::string why;
+    for (const auto& line : h.tail) why += (why.empty() ? "" : "; ") + line;
+    const std::string within = " did not start within " + seconds_text(plan_.ready_timeout);
+    const std::string text = "host " + destination(h.spec) + tree_path(h) + ": " +
+                             (h.local ? "its agent" + within : "ssh connected but ddprun's agent" + within) +
+                             (why.empty() ? "" : ": " + why);
+    const std::string hint =
+        h.local ? std::string("check that the file system holding ddprun is responsive on that host")
+                : ssh_check_hint(h) +
+                      "; then that no login script, PAM session module or stalled file system (NFS) holds the "
+                      "session there. The wait is ssh's ConnectTimeout plus the rendezvous join timeout "
+                      "(--rdzv-conf join_timeout=SECONDS)";
+    write_error(text, hint);
+    set_failure(1);
+    spdlog::warn("stopping the other hosts");
+    stop_all(SIGTERM);
+  }
+
+  static std::string seconds_text(std::chrono::milliseconds ms) {
+    return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
+  }
+
+  // "check that this works from this machine (...): ssh ... HOST true", as a host's errors say.
+  std::string ssh_check_hint(const HostRun& h) const {
+    return "check that this works from " +
+           (node_ != nullptr ? "host " + node_->self_label : std::string("this machine")) +
+           " (host name, --ssh-port, keys in ssh-agent or the ssh config" +
+           (node_ != nullptr ? ", which every host of a launch tree uses too" : "") +
+           "): " + ssh_check_command(plan_, h.spec);
+  }
+
+  // "ddprun: error: TEXT" and "ddprun: HINT" on stderr; a tree node names itself, as the
+  // launcher would name a host's own lines.
+  void write_error(const std::string& text, const std::string& hint) const {
+    const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
+    console::write(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
+  }
+
+  // When the job stopped (an agent's failure, a signal, the parent gone): the hosts whose agent
+  // never said it was ready. One of them may be what the rendezvous waited for; the longest
+  // waiting first. Not after a host's own setup error, which said why the job stopped (the
+  // hosts still connecting then are no news).
+  void report_never_ready() const {
+    if (std::any_of(hosts_.begin(), hosts_.end(), [](const HostRun& h) { return h.reported; })) return;
+    std::vector<const HostRun*> waiting;
+    for (const auto& h : hosts_) {
+      if (h.started && !h.ready && !h.ssh_missing) waiting.push_back(&h);
+    }
+    if (waiting.empty()) return;
+    auto waited = [](const HostRun* h) { return h->ended_at - h->started_at; };
+    std::stable_sort(waiting.begin(), waiting.end(),
+                     [&waited](const HostRun* a, const HostRun* b) { return waited(a) > waited(b); });
+    auto secs = [&waited](const HostRun* h) {
+      return fmt::format("{:.1f} s", std::chrono::duration<double>(waited(h)).count());
+    };
+    const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
+    std::string text;
+    if (waiting.size() == 1) {
+      text = "host " + destination(waiting[0]->spec) + tree_path(*waiting[0]) +
+             ": ddprun's agent had not started there when the job stopped, " + secs(waiting[0]) + " after " +
+             (waiting[0]->local ? std::string("it was started") : std::string("ssh began connecting"));
+    } else {
+      constexpr std::size_t kNamed = 8;
+      text = std::to_string(waiting.size()) + " hosts had not started ddprun's agent when the job stopped: ";
+      for (std::size_t i = 0; i < waiting.size() && i < kNamed; ++i) {
+        text += (i == 0 ? "" : ", ") + destination(waiting[i]->spec) + " (" + secs(waiting[i]) +
+                (i == 0 ? " after ssh began connecting)" : ")");
+      }
+      if (waiting.size() > kNamed) text += " and " + std::to_string(waiting.size() - kNamed) + " more";
+    }
+    const HostRun& first = *waiting[0];
+    const std::string hint = first.local ? std::string("check that the file system holding ddprun is responsive there")
+                                         : ssh_check_hint(first) +
+                                               "; then that no login script, PAM session module or stalled file "
+                                               "system (NFS) holds the session there";
+    console::write(STDERR_FILENO, own + "ddprun: " + text + "\n" + own + "ddprun: " + hint + "\n");
   }
 
   // Every host reads the environment on stdin, at most agent::kDefaultEnvBlockMax bytes: refuse
@@ -615,7 +739,7 @@ class Fanout {
 
   void on_ready(HostRun& h) {
     h.ready = true;
-    --inflight_;
+    release_slot(h);
     ++ready_count_;
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
     spdlog::debug("{}: agent started ({:.1f} ms after the launch began)", h.spec.label(), ms);
@@ -642,8 +766,9 @@ class Fanout {
   void maybe_done(HostRun& h) {
     if (h.done || !h.child->done()) return;
     h.done = true;
+    h.ended_at = std::chrono::steady_clock::now();
     h.child->kill_and_reap();  // it exited: this only reaps
-    if (!h.ready) --inflight_;
+    release_slot(h);
     ++done_count_;
     on_host_done(h);
     if (done_count_ == hosts_.size()) {
@@ -681,11 +806,7 @@ class Fanout {
       } else if (code == 255) {
         text = "cannot reach host " + dest + " over ssh" + tree_path(h) + ": " +
                (why.empty() ? "ssh exited with 255" : why);
-        hint = "check that this works from " +
-               (node_ != nullptr ? "host " + node_->self_label : std::string("this machine")) +
-               " (host name, --ssh-port, keys in ssh-agent or the ssh config" +
-               (node_ != nullptr ? ", which every host of a launch tree uses too" : "") +
-               "): " + ssh_check_command(plan_, h.spec);
+        hint = ssh_check_hint(h);
       } else if (code == 0) {
         // Something ended the session cleanly without running ddprun's agent: nothing of the job
         // runs there, and the rendezvous would wait for that host until its timeout.
@@ -704,9 +825,8 @@ class Fanout {
                ")" + (why.empty() ? "" : ": " + why);
         hint = "check --remote-cwd and that the same ddprun version is installed on every host";
       }
-      // A tree node names itself, as the launcher would name a host's own lines.
-      const std::string own = node_ != nullptr ? "[" + node_->self_label + "] " : "";
-      console::write(STDERR_FILENO, own + "ddprun: error: " + text + "\n" + own + "ddprun: " + hint + "\n");
+      h.reported = true;
+      write_error(text, hint);
       set_failure(1);
       spdlog::warn("stopping the other hosts");
       stop_all(SIGTERM);
@@ -788,6 +908,7 @@ class Fanout {
   void finish() {
     if (finished_) return;
     finished_ = true;
+    if (stopping_) report_never_ready();
     kill_timer_.cancel();
     boost::system::error_code ignored;
     signals_.cancel(ignored);

@@ -58,6 +58,36 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
   it->second(g.text, g.what);
 }
 
+// ssh's ConnectTimeout in the options it is given (the first value wins, as in ssh), in seconds:
+// ssh's time format (30, 1m30s); 0 (no timeout of its own) or an unreadable value mean the kernel's connect
+// timeout, about 127 s on Linux.
+long ssh_connect_timeout_s(const std::vector<std::string>& ssh_command) {
+  constexpr long kKernelConnectTimeout = 127;
+  constexpr std::string_view key = "connecttimeout=";
+  for (std::size_t i = 0; i + 1 < ssh_command.size(); ++i) {
+    if (ssh_command[i] != "-o" || !starts_with(to_lower(ssh_command[i + 1]), key)) continue;
+    const std::string value = to_lower(trim(std::string_view(ssh_command[i + 1]).substr(key.size())));
+    long total = 0;
+    long number = -1;
+    for (const char c : value) {
+      if (c >= '0' && c <= '9') {
+        number = (number < 0 ? 0 : number) * 10 + (c - '0');
+        if (number > 1'000'000) return kKernelConnectTimeout;
+        continue;
+      }
+      const std::string_view units = "smhdw";
+      static constexpr long kScale[] = {1, 60, 3600, 86400, 604800};
+      const auto u = units.find(c);
+      if (u == std::string_view::npos || number < 0) return kKernelConnectTimeout;
+      total += number * kScale[u];
+      number = -1;
+    }
+    if (number > 0) total += number;
+    return total > 0 && total <= 7L * 86400 ? total : kKernelConnectTimeout;
+  }
+  return kKernelConnectTimeout;
+}
+
 }  // namespace
 
 void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
@@ -180,8 +210,18 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
             : static_cast<std::size_t>(parse_int_value(g->text, g->what + " (a host count, or off)", 0, 10'000'000));
   }
   if (auto g = p.given("ssh-tree-fanout")) plan.tree_fanout = parse_int_value(g->text, g->what, 2, 10'000);
-  plan.remote_ddprun = p.given("remote-ddprun") ? std::string(trim(p.given("remote-ddprun")->text)) : own_executable();
-  plan.remote_cwd = p.given("remote-cwd") ? std::string(trim(p.given("remote-cwd")->text)) : ctx.cwd.string();
+  // Empty would run "exec  --remote-agent ..." there, or cd to the remote home without a word.
+  plan.remote_ddprun =
+      p.given("remote-ddprun")
+          ? parse_non_empty(
+                p.given("remote-ddprun")->text, p.given("remote-ddprun")->what,
+                "give ddprun's path on the hosts, e.g. /opt/ddprun/bin/ddprun (default: this ddprun's path)")
+          : own_executable();
+  plan.remote_cwd = p.given("remote-cwd")
+                        ? parse_non_empty(p.given("remote-cwd")->text, p.given("remote-cwd")->what,
+                                          "give the workers' directory on the hosts: an absolute path, or ~ or "
+                                          "'~/DIR' for the home directory there (default: this directory)")
+                        : ctx.cwd.string();
   if (auto g = p.given("launcher-addr")) plan.launcher_addr = parse_host(g->text, g->what);
   if (auto g = p.given("ranks-filter")) {
     parse_ranks_filter(g->text, g->what);
@@ -204,6 +244,7 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   if (auto g = p.given("rdzv-conf")) conf = parse_rdzv_conf(g->text, g->what);
   const auto settings = parse_rdzv_settings(conf, "--rdzv-conf", p.env("DDPRUN_RDZV_TOKEN"), &out.notes);
   plan.rdzv_token = settings.token;
+  plan.ready_timeout = std::chrono::seconds(ssh_connect_timeout_s(plan.ssh_command)) + settings.join_timeout;
   conf.erase("token");
   conf.erase("token_file");
   for (auto it = conf.begin(); it != conf.end();) {

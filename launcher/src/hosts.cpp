@@ -1,6 +1,12 @@
 #include "ddprun/launcher/hosts.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -11,14 +17,19 @@
 namespace ddprun::launcher {
 namespace {
 
-constexpr std::string_view kHostForms =
-    "host, host:SLOTS, host slots=SLOTS, user@host..., [ipv6]:SLOTS; SLOTS a positive integer";
+// --hosts items: no "host slots=N" there (that is a hostfile line; a space cannot be in an item).
+constexpr std::string_view kHostsListForms =
+    "comma list of host, host:SLOTS, user@host, user@host:SLOTS, an IPv6 address, [ipv6] or [ipv6]:SLOTS; "
+    "SLOTS a positive integer, e.g. h1,h2:4,user@h3";
 constexpr std::string_view kHostfileForms =
     "one host per line: 'host slots=N' (DeepSpeed/OpenMPI), 'host:N' or 'host', optionally "
-    "user@host; '#' starts a comment";
+    "user@host; an IPv6 address as it is, or as [ipv6] / [ipv6]:N; '#' starts a comment";
 constexpr std::string_view kFilterForms =
-    "NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]], e.g. worker-0:0,2@worker-1";
+    "NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]], an IPv6 address in brackets "
+    "([fd00::5] or [fd00::5]:0,1), e.g. worker-0:0,2@worker-1";
 constexpr int kMaxSlots = 65536;
+// A hostfile is a few lines per host: anything this large is not one (/dev/zero, a wrong file).
+constexpr std::uintmax_t kMaxHostfileBytes = 64ULL << 20;
 
 bool is_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -37,6 +48,13 @@ bool is_ipv6_literal(std::string_view s) {
   return std::count(s.begin(), s.end(), ':') >= 2 &&
          std::all_of(s.begin(), s.end(), [](char c) { return is_name_char(c) || c == ':' || c == '%'; }) &&
          s.front() != '-';
+}
+
+// A real IPv6 address (a %zone allowed), not only its syntax.
+bool is_ipv6_address(std::string_view s) {
+  const std::string addr(s.substr(0, s.find('%')));
+  in6_addr out{};
+  return ::inet_pton(AF_INET6, addr.c_str(), &out) == 1;
 }
 
 // Parses one "[user@]host[:N]" word. `where` prefixes messages ("hosts.txt:3" or "--hosts").
@@ -125,6 +143,8 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
   // same_host_key(host) -> where it was first listed (line number, spelling), for duplicates
   std::map<std::string, std::pair<int, std::string>> first_line;
   int line_no = 0;
+  // Editors on Windows may start a UTF-8 file with a byte order mark: not part of the first host.
+  if (starts_with(text, "\xEF\xBB\xBF")) text.remove_prefix(3);
   for (const auto& raw : split(text, '\n')) {
     ++line_no;
     std::string_view line = raw;
@@ -174,12 +194,33 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
 }
 
 std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::string>* notes) {
+  // A regular file, or a pipe (--hostfile <(scontrol show hostnames)); not a directory or a
+  // device, which would read as "no host" or without end.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && st.type() != std::filesystem::file_type::regular && st.type() != std::filesystem::file_type::fifo) {
+    const std::string kind =
+        st.type() == std::filesystem::file_type::directory ? "a directory"
+        : st.type() == std::filesystem::file_type::character || st.type() == std::filesystem::file_type::block
+            ? "a device"
+            : "not a regular file";
+    throw UsageError("--hostfile " + path + ": is " + kind + ", not a host list",
+                     "give a text file listing one host per line");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("--hostfile " + path + ": cannot be read", "check the path and its permissions");
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  std::string text;
+  std::array<char, 65536> buf{};
+  while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
+    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxHostfileBytes) {
+      throw UsageError("--hostfile " + path + ": is larger than " + std::to_string(kMaxHostfileBytes >> 20) +
+                           " MiB, more than any host list",
+                       "check the path: a hostfile lists one host per line");
+    }
+  }
   if (in.bad()) throw UsageError("--hostfile " + path + ": read error", "check the file");
-  auto hosts = parse_hostfile_text(buf.str(), path, notes);
+  auto hosts = parse_hostfile_text(text, path, notes);
   if (hosts.empty()) {
     throw UsageError("--hostfile " + path + ": lists no host", "accepted forms: " + std::string(kHostfileForms));
   }
@@ -188,7 +229,7 @@ std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::s
 
 std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view what) {
   const std::string where(what);
-  const std::string forms = "comma list of " + std::string(kHostForms) + ", e.g. h1,h2:4,user@h3";
+  const std::string forms(kHostsListForms);
   if (trim(text).empty()) throw UsageError(where + ": no hosts given", "accepted forms: " + forms);
   std::vector<HostEntry> out;
   std::map<std::string, std::string> seen;  // same_host_key(host) -> the host as first written
@@ -197,7 +238,8 @@ std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view 
     if (item.empty())
       throw UsageError(where + "=" + std::string(text) + ": empty host name", "accepted forms: " + forms);
     if (item.find_first_of(" \t=") != std::string_view::npos) {
-      throw UsageError(where + ": '" + std::string(item) + "' is not a host", "accepted forms: " + forms);
+      throw UsageError(where + ": '" + std::string(item) + "' is not a host",
+                       "accepted forms: " + forms + " ('host slots=N' is a --hostfile line; here write host:N)");
     }
     HostEntry e = parse_host_word(item, where, forms);
     if (const auto [it, added] = seen.emplace(same_host_key(e.host), e.host); !added) {
@@ -218,6 +260,7 @@ std::map<std::string, std::optional<std::vector<int>>> parse_include_exclude(std
     throw UsageError(where + ": " + why, "accepted forms: " + std::string(kFilterForms));
   };
   std::map<std::string, std::optional<std::vector<int>>> out;
+  std::map<std::string, std::string> spelled;  // same_host_key(name) -> the name as first written
   if (trim(text).empty()) fail("empty");
   for (const auto& raw : split(trim(text), '@')) {
     std::string_view spec = trim(raw);
@@ -233,14 +276,30 @@ std::map<std::string, std::optional<std::vector<int>>> parse_include_exclude(std
         if (after.front() != ':') fail("unexpected text after ']' in '" + std::string(spec) + "'");
         slot_text = after.substr(1);
       }
+    } else if (const auto last = spec.rfind(':'); std::count(spec.begin(), spec.end(), ':') >= 2 &&
+                                                  (is_ipv6_address(spec) || is_ipv6_address(spec.substr(0, last)))) {
+      // An IPv6 address without brackets names the whole host, as in a hostfile, unless its
+      // last group could be a slot index of the address before it (fd00::5:1): then refuse.
+      const std::string_view before = spec.substr(0, last);
+      const std::string_view after = spec.substr(last + 1);
+      const bool slot_like = !after.empty() && std::all_of(after.begin(), after.end(),
+                                                           [](char c) { return (c >= '0' && c <= '9') || c == ','; });
+      if (slot_like && is_ipv6_address(before)) {
+        fail("'" + std::string(spec) + "' is ambiguous: write an IPv6 address in brackets, [" + std::string(before) +
+             "]:" + std::string(after) + " for slots " + std::string(after) + " of " + std::string(before) +
+             (is_ipv6_address(spec) ? ", [" + std::string(spec) + "] for the whole host" : std::string()));
+      }
+      if (!is_ipv6_address(spec)) fail("'" + std::string(spec) + "' is not a host name or IPv6 address");
     } else if (const auto colon = spec.find(':'); colon != std::string_view::npos) {
       name = spec.substr(0, colon);
       slot_text = spec.substr(colon + 1);
     }
     name = trim(name);
     if (name.empty()) fail("empty host name in '" + std::string(spec) + "'");
-    const bool seen_before = out.count(std::string(name)) != 0;
-    auto& entry = out[std::string(name)];
+    // Host names ignore case (as in the host list): Node1 and node1 are one host.
+    const auto [first, added] = spelled.emplace(same_host_key(name), std::string(name));
+    const bool seen_before = !added;
+    auto& entry = out[first->second];
     if (!slot_text) {
       entry.reset();  // a bare name means the whole host, whatever else names it
       continue;
@@ -292,11 +351,14 @@ std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::
     const std::string flag = has_include ? "--include" : "--exclude";
     const std::string_view text = has_include ? include : exclude;
     const auto spec = parse_include_exclude(text, flag);
+    // Host names ignore case, as the host list's duplicate check does.
     std::map<std::string, const HostEntry*> by_name;
-    for (const auto& e : entries) by_name.emplace(e.host, &e);
+    for (const auto& e : entries) by_name.emplace(same_host_key(e.host), &e);
+    std::map<std::string, const std::optional<std::vector<int>>*> spec_by_key;
+    for (const auto& [name, slots] : spec) spec_by_key.emplace(same_host_key(name), &slots);
     // Validate every name and index before applying anything (DeepSpeed checks them all).
     for (const auto& [name, slots] : spec) {
-      const auto it = by_name.find(name);
+      const auto it = by_name.find(same_host_key(name));
       if (it == by_name.end()) {
         std::string known;
         for (const auto& e : entries) known += (known.empty() ? "" : ", ") + e.host;
@@ -318,28 +380,29 @@ std::vector<HostEntry> select_hosts(const std::vector<HostEntry>& entries, std::
       }
     }
     for (const auto& e : entries) {
-      const auto it = spec.find(e.host);
+      const auto found = spec_by_key.find(same_host_key(e.host));
+      const std::optional<std::vector<int>>* slots = found == spec_by_key.end() ? nullptr : found->second;
       if (has_include) {
-        if (it == spec.end()) continue;
+        if (slots == nullptr) continue;
         HostEntry kept = e;
-        if (it->second) {
+        if (*slots) {
           std::vector<int> uniq;  // keep the given order (DeepSpeed's _stable_remove_duplicates)
-          for (int s : *it->second) {
+          for (int s : **slots) {
             if (std::find(uniq.begin(), uniq.end(), s) == uniq.end()) uniq.push_back(s);
           }
           kept.slot_indices = std::move(uniq);
         }
         out.push_back(std::move(kept));
       } else {
-        if (it == spec.end()) {
+        if (slots == nullptr) {
           out.push_back(e);
           continue;
         }
-        if (!it->second) continue;  // whole host excluded
+        if (!*slots) continue;  // whole host excluded
         const int n = effective_slots(e, default_slots);
         std::vector<int> remaining;
         for (int s = 0; s < n; ++s) {
-          if (std::find(it->second->begin(), it->second->end(), s) == it->second->end()) remaining.push_back(s);
+          if (std::find((*slots)->begin(), (*slots)->end(), s) == (*slots)->end()) remaining.push_back(s);
         }
         if (remaining.empty()) continue;
         HostEntry kept = e;

@@ -367,6 +367,33 @@ TEST_CASE("--remote-cwd: a leading ~ or ~user is left for the host's shell to ex
   CHECK(line == (sb.dir() / "job 1").string());
 }
 
+TEST_CASE("an empty --remote-cwd or --remote-ddprun is refused, naming the flag and what it takes") {
+  FanoutSandbox sb;
+  // Empty, the host's shell would cd to the remote home directory, or run "exec  --remote-agent".
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--remote-cwd", "", "train.py"}),
+                    Contains("--remote-cwd is empty") && Contains("absolute path") && Contains("'~/DIR'"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--remote-cwd", " ", "train.py"}), Contains("--remote-cwd is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--remote-ddprun", "", "train.py"}),
+                    Contains("--remote-ddprun is empty") && Contains("ddprun's path on the hosts"));
+  CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--remote-ddprun=", "train.py"}), UsageError);
+}
+
+TEST_CASE("a host's agent must be ready within ssh's ConnectTimeout plus the rendezvous join timeout") {
+  FanoutSandbox sb;
+  using std::chrono::milliseconds;
+  CHECK(sb.parse({"--hosts", "h0", "train.py"}).fanout->ready_timeout == milliseconds((10 + 600) * 1000));
+  CHECK(sb.parse({"--hosts", "h0", "--rdzv-conf", "join_timeout=2.5", "train.py"}).fanout->ready_timeout ==
+        milliseconds(12'500));
+  CHECK(sb.parse({"--hosts", "h0", "--rdzv-conf", "timeout=30", "train.py"}).fanout->ready_timeout ==
+        milliseconds(40'000));
+  // The user's ConnectTimeout wins over the default, as in ssh; its time format too.
+  CHECK(sb.parse({"--hosts", "h0", "--ssh-option", "connecttimeout=1m5s", "--rdzv-conf", "join_timeout=5", "train.py"})
+            .fanout->ready_timeout == milliseconds(70'000));
+  // No timeout of ssh's own: the kernel's connect timeout (127 s).
+  CHECK(sb.parse({"--hosts", "h0", "--ssh-option", "ConnectTimeout=0", "--rdzv-conf", "join_timeout=5", "train.py"})
+            .fanout->ready_timeout == milliseconds(132'000));
+}
+
 TEST_CASE("--ranks-filter takes ranks and ranges") {
   CHECK(parse_ranks_filter("0,3-5", "--ranks-filter") == std::set<int>{0, 3, 4, 5});
   CHECK(parse_ranks_filter(" 7 ", "--ranks-filter") == std::set<int>{7});

@@ -10,13 +10,18 @@ a deadline well below the ctest TIMEOUT.
 The fake ssh takes the options the launcher passes (-T, -F, -p, -o), logs the destination to
 $FAKE_SSH_LOG, and acts per destination: listed in $FAKE_SSH_EXIT0 it ends the session with 0
 without running anything (a ForceCommand, a login script that exits), in $FAKE_SSH_REFUSE it
-fails as an unreachable host does (ssh's message, exit 255).
+fails as an unreachable host does (ssh's message, exit 255), in $FAKE_SSH_HANG the session is up
+but nothing it runs ever starts ddprun (a login script that hangs, a stalled NFS mount): it waits
+until the launcher ends it. `ssh -G HOST` prints the host's configuration as ssh would.
 """
 import os
 import re
 import resource
+import select
+import signal
 import subprocess
 import tempfile
+import time
 import unittest
 
 BIN = os.path.abspath(os.path.join(os.environ["DDPRUN_BIN_DIR"], "ddprun"))
@@ -27,6 +32,7 @@ FAKE_SSH = r"""#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
     -T) shift ;;
+    -G) echo "hostname $2"; echo "port 22"; exit 0 ;;
     -F|-p|-o) shift 2 ;;
     *) break ;;
   esac
@@ -38,6 +44,7 @@ case " $FAKE_SSH_EXIT0 " in *" $dest "*) exit 0 ;; esac
 case " $FAKE_SSH_REFUSE " in
   *" $dest "*) echo "ssh: connect to host $dest port 22: Connection refused" >&2; exit 255 ;;
 esac
+case " $FAKE_SSH_HANG " in *" $dest "*) echo "fake ssh: $dest holds the session" >&2; exec sleep 300 ;; esac
 exec sh -c "$*"
 """
 
@@ -90,13 +97,14 @@ class FakeSshCase(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def ddprun(self, args, env_extra=None, timeout=60, preexec_fn=None):
+    def ddprun(self, args, env_extra=None, timeout=60, preexec_fn=None, launcher_addr="127.0.0.1"):
         env = dict(os.environ)
         env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"),
                     "PYTHON_EXEC": PYTHON, "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "",
-                    "FAKE_SSH_REFUSE": "", "DDPRUN_LOG_LEVEL": "info"})
+                    "FAKE_SSH_REFUSE": "", "FAKE_SSH_HANG": "", "DDPRUN_LOG_LEVEL": "info"})
         env.update(env_extra or {})
-        argv = [BIN, "--launcher-addr", "127.0.0.1", "--shutdown-timeout", "5"] + args
+        argv = [BIN] + (["--launcher-addr", launcher_addr] if launcher_addr else [])
+        argv += ["--shutdown-timeout", "5"] + args
         return subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, timeout=timeout, preexec_fn=preexec_fn)
 
     def ssh_destinations(self):
@@ -148,6 +156,93 @@ class UnreachableHost(FakeSshCase):
         ssh = os.path.join(self.bindir, "ssh")
         self.assertIn("%s -T -F '%s' -p 2222 -o ConnectTimeout=3 -o BatchMode=yes" % (ssh, cfg), hint[0])
         self.assertTrue(hint[0].endswith(" u@h1 true"), hint[0])
+
+
+class UnresolvableHost(FakeSshCase):
+    def test_first_host_that_does_not_resolve_gets_the_host_error(self):
+        # The launcher asks the route towards the first host for its own address: a first host
+        # that does not resolve is the host list's mistake, said as for any other host.
+        r = self.ddprun(["--hosts", "nosuch.invalid,h0", "worker.py", "10"], launcher_addr=None)
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn("ddprun: error: cannot reach host nosuch.invalid over ssh: cannot resolve nosuch.invalid", err)
+        self.assertRegex(err, r"check that this works from this machine \(host name, [^\n]*: \S*/ssh -T [^\n]* "
+                              r"nosuch.invalid true")
+        self.assertNotIn("--launcher-addr", err)
+        self.assertEqual(self.ssh_destinations(), [])
+
+
+class AgentNeverStarts(FakeSshCase):
+    """A host whose ssh session is up but whose agent never starts is named, and the launch ends."""
+
+    def test_alone_in_flight_it_fails_the_launch_at_its_deadline(self):
+        # One connection in flight: the hung host held it, and the launcher waited for ever
+        # without a word. The deadline is ssh's ConnectTimeout plus the join timeout: 1 + 2 s.
+        start = time.monotonic()
+        r = self.ddprun(["--hosts", "h0,h1", "--ssh-max-inflight", "1", "--ssh-option", "ConnectTimeout=1",
+                         "--rdzv-conf", "join_timeout=2", "worker.py", "10"], env_extra={"FAKE_SSH_HANG": "h0"})
+        elapsed = time.monotonic() - start
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn("ddprun: error: host h0: ssh connected but ddprun's agent did not start within 3 s: "
+                      "fake ssh: h0 holds the session\n", err)
+        hint = [line for line in err.splitlines() if line.startswith("ddprun: check that")]
+        self.assertEqual(len(hint), 1, err)
+        self.assertIn(" -o ConnectTimeout=1 -o BatchMode=yes", hint[0])
+        self.assertIn(" h0 true", hint[0])
+        self.assertIn("join_timeout", hint[0])
+        self.assertNotIn("had not started", err)  # named once
+        self.assertEqual(self.ssh_destinations(), ["h0"])  # the launch failed before h1's turn
+        self.assertLess(elapsed, 30, err)
+
+    def test_named_when_the_rendezvous_gives_up_first(self):
+        # Its deadline (60 + 2 s) is far: the other host's agent gives up on the rendezvous after
+        # 2 s and the job fails; the host it waited for is named.
+        r = self.ddprun(["--hosts", "h0,h1", "--ssh-option", "ConnectTimeout=60", "--rdzv-conf", "join_timeout=2",
+                         "worker.py", "10"], env_extra={"FAKE_SSH_HANG": "h1"})
+        err = r.stderr.decode(errors="replace")
+        self.assertNotEqual(r.returncode, 0, err)
+        self.assertRegex(err, r"\nddprun: host h1: ddprun's agent had not started there when the job stopped, "
+                              r"\d+\.\d s after ssh began connecting\n")
+        self.assertRegex(err, r"ddprun: check that this works from this machine [^\n]* h1 true")
+        self.assertEqual(sorted(self.ssh_destinations()), ["h0", "h1"])
+
+    def test_named_when_the_launcher_is_interrupted(self):
+        # Ctrl-C on a launcher that waits for the hung host: it says whom it was waiting for.
+        env = dict(os.environ)
+        env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"), "PYTHON_EXEC": PYTHON,
+                    "FAKE_SSH_LOG": self.log, "FAKE_SSH_HANG": "h0"})
+        p = subprocess.Popen([BIN, "--launcher-addr", "127.0.0.1", "--hosts", "h0,h1", "--ssh-max-inflight", "1",
+                              "worker.py", "10"], cwd=self.dir, env=env, stderr=subprocess.PIPE)
+        seen = b""
+        try:
+            # Until the launcher relays the hung session's line (bounded): h0's ssh is up.
+            deadline = time.monotonic() + 30
+            while b"[h0] fake ssh: h0 holds the session" not in seen:
+                ready, _, _ = select.select([p.stderr], [], [], max(0.0, deadline - time.monotonic()))
+                chunk = os.read(p.stderr.fileno(), 65536) if ready else b""
+                self.assertTrue(chunk, "no line of the hung session: %r" % seen)
+                seen += chunk
+            p.send_signal(signal.SIGINT)
+            _, rest = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        err = (seen + rest).decode(errors="replace")
+        self.assertEqual(p.returncode, 128 + signal.SIGINT, err)
+        self.assertIn("ddprun: host h0: ddprun's agent had not started there when the job stopped", err)
+
+    def test_tree_node_names_the_host_below_it(self):
+        # launcher -> h0 -> h1; launcher -> h2 -> h3: h1 hangs below the node h0, which names it
+        # (at its deadline or when the other agents' rendezvous gives up, whichever comes first).
+        r = self.ddprun(TREE + ["--hosts", "h0,h1,h2,h3", "--ssh-option", "ConnectTimeout=1", "--rdzv-conf",
+                                "join_timeout=2", "worker.py", "10"], env_extra={"FAKE_SSH_HANG": "h1"})
+        err = r.stderr.decode(errors="replace")
+        self.assertNotEqual(r.returncode, 0, err)
+        self.assertRegex(err, r"\[h0\] ddprun: (error: )?host h1 \(launch tree: launcher -> h0 -> h1\): "
+                              r"(ssh connected but ddprun's agent did not start within 3 s|"
+                              r"ddprun's agent had not started there when the job stopped)")
 
 
 class CommandTooLongForExec(FakeSshCase):

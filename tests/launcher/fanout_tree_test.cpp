@@ -109,6 +109,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   n.plan.program = {"train.py", "--msg", "a:b 12:34\nnew line 'q' \"d\" $X", ""};
   n.plan.ranks_filter = "0,3";
   n.plan.shutdown_timeout = std::chrono::milliseconds(2500);
+  n.plan.ready_timeout = std::chrono::milliseconds(13500);
   n.plan.tree_fanout = 3;
   n.plan.tree_threshold = 9;
   n.plan.nnodes = 40;
@@ -137,6 +138,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK(d.plan.program == n.plan.program);
   CHECK(d.plan.ranks_filter == "0,3");
   CHECK(d.plan.shutdown_timeout == std::chrono::milliseconds(2500));
+  CHECK(d.plan.ready_timeout == std::chrono::milliseconds(13500));
   CHECK(d.plan.tree_fanout == 3);
   CHECK(d.plan.tree_threshold == 9);
   CHECK(d.plan.nnodes == 40);
@@ -157,7 +159,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK_THROWS_WITH(decode_tree_node("garbage"), Contains(std::string(kTreeEnvName)));
   CHECK_THROWS_WITH(decode_tree_node(text.substr(0, text.size() - 3)), Contains("same ddprun version"));
   CHECK_THROWS_WITH(decode_tree_node(text + "1:x"), Contains("bytes after the last host"));
-  CHECK_THROWS_WITH(decode_tree_node("13:ddprun-tree-9"), Contains("not a ddprun-tree-1 plan"));
+  CHECK_THROWS_WITH(decode_tree_node("13:ddprun-tree-9"), Contains("not a ddprun-tree-2 plan"));
 
   // Numbers from the plan are bounded like the flags they come from.
   TreeNodePlan chain = n;

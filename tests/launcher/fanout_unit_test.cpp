@@ -139,6 +139,38 @@ TEST_CASE("load_hostfile reads a file and rejects unreadable or empty ones") {
   ::rmdir(dir.c_str());
 }
 
+TEST_CASE("load_hostfile refuses a directory, a device and a file too large to be a host list") {
+  char dir_template[] = "/tmp/ddprun-fanout-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string dir = dir_template;
+  CHECK_THROWS_WITH(load_hostfile(dir), Contains("--hostfile " + dir + ": is a directory") && !Contains("no host"));
+  // /dev/zero has no end: it used to be read until the memory ran out.
+  CHECK_THROWS_WITH(load_hostfile("/dev/zero"), Contains("--hostfile /dev/zero: is a device"));
+  // A pipe is read (--hostfile <(scontrol show hostnames)), within the size bound.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const std::string text = "p0\np1:2\n";
+  REQUIRE(::write(fds[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fds[1]);
+  CHECK(load_hostfile("/proc/self/fd/" + std::to_string(fds[0])) == std::vector<HostEntry>{host("p0"), host("p1", 2)});
+  ::close(fds[0]);
+  // Over 64 MiB: named with the bound (a sparse file, nothing written).
+  const std::string big = dir + "/big";
+  { std::ofstream(big) << "h0\n"; }
+  REQUIRE(::truncate(big.c_str(), (64LL << 20) + 1) == 0);
+  CHECK_THROWS_WITH(load_hostfile(big), Contains("--hostfile " + big + ": is larger than 64 MiB"));
+  std::remove(big.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("a UTF-8 byte order mark at the start of a hostfile is not part of the first host") {
+  CHECK(parse_hostfile_text("\xEF\xBB\xBFnode1 slots=2\nnode2\n", "hf") ==
+        std::vector<HostEntry>{host("node1", 2), host("node2")});
+  CHECK(parse_hostfile_text("\xEF\xBB\xBF# hosts\r\nnode1\r\n", "hf") == std::vector<HostEntry>{host("node1")});
+  // Only at the very start.
+  CHECK_THROWS_WITH(parse_hostfile_text("node1\n\xEF\xBB\xBFnode2\n", "hf"), Contains("hf:2"));
+}
+
 TEST_CASE("--hosts list") {
   CHECK(parse_hosts_list("h1,h2:4,user@h3", "--hosts") ==
         std::vector<HostEntry>{host("h1"), host("h2", 4), host("h3", -1, "user")});
@@ -150,6 +182,13 @@ TEST_CASE("--hosts list") {
   CHECK_THROWS_WITH(parse_hosts_list("a,b,a:2", "--hosts"), Contains("'a' is listed twice"));
   CHECK_THROWS_WITH(parse_hosts_list("a:0", "--hosts"), Contains("--hosts") && Contains("slot count '0'"));
   CHECK_THROWS_WITH(parse_hosts_list("a slots=2", "--hosts"), Contains("'a slots=2' is not a host"));
+  // Its accepted forms are those of --hosts, not of a hostfile line.
+  try {
+    parse_hosts_list("h1 slots=2", "--hosts");
+    FAIL("no throw");
+  } catch (const UsageError& e) {
+    CHECK_THAT(e.hint(), !Contains("host slots=SLOTS") && Contains("host:SLOTS") && Contains("here write host:N"));
+  }
   CHECK_THROWS_WITH(parse_hosts_list("-oX=y", "--hosts"), Contains("is not a host"));
   CHECK_THROWS_WITH(parse_hosts_list("-evil", "--hosts"), Contains("not a valid host name"));
   try {
@@ -182,11 +221,23 @@ TEST_CASE("include/exclude strings (DeepSpeed syntax)") {
   CHECK_THROWS_WITH(parse_include_exclude("a:x", "--include"), Contains("'x' is not a slot index"));
   CHECK_THROWS_WITH(parse_include_exclude("a:1:2", "--include"), Contains("'1:2' is not a slot index"));
   CHECK_THROWS_WITH(parse_include_exclude("[fe80::1", "--include"), Contains("without ']'"));
+  // A bare IPv6 address names the whole host, as in a hostfile; where its last group could be a
+  // slot index of the address before it, brackets are required.
+  CHECK(parse_include_exclude("fd00::5", "--include") == Spec{{"fd00::5", std::nullopt}});
+  CHECK(parse_include_exclude("2001:db8::1@b", "--include") ==
+        Spec{{"2001:db8::1", std::nullopt}, {"b", std::nullopt}});
+  CHECK_THROWS_WITH(parse_include_exclude("fd00::5:1", "--include"),
+                    Contains("ambiguous") && Contains("[fd00::5]:1") && Contains("[fd00::5:1]"));
+  CHECK_THROWS_WITH(parse_include_exclude("fd00::5:0,1", "--include"), Contains("[fd00::5]:0,1"));
+  CHECK_THROWS_WITH(parse_include_exclude("fd00::5:x", "--include"), Contains("not a host name or IPv6 address"));
+  // Names that differ only in letter case are one host (merged, first spelling kept).
+  CHECK(parse_include_exclude("Node1:0@node1:1", "--include") == Spec{{"Node1", std::vector<int>{0, 1}}});
+  CHECK(parse_include_exclude("Node1:0@node1", "--include") == Spec{{"Node1", std::nullopt}});
   try {
     parse_include_exclude("a:x", "--include");
     FAIL("no throw");
   } catch (const UsageError& e) {
-    CHECK_THAT(e.hint(), Contains("worker-0:0,2@worker-1"));
+    CHECK_THAT(e.hint(), Contains("worker-0:0,2@worker-1") && Contains("[fd00::5]:0,1"));
   }
 }
 
@@ -231,6 +282,17 @@ TEST_CASE("select_hosts: include/exclude semantics") {
   CHECK(select_hosts(pool, "c:2", "", {}, {}, 3) == std::vector<HostEntry>{with_slots(host("c", -1, "u"), {2})});
   // The user is kept.
   CHECK(select_hosts(pool, "c", "", {}, {}, {}).at(0).destination() == "u@c");
+}
+
+TEST_CASE("select_hosts: --include/--exclude compare host names without letter case") {
+  const auto pool = parse_hostfile_text("Node1 slots=2\nnode2 slots=2\n[FD00::5]:4\n", "hf");
+  // The host list's spelling is kept (an ssh config alias may care).
+  CHECK(select_hosts(pool, "node1", "", {}, {}, {}) == std::vector<HostEntry>{host("Node1", 2)});
+  CHECK(select_hosts(pool, "NODE2:1", "", {}, {}, {}) == std::vector<HostEntry>{with_slots(host("node2", 2), {1})});
+  CHECK(names(select_hosts(pool, "", "NODE1@fd00::5", {}, {}, {})) == std::vector<std::string>{"node2"});
+  CHECK(select_hosts(pool, "", "node1:0", {}, {}, {}).at(0) == with_slots(host("Node1", 2), {1}));
+  CHECK(select_hosts(pool, "[fd00::5]:3", "", {}, {}, {}) ==
+        std::vector<HostEntry>{with_slots(host("FD00::5", 4), {3})});
 }
 
 TEST_CASE("select_hosts: errors") {

@@ -309,6 +309,25 @@ class Fanout(LauncherCase):
         self.assertIn("--remote-ddprun", err)
         self.assert_clean()
 
+    def test_g_agent_never_starts(self):
+        # h1's session is up but its "ddprun" never starts (a login script or a stalled mount
+        # holding it; here it waits on stdin, which the launcher closes when it gives up). One
+        # connection in flight: h1 held it and the launcher used to wait for ever, silently.
+        hang = self.c.path("hang-on-h1.sh")
+        with open(hang, "w") as f:
+            f.write('#!/bin/sh\n[ "$(hostname)" = h1 ] && exec cat >/dev/null\nexec %s "$@"\n' % DDPRUN)
+        os.chmod(hang, 0o755)
+        self.launch(["--hosts", "h1,h0,h2", "--ssh-max-inflight", "1", "--remote-ddprun", hang],
+                    self.worker("--hold", self.c.path("never"), "--max", "120"),
+                    extra=["--ssh-option", "ConnectTimeout=2", "--rdzv-conf", "join_timeout=3"])
+        code = self.wait_exit(60)
+        err = self.stderr()
+        self.assertEqual(code, 1, err[-3000:])
+        self.assertIn("ddprun: error: host h1: ssh connected but ddprun's agent did not start within 5 s", err)
+        self.assertRegex(err, r"ddprun: check that this works from this machine [^\n]* h1 true")
+        self.assertNotIn("[h0", err)  # the launch failed before the next host's turn
+        self.assert_clean()
+
     # ---------- (k) one ssh connection drops ----------
 
     def test_k_ssh_connection_drop(self):

@@ -81,6 +81,11 @@ struct FanoutPlan {
   std::string rdzv_token;                                // "" = a random one
   std::string run_id;                                    // "" = a random one
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // How long a host's agent may take to say it is ready once its ssh client started: ssh's
+  // ConnectTimeout (past it an unreachable host has made ssh exit 255) plus the rendezvous join
+  // timeout (past it the other agents give up waiting for this one anyway). A host whose agent
+  // is not ready by then (a login script or a stalled file system holds it) fails the launch.
+  std::chrono::milliseconds ready_timeout{std::chrono::seconds(10 + 600)};
   // Launch tree: used when hosts.size() > tree_threshold and tree_fanout >= 2 (0 = always flat).
   std::size_t tree_threshold = kDefaultTreeThreshold;
   int tree_fanout = kDefaultTreeFanout;
