@@ -141,61 +141,6 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
-bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view block, bool complete,
-                          std::vector<iovec>& scratch) {
-  static const char newline = '\n';
-  if (prefix.empty() && complete) {
-    return write_all(fd, block);
-  }
-  constexpr std::size_t max_iov = 1024;                                                    // IOV_MAX on Linux
-  auto iov = [](const void* p, std::size_t n) { return iovec{const_cast<void*>(p), n}; };  // NOLINT
-  std::size_t pos = 0;
-  while (pos < block.size()) {
-    scratch.clear();
-    // Build up to max_iov entries, always ending on a line boundary.
-    while (pos < block.size() && scratch.size() + 3 <= max_iov) {
-      auto nl = block.find('\n', pos);
-      const bool has_nl = nl != std::string_view::npos;
-      const std::size_t end = has_nl ? nl + 1 : block.size();
-      if (!prefix.empty()) {
-        scratch.push_back(iov(prefix.data(), prefix.size()));
-      }
-      scratch.push_back(iov(block.data() + pos, end - pos));
-      if (!has_nl) {
-        // Only the last line of an incomplete block lacks its newline.
-        scratch.push_back(iov(&newline, 1));
-      }
-      pos = end;
-    }
-    // writev may write short: finish the rest with write_all, entry by entry.
-    std::size_t total = 0;
-    for (const auto& v : scratch) {
-      total += v.iov_len;
-    }
-    ssize_t n;
-    do {
-      n = ::writev(fd, scratch.data(), static_cast<int>(scratch.size()));
-    } while (n < 0 && errno == EINTR);
-    if (n < 0 && errno != EAGAIN) {
-      return false;
-    }
-    auto written = static_cast<std::size_t>(std::max<ssize_t>(n, 0));
-    if (written < total) {
-      for (const auto& v : scratch) {
-        if (written >= v.iov_len) {
-          written -= v.iov_len;
-          continue;
-        }
-        if (!write_all(fd, std::string_view(static_cast<const char*>(v.iov_base) + written, v.iov_len - written))) {
-          return false;
-        }
-        written = 0;
-      }
-    }
-  }
-  return true;
-}
-
 void write_log_file(int fd, std::string_view data, bool& reported) {
   if (write_all(fd, data) || reported) return;
   const int err = errno;
@@ -371,7 +316,6 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   std::function<void(std::string_view, bool)> sink;  // set: replaces the file and console writes
   std::function<void()> on_done;
   LineBuffer buffer;
-  std::vector<iovec> iov_scratch;
 };
 
 OutputPump::OutputPump(asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix,

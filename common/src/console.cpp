@@ -116,8 +116,9 @@ void writer(State* st, Lane* lane) {
     const bool dead = std::find(st->dead.begin(), st->dead.end(), fd) != st->dead.end();
     lock.unlock();
     const bool ok = dead || write_fully(fd, data);
+    const int err = errno;
     lock.lock();
-    if (!ok) st->dead.push_back(fd);
+    if (!ok && err == EPIPE) st->dead.push_back(fd);  // the reader is gone: drop the rest for it
     lane->queued -= data.size();
     if (lane->queued < kConsoleLowWater) {
       if (lane->dropped > 0) {

@@ -59,7 +59,8 @@ int prepare_remote_agent(std::optional<std::string>& tree, ddprun::agent::Remote
   }
   ::close(devnull);
   // On a line of its own even if the remote login's rc files printed something without a newline.
-  ddprun::console::write(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
+  // Direct: the first bytes on stdout, before anything is queued for the console.
+  ddprun::agent::write_all(STDOUT_FILENO, "\n" + std::string(ddprun::agent::kRemoteAgentReadyLine) + "\n");
   return control;
 }
 
@@ -130,6 +131,7 @@ int run(int argc, char** argv) {
   }
   if (options.fanout) {
     if (options.config.dry_run) {
+      ddprun::console::drain();  // the notes above first
       ddprun::launcher::print_fanout_dry_run(*options.fanout, ddprun::launcher::lazy_cout());
       return 0;
     }
@@ -138,6 +140,7 @@ int run(int argc, char** argv) {
   }
   options.config.control_fd = control_fd;
   if (options.config.dry_run) {
+    ddprun::console::drain();  // the notes above first
     ddprun::agent::print_dry_run(options.config, ddprun::launcher::lazy_cout());
     ddprun::launcher::lazy_cout().flush();
     return 0;

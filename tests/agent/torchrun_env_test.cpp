@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "ddprun/common/console.hpp"
 #include "ddprun/agent/duplicate_filter.hpp"
 #include "ddprun/agent/entrypoint.hpp"
 #include "ddprun/agent/event_log.hpp"
@@ -422,6 +423,7 @@ TEST_CASE("duplicate filters: on the console, a line cut where the buffer filled
     st.sink("\nabcdefgh", false);
     st.sink("ij\n\nz\n", true);
   }
+  ddprun::console::drain();  // the console's writer thread has written it all
   ::close(console[1]);
   std::string shown;
   char buf[256];

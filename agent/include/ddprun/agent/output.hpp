@@ -19,9 +19,9 @@
 // on in the next console line, under the same prefix), so lines of different ranks never
 // interleave mid-line on the console. OutputPump (shell) drives one
 // LineBuffer from a pipe on the io_context; it is done only at EOF ("exited" is not "drained").
-// Single-threaded: everything runs on the agent's io_context thread.
-#include <sys/uio.h>
-
+// Single-threaded: everything runs on the agent's io_context thread; console writes are queued
+// for the console's writer threads (ddprun/common/console.hpp), which the pump follows: it stops
+// reading its pipe while its console queue is over kConsoleHighWater.
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -86,11 +86,6 @@ bool write_all(int fd, std::string_view data);
 // failure of a file (a full disk, a quota) is logged once, naming the file and what to do
 // (`reported` remembers it); the stream goes on (to the console where it goes there too).
 void write_log_file(int fd, std::string_view data, bool& reported);
-
-// Writes a block of whole lines to `fd` with `prefix` before each line in as few writev calls as
-// possible; `complete == false` appends a newline to the last (partial) line.
-bool write_prefixed_lines(int fd, std::string_view prefix, std::string_view block, bool complete,
-                          std::vector<iovec>& scratch);
 
 class OutputPump {
  public:

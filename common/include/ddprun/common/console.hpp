@@ -39,8 +39,8 @@ inline constexpr std::size_t kConsoleHardCap = 16 << 20;
 // What ddprun's exit waits for the console after a signal ended the run (limit_exit_wait).
 inline constexpr std::chrono::milliseconds kConsoleExitWaitAfterSignal{2000};
 
-// Queues `data` for `fd` (never blocks). After a write to fd failed (EPIPE: the reader is
-// gone; EBADF) what is queued for it is dropped, as write_all's callers drop it.
+// Queues `data` for `fd` (never blocks). A piece whose write fails is dropped; after EPIPE
+// (the reader is gone) everything for that fd is, as write_all's callers dropped it.
 void write(int fd, std::string_view data);
 // `block` of whole lines (complete) or ending in a partial line (not complete: a newline is
 // added), with `prefix` before each line: queued as one piece.
