@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,9 @@ struct Lane {
   ino_t ino = 0;
   dev_t rdev = 0;
   bool known = false;  // fstat worked: the key above names the file
+  // A regular file or /dev/null: a write there does not wait on a reader, so it is made
+  // directly by the caller (no thread, nothing queued; the common case of a batch job).
+  bool direct = false;
   std::condition_variable work;
   std::deque<std::pair<int, std::string>> pieces;
   std::size_t queued = 0;   // bytes in `pieces` and in the writer's hands
@@ -126,7 +130,11 @@ void writer(State* st, Lane* lane) {
             "ddprun: {} bytes of output were dropped: the console did not read them (at most {} MiB wait)\n",
             lane->dropped, kConsoleHardCap >> 20);
         lane->dropped = 0;
-        push_locked(*st, lane_for(*st, STDERR_FILENO), STDERR_FILENO, std::move(note));
+        if (Lane& err = lane_for(*st, STDERR_FILENO); err.direct) {
+          (void)write_fully(STDERR_FILENO, note);  // a file: does not wait on a reader
+        } else {
+          push_locked(*st, err, STDERR_FILENO, std::move(note));
+        }
       }
       wake_waiters(*st, lane);
     }
@@ -174,9 +182,10 @@ Lane& lane_for(State& st, int fd) {
     fresh->dev = sb.st_dev;
     fresh->ino = sb.st_ino;
     fresh->rdev = sb.st_rdev;
+    fresh->direct = known && (S_ISREG(sb.st_mode) || (S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(1, 3)));
     lane = fresh.get();
     st.lanes.push_back(std::move(fresh));
-    std::thread(writer, &st, lane).detach();
+    if (!lane->direct) std::thread(writer, &st, lane).detach();
   }
   st.by_fd.emplace_back(fd, lane);
   return *lane;
@@ -200,7 +209,13 @@ void enqueue(int fd, std::string&& data) {
     (void)write_fully(fd, data);
     return;
   }
-  push_locked(st, lane_for(st, fd), fd, std::move(data));
+  Lane& lane = lane_for(st, fd);
+  if (lane.direct) {
+    lock.unlock();
+    (void)write_fully(fd, data);
+    return;
+  }
+  push_locked(st, lane, fd, std::move(data));
 }
 
 void append_prefixed(std::string& out, std::string_view prefix, std::string_view block, bool complete) {

@@ -9,7 +9,8 @@
 // unanswered until the reader went on. Here the event loop only queues; a writer thread per
 // destination blocks instead. Descriptors that name the same file (`2>&1`, one terminal)
 // share a queue and keep their order; a stdout piped to a pager that waits does not hold back
-// what goes to a terminal's stderr.
+// what goes to a terminal's stderr. A regular file or /dev/null has no reader to wait on: it is
+// written directly by the caller, with no thread (a batch job's redirected output).
 //
 // Back-pressure: the pumps that copy worker pipes stop reading once their queue holds
 // kConsoleHighWater bytes (over()) and go on when it is down to kConsoleLowWater (when_room):
