@@ -38,6 +38,13 @@
 // Keepalives use a connection of their own, so a call stuck on a member that lost its leader
 // never delays a lease renewal.
 //
+// A job that vanished (its lease key gone, its log removed, by expiry or by another etcd client):
+// every agent that notices claims the job anew with a transaction that puts P"lease" only where
+// it still has the mod revision the agent followed (absent: 0), and clears P"log/", P"inbox/"
+// and P"leader" in the same revision. One agent wins; the others follow its lease. The fresh
+// log thus never inherits old entries, and always gets a sequencer (no orphaned leader key);
+// running nodes re-register their assignments into it.
+//
 // Key layout: P"inbox/<source>-<counter, 12 digits>" = one pending event (owner's node lease);
 // P"leader" = node id of the sequencer (its node lease); P"lease" = decimal id of the job
 // lease; P"log/<seq, 12 digits>" = one batch of events; P"nodes/<addr:pid/instance>" = a live
