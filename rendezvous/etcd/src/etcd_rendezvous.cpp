@@ -628,11 +628,12 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     const auto [from, to] = view_range();
     // Only the latest read counts: the role (and with it the range) may have changed since.
     const std::uint64_t gen = ++sync_gen;
-    client.range({from, to, 0, 0, false, false}, guard("read", [this, gen](etcd::RangeResponse r) {
-                   if (gen != sync_gen) return;
-                   syncing = false;
-                   on_view(std::move(r));
-                 }));
+    client.range_all({from, to, 0, 0, false, false}, etcd::kMaxJobBytes,
+                     guard("read", [this, gen](etcd::RangeResponse r) {
+                       if (gen != sync_gen) return;
+                       syncing = false;
+                       on_view(std::move(r));
+                     }));
   }
 
   // The read of sync(): checks the job is still the one this agent follows, then applies it.
@@ -1380,11 +1381,11 @@ RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const s
   const std::string base = run_id.empty() ? prefix : prefix + run_id + "/";
   std::optional<etcd::EtcdError> error;
   std::optional<etcd::RangeResponse> reply;
-  client.range({base, etcd::prefix_range_end(base), 0, 0, false, false},
-               [&](const std::optional<etcd::EtcdError>& err, etcd::RangeResponse r) {
-                 error = err;
-                 if (!err) reply = std::move(r);
-               });
+  client.range_all({base, etcd::prefix_range_end(base), 0, 0, false, false}, etcd::kMaxJobBytes,
+                   [&](const std::optional<etcd::EtcdError>& err, etcd::RangeResponse r) {
+                     error = err;
+                     if (!err) reply = std::move(r);
+                   });
   io.run_for(timeout);
   if (error) throw NetworkError(error->message, "check --rdzv-endpoint and --rdzv-conf");
   if (!reply) {

@@ -145,6 +145,10 @@ std::string decode_batch(std::string_view value, const WireLimits& limits, std::
 // --max-request-bytes (1.5 MiB by default).
 inline constexpr std::size_t kMaxBatchEvents = 4096;
 inline constexpr std::size_t kMaxBatchBytes = std::size_t{512} << 10;
+// Most bytes (keys and values) an agent reads of a job at once (its view, read in pages under
+// the client's response cap): about 1,000 rounds of a 1,024-node job. More fails the read,
+// naming the keys and their size.
+inline constexpr std::size_t kMaxJobBytes = std::size_t{512} << 20;
 
 // "<source>-<counter>" -> (source, counter); nullopt when the id has no numeric counter.
 std::optional<std::pair<std::string, std::uint64_t>> split_event_id(std::string_view id);
