@@ -1,5 +1,6 @@
 // EtcdClient against real etcd members on loopback: KV, txn, leases, watch, failover, auth, TLS.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <boost/asio/io_context.hpp>
 #include <optional>
@@ -115,6 +116,66 @@ TEST_CASE("etcd client: kv, prefixes, txn, leases and a watch against one member
     c.range({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, cb);
   });
   CHECK(r2.kvs.empty());
+}
+
+TEST_CASE("etcd client: a range over the response cap says so; range_all reads it in pages, up to a total",
+          "[etcd][client][paging]") {
+  EtcdCluster cluster(1, "client-paging");
+  boost::asio::io_context io;
+  EtcdClientOptions o = options_for(cluster.endpoints());
+  o.max_response_bytes = 256 << 10;
+  EtcdClient c(io, o);
+  // 40 values of 20 KiB (about 1.1 MiB of JSON): over the cap at once, 9 or so per page.
+  std::int64_t last_rev = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto [e, h] = call<ResponseHeader>(io, [&](auto cb) {
+      c.put({fmt::format("/big/k{:02d}", i), std::string(20 << 10, static_cast<char>('a' + i % 26)), 0}, cb);
+    });
+    REQUIRE_FALSE(e);
+    last_rev = h.revision;
+  }
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/bigger", "outside", 0}, cb); });
+
+  auto [e1, r1] = call<RangeResponse>(io, [&](auto cb) {
+    c.range({"/big/", prefix_range_end("/big/"), 0, 0, false, false}, cb);
+  });
+  REQUIRE(e1);
+  CHECK(e1->too_large);
+  CHECK_FALSE(e1->permanent);
+  CHECK_THAT(e1->message, Catch::Contains("over the response size limit (256 KiB)") &&
+                              Catch::Contains(cluster.endpoints()) && !Catch::Contains("no etcd endpoint answered"));
+
+  auto [e2, r2] = call<RangeResponse>(io, [&](auto cb) {
+    c.range_all({"/big/", prefix_range_end("/big/"), 0, 0, false, false}, 64 << 20, cb);
+  });
+  REQUIRE_FALSE(e2);
+  REQUIRE(r2.kvs.size() == 40);
+  CHECK(r2.count == 40);
+  CHECK_FALSE(r2.more);
+  CHECK(r2.header.revision > last_rev);
+  for (int i = 0; i < 40; ++i) {
+    CHECK(r2.kvs[static_cast<std::size_t>(i)].key == fmt::format("/big/k{:02d}", i));
+    CHECK(r2.kvs[static_cast<std::size_t>(i)].value == std::string(20 << 10, static_cast<char>('a' + i % 26)));
+  }
+
+  // More than the total: a final error naming the keys and the size.
+  auto [e3, r3] = call<RangeResponse>(io, [&](auto cb) {
+    c.range_all({"/big/", prefix_range_end("/big/"), 0, 0, false, false}, 300 << 10, cb);
+  });
+  REQUIRE(e3);
+  CHECK(e3->permanent);
+  CHECK_THAT(e3->message, Catch::Contains("'/big/' .. '/big0'") && Catch::Contains("hold over 300 KiB") &&
+                              Catch::Contains(cluster.endpoints()));
+
+  // One value over the cap on its own: pages shrink to one key, then the error is the cap's.
+  call<ResponseHeader>(io, [&](auto cb) { c.put({"/big/k20x", std::string(300 << 10, 'z'), 0}, cb); });
+  auto [e4, r4] = call<RangeResponse>(io, [&](auto cb) {
+    c.range_all({"/big/", prefix_range_end("/big/"), 0, 0, false, false}, 64 << 20, cb);
+  });
+  REQUIRE(e4);
+  CHECK(e4->too_large);
+  CHECK(e4->permanent);
+  CHECK_THAT(e4->message, Catch::Contains("over the response size limit"));
 }
 
 TEST_CASE("etcd client: a dead endpoint is skipped; all dead is an error naming each", "[etcd][client]") {

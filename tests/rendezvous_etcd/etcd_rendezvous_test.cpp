@@ -504,6 +504,134 @@ TEST_CASE("etcd rendezvous: a lost answer to a log append is not taken for a rem
   lost_answer_case("job-lost-append", "log/" + etcd::log_seq_text(1), true);
 }
 
+// Another etcd client deletes one key of a running 3-node job (after a restart, so the log has
+// several entries). The agents must start a fresh log with a sequencer, re-register, and serve
+// the next failure as one restart with the budget counted once; the fresh log holds no entry
+// of the old one (all on the new job lease).
+void deleted_key_case(const std::string& run_id, const std::string& suffix, const std::string& said) {
+  EtcdCluster cluster(1, run_id);
+  boost::asio::io_context io;
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  spdlog::default_logger()->sinks().push_back(sink);
+  struct Unhook {
+    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> s;
+    ~Unhook() {
+      auto& v = spdlog::default_logger()->sinks();
+      v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    }
+  } unhook{sink};
+  Agents agents = make_agents(io, 3, cluster.endpoints(), run_id, test_config(3, 3, 3));
+  for (auto& a : agents) a->rejoin();
+  auto all = ptrs(agents);
+  REQUIRE(run_until(
+      io, [&] { return same_round(all); }, 20s));
+  WorkerFailure f;
+  f.round = agents[0]->round();
+  f.node = agents[1]->node.id;
+  f.exit_code = 3;
+  f.message = "first";
+  agents[1]->rdzv->report_failure(f);
+  REQUIRE(run_until(
+      io, [&] { return same_round(all, f.round); }, 20s));
+  const std::uint64_t r1 = agents[0]->round();
+
+  etcd::EtcdClientOptions co;
+  co.endpoints = etcd::parse_endpoints(cluster.endpoints(), "test").endpoints;
+  etcd::EtcdClient tenant(io, co);
+  const std::string P = "/ddprun-test/" + run_id + "/";
+  // Follow the lease key and the log from the deletion on: the fresh log, replayed, must name
+  // all three nodes (each re-registered) before the next failure is reported.
+  std::optional<etcd::ResponseHeader> deleted;
+  tenant.delete_range({P + suffix, {}}, [&](const std::optional<etcd::EtcdError>& err, etcd::ResponseHeader h) {
+    REQUIRE_FALSE(err);
+    deleted = h;
+  });
+  REQUIRE(run_until(
+      io, [&] { return deleted.has_value(); }, 10s));
+  bool claimed = false;
+  std::optional<etcd::JobLog> fresh;
+  etcd::WatchHandlers wh;
+  wh.on_message = [&](const etcd::WatchMessage& m) {
+    for (const etcd::WatchEvent& e : m.events) {
+      if (e.type != etcd::WatchEvent::Type::put) continue;
+      if (e.kv.key == P + "lease") {
+        claimed = true;
+        fresh.emplace(run_id);
+        continue;
+      }
+      const auto seq = etcd::parse_log_seq(std::string_view(e.kv.key).substr((P + "log/").size()));
+      std::vector<etcd::LogEvent> batch;
+      if (!claimed || !seq || !etcd::decode_batch(e.kv.value, WireLimits{}, batch).empty()) continue;
+      fresh->apply(*seq, batch);
+    }
+  };
+  tenant.watch({P + "lease", etcd::prefix_range_end(P + "log/"), deleted->revision + 1, false}, wh);
+  REQUIRE(run_until(
+      io,
+      [&] {
+        return fresh && std::all_of(agents.begin(), agents.end(), [&](auto& a) { return fresh->role(a->node.id); });
+      },
+      20s));
+
+  // The next failure: one restart everywhere, counted once.
+  f.round = r1;
+  f.node = agents[2]->node.id;
+  f.exit_code = 4;
+  f.message = "second";
+  agents[2]->rdzv->report_failure(f);
+  REQUIRE(run_until(
+      io, [&] { return same_round(all, r1); }, 20s));
+  for (auto& a : agents) {
+    CHECK(a->restarts.size() == 2);
+    CHECK_THAT(a->restarts.back().reason, Catch::Contains("second"));
+    CHECK(a->assignments.back().restart_count == 2);
+  }
+  check_consistent_round(all);
+  CHECK(std::count_if(agents.begin(), agents.end(), [](auto& a) { return a->rdzv->sequencing(); }) == 1);
+
+  // Every log entry is on the job lease P"lease" names: nothing of the old log is left.
+  std::optional<etcd::RangeResponse> keys;
+  tenant.range({P, etcd::prefix_range_end(P), 0, 0, false, false},
+               [&](const std::optional<etcd::EtcdError>& err, etcd::RangeResponse r) {
+                 REQUIRE_FALSE(err);
+                 keys = std::move(r);
+               });
+  REQUIRE(run_until(
+      io, [&] { return keys.has_value(); }, 10s));
+  std::string job_lease;
+  int entries = 0;
+  for (const etcd::KeyValue& kv : keys->kvs) {
+    if (kv.key == P + "lease") job_lease = kv.value;
+  }
+  REQUIRE_FALSE(job_lease.empty());
+  for (const etcd::KeyValue& kv : keys->kvs) {
+    if (!kv.key.starts_with(P + "log/")) continue;
+    ++entries;
+    INFO(kv.key);
+    CHECK(std::to_string(kv.lease) == job_lease);
+  }
+  CHECK(entries >= 2);
+  int vanished = 0;
+  for (const std::string& line : sink->last_formatted()) {
+    if (line.find("vanished") == std::string::npos) continue;
+    ++vanished;
+    INFO(line);
+    CHECK_THAT(line, Catch::Contains(said));
+  }
+  CHECK(vanished >= 1);
+  CHECK(vanished <= 3);  // once per agent at most
+}
+
+TEST_CASE("etcd rendezvous: a deleted log entry 0 starts a fresh log with a sequencer; the job goes on",
+          "[etcd][rendezvous][vanished]") {
+  deleted_key_case("job-del-log0", "log/000000000000", "its log was removed");
+}
+
+TEST_CASE("etcd rendezvous: a deleted job lease key starts a fresh log without the old entries; the job goes on",
+          "[etcd][rendezvous][vanished]") {
+  deleted_key_case("job-del-lease", "lease", "was deleted at revision");
+}
+
 TEST_CASE("etcd rendezvous: unreachable etcd fails within the join timeout naming the endpoint", "[etcd][rendezvous]") {
   boost::asio::io_context io;
   const std::string dead = "127.0.0.1:" + std::to_string(ddprun::test::free_port());

@@ -40,6 +40,11 @@ constexpr std::size_t kErrorBodyLimit = 64 * 1024;
 // the buffer without end.
 constexpr std::size_t kReadBufferLimit = kHeaderLimit + 64 * 1024;
 
+// "32 MiB", "256 KiB".
+std::string size_text(std::size_t bytes) {
+  return bytes >= (std::size_t{1} << 20) ? fmt::format("{} MiB", bytes >> 20) : fmt::format("{} KiB", bytes >> 10);
+}
+
 std::string describe(const error_code& ec) {
   if (ec == beast::error::timeout) return "timed out";
   if (ec == http::error::body_limit) return "reply larger than the response size limit";
@@ -312,7 +317,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (options.username.empty() || !token.empty()) return send(std::move(call));
     auto self = shared_from_this();
     exchange("/v3/auth/authenticate", encode_authenticate(options.username, options.password), "",
-             options.max_response_bytes, [self, call](const std::string& terr, unsigned status, std::string body) {
+             options.max_response_bytes,
+             [self, call](const std::string& terr, unsigned status, std::string body, bool) {
                if (!terr.empty()) return self->failover(call, terr);
                if (status != 200) {
                  GatewayError g = decode_error(body);
@@ -341,44 +347,56 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   void send(std::shared_ptr<Call> call) {
     if (call->path.empty()) return finish(call, std::nullopt, {});  // authenticate only
     auto self = shared_from_this();
-    exchange(call->path, call->body, token, options.max_response_bytes,
-             [self, call](const std::string& terr, unsigned status, std::string body) {
-               if (!terr.empty()) return self->failover(call, terr);
-               if (status == 200) {
-                 // A reply that does not decode is this member's fault: the next may answer.
-                 if (call->accept) {
-                   if (std::string why = call->accept(body); !why.empty())
-                     return self->failover(call, "malformed reply: " + why);
-                 }
-                 return self->finish(call, std::nullopt, std::move(body));
-               }
-               GatewayError g = decode_error(body);
-               if (!self->options.username.empty() && is_invalid_token_error(g) && !call->token_retry) {
-                 call->token_retry = true;
-                 self->token.clear();
-                 return self->run(call);
-               }
-               // A member that fails (5xx) or has no such API (404 but not etcd's NotFound: not
-               // an etcd gateway, a proxy in the way) says nothing about the others.
-               if (is_member_failure(status, g)) {
-                 return self->failover(call, fmt::format("HTTP {}: {}", status,
-                                                         g.message.empty() ? std::string("no message") : g.message));
-               }
-               const std::size_t i = self->current;
-               // etcd with auth on, asked without a user name.
-               const bool no_user = g.message.find("user name is empty") != std::string::npos;
-               EtcdError e{fmt::format("etcd at {} answered {} with HTTP {}: {}{}", self->endpoint_text(i), call->path,
-                                       status, g.message,
-                                       no_user ? " (etcd has auth enabled: pass --rdzv-conf username=/password=)" : ""),
-                           self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7 || no_user};
-               e.permanent = is_etcd_refusal(status, g);
-               self->finish(call, e, {});
-             });
+    exchange(
+        call->path, call->body, token, options.max_response_bytes,
+        [self, call](const std::string& terr, unsigned status, std::string body, bool too_large) {
+          // Every member holds the same keys: a reply too large here is too large anywhere.
+          if (too_large) {
+            if (self->conn) self->conn->close();
+            self->conn.reset();
+            const std::size_t i = self->current;
+            EtcdError e{fmt::format("etcd at {} answered {} with a reply over the response size limit ({})",
+                                    self->endpoint_text(i), call->path, size_text(self->options.max_response_bytes)),
+                        self->options.endpoints[i].to_string(), 0, false};
+            e.too_large = true;
+            return self->finish(call, e, {});
+          }
+          if (!terr.empty()) return self->failover(call, terr);
+          if (status == 200) {
+            // A reply that does not decode is this member's fault: the next may answer.
+            if (call->accept) {
+              if (std::string why = call->accept(body); !why.empty())
+                return self->failover(call, "malformed reply: " + why);
+            }
+            return self->finish(call, std::nullopt, std::move(body));
+          }
+          GatewayError g = decode_error(body);
+          if (!self->options.username.empty() && is_invalid_token_error(g) && !call->token_retry) {
+            call->token_retry = true;
+            self->token.clear();
+            return self->run(call);
+          }
+          // A member that fails (5xx) or has no such API (404 but not etcd's NotFound: not
+          // an etcd gateway, a proxy in the way) says nothing about the others.
+          if (is_member_failure(status, g)) {
+            return self->failover(
+                call, fmt::format("HTTP {}: {}", status, g.message.empty() ? std::string("no message") : g.message));
+          }
+          const std::size_t i = self->current;
+          // etcd with auth on, asked without a user name.
+          const bool no_user = g.message.find("user name is empty") != std::string::npos;
+          EtcdError e{
+              fmt::format("etcd at {} answered {} with HTTP {}: {}{}", self->endpoint_text(i), call->path, status,
+                          g.message, no_user ? " (etcd has auth enabled: pass --rdzv-conf username=/password=)" : ""),
+              self->options.endpoints[i].to_string(), g.code, g.code == 16 || g.code == 7 || no_user};
+          e.permanent = is_etcd_refusal(status, g);
+          self->finish(call, e, {});
+        });
   }
 
   // One request/response on the unary connection. `done(transport_error, status, body)`.
   void exchange(const std::string& path, std::string body, const std::string& tok, std::size_t limit,
-                std::function<void(const std::string&, unsigned, std::string)> done) {
+                std::function<void(const std::string&, unsigned, std::string, bool)> done) {
     struct Ex {
       http::request<http::string_body> req;
       http::response_parser<http::string_body> parser;
@@ -393,14 +411,14 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     c->with_stream([&](auto& s) {
       http::async_write(s, ex->req, [self, c, ex, done](const error_code& ec, std::size_t) {
         if (self->closed || c != self->conn) return;
-        if (ec) return done("cannot send the request: " + describe(ec), 0, {});
+        if (ec) return done("cannot send the request: " + describe(ec), 0, {}, false);
         c->with_stream([&](auto& s2) {
           http::async_read(s2, c->buffer(), ex->parser, [self, c, ex, done](const error_code& ec2, std::size_t) {
             if (self->closed || c != self->conn) return;
-            if (ec2) return done("no reply: " + describe(ec2), 0, {});
+            if (ec2) return done("no reply: " + describe(ec2), 0, {}, ec2 == http::error::body_limit);
             auto& res = ex->parser.get();
             if (!res.keep_alive()) c->close();
-            done("", res.result_int(), std::move(res.body()));
+            done("", res.result_int(), std::move(res.body()), false);
           });
         });
       });
@@ -767,6 +785,111 @@ void submit_typed(EtcdClient::Impl& impl, std::string path, std::string body, Et
 
 void EtcdClient::range(RangeRequest request, EtcdCallback<RangeResponse> done) {
   submit_typed<RangeResponse>(*impl_, "/v3/kv/range", encode_range(request), std::move(done), decode_range);
+}
+
+namespace {
+
+struct PagedRange {
+  EtcdClient* client = nullptr;
+  RangeRequest first;  // as the caller asked (limit and revision ignored)
+  RangeRequest next;   // the next page
+  std::size_t max_total = 0;
+  std::size_t response_cap = 0;
+  std::size_t bytes = 0;  // keys and values read so far
+  int restarts = 0;       // reads begun anew after a compaction
+  RangeResponse out;
+  EtcdCallback<RangeResponse> done;
+};
+
+// The first page is one key (values may be up to etcd's request limit, 1.5 MiB by default); the
+// next ones follow the largest key seen.
+constexpr std::int64_t kFirstPageKeys = 1;
+constexpr std::int64_t kMostPageKeys = 4096;
+
+std::string range_text(const RangeRequest& r) {
+  return r.range_end.empty() ? fmt::format("'{}'", r.key) : fmt::format("'{}' .. '{}'", r.key, r.range_end);
+}
+
+void read_page(const std::shared_ptr<PagedRange>& p) {
+  p->client->range(p->next, [p](const std::optional<EtcdError>& err, RangeResponse r) {
+    if (err) {
+      if (err->too_large && p->next.limit > 1) {
+        p->next.limit = std::max<std::int64_t>(1, p->next.limit / 2);
+        return read_page(p);
+      }
+      // The snapshot's revision was compacted between two pages: read it all again.
+      if (p->next.revision != 0 && err->grpc_code == 11 && err->message.find("compacted") != std::string::npos &&
+          p->restarts < 3) {
+        ++p->restarts;
+        p->next = p->first;
+        p->next.limit = kFirstPageKeys;
+        p->next.revision = 0;
+        p->bytes = 0;
+        p->out = RangeResponse{};
+        return read_page(p);
+      }
+      EtcdError e = *err;
+      if (e.grpc_code == 11) e.permanent = false;  // compacted again: a later read may work
+      if (e.too_large) e.permanent = true;         // one key over the cap: no retry reads it
+      return p->done(e, RangeResponse{});
+    }
+    if (p->next.revision == 0) {
+      p->out.header = r.header;
+      p->next.revision = r.header.revision;
+    }
+    std::size_t largest = 1;
+    for (const KeyValue& kv : r.kvs) {
+      p->bytes += kv.key.size() + kv.value.size();
+      largest = std::max(largest, kv.key.size() + kv.value.size());
+    }
+    if (p->bytes > p->max_total) {
+      EtcdError e;
+      e.message = fmt::format(
+          "the keys {} in etcd {} hold over {} ({} read in {} keys at revision {}), more than is read at once",
+          range_text(p->first), p->client->endpoints_text(), size_text(p->max_total), size_text(p->bytes),
+          p->out.kvs.size() + r.kvs.size(), p->next.revision);
+      e.permanent = true;
+      return p->done(e, RangeResponse{});
+    }
+    const bool more = r.more && !r.kvs.empty();
+    std::string last = r.kvs.empty() ? std::string() : r.kvs.back().key;
+    if (p->out.kvs.empty()) {
+      p->out.kvs = std::move(r.kvs);
+    } else {
+      p->out.kvs.insert(p->out.kvs.end(), std::make_move_iterator(r.kvs.begin()), std::make_move_iterator(r.kvs.end()));
+    }
+    if (!more) {
+      p->out.more = false;
+      p->out.count = static_cast<std::int64_t>(p->out.kvs.size());
+      return p->done(std::nullopt, std::move(p->out));
+    }
+    // The next page starts right after the last key; its size aims at an eighth of the
+    // response cap for keys as large as the largest of this page (JSON carries them in base64,
+    // 4/3 of their size, plus a little per key), so a page also comes within the request
+    // timeout. A larger one halves the page (too_large).
+    p->next.key = std::move(last);
+    p->next.key.push_back('\0');
+    const std::size_t per_key = largest / 3 * 4 + 256;
+    p->next.limit =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>(p->response_cap / 8 / per_key), 1, kMostPageKeys);
+    read_page(p);
+  });
+}
+
+}  // namespace
+
+void EtcdClient::range_all(RangeRequest request, std::size_t max_total_bytes, EtcdCallback<RangeResponse> done) {
+  auto p = std::make_shared<PagedRange>();
+  p->client = this;
+  p->first = request;
+  p->first.limit = 0;
+  p->first.revision = 0;
+  p->next = p->first;
+  p->next.limit = kFirstPageKeys;
+  p->max_total = max_total_bytes;
+  p->response_cap = impl_->options.max_response_bytes;
+  p->done = std::move(done);
+  read_page(p);
 }
 
 void EtcdClient::put(PutRequest request, EtcdCallback<ResponseHeader> done) {

@@ -342,6 +342,12 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   Phase phase = Phase::idle;
   std::int64_t node_lease = 0, job_lease = 0;
   std::int64_t spare_job_lease = 0;  // granted for a job-lease claim that failed
+  // The job's epoch: mod_revision of P"lease" as this agent last saw it (0: none yet). A claim
+  // puts that key only where it still holds `claim_expect` (0: absent), and clears the job's
+  // log, inbox and leader key in the same transaction, so a fresh log never inherits entries of
+  // the job it replaces and is never sequenced by an agent elected before it.
+  std::int64_t lease_rev = 0;
+  std::int64_t claim_expect = 0;
   std::optional<Assignment> assignment;
   bool want_join = false;
   bool leaving = false;
@@ -369,6 +375,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   bool healthy = false;
   bool syncing = false;
   std::uint64_t sync_gen = 0;
+  std::uint64_t epoch = 0;  // job_vanished() count: answers about the job before are stale
 
   // Sequencer election.
   bool leader_known = false;  // a P"leader" key exists, as far as this agent has seen
@@ -558,30 +565,49 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                      "job lease grant", [this](etcd::LeaseGrantResponse r) { claim_job_lease_with(r.id); }, false));
   }
 
+  // Takes the job lease: puts P"lease" if it is absent (a new job) or still holds the epoch this
+  // agent found gone (claim_expect, see job_vanished), and with it clears what the job it
+  // replaces left behind: the log (entries on the old job lease, which a deleted lease key or
+  // entry 0 leaves in place), the inbox (events reported to that job; their agents report them
+  // again) and P"leader" (a sequencer of the old log, whose node lease lives on). Otherwise
+  // another agent claimed first: its lease is the job's.
   void claim_job_lease_with(std::int64_t mine) {
     spare_job_lease = 0;
     etcd::TxnRequest t;
-    t.compare.push_back({lease_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
+    t.compare.push_back(
+        {lease_key, etcd::Compare::Target::mod_revision, etcd::Compare::Result::equal, claim_expect, {}});
     t.success.emplace_back(etcd::PutRequest{lease_key, std::to_string(mine), mine});
+    t.success.emplace_back(etcd::DeleteRangeRequest{log_prefix, etcd::prefix_range_end(log_prefix)});
+    t.success.emplace_back(etcd::DeleteRangeRequest{inbox_prefix, etcd::prefix_range_end(inbox_prefix)});
+    t.success.emplace_back(etcd::DeleteRangeRequest{leader_key, {}});
     t.failure.emplace_back(etcd::RangeRequest{lease_key, {}, 0, 0, false, false});
     auto claimed = guard("job lease claim", [this, mine](etcd::TxnResponse tr) {
       if (tr.succeeded) {
         job_lease = mine;
+        lease_rev = tr.header.revision;
       } else {
-        std::int64_t other = 0;
-        if (!tr.responses.empty() && !tr.responses[0].range.kvs.empty()) {
-          const std::string& v = tr.responses[0].range.kvs[0].value;
-          std::from_chars(v.data(), v.data() + v.size(), other);
+        const etcd::KeyValue* kv =
+            tr.responses.empty() || tr.responses[0].range.kvs.empty() ? nullptr : &tr.responses[0].range.kvs[0];
+        if (kv == nullptr) {  // gone meanwhile (or the epoch we found gone was deleted): claim it absent
+          claim_expect = 0;
+          return claim_job_lease_with(mine);
         }
+        std::int64_t other = 0;
+        std::from_chars(kv->value.data(), kv->value.data() + kv->value.size(), other);
         // The key may hold our own lease: the client retries a request whose
         // answer was lost on the next endpoint, and the first try committed.
         // Revoking it then would delete the job's state with it.
         if (other != mine) client.lease_revoke(mine, [](const auto&, auto) {});
-        if (other <= 0) {  // vanished meanwhile, or garbage: try again
+        if (other <= 0) {  // garbage: replace it (and what its job left) with a lease of our own
+          spdlog::warn("etcd rendezvous '{}': {} holds '{}', not a lease id; claiming the job anew", options.run_id,
+                       lease_key, kv->value.substr(0, 40));
+          claim_expect = kv->mod_revision;
           return claim_job_lease();
         }
         job_lease = other;
+        lease_rev = kv->mod_revision;
       }
+      claim_expect = 0;
       sync();
     });
     client.txn(std::move(t), [this, mine, claimed = std::move(claimed)](const std::optional<etcd::EtcdError>& err,
@@ -602,79 +628,120 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     const auto [from, to] = view_range();
     // Only the latest read counts: the role (and with it the range) may have changed since.
     const std::uint64_t gen = ++sync_gen;
-    client.range({from, to, 0, 0, false, false}, guard("read", [this, gen](etcd::RangeResponse r) {
-                   if (gen != sync_gen) return;
-                   syncing = false;
-                   bool has_lease_key = false;
-                   std::optional<etcd::KeyValue> leader_kv;
-                   std::set<std::string> now_live;
-                   std::map<std::string, InboxEntry> now_inbox;
-                   std::vector<std::pair<std::int64_t, std::string>> entries;
-                   for (etcd::KeyValue& kv : r.kvs) {
-                     if (kv.key == lease_key) {
-                       has_lease_key = true;
-                     } else if (kv.key == leader_key) {
-                       leader_kv = kv;
-                     } else if (kv.key.starts_with(nodes_prefix)) {
-                       now_live.insert(kv.key);
-                     } else if (kv.key.starts_with(inbox_prefix)) {
-                       now_inbox[kv.key] = InboxEntry{kv.mod_revision, std::move(kv.value)};
-                     } else if (kv.key.starts_with(log_prefix)) {
-                       if (auto seq = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size())))
-                         entries.emplace_back(*seq, std::move(kv.value));
-                     }
-                   }
-                   if (!has_lease_key) {
-                     job_vanished("its lease key is gone");
-                     return;
-                   }
-                   if (log.next_seq() > 0 && (entries.empty() || entries.front().first != 0)) {
-                     job_vanished(fmt::format(
-                         "its log was removed: a read at revision {} found {} of its {} entries{}", r.header.revision,
-                         entries.size(), log.next_seq(),
-                         entries.empty() ? std::string() : fmt::format(", the first {}", entries.front().first)));
-                     return;
-                   }
-                   leader_known = leader_kv.has_value();
-                   if (leader && !(leader_kv && leader_kv->create_revision == leader_rev)) {
-                     spdlog::info("etcd rendezvous '{}': this agent no longer sequences the log", options.run_id);
-                     leader = false;
-                   }
-                   if (leader) {
-                     live = std::move(now_live);
-                     inbox = std::move(now_inbox);
-                   } else {
-                     live.clear();
-                     inbox.clear();
-                   }
-                   for (auto& [seq, value] : entries) {
-                     if (seq < log.next_seq()) continue;
-                     if (seq != log.next_seq()) break;
-                     apply_entry(seq, value);
-                     if (stopped()) return;
-                   }
-                   if (leader) {
-                     // A member whose node key is absent may have died while nobody sequenced.
-                     if (const RendezvousJob* job = log.job()) {
-                       for (const MemberStatus& m : job->status(TimePoint{}).members) {
-                         if (!live.count(node_key(m.id))) expiry_candidates.insert(node_key(m.id));
-                       }
-                     }
-                   }
-                   start_watch(r.header.revision + 1);
-                   if (phase == Phase::starting) {
-                     phase = Phase::ready;
-                     keepalive_tick();
-                   }
-                   after_apply();
-                 }));
+    client.range_all({from, to, 0, 0, false, false}, etcd::kMaxJobBytes,
+                     guard("read", [this, gen](etcd::RangeResponse r) {
+                       if (gen != sync_gen) return;
+                       syncing = false;
+                       on_view(std::move(r));
+                     }));
   }
 
-  // The job's state expired in etcd (every agent was cut off for the job lease TTL). Start a
-  // fresh log; an agent with an assignment re-registers it (the registry's rebuild path).
+  // The read of sync(): checks the job is still the one this agent follows, then applies it.
+  void on_view(etcd::RangeResponse r) {
+    std::optional<etcd::KeyValue> lease_kv, leader_kv;
+    std::set<std::string> now_live;
+    std::map<std::string, InboxEntry> now_inbox;
+    std::vector<std::pair<std::int64_t, std::string>> entries;
+    for (etcd::KeyValue& kv : r.kvs) {
+      if (kv.key == lease_key) {
+        lease_kv = kv;
+      } else if (kv.key == leader_key) {
+        leader_kv = kv;
+      } else if (kv.key.starts_with(nodes_prefix)) {
+        now_live.insert(kv.key);
+      } else if (kv.key.starts_with(inbox_prefix)) {
+        now_inbox[kv.key] = InboxEntry{kv.mod_revision, std::move(kv.value)};
+      } else if (kv.key.starts_with(log_prefix)) {
+        if (auto seq = etcd::parse_log_seq(std::string_view(kv.key).substr(log_prefix.size())))
+          entries.emplace_back(*seq, std::move(kv.value));
+      }
+    }
+    if (!lease_kv) {
+      job_vanished("its lease key is gone");
+      return;
+    }
+    if (lease_kv->mod_revision != lease_rev) {
+      // Another agent claimed the job anew since our claim (it found the job gone). Nothing
+      // applied yet: that job is ours to follow. Else our replica is of a job that is gone.
+      std::int64_t other = 0;
+      std::from_chars(lease_kv->value.data(), lease_kv->value.data() + lease_kv->value.size(), other);
+      if (log.next_seq() > 0 || leader || other <= 0) {
+        job_vanished(fmt::format("its lease key {} was replaced at revision {}", lease_key, lease_kv->mod_revision));
+        return;
+      }
+      job_lease = other;
+      lease_rev = lease_kv->mod_revision;
+    }
+    // Entries are never removed from a job's log: one that does not start at 0, or that lost
+    // what this replica applied, is the remains of a removed log.
+    if (entries.empty() ? log.next_seq() > 0 : entries.front().first != 0) {
+      job_vanished(fmt::format(
+          "its log was removed: a read at revision {} found {} entries{} where this agent applied {}",
+          r.header.revision, entries.size(),
+          entries.empty() ? std::string() : fmt::format(", the first {}", entries.front().first), log.next_seq()));
+      return;
+    }
+    // Our own leader key that we do not sequence with (a campaign that committed while the job
+    // was claimed anew): take it up, else nobody would sequence while it lives.
+    if (!leader && leader_kv && node_lease != 0 && leader_kv->lease == node_lease &&
+        leader_kv->value == options.node.id.to_string()) {
+      spdlog::info("etcd rendezvous '{}': this agent holds {}; sequencing the log", options.run_id, leader_key);
+      leader = true;
+      leader_rev = leader_kv->create_revision;
+      return sync();  // read the inbox and the node keys, watch everything
+    }
+    leader_known = leader_kv.has_value();
+    if (leader && !(leader_kv && leader_kv->create_revision == leader_rev)) {
+      spdlog::info("etcd rendezvous '{}': this agent no longer sequences the log", options.run_id);
+      leader = false;
+    }
+    if (leader) {
+      live = std::move(now_live);
+      inbox = std::move(now_inbox);
+    } else {
+      live.clear();
+      inbox.clear();
+    }
+    for (auto& [seq, value] : entries) {
+      if (seq < log.next_seq()) continue;
+      if (seq != log.next_seq()) break;
+      apply_entry(seq, value);
+      if (stopped()) return;
+    }
+    if (leader) {
+      // A member whose node key is absent may have died while nobody sequenced.
+      if (const RendezvousJob* job = log.job()) {
+        for (const MemberStatus& m : job->status(TimePoint{}).members) {
+          if (!live.count(node_key(m.id))) expiry_candidates.insert(node_key(m.id));
+        }
+      }
+    }
+    start_watch(r.header.revision + 1);
+    if (phase == Phase::starting) {
+      phase = Phase::ready;
+      keepalive_tick();
+    }
+    after_apply();
+  }
+
+  // The job's state expired in etcd (every agent was cut off for the job lease TTL), or someone
+  // deleted part of it. Start a fresh log: the job lease claim replaces the epoch this agent
+  // knew (unless another agent did so first) and clears what is left of it, P"leader" included;
+  // an agent with an assignment re-registers it (the registry's rebuild path).
   void job_vanished(const std::string& why) {
     spdlog::warn("etcd rendezvous '{}': the job's state in etcd vanished ({}); re-registering", options.run_id, why);
     log = etcd::JobLog(options.run_id);
+    ++epoch;  // answers to calls of the old job's replica are ignored
+    watch_retry_timer.cancel();
+    if (watch_id) client.cancel_watch(*watch_id);
+    watch_id.reset();
+    ++sync_gen;
+    syncing = false;
+    putting = false;
+    folding = false;
+    campaigning = false;
+    claim_expect = lease_rev;
+    lease_rev = 0;
     job_lease = 0;
     leader = false;
     leader_known = false;
@@ -687,6 +754,10 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     client.delete_range({inbox_prefix + source + "-", etcd::prefix_range_end(inbox_prefix + source + "-")},
                         [](const auto&, auto) {});
     new_source();
+    // A join or rejoin still queued is replaced by the one below.
+    std::erase_if(ops, [](const Op& o) {
+      return std::holds_alternative<JoinMessage>(o.message) || std::holds_alternative<RejoinMessage>(o.message);
+    });
     for (Op& op : ops) {
       op.put = false;
       op.id.clear();
@@ -751,7 +822,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   }
 
   void on_watch(const etcd::WatchMessage& m) {
-    if (stopped() || syncing) return;
+    if (phase != Phase::ready || syncing) return;  // stopped, or a watch of a job that vanished
     watch_failing_since.reset();
     for (const etcd::WatchEvent& e : m.events) {
       const std::string& key = e.kv.key;
@@ -772,7 +843,18 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         leader_known = put;
         if (leader && (!put || e.kv.create_revision != leader_rev)) return step_down("its leader key is gone");
       } else if (key == lease_key) {
-        if (!put) return job_vanished("its lease expired");
+        // Deleted: by the job lease's expiry, or by another client. Put anew: another agent
+        // claimed the job anew (it found the job gone) and cleared the log this replica follows.
+        if (!put) {
+          return job_vanished(
+              fmt::format("its lease key {} was deleted at revision {} (the job lease expired, or "
+                          "another etcd client deleted the key)",
+                          lease_key, e.kv.mod_revision));
+        }
+        if (e.kv.mod_revision != lease_rev) {
+          return job_vanished(
+              fmt::format("its lease key {} was replaced at revision {}", lease_key, e.kv.mod_revision));
+        }
       } else if (!leader) {
         continue;
       } else if (key.starts_with(nodes_prefix)) {
@@ -804,7 +886,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     t.compare.push_back({leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
     t.success.emplace_back(etcd::PutRequest{leader_key, options.node.id.to_string(), node_lease});
     t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, false, false});
-    client.txn(std::move(t), guard("campaign", [this](etcd::TxnResponse r) {
+    client.txn(std::move(t), guard("campaign", [this, gen = epoch](etcd::TxnResponse r) {
+                 if (gen != epoch) return;  // a later claim deleted the key, or sync() takes it up
                  campaigning = false;
                  std::int64_t rev = r.header.revision;
                  if (!r.succeeded) {
@@ -1001,7 +1084,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     etcd::TxnRequest t;
     t.success.emplace_back(etcd::PutRequest{inbox_prefix + it->id, etcd::encode_event(ev), node_lease});
     if (it->with_node_key) t.success.emplace_back(etcd::PutRequest{my_key, options.node.id.to_string(), node_lease});
-    client.txn(std::move(t), guard("report", [this, id = it->id, lease = node_lease](etcd::TxnResponse) {
+    client.txn(std::move(t), guard("report", [this, id = it->id, lease = node_lease, gen = epoch](etcd::TxnResponse) {
+                 if (gen != epoch) return;  // job_vanished() put every event up again
                  putting = false;
                  auto op = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id == id; });
                  // Under a lease we since replaced the key is gone again: put it once more.
@@ -1081,13 +1165,17 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     std::string value = etcd::encode_batch(batch);
     etcd::TxnRequest t;
     t.compare.push_back({key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, 0, {}});
-    if (seq > 0) {
-      t.compare.push_back({log_prefix + etcd::log_seq_text(seq - 1),
+    // The log has no gap and still starts at entry 0 (a removed entry 0 is a removed log: the
+    // replicas that see it start a fresh one, and must not apply this entry first).
+    auto exists = [&](std::int64_t n) {
+      t.compare.push_back({log_prefix + etcd::log_seq_text(n),
                            etcd::Compare::Target::create_revision,
                            etcd::Compare::Result::greater,
                            0,
                            {}});
-    }
+    };
+    if (seq > 0) exists(seq - 1);
+    if (seq > 1) exists(0);
     t.compare.push_back(
         {leader_key, etcd::Compare::Target::create_revision, etcd::Compare::Result::equal, leader_rev, {}});
     // Our view of the node keys may lag: etcd itself confirms each expired node's key is gone.
@@ -1099,7 +1187,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     t.failure.emplace_back(etcd::RangeRequest{leader_key, {}, 0, 0, true, false});
     for (const std::string& g : gone) t.failure.emplace_back(etcd::RangeRequest{g, {}, 0, 0, true, false});
     client.txn(std::move(t), guard("append", [this, seq, value = std::move(value), taken = std::move(taken),
-                                              gone = std::move(gone)](etcd::TxnResponse r) {
+                                              gone = std::move(gone), gen = epoch](etcd::TxnResponse r) {
+                 if (gen != epoch) return;  // an entry of a job that vanished
                  folding = false;
                  if (!leader) return;
                  if (r.succeeded) {
@@ -1129,9 +1218,11 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
                    changed = true;
                    if (stopped()) return;
                  }
-                 // Neither entry `seq` nor our copy of it: the entry before it must be gone.
+                 // Neither entry `seq` nor our copy of it: the entry before it or entry 0 must be gone.
                  if (!changed && !seq_written && log.next_seq() <= seq && seq > 0) {
-                   return job_vanished(fmt::format("its log was removed: entry {} is gone", seq - 1));
+                   return job_vanished(seq == 1
+                                           ? std::string("its log was removed: entry 0 is gone")
+                                           : fmt::format("its log was removed: entry {} or entry 0 is gone", seq - 1));
                  }
                  after_apply();
                }));
@@ -1184,12 +1275,16 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     // The job lease needs one keeper: the sequencer (or, while none is known, everyone). A
     // sequencer that dies is replaced within a node TTL; the job TTL is at least three.
     if (job_lease != 0 && (leader || !leader_known)) {
-      lease_client.lease_keepalive(job_lease, guard(
-                                                  "job keepalive",
-                                                  [this](etcd::LeaseKeepAliveResponse r) {
-                                                    if (r.ttl <= 0 && !syncing) job_vanished("its lease expired");
-                                                  },
-                                                  false));
+      // An answer about a job lease this agent no longer uses (the job was claimed anew) says
+      // nothing about the job.
+      lease_client.lease_keepalive(job_lease,
+                                   guard(
+                                       "job keepalive",
+                                       [this, id = job_lease](etcd::LeaseKeepAliveResponse r) {
+                                         if (r.ttl <= 0 && !syncing && id == job_lease && phase == Phase::ready)
+                                           job_vanished("its lease expired");
+                                       },
+                                       false));
     } else {
       failing.erase("job keepalive");  // another agent keeps it now
     }
@@ -1286,11 +1381,11 @@ RegistryStatus query_etcd_status(const etcd::EtcdClientOptions& options, const s
   const std::string base = run_id.empty() ? prefix : prefix + run_id + "/";
   std::optional<etcd::EtcdError> error;
   std::optional<etcd::RangeResponse> reply;
-  client.range({base, etcd::prefix_range_end(base), 0, 0, false, false},
-               [&](const std::optional<etcd::EtcdError>& err, etcd::RangeResponse r) {
-                 error = err;
-                 if (!err) reply = std::move(r);
-               });
+  client.range_all({base, etcd::prefix_range_end(base), 0, 0, false, false}, etcd::kMaxJobBytes,
+                   [&](const std::optional<etcd::EtcdError>& err, etcd::RangeResponse r) {
+                     error = err;
+                     if (!err) reply = std::move(r);
+                   });
   io.run_for(timeout);
   if (error) throw NetworkError(error->message, "check --rdzv-endpoint and --rdzv-conf");
   if (!reply) {

@@ -74,6 +74,8 @@ struct EtcdError {
   // such a body (a proxy's page) moves the call to the next endpoint. NotFound (an expired
   // lease) is not permanent.
   bool permanent = false;
+  // The reply was over max_response_bytes (every member would send the same): read less at once.
+  bool too_large = false;
 };
 
 template <class T>
@@ -98,6 +100,13 @@ class EtcdClient {
   EtcdClient& operator=(const EtcdClient&) = delete;
 
   void range(RangeRequest request, EtcdCallback<RangeResponse> done);
+  // Every key of request.key .. request.range_end, read in pages at the revision of the first
+  // (one consistent snapshot, like one range), each page small enough for max_response_bytes:
+  // the page size follows the sizes seen so far and is halved while a page is too large. Fails
+  // permanently, naming the range, once the keys and values read pass `max_total_bytes`. A page
+  // whose revision was compacted meanwhile starts the read again (at most 3 times). The reply's
+  // header is the first page's; `more` is false, `count` the number of keys.
+  void range_all(RangeRequest request, std::size_t max_total_bytes, EtcdCallback<RangeResponse> done);
   void put(PutRequest request, EtcdCallback<ResponseHeader> done);
   void delete_range(DeleteRangeRequest request, EtcdCallback<ResponseHeader> done);
   void txn(TxnRequest request, EtcdCallback<TxnResponse> done);

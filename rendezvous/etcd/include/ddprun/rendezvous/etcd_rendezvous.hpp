@@ -38,6 +38,13 @@
 // Keepalives use a connection of their own, so a call stuck on a member that lost its leader
 // never delays a lease renewal.
 //
+// A job that vanished (its lease key gone, its log removed, by expiry or by another etcd client):
+// every agent that notices claims the job anew with a transaction that puts P"lease" only where
+// it still has the mod revision the agent followed (absent: 0), and clears P"log/", P"inbox/"
+// and P"leader" in the same revision. One agent wins; the others follow its lease. The fresh
+// log thus never inherits old entries, and always gets a sequencer (no orphaned leader key);
+// running nodes re-register their assignments into it.
+//
 // Key layout: P"inbox/<source>-<counter, 12 digits>" = one pending event (owner's node lease);
 // P"leader" = node id of the sequencer (its node lease); P"lease" = decimal id of the job
 // lease; P"log/<seq, 12 digits>" = one batch of events; P"nodes/<addr:pid/instance>" = a live
@@ -138,6 +145,10 @@ std::string decode_batch(std::string_view value, const WireLimits& limits, std::
 // --max-request-bytes (1.5 MiB by default).
 inline constexpr std::size_t kMaxBatchEvents = 4096;
 inline constexpr std::size_t kMaxBatchBytes = std::size_t{512} << 10;
+// Most bytes (keys and values) an agent reads of a job at once (its view, read in pages under
+// the client's response cap): about 1,000 rounds of a 1,024-node job. More fails the read,
+// naming the keys and their size.
+inline constexpr std::size_t kMaxJobBytes = std::size_t{512} << 20;
 
 // "<source>-<counter>" -> (source, counter); nullopt when the id has no numeric counter.
 std::optional<std::pair<std::string, std::uint64_t>> split_event_id(std::string_view id);
