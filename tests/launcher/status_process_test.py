@@ -268,5 +268,90 @@ class StatusWithoutServer(unittest.TestCase):
             self.assertIn(text, r.stderr, args)
 
 
+
+class Impostor:
+    """A TCP server on 127.0.0.1 that answers the first connection with `reply` (bytes, or a
+    callable given the socket) and then holds the connection without reading."""
+
+    def __init__(self, reply):
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.reply = reply
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                if callable(self.reply):
+                    self.reply(conn, self.done)
+                else:
+                    conn.sendall(self.reply)
+            except OSError:
+                pass
+            self.done.wait(60)
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
+        self.thread.join(10)
+
+
+def native_frame(op, payload):
+    body = json.dumps(payload).encode()
+    return bytes([op]) + len(body).to_bytes(4, "little") + body
+
+
+CHALLENGE = native_frame(0x68, {"server_nonce": "ab" * 32, "auth": False})
+
+
+class StatusAgainstImpostor(unittest.TestCase):
+    def status(self, server, timeout="10"):
+        started = time.monotonic()
+        r = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", server.endpoint, "--timeout", timeout],
+                           capture_output=True, text=True, timeout=60)
+        return r, time.monotonic() - started
+
+    def test_a_server_that_repeats_its_challenge_is_refused_at_once(self):
+        # Before: every CHALLENGE started another write of the request (into the buffer the
+        # writes before still pointed at) to a server that never reads: ~200 MB/s of memory,
+        # until --timeout, then "no reply".
+        def flood(conn, done):
+            while not done.is_set():
+                conn.sendall(CHALLENGE * 64)
+        server = Impostor(flood)
+        self.addCleanup(server.close)
+        r, took = self.status(server)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("the server sent a second CHALLENGE out of turn", r.stderr)
+        self.assertLess(took, 8, "ended by --timeout, not by the second CHALLENGE")
+
+    def test_a_server_of_another_protocol_is_named_from_its_first_bytes(self):
+        # Before: "rendezvous HELLO payload of 793793620 bytes exceeds the limit": "HTTP" read as
+        # an op and a length.
+        server = Impostor(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        self.addCleanup(server.close)
+        r, _ = self.status(server)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("not ddprun's rendezvous protocol (it begins \"HTTP/1.1 400 Bad", r.stderr)
+
+    def test_a_status_over_the_reply_bound_suggests_one_job(self):
+        # Before: the hint for it never matched the decoder's words; the generic one came instead.
+        server = Impostor(CHALLENGE + bytes([0x67]) + ((64 << 20) + 1).to_bytes(4, "little"))
+        self.addCleanup(server.close)
+        r, _ = self.status(server)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("STATUS_REPLY payload of 67108865 bytes exceeds the limit", r.stderr)
+        self.assertIn("ask for one with --rdzv-id ID", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

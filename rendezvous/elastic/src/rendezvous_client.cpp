@@ -617,20 +617,33 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   const std::string client_nonce = auth::random_hex(auth::nonce_bytes);
   const std::string bound_run = run_id.empty() ? std::string(auth::any_run) : run_id;
   std::string server_nonce;
-  std::string out;
   std::string in;
   const WireLimits limits{std::size_t{64} << 20, 16};  // a status of many jobs can be large
   std::function<void()> read_more;
+  // HELLO, then AUTH (with a token), then STATUS: each sent once, in its own buffer, each after
+  // the server's answer to the one before (a server that answers out of turn is refused below,
+  // so at most three writes are ever in flight).
   auto send = [&](const ClientMessage& m) {
-    out.clear();
-    encode_client(out, m);
-    asio::async_write(socket, asio::buffer(out), [&](boost::system::error_code wec, std::size_t) {
-      if (wec) error = wec.message();
+    auto out = std::make_shared<std::string>();
+    encode_client(*out, m);
+    asio::async_write(socket, asio::buffer(*out), [&, out](boost::system::error_code wec, std::size_t) {
+      if (wec && error.empty()) error = wec.message();
     });
+  };
+  bool challenged = false;
+  bool authenticated = false;
+  const auto out_of_turn = [&](const char* what) {
+    error = fmt::format(
+        "the server sent {} out of turn: it does not follow ddprun's rendezvous handshake (an impostor, or "
+        "not a ddprun-rdzvd)",
+        what);
+    return true;
   };
   // Returns true when the exchange is over (result or error).
   auto on_message = [&](ServerMessage& msg) -> bool {
     if (auto* c = std::get_if<ChallengeMessage>(&msg)) {
+      if (challenged) return out_of_turn("a second CHALLENGE");
+      challenged = true;
       if (!c->auth) {
         if (!token.empty()) {
           error =
@@ -650,6 +663,8 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
       return false;
     }
     if (auto* ok = std::get_if<AuthOkMessage>(&msg)) {
+      if (authenticated) return out_of_turn("a second AUTH_OK");
+      authenticated = true;
       if (server_nonce.empty() ||
           !auth::equal_secret(auth::server_mac(token, client_nonce, server_nonce, bound_run), ok->mac)) {
         error = "the server could not prove that it knows the token (wrong MAC in AUTH_OK)";
@@ -726,7 +741,8 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
   }
   if (result) return std::move(*result);
   if (error.empty()) error = fmt::format("no reply within {} ms", timeout.count());
-  if (run_id.empty() && error.rfind("STATUS_REPLY payload", 0) == 0) {  // this side's decode limit, not a server's text
+  // This side's decode limit (split_frame's words), not a server's text (a refusal's starts "refused: ").
+  if (run_id.empty() && error.rfind("rendezvous STATUS_REPLY payload of ", 0) == 0) {
     // The status of every job is one reply, bounded on this side: a daemon holding tens of
     // thousands of jobs with long names passes it.
     throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),

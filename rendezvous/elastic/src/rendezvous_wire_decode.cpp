@@ -14,7 +14,6 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
-#include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/bytes.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 
@@ -374,6 +373,20 @@ bool relay_ok_trusted_frames(std::string_view frame) {
 }
 
 DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, ServerMessage& out) {
+  // A server that speaks something else (an HTTP server, a TCPStore, sshd) is named as such
+  // from its first byte, not read as a header whose length is four letters of its text.
+  if (!buffer.empty()) {
+    const auto op = static_cast<std::uint8_t>(buffer[0]);
+    if (op < static_cast<std::uint8_t>(NativeOp::assignment) || op > static_cast<std::uint8_t>(NativeOp::relay_ok)) {
+      DecodeResult res;
+      res.status = DecodeStatus::error;
+      res.reason = fmt::format(
+          "the server's reply is not ddprun's rendezvous protocol (it begins \"{}\"): is that address a "
+          "ddprun-rdzvd, or the worker store of a --rdzv-backend c10d job's first node?",
+          terminal_safe(buffer.substr(0, 16)));
+      return res;
+    }
+  }
   return decode_with(buffer, limits, out, [](std::uint8_t op, const Reader& r) -> ServerMessage {
     switch (static_cast<NativeOp>(op)) {
       case NativeOp::assignment:
