@@ -195,7 +195,7 @@ SpawnResult ChildProcess::start(SpawnRequest request, ChildStream out, ChildStre
     };
     ++s.pumps_open;
     if (st.kind == ChildStream::Kind::sink) {
-      s.pumps.push_back(std::make_unique<OutputPump>(s.io, pump_fds[i], std::move(st.sink), done));
+      s.pumps.push_back(std::make_unique<OutputPump>(s.io, pump_fds[i], std::move(st.sink), st.console_fd, done));
     } else {
       s.pumps.push_back(
           std::make_unique<OutputPump>(s.io, pump_fds[i], st.file_fd, st.console_fd, std::move(st.prefix), done));

@@ -136,6 +136,7 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
   const std::string console_prefix = route == Route::inherit ? std::string() : prefix;
   ChildStream st;
   st.kind = ChildStream::Kind::sink;
+  st.console_fd = to_console ? console_fd : -1;  // the pump paces on it
   struct ConsoleState {
     bool cut = false;         // the last block written to the console was a line cut short
     bool log_failed = false;  // a write to the log file failed (reported once)
@@ -150,7 +151,7 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
       std::string_view shown = block;
       if (console->cut && !shown.empty() && shown.front() == '\n') shown.remove_prefix(1);
       console->cut = !complete;
-      if (!shown.empty()) console::write_prefixed(console_fd, console_prefix, shown, complete);
+      if (!shown.empty()) console::write_prefixed(console_fd, console_prefix, shown, complete, /*paced=*/true);
     }
     filtered->feed(block, complete);
   };

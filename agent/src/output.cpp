@@ -201,10 +201,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       complete();
       return;
     }
-    if (console_fd >= 0 || sink) {
-      // A sink relays to either console stream (-1: whichever queue is full).
-      const int fd = sink ? -1 : console_fd;
-      if (console::over(fd)) {
+    {
+      // A sink paces on the console stream it relays to (pace_fd; -1: none).
+      const int fd = sink ? pace_fd : console_fd;
+      if (fd >= 0 && console::over(fd)) {
         // The console is not taking what is queued: stop reading the pipe until it has room,
         // so the worker waits in its own write (console.hpp), not the agent's event loop.
         std::weak_ptr<Impl> weak = shared_from_this();
@@ -236,7 +236,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
             // of its own: the line's real newline, right after the cut, ends that line, not another.
             if (console_cut && shown.front() == '\n') shown.remove_prefix(1);
             console_cut = !whole;
-            console::write_prefixed(console_fd, prefix, shown, whole);
+            console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true);
           }
         },
         eof);
@@ -307,6 +307,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   int file_fd;
   bool file_failed = false;  // a write to file_fd failed (reported once)
   int console_fd;
+  int pace_fd = -1;             // a sink's console stream: it stops reading while that is full
   std::uint64_t room_wait = 0;  // console::when_room's id while paused for the console
   bool console_cut = false;     // the last block written to the console was a line cut short
   bool finished = false;
@@ -323,10 +324,11 @@ OutputPump::OutputPump(asio::io_context& io, int read_fd, int file_fd, int conso
     : impl_(std::make_shared<Impl>(io, read_fd, file_fd, console_fd, std::move(prefix), std::move(on_done), capacity)) {
 }
 
-OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink,
+OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink, int pace_fd,
                        std::function<void()> on_done, std::size_t capacity)
     : impl_(std::make_shared<Impl>(io, read_fd, -1, -1, std::string(), std::move(on_done), capacity)) {
   impl_->sink = std::move(sink);
+  impl_->pace_fd = pace_fd;
 }
 
 OutputPump::~OutputPump() {

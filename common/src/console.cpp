@@ -63,7 +63,8 @@ struct State {
   std::vector<int> dead;  // fds a write failed on
   std::uint64_t next_id = 1;
   bool hooked = false;                                 // atexit and atfork installed
-  bool direct = false;                                 // a forked child: no writer threads, writes are direct
+  bool direct = false;                                 // a forked child, or past the exit's drain: writes are direct
+  bool closed = false;                                 // past an exit's drain that was cut short: writes are dropped
   std::optional<std::chrono::milliseconds> exit_wait;  // limit_exit_wait
 };
 
@@ -94,15 +95,51 @@ bool all_empty(const State& st) {
 }
 
 void wake_waiters(State& st, const Lane* lane) {
-  std::erase_if(st.waiters, [&](Waiter& w) {
-    if (lane != nullptr && w.lane != lane) return false;
-    boost::asio::post(*w.io, std::move(w.resume));
-    return true;
-  });
+  const auto woken = std::stable_partition(st.waiters.begin(), st.waiters.end(),
+                                           [&](const Waiter& w) { return lane != nullptr && w.lane != lane; });
+  std::vector<Waiter> go(std::make_move_iterator(woken), std::make_move_iterator(st.waiters.end()));
+  st.waiters.erase(woken, st.waiters.end());
+  for (auto& w : go) boost::asio::post(*w.io, std::move(w.resume));
 }
 
-void push_locked(State& st, Lane& lane, int fd, std::string&& data);
+void push_locked(State& st, Lane& lane, int fd, std::string&& data, bool paced = false);
 Lane& lane_for(State& st, int fd);
+
+// One turn of a lane's writer, called and returning with the lock held.
+void write_next(State* st, Lane* lane, std::unique_lock<std::mutex>& lock) {
+  auto [fd, data] = std::move(lane->pieces.front());
+  lane->pieces.pop_front();
+  std::size_t taken = data.size();
+  try {
+    while (!lane->pieces.empty() && lane->pieces.front().first == fd && data.size() < kCoalesceBytes) {
+      data += lane->pieces.front().second;
+      taken += lane->pieces.front().second.size();
+      lane->pieces.pop_front();
+    }
+  } catch (const std::bad_alloc&) {  // write what was joined so far; the piece it failed on waits
+  }
+  const bool dead = std::find(st->dead.begin(), st->dead.end(), fd) != st->dead.end();
+  lock.unlock();
+  const bool ok = dead || write_fully(fd, data);
+  const int err = errno;
+  lock.lock();
+  lane->queued -= taken;
+  if (!ok && err == EPIPE) st->dead.push_back(fd);  // the reader is gone: drop the rest for it
+  if (lane->queued < kConsoleLowWater) {
+    if (lane->dropped > 0) {
+      std::string note =
+          fmt::format("ddprun: {} bytes of output were dropped: the console did not read them (at most {} MiB wait)\n",
+                      lane->dropped, kConsoleHardCap >> 20);
+      lane->dropped = 0;
+      if (Lane& err_lane = lane_for(*st, STDERR_FILENO); err_lane.direct) {
+        (void)write_fully(STDERR_FILENO, note);  // a file: does not wait on a reader
+      } else {
+        push_locked(*st, err_lane, STDERR_FILENO, std::move(note));
+      }
+    }
+    wake_waiters(*st, lane);
+  }
+}
 
 void writer(State* st, Lane* lane) {
   sigset_t all;
@@ -111,32 +148,10 @@ void writer(State* st, Lane* lane) {
   std::unique_lock lock(st->m);
   for (;;) {
     lane->work.wait(lock, [lane] { return !lane->pieces.empty(); });
-    auto [fd, data] = std::move(lane->pieces.front());
-    lane->pieces.pop_front();
-    while (!lane->pieces.empty() && lane->pieces.front().first == fd && data.size() < kCoalesceBytes) {
-      data += lane->pieces.front().second;
-      lane->pieces.pop_front();
-    }
-    const bool dead = std::find(st->dead.begin(), st->dead.end(), fd) != st->dead.end();
-    lock.unlock();
-    const bool ok = dead || write_fully(fd, data);
-    const int err = errno;
-    lock.lock();
-    if (!ok && err == EPIPE) st->dead.push_back(fd);  // the reader is gone: drop the rest for it
-    lane->queued -= data.size();
-    if (lane->queued < kConsoleLowWater) {
-      if (lane->dropped > 0) {
-        std::string note = fmt::format(
-            "ddprun: {} bytes of output were dropped: the console did not read them (at most {} MiB wait)\n",
-            lane->dropped, kConsoleHardCap >> 20);
-        lane->dropped = 0;
-        if (Lane& err = lane_for(*st, STDERR_FILENO); err.direct) {
-          (void)write_fully(STDERR_FILENO, note);  // a file: does not wait on a reader
-        } else {
-          push_locked(*st, err, STDERR_FILENO, std::move(note));
-        }
-      }
-      wake_waiters(*st, lane);
+    try {
+      write_next(st, lane, lock);
+    } catch (...) {  // out of memory for the note or a wake-up: what it was for is lost, not the process
+      if (!lock.owns_lock()) lock.lock();
     }
     if (all_empty(*st)) st->idle.notify_all();
   }
@@ -150,14 +165,16 @@ void after_fork_in_child() {
 }
 
 void drain_at_exit() {
+  drain();
+  // What static destructors and stdio's own exit flush write from here on: directly where the
+  // queues drained (nothing would write it later), dropped where the wait was cut short (a
+  // direct write would wait on the console that did not read).
   State& st = state();
-  std::unique_lock lock(st.m);
-  if (st.direct) return;
-  const auto done = [&st] { return all_empty(st); };
-  if (st.exit_wait) {
-    st.idle.wait_for(lock, *st.exit_wait, done);
+  std::lock_guard lock(st.m);
+  if (all_empty(st)) {
+    st.direct = true;
   } else {
-    st.idle.wait(lock, done);
+    st.closed = true;
   }
 }
 
@@ -184,15 +201,22 @@ Lane& lane_for(State& st, int fd) {
     fresh->rdev = sb.st_rdev;
     fresh->direct = known && (S_ISREG(sb.st_mode) || (S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(1, 3)));
     lane = fresh.get();
+    st.lanes.reserve(st.lanes.size() + 1);
+    if (!lane->direct) {
+      try {
+        std::thread(writer, &st, lane).detach();
+      } catch (const std::system_error&) {
+        lane->direct = true;  // no thread to be had (pids.max, RLIMIT_NPROC): written as before, directly
+      }
+    }
     st.lanes.push_back(std::move(fresh));
-    if (!lane->direct) std::thread(writer, &st, lane).detach();
   }
   st.by_fd.emplace_back(fd, lane);
   return *lane;
 }
 
-void push_locked(State& st, Lane& lane, int fd, std::string&& data) {
-  if (lane.queued + data.size() > kConsoleHardCap) {
+void push_locked(State& st, Lane& lane, int fd, std::string&& data, bool paced) {
+  if (!paced && lane.queued + data.size() > kConsoleHardCap) {
     lane.dropped += data.size();
     return;
   }
@@ -201,21 +225,16 @@ void push_locked(State& st, Lane& lane, int fd, std::string&& data) {
   lane.work.notify_one();
 }
 
-void enqueue(int fd, std::string&& data) {
+void enqueue(int fd, std::string&& data, bool paced) {
   State& st = state();
   std::unique_lock lock(st.m);
-  if (st.direct) {
-    lock.unlock();
-    (void)write_fully(fd, data);
-    return;
+  if (st.closed) return;
+  if (!st.direct) {
+    Lane& lane = lane_for(st, fd);
+    if (!lane.direct) return push_locked(st, lane, fd, std::move(data), paced);
   }
-  Lane& lane = lane_for(st, fd);
-  if (lane.direct) {
-    lock.unlock();
-    (void)write_fully(fd, data);
-    return;
-  }
-  push_locked(st, lane, fd, std::move(data));
+  lock.unlock();
+  (void)write_fully(fd, data);
 }
 
 void append_prefixed(std::string& out, std::string_view prefix, std::string_view block, bool complete) {
@@ -242,22 +261,29 @@ Lane* lane_of(State& st, int fd) {
 
 }  // namespace
 
-void write(int fd, std::string_view data) {
-  if (!data.empty()) enqueue(fd, std::string(data));
+void write(int fd, std::string_view data, bool paced) noexcept {
+  if (data.empty()) return;
+  try {
+    enqueue(fd, std::string(data), paced);
+  } catch (...) {  // out of memory: this piece is lost, as a failed write's is
+  }
 }
 
-void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete) {
+void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced) noexcept {
   if (block.empty()) return;
-  std::string text;
-  text.reserve(block.size() + prefix.size() * 8 + 1);
-  append_prefixed(text, prefix, block, complete);
-  enqueue(fd, std::move(text));
+  try {
+    std::string text;
+    text.reserve(block.size() + prefix.size() * 8 + 1);
+    append_prefixed(text, prefix, block, complete);
+    enqueue(fd, std::move(text), paced);
+  } catch (...) {  // out of memory: this piece is lost, as a failed write's is
+  }
 }
 
 bool over(int fd) {
   State& st = state();
   std::lock_guard lock(st.m);
-  const Lane* lane = lane_of(st, fd);
+  const Lane* lane = st.direct ? nullptr : lane_of(st, fd);
   return !st.exit_wait && lane != nullptr && lane->queued >= kConsoleHighWater;
 }
 
@@ -265,7 +291,7 @@ std::uint64_t when_room(int fd, boost::asio::io_context& io, std::function<void(
   State& st = state();
   std::lock_guard lock(st.m);
   const std::uint64_t id = st.next_id++;
-  Lane* lane = lane_of(st, fd);
+  Lane* lane = st.direct ? nullptr : lane_of(st, fd);
   if (lane == nullptr || lane->queued < kConsoleLowWater || st.exit_wait) {
     boost::asio::post(io, std::move(resume));
   } else {
@@ -284,7 +310,12 @@ void drain() {
   State& st = state();
   std::unique_lock lock(st.m);
   if (st.direct) return;
-  st.idle.wait(lock, [&st] { return all_empty(st); });
+  const auto done = [&st] { return all_empty(st); };
+  if (st.exit_wait) {
+    st.idle.wait_for(lock, *st.exit_wait, done);  // a signal ended the run (limit_exit_wait)
+  } else {
+    st.idle.wait(lock, done);
+  }
 }
 
 void limit_exit_wait(std::chrono::milliseconds limit) {

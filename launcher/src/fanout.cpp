@@ -477,6 +477,7 @@ class Fanout {
     auto relay = [this, index](bool is_stdout) {
       agent::ChildStream st;
       st.kind = agent::ChildStream::Kind::sink;
+      st.console_fd = is_stdout ? STDOUT_FILENO : STDERR_FILENO;  // on_lines writes there; the pump paces on it
       st.sink = [this, index, is_stdout](std::string_view block, bool whole) {
         on_lines(hosts_[index], is_stdout, block, whole);
       };
@@ -728,7 +729,8 @@ class Fanout {
       }
       out.push_back('\n');
     }
-    if (!out.empty()) console::write(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out);
+    // Paced: the host's pump stops reading while this stream's queue is full (OutputPump).
+    if (!out.empty()) console::write(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out, /*paced=*/true);
   }
 
   static void remember(HostRun& h, std::string line) {

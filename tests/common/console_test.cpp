@@ -90,3 +90,19 @@ TEST_CASE("a cancelled wait for room is never posted", "[console]") {
   io.run_for(50ms);
   CHECK_FALSE(resumed);
 }
+
+TEST_CASE("paced pieces are not held to the hard cap; others past it are dropped", "[console]") {
+  // A pump stops reading at over(): what it queued is bounded by that, and must not be lost.
+  Pipe stalled;
+  const std::string piece(1 << 20, 'p');
+  const std::size_t paced_pieces = console::kConsoleHardCap / piece.size() + 4;  // 20 MiB
+  for (std::size_t i = 0; i < paced_pieces; ++i) console::write_prefixed(stalled.fds[1], "", piece, true, true);
+  // Past the cap, a piece that is not paced (a log line) is dropped, not queued.
+  const std::size_t before = console::queued(stalled.fds[1]);
+  console::write(stalled.fds[1], "dropped\n");
+  CHECK(console::queued(stalled.fds[1]) == before);
+  const std::string got = stalled.read(paced_pieces * piece.size(), 60s);
+  CHECK(got.size() == paced_pieces * piece.size());
+  CHECK(got.find_first_not_of('p') == std::string::npos);
+  console::drain();
+}

@@ -341,7 +341,7 @@ class StatusAgainstImpostor(unittest.TestCase):
         self.addCleanup(server.close)
         r, _ = self.status(server)
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("not ddprun's rendezvous protocol (it begins \"HTTP/1.1 400 Bad", r.stderr)
+        self.assertIn("not ddprun's rendezvous protocol (opcode 0x48 is not a server-to-client rendezvous operation; it begins \"HTTP/1.1 400 Bad", r.stderr)
 
     def test_a_status_over_the_reply_bound_suggests_one_job(self):
         # Before: the hint for it never matched the decoder's words; the generic one came instead.

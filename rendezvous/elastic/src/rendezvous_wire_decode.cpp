@@ -381,9 +381,10 @@ DecodeResult decode_server(std::string_view buffer, const WireLimits& limits, Se
       DecodeResult res;
       res.status = DecodeStatus::error;
       res.reason = fmt::format(
-          "the server's reply is not ddprun's rendezvous protocol (it begins \"{}\"): is that address a "
-          "ddprun-rdzvd, or the worker store of a --rdzv-backend c10d job's first node?",
-          terminal_safe(buffer.substr(0, 16)));
+          "the server's reply is not ddprun's rendezvous protocol (opcode 0x{:02x} is not a server-to-client "
+          "rendezvous operation; it begins \"{}\"): is that address a ddprun-rdzvd, or the worker store of a "
+          "--rdzv-backend c10d job's first node?",
+          op, terminal_safe(buffer.substr(0, 16)));
       return res;
     }
   }

@@ -31,7 +31,8 @@ struct ChildStream {
     inherit,  // the parent's own stream
     fd,       // straight to `fd` (owned; closed after the spawn)
     console,  // piped: lines to `file_fd` (owned, -1 = none) and to `console_fd` with `prefix`
-    sink,     // piped: blocks of whole lines to `sink` (LineBuffer::release's contract)
+    sink,     // piped: blocks of whole lines to `sink` (LineBuffer::release's contract), paced on
+              // `console_fd` (the console stream it writes to, -1: none; OutputPump)
   };
   Kind kind = Kind::inherit;
   int fd = -1;

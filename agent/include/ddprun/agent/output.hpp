@@ -96,7 +96,9 @@ class OutputPump {
              std::function<void()> on_done, std::size_t capacity = 64 * 1024);
   // The same pump with the lines handed to `sink(block, complete)` (LineBuffer::release's
   // contract) instead of a file and the console; used by the fan-out launcher to relay hosts.
-  OutputPump(boost::asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink,
+  // `pace_fd`: the console stream the sink writes to (it stops reading while that one's queue
+  // is full, console::over), or -1 when it writes none.
+  OutputPump(boost::asio::io_context& io, int read_fd, std::function<void(std::string_view, bool)> sink, int pace_fd,
              std::function<void()> on_done, std::size_t capacity = 64 * 1024);
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;

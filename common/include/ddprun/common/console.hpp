@@ -40,12 +40,17 @@ inline constexpr std::size_t kConsoleHardCap = 16 << 20;
 // What ddprun's exit waits for the console after a signal ended the run (limit_exit_wait).
 inline constexpr std::chrono::milliseconds kConsoleExitWaitAfterSignal{2000};
 
-// Queues `data` for `fd` (never blocks). A piece whose write fails is dropped; after EPIPE
-// (the reader is gone) everything for that fd is, as write_all's callers dropped it.
-void write(int fd, std::string_view data);
+// Queues `data` for `fd` (never blocks, never throws: what cannot be queued is lost). A piece
+// whose write fails is dropped; after EPIPE (the reader is gone) everything for that fd is, as
+// write_all's callers dropped it. Where no writer thread can be started (pids.max,
+// RLIMIT_NPROC) that destination is written directly, as before these queues.
+void write(int fd, std::string_view data, bool paced = false) noexcept;
 // `block` of whole lines (complete) or ending in a partial line (not complete: a newline is
-// added), with `prefix` before each line: queued as one piece.
-void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete);
+// added), with `prefix` before each line: queued as one piece. `paced` (here and in write):
+// the caller stops at over() (a pump), so the piece is not held to kConsoleHardCap (dropping it
+// would lose output that back-pressure already bounds).
+void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete,
+                    bool paced = false) noexcept;
 // fd's queue holds kConsoleHighWater bytes or more (fd -1: any queue does): a pump that
 // writes there should stop reading.
 bool over(int fd);
