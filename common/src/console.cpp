@@ -216,7 +216,9 @@ Lane& lane_for(State& st, int fd) {
 }
 
 void push_locked(State& st, Lane& lane, int fd, std::string&& data, bool paced) {
-  if (!paced && lane.queued + data.size() > kConsoleHardCap) {
+  // A paced piece is bounded by its pump's pause at over(); after a signal the pumps no longer
+  // pause (limit_exit_wait), so then the cap holds for every piece.
+  if ((!paced || st.exit_wait) && lane.queued + data.size() > kConsoleHardCap) {
     lane.dropped += data.size();
     return;
   }

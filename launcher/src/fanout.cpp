@@ -523,6 +523,16 @@ class Fanout {
   // timeout, without saying whom it waits for: fail the launch naming it.
   void on_ready_deadline(HostRun& h) {
     if (h.ready || h.done || finished_) return;
+    if (console::over(STDOUT_FILENO) || console::over(STDERR_FILENO)) {
+      // This console is not reading: the host's pumps wait for it, its ready line may be among
+      // what they have not read yet. Not the host's fault: ask again later.
+      const auto index = static_cast<std::size_t>(&h - hosts_.data());
+      h.ready_timer->expires_after(std::chrono::seconds(10));
+      h.ready_timer->async_wait([this, index](const boost::system::error_code& ec) {
+        if (!ec) on_ready_deadline(hosts_[index]);
+      });
+      return;
+    }
     release_slot(h);
     if (stopping_) return;  // named with the others that never started, at the end
     h.reported = true;
