@@ -434,6 +434,19 @@ class DroppingProxy {
   bool dropped_ = false;
 };
 
+// The last 256 lines the default logger writes while it lives.
+struct LogCapture {
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  LogCapture() { spdlog::default_logger()->sinks().push_back(sink); }
+  ~LogCapture() {
+    auto& v = spdlog::default_logger()->sinks();
+    v.erase(std::remove(v.begin(), v.end(), sink), v.end());
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::vector<std::string> lines() const { return sink->last_formatted(); }
+};
+
 // One agent behind a DroppingProxy (first endpoint) and the member itself (second): the answer to
 // the first txn that names `key` is lost, so the client retries it on the member. The job must
 // get its round (with `restart`: then fail it once and get the next one), keep it, and its state
@@ -445,15 +458,7 @@ void lost_answer_case(const std::string& run_id, const std::string& key_suffix, 
   const auto colon = direct.rfind(':');
   DroppingProxy proxy(io, static_cast<std::uint16_t>(std::stoi(direct.substr(colon + 1))),
                       {"POST /v3/kv/txn", etcd::base64_encode("/ddprun-test/" + run_id + "/" + key_suffix)});
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  spdlog::default_logger()->sinks().push_back(sink);
-  struct Unhook {
-    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> s;
-    ~Unhook() {
-      auto& v = spdlog::default_logger()->sinks();
-      v.erase(std::remove(v.begin(), v.end(), s), v.end());
-    }
-  } unhook{sink};
+  LogCapture log;
 
   Agent a(io, 0, "127.0.0.1:" + std::to_string(proxy.port()) + "," + direct, run_id,
           test_config(1, 1, restart ? 1 : 0));
@@ -477,7 +482,7 @@ void lost_answer_case(const std::string& run_id, const std::string& key_suffix, 
   run_until(
       io, [&] { return a.round() != r0; }, 1500ms);
   CHECK(a.round() == r0);
-  for (const std::string& line : sink->last_formatted()) {
+  for (const std::string& line : log.lines()) {
     INFO(line);
     CHECK(line.find("vanished") == std::string::npos);
   }
@@ -511,15 +516,7 @@ TEST_CASE("etcd rendezvous: a lost answer to a log append is not taken for a rem
 void deleted_key_case(const std::string& run_id, const std::string& suffix, const std::string& said) {
   EtcdCluster cluster(1, run_id);
   boost::asio::io_context io;
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  spdlog::default_logger()->sinks().push_back(sink);
-  struct Unhook {
-    std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> s;
-    ~Unhook() {
-      auto& v = spdlog::default_logger()->sinks();
-      v.erase(std::remove(v.begin(), v.end(), s), v.end());
-    }
-  } unhook{sink};
+  LogCapture log;
   Agents agents = make_agents(io, 3, cluster.endpoints(), run_id, test_config(3, 3, 3));
   for (auto& a : agents) a->rejoin();
   auto all = ptrs(agents);
@@ -612,7 +609,7 @@ void deleted_key_case(const std::string& run_id, const std::string& suffix, cons
   }
   CHECK(entries >= 2);
   int vanished = 0;
-  for (const std::string& line : sink->last_formatted()) {
+  for (const std::string& line : log.lines()) {
     if (line.find("vanished") == std::string::npos) continue;
     ++vanished;
     INFO(line);
