@@ -48,7 +48,7 @@ void write(int fd, std::string_view data, bool paced = false) noexcept;
 // `block` of whole lines (complete) or ending in a partial line (not complete: a newline is
 // added), with `prefix` before each line: queued as one piece. `paced` (here and in write):
 // the caller stops at over() (a pump), so the piece is not held to kConsoleHardCap (dropping it
-// would lose output that back-pressure already bounds).
+// would lose output that back-pressure already bounds), except after limit_exit_wait.
 void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete,
                     bool paced = false) noexcept;
 // fd's queue holds kConsoleHighWater bytes or more (fd -1: any queue does): a pump that
@@ -60,7 +60,8 @@ bool over(int fd);
 // cancel() returns, nothing more is posted for it; what was posted may still run).
 std::uint64_t when_room(int fd, boost::asio::io_context& io, std::function<void()> resume);
 void cancel(std::uint64_t id);
-// Blocks until everything queued so far was written (or dropped: a dead fd).
+// Blocks until everything queued so far was written (or dropped: a dead fd); after
+// limit_exit_wait, for at most that limit.
 void drain();
 // From now on the wait at exit for what is queued is at most `limit` (a signal ended the run:
 // a scheduler's SIGTERM before its SIGKILL must not wait on a console that does not read);

@@ -1,5 +1,6 @@
 #pragma once
-// Logging setup shared by every binary: spdlog to stderr, level from --log-level /
+// Logging setup shared by every binary: spdlog to stderr (through console.hpp's writer threads:
+// a stderr that stops reading does not stop the caller), level from --log-level /
 // DDPRUN_LOG_LEVEL / LOGLEVEL (torchrun's variable), format from --log-format / DDPRUN_LOG_FORMAT.
 //   text (default): "[<name> <level>] message", colored on a terminal.
 //   json: one JSON object per line for log shippers (journald, Loki, Elasticsearch):
