@@ -146,6 +146,16 @@ void check_consistent_round(const std::vector<Agent*>& who) {
 
 }  // namespace
 
+// A worker failure of `node` in `round`: what an agent reports (no ranks).
+WorkerFailure failure(std::uint64_t round, const NodeId& node, int exit_code, std::string message) {
+  WorkerFailure f;
+  f.round = round;
+  f.node = node;
+  f.exit_code = exit_code;
+  f.message = std::move(message);
+  return f;
+}
+
 TEST_CASE("etcd rendezvous: a round, a worker failure restarts everyone, the spent budget fails the job",
           "[etcd][rendezvous]") {
   EtcdCluster cluster(1, "rdzv-restart");
@@ -285,11 +295,7 @@ TEST_CASE("etcd rendezvous: the sequencer dies, another agent takes over and the
   CHECK(std::count_if(rest.begin(), rest.end(), [](Agent* a) { return a->rdzv->sequencing(); }) == 1);
 
   // The new sequencer serves reports: a failure with no budget left fails the job everywhere.
-  WorkerFailure f;
-  f.round = rest[0]->round();
-  f.node = rest[0]->node.id;
-  f.exit_code = 7;
-  f.message = "after the takeover";
+  const WorkerFailure f = failure(rest[0]->round(), rest[0]->node.id, 7, "after the takeover");
   rest[1]->rdzv->report_failure(f);
   REQUIRE(run_until(
       io, [&] { return std::all_of(rest.begin(), rest.end(), [](Agent* a) { return a->failed.has_value(); }); }, 20s));
@@ -466,11 +472,7 @@ void lost_answer_case(const std::string& run_id, const std::string& key_suffix, 
   REQUIRE(run_until(
       io, [&] { return !a.assignments.empty(); }, 20s));
   if (restart) {
-    WorkerFailure f;
-    f.round = a.round();
-    f.node = a.node.id;
-    f.exit_code = 1;
-    f.message = "one failure";
+    const WorkerFailure f = failure(a.round(), a.node.id, 1, "one failure");
     a.rdzv->report_failure(f);
     REQUIRE(run_until(
         io, [&] { return a.assignments.size() == 2; }, 20s));
@@ -522,11 +524,7 @@ void deleted_key_case(const std::string& run_id, const std::string& suffix, cons
   auto all = ptrs(agents);
   REQUIRE(run_until(
       io, [&] { return same_round(all); }, 20s));
-  WorkerFailure f;
-  f.round = agents[0]->round();
-  f.node = agents[1]->node.id;
-  f.exit_code = 3;
-  f.message = "first";
+  const WorkerFailure f = failure(agents[0]->round(), agents[1]->node.id, 3, "first");
   agents[1]->rdzv->report_failure(f);
   REQUIRE(run_until(
       io, [&] { return same_round(all, f.round); }, 20s));
@@ -571,11 +569,7 @@ void deleted_key_case(const std::string& run_id, const std::string& suffix, cons
       20s));
 
   // The next failure: one restart everywhere, counted once.
-  f.round = r1;
-  f.node = agents[2]->node.id;
-  f.exit_code = 4;
-  f.message = "second";
-  agents[2]->rdzv->report_failure(f);
+  agents[2]->rdzv->report_failure(failure(r1, agents[2]->node.id, 4, "second"));
   REQUIRE(run_until(
       io, [&] { return same_round(all, r1); }, 20s));
   for (auto& a : agents) {
@@ -684,11 +678,7 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   }
 
   // The log still works on the surviving majority: a failure restarts everyone once.
-  WorkerFailure f;
-  f.round = r0;
-  f.node = agents[0]->node.id;
-  f.exit_code = 1;
-  f.message = "after failover";
+  const WorkerFailure f = failure(r0, agents[0]->node.id, 1, "after failover");
   agents[0]->rdzv->report_failure(f);
   REQUIRE(run_until(
       io, [&] { return same_round(all, r0); }, 30s));
@@ -698,9 +688,7 @@ TEST_CASE("etcd rendezvous: leader loss while a round runs and during a restart"
   // Bring the member back, then kill the leader in the middle of the next restart.
   cluster.restart(leader);
   const std::uint64_t r1 = agents[0]->round();
-  f.round = r1;
-  f.message = "during failover";
-  agents[1]->rdzv->report_failure(f);
+  agents[1]->rdzv->report_failure(failure(r1, agents[0]->node.id, 1, "during failover"));
   const int leader2 = cluster.leader();
   REQUIRE(leader2 >= 0);
   cluster.member(leader2).kill_now();
