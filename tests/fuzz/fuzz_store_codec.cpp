@@ -51,6 +51,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       DecoderState st = before;
       auto r2 = decode_request(exact, st, limits, again);
       if (r2.status != DecodeStatus::ok || r2.consumed != r.consumed || again.op != req.op) std::abort();
+
+      // So must decoding it in two pieces (the second call goes on where the first stopped).
+      const std::size_t cut = 1 + (r.consumed * static_cast<std::size_t>(flags >> 5)) / 8;
+      if (cut < r.consumed) {
+        Request split;
+        DecoderState st2 = before;
+        auto r3 = decode_request(std::string_view(exact).substr(0, cut), st2, limits, split);
+        if (r3.status == DecodeStatus::need_more) r3 = decode_request(exact, st2, limits, split);
+        if (r3.status != DecodeStatus::ok || r3.consumed != r.consumed || split.op != req.op ||
+            split.keys != again.keys || split.values != again.values || st2.resume_pos != 0)
+          std::abort();
+      }
     }
 
     if (!state.apply(conn, req, outbox).ok) {

@@ -2,6 +2,7 @@
 // corruption at every position (LevelDB log_test style), limits checked at the length field,
 // generation detection.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <cstring>
 #include <memory>
@@ -430,4 +431,70 @@ TEST_CASE("a request of many keys arriving in small pieces is decoded a bounded 
       CHECK(decodes <= (key_len == 0 ? 3 : 200));
     }
   }
+}
+
+TEST_CASE("a request of many keys goes on where the last decode stopped", "[codec]") {
+  // Each key is read once: after need_more the decoder resumes at the first key it has not
+  // decoded whole. Proof that it does not read the earlier keys again: their bytes are
+  // overwritten between the calls (a length field made huge) and the request still decodes,
+  // its keys taken from where they were when they were read.
+  for (const Op op : {Op::check, Op::multi_set}) {
+    DYNAMIC_SECTION(op_name(op)) {
+      Request r = make(op);
+      std::vector<std::string> keys;
+      for (int i = 0; i < 100; ++i) keys.push_back(fmt::format("key-{:03}", i));
+      for (const auto& k : keys) r.keys.push_back(k);
+      if (op == Op::multi_set) r.values = r.keys;
+      std::string wire;
+      REQUIRE(encode_request(wire, Generation::modern, r));
+      StoreLimits limits;
+      DecoderState state;
+      state.generation = Generation::modern;
+      Request out;
+      const std::size_t half = wire.size() / 2;
+      std::string buf = wire.substr(0, half);
+      auto res = decode_request(buf, state, limits, out);
+      REQUIRE(res.status == DecodeStatus::need_more);
+      REQUIRE(state.resume_pos > 9);
+      const std::size_t kept = state.spans.size();
+      CHECK(kept >= 2);
+      // The first key's length field, already read, now says 2^60 (over every limit).
+      buf = wire;
+      buf[1 + 8 + 7] = '\x10';
+      res = decode_request(buf, state, limits, out);
+      REQUIRE(res.status == DecodeStatus::ok);
+      CHECK(res.consumed == wire.size());
+      REQUIRE(out.keys.size() == keys.size());
+      for (std::size_t i = 0; i < keys.size(); ++i) CHECK(out.keys[i] == keys[i]);
+      CHECK(out.values.size() == (op == Op::multi_set ? keys.size() : 0));
+      CHECK(state.resume_pos == 0);
+      CHECK(state.spans.empty());
+
+      // A fresh decode of the same corrupted bytes reads that length and refuses it.
+      DecoderState fresh;
+      fresh.generation = Generation::modern;
+      CHECK(decode_request(buf, fresh, limits, out).status == DecodeStatus::error);
+    }
+  }
+}
+
+TEST_CASE("a resumed decode ignores a state whose request is longer than the buffer", "[codec]") {
+  // A caller that breaks the contract (a shorter buffer after need_more) gets a decode from the
+  // first byte, never a read past the buffer.
+  Request r = make(Op::wait);
+  r.keys = {"a", "b", "c", "d"};
+  std::string wire;
+  REQUIRE(encode_request(wire, Generation::modern, r));
+  StoreLimits limits;
+  DecoderState state;
+  state.generation = Generation::modern;
+  Request out;
+  REQUIRE(decode_request(std::string_view(wire).substr(0, wire.size() - 1), state, limits, out).status ==
+          DecodeStatus::need_more);
+  REQUIRE(state.resume_pos != 0);
+  auto res = decode_request(std::string_view(wire).substr(0, 3), state, limits, out);
+  CHECK(res.status == DecodeStatus::need_more);
+  res = decode_request(wire, state, limits, out);
+  REQUIRE(res.status == DecodeStatus::ok);
+  CHECK(out.keys == std::vector<std::string_view>{"a", "b", "c", "d"});
 }

@@ -22,6 +22,8 @@ class FieldParser {
       : buf_(buf), pos_(pos), res_(res), op_(op) {}
 
   std::size_t pos() const { return pos_; }
+  // Continues at `pos` (a field boundary decoded before: DecoderState::resume_pos).
+  void skip_to(std::size_t pos) { pos_ = pos; }
 
   bool u64(std::uint64_t& v) {
     if (!need(8)) return false;
@@ -221,23 +223,53 @@ DecodeResult decode_request(std::string_view buffer, DecoderState& state, const 
       break;
     case Layout::keys:
     case Layout::key_value_pairs: {
+      // Decoded as (offset, length) spans kept in `state`, so that a need_more goes on from the
+      // last whole key next time instead of reading every key again (quadratic in the size of a
+      // request trickling in). The views are built once the request is whole.
       const bool pairs = layout_of(op) == Layout::key_value_pairs;
+      const std::size_t per_key = pairs ? 2 : 1;
       std::uint64_t n = 0;
-      ok = p.count(n, limits.max_keys_per_request);
-      for (std::uint64_t i = 0; ok && i < n; ++i) {
+      if (state.resume_pos != 0 && state.resume_pos <= buffer.size() &&
+          state.spans.size() <= state.resume_count * per_key) {
+        p.skip_to(state.resume_pos);
+        n = state.resume_count;
+      } else {
+        state.resume_pos = 0;
+        state.spans.clear();
+        ok = p.count(n, limits.max_keys_per_request);
+      }
+      const auto span_of = [&](std::string_view v) {
+        return DecoderState::Span{static_cast<std::size_t>(v.data() - buffer.data()), v.size()};
+      };
+      for (std::uint64_t i = state.spans.size() / per_key; ok && i < n; ++i) {
+        const std::size_t key_start = p.pos();
         std::string_view k;
         std::string_view v;
         ok = p.str(k, kmax, "key", kflag) && (!pairs || p.str(v, vmax, "value", vflag));
         if (!ok) {
-          // Every key still to come has at least its 8-byte length (and its value's): wait for
-          // those bytes too. Otherwise a request of many keys trickling in is decoded again from
-          // its first byte on every read (quadratic in its size); with this bound, empty keys
-          // are decoded once, longer ones a logarithmic number of times.
-          if (res.status == DecodeStatus::need_more) res.min_total += (n - i - 1) * (pairs ? 16 : 8);
+          if (res.status == DecodeStatus::need_more) {
+            // Go on from this key next time; and wait for the 8-byte length (and a value's)
+            // every key still to come has at least, not only for this key.
+            state.resume_pos = key_start;
+            state.resume_count = n;
+            res.min_total += (n - i - 1) * (pairs ? 16 : 8);
+          }
           break;
         }
-        out.keys.push_back(k);
-        if (pairs) out.values.push_back(v);
+        state.spans.push_back(span_of(k));
+        if (pairs) state.spans.push_back(span_of(v));
+      }
+      if (ok) {
+        for (std::size_t j = 0; j < state.spans.size(); j += per_key) {
+          out.keys.push_back(buffer.substr(state.spans[j].offset, state.spans[j].length));
+          if (pairs) out.values.push_back(buffer.substr(state.spans[j + 1].offset, state.spans[j + 1].length));
+        }
+      }
+      if (ok || res.status == DecodeStatus::error) {
+        state.resume_pos = 0;
+        // A huge request's spans are not kept for the rest of the connection.
+        if (state.spans.capacity() > 4096) std::vector<DecoderState::Span>().swap(state.spans);
+        state.spans.clear();
       }
       break;
     }

@@ -20,6 +20,10 @@
 //
 // String views in a decoded Request point into the caller's buffer: valid until the caller
 // discards or moves those bytes.
+//
+// A request of many keys is decoded incrementally: after need_more, the next call goes on from
+// the last whole key (DecoderState::resume_pos), so the caller must give it a buffer starting
+// with the same request (more of it), as a connection's buffer does. Each byte is read once.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -61,6 +65,19 @@ struct Request {
 struct DecoderState {
   std::optional<Generation> generation;  // unset until the first request decides it
   bool accept_legacy = true;             // false: a connection must open with VALIDATE
+
+  // A request of many keys (CHECK WAIT MULTI_GET MULTI_SET) that ended in need_more: where its
+  // decoding goes on, so that a request trickling in is read once, not again from its first key
+  // on every decode. `spans` are the (offset, length) of every key (and, for MULTI_SET, value
+  // after each key) decoded so far, relative to the request's first byte. resume_pos == 0: none.
+  // After need_more, the next buffer given to decode_request must start with the same bytes.
+  struct Span {
+    std::size_t offset = 0;
+    std::size_t length = 0;
+  };
+  std::size_t resume_pos = 0;
+  std::uint64_t resume_count = 0;  // the request's key count
+  std::vector<Span> spans;
 };
 
 enum class DecodeStatus : std::uint8_t { need_more, ok, error, extension };
