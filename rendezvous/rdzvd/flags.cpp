@@ -53,6 +53,10 @@ constexpr FlagSpec kFlags[] = {
    .help = "With a token (and no --allow-unauthenticated-store): close a connection that has not authenticated this long "
            "after connecting (0 = never). At --max-connections the oldest such connection always gives way.",
    .default_text = "10000"},
+  {.dash = "link-stall-timeout-ms", .metavar = "MS",
+   .help = "Close a relay link whose other end has read none of the bytes waiting for it this long (0 = never): the "
+           "daemon then ends the connections the relay carried, a relay links again.",
+   .default_text = "60000"},
   {.dash = "token", .metavar = "TOKEN", .help = "Refused: use --token-file or DDPRUN_RDZV_TOKEN.", .hidden = true},
   {.dash = "token-file", .metavar = "FILE",
    .help = "Shared secret every client must prove in the handshake, read from this file (one trailing newline is "

@@ -7,7 +7,7 @@
 //                [--metrics-port P [--metrics-host A] [--metrics-port-file F]]
 //   ddprun-rdzvd --relay-to HOST:PORT [--host H] [--port P] [--port-file F] [--token-file F]
 //                [--max-connections N] [--max-queued-reply-bytes N] [--max-buffered-bytes N]
-//                [--relink-timeout S] [--log-level L]
+//                [--relink-timeout S] [--link-stall-timeout-ms MS] [--log-level L]
 //                [--log-format F]
 //
 // With --relay-to it is a relay (docs/daemon.md, "Relays"; relay_server.hpp): clients connect to
@@ -146,7 +146,8 @@ void reread_token_on_sighup(boost::asio::signal_set& hup, const std::string& tok
 // 2 on a bad flag.
 int run_relay(const std::string& relay_to, const std::string& host, int port, const std::string& port_file,
               const std::string& token, const std::string& token_file, std::size_t max_connections,
-              std::size_t max_queued_bytes, std::size_t max_buffered_bytes, double relink_timeout) {
+              std::size_t max_queued_bytes, std::size_t max_buffered_bytes, double relink_timeout,
+              std::chrono::milliseconds link_stall_timeout) {
   namespace rdzv = ddprun::rendezvous;
   rdzv::RelayServerOptions options;
   try {
@@ -169,6 +170,7 @@ int run_relay(const std::string& relay_to, const std::string& host, int port, co
   options.max_queued_bytes = max_queued_bytes;
   options.max_buffered_bytes = max_buffered_bytes;
   options.relink_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(relink_timeout * 1000.0));
+  options.link_stall_timeout = link_stall_timeout;
   raise_fd_limit(max_connections, false);
   boost::asio::io_context io(1);
   int exit_code = 0;
@@ -305,6 +307,15 @@ int main(int argc, char** argv) {
          "long after connecting (0 = never). At --max-connections the oldest such connection always gives way")
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.handshake_timeout.count()));
+  // A relay reads its link all the time and the daemon stops reading one only while its own
+  // replies back up on it: a link that moves no byte for this long has a stopped or wedged peer.
+  app.add_option_function<std::int64_t>(
+         "--link-stall-timeout-ms",
+         [&](const std::int64_t& ms) { options.limits.link_stall_timeout = std::chrono::milliseconds(ms); },
+         "Close a relay link whose other end has read none of the bytes waiting for it this long (0 = never): the "
+         "daemon then ends the connections the relay carried, a relay links again")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.limits.link_stall_timeout.count()));
   // --- end of store bounds ---
   // Accepted only to refuse it with a hint: a token on the command line is readable by every
   // local user in /proc/*/cmdline.
@@ -451,7 +462,7 @@ int main(int argc, char** argv) {
     return run_relay(relay_to, host, port, port_file, options.token, token_file,
                      app.count("--max-connections") > 0 ? options.limits.store.max_connections : std::size_t{65536},
                      options.limits.store.max_queued_reply_bytes, options.limits.store.max_buffered_bytes,
-                     relink_timeout);
+                     relink_timeout, options.limits.link_stall_timeout);
   }
   if (app.count("--relink-timeout") > 0) {
     std::cerr << "ddprun-rdzvd: error: --relink-timeout applies only to a relay: give --relay-to HOST:PORT too\n";

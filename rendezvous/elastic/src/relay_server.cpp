@@ -1,6 +1,8 @@
 // RelayServer (relay_server.hpp has the contract).
 #include "ddprun/rendezvous/relay_server.hpp"
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -109,7 +111,7 @@ T expect(const std::string& frame, const std::string& where, const char* what) {
 
 struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   Core(asio::io_context& io_, RelayServerOptions opts)
-      : io(io_), options(std::move(opts)), acceptor(io_), upstream(io_), relink_timer(io_) {
+      : io(io_), options(std::move(opts)), acceptor(io_), upstream(io_), relink_timer(io_), stall_timer(io_) {
     where = bracket_host(options.upstream_host) + ":" + std::to_string(options.upstream_port);
   }
 
@@ -140,6 +142,14 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::uint64_t link = 0;      // bumped when a link is lost: completions of an older link are ignored
   bool accept_paused = false;  // no accept armed while the link is down (clients wait in the backlog)
   asio::steady_timer relink_timer;
+  // The link stall check (link_stall_timeout): when the link last moved (the socket took bytes,
+  // the root acknowledged or sent some), how much of up_writing the socket took, and the
+  // socket's unacknowledged bytes at the last check.
+  asio::steady_timer stall_timer;
+  std::chrono::steady_clock::time_point up_progress;
+  std::size_t up_written = 0;
+  int up_unacked = -1;
+  std::chrono::steady_clock::time_point last_stall_check{};
   std::chrono::steady_clock::time_point lost_at;
   std::chrono::milliseconds relink_delay{0};
   int relink_attempts = 0;
@@ -438,7 +448,18 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     up_writing.swap(up_pending);
     up_pending.clear();
     up_in_flight = true;
-    asio::async_write(upstream, asio::buffer(up_writing),
+    up_progress = std::chrono::steady_clock::now();
+    up_written = 0;
+    // Runs after every partial write: a root that reads slowly keeps the link (check_stall).
+    const auto progress = [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      std::size_t n) -> std::size_t {
+      if (n > self->up_written) {
+        self->up_written = n;
+        self->up_progress = std::chrono::steady_clock::now();
+      }
+      return ec ? 0 : std::size_t{65536};  // asio's transfer_all
+    };
+    asio::async_write(upstream, asio::buffer(up_writing), progress,
                       [self = shared_from_this(), gen = link](boost::system::error_code ec, std::size_t) {
                         self->up_in_flight = false;
                         if (self->up_writing.capacity() > (std::size_t{4} << 20)) {
@@ -483,6 +504,9 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
                                  return;
                                }
                                self->up_end += n;
+                               // The root sending is the root alive: while its replies back up on
+                               // the link it stops reading it on purpose (check_stall).
+                               self->up_progress = std::chrono::steady_clock::now();
                                if (!self->on_upstream_bytes()) return;
                                self->read_upstream();
                              });
@@ -535,6 +559,51 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       up_begin = 0;
     }
     return true;
+  }
+
+  // Every link_stall_timeout / 4 (5 ms to 1 s): a root that, while bytes wait for it, has taken
+  // none and sent none for link_stall_timeout is stopped or wedged (the root pauses reading a
+  // link only while its own replies back up on it, and then it sends). Its clients would wait
+  // on it for good: the link counts as lost, as if it had closed, and is made again.
+  std::chrono::milliseconds stall_check_period() const {
+    using std::chrono::milliseconds;
+    return std::clamp(options.link_stall_timeout / 4, milliseconds(5), milliseconds(1000));
+  }
+
+  void arm_stall_check() {
+    if (options.link_stall_timeout.count() <= 0 || stopped) return;
+    stall_timer.expires_after(stall_check_period());
+    stall_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      self->check_stall();
+      self->arm_stall_check();
+    });
+  }
+
+  void check_stall() {
+    const auto now = std::chrono::steady_clock::now();
+    // The check itself came late (this relay was stopped, e.g. SIGSTOP, or busy): the root was not
+    // the one that stood still, and the clock starts again.
+    const bool we_were_stopped = last_stall_check != std::chrono::steady_clock::time_point{} &&
+                                 now - last_stall_check > options.link_stall_timeout / 2;
+    last_stall_check = now;
+    if (we_were_stopped) up_progress = now;
+    if (lost || !up_in_flight) return;
+    // The kernel wakes a writer only once a third or so of its send buffer has drained: the
+    // root's acknowledgements (SIOCOUTQ: our bytes it has not acknowledged) are progress too.
+    int unacked = 0;
+    if (::ioctl(upstream.native_handle(), SIOCOUTQ, &unacked) == 0 && unacked != up_unacked) {
+      up_unacked = unacked;
+      up_progress = std::max(up_progress, now - stall_check_period());
+      return;
+    }
+    const auto quiet = now - up_progress;
+    if (quiet <= options.link_stall_timeout) return;
+    upstream_lost(fmt::format(
+        "the daemon has read nothing of the link for {} ms while {} bytes wait for it, and sent nothing either "
+        "(--link-stall-timeout-ms {}): it is stopped or wedged",
+        std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
+        up_pending.size() + up_writing.size() - up_written, options.link_stall_timeout.count()));
   }
 
   // The link is down: every carried connection ended with it at the root, so the clients are
@@ -597,6 +666,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       return;
     }
     lost = false;
+    up_progress = std::chrono::steady_clock::now();
     spdlog::warn("relay: linked to the daemon at {} again after {:.1f} s ({} attempt(s)); accepting clients", where,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count(), relink_attempts);
     read_upstream();
@@ -663,6 +733,7 @@ RelayServer::~RelayServer() { stop(); }
 void RelayServer::start() {
   core_->do_accept();
   core_->read_upstream();
+  core_->arm_stall_check();
 }
 
 void RelayServer::stop() {
@@ -670,6 +741,7 @@ void RelayServer::stop() {
   core_->stopped = true;
   boost::system::error_code ec;
   core_->relink_timer.cancel();
+  core_->stall_timer.cancel();
   core_->acceptor.close(ec);
   core_->close_all_clients();
   core_->upstream.close(ec);

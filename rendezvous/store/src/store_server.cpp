@@ -9,11 +9,14 @@
 //
 // Memory accounting: every connection's read-buffer size plus queued reply capacity is summed
 // in Core::buffered (Core::account keeps it exact), checked against max_buffered_bytes. One
-// sweep timer (not one per connection) enforces the frame and idle timeouts.
+// sweep timer (not one per connection) enforces the frame, idle, handshake and link stall
+// timeouts.
 #include "ddprun/rendezvous/store_server.hpp"
 
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -102,6 +105,13 @@ struct Connection {
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
   Clock::time_point accepted;
+  // While a write is in flight: when it last moved (the socket took bytes of it, or the peer
+  // acknowledged some of what the socket holds), how much of it the socket took, and the socket's
+  // unacknowledged bytes at the last sweep. The link stall timeout measures from the last move,
+  // not from the write's start.
+  Clock::time_point write_progress;
+  std::size_t written = 0;
+  int unacked = -1;
   // Listed in Core::awaiting (a socket) or Core::awaiting_relayed while the extension awaits its
   // handshake (awaiting_authentication); null once it authenticated or closed.
   std::list<ConnectionId>* awaiting_in = nullptr;
@@ -173,6 +183,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   std::uint16_t bound_port = 0;
   bool started = false;
   bool stopped = false;
+  Clock::time_point last_sweep{};
   StoreStats counters;
 
   std::string& buffer(ConnectionId id) override {
@@ -1003,8 +1014,19 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->writing.swap(c->pending);
     c->pending.clear();
     c->write_in_flight = true;
+    c->write_progress = Clock::now();
+    c->written = 0;
     counters.bytes_out += c->writing.size();
-    asio::async_write(c->socket, asio::buffer(c->writing),
+    // The completion condition runs after every partial write: the time of the last one is what
+    // the link stall timeout measures (a link that drains slowly keeps making progress).
+    const auto progress = [c](const boost::system::error_code& ec, std::size_t n) -> std::size_t {
+      if (n > c->written) {
+        c->written = n;
+        c->write_progress = Clock::now();
+      }
+      return ec ? 0 : std::size_t{65536};  // asio's transfer_all
+    };
+    asio::async_write(c->socket, asio::buffer(c->writing), progress,
                       [self = shared_from_this(), c](boost::system::error_code ec, std::size_t) {
                         c->write_in_flight = false;
                         if (c->writing.capacity() > shrink_above) {
@@ -1163,17 +1185,26 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (connections.empty() && on_drained) notify_drained();
   }
 
-  // One timer for every connection's frame and idle timeouts, armed only when one is enabled.
-  void arm_sweep() {
+  // One timer for every connection's frame, idle, handshake and link stall timeouts, armed only
+  // when one is enabled; it runs every shortest timeout / 4 (5 ms to 1 s).
+  std::chrono::milliseconds shortest_timeout() const {
     using std::chrono::milliseconds;
     milliseconds shortest{0};
     const milliseconds handshake = options.extension ? options.handshake_timeout : milliseconds(0);
-    for (milliseconds t : {options.frame_timeout, options.idle_timeout, handshake}) {
+    for (milliseconds t : {options.frame_timeout, options.idle_timeout, handshake, options.link_stall_timeout}) {
       if (t.count() > 0 && (shortest.count() == 0 || t < shortest)) shortest = t;
     }
-    if (shortest.count() == 0 || stopped) return;
-    const milliseconds period = std::clamp(shortest / 4, milliseconds(5), milliseconds(1000));
-    sweep_timer.expires_after(period);
+    return shortest;
+  }
+
+  std::chrono::milliseconds sweep_period() const {
+    using std::chrono::milliseconds;
+    return std::clamp(shortest_timeout() / 4, milliseconds(5), milliseconds(1000));
+  }
+
+  void arm_sweep() {
+    if (shortest_timeout().count() == 0 || stopped) return;
+    sweep_timer.expires_after(sweep_period());
     sweep_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->stopped) return;
       self->sweep();
@@ -1183,6 +1214,10 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   void sweep() {
     const auto now = Clock::now();
+    // The sweep itself came late (this process was stopped, or busy): the links' peers were not
+    // the ones that stood still, and their clocks start again.
+    const bool we_were_stopped = last_sweep != Clock::time_point{} && now - last_sweep > options.link_stall_timeout / 2;
+    last_sweep = now;
     std::vector<std::pair<ConnectionPtr, std::string>> expired;
     const bool handshakes = options.extension && options.handshake_timeout.count() > 0;
     const auto handshake_over = [&](const Connection& c) {
@@ -1212,10 +1247,39 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                  now - c->last_active > options.idle_timeout && !state.waiting(id)) {
         expired.emplace_back(c,
                              fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
+      } else if (link_stalled(*c, now, we_were_stopped)) {
+        // The relay never stops reading its link on purpose (it closes its own clients that do
+        // not read instead): a link that takes nothing is a relay that is stopped or wedged.
+        // Closed, its connections end and their agents reconnect, through another relay or this
+        // one once it links again, instead of waiting on it for good.
+        expired.emplace_back(
+            c, fmt::format("relay link stalled: the relay has read nothing for {} ms while {} bytes wait for it "
+                           "(--link-stall-timeout-ms {}); closing the link and the {} connection(s) it carries",
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - c->write_progress).count(),
+                           c->queued() - c->written, options.link_stall_timeout.count(), c->relayed.size()));
       }
     }
     for (auto& [c, why] : expired) close(c, why, RefusedReason::timeout);
     if (!expired.empty()) flush();
+  }
+
+  // A relay link with a write in flight that has not moved for link_stall_timeout. The kernel
+  // wakes a writer only once a third or so of its send buffer (up to megabytes) has drained, so
+  // on a link that drains slowly the write alone could sit still for long: the peer's
+  // acknowledgements (SIOCOUTQ: our bytes it has not acknowledged yet) count as progress too.
+  bool link_stalled(Connection& c, Clock::time_point now, bool we_were_stopped) {
+    if (options.link_stall_timeout.count() <= 0 || !c.is_link || !c.write_in_flight) return false;
+    if (we_were_stopped) {
+      c.write_progress = now;
+      return false;
+    }
+    int unacked = 0;
+    if (::ioctl(c.socket.native_handle(), SIOCOUTQ, &unacked) == 0 && unacked != c.unacked) {
+      c.unacked = unacked;
+      c.write_progress = std::max(c.write_progress, now - sweep_period());
+      return false;
+    }
+    return now - c.write_progress > options.link_stall_timeout;
   }
 
   void notify_drained() {

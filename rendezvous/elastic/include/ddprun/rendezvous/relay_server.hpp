@@ -25,8 +25,9 @@
 // REJOIN), keeps its port, stops accepting (new clients wait in the listen backlog) and links
 // again, retrying with a backoff of 0.1 s doubling to 2 s, each try bounded by connect_timeout,
 // for up to relink_timeout (a root restarted on the same address is found again; the agents'
-// REJOINs then rebuild its rounds). Past relink_timeout, or at once when it is 0, it calls
-// on_upstream_lost once: ddprun-rdzvd exits 1 so a service manager restarts it. stop() closes
+// REJOINs then rebuild its rounds). A root that, while bytes wait for it, neither takes one nor
+// sends one for link_stall_timeout (stopped or wedged) counts as a lost link too. Past relink_timeout, or at once when
+// it is 0, it calls on_upstream_lost once: ddprun-rdzvd exits 1 so a service manager restarts it. stop() closes
 // everything and is idempotent. Not thread-safe: every call on the io_context's thread.
 #include <chrono>
 #include <cstddef>
@@ -54,6 +55,10 @@ struct RelayServerOptions {
   std::size_t max_upstream_backlog = std::size_t{64} << 20;
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds relink_timeout{60000};  // 0: give up at the first loss
+  // The link counts as lost (and is made again, as above) once the root has neither taken a byte
+  // of what waits for it nor sent one for this long: a root that is stopped or wedged. Zero
+  // disables.
+  std::chrono::milliseconds link_stall_timeout{60000};
   std::function<void(const std::string& why)> on_upstream_lost;
 };
 

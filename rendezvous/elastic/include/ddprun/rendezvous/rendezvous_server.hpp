@@ -47,6 +47,7 @@ struct RendezvousLimits {
   std::chrono::milliseconds frame_timeout = StoreServerOptions{}.frame_timeout;
   std::chrono::milliseconds idle_timeout = StoreServerOptions{}.idle_timeout;
   std::chrono::milliseconds handshake_timeout = StoreServerOptions{}.handshake_timeout;
+  std::chrono::milliseconds link_stall_timeout = StoreServerOptions{}.link_stall_timeout;
 };
 
 struct RendezvousServerOptions {

@@ -23,7 +23,9 @@
 // authenticating extension gives way to the new one, and such a connection is closed after
 // handshake_timeout. A connection stuck inside a request is closed after frame_timeout; an idle
 // connection after idle_timeout (off by default: torch keeps its store connection idle for a
-// whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle.
+// whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle. A relay link
+// whose relay takes none of its queued bytes for link_stall_timeout is closed, with every
+// connection it carries.
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -67,6 +69,11 @@ struct StoreServerOptions {
   // this long after its accept. Zero disables. Whatever it is, when the connection limit is
   // reached the oldest such connection is closed to admit the new one.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // Close a relay link (ddprun-rdzvd --relay-to) that has taken none of the bytes queued for it
+  // for this long: its relay is stopped or wedged, and every connection it carries would wait on
+  // it. Measured from the last byte the socket took, so a link that drains slowly is never
+  // closed. Zero disables. Client connections that do not read are bounded by the reply caps.
+  std::chrono::milliseconds link_stall_timeout{std::chrono::seconds(60)};
 };
 
 // Why a connection was refused at accept or closed by the server (StoreStats::refused):
@@ -74,7 +81,8 @@ struct StoreServerOptions {
 // authenticated closed to admit a new one); peer_limit: --max-connections-per-peer reached;
 // out_of_descriptors: accepted with the spare descriptor and closed; protocol_error: a
 // malformed frame or a failed request; buffer_limit: a reply backlog or read buffer over its
-// cap; timeout: --frame-timeout-ms, --idle-timeout-ms or --handshake-timeout-ms; unauthenticated:
+// cap; timeout: --frame-timeout-ms, --idle-timeout-ms, --handshake-timeout-ms or
+// --link-stall-timeout-ms; unauthenticated:
 // a TCPStore op on a connection the extension (the daemon's token) has not authenticated;
 // wait_limit: it held the most wait registrations when another client's WAIT needed room
 // (StoreState, "Fairness").
