@@ -352,6 +352,26 @@ class StatusAgainstImpostor(unittest.TestCase):
         self.assertIn("STATUS_REPLY payload of 67108865 bytes exceeds the limit", r.stderr)
         self.assertIn("ask for one with --rdzv-id ID", r.stderr)
 
+    def test_a_status_of_tiny_values_is_refused_in_bounded_memory(self):
+        # Before: a STATUS_REPLY of `[0,0,...]` was built into a DOM of ~17x its size before it was
+        # found not to be a status (1.7 GB for 64 MiB); now its decode stops at 6x its size. 32 MiB
+        # took ~850 MB before, ~300 MB now (the DOM cap plus the read buffer).
+        body = b'{"jobs":[' + b"0," * (16 << 20) + b"0]}"
+        server = Impostor(CHALLENGE + bytes([0x67]) + len(body).to_bytes(4, "little") + body)
+        self.addCleanup(server.close)
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen([DDPRUN, "status", "--rdzv-endpoint", server.endpoint, "--timeout", "60"],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            stderr = err.read().decode()
+        self.assertEqual(proc.returncode, 1, stderr)
+        self.assertIn("cannot get the rendezvous status from %s: bad rendezvous STATUS_REPLY message: a payload of "
+                      "%d bytes would take more than 192.0 MiB to decode" % (server.endpoint, len(body)), stderr)
+        self.assertIn("check that --rdzv-endpoint names a ddprun-rdzvd", stderr)
+        self.assertLess(usage.ru_maxrss, 450 << 10, "peak RSS in KiB")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

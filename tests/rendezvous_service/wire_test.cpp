@@ -454,3 +454,51 @@ TEST_CASE("a failure message cut for the reasons every node gets stays valid UTF
   CHECK(std::get<rdzv::SendRestart>(back).reason.find(std::string(511, 'a') + " [... 102 more bytes]") !=
         std::string::npos);
 }
+
+TEST_CASE("a payload of tiny JSON values is refused at its decode cap, not after its DOM is built", "[wire]") {
+  // `[0,0,...]`: 2 bytes of text a value, 16 of DOM value and 16 more on the parser's stack. Before
+  // the cap, this 2 MiB STATUS_REPLY took ~34 MiB to be found not to be a status.
+  const rdzv::WireLimits status_limits{std::size_t{64} << 20, 16};
+  std::string payload = "{\"jobs\":[0";
+  while (payload.size() < (std::size_t{2} << 20)) payload += ",0";
+  payload += "]}";
+  rdzv::ServerMessage back;
+  const auto r = rdzv::decode_server(frame(0x67, payload), status_limits, back);
+  REQUIRE(r.status == rdzv::DecodeStatus::error);
+  INFO(r.reason);
+  CHECK(r.reason.find("bad rendezvous STATUS_REPLY message: a payload of 2097154 bytes would take more than 12.0 MiB "
+                      "to decode") != std::string::npos);
+  // The daemon's side: a JOIN of nested empty arrays at the 1 MiB frame limit.
+  std::string join = "{\"run_id\":\"j\",\"x\":[[]";
+  while (join.size() < (std::size_t{1} << 20) - 4) join += ",[]";
+  join += "]}";
+  const auto c = decode_c(frame(0x40, join));
+  REQUIRE(c.status == rdzv::DecodeStatus::error);
+  CHECK(c.reason.find("would take more than 6.0 MiB to decode") != std::string::npos);
+}
+
+TEST_CASE("a STATUS_REPLY of 100,000 members decodes within its cap", "[wire]") {
+  // What a real daemon sends for one job at the 100,000-agent goal (docs/daemon.md): the cap
+  // must leave it room (long host names, instance ids and every optional field present).
+  rdzv::RegistryStatus status;
+  rdzv::JobStatus j;
+  j.run_id = "job-a";
+  j.state = rdzv::JobState::running;
+  j.max_nodes = 100000;
+  j.progress = "running round 1";
+  for (int i = 0; i < 100000; ++i) {
+    rdzv::NodeId id{"node-" + std::to_string(i) + ".rack-" + std::to_string(i / 64) + ".cluster.example.com",
+                    100000 + i, "agent-" + std::to_string(i)};
+    j.members.push_back(
+        rdzv::MemberStatus{id, id.addr, 8, rdzv::MemberRole::participant, i, i % 2 == 0, i % 3 == 0, 250ms, 2750ms});
+  }
+  status.jobs.push_back(j);
+  std::string bytes;
+  rdzv::encode_server(bytes, status);
+  CAPTURE(bytes.size());
+  rdzv::ServerMessage back;
+  const auto r = rdzv::decode_server(bytes, rdzv::WireLimits{std::size_t{64} << 20, 16}, back);
+  INFO(r.reason);
+  REQUIRE(r.status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::RegistryStatus>(back).jobs.at(0).members.size() == 100000);
+}

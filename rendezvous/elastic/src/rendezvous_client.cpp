@@ -748,6 +748,15 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
     throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
                        "the daemon holds too many jobs to list at once: ask for one with --rdzv-id ID");
   }
+  // A reply refused at its decode cap (rendezvous_wire.hpp, json_dom_cap_bytes): a real daemon's
+  // status, of one job or of many, stays far below it, so this is not a daemon of ddprun's.
+  if (error.rfind("bad rendezvous STATUS_REPLY message: a payload of ", 0) == 0 &&
+      error.find("to decode") != std::string::npos) {
+    throw NetworkError(
+        fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
+        "no ddprun-rdzvd sends such a reply: check that --rdzv-endpoint names a ddprun-rdzvd (to ask a daemon about "
+        "one job, pass --rdzv-id ID)");
+  }
   throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
                      "check --rdzv-endpoint, that ddprun-rdzvd is running there and, if it has a token, that "
                      "DDPRUN_RDZV_TOKEN or --token-file holds it");

@@ -14,6 +14,7 @@
 // required field or an out-of-range number is an error, never an exception.
 //
 // Thread-safe (no shared state).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -63,6 +64,17 @@ struct WireLimits {
   std::size_t max_payload_bytes = std::size_t{1} << 20;  // 1 MiB
   int max_json_depth = 16;
 };
+
+// The most memory decoding one payload may take (its JSON DOM and the parser's stack), as a
+// multiple of its size, with a floor for small frames: a frame past it is refused as malformed,
+// so a peer's frame costs at most this, not the ~17x that JSON of tiny values inflates to.
+// Real frames need far less: a STATUS_REPLY of 100,000 members peaks at 2.7x (host names of 40
+// bytes, a 29 MB reply) to 3.4x (names of 2 bytes, 20 MB), measured with a counting resource.
+inline constexpr std::size_t json_dom_bytes_per_payload_byte = 6;
+inline constexpr std::size_t json_dom_min_cap_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t json_dom_cap_bytes(std::size_t payload_bytes) {
+  return std::max(json_dom_min_cap_bytes, payload_bytes * json_dom_bytes_per_payload_byte);
+}
 
 // ---- client -> server messages ----
 struct JoinMessage {
