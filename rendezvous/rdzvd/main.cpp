@@ -347,6 +347,11 @@ int main(int argc, char** argv) {
                  "heartbeat interval); a JOIN that would add one more is refused (0 = no cap)")
       ->check(unsigned_value)
       ->capture_default_str();
+  app.add_option("--max-member-bytes", options.max_member_bytes,
+                 "Most bytes members of all jobs together may make the daemon hold (1 KiB each, plus the names "
+                 "they announce and twice their NCCL unique IDs); a JOIN past it is refused (0 = no cap)")
+      ->check(unsigned_value)
+      ->capture_default_str();
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
   std::string log_format;  // empty: DDPRUN_LOG_FORMAT, else text

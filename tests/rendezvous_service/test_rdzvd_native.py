@@ -90,13 +90,15 @@ def handshake(sock, token, run_id):
     return None
 
 
-def join_frame(i=1):
+def join_frame(i=1, nccl_ids=0):
     node_id = {"addr": "127.0.0.1", "pid": 4000 + i, "instance": f"py-{i}"}
     config = {"min_nodes": 1, "max_nodes": 1, "max_restarts": 0, "missed_heartbeats": 3,
               "join_timeout_ms": 10000, "last_call_timeout_ms": 100, "close_timeout_ms": 5000,
               "heartbeat_interval_ms": 1000, "exit_barrier_timeout_ms": 10000, "rebuild_grace_ms": 1000}
     node = {"id": node_id, "addr": "127.0.0.1", "local_world_size": 2, "store_host": "127.0.0.1",
             "store_port": 45678}
+    if nccl_ids:
+        node["nccl_ids"] = "ab" * (128 * nccl_ids)
     return frame(0x40, {"run_id": "py-job", "node": node, "config": config})
 
 
@@ -158,16 +160,37 @@ def check_token_flag_refused():
 def check_negative_limits_refused():
     # Before: CLI11 read "-1" into an unsigned limit as its largest value, so `--max-members -1`
     # silently meant no cap at all.
-    for flag in ("--max-members", "--max-jobs", "--max-buffered-bytes", "--max-key-bytes"):
+    for flag in ("--max-members", "--max-member-bytes", "--max-jobs", "--max-buffered-bytes", "--max-key-bytes"):
         r = subprocess.run([os.path.join(BIN_DIR, "ddprun-rdzvd"), "--port", "0", flag, "-1"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2, (flag, r)
         assert f"{flag}: '-1' is negative: give a number of 0 or more" in r.stderr, r.stderr
 
 
+def check_member_bytes_cap():
+    # Before: members were capped by count only; each keeps the NCCL IDs its JOIN offered (up to
+    # ~512 KiB in a 1 MiB frame), so --max-members alone let the daemon be made to hold ~128 GiB.
+    # 64 KiB: room for a plain member (about 1 KiB), not for one offering 2,048 IDs (512 KiB counted).
+    p, port = start_daemon(["--max-member-bytes", "65536"], "tok")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as big:
+        assert handshake(big, "tok", "py-job") is None
+        big.sendall(join_frame(5, nccl_ids=2048))
+        op, msg = read_frame(big)
+        assert op == 0x64, f"expected REFUSED, got 0x{op:02x} {msg}"
+        assert "--max-member-bytes" in msg["reason"] and "2048 NCCL unique IDs" in msg["reason"], msg
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as small:
+        assert handshake(small, "tok", "py-job") is None
+        small.sendall(join_frame(6, nccl_ids=1))
+        op, msg = read_frame(small)
+        assert op == 0x6A, f"expected JOINED, got 0x{op:02x} {msg}"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+
+
 def main():
     check_token_flag_refused()
     check_negative_limits_refused()
+    check_member_bytes_cap()
     check_token_daemon([], "env-token", "env-token")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "token")

@@ -201,3 +201,50 @@ TEST_CASE("the deadline index agrees with a scan through thousands of jobs and e
   // Every job lost its only node (leases, no heartbeats) or ended: all expired.
   CHECK(reg.job_count() == 0);
 }
+
+TEST_CASE("max_member_bytes caps what members of all jobs hold; it is counted and given back", "[registry]") {
+  // Before: members were capped by count only, and a member keeps the NCCL IDs its JOIN offered
+  // (up to 4,096 of 128 bytes in a 1 MiB frame): at the default --max-members the daemon could be
+  // made to hold ~128 GiB.
+  ManualClock clock;
+  auto with_ids = [](int i, std::size_t ids) {
+    NodeInfo n = node(i);
+    n.nccl_ids.assign(ids * 128, std::uint8_t{7});
+    return n;
+  };
+  const std::size_t plain = member_footprint(node(0));
+  const std::size_t big = member_footprint(with_ids(1, 64));
+  REQUIRE(big == plain + 2 * 64 * 128);
+  // Room for one big member and three plain ones, not one byte more.
+  RendezvousRegistry reg(600s, 100, 0, big + 3 * plain);
+  CHECK_FALSE(refused_with(reg.join("a", JoinRequest{with_ids(1, 64), cfg(1, 1000)}, clock.now()), ""));
+  for (int i : {2, 3}) CHECK_FALSE(refused_with(reg.join("a", JoinRequest{node(i), cfg(1, 1000)}, clock.now()), ""));
+  CHECK_FALSE(refused_with(reg.join("b", JoinRequest{node(4), cfg(1, 1000)}, clock.now()), ""));
+  CHECK(reg.member_bytes() == big + 3 * plain);
+  CHECK(refused_with(reg.join("b", JoinRequest{node(5), cfg(1, 1000)}, clock.now()), "--max-member-bytes"));
+  CHECK(refused_with(reg.join("c", JoinRequest{node(5), cfg(1, 1000)}, clock.now()), "--max-member-bytes"));
+  CHECK(reg.find("c") == nullptr);
+  CHECK(refused_with(reg.rejoin("a", RejoinRequest{node(6), cfg(1, 1000), {}, std::nullopt}, clock.now()),
+                     "--max-member-bytes"));
+  // A member announcing itself again with what it held is not charged twice; growing is.
+  CHECK_FALSE(refused_with(reg.join("a", JoinRequest{node(2), cfg(1, 1000)}, clock.now()), ""));
+  CHECK(refused_with(reg.join("a", JoinRequest{with_ids(2, 1), cfg(1, 1000)}, clock.now()), "--max-member-bytes"));
+  // Shrinking is always allowed and gives bytes back.
+  CHECK_FALSE(refused_with(reg.join("a", JoinRequest{with_ids(1, 63), cfg(1, 1000)}, clock.now()), ""));
+  CHECK(reg.member_bytes() == big - 2 * 128 + 3 * plain);
+  CHECK(reg.audit().empty());
+  // A member that leaves, and a dropped job, give their bytes back.
+  reg.leave("a", node(1).id, clock.now());
+  CHECK(reg.member_bytes() == 3 * plain);
+  CHECK_FALSE(refused_with(reg.join("b", JoinRequest{with_ids(5, 60), cfg(1, 1000)}, clock.now()), ""));
+  reg.leave("b", node(4).id, clock.now());
+  reg.leave("b", node(5).id, clock.now());
+  CHECK(reg.member_bytes() == 2 * plain);
+  clock.advance(601s);
+  reg.on_tick(clock.now());
+  CHECK(reg.find("b") == nullptr);
+  // (Job a's members, silent for 601 s, lost their leases meanwhile.)
+  CHECK(reg.member_bytes() == (reg.find("a") != nullptr ? reg.find("a")->member_bytes() : 0));
+  CHECK(reg.member_bytes() < 2 * plain + 1);
+  CHECK(reg.audit().empty());
+}

@@ -66,11 +66,17 @@ RendezvousJob::Member* RendezvousJob::find(const NodeId& id) {
   return it == members_.end() ? nullptr : &it->second;
 }
 
+std::size_t RendezvousJob::footprint_of(const NodeId& node) const {
+  const auto it = members_.find(node);
+  return it == members_.end() ? 0 : member_footprint(it->second.info);
+}
+
 RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRole role, TimePoint now) {
   if (auto old = members_.find(info.id); old != members_.end()) erase_member(old);
   const auto it = members_.try_emplace(info.id).first;
   Member& m = it->second;
   m.info = info;
+  member_bytes_ += member_footprint(info);
   m.role = role;
   ++role_count_[static_cast<int>(role)];
   m.join_seq = next_join_seq_++;
@@ -83,6 +89,7 @@ RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRol
 
 void RendezvousJob::erase_member(std::map<NodeId, Member>::iterator it) {
   Member& m = it->second;
+  member_bytes_ -= member_footprint(m.info);
   --role_count_[static_cast<int>(m.role)];
   if (m.succeeded) --succeeded_count_;
   leases_.erase(m.lease_it);
@@ -375,6 +382,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                          RefuseCode::job_full});
   };
   if (m != nullptr) {
+    member_bytes_ = member_bytes_ - member_footprint(m->info) + member_footprint(node);
     m->info = node;
     refresh(*m, now);
     if (state_ == JobState::waiting) {

@@ -17,11 +17,13 @@ using detail::until;
 std::string RendezvousJob::audit() const {
   int roles[4] = {0, 0, 0, 0};
   int succeeded = 0;
+  std::size_t bytes = 0;
   std::string diffs;
   auto add = [&diffs](const std::string& text) { diffs += diffs.empty() ? text : "; " + text; };
   for (const auto& [id, m] : members_) {
     ++roles[static_cast<int>(m.role)];
     succeeded += m.succeeded ? 1 : 0;
+    bytes += member_footprint(m.info);
     // Sizes equal and every member owning a distinct matching entry: a bijection.
     if (m.lease_it->second != &id || m.lease_it->first != m.lease_deadline) {
       add(fmt::format("lease index entry of {} does not match its lease", id.to_string()));
@@ -33,6 +35,7 @@ std::string RendezvousJob::audit() const {
     }
   }
   if (succeeded != succeeded_count_) add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
+  if (bytes != member_bytes_) add(fmt::format("member bytes {} != {} summed over the members", member_bytes_, bytes));
   if (leases_.size() != members_.size())
     add(fmt::format("lease index holds {} entries for {} members", leases_.size(), members_.size()));
   return diffs;

@@ -15,24 +15,40 @@ bool has_live_member(const RendezvousJob& job) { return !job.finished() && job.m
 }  // namespace
 
 RendezvousRegistry::RendezvousRegistry(std::optional<Duration> job_expiry, std::size_t max_jobs,
-                                       std::size_t max_members)
-    : job_expiry_(job_expiry), max_jobs_(max_jobs), max_members_(max_members) {}
+                                       std::size_t max_members, std::size_t max_member_bytes)
+    : job_expiry_(job_expiry), max_jobs_(max_jobs), max_members_(max_members), max_member_bytes_(max_member_bytes) {}
 
 std::string RendezvousRegistry::check_member_room(const std::string& run_id, Jobs::const_iterator it,
-                                                  const NodeId& node) const {
-  if (max_members_ == 0 || members_ < max_members_) return {};
-  if (it != jobs_.end() && it->second.job.role_of(node)) return {};  // a member already
-  return fmt::format(
-      "cannot add node {} to rendezvous '{}': the daemon's jobs hold {} members together, its limit "
-      "(--max-members); members whose connection is gone are dropped after their heartbeat interval, so retry "
-      "later or ask the admin to raise the limit",
-      node.to_string(), run_id, members_);
+                                                  const NodeInfo& node) const {
+  const bool member = it != jobs_.end() && it->second.job.role_of(node.id);
+  if (!member && max_members_ != 0 && members_ >= max_members_) {
+    return fmt::format(
+        "cannot add node {} to rendezvous '{}': the daemon's jobs hold {} members together, its limit "
+        "(--max-members); members whose connection is gone are dropped after their heartbeat interval, so retry "
+        "later or ask the admin to raise the limit",
+        node.id.to_string(), run_id, members_);
+  }
+  // A member announcing itself again is charged only what it grows by.
+  const std::size_t held = member ? it->second.job.footprint_of(node.id) : 0;
+  const std::size_t wants = member_footprint(node);
+  if (max_member_bytes_ != 0 && wants > held && member_bytes_ + (wants - held) > max_member_bytes_) {
+    return fmt::format(
+        "cannot add node {} to rendezvous '{}': the daemon's jobs hold {} bytes of members together and this one "
+        "needs {} more ({} NCCL unique IDs of 128 bytes, counted twice), past its limit of {} (--max-member-bytes); "
+        "members whose connection is gone are dropped after their heartbeat interval, so retry later, use fewer "
+        "--nccl-roots, or ask the admin to raise the limit",
+        node.id.to_string(), run_id, member_bytes_, wants - held, node.nccl_ids.size() / 128, max_member_bytes_);
+  }
+  return {};
 }
 
 void RendezvousRegistry::recount(Entry& e) {
   const std::size_t now_members = e.job.member_count();
   members_ = members_ - e.counted_members + now_members;
   e.counted_members = now_members;
+  const std::size_t now_bytes = e.job.member_bytes();
+  member_bytes_ = member_bytes_ - e.counted_bytes + now_bytes;
+  e.counted_bytes = now_bytes;
 }
 
 std::string RendezvousRegistry::check_room(const std::string& run_id) const {
@@ -86,7 +102,7 @@ Decisions RendezvousRegistry::join(const std::string& run_id, const JoinRequest&
     return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
-  if (std::string why = check_member_room(run_id, it, request.node.id); !why.empty()) {
+  if (std::string why = check_member_room(run_id, it, request.node); !why.empty()) {
     return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
   }
   if (it == jobs_.end()) {
@@ -103,7 +119,7 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     return {Refuse{run_id, request.node.id, why, RefuseCode::invalid_request}};
   }
   auto it = jobs_.find(run_id);
-  if (std::string why = check_member_room(run_id, it, request.node.id); !why.empty()) {
+  if (std::string why = check_member_room(run_id, it, request.node); !why.empty()) {
     return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
   }
   if (it != jobs_.end()) return touched(it, it->second.job.rejoin(request, now), now);
@@ -241,6 +257,7 @@ Decisions RendezvousRegistry::on_tick(TimePoint now, std::vector<std::string>* d
       if (e.due_it) due_.erase(*e.due_it);
       if (dropped != nullptr) dropped->push_back(it->first);
       members_ -= e.counted_members;
+      member_bytes_ -= e.counted_bytes;
       jobs_.erase(it);
     } else {
       reindex(it, now);
@@ -277,7 +294,11 @@ const RendezvousJob* RendezvousRegistry::find(const std::string& run_id) const {
 
 std::string RendezvousRegistry::audit() const {
   std::size_t indexed = 0;
+  std::size_t members = 0;
+  std::size_t bytes = 0;
   for (const auto& [id, e] : jobs_) {
+    members += e.job.member_count();
+    bytes += e.job.member_bytes();
     const auto due = due_of(e);
     if (due.has_value() != e.due_it.has_value()) {
       return fmt::format("job '{}': {} a deadline but {} in the index", id, due ? "has" : "has no",
@@ -294,6 +315,9 @@ std::string RendezvousRegistry::audit() const {
   }
   if (indexed != due_.size())
     return fmt::format("{} jobs have a deadline but the index holds {}", indexed, due_.size());
+  if (members != members_ || bytes != member_bytes_)
+    return fmt::format("the jobs hold {} members of {} bytes, counted as {} of {}", members, bytes, members_,
+                       member_bytes_);
   return {};
 }
 

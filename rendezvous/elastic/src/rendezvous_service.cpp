@@ -19,7 +19,7 @@ namespace ddprun::rendezvous {
 RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers)
     : options_(std::move(options)),
       clock_(timers.clock()),
-      registry_(options_.job_expiry, options_.max_jobs, options_.max_members),
+      registry_(options_.job_expiry, options_.max_jobs, options_.max_members, options_.max_member_bytes),
       timer_(timers.make_timer(io)) {}
 
 RendezvousService::~RendezvousService() = default;

@@ -125,6 +125,10 @@ class RendezvousJob {
   std::optional<MemberRole> role_of(const NodeId& node) const;
   // Members of any role (a finished job keeps them to answer their final result).
   std::size_t member_count() const { return members_.size(); }
+  // Sum of member_footprint() over the members: O(1), kept incrementally.
+  std::size_t member_bytes() const { return member_bytes_; }
+  // member_footprint() of `node` as it is held now; 0 when it is not a member: O(log N).
+  std::size_t footprint_of(const NodeId& node) const;
   // Number of members in `role`: O(1), kept incrementally.
   int count(MemberRole role) const { return role_count_[static_cast<int>(role)]; }
 
@@ -185,6 +189,7 @@ class RendezvousJob {
   int restarts_used_ = 0;
   std::uint64_t next_join_seq_ = 0;
   std::map<NodeId, Member> members_;
+  std::size_t member_bytes_ = 0;      // member_footprint() of every member's info
   int role_count_[4] = {0, 0, 0, 0};  // indexed by MemberRole
   int succeeded_count_ = 0;           // members with succeeded == true (all participants)
   LeaseIndex leases_;

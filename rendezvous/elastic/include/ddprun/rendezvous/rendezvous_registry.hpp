@@ -36,6 +36,10 @@ inline constexpr Duration default_job_expiry = std::chrono::minutes(10);
 inline constexpr std::size_t default_max_jobs = 100000;
 // ddprun-rdzvd's --max-members default: 2.6 times the 100,000 agents it is measured with.
 inline constexpr std::size_t default_max_members = 262144;
+// ddprun-rdzvd's --max-member-bytes default (member_footprint summed over all jobs): what members
+// may make the daemon hold, as etcd's default backend quota; 100,000 agents with --nccl-roots 1
+// count about 130 MB.
+inline constexpr std::size_t default_max_member_bytes = std::size_t{2} << 30;
 
 class RendezvousRegistry {
  public:
@@ -44,9 +48,11 @@ class RendezvousRegistry {
   // their own timeouts collect them (the etcd replay, whose log decides when a job ends).
   // `max_jobs`: a JOIN or REJOIN that would create one more job is refused (0 = no cap).
   // `max_members`: a JOIN or REJOIN that would add a member while all jobs together hold this
-  // many is refused (0 = no cap).
+  // many is refused (0 = no cap). `max_member_bytes`: likewise for one that would take the
+  // members' member_footprint() over all jobs past this many bytes (0 = no cap).
   explicit RendezvousRegistry(std::optional<Duration> job_expiry = default_job_expiry,
-                              std::size_t max_jobs = default_max_jobs, std::size_t max_members = 0);
+                              std::size_t max_jobs = default_max_jobs, std::size_t max_members = 0,
+                              std::size_t max_member_bytes = 0);
 
   Decisions join(const std::string& run_id, const JoinRequest& request, TimePoint now);
   Decisions rejoin(const std::string& run_id, const RejoinRequest& request, TimePoint now);
@@ -72,7 +78,8 @@ class RendezvousRegistry {
   std::optional<JobStatus> status_of(const std::string& run_id, TimePoint now) const;
   const RendezvousJob* find(const std::string& run_id) const;
   std::size_t job_count() const { return jobs_.size(); }
-  std::size_t member_count() const { return members_; }  // over all jobs
+  std::size_t member_count() const { return members_; }       // over all jobs
+  std::size_t member_bytes() const { return member_bytes_; }  // member_footprint() over all jobs
   std::optional<Duration> job_expiry() const { return job_expiry_; }
 
   // Recomputes the deadline index by brute force and compares: "" when it agrees, else what
@@ -89,6 +96,7 @@ class RendezvousRegistry {
     std::optional<TimePoint> memberless_since;  // when it last had a live member; nullopt = it has one
     std::optional<DueIndex::iterator> due_it;   // this job's entry in due_ (none when nothing is pending)
     std::size_t counted_members = 0;            // its share of members_
+    std::size_t counted_bytes = 0;              // its share of member_bytes_
   };
 
   std::string check_request(const std::string& run_id, const NodeInfo& node, const JobConfig& config) const;
@@ -101,14 +109,17 @@ class RendezvousRegistry {
 
   // "" when one more job fits, else the Refuse reason.
   std::string check_room(const std::string& run_id) const;
-  // "" when `node` is a member of the job `it` (end(): none) already or one more member fits.
-  std::string check_member_room(const std::string& run_id, Jobs::const_iterator it, const NodeId& node) const;
+  // "" when `node` is a member of the job `it` (end(): none) already or one more member fits, and
+  // its footprint (less what it held as a member already) fits under max_member_bytes.
+  std::string check_member_room(const std::string& run_id, Jobs::const_iterator it, const NodeInfo& node) const;
   void recount(Entry& e);
 
   std::optional<Duration> job_expiry_;
   std::size_t max_jobs_;
   std::size_t max_members_;
+  std::size_t max_member_bytes_;
   std::size_t members_ = 0;
+  std::size_t member_bytes_ = 0;
   Jobs jobs_;
   DueIndex due_;
 };

@@ -72,6 +72,7 @@ struct RendezvousServerOptions {
   std::size_t max_jobs = default_max_jobs;
   // Most members of all jobs together (ddprun-rdzvd --max-members); 0 = no cap.
   std::size_t max_members = default_max_members;
+  std::size_t max_member_bytes = default_max_member_bytes;
   // Signals that stop the server (e.g. {SIGINT, SIGTERM} for the daemon); empty = the owner
   // handles signals itself. on_signal runs after the stop, with the signal number.
   std::vector<int> stop_signals;

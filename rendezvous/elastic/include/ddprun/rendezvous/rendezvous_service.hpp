@@ -68,9 +68,10 @@ struct RendezvousServiceOptions {
   // Jobs with no live member are forgotten this long after they last had one
   // (rendezvous_registry.hpp); nullopt = never.
   std::optional<Duration> job_expiry = default_job_expiry;
-  std::size_t max_jobs = default_max_jobs;        // 0 = no cap
-  std::size_t max_members = default_max_members;  // over all jobs; 0 = no cap
-  bool embedded = false;                          // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
+  std::size_t max_jobs = default_max_jobs;                  // 0 = no cap
+  std::size_t max_members = default_max_members;            // over all jobs; 0 = no cap
+  std::size_t max_member_bytes = default_max_member_bytes;  // member_footprint() over all jobs; 0 = no cap
+  bool embedded = false;  // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
 };
 
 struct RendezvousServiceStats {

@@ -50,6 +50,16 @@ struct NodeInfo {
   std::optional<std::int64_t> order;
 };
 
+// What one member costs the daemon, as counted against --max-member-bytes: a fixed share for
+// its bookkeeping (the map node, lease index entry, assignment, ~1 KiB measured at 100,000
+// agents), the texts it announced, and its NCCL IDs twice (its own offer, and the copy of the
+// round's IDs its assignment carries, as large when every node runs with the same --nccl-roots).
+inline constexpr std::size_t member_bookkeeping_bytes = 1024;
+inline std::size_t member_footprint(const NodeInfo& n) {
+  return member_bookkeeping_bytes + n.id.addr.size() + n.id.instance.size() + n.addr.size() + n.store_host.size() +
+         2 * n.nccl_ids.size();
+}
+
 // The bounds every number from the network or a command line is checked against (a node
 // count times a node's processes must fit a rank in an int: a node's local_world_size times
 // the job's max_nodes is checked against max_world_size; a heartbeat faster than
