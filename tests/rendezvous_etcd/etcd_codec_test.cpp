@@ -1,6 +1,7 @@
 // The etcd JSON-gateway codec: base64, key ranges, endpoint lists, request bodies and hostile
 // response bodies. No sockets.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/etcd_codec.hpp"
@@ -170,4 +171,34 @@ TEST_CASE("hostile responses are errors naming the field, never exceptions", "[e
   CHECK(a.code == 16);
   CHECK(is_invalid_token_error(a));
   CHECK_FALSE(is_failover_error(a));
+}
+
+TEST_CASE("replies are decoded in bounded memory; real ones fit", "[etcd][codec]") {
+  // Before: json::parse built any reply whole; a 32 MiB body of tiny values (from a bad etcd, or
+  // anyone on a plain-HTTP path) took ~17x its size. Now decoding stops at 6x (1 MiB at least).
+  RangeResponse r;
+  std::string tiny = R"({"kvs":[)";
+  for (int i = 0; i < 400000; ++i) tiny += i == 0 ? "[]" : ",[]";
+  tiny += "]}";
+  CHECK_THAT(decode_range(tiny, r), Catch::Contains("would take more than") && Catch::Contains("MiB to decode"));
+  WatchMessage w;
+  std::optional<GatewayError> se;
+  std::string events = R"({"result":{"events":[)";
+  for (int i = 0; i < 400000; ++i) events += i == 0 ? "{}" : ",{}";
+  events += "]}}";
+  CHECK_THAT(decode_watch_message(events, w, se), Catch::Contains("would take more than"));
+
+  // A real range page: 20,000 keys of the rendezvous log with 64-byte values, about 3 MB.
+  std::string page = R"({"header":{"cluster_id":"14841639068965178418","member_id":"10276657743932975437",)"
+                     R"("revision":"40017","raft_term":"2"},"kvs":[)";
+  const std::string value64 = std::string(86, 'Q') + "==";  // base64 of 64 bytes
+  for (int i = 0; i < 20000; ++i) {
+    if (i != 0) page += ',';
+    page += fmt::format(R"({{"key":"{}","create_revision":"{}","mod_revision":"{}","version":"1","value":"{}"}})",
+                        base64_encode(fmt::format("ddprun/job7/log/{:012}", i)), 20000 + i, 20000 + i, value64);
+  }
+  page += R"(],"more":true,"count":"40000"})";
+  REQUIRE(decode_range(page, r) == "");
+  CHECK(r.kvs.size() == 20000);
+  CHECK(r.more);
 }

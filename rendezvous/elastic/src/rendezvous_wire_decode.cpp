@@ -15,6 +15,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 #include "ddprun/rendezvous/bytes.hpp"
+#include "ddprun/rendezvous/json_capped.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 
 namespace ddprun::rendezvous {
@@ -286,64 +287,13 @@ DecodeResult split_frame(std::string_view buffer, const WireLimits& limits, std:
   return res;
 }
 
-// What one payload's DOM, and the parser's stack while it builds it, may hold. A DOM value is 16
-// bytes and an object member 32 plus its key: text such as `[0,0,...]` or `[[],[],...]` (2-3
-// bytes a value, held once on the stack and once in its array) took about 17x its size, so a
-// 64 MiB STATUS_REPLY from any server `ddprun status` was pointed at took 1.1-1.7 GB before it
-// was refused. Real frames stay far below this (json_dom_bytes_per_payload_byte's comment in
-// rendezvous_wire.hpp has the measurements).
-class CappedResource final : public json::memory_resource {
- public:
-  explicit CappedResource(std::size_t cap) : cap_(cap) {}
-
-  struct Exceeded : std::bad_alloc {
-    const char* what() const noexcept override { return "JSON DOM over its cap"; }
-  };
-
- private:
-  void* do_allocate(std::size_t n, std::size_t align) override {
-    if (n > cap_ - used_) throw Exceeded{};  // used_ <= cap_ always
-    void* p = upstream_->allocate(n, align);
-    used_ += n;
-    return p;
-  }
-  void do_deallocate(void* p, std::size_t n, std::size_t align) override {
-    upstream_->deallocate(p, n, align);
-    used_ -= n;
-  }
-  bool do_is_equal(const json::memory_resource& other) const noexcept override { return this == &other; }
-
-  json::memory_resource* upstream_ = json::storage_ptr().get();  // new/delete
-  std::size_t cap_;
-  std::size_t used_ = 0;
-};
-
-// Parses a JSON payload into an object; throws WireError.
+// Parses a JSON payload into an object, in bounded memory (json_capped.hpp); throws WireError.
 json::value parse_payload(std::string_view payload, const WireLimits& limits) {
-  json::parse_options opts;
-  opts.max_depth = static_cast<std::size_t>(std::max(limits.max_json_depth, 1));
-  const std::size_t cap = json_dom_cap_bytes(payload.size());
-  // The parser's value stack draws from the same capped resource as the DOM: with the default
-  // one, `[0,0,...]`'s stack alone grew to 8x the payload uncounted.
-  const json::storage_ptr sp = json::make_shared_resource<CappedResource>(cap);
-  unsigned char temp[4096];
-  json::parser p(sp, opts, temp, sizeof temp);
-  p.reset(sp);
-  boost::system::error_code ec;
-  try {
-    p.write(payload.data(), payload.size(), ec);
-  } catch (const CappedResource::Exceeded&) {
-    throw WireError{fmt::format(
-        "a payload of {} bytes would take more than {:.1f} MiB to decode, the limit for its size (JSON of many "
-        "tiny values, which no ddprun sends)",
-        payload.size(), static_cast<double>(cap) / (1 << 20))};
-  }
-  if (ec) throw WireError{fmt::format("payload is not valid JSON ({})", ec.message())};
-  // Constructed, not assigned: assigning to a value of the default storage would copy the DOM
-  // out of the capped resource.
-  json::value v = p.release();
-  if (!v.is_object()) throw WireError{"payload must be a JSON object"};
-  return v;
+  CappedJson parsed = parse_json_capped(payload, static_cast<std::size_t>(std::max(limits.max_json_depth, 1)));
+  if (!parsed.over_cap.empty()) throw WireError{parsed.over_cap + ": no ddprun sends such a frame"};
+  if (!parsed.invalid.empty()) throw WireError{fmt::format("payload is not valid JSON ({})", parsed.invalid)};
+  if (!parsed.value.is_object()) throw WireError{"payload must be a JSON object"};
+  return std::move(parsed.value);
 }
 
 template <typename Out, typename Fn>

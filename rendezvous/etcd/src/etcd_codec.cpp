@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/json_capped.hpp"
 
 namespace ddprun::rendezvous::etcd {
 
@@ -40,14 +41,14 @@ std::string quote_start(std::string_view body) {
   return body.size() > 120 ? s + "..." : s;
 }
 
+// In bounded memory (json_capped.hpp): replies and watch messages may be 32 MiB each, and JSON of
+// tiny values from a bad etcd or anyone on a plain-HTTP path took ~17x that before.
 json::value parse_body(std::string_view body) {
-  json::parse_options opt;
-  opt.max_depth = 32;
-  boost::system::error_code ec;
-  json::value v = json::parse(body, ec, {}, opt);
-  if (ec) throw Bad{fmt::format("not valid JSON ({}): '{}'", ec.message(), quote_start(body))};
-  if (!v.is_object()) throw Bad{fmt::format("not a JSON object: '{}'", quote_start(body))};
-  return v;
+  CappedJson parsed = parse_json_capped(body, 32);
+  if (!parsed.over_cap.empty()) throw Bad{fmt::format("{}: '{}'", parsed.over_cap, quote_start(body))};
+  if (!parsed.invalid.empty()) throw Bad{fmt::format("not valid JSON ({}): '{}'", parsed.invalid, quote_start(body))};
+  if (!parsed.value.is_object()) throw Bad{fmt::format("not a JSON object: '{}'", quote_start(body))};
+  return std::move(parsed.value);
 }
 
 const json::object& as_object(const json::value& v, std::string_view field) {

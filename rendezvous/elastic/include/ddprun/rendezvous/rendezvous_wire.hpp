@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "ddprun/rendezvous/codec.hpp"
+#include "ddprun/rendezvous/json_capped.hpp"
 #include "ddprun/rendezvous/rendezvous_state.hpp"
 
 namespace ddprun::rendezvous {
@@ -65,16 +66,9 @@ struct WireLimits {
   int max_json_depth = 16;
 };
 
-// The most memory decoding one payload may take (its JSON DOM and the parser's stack), as a
-// multiple of its size, with a floor for small frames: a frame past it is refused as malformed,
-// so a peer's frame costs at most this, not the ~17x that JSON of tiny values inflates to.
-// Real frames need far less: a STATUS_REPLY of 100,000 members peaks at 2.7x (host names of 40
-// bytes, a 29 MB reply) to 3.4x (names of 2 bytes, 20 MB), measured with a counting resource.
-inline constexpr std::size_t json_dom_bytes_per_payload_byte = 6;
-inline constexpr std::size_t json_dom_min_cap_bytes = std::size_t{1} << 20;
-inline constexpr std::size_t json_dom_cap_bytes(std::size_t payload_bytes) {
-  return std::max(json_dom_min_cap_bytes, payload_bytes * json_dom_bytes_per_payload_byte);
-}
+// Decoding one payload may take at most json_dom_cap_bytes(its size) (json_capped.hpp): a frame
+// past it is refused as malformed, so a peer's frame costs at most that, not the ~17x that JSON
+// of tiny values inflates to.
 
 // ---- client -> server messages ----
 struct JoinMessage {

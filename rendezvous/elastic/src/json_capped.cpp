@@ -1,0 +1,72 @@
+// JSON parsed in bounded memory (json_capped.hpp has the contract).
+#include "ddprun/rendezvous/json_capped.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/json.hpp>
+#include <new>
+
+namespace ddprun::rendezvous {
+
+namespace json = boost::json;
+
+namespace {
+
+// Counts what the DOM and the parser's stack hold and refuses past the cap. A DOM value is 16
+// bytes and an object member 32 plus its key: text such as `[0,0,...]` or `[[],[],...]` (2-3
+// bytes a value, held once on the stack and once in its array) took about 17x its size, so a
+// 64 MiB STATUS_REPLY from any server `ddprun status` was pointed at took 1.1-1.7 GB before it
+// was refused.
+class CappedResource final : public json::memory_resource {
+ public:
+  explicit CappedResource(std::size_t cap) : cap_(cap) {}
+
+  struct Exceeded : std::bad_alloc {
+    const char* what() const noexcept override { return "JSON DOM over its cap"; }
+  };
+
+ private:
+  void* do_allocate(std::size_t n, std::size_t align) override {
+    if (n > cap_ - used_) throw Exceeded{};  // used_ <= cap_ always
+    void* p = upstream_->allocate(n, align);
+    used_ += n;
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t n, std::size_t align) override {
+    upstream_->deallocate(p, n, align);
+    used_ -= n;
+  }
+  bool do_is_equal(const json::memory_resource& other) const noexcept override { return this == &other; }
+
+  json::memory_resource* upstream_ = json::storage_ptr().get();  // new/delete
+  std::size_t cap_;
+  std::size_t used_ = 0;
+};
+
+}  // namespace
+
+CappedJson parse_json_capped(std::string_view text, std::size_t max_depth, std::size_t cap_bytes) {
+  json::parse_options opts;
+  opts.max_depth = max_depth;
+  const std::size_t cap = cap_bytes != 0 ? cap_bytes : json_dom_cap_bytes(text.size());
+  const json::storage_ptr sp = json::make_shared_resource<CappedResource>(cap);
+  unsigned char temp[4096];
+  json::parser p(sp, opts, temp, sizeof temp);
+  p.reset(sp);
+  boost::system::error_code ec;
+  try {
+    p.write(text.data(), text.size(), ec);
+  } catch (const CappedResource::Exceeded&) {
+    return CappedJson{nullptr,
+                      fmt::format("a payload of {} bytes would take more than {:.1f} MiB to decode, the limit for "
+                                  "its size (JSON of many tiny values)",
+                                  text.size(), static_cast<double>(cap) / (1 << 20)),
+                      {}};
+  }
+  if (ec) return CappedJson{nullptr, {}, ec.message()};
+  // Constructed from the released value, not assigned: assigning to a value of the default
+  // storage would copy the DOM out of the capped resource.
+  return CappedJson{p.release(), {}, {}};
+}
+
+}  // namespace ddprun::rendezvous
