@@ -45,10 +45,10 @@ class CappedResource final : public json::memory_resource {
 
 }  // namespace
 
-CappedJson parse_json_capped(std::string_view text, std::size_t max_depth, std::size_t cap_bytes) {
+CappedJson parse_json_capped(std::string_view text, std::size_t max_depth) {
   json::parse_options opts;
   opts.max_depth = max_depth;
-  const std::size_t cap = cap_bytes != 0 ? cap_bytes : json_dom_cap_bytes(text.size());
+  const std::size_t cap = json_dom_cap_bytes(text.size());
   const json::storage_ptr sp = json::make_shared_resource<CappedResource>(cap);
   unsigned char temp[4096];
   json::parser p(sp, opts, temp, sizeof temp);

@@ -748,7 +748,7 @@ RegistryStatus query_status(const Endpoint& server, const std::string& run_id, s
     throw NetworkError(fmt::format("cannot get the rendezvous status from {}: {}", server.to_string(), error),
                        "the daemon holds too many jobs to list at once: ask for one with --rdzv-id ID");
   }
-  // A reply refused at its decode cap (rendezvous_wire.hpp, json_dom_cap_bytes): a real daemon's
+  // A reply refused at its decode cap (json_capped.hpp, json_dom_cap_bytes): a real daemon's
   // status, of one job or of many, stays far below it, so this is not a daemon of ddprun's.
   if (error.rfind("bad rendezvous STATUS_REPLY message: a payload of ", 0) == 0 &&
       error.find("to decode") != std::string::npos) {

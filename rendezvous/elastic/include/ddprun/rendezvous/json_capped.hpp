@@ -33,7 +33,7 @@ struct CappedJson {
 };
 
 // Parses `text` with nesting at most `max_depth`, the DOM and the parser's stack together under
-// json_dom_cap_bytes(text.size()) (or `cap_bytes` when given).
-CappedJson parse_json_capped(std::string_view text, std::size_t max_depth, std::size_t cap_bytes = 0);
+// json_dom_cap_bytes(text.size()).
+CappedJson parse_json_capped(std::string_view text, std::size_t max_depth);
 
 }  // namespace ddprun::rendezvous
