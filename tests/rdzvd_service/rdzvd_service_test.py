@@ -269,6 +269,19 @@ class Service(unittest.TestCase):
         self.assertIsNotNone(prevent, "the unit restarts on a bad flag (no RestartPreventExitStatus=)")
         self.assertIn(str(r.returncode), prevent.group(1).split(), r.stderr)
 
+    def test_unit_exposure(self):
+        """`systemd-analyze security --offline` rates the unit's sandbox 1.2 of 10 ("OK"); a
+        hardening line lost in an edit raises it past the threshold."""
+        analyze = shutil.which("systemd-analyze")
+        if not analyze:
+            self.skipTest("systemd-analyze is not installed (Debian package systemd)")
+        path = self.write("ddprun-rdzvd.service", self.unit_text().replace("/usr/bin/ddprun-rdzvd", RDZVD), 0o644)
+        r = subprocess.run([analyze, "security", "--offline=true", "--threshold=12", path], capture_output=True,
+                           text=True, timeout=60, cwd=self.tmp)
+        if "--offline" in r.stderr and "unrecognized" in r.stderr:
+            self.skipTest("this systemd-analyze has no --offline (systemd < 250)")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+
     def test_unit_limits_fit_the_defaults(self):
         """LimitNOFILE= covers the default --max-connections (65536) plus the daemon's reserve of
         1,024 descriptors; the MemoryMax= suggestion is explained against the flags."""
