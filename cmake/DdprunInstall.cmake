@@ -37,13 +37,9 @@ install(FILES ${_ddprun_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/img DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs)
 
 # --- man pages and shell completions ------------------------------------------------------------
-# Not generated yet. They belong here, generated at build time from the launcher's flag table and
-# installed with COMPONENT docs to:
-#   ${CMAKE_INSTALL_MANDIR}/man1/ddprun.1, ${CMAKE_INSTALL_MANDIR}/man8/ddprun-rdzvd.8
-#   ${CMAKE_INSTALL_DATADIR}/bash-completion/completions/ddprun (and ddprun-rdzvd)
-#   ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions/_ddprun (and _ddprun-rdzvd)
-# The .deb picks them up with no other change; tests/package/deb_test.sh lists the expected
-# files in one place (`expect_files`).
+# Generated from the flag tables and installed by launcher/tools/CMakeLists.txt (man pages
+# gzipped; zsh functions where the installed zsh looks); tests/package/deb_inside.sh lists the
+# expected files in one place (`expect_files`).
 
 # --- .deb through CPack -------------------------------------------------------------------------
 set(DDPRUN_PACKAGE_MAINTAINER "ddprun developers <ddprun@localhost>" CACHE STRING
@@ -53,10 +49,11 @@ set(CPACK_PACKAGE_VENDOR ddprun)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "native launcher for distributed training (a drop-in torchrun)")
 set(CPACK_PACKAGE_DESCRIPTION
-    "ddprun launches, watches and restarts distributed training workers (torch DDP and native\n"
-    "programs) with torchrun's flags and environment. This package holds ddprun, the elastic\n"
-    "rendezvous daemon ddprun-rdzvd with its systemd unit, ddprun-nccl-id, and the worker\n"
-    "library libddprun_worker with headers, CMake package and pkg-config file.")
+    "ddprun launches, watches and restarts distributed training workers (torch DDP\n"
+    "and native programs) with torchrun's flags and environment. This package holds\n"
+    "ddprun, the elastic rendezvous daemon ddprun-rdzvd with its systemd unit,\n"
+    "ddprun-nccl-id, and the worker library libddprun_worker with headers, CMake\n"
+    "package and pkg-config file.")
 string(REPLACE ";" "" CPACK_PACKAGE_DESCRIPTION "${CPACK_PACKAGE_DESCRIPTION}")
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
@@ -77,4 +74,13 @@ endif()
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 # Workers are the user's programs; torch is what most of them need, not what ddprun needs.
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch")
+# Maintainer scripts (packaging/debian/): what dh_installsystemd does for a unit that installing
+# does not enable: stop the daemon on removal, reload systemd, restart a running daemon after an
+# upgrade, drop `systemctl enable`'s links on purge; ldconfig through a trigger.
+set(_ddprun_debian ${PROJECT_SOURCE_DIR}/packaging/debian)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+    ${_ddprun_debian}/postinst ${_ddprun_debian}/prerm ${_ddprun_debian}/postrm ${_ddprun_debian}/triggers)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+install(FILES ${_ddprun_debian}/lintian-overrides DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides
+        RENAME ddprun COMPONENT docs)
 include(CPack)

@@ -10,6 +10,9 @@ their bundled libstdc++ cannot clash with the one Python may have loaded. What i
 the platform tag is manylinux_2_<N>_<arch> for the newest GLIBC_2.<N> symbol version any of the
 bundled files needs, which is the honest minimum (PEP 600).
 
+The copyright files of the Debian packages those libraries come from go in the dist-info's
+licenses/ (their licenses ask for the notice to travel with the binaries).
+
 Console-script entry points (ddprun, ddprun-rdzvd, ddprun-nccl-id) exec the bundled binary, the
 way the cmake and ninja wheels do; `python -m ddprun` is the launcher too.
 
@@ -129,6 +132,35 @@ def dlopened_deps(path):
     return deps
 
 
+def license_files(libs):
+    """{package: copyright text} for the Debian packages the bundled libraries come from. Their
+    licenses ask for the notice to travel with the binaries (OpenSSL's Apache-2.0, fmt's and
+    spdlog's MIT, the GCC runtime library exception for libstdc++ and libgcc_s, which bin/ddprun
+    also has built in); Debian keeps each package's in /usr/share/doc/<package>/copyright."""
+    if shutil.which("dpkg-query") is None:
+        sys.exit("build_wheel: dpkg-query is missing: the bundled libraries' license files are taken from "
+                 "their Debian packages (/usr/share/doc/<package>/copyright)")
+    out = {}
+    for soname, resolved in sorted(libs.items()):
+        owner = None
+        # usrmerge: dpkg may know the file under /lib or /usr/lib.
+        for path in dict.fromkeys((resolved, os.path.realpath(resolved), re.sub(r"^/usr/", "/", resolved),
+                                   re.sub(r"^/usr/", "/", os.path.realpath(resolved)))):
+            r = subprocess.run(["dpkg-query", "-S", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            if r.returncode == 0 and ":" in r.stdout:
+                owner = r.stdout.split(":", 1)[0].strip()
+                break
+        if owner is None:
+            sys.exit("build_wheel: no Debian package owns %s (%s): cannot bundle its license" % (resolved, soname))
+        name = owner.split(":")[0].split(",")[0].strip()
+        copyright_path = "/usr/share/doc/%s/copyright" % name
+        if not os.path.isfile(copyright_path):
+            sys.exit("build_wheel: %s (package %s, for %s) is missing" % (copyright_path, name, soname))
+        with open(copyright_path, "rb") as f:
+            out[name] = f.read()
+    return out
+
+
 def sha256_record(data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return "sha256=" + digest
@@ -204,6 +236,9 @@ def main():
                     files["ddprun/%s/%s" % (sub, f)] = fh.read()
                 modes["ddprun/%s/%s" % (sub, f)] = 0o755
         dist_info = "ddprun-%s.dist-info" % version
+        licenses = license_files(libs)
+        for name, text in sorted(licenses.items()):
+            files["%s/licenses/%s.copyright" % (dist_info, name)] = text
         files[dist_info + "/METADATA"] = (
             "Metadata-Version: 2.1\n"
             "Name: ddprun\n"
@@ -214,7 +249,9 @@ def main():
             "Classifier: Programming Language :: C++\n"
             "\n"
             "ddprun, ddprun-rdzvd and ddprun-nccl-id as console commands of this environment.\n"
-            "The binaries bundle their C++ libraries and need glibc 2.%d or newer.\n" % (version, newest)).encode()
+            "The binaries bundle their C++ libraries and need glibc 2.%d or newer; the bundled\n"
+            "libraries' copyright and license notices are in this distribution's licenses/.\n"
+            % (version, newest)).encode()
         files[dist_info + "/WHEEL"] = (
             "Wheel-Version: 1.0\n"
             "Generator: ddprun packaging/wheel/build_wheel.py\n"
@@ -244,7 +281,8 @@ def main():
                 z.writestr(info, data)
         os.replace(tmp, wheel)
         print(wheel)
-        print("bundled: %s; needs glibc >= 2.%d" % (", ".join(sorted(libs)), newest), file=sys.stderr)
+        print("bundled: %s; needs glibc >= 2.%d; licenses of %s" % (", ".join(sorted(libs)), newest,
+              ", ".join(sorted(licenses))), file=sys.stderr)
 
 
 if __name__ == "__main__":

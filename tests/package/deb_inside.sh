@@ -1,10 +1,17 @@
 #!/bin/bash
 # Runs inside the fresh bookworm root (chroot) that tests/package/deb_test.sh prepared, with the
 # .deb and the worker-library consumer in /root/t. Fails with "FAIL: ..." naming the step.
+#   deb_inside.sh            install with apt, then use what was installed
+#   deb_inside.sh lifecycle  (after the first) an admin's life with the package: enable the
+#                            unit, upgrade over an older build, remove, purge; what the maintainer
+#                            scripts ask of systemd and what is left after each step
 set -euo pipefail
 fail() { echo "FAIL: $*"; exit 1; }
 cd /root/t
 deb=$(ls ddprun_*.deb)
+if [[ "${1:-}" == lifecycle ]]; then
+  exec bash /root/t/lifecycle.sh "$deb"
+fi
 
 # The base root has none of ddprun's libraries: Depends must bring them.
 # (The cache is read once into a variable: `ldconfig -p | grep -q` under pipefail fails at random
@@ -42,11 +49,19 @@ expect_files=(
   '^/usr/lib/systemd/system/ddprun-rdzvd\.service$'
   '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
   '^/usr/share/ddprun/examples/ddp_train\.py$'
+  '^/usr/share/man/man1/ddprun\.1\.gz$' '^/usr/share/man/man8/ddprun-rdzvd\.8\.gz$'
+  '^/usr/share/bash-completion/completions/ddprun$' '^/usr/share/bash-completion/completions/ddprun-rdzvd$'
+  # Debian's zsh looks in vendor-completions, not /usr/share/zsh/site-functions.
+  '^/usr/share/zsh/vendor-completions/_ddprun$' '^/usr/share/zsh/vendor-completions/_ddprun-rdzvd$'
+  '^/usr/share/lintian/overrides/ddprun$'
 )
 for re in "${expect_files[@]}"; do
   grep -qE "$re" <<<"$files" || fail "the package has no file matching $re"
 done
 grep -q '^ExecStart=/usr/bin/ddprun-rdzvd ' /usr/lib/systemd/system/ddprun-rdzvd.service || fail "unit ExecStart"
+bad=$(grep -E '^/usr/share/zsh/site-functions/|^/usr/share/man/man[0-9]/.*\.[0-9]$' <<<"$files" || true)
+[[ -z "$bad" ]] || fail "files where Debian does not look for them (zsh site-functions, uncompressed man pages): $bad"
+gzip -t /usr/share/man/man1/ddprun.1.gz /usr/share/man/man8/ddprun-rdzvd.8.gz || fail "a man page is not valid gzip"
 echo "ok: $(wc -l <<<"$files") paths in the package, all ${#expect_files[@]} expected ones present"
 
 v=$(ddprun --version) || fail "ddprun --version"

@@ -6,7 +6,8 @@
 #   daemon from its token file with JSON logs answering `ddprun status` and hosting a job; the
 #   daemon's mapped files all under /usr; an outside project built against the worker library with
 #   find_package(ddprun) and with pkg-config, run as a 2-rank native job; the systemd unit verified
-#   with the host's systemd-analyze against the installed root.
+#   with the host's systemd-analyze against the installed root; last, tests/package/deb_lifecycle.sh:
+#   upgrade over an older build, remove and purge with the unit enabled (maintainer scripts).
 # The DDP torch example is not run in here: python3-torch with its dependencies is ~1 GB per run;
 # tests/package/wheel_test.sh runs it from an installed wheel with Debian's torch.
 # usage: deb_test.sh PACKAGE_DIR SOURCE_DIR   (root only; exit 77 = skipped)
@@ -33,6 +34,7 @@ mkdir -p "$work"/{upper,ovl,root}
 cp "$deb" "$work/"
 cp -r "$src/tests/worker_lib/consumer" "$work/consumer"
 cp "$here/deb_inside.sh" "$work/inside.sh"
+cp "$here/deb_lifecycle.sh" "$work/lifecycle.sh"
 
 # Own mount namespace (private propagation: nothing leaks to the host's mount table and all of it
 # goes away when the last process in it exits) and own PID namespace (every daemon or worker
@@ -46,7 +48,7 @@ unshare --mount --propagation private --pid --fork bash -euo pipefail -c '
   mount --bind /dev "$m/dev"
   cp /etc/resolv.conf "$m/etc/resolv.conf"
   mkdir -p "$m/root/t"
-  cp "$work"/ddprun_*.deb "$work/inside.sh" "$m/root/t/"
+  cp "$work"/ddprun_*.deb "$work/inside.sh" "$work/lifecycle.sh" "$m/root/t/"
   cp -r "$work/consumer" "$m/root/t/consumer"
   chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     bash /root/t/inside.sh
@@ -64,5 +66,8 @@ unshare --mount --propagation private --pid --fork bash -euo pipefail -c '
   else
     echo "note: systemd-analyze not installed; the unit was not verified"
   fi
+  # Last (it removes the package): upgrade over an older build, remove, purge.
+  chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    bash /root/t/inside.sh lifecycle
 ' bash "$work" "$base"
 echo "PASS: .deb installed into a fresh bookworm root and used from there ($(( $(date +%s) - start )) s)"

@@ -1,5 +1,7 @@
 #!/bin/bash
-# The wheel installed the way ML engineers do it: `pip install` into a fresh venv. Two places:
+# The wheel installed the way ML engineers do it: `pip install` into a fresh venv. First the wheel
+# itself: its manylinux tag against the GLIBC_2.N its files need, RUNPATHs, build paths, the bundled
+# libraries' licenses. Then two places:
 #  A. this host: a venv of /usr/bin/python3 with --system-site-packages (Debian's torch 1.13 is a
 #     system package); the source and build trees are hidden under empty tmpfs mounts in a private
 #     mount namespace (root), so nothing of them can be used. ddprun on the venv's PATH, --version,
@@ -26,6 +28,33 @@ trap cleanup EXIT
 cp "$whl" "$work/"
 cp "$src/examples/ddp_train.py" "$here/wheel_inside.sh" "$work/"
 whl=$work/$(basename "$whl")
+
+# --- the wheel's own claims ----------------------------------------------------------------------
+# The manylinux_2_N tag must be the newest GLIBC_2.N any ELF file in it needs (checked here with
+# objdump, independently of build_wheel.py); every RUNPATH is $ORIGIN-relative; no path of the
+# build machine's trees is left in a file.
+mkdir -p "$work/unzipped"
+/usr/bin/python3 -m zipfile -e "$whl" "$work/unzipped"
+tag_n=$(basename "$whl" | sed -nE 's/.*-manylinux_2_([0-9]+)_[a-z0-9_]+\.whl$/\1/p')
+[[ -n "$tag_n" ]] || { echo "FAIL: $(basename "$whl") has no manylinux_2_N tag"; exit 1; }
+newest=0
+while IFS= read -r f; do
+  n=$( (objdump -T "$f" 2>/dev/null || true) | grep -oE 'GLIBC_2\.[0-9]+' | cut -d. -f2 | sort -n | tail -n1 || true)
+  if (( ${n:-0} > newest )); then newest=$n; fi
+  rp=$( (readelf -d "$f" 2>/dev/null || true) | sed -nE 's/.*\((RPATH|RUNPATH)\).*\[(.*)\]/\2/p')
+  [[ -z "$rp" || "$rp" == '$ORIGIN'* ]] || { echo "FAIL: $f has RUNPATH $rp"; exit 1; }
+  if grep -qaF -e "$src/" -e "$build/" "$f"; then echo "FAIL: $f names the source or build tree"; exit 1; fi
+done < <(find "$work/unzipped" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF' sh {} \; -print)
+[[ "$newest" == "$tag_n" ]] || { echo "FAIL: the wheel is tagged manylinux_2_$tag_n but its files need GLIBC_2.$newest"; exit 1; }
+# The bundled libraries' licenses travel with them (OpenSSL's Apache-2.0, fmt's and spdlog's MIT,
+# the GCC runtime library exception).
+for lib in libssl libstdc++ libfmt libspdlog libgcc; do
+  ls "$work"/unzipped/ddprun-*.dist-info/licenses/"$lib"*.copyright >/dev/null 2>&1 \
+    || { echo "FAIL: the wheel bundles $lib but not its copyright file (dist-info/licenses/)"; exit 1; }
+done
+rm -rf "$work/unzipped"
+echo "ok: the bundled libraries' copyright files are in dist-info/licenses/"
+echo "ok: tag manylinux_2_$tag_n = the newest GLIBC_2.N needed; RUNPATHs \$ORIGIN-relative; no build paths"
 
 # --- A: a venv on this host ---------------------------------------------------------------------
 t0=$(date +%s)

@@ -9,7 +9,10 @@ Every wait is bounded (socket timeouts, subprocess timeouts); nothing sleeps.
 """
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -205,6 +208,137 @@ class Service(unittest.TestCase):
         r = subprocess.run([analyze, "verify", path], capture_output=True, text=True, timeout=60, cwd=self.tmp)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual((r.stdout + r.stderr).strip(), "")
+
+    def unit_text(self):
+        with open(os.path.join(SRC, "packaging", "systemd", "ddprun-rdzvd.service")) as f:
+            return f.read()
+
+    def unit_argv(self, unit, args, creds):
+        """ExecStart= expanded as systemd does: ${CREDENTIALS_DIRECTORY} and $DDPRUN_RDZVD_ARGS
+        (split on whitespace), the binary taken from this build."""
+        line = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+        argv = []
+        for word in shlex.split(line):
+            if word == "$DDPRUN_RDZVD_ARGS":
+                argv += args.split()
+            else:
+                argv.append(word.replace("${CREDENTIALS_DIRECTORY}", creds))
+        self.assertEqual(argv[0], "/usr/bin/ddprun-rdzvd")
+        return [RDZVD] + argv[1:]
+
+    def test_unit_execstart_by_hand(self):
+        """The unit's own command line with what systemd hands it: the credential directory
+        (LoadCredential=), NOTIFY_SOCKET, DDPRUN_RDZVD_ARGS. READY=1, the token works, SIGTERM
+        (systemctl stop) exits 0; a bad flag exits with a status the unit does not restart."""
+        unit = self.unit_text()
+        creds = os.path.join(self.tmp, "credentials")
+        os.mkdir(creds, 0o700)
+        token = "unit-token-%d" % os.getpid()
+        path = os.path.join(creds, "token")
+        with open(path, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o400)  # as systemd writes a credential
+        sock, name = fake_systemd(False, self.tmp)
+        env = dict(os.environ, NOTIFY_SOCKET=name, CREDENTIALS_DIRECTORY=creds)
+        env.pop("DDPRUN_RDZV_TOKEN", None)
+        argv = self.unit_argv(unit, "--host 127.0.0.1 --port 0 --log-format json", creds)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            msg = sock.recv(4096).decode()
+            self.assertTrue(msg.startswith("READY=1\nSTATUS=listening on 127.0.0.1:"), msg)
+            port = int(msg.rsplit(":", 1)[1])
+            r = job(port, token, "unit-job")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertNotEqual(job(port, "wrong", "unit-job2").returncode, 0)
+            # One thread: far below TasksMax=.
+            tasks = len(os.listdir("/proc/%d/task" % proc.pid))
+            self.assertLessEqual(tasks, int(re.search(r"^TasksMax=(\d+)$", unit, re.M).group(1)))
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            _, err = proc.communicate(timeout=30)
+            sock.close()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertNotIn(token, err)
+
+        # A bad flag in /etc/default/ddprun-rdzvd (here: --token-file given twice) is exit 2, which
+        # RestartPreventExitStatus= names: the unit fails at once instead of restarting in a loop.
+        argv = self.unit_argv(unit, "--port 0 --token-file " + path, creds)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+        prevent = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
+        self.assertIsNotNone(prevent, "the unit restarts on a bad flag (no RestartPreventExitStatus=)")
+        self.assertIn(str(r.returncode), prevent.group(1).split(), r.stderr)
+
+    def test_unit_exposure(self):
+        """`systemd-analyze security --offline` rates the unit's sandbox 1.2 of 10 ("OK"); a
+        hardening line lost in an edit raises it past the threshold."""
+        analyze = shutil.which("systemd-analyze")
+        if not analyze:
+            self.skipTest("systemd-analyze is not installed (Debian package systemd)")
+        path = self.write("ddprun-rdzvd.service", self.unit_text().replace("/usr/bin/ddprun-rdzvd", RDZVD), 0o644)
+        r = subprocess.run([analyze, "security", "--offline=true", "--threshold=12", path], capture_output=True,
+                           text=True, timeout=60, cwd=self.tmp)
+        if "--offline" in r.stderr and "unrecognized" in r.stderr:
+            self.skipTest("this systemd-analyze has no --offline (systemd < 250)")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+
+    def test_unit_limits_fit_the_defaults(self):
+        """LimitNOFILE= covers the default --max-connections (65536) plus the daemon's reserve of
+        1,024 descriptors; the MemoryMax= suggestion is explained against the flags."""
+        unit = self.unit_text()
+        nofile = int(re.search(r"^LimitNOFILE=(\d+)$", unit, re.M).group(1))
+        self.assertGreaterEqual(nofile, 65536 + 1024)
+        for flag in ("--max-total-bytes", "--max-buffered-bytes", "--max-member-bytes"):
+            self.assertTrue(flag in unit, "the unit's MemoryMax= note does not mention " + flag)
+
+    def test_unit_syscalls_pass_the_filter(self):
+        """Every system call the daemon makes (start, a job with the token, SIGTERM; traced with
+        strace) is in the unit's SystemCallFilter= (@system-service minus @privileged): one outside
+        it would kill the daemon with SIGSYS under systemd."""
+        analyze, strace = shutil.which("systemd-analyze"), shutil.which("strace")
+        if not analyze or not strace:
+            self.skipTest("needs systemd-analyze and strace")
+        unit = self.unit_text()
+        self.assertIn("SystemCallFilter=@system-service\nSystemCallFilter=~@privileged", unit)
+
+        def expand(group, seen=None):
+            out = subprocess.run([analyze, "syscall-filter", group], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout
+            calls = set()
+            for line in out.splitlines()[1:]:
+                w = line.strip()
+                if w and not w.startswith("#"):
+                    calls |= expand(w) if w.startswith("@") else {w}
+            return calls
+
+        allowed = expand("@system-service") - expand("@privileged")
+        token = self.write("token", "strace-token\n")
+        trace = os.path.join(self.tmp, "trace")
+        sock, name = fake_systemd(False, self.tmp)
+        env = dict(os.environ, NOTIFY_SOCKET=name)
+        proc = subprocess.Popen([strace, "-f", "-qq", "-c", "-o", trace, RDZVD, "--host", "127.0.0.1", "--port", "0",
+                                 "--token-file", token, "--metrics-port", "0"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            msg = sock.recv(4096).decode()
+            port = int(msg.rsplit(":", 1)[1])
+            r = job(port, "strace-token", "strace-job")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        finally:
+            # SIGTERM to the daemon itself (strace passes it on only as the tracer's own).
+            kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            for k in kids:
+                os.kill(int(k), signal.SIGTERM)
+            proc.communicate(timeout=60)
+            sock.close()
+        used = set()
+        with open(trace) as f:
+            for line in f:
+                w = line.split()
+                if w and re.fullmatch(r"[a-z_0-9]+", w[-1]) and w[-1] not in ("total", "syscall"):
+                    used.add(w[-1])
+        self.assertGreater(len(used), 10, "strace saw almost nothing")
+        self.assertEqual(sorted(used - allowed), [], "system calls outside the unit's SystemCallFilter=")
 
 
 if __name__ == "__main__":
