@@ -13,6 +13,8 @@ import tempfile
 import time
 import unittest
 
+from ports import free_port  # this directory
+
 BIN = os.environ.get("DDPRUN_BIN_DIR", "")
 DDPRUN = os.path.join(BIN, "ddprun")
 WORKER = os.path.join(BIN, "ddprun_test_worker")
@@ -384,9 +386,9 @@ class ConsoleStall(unittest.TestCase):
             f.write(FLOOD)
         fifo = os.path.join(self.dir, "flooded")
         os.mkfifo(fifo)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # Not a bind(0) port: released, it may go to the agent's own store bind(0) next (which
+        # then fails the endpoint's bind and the job).
+        port = free_port()
         env = dict(os.environ, TORCHELASTIC_HEALTH_CHECK_PORT=str(port))
         with open(self.p("err"), "wb") as err:
             proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "1", "--tee", "3", "--log-dir", self.p("logs"),

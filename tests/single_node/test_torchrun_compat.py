@@ -16,7 +16,6 @@ Every wait is bounded by a subprocess timeout; readiness comes from the workers'
 """
 import json
 import os
-import random
 import select
 import shutil
 import signal
@@ -31,6 +30,7 @@ DDPRUN = os.path.join(BIN, "ddprun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_diagnosis import children, comm  # noqa: E402  (this directory)
+from ports import free_port  # noqa: E402
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 
 # ddprun keeps a failed job's run directory under TMPDIR (error files, stacks) for the user to read;
@@ -49,32 +49,6 @@ def run(args, timeout=90, env=None, cwd=None):
     e["PET_MASTER_PORT"] = "0"  # the worker store on a free port: other jobs may hold 29500
     e.update(env or {})
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
-
-
-def free_port():
-    """A port for TORCHELASTIC_HEALTH_CHECK_PORT, which must be a number given up front (torch's
-    contract), so it cannot be bound as port 0 and read back. Taken from below the kernel's
-    ephemeral range: a port released by this probe and handed out again to another bind(0) in
-    the meantime (the agent's own store, for one) is what made a port from inside the range
-    collide. Free on every interface, as the endpoint binds it."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low = int(f.read().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        try:
-            s = socket.socket(socket.AF_INET6)
-            addr = ("::", port)
-        except OSError:  # no IPv6 here: the endpoint binds IPv4 then
-            s = socket.socket(socket.AF_INET)
-            addr = ("0.0.0.0", port)
-        with s:
-            try:
-                s.bind(addr)
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port below %d" % low)
 
 
 class Base(unittest.TestCase):
