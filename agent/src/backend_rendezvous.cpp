@@ -220,8 +220,11 @@ class ClientBackend final : public RendezvousBackend {
     local_first_ = f;
     load_error_file(*local_first_);
     local_first_->diagnosis.clear();  // printed above
-    transport_->report_failure(
-        make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
+    // A rank without torch's @record wrote no error file: the other nodes' summaries name what it
+    // raised, as the stacks hook recorded it, rather than only its exit code.
+    std::string message = error_file_message(f.error_file);
+    if (message.empty()) message = f.raised;
+    transport_->report_failure(make_failure(round, node_id_, f.rank, f.local_rank, f.status, message));
   }
 
   void report_success(std::uint64_t round) override {

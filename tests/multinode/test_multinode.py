@@ -437,6 +437,31 @@ def budget_spent(c):
     check(time.monotonic() - t0 < 20, "stopping took too long")
 
 
+def raised_without_error_file(c):
+    # Rank 3 raises without torch's @record (no error file): every node's summary names what it
+    # raised, as the agent's stacks hook recorded it (before, the other nodes had its exit code
+    # only); its own node's diagnosis names it too.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=0, worker_args=["--fail-rank", "3", "--raise", "--sleep", "30"])
+    codes = c.wait_agents(40)
+    check(set(codes.values()) == {1}, "exit codes %s (want 1 everywhere)\n%s" % (codes, c.all_logs()))
+    failing = [e for e in c.envs() if e["RANK"] == "3"]
+    node = [a for a, (p, _) in c.agents.items() if p.pid == failing[0]["agent_pid"]]
+    check(len(node) == 1, "cannot map rank 3 to its agent")
+    raised = "RuntimeError: MnWorkerError: rank 3 raised on purpose"
+    for a in ADDRS:
+        log = c.log(a)
+        root = log[log.index("Root Cause (first observed failure):"):] if "Root Cause" in log else ""
+        check("rank       : 3 (local_rank: 1)" in root, "summary on %s lacks rank 3:\n%s" % (a, log))
+        if a == node[0]:
+            check(re.search(r"rank 3 \(local 1, pid [0-9]+\): exit code 1: .*; raised " + re.escape(raised), log),
+                  "the failing node's diagnosis does not name what rank 3 raised:\n%s" % log)
+        else:
+            check("message    : " + raised in root, "root cause on %s lacks what rank 3 raised:\n%s" % (a, log))
+
+
 def summary_lists_failed_ranks(c):
     # Rank 3 fails first (exit 7); rank 2, on the same node, ignores the teardown's SIGTERM and
     # exits 5 by itself. That node's summary lists rank 2 under "Failures:" and rank 3 as the
@@ -723,7 +748,7 @@ def embedded_failure_restart(c):
 
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
-                                      summary_lists_failed_ranks,
+                                      summary_lists_failed_ranks, raised_without_error_file,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,
