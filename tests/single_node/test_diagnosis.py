@@ -1136,6 +1136,16 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         self.assertIn("culprit    : rank 1 never entered a collective: it was in <module> at victims.py:25 "
                       "(`time.sleep(600)`)", block)
 
+    def test_an_exception_that_is_not_utf8_is_recorded_whole(self):
+        # The hook's record of a message with an undecodable byte (a surrogate escape) lost its
+        # last line, the one the block names: it was written with strict encoding.
+        script = self.script("bad_bytes.py", 'raise ValueError("bad " + b"\\xff".decode("utf-8", "surrogateescape"))\n')
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
+        _, err = proc.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: bad \\udcff\n")
+
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.
         script = self.script("all_fail.py", ALL_FAIL)
