@@ -272,6 +272,9 @@ class ClientBackend final : public RendezvousBackend {
 
  private:
   void job_failed(const rendezvous::SendJobFailed& f) {
+    if (!local_first_ && f.root_cause && f.root_cause->failure.node != node_id_ && events_.on_remote_failure) {
+      events_.on_remote_failure(f.root_cause->describe());
+    }
     if (root_here(f)) root_cause_ = *local_first_;
     if (!f.root_cause) failure_reason_ = "job '" + f.run_id + "' failed: " + f.reason;
     if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
@@ -323,6 +326,9 @@ class ClientBackend final : public RendezvousBackend {
       spdlog::warn("round {} ended ({}): {}; all nodes restart together (restarts used {}/{})", r.ended_round,
                    r.kind == rendezvous::RoundEnd::worker_failure ? "worker failure" : "membership change", r.reason,
                    r.restart_count, config_.max_restarts);
+      if (r.kind == rendezvous::RoundEnd::worker_failure && !local_first_ && events_.on_remote_failure) {
+        events_.on_remote_failure("round " + std::to_string(r.ended_round) + ": " + r.reason);
+      }
       events_.on_restart();
     };
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {

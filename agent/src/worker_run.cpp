@@ -288,6 +288,12 @@ void WorkerRun::signal(int sig) {
   insisted_ = 0;
 }
 
+std::string WorkerRun::diagnose_remote(const std::string& failure) {
+  if (ended_ || !config_.stacks || machine_.state() != GroupState::healthy) return {};
+  diagnosis_ = diagnose(nullptr, failure + "; the stacks of this node's ranks before they stop");
+  return diagnosis_;
+}
+
 void WorkerRun::stop() {
   if (!ended_) apply(machine_.on_stop_request());
 }
