@@ -255,6 +255,15 @@ class Agent {
     };
     ev.on_refused = [this](const std::string& message) { exit_with_error(message); };
     ev.on_unreachable = [this](const std::string& message) { exit_with_error(message); };
+    ev.on_remote_failure = [this](const std::string& failure) {
+      // The culprit may run here while the failure was elsewhere (a rank of this node that never
+      // entered the collective a rank of another node timed out in): without this, nobody took
+      // its stack, since no rank of this node failed.
+      if (finished_) return;
+      if (const std::string block = run_.diagnose_remote(failure); !block.empty()) {
+        console::write(STDERR_FILENO, block);
+      }
+    };
     ev.on_progress = [this](const std::string& text) {
       if (text != last_progress_) {
         last_progress_ = text;

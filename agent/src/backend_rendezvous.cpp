@@ -220,8 +220,11 @@ class ClientBackend final : public RendezvousBackend {
     local_first_ = f;
     load_error_file(*local_first_);
     local_first_->diagnosis.clear();  // printed above
-    transport_->report_failure(
-        make_failure(round, node_id_, f.rank, f.local_rank, f.status, error_file_message(f.error_file)));
+    // A rank without torch's @record wrote no error file: the other nodes' summaries name what it
+    // raised, as the stacks hook recorded it, rather than only its exit code.
+    std::string message = error_file_message(f.error_file);
+    if (message.empty()) message = f.raised;
+    transport_->report_failure(make_failure(round, node_id_, f.rank, f.local_rank, f.status, message));
   }
 
   void report_success(std::uint64_t round) override {
@@ -269,6 +272,9 @@ class ClientBackend final : public RendezvousBackend {
 
  private:
   void job_failed(const rendezvous::SendJobFailed& f) {
+    if (!local_first_ && f.root_cause && f.root_cause->failure.node != node_id_ && events_.on_remote_failure) {
+      events_.on_remote_failure(f.root_cause->describe());
+    }
     if (root_here(f)) root_cause_ = *local_first_;
     if (!f.root_cause) failure_reason_ = "job '" + f.run_id + "' failed: " + f.reason;
     if (config_.node_label.empty() || !f.root_cause || f.root_cause->failure.node == node_id_) {
@@ -320,6 +326,9 @@ class ClientBackend final : public RendezvousBackend {
       spdlog::warn("round {} ended ({}): {}; all nodes restart together (restarts used {}/{})", r.ended_round,
                    r.kind == rendezvous::RoundEnd::worker_failure ? "worker failure" : "membership change", r.reason,
                    r.restart_count, config_.max_restarts);
+      if (r.kind == rendezvous::RoundEnd::worker_failure && !local_first_ && events_.on_remote_failure) {
+        events_.on_remote_failure("round " + std::to_string(r.ended_round) + ": " + r.reason);
+      }
       events_.on_restart();
     };
     ev.on_job_failed = [this](const rendezvous::SendJobFailed& f) {

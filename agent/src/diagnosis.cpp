@@ -83,7 +83,9 @@ def _ddprun_setup():
                 try:
                     import traceback
 
-                    with open(path + ".exception", "w") as out:
+                    # Any message, an undecodable byte's surrogate escape included: strict
+                    # encoding lost the exception's own line, which the diagnosis names.
+                    with open(path + ".exception", "w", encoding="utf-8", errors="backslashreplace") as out:
                         traceback.print_exception(kind, value, tb, file=out)
                 except Exception:
                     pass
@@ -160,12 +162,18 @@ std::string base_name(const std::string& path) {
   return s == std::string::npos ? path : path.substr(s + 1);
 }
 
-std::string source_line(const std::string& file, int line) {
+std::string source_line(const std::string& file, int line, const std::string& proc_dir) {
   // The path comes from the rank's own dump: a regular file only (checked before any open: opening
-  // some devices acts), its first 4 MiB.
+  // some devices acts), its first 4 MiB. It names the file as the rank sees it: through the rank's
+  // own root and working directory (/proc/PID/root, /proc/PID/cwd) when its pid is known, since a
+  // rank in a chroot or a container has other files at the same paths (the agent's torch showed
+  // the wrong line of distributed_c10d.py for a chrooted torch 2.6 rank).
+  const std::string path = proc_dir.empty()        ? file
+                           : file.starts_with('/') ? proc_dir + "/root" + file
+                                                   : proc_dir + "/cwd/" + file;
   struct stat st {};
-  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
-  std::istringstream in(read_worker_file(file, 4u << 20, 0, true).value_or(std::string()));
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
+  std::istringstream in(read_worker_file(path, 4u << 20, 0, true).value_or(std::string()));
   std::string text;
   for (int i = 1; std::getline(in, text); ++i) {
     if (i == line) {
@@ -283,7 +291,7 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
     s.text = read_worker_file(d.file, kMaxDumpBytes, d.before, false, nullptr, &size).value_or(std::string());
     s.method = "faulthandler";
     s.file = d.file;
-    s.where = python_where(s.text);
+    s.where = python_where(s.text, "/proc/" + std::to_string(s.pid));
     if (!d.done) {
       done_at(s, Clock::now());
       s.where += std::string(s.where.empty() ? "" : " ") + "(the dump was still being written after " + bound + ")";
@@ -458,7 +466,7 @@ std::string native_frame_symbol(std::string_view text) {
   return {};
 }
 
-std::string python_where(const std::string& text) {
+std::string python_where(const std::string& text, const std::string& proc_dir) {
   // faulthandler: "Current thread 0x... (most recent call first):" or "Thread 0x...", then
   // frames "  File \"path\", line N in func". Prefer the thread that holds <module> (the main
   // thread); its first frame is the innermost one.
@@ -489,7 +497,7 @@ std::string python_where(const std::string& text) {
   if (!frame) return {};
   const auto& [file, ln, func] = *frame;
   std::string out = func + " at " + base_name(file) + ":" + std::to_string(ln);
-  if (const std::string src = source_line(file, ln); !src.empty()) out += " (`" + src + "`)";
+  if (const std::string src = source_line(file, ln, proc_dir); !src.empty()) out += " (`" + src + "`)";
   // No thread of the dump holds a module's frame: the one shown may be a helper thread.
   if (!main_thread) out += " (not known to be the main thread)";
   return out;
@@ -498,13 +506,19 @@ std::string python_where(const std::string& text) {
 std::string collective_timeout_in(const std::string& text) {
   // Plain searches, no std::regex: the text is the rank's (up to 1 MiB of its error file and
   // output), and libstdc++'s regex recursed once per character of a long run.
+  // A peer lost in the collective counts too (a peer that died or tore its process group down):
+  // gloo's "Connection closed by peer" (torch 2.x) and "Read error ...: Connection reset by peer"
+  // (1.13), an aborted NCCL communicator.
   constexpr std::string_view kTimeouts[] = {"Timed out",
                                             "timed out",
                                             "Timeout",
                                             "timeout",
                                             "DistBackendError",
                                             "Watchdog caught collective operation timeout",
-                                            "Connection closed by peer"};
+                                            "Connection closed by peer",
+                                            "Connection reset by peer",
+                                            "NCCL communicator was aborted",
+                                            "ncclRemoteError"};
   if (std::none_of(std::begin(kTimeouts), std::end(kTimeouts),
                    [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
     return {};

@@ -44,12 +44,15 @@ int open_log_file(const std::string& path) {
   return fd;
 }
 
-// What a still-running rank raised clearly before `failed_at` ("ValueError: boom 2.5 s"): the
-// last line of the hook's stacks.txt.exception in `rank_dir`, else the message of torch's error
-// file; nullopt when it wrote neither, or only later (a victim raises too, after the failure it
-// reacts to).
-std::optional<std::string> raised_before(const std::string& rank_dir, FailureReport report,
-                                         std::chrono::system_clock::time_point failed_at) {
+// What a rank recorded as raised: the hook's stacks.txt.exception in `rank_dir` (its last line
+// is `what`: "ValueError: boom"), else torch's error file (the first line of its message); `when`
+// is when it was written. nullopt when it wrote neither.
+struct Raised {
+  std::string what;
+  std::chrono::system_clock::time_point when;
+};
+
+std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureReport report) {
   using namespace std::chrono;
   auto written = [](const std::string& path) -> std::optional<system_clock::time_point> {
     struct stat st {};
@@ -57,22 +60,23 @@ std::optional<std::string> raised_before(const std::string& rank_dir, FailureRep
     return system_clock::time_point(
         duration_cast<system_clock::duration>(seconds(st.st_mtim.tv_sec) + nanoseconds(st.st_mtim.tv_nsec)));
   };
-  std::string what;
-  auto when = written(rank_dir + "/stacks.txt.exception");
-  if (when) {
+  Raised r;
+  if (auto when = written(rank_dir + "/stacks.txt.exception")) {
+    r.when = *when;
     std::istringstream in(read_tail(rank_dir + "/stacks.txt.exception", 4096));
     for (std::string line; std::getline(in, line);) {
-      if (!trim(line).empty()) what = std::string(trim(line));  // the last: "ValueError: boom"
+      if (!trim(line).empty()) r.what = std::string(trim(line));  // the last: "ValueError: boom"
     }
   } else if ((when = written(report.error_file))) {
+    r.when = *when;
     load_error_file(report);
-    if (report.error) what = report.error->message.substr(0, report.error->message.find('\n'));
+    if (report.error) r.what = report.error->message.substr(0, report.error->message.find('\n'));
+  } else {
+    return std::nullopt;
   }
-  if (!when || *when > failed_at - milliseconds(50)) return std::nullopt;
-  if (what.size() > 300) what = what.substr(0, 300) + "...";
-  char ago[32];
-  std::snprintf(ago, sizeof(ago), " %.1f s", duration<double>(failed_at - *when).count());
-  return (what.empty() ? std::string("an exception") : what) + ago;
+  if (r.what.size() > 300) r.what = r.what.substr(0, 300) + "...";
+  if (r.what.empty()) r.what = "an exception";
+  return r;
 }
 
 }  // namespace
@@ -261,7 +265,13 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
   }
   apply(machine_.on_exited(local_rank, status));
   if (was_healthy && !status.ok() && !ended_ && hooks_.on_first_failure) {
-    hooks_.on_first_failure(report_of(w));
+    FailureReport r = report_of(w);
+    // Without an error file the other nodes learnt only its exit code: what it raised goes with it.
+    const std::string dir = attempt_dir_ + "/" + std::to_string(local_rank);
+    if (auto rec = recorded_exception(dir, FailureReport{}); rec && rec->what != "an exception") {
+      r.raised = terminal_safe(rec->what);
+    }
+    hooks_.on_first_failure(r);
   }
 }
 
@@ -276,6 +286,12 @@ void WorkerRun::signal(int sig) {
   insisted_ = machine_.state() == GroupState::stopping ? sig : 0;
   apply(machine_.on_signal(sig));
   insisted_ = 0;
+}
+
+std::string WorkerRun::diagnose_remote(const std::string& failure) {
+  if (ended_ || !config_.stacks || machine_.state() != GroupState::healthy) return {};
+  diagnosis_ = diagnose(nullptr, failure + "; the stacks of this node's ranks before they stop");
+  return diagnosis_;
 }
 
 void WorkerRun::stop() {
@@ -491,34 +507,63 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     if (auto rep = report_of(*failed); (load_error_file(rep), rep.error))
       text += rep.error->message + "\n" + rep.error->traceback;
     collective = collective_timeout_in(text);
+    // What it raised, when that was not a collective failure: its traceback may have scrolled
+    // away among its victims' ones.
+    const auto own = collective.empty() ? recorded_exception(dir, report_of(*failed)) : std::nullopt;
     ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
-                    (collective.empty() ? "" : "; timed out in " + collective));
+                    (collective.empty() ? "" : "; timed out in " + collective) + (own ? "; raised " + own->what : ""));
     local_rank_of_line.push_back(-1);
   }
-  // A rank that raised before the failure yet still runs (a non-daemon thread or an atexit
-  // handler keeps its process alive) failed first in all but its exit: the hook's
+  // A rank that raised before the failure yet still runs (its cleanup, a non-daemon thread or an
+  // atexit handler keeps its process alive) failed first in all but its exit: the hook's
   // stacks.txt.exception or torch's error file, written before the failed rank ended, says so.
+  // Unless what it raised is itself a collective failure (a timeout, a peer that closed or reset
+  // the connection): that rank is one more victim, waiting on the culprit like the failed rank,
+  // neither the culprit nor a rank that never entered the collective. Victims of a rank that
+  // raised used to be named first: gloo peers raise "Connection closed by peer" while the rank
+  // that raised is still tearing down, before it exits.
+  std::vector<int> victims;  // local ranks
+  std::vector<int> raised;
   if (failed != nullptr) {
+    std::vector<std::pair<std::chrono::system_clock::time_point, std::string>> first;
     for (const auto& w : workers_) {
       if (w.get() == failed || w->child.pid() <= 0 || w->child.exited()) continue;
       const std::string dir = attempt_dir_ + "/" + std::to_string(w->spec.local_rank);
-      if (auto raised = raised_before(dir, report_of(*w), failed->exit_time)) {
-        culprits.push_back(
-            "rank " + std::to_string(w->spec.rank) + " raised " + *raised + " before rank " +
-            std::to_string(failed->spec.rank) +
-            " ended, and was still running then (a non-daemon thread or an atexit handler kept it alive)");
+      const auto rec = recorded_exception(dir, report_of(*w));
+      if (!rec) continue;
+      // The error line only: a traceback's source lines say "timeout" for many other reasons.
+      if (!collective_timeout_in(rec->what).empty()) {
+        victims.push_back(w->spec.local_rank);
+        continue;
       }
+      // Written only later: a rank may raise in reaction to the failure too.
+      if (rec->when > failed->exit_time - std::chrono::milliseconds(50)) continue;
+      char ago[32];
+      std::snprintf(ago, sizeof(ago), " %.1f s", std::chrono::duration<double>(failed->exit_time - rec->when).count());
+      first.emplace_back(rec->when, "rank " + std::to_string(w->spec.rank) + " raised " + rec->what + ago +
+                                        " before rank " + std::to_string(failed->spec.rank) +
+                                        " ended, and was still running then (its cleanup, a non-daemon thread or an "
+                                        "atexit handler kept it alive)");
+      raised.push_back(w->spec.local_rank);
     }
+    // The earliest first: it is the likeliest cause of the others.
+    std::stable_sort(first.begin(), first.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [when, line] : first) culprits.push_back(std::move(line));
   }
+  auto listed = [](const std::vector<int>& v, int local_rank) {
+    return std::find(v.begin(), v.end(), local_rank) != v.end();
+  };
   auto inside_collective = [](const RankStacks& s) {
     return in_collective(s.main_thread.empty() ? s.text : s.main_thread);
   };
   const bool any_in = std::any_of(stacks.begin(), stacks.end(), inside_collective);
   for (const auto& s : stacks) {
     const bool inside = inside_collective(s);
-    if (!s.method.empty() && !inside && (!collective.empty() || (failed == nullptr && any_in))) {
+    const bool victim = listed(victims, s.local_rank);
+    if (!s.method.empty() && !inside && !victim && !listed(raised, s.local_rank) &&
+        (!collective.empty() || (failed == nullptr && any_in))) {
       const std::string what = collective.empty() ? std::string("the collective the others wait in") : collective;
       culprits.push_back("rank " + std::to_string(s.rank) + " never entered " + what + ": it was in " + s.where);
     }
@@ -526,6 +571,7 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     std::snprintf(cost, sizeof(cost), "%.1f ms", s.millis);
     ranks.push_back("rank " + std::to_string(s.rank) + " (local " + std::to_string(s.local_rank) + ", pid " +
                     std::to_string(s.pid) + "): " + (inside ? "in a collective, " : "") +
+                    (victim ? "had failed in a collective too, " : "") +
                     (s.where.empty() ? std::string("no Python frame") : "in " + s.where) +
                     (s.method.empty() ? "" : " [" + s.method + ", " + cost + "]"));
     local_rank_of_line.push_back(s.local_rank);

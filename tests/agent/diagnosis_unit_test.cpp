@@ -83,6 +83,23 @@ TEST_CASE("python_where names the main thread's innermost frame, and says when i
   const std::string fifo = (d.path / "fifo.py").string();
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   CHECK(python_where("  File \"" + fifo + "\", line 2 in <module>\n") == "<module> at fifo.py:2");  // no hang
+  // With the rank's /proc/PID, its path is read through the rank's root (a chroot or a container
+  // has another file at the same path: the agent's own showed the wrong line) and a relative
+  // path through its working directory. A directory laid out as /proc/PID stands in for it.
+  const std::string proc = (d.path / "proc").string();
+  fs::create_directories(proc + "/root" + d.path.string());
+  fs::create_directories(proc + "/cwd");
+  {
+    std::ofstream(proc + "/root" + src) << "import time\n    work.wait()\n";
+    std::ofstream(proc + "/cwd/rel.py") << "x = 1\n";
+  }
+  CHECK(python_where("  File \"" + src + "\", line 2 in <module>\n", proc) == "<module> at t.py:2 (`work.wait()`)");
+  CHECK(python_where("  File \"rel.py\", line 1 in <module>\n", proc) == "<module> at rel.py:1 (`x = 1`)");
+  // The rank's file is not there (the rank is gone): no line rather than the agent's.
+  CHECK(python_where("  File \"" + src + "\", line 2 in <module>\n", proc + "/none") == "<module> at t.py:2");
+  // The real thing: this process's own /proc entry.
+  CHECK(python_where("  File \"" + src + "\", line 2 in <module>\n", "/proc/" + std::to_string(::getpid())) ==
+        "<module> at t.py:2 (`time.sleep(600)`)");
 }
 
 TEST_CASE("read_worker_file reads regular files only, bounded, without blocking") {
@@ -166,6 +183,11 @@ TEST_CASE("the diagnosis parses what ranks wrote by hand, bounded: hostile text 
         "all_gather_object");
   CHECK(collective_timeout_in("timeout in all_gather then in reduce_scatter_tensor here") == "reduce_scatter_tensor");
   CHECK(collective_timeout_in("no such thing in all_reduce") == "");  // not a timeout
+  // A lost peer is a collective failure too: torch 1.13's gloo says "reset", 2.x's "closed".
+  CHECK(collective_timeout_in("RuntimeError: [pair.cc:589] Read error [127.0.0.1]:1715: Connection reset by peer") ==
+        "a collective");
+  CHECK(collective_timeout_in("  in all_reduce\n    work.wait()\nRuntimeError: Connection closed by peer [::1]:7") ==
+        "all_reduce");
   CHECK(collective_timeout_in(std::string(2'000'000, 'x') + " Timeout in barrier") == "barrier");
 
   CHECK_FALSE(parse_python_frame("  File \"" + std::string(300'000, 'p') + "\", line 2 in f"));

@@ -44,6 +44,8 @@ def main():
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-attempt", type=int, default=0)
     p.add_argument("--exit", type=int, default=1)
+    p.add_argument("--raise", dest="raise_", action="store_true",
+                   help="the failing rank raises (exit 1) and writes no error file")
     p.add_argument("--second-fail-rank", type=int, default=-1)
     p.add_argument("--second-exit", type=int, default=5)
     p.add_argument("--exit-when-world", type=int, default=-1)
@@ -68,6 +70,9 @@ def main():
     if rank == a.fail_rank and attempt == a.fail_attempt:
         if a.second_fail_rank >= 0:  # fail only once the second rank ignores SIGTERM
             wait_for(os.path.join(a.out, "armed_%d" % a.second_fail_rank))
+        if a.raise_:
+            open(os.path.join(a.out, "failed_%d" % rank), "w").close()
+            raise RuntimeError("MnWorkerError: rank %d raised on purpose" % rank)
         # torch's @record format, so the agent can report the message to every node.
         path = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if path:

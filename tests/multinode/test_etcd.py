@@ -116,13 +116,17 @@ time.sleep(30)
     codes = c.wait_agents(40)
     check(set(codes.values()) == {1}, "exit codes %s (want 1 everywhere)\n%s" % (codes, c.all_logs()))
     # The traceback is in the output of the node that ran rank 1 (no @record: no error file), the
-    # root cause on every node names that node and the rank.
-    raised = [a for a in ADDRS[:2] if "ValueError: ddprun etcd test: rank 1 raises" in c.log(a)]
+    # root cause on every node names that node and the rank, and on the other node what it raised
+    # (the last line of the traceback the agent's stacks hook recorded, relayed as its message).
+    raised = [a for a in ADDRS[:2] if 'raise ValueError("ddprun etcd test' in c.log(a)]
     check(len(raised) == 1, "want the traceback on one node, found %s:\n%s" % (raised, c.all_logs()))
     for a in ADDRS[:2]:
         log = c.log(a)
         check("rank       : 1 (local_rank: 1)" in log, "summary on %s lacks rank 1:\n%s" % (a, log))
         check("host       : %s" % raised[0] in log, "summary on %s lacks the node %s:\n%s" % (a, raised[0], log))
+        if a != raised[0]:
+            check("message    : ValueError: ddprun etcd test: rank 1 raises" in log,
+                  "summary on %s lacks what rank 1 raised:\n%s" % (a, log))
 
 
 def restarts_seen(c):

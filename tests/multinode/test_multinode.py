@@ -437,6 +437,81 @@ def budget_spent(c):
     check(time.monotonic() - t0 < 20, "stopping took too long")
 
 
+def raised_without_error_file(c):
+    # Rank 3 raises without torch's @record (no error file): every node's summary names what it
+    # raised, as the agent's stacks hook recorded it (before, the other nodes had its exit code
+    # only); its own node's diagnosis names it too.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=0, worker_args=["--fail-rank", "3", "--raise", "--sleep", "30"])
+    codes = c.wait_agents(40)
+    check(set(codes.values()) == {1}, "exit codes %s (want 1 everywhere)\n%s" % (codes, c.all_logs()))
+    failing = [e for e in c.envs() if e["RANK"] == "3"]
+    node = [a for a, (p, _) in c.agents.items() if p.pid == failing[0]["agent_pid"]]
+    check(len(node) == 1, "cannot map rank 3 to its agent")
+    raised = "RuntimeError: MnWorkerError: rank 3 raised on purpose"
+    for a in ADDRS:
+        log = c.log(a)
+        root = log[log.index("Root Cause (first observed failure):"):] if "Root Cause" in log else ""
+        check("rank       : 3 (local_rank: 1)" in root, "summary on %s lacks rank 3:\n%s" % (a, log))
+        if a == node[0]:
+            check(re.search(r"rank 3 \(local 1, pid [0-9]+\): exit code 1: .*; raised " + re.escape(raised), log),
+                  "the failing node's diagnosis does not name what rank 3 raised:\n%s" % log)
+        else:
+            check("message    : " + raised in root, "root cause on %s lacks what rank 3 raised:\n%s" % (a, log))
+
+
+# A stand-in for torch's module, by name (the diagnosis tells a rank inside a collective by
+# distributed_c10d.py in its stack): all_reduce waits on its peers, here for ever.
+FAKE_C10D = """import os, time
+def all_reduce(ready):
+    open(ready, "w").close()
+    time.sleep(120)
+"""
+
+# Rank 3 never enters all_reduce; rank 0 "times out" in it once every other rank is in place.
+NEVER_ENTERS = """import os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import distributed_c10d
+rank, out = int(os.environ["RANK"]), sys.argv[1]
+if rank == 3:
+    open(os.path.join(out, "ready_3"), "w").close()
+    time.sleep(120)
+if rank != 0:
+    distributed_c10d.all_reduce(os.path.join(out, "ready_%d" % rank))
+deadline = time.monotonic() + 30
+while not all(os.path.exists(os.path.join(out, "ready_%d" % r)) for r in (1, 2, 3)) and time.monotonic() < deadline:
+    time.sleep(0.01)
+raise RuntimeError("Timed out waiting 4000ms in all_reduce")
+"""
+
+
+def remote_culprit_stacks(c):
+    # The culprit runs on the node where no rank failed: that node takes its ranks' stacks when
+    # the job fails elsewhere and names rank 3 (before, no node took its stack: the failing node
+    # saw only ranks inside the collective, the other one failed no rank of its own).
+    with open(os.path.join(c.dir, "distributed_c10d.py"), "w") as f:
+        f.write(FAKE_C10D)
+    script = os.path.join(c.dir, "never_enters.py")
+    with open(script, "w") as f:
+        f.write(NEVER_ENTERS)
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:2", program=[script, c.out])
+    codes = c.wait_agents(60)
+    check(set(codes.values()) == {1}, "exit codes %s (want 1 everywhere)\n%s" % (codes, c.all_logs()))
+    want = "culprit    : rank 3 never entered the collective the others wait in: it was in <module> at never_enters.py:"
+    named = [a for a in ADDRS[:2] if want in c.log(a)]
+    check(len(named) == 1, "want rank 3 named on one node, found %s:\n%s" % (named, c.all_logs()))
+    log = c.log(named[0])
+    check(log.index(want) < log.index("Root Cause (first observed failure):"),
+          "the block follows the summary on %s:\n%s" % (named[0], log))
+    check(re.search(r"rank 2 \(local 0, pid [0-9]+\): in a collective, in all_reduce at distributed_c10d\.py:4", log),
+          "rank 2's line on %s:\n%s" % (named[0], log))
+
+
 def summary_lists_failed_ranks(c):
     # Rank 3 fails first (exit 7); rank 2, on the same node, ignores the teardown's SIGTERM and
     # exits 5 by itself. That node's summary lists rank 2 under "Failures:" and rank 3 as the
@@ -723,7 +798,7 @@ def embedded_failure_restart(c):
 
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
-                                      summary_lists_failed_ranks,
+                                      summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,

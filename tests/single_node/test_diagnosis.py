@@ -223,6 +223,46 @@ sys.exit(5)
 '''
 
 
+# Victims of a failure that raise before the failing rank ends: a gloo peer raises "Connection
+# closed by peer" (or times out) while the rank that failed still tears down. Rank 0 is such a
+# victim: it raises a collective failure, then (atexit) backdates the hook's record of it by 1 s,
+# as if it had raised well before the failing rank ends, tells the failing rank through a FIFO and
+# waits for the teardown. "raised": rank 1 then raises its own ValueError (the culprit, exiting
+# first). "timeout": rank 1 never enters the collective (the culprit, still running) and rank 2
+# fails with a timeout once rank 0 has raised.
+VICTIM_RAISED_FIRST = r"""import atexit, os, sys, time
+rank = int(os.environ["RANK"])
+fifo, mode = sys.argv[1], sys.argv[2]
+
+
+def lost_peer():
+    if mode == "raised":
+        raise RuntimeError("[./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:4242")
+    raise RuntimeError("[./gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 4000ms for recv operation")
+
+
+def stay():
+    record = sys._ddprun_stacks_file.name + ".exception"
+    then = time.time() - 1
+    os.utime(record, (then, then))
+    with open(fifo, "w") as f:
+        f.write("x")
+    time.sleep(600)
+
+
+if rank == 0:
+    atexit.register(stay)
+    lost_peer()
+elif rank == 1 and mode == "timeout":
+    time.sleep(600)
+else:
+    with open(fifo) as f:
+        f.read()
+    if mode == "raised":
+        raise ValueError("boom")
+    lost_peer()
+"""
+
 # Rank 0 fails; rank 1 ignores SIGTERM and SIGINT, so the teardown waits out its grace.
 FAIL_THEN_STUBBORN = r'''import os, signal, sys, time
 ready = os.path.join(sys.argv[1], "stubborn")
@@ -1064,6 +1104,47 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         self.assertEqual(proc.returncode, 5, err)  # the first exit is still the root cause, as in torchrun
         self.assertRegex(err, r"culprit    : rank 0 raised ValueError: boom in rank 0 [0-9.]+ s before rank 1 ended, "
                               r"and was still running then")
+
+    def run_victims(self, mode, nproc):
+        script = self.script("victims.py", VICTIM_RAISED_FIRST)
+        fifo = os.path.join(self.dir, "victim-raised")
+        os.mkfifo(fifo)
+        proc = self.ddprun(["--nproc-per-node", str(nproc), "--no-python", PYTHON, script, fifo, mode])
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        err = err.decode()
+        self.assertEqual(proc.returncode, 1, err)
+        return err[err.index("Diagnosis ("):]
+
+    def test_a_victim_that_raised_a_collective_failure_first_is_not_the_culprit(self):
+        # Rank 1 raised its own error and failed first; rank 0 only lost its peer (it used to be
+        # named the culprit, as having raised 1 s before rank 1 ended).
+        block = self.run_victims("raised", 2)
+        self.assertEqual(re.findall(r"culprit    : (.*)", block), [], block)
+        self.assertRegex(block, r"rank 1 \(local 1, pid [0-9]+\): exit code 1: .*; raised ValueError: boom\n")
+        self.assertRegex(block, r"rank 0 \(local 0, pid [0-9]+\): had failed in a collective too, in stay at victims\.py:18")
+
+    def test_a_victim_that_timed_out_first_is_not_named_beside_the_rank_that_never_entered(self):
+        # Rank 2 timed out; rank 0 had timed out too (a victim, on its way out, not in a
+        # collective any more); rank 1 never entered it: the one culprit.
+        block = self.run_victims("timeout", 3)
+        self.assertEqual(re.findall(r"culprit    : rank (\d+)", block), ["1"], block)
+        self.assertIn("culprit    : rank 1 never entered a collective: it was in <module> at victims.py:25 "
+                      "(`time.sleep(600)`)", block)
+
+    def test_an_exception_that_is_not_utf8_is_recorded_whole(self):
+        # The hook's record of a message with an undecodable byte (a surrogate escape) lost its
+        # last line, the one the block names: it was written with strict encoding.
+        script = self.script("bad_bytes.py", 'raise ValueError("bad " + b"\\xff".decode("utf-8", "surrogateescape"))\n')
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
+        _, err = proc.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: bad \\udcff\n")
 
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.

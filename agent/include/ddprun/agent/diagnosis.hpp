@@ -76,11 +76,15 @@ std::optional<PythonFrame> parse_python_frame(std::string_view line);
 std::string native_frame_symbol(std::string_view text);
 
 // The innermost frame of the main Python thread of a faulthandler dump: "f at file.py:42
-// (`source line`)"; "" when the text has no Python frame.
-std::string python_where(const std::string& faulthandler_text);
+// (`source line`)"; "" when the text has no Python frame. With `proc_dir` ("/proc/PID" of the
+// rank) the source line is read through the rank's own root and working directory; without it,
+// from the agent's.
+std::string python_where(const std::string& faulthandler_text, const std::string& proc_dir = {});
 
 // The collective a failing rank's output or traceback shows it timed out in ("all_reduce"),
-// or "" when the text is not a collective timeout.
+// or "" when the text is not a collective timeout. A peer lost in a collective (a connection
+// closed or reset by it, an aborted NCCL communicator) counts too: either way the rank that wrote
+// it was waiting on another one.
 std::string collective_timeout_in(const std::string& text);
 
 // Whether a stack dump shows the rank inside a torch.distributed collective or the c10d layer.

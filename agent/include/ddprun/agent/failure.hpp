@@ -40,6 +40,10 @@ struct FailureReport {
   std::string cause;                       // why it ended: out of memory, core dump, hang detector (diagnosis.hpp)
   std::string diagnosis;                   // the attempt's diagnosis block (culprit, stacks), when one was made
   std::string host;                        // where it failed; "" = the summary's host
+  // The last line of the uncaught exception the stacks hook recorded ("ValueError: boom"), made
+  // terminal-safe; set for the first failure only. Relayed as the message to the other nodes
+  // when the rank wrote no error file.
+  std::string raised;
 };
 
 // The diagnosis block: culprits first, then one line per rank (cause of death or stack

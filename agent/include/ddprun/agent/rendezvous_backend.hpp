@@ -52,6 +52,9 @@ struct BackendEvents {
   std::function<void(const std::string& message)> on_refused;      // stop, exit 1
   std::function<void(const std::string& text)> on_progress;        // a status line while waiting
   std::function<void(const std::string& message)> on_unreachable;  // stop, exit 1
+  // A worker of another node failed and this node's own workers did not: called before the
+  // restart or the job failure that follows (its summary included), with the failure described.
+  std::function<void(const std::string& failure)> on_remote_failure;
 };
 
 class RendezvousBackend {

@@ -56,6 +56,10 @@ class WorkerRun {
   void signal(int sig);
   // Stops a healthy group as on SIGTERM (grace, then SIGKILL).
   void stop();
+  // A rank of another node failed first: the diagnosis block of this node's ranks, taken before
+  // they are stopped (a rank here may be the culprit, e.g. one that never entered the collective
+  // the failed rank timed out in); "" when a local rank failed too, or with --stacks off.
+  std::string diagnose_remote(const std::string& failure);
   // Ends everything at once: SIGKILL to workers still running, reap all. No hooks after this.
   void kill_and_reap_all();
   // Containment (may be null) and the directory of the Python stacks hook ("" = none). Call
