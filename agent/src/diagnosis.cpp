@@ -32,8 +32,8 @@ constexpr std::size_t kMaxDumpBytes = 2u << 20;
 
 constexpr const char* kSiteCustomize =
     R"PY(# Installed by ddprun (see docs/errors.md): lets the agent ask this rank for the stacks of
-# all its threads (faulthandler on a real-time signal, written to the file the agent named)
-# and records an uncaught exception's traceback next to it. Only the rank process itself
+# all its threads (faulthandler on a real-time signal, written to the file the agent named; the
+# same file gets them on a fatal signal) and records an uncaught exception's traceback next to it. Only the rank process itself
 # registers (the variable is removed for its children); then the sitecustomize this file
 # shadows, if any, runs as usual. It also drops NCCL_ASYNC_ERROR_HANDLING where the torch on the
 # path is 2.2 or later (below).
@@ -76,6 +76,12 @@ def _ddprun_setup():
 
             f = open(path, "w")
             faulthandler.register(int(os.environ.get("DDPRUN_STACKS_SIGNAL", "61")), file=f, all_threads=True)
+            # A fatal signal (a C extension's SIGSEGV, an abort) writes the Python stacks to the
+            # same file ("Fatal Python error: ..."), and the failure block names the frame. Not
+            # when the user enabled faulthandler (PYTHONFAULTHANDLER, -X faulthandler): theirs
+            # goes where they asked.
+            if not faulthandler.is_enabled():
+                faulthandler.enable(file=f, all_threads=True)
             sys._ddprun_stacks_file = f
             previous = sys.excepthook
 
@@ -464,6 +470,19 @@ std::string native_frame_symbol(std::string_view text) {
     return std::string(line.substr(m, std::min<std::size_t>(e - m, 512)));
   }
   return {};
+}
+
+std::string fatal_where(const std::string& stacks_file) {
+  const std::string text = read_tail(stacks_file, 256 * 1024);
+  const std::size_t at = text.rfind("Fatal Python error: ");
+  if (at == std::string::npos) return {};
+  // The thread the signal hit is "Current thread"; the others follow as "Thread 0x...".
+  std::string dump = text.substr(at);
+  if (const std::size_t cur = dump.find("Current thread "); cur != std::string::npos) {
+    const std::size_t next = dump.find("\nThread 0x", cur);
+    dump = dump.substr(cur, next == std::string::npos ? std::string::npos : next - cur + 1);
+  }
+  return python_where(dump);
 }
 
 std::string python_where(const std::string& text, const std::string& proc_dir) {

@@ -510,11 +510,15 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     // What it raised, when that was not a collective failure: its traceback may have scrolled
     // away among its victims' ones.
     const auto own = collective.empty() ? recorded_exception(dir, report_of(*failed)) : std::nullopt;
+    // Where a fatal signal hit it, from the dump the hook's faulthandler.enable wrote then.
+    const std::string crashed = failed->child.status().signal != 0 ? fatal_where(dir + "/stacks.txt") : std::string();
     ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
-                    (collective.empty() ? "" : "; timed out in " + collective) + (own ? "; raised " + own->what : ""));
+                    (collective.empty() ? "" : "; timed out in " + collective) + (own ? "; raised " + own->what : "") +
+                    (crashed.empty() ? "" : "; crashed in " + crashed));
     local_rank_of_line.push_back(-1);
+    if (!crashed.empty()) files.push_back(dir + "/stacks.txt");
   }
   // A rank that raised before the failure yet still runs (its cleanup, a non-daemon thread or an
   // atexit handler keeps its process alive) failed first in all but its exit: the hook's

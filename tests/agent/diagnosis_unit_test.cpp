@@ -207,3 +207,29 @@ TEST_CASE("the diagnosis parses what ranks wrote by hand, bounded: hostile text 
   CHECK(native_frame_symbol("#0  0x1 " + std::string(300'000, 's')).size() == 512);
   CHECK(native_frame_symbol("no frames here").empty());
 }
+
+TEST_CASE("fatal_where names the frame of the thread a fatal signal hit, from the last crash dump") {
+  TempDir dir;
+  const std::string file = (dir.path / "stacks.txt").string();
+  auto write = [&](const std::string& text) { dir.file("stacks.txt", text); };
+  write("");
+  CHECK(fatal_where(file).empty());
+  CHECK(fatal_where((dir.path / "missing").string()).empty());
+  // An on-demand dump earlier in the file is not a crash.
+  write("Current thread 0x1 (most recent call first):\n  File \"a.py\", line 3 in <module>\n");
+  CHECK(fatal_where(file).empty());
+  // The signal hit a helper thread: its frame, not the main thread's (listed after it).
+  write(
+      "Thread 0x1 (most recent call first):\n  File \"old.py\", line 1 in <module>\n"
+      "Fatal Python error: Segmentation fault\n\n"
+      "Current thread 0x2 (most recent call first):\n  File \"ext.py\", line 7 in crash\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 975 in run\n\n"
+      "Thread 0x1 (most recent call first):\n  File \"train.py\", line 9 in <module>\n");
+  CHECK(fatal_where(file) == "crash at ext.py:7 (not known to be the main thread)");
+  // Two crashes (a forked child's, then the rank's): the last.
+  write(
+      "Fatal Python error: Aborted\n\nCurrent thread 0x3 (most recent call first):\n  File \"x.py\", line 1 in f\n"
+      "Fatal Python error: Segmentation fault\n\nCurrent thread 0x4 (most recent call first):\n"
+      "  File \"y.py\", line 2 in g\n  File \"y.py\", line 5 in <module>\n");
+  CHECK(fatal_where(file) == "g at y.py:2");
+}

@@ -26,10 +26,10 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_rdzvd_native import children, frame, handshake, read_frame, recv_exact  # noqa: E402
+from test_rdzvd_relay import gauge, wait_gauge  # noqa: E402
 
 BIN_DIR = os.environ.get("DDPRUN_BIN_DIR", "")
 RDZVD = os.path.join(BIN_DIR, "ddprun-rdzvd")
@@ -77,21 +77,6 @@ def wait_log(log, text, what, timeout=20):
         if text in got:
             return got
         assert time.monotonic() < deadline, f"{what}: no {text!r} in the log:\n{got[-3000:]}"
-        time.sleep(0.02)
-
-
-def gauge(metrics_port, name):
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} is not in the root's metrics")
-
-
-def wait_gauge(metrics_port, name, want):
-    deadline = time.monotonic() + 20
-    while gauge(metrics_port, name) != want:
-        assert time.monotonic() < deadline, f"{name} never became {want} (is {gauge(metrics_port, name)})"
         time.sleep(0.02)
 
 

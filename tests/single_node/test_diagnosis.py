@@ -1146,6 +1146,29 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         self.assertEqual(proc.returncode, 1, err)
         self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: bad \\udcff\n")
 
+    def test_a_rank_killed_by_a_fatal_signal_is_named_with_its_frame(self):
+        # Before: a rank that segfaulted in a C extension was named only by its signal; the hook
+        # now enables faulthandler for fatal signals into its stacks file, and the block names
+        # the frame. A user who enabled faulthandler (PYTHONFAULTHANDLER) keeps the dump on stderr.
+        script = self.script("segv.py", "import ctypes\n\ndef crash():\n    ctypes.string_at(0)\n\ncrash()\n")
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
+        _, err = proc.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        self.assertEqual(proc.returncode, 128 + signal.SIGSEGV, err)
+        self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): SIGSEGV \(signal 11\).*; crashed in string_at at "
+                              r"__init__\.py:[0-9]+")
+        self.assertRegex(err, r"stacks +: .*/attempt_0/0/stacks\.txt")
+        self.assertNotIn("Fatal Python error", err)
+
+        env = dict(os.environ, PYTHONFAULTHANDLER="1")
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script], env=env)
+        _, err = proc.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        self.assertEqual(proc.returncode, 128 + signal.SIGSEGV, err)
+        self.assertIn("Fatal Python error: Segmentation fault", err)
+        self.assertIn('segv.py", line 4 in crash', err)
+        self.assertNotIn("crashed in", err)
+
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.
         script = self.script("all_fail.py", ALL_FAIL)

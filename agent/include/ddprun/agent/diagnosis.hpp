@@ -80,6 +80,10 @@ std::string native_frame_symbol(std::string_view text);
 // rank) the source line is read through the rank's own root and working directory; without it,
 // from the agent's.
 std::string python_where(const std::string& faulthandler_text, const std::string& proc_dir = {});
+// Where a fatal signal hit a Python rank: python_where of the last "Fatal Python error:" dump in
+// its stacks file (the hook's faulthandler.enable writes it there), as the rank's files are seen
+// from here (the rank is gone); "" when there is none.
+std::string fatal_where(const std::string& stacks_file);
 
 // The collective a failing rank's output or traceback shows it timed out in ("all_reduce"),
 // or "" when the text is not a collective timeout. A peer lost in a collective (a connection
