@@ -1,8 +1,6 @@
 // RelayServer (relay_server.hpp has the contract).
 #include "ddprun/rendezvous/relay_server.hpp"
 
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -26,6 +24,7 @@
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/rate_limited_warning.hpp"
+#include "ddprun/rendezvous/link_stall.hpp"
 #include "ddprun/rendezvous/relay_link.hpp"
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_wire.hpp"
@@ -143,13 +142,9 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   bool accept_paused = false;  // no accept armed while the link is down (clients wait in the backlog)
   asio::steady_timer relink_timer;
   // The link stall check (link_stall_timeout): when the link last moved (the socket took bytes,
-  // the root acknowledged or sent some), how much of up_writing the socket took, and the
-  // socket's unacknowledged bytes at the last check.
+  // the root acknowledged or sent some; link_stall.hpp).
   asio::steady_timer stall_timer;
-  std::chrono::steady_clock::time_point up_progress;
-  std::size_t up_written = 0;
-  int up_unacked = -1;
-  std::chrono::steady_clock::time_point last_stall_check{};
+  LinkStallClock up_stall;
   std::chrono::steady_clock::time_point lost_at;
   std::chrono::milliseconds relink_delay{0};
   int relink_attempts = 0;
@@ -448,15 +443,11 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     up_writing.swap(up_pending);
     up_pending.clear();
     up_in_flight = true;
-    up_progress = std::chrono::steady_clock::now();
-    up_written = 0;
+    up_stall.write_started(std::chrono::steady_clock::now());
     // Runs after every partial write: a root that reads slowly keeps the link (check_stall).
     const auto progress = [self = shared_from_this()](const boost::system::error_code& ec,
                                                       std::size_t n) -> std::size_t {
-      if (n > self->up_written) {
-        self->up_written = n;
-        self->up_progress = std::chrono::steady_clock::now();
-      }
+      self->up_stall.wrote(n, std::chrono::steady_clock::now());
       return ec ? 0 : std::size_t{65536};  // asio's transfer_all
     };
     asio::async_write(upstream, asio::buffer(up_writing), progress,
@@ -506,7 +497,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
                                self->up_end += n;
                                // The root sending is the root alive: while its replies back up on
                                // the link it stops reading it on purpose (check_stall).
-                               self->up_progress = std::chrono::steady_clock::now();
+                               self->up_stall.moved(std::chrono::steady_clock::now());
                                if (!self->on_upstream_bytes()) return;
                                self->read_upstream();
                              });
@@ -565,14 +556,9 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   // none and sent none for link_stall_timeout is stopped or wedged (the root pauses reading a
   // link only while its own replies back up on it, and then it sends). Its clients would wait
   // on it for good: the link counts as lost, as if it had closed, and is made again.
-  std::chrono::milliseconds stall_check_period() const {
-    using std::chrono::milliseconds;
-    return std::clamp(options.link_stall_timeout / 4, milliseconds(5), milliseconds(1000));
-  }
-
   void arm_stall_check() {
     if (options.link_stall_timeout.count() <= 0 || stopped) return;
-    stall_timer.expires_after(stall_check_period());
+    stall_timer.expires_after(LinkStallClock::check_period(options.link_stall_timeout));
     stall_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->stopped) return;
       self->check_stall();
@@ -581,29 +567,14 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   }
 
   void check_stall() {
-    const auto now = std::chrono::steady_clock::now();
-    // The check itself came late (this relay was stopped, e.g. SIGSTOP, or busy): the root was not
-    // the one that stood still, and the clock starts again.
-    const bool we_were_stopped = last_stall_check != std::chrono::steady_clock::time_point{} &&
-                                 now - last_stall_check > options.link_stall_timeout / 2;
-    last_stall_check = now;
-    if (we_were_stopped) up_progress = now;
-    if (lost || !up_in_flight) return;
-    // The kernel wakes a writer only once a third or so of its send buffer has drained: the
-    // root's acknowledgements (SIOCOUTQ: our bytes it has not acknowledged) are progress too.
-    int unacked = 0;
-    if (::ioctl(upstream.native_handle(), SIOCOUTQ, &unacked) == 0 && unacked != up_unacked) {
-      up_unacked = unacked;
-      up_progress = std::max(up_progress, now - stall_check_period());
-      return;
-    }
-    const auto quiet = now - up_progress;
+    const auto quiet = up_stall.quiet(upstream.native_handle(), !lost && up_in_flight, std::chrono::steady_clock::now(),
+                                      options.link_stall_timeout);
     if (quiet <= options.link_stall_timeout) return;
     upstream_lost(fmt::format(
         "the daemon has read nothing of the link for {} ms while {} bytes wait for it, and sent nothing either "
         "(--link-stall-timeout-ms {}): it is stopped or wedged",
         std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
-        up_pending.size() + up_writing.size() - up_written, options.link_stall_timeout.count()));
+        up_pending.size() + up_writing.size() - up_stall.written(), options.link_stall_timeout.count()));
   }
 
   // The link is down: every carried connection ended with it at the root, so the clients are
@@ -666,7 +637,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
       return;
     }
     lost = false;
-    up_progress = std::chrono::steady_clock::now();
+    up_stall.moved(std::chrono::steady_clock::now());
     spdlog::warn("relay: linked to the daemon at {} again after {:.1f} s ({} attempt(s)); accepting clients", where,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count(), relink_attempts);
     read_upstream();

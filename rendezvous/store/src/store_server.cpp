@@ -14,9 +14,7 @@
 #include "ddprun/rendezvous/store_server.hpp"
 
 #include <fcntl.h>
-#include <linux/sockios.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -44,6 +42,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/rate_limited_warning.hpp"
 #include "ddprun/rendezvous/codec.hpp"
+#include "ddprun/rendezvous/link_stall.hpp"
 #include "ddprun/rendezvous/relay_link.hpp"
 
 namespace ddprun::rendezvous {
@@ -105,13 +104,9 @@ struct Connection {
   Clock::time_point last_active;  // last byte received or written
   Clock::time_point frame_start;  // first byte of the request still incomplete in `in`
   Clock::time_point accepted;
-  // While a write is in flight: when it last moved (the socket took bytes of it, or the peer
-  // acknowledged some of what the socket holds), how much of it the socket took, and the socket's
-  // unacknowledged bytes at the last sweep. The link stall timeout measures from the last move,
-  // not from the write's start.
-  Clock::time_point write_progress;
-  std::size_t written = 0;
-  int unacked = -1;
+  // When its writes last moved (link_stall.hpp): what the link stall timeout measures, for a
+  // relay link.
+  LinkStallClock stall;
   // Listed in Core::awaiting (a socket) or Core::awaiting_relayed while the extension awaits its
   // handshake (awaiting_authentication); null once it authenticated or closed.
   std::list<ConnectionId>* awaiting_in = nullptr;
@@ -183,7 +178,6 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   std::uint16_t bound_port = 0;
   bool started = false;
   bool stopped = false;
-  Clock::time_point last_sweep{};
   StoreStats counters;
 
   std::string& buffer(ConnectionId id) override {
@@ -1014,16 +1008,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     c->writing.swap(c->pending);
     c->pending.clear();
     c->write_in_flight = true;
-    c->write_progress = Clock::now();
-    c->written = 0;
+    c->stall.write_started(Clock::now());
     counters.bytes_out += c->writing.size();
     // The completion condition runs after every partial write: the time of the last one is what
     // the link stall timeout measures (a link that drains slowly keeps making progress).
     const auto progress = [c](const boost::system::error_code& ec, std::size_t n) -> std::size_t {
-      if (n > c->written) {
-        c->written = n;
-        c->write_progress = Clock::now();
-      }
+      c->stall.wrote(n, Clock::now());
       return ec ? 0 : std::size_t{65536};  // asio's transfer_all
     };
     asio::async_write(c->socket, asio::buffer(c->writing), progress,
@@ -1214,10 +1204,6 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
 
   void sweep() {
     const auto now = Clock::now();
-    // The sweep itself came late (this process was stopped, or busy): the links' peers were not
-    // the ones that stood still, and their clocks start again.
-    const bool we_were_stopped = last_sweep != Clock::time_point{} && now - last_sweep > options.link_stall_timeout / 2;
-    last_sweep = now;
     std::vector<std::pair<ConnectionPtr, std::string>> expired;
     const bool handshakes = options.extension && options.handshake_timeout.count() > 0;
     const auto handshake_over = [&](const Connection& c) {
@@ -1247,7 +1233,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                  now - c->last_active > options.idle_timeout && !state.waiting(id)) {
         expired.emplace_back(c,
                              fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
-      } else if (link_stalled(*c, now, we_were_stopped)) {
+      } else if (const Clock::duration quiet = link_quiet(*c, now); quiet > options.link_stall_timeout) {
         // The relay never stops reading its link on purpose (it closes its own clients that do
         // not read instead): a link that takes nothing is a relay that is stopped or wedged.
         // Closed, its connections end and their agents reconnect, through another relay or this
@@ -1255,31 +1241,19 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         expired.emplace_back(
             c, fmt::format("relay link stalled: the relay has read nothing for {} ms while {} bytes wait for it "
                            "(--link-stall-timeout-ms {}); closing the link and the {} connection(s) it carries",
-                           std::chrono::duration_cast<std::chrono::milliseconds>(now - c->write_progress).count(),
-                           c->queued() - c->written, options.link_stall_timeout.count(), c->relayed.size()));
+                           std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
+                           c->queued() - c->stall.written(), options.link_stall_timeout.count(), c->relayed.size()));
       }
     }
     for (auto& [c, why] : expired) close(c, why, RefusedReason::timeout);
     if (!expired.empty()) flush();
   }
 
-  // A relay link with a write in flight that has not moved for link_stall_timeout. The kernel
-  // wakes a writer only once a third or so of its send buffer (up to megabytes) has drained, so
-  // on a link that drains slowly the write alone could sit still for long: the peer's
-  // acknowledgements (SIOCOUTQ: our bytes it has not acknowledged yet) count as progress too.
-  bool link_stalled(Connection& c, Clock::time_point now, bool we_were_stopped) {
-    if (options.link_stall_timeout.count() <= 0 || !c.is_link || !c.write_in_flight) return false;
-    if (we_were_stopped) {
-      c.write_progress = now;
-      return false;
-    }
-    int unacked = 0;
-    if (::ioctl(c.socket.native_handle(), SIOCOUTQ, &unacked) == 0 && unacked != c.unacked) {
-      c.unacked = unacked;
-      c.write_progress = std::max(c.write_progress, now - sweep_period());
-      return false;
-    }
-    return now - c.write_progress > options.link_stall_timeout;
+  // How long a relay link's write in flight has not moved (zero for other connections, and with
+  // the timeout off). Asked at every sweep, so that a sweep that came late restarts its clock.
+  Clock::duration link_quiet(Connection& c, Clock::time_point now) {
+    if (options.link_stall_timeout.count() <= 0 || !c.is_link) return Clock::duration::zero();
+    return c.stall.quiet(c.socket.native_handle(), c.write_in_flight, now, options.link_stall_timeout);
   }
 
   void notify_drained() {
