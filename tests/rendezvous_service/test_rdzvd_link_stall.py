@@ -109,6 +109,15 @@ def link_by_hand(root_port, rcvbuf=None):
     return s
 
 
+def start_root(token_file, log):
+    """A root daemon with the test's short stall timeout: (process, port, metrics port)."""
+    metrics_file = log + ".metrics-port"
+    root, root_port = start(["--token-file", token_file, "--allow-unauthenticated-store", "--metrics-port", "0",
+                             "--metrics-port-file", metrics_file, "--link-stall-timeout-ms", str(STALL_MS)], log)
+    with open(metrics_file) as f:
+        return root, root_port, int(f.read())
+
+
 def flood(link, vid, gets):
     """Relayed connection `vid` on `link`: SET a 1 MiB value, then `gets` GETs of it (about
     `gets` MiB of replies queued for the link)."""
@@ -118,11 +127,7 @@ def flood(link, vid, gets):
 
 def root_closes_stalled_link(tmp, token_file):
     log = os.path.join(tmp, "root.log")
-    metrics_file = os.path.join(tmp, "metrics.port")
-    root, root_port = start(["--token-file", token_file, "--allow-unauthenticated-store", "--metrics-port", "0",
-                             "--metrics-port-file", metrics_file, "--link-stall-timeout-ms", str(STALL_MS)], log)
-    with open(metrics_file) as f:
-        metrics_port = int(f.read())
+    root, root_port, metrics_port = start_root(token_file, log)
     quiet = link_by_hand(root_port)  # nothing queued for it: never stalled, however quiet
     slow = link_by_hand(root_port, rcvbuf=8192)
     stuck = link_by_hand(root_port, rcvbuf=4096)
@@ -242,11 +247,7 @@ def legacy_watch(port, key):
 def stopped_relay_links_again(tmp, token_file):
     root_log = os.path.join(tmp, "root2.log")
     relay_log = os.path.join(tmp, "relay2.log")
-    metrics_file = os.path.join(tmp, "metrics2.port")
-    root, root_port = start(["--token-file", token_file, "--allow-unauthenticated-store", "--metrics-port", "0",
-                             "--metrics-port-file", metrics_file, "--link-stall-timeout-ms", str(STALL_MS)], root_log)
-    with open(metrics_file) as f:
-        metrics_port = int(f.read())
+    root, root_port, metrics_port = start_root(token_file, root_log)
     relay, relay_port = start(["--relay-to", f"127.0.0.1:{root_port}", "--token-file", token_file], relay_log)
     watcher = legacy_watch(relay_port, b"w")
     wait_gauge(metrics_port, "ddprun_rdzvd_relayed_connections", 1)
