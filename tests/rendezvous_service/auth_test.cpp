@@ -9,6 +9,10 @@
 #include <climits>
 #include <malloc.h>
 #include <memory>
+#include <set>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ddprun/rendezvous/rendezvous_auth.hpp"
 #include "ddprun/rendezvous/rendezvous_registry.hpp"
@@ -50,6 +54,45 @@ TEST_CASE("secrets compare by value and length; nonces are fresh hex", "[auth]")
   CHECK_FALSE(auth::is_hex_of(std::string(64, 'A'), 32));  // lower case only
   CHECK_FALSE(auth::is_hex_of(std::string(63, 'a'), 32));
   CHECK_FALSE(auth::is_hex_of(std::string(64, 'g'), 32));
+}
+
+TEST_CASE("random bytes come from a per-thread pool: fresh across refills, never shared with a fork", "[auth]") {
+  // Past several refills of the 4 KiB pool, in draws that straddle its end, and one larger than it.
+  std::set<std::string> seen;
+  for (int i = 0; i < 600; ++i) {
+    const std::string n = auth::random_hex(i % 7 == 0 ? 45 : auth::nonce_bytes);
+    CHECK(seen.insert(n).second);
+  }
+  const std::string big = auth::random_hex(10000);
+  CHECK(auth::is_hex_of(big, 10000));
+  CHECK(big.find(std::string(64, '0')) == std::string::npos);  // drawn bytes are wiped, not handed out twice
+
+  // A forked child must not draw what the parent draws next from the same pool.
+  (void)auth::random_hex(auth::nonce_bytes);  // the pool holds unused bytes now
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string n = auth::random_hex(auth::nonce_bytes);
+    const bool ok = ::write(fds[1], n.data(), n.size()) == static_cast<ssize_t>(n.size());
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(fds[1]);
+  const std::string mine = auth::random_hex(auth::nonce_bytes);
+  std::string theirs(64, '\0');
+  std::size_t got = 0;
+  while (got < theirs.size()) {
+    const ssize_t r = ::read(fds[0], theirs.data() + got, theirs.size() - got);
+    if (r <= 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(got == theirs.size());
+  CHECK(auth::is_hex_of(theirs, auth::nonce_bytes));
+  CHECK(theirs != mine);
 }
 
 namespace {

@@ -122,6 +122,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   std::string up_pending;
   std::string up_writing;
   bool up_in_flight = false;
+  bool up_kick_posted = false;  // a kick_upstream is posted (schedule_upstream)
   std::vector<char> up_in;
   std::size_t up_begin = 0;
   std::size_t up_end = 0;
@@ -323,7 +324,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     c->listed = true;
     ++counters.clients_total;
     append_relay_frame(up_pending, RelayOp::open, c->vid, std::string_view(c->peer).substr(0, max_relay_peer_bytes));
-    kick_upstream();
+    schedule_upstream();
     wait_readable(c);
   }
 
@@ -347,7 +348,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     }
     counters.bytes_up += n;
     append_relay_frame(up_pending, RelayOp::data, c->vid, std::string_view(scratch.data(), n));
-    kick_upstream();
+    schedule_upstream();
     if (up_pending.size() + up_writing.size() > options.max_upstream_backlog) {
       c->paused = true;
       paused.push_back(c);
@@ -404,7 +405,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     if (tell_root && !lost) {
       append_relay_frame(up_pending, RelayOp::close, c->vid,
                          std::string_view(reason).substr(0, max_relay_reason_bytes));
-      kick_upstream();
+      schedule_upstream();
     }
   }
 
@@ -437,6 +438,18 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   }
 
   // ---- the link to the root ----
+
+  // What clients send goes to the root once every handler of the same wake-up has added its
+  // frames: one write to the link for a batch of clients, not one per frame (a write on the link
+  // costs both ends a trip through the TCP stack; at 100,000 agents that was ~2.8 per agent).
+  void schedule_upstream() {
+    if (up_kick_posted || up_in_flight) return;  // a write in flight kicks again when it completes
+    up_kick_posted = true;
+    asio::post(io, [self = shared_from_this()] {
+      self->up_kick_posted = false;
+      self->kick_upstream();
+    });
+  }
 
   void kick_upstream() {
     if (up_in_flight || up_pending.empty() || lost || stopped) return;

@@ -8,8 +8,9 @@
 //   client mac = HMAC(token, "ddprun-rdzv-client-v1\0" || server_nonce || client_nonce || run_id)
 //   server mac = HMAC(token, "ddprun-rdzv-server-v1\0" || client_nonce || server_nonce || run_id)
 //
-// Nonces are 32 random bytes from getrandom(2); they travel as 64 lower-case hex digits. MACs
-// are compared with CRYPTO_memcmp (constant time). Thread-safe (no shared state).
+// Nonces are 32 random bytes from getrandom(2) (drawn from a per-thread pool of 4 KiB, wiped as
+// it is used and emptied in a forked child); they travel as 64 lower-case hex digits. MACs are
+// compared with CRYPTO_memcmp (constant time). Thread-safe (no shared state).
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -21,8 +22,8 @@ inline constexpr std::size_t node_secret_bytes = 16;
 // The run id of a connection allowed to touch every job (ddprun status of all jobs, admin tools).
 inline constexpr std::string_view any_run = "*";
 
-// `n` random bytes from getrandom(2), as lower-case hex. Throws ddprun::Error if the kernel's
-// generator fails (it blocks only before the pool is initialised at boot).
+// `n` random bytes from getrandom(2) (through the per-thread pool), as lower-case hex. Throws
+// ddprun::Error if the kernel's generator fails (it blocks only before it is initialised at boot).
 std::string random_hex(std::size_t n);
 
 // HMAC-SHA256(key, message) as 64 lower-case hex digits.
