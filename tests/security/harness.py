@@ -168,8 +168,8 @@ class Daemon:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
-    def connect(self, source=None, timeout=10):
-        return connect(self.port, source=source, timeout=timeout)
+    def connect(self, source=None, timeout=10, rcvbuf=None):
+        return connect(self.port, source=source, timeout=timeout, rcvbuf=rcvbuf)
 
     def stop(self, timeout=15):
         """SIGTERM, bounded wait, SIGKILL; returns the exit code."""
@@ -188,9 +188,19 @@ class Daemon:
         return code
 
 
-def connect(port, source=None, timeout=10, host=HOST):
-    sock = socket.create_connection((host, port), timeout=timeout,
-                                    source_address=(source, 0) if source else None)
+def connect(port, source=None, timeout=10, host=HOST, rcvbuf=None):
+    """`rcvbuf`: SO_RCVBUF set before the connect, so the window is small from the first segment
+    and the kernel cannot take much of a reply the client does not read."""
+    if rcvbuf is None:
+        sock = socket.create_connection((host, port), timeout=timeout,
+                                        source_address=(source, 0) if source else None)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(timeout)
+        if source:
+            sock.bind((source, 0))
+        sock.connect((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 

@@ -62,14 +62,16 @@ class StoreBounds(unittest.TestCase):
             self.assertTrue(legit.works("pipelined-after"))
 
     def test_readers_that_do_not_read_give_way_to_a_large_request(self):
-        # Two clients each hold a 16 MiB reply they never read; the budget is 40 MiB. A 10 MiB SET
+        # Two clients each hold a 16 MiB reply they never read; the budget is 33 MiB. A 10 MiB SET
         # then needs a read buffer the budget has no room for: before, its sender was closed;
-        # now the larger unread backlog gives way.
-        with Daemon(["--max-buffered-bytes", str(40 * MiB)], mem_cap=1 * GiB) as d:
+        # now the larger unread backlog gives way. The kernel takes part of each reply (the
+        # server's send buffer grows to 4 MiB, tcp_wmem; the clients' receive buffers are kept
+        # small): the budget leaves the SET no room even then (2 x 12 + 10 > 33).
+        with Daemon(["--max-buffered-bytes", str(33 * MiB)], mem_cap=1 * GiB) as d:
             Client(d.port).set("big", b"v" * (16 * MiB))
             hoarders = []
             for _ in range(2):
-                h = d.connect()
+                h = d.connect(rcvbuf=4096)
                 h.sendall(harness.VALIDATE + bytes([harness.GET]) + s("big"))
                 self.assertTrue(harness.wait_io(h, 20, absolute=False), "no reply started")
                 self.assertGreater(len(h.recv(1)), 0)  # its reply is queued: then it stops reading
