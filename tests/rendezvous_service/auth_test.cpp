@@ -29,6 +29,22 @@ TEST_CASE("HMAC-SHA256 matches RFC 4231 test case 2", "[auth]") {
         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+TEST_CASE("HMAC-SHA256 keeps its answers when the key changes and comes back", "[auth]") {
+  // The context is keyed once per thread and reused while the key stays the same.
+  const std::string case1_key(20, '\x0b');  // RFC 4231 test case 1
+  const std::string case1 = "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7";
+  const std::string case2 = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+  // python3: hmac.new(b'', b'', sha256).hexdigest()
+  const std::string empty = "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad";
+  for (int i = 0; i < 3; ++i) {
+    CHECK(auth::hmac_sha256_hex("Jefe", "what do ya want for nothing?") == case2);
+    CHECK(auth::hmac_sha256_hex("Jefe", "what do ya want for nothing?") == case2);
+    CHECK(auth::hmac_sha256_hex(case1_key, "Hi There") == case1);
+    CHECK(auth::hmac_sha256_hex("", "") == empty);
+    CHECK(auth::hmac_sha256_hex("jefe", "what do ya want for nothing?") != case2);
+  }
+}
+
 TEST_CASE("the handshake MACs match an independent implementation", "[auth]") {
   const std::string a(64, 'a');
   const std::string b(64, 'b');
