@@ -522,24 +522,41 @@ std::string python_where(const std::string& text, const std::string& proc_dir) {
   return out;
 }
 
+namespace {
+
+// The messages of a peer lost in a collective: gloo's (torch 2.x, then 1.13) and NCCL's.
+constexpr std::string_view kPeerLost[] = {"Connection closed by peer", "Connection reset by peer",
+                                          "NCCL communicator was aborted", "ncclRemoteError"};
+
+}  // namespace
+
+std::string_view collective_failure_words(const std::string& text) {
+  // A lost peer first: its message is specific, while "timeout" may be any source line of the
+  // traceback (`init_process_group(timeout=...)`).
+  if (std::any_of(std::begin(kPeerLost), std::end(kPeerLost),
+                  [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
+    return "lost a peer in";
+  }
+  constexpr std::string_view kTimedOut[] = {"Timed out", "timed out", "Timeout", "timeout"};
+  if (std::any_of(std::begin(kTimedOut), std::end(kTimedOut),
+                  [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
+    return "timed out in";
+  }
+  return "failed in";
+}
+
 std::string collective_timeout_in(const std::string& text) {
   // Plain searches, no std::regex: the text is the rank's (up to 1 MiB of its error file and
   // output), and libstdc++'s regex recursed once per character of a long run.
   // A peer lost in the collective counts too (a peer that died or tore its process group down):
   // gloo's "Connection closed by peer" (torch 2.x) and "Read error ...: Connection reset by peer"
   // (1.13), an aborted NCCL communicator.
-  constexpr std::string_view kTimeouts[] = {"Timed out",
-                                            "timed out",
-                                            "Timeout",
-                                            "timeout",
-                                            "DistBackendError",
-                                            "Watchdog caught collective operation timeout",
-                                            "Connection closed by peer",
-                                            "Connection reset by peer",
-                                            "NCCL communicator was aborted",
-                                            "ncclRemoteError"};
-  if (std::none_of(std::begin(kTimeouts), std::end(kTimeouts),
-                   [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
+  constexpr std::string_view kTimeouts[] = {"Timed out",        "timed out",
+                                            "Timeout",          "timeout",
+                                            "DistBackendError", "Watchdog caught collective operation timeout"};
+  const auto has = [&](std::string_view t) { return text.find(t) != std::string::npos; };
+  if (std::none_of(std::begin(kTimeouts), std::end(kTimeouts), has) &&
+      std::none_of(std::begin(kPeerLost), std::end(kPeerLost), has)) {
     return {};
   }
   // The last "in <collective>" (a traceback's innermost frame comes last), as a whole word.

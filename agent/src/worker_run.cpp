@@ -507,6 +507,7 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     if (auto rep = report_of(*failed); (load_error_file(rep), rep.error))
       text += rep.error->message + "\n" + rep.error->traceback;
     collective = collective_timeout_in(text);
+    const std::string_view how = collective.empty() ? std::string_view() : collective_failure_words(text);
     // What it raised, when that was not a collective failure: its traceback may have scrolled
     // away among its victims' ones.
     const auto own = collective.empty() ? recorded_exception(dir, report_of(*failed)) : std::nullopt;
@@ -515,8 +516,8 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +
-                    (collective.empty() ? "" : "; timed out in " + collective) + (own ? "; raised " + own->what : "") +
-                    (crashed.empty() ? "" : "; crashed in " + crashed));
+                    (collective.empty() ? "" : "; " + std::string(how) + " " + collective) +
+                    (own ? "; raised " + own->what : "") + (crashed.empty() ? "" : "; crashed in " + crashed));
     local_rank_of_line.push_back(-1);
     if (!crashed.empty()) files.push_back(dir + "/stacks.txt");
   }

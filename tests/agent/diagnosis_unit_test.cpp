@@ -208,6 +208,21 @@ TEST_CASE("the diagnosis parses what ranks wrote by hand, bounded: hostile text 
   CHECK(native_frame_symbol("no frames here").empty());
 }
 
+TEST_CASE("the failed rank's line says how its collective failed: a lost peer is not a timeout") {
+  CHECK(collective_failure_words("RuntimeError: [pair.cc:589] Read error [127.0.0.1]:1715: Connection reset by peer") ==
+        "lost a peer in");
+  // A source line of the traceback may say "timeout"; the peer's message decides.
+  CHECK(collective_failure_words("    dist.init_process_group(\"gloo\", timeout=t)\n  in all_reduce\n"
+                                 "RuntimeError: Connection closed by peer [::1]:7") == "lost a peer in");
+  CHECK(collective_failure_words("torch.distributed.DistBackendError: NCCL communicator was aborted") ==
+        "lost a peer in");
+  CHECK(collective_failure_words("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed "
+                                 "out waiting 5000ms for recv operation to complete") == "timed out in");
+  CHECK(collective_failure_words(
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE)") == "timed out in");
+  CHECK(collective_failure_words("torch.distributed.DistBackendError: NCCL error in: ...") == "failed in");
+}
+
 TEST_CASE("fatal_where names the frame of the thread a fatal signal hit, from the last crash dump") {
   TempDir dir;
   const std::string file = (dir.path / "stacks.txt").string();

@@ -91,6 +91,12 @@ std::string fatal_where(const std::string& stacks_file);
 // it was waiting on another one.
 std::string collective_timeout_in(const std::string& text);
 
+// How the collective of such a text failed, as the words before its name on the failed rank's
+// line: "lost a peer in" when a peer closed or reset the connection or the NCCL communicator
+// was aborted (the peer died or tore its group down: it did not time out), "timed out in" when
+// a timeout is named, else "failed in".
+std::string_view collective_failure_words(const std::string& text);
+
 // Whether a stack dump shows the rank inside a torch.distributed collective or the c10d layer.
 bool in_collective(const std::string& stacks);
 
