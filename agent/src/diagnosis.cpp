@@ -75,26 +75,43 @@ def _ddprun_setup():
             import faulthandler
 
             f = open(path, "w")
-            faulthandler.register(int(os.environ.get("DDPRUN_STACKS_SIGNAL", "61")), file=f, all_threads=True)
+            signum = int(os.environ.get("DDPRUN_STACKS_SIGNAL", "61"))
+            faulthandler.register(signum, file=f, all_threads=True)
             # A fatal signal (a C extension's SIGSEGV, an abort) writes the Python stacks to the
             # same file ("Fatal Python error: ..."), and the failure block names the frame. Not
             # when the user enabled faulthandler (PYTHONFAULTHANDLER, -X faulthandler): theirs
             # goes where they asked.
-            if not faulthandler.is_enabled():
+            ours = not faulthandler.is_enabled()
+            if ours:
                 faulthandler.enable(file=f, all_threads=True)
             sys._ddprun_stacks_file = f
+            rank_pid = os.getpid()
+
+            def forked():
+                # A forked child (a DataLoader worker) is not the rank: its crash goes to its
+                # stderr, as with -X faulthandler, not into the file read as the rank's.
+                try:
+                    faulthandler.unregister(signum)
+                    if ours:
+                        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+                except Exception:
+                    pass
+
+            os.register_at_fork(after_in_child=forked)
             previous = sys.excepthook
 
             def hook(kind, value, tb):
-                try:
-                    import traceback
+                # A forked child's uncaught exception is its own: the record is the rank's.
+                if os.getpid() == rank_pid:
+                    try:
+                        import traceback
 
-                    # Any message, an undecodable byte's surrogate escape included: strict
-                    # encoding lost the exception's own line, which the diagnosis names.
-                    with open(path + ".exception", "w", encoding="utf-8", errors="backslashreplace") as out:
-                        traceback.print_exception(kind, value, tb, file=out)
-                except Exception:
-                    pass
+                        # Any message, an undecodable byte's surrogate escape included: strict
+                        # encoding lost the exception's own line, which the diagnosis names.
+                        with open(path + ".exception", "w", encoding="utf-8", errors="backslashreplace") as out:
+                            traceback.print_exception(kind, value, tb, file=out)
+                    except Exception:
+                        pass
                 previous(kind, value, tb)
 
             sys.excepthook = hook

@@ -512,7 +512,11 @@ std::string WorkerRun::build_diagnosis(const Worker* failed, const std::string& 
     // away among its victims' ones.
     const auto own = collective.empty() ? recorded_exception(dir, report_of(*failed)) : std::nullopt;
     // Where a fatal signal hit it, from the dump the hook's faulthandler.enable wrote then.
-    const std::string crashed = failed->child.status().signal != 0 ? fatal_where(dir + "/stacks.txt") : std::string();
+    // Only for the signals faulthandler dumps on: a SIGKILL (the OOM killer) writes nothing there,
+    // and the file's last dump would be older or another process's.
+    const int sig = failed->child.status().signal;
+    const bool dumps = sig == SIGSEGV || sig == SIGFPE || sig == SIGABRT || sig == SIGBUS || sig == SIGILL;
+    const std::string crashed = dumps ? fatal_where(dir + "/stacks.txt") : std::string();
     ranks.push_back("rank " + std::to_string(failed->spec.rank) + " (local " + std::to_string(failed->spec.local_rank) +
                     ", pid " + std::to_string(failed->child.pid()) + "): " + describe(failed->child.status()) +
                     (failed->cause.empty() ? "" : ": " + failed->cause) +

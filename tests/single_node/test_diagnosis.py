@@ -230,6 +230,25 @@ sys.exit(5)
 # waits for the teardown. "raised": rank 1 then raises its own ValueError (the culprit, exiting
 # first). "timeout": rank 1 never enters the collective (the culprit, still running) and rank 2
 # fails with a timeout once rank 0 has raised.
+FORKED_CHILD_FAILS = """import ctypes
+import os
+import signal
+import sys
+
+
+def child():
+    if sys.argv[1] == "segv":
+        ctypes.string_at(0)
+    raise ValueError("the forked child's")
+
+
+pid = os.fork()
+if pid == 0:
+    child()
+os.waitpid(pid, 0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
 VICTIM_RAISED_FIRST = r"""import atexit, os, sys, time
 rank = int(os.environ["RANK"])
 fifo, mode = sys.argv[1], sys.argv[2]
@@ -1168,6 +1187,25 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         self.assertIn("Fatal Python error: Segmentation fault", err)
         self.assertIn('segv.py", line 4 in crash', err)
         self.assertNotIn("crashed in", err)
+
+    def test_a_forked_childs_crash_or_exception_is_not_the_ranks(self):
+        # A child forked from the rank (a DataLoader worker) inherited the hook: its fatal dump went
+        # into the rank's stacks file and its uncaught exception into the rank's record, so a rank
+        # the OOM killer then ended (SIGKILL) was said to have crashed in, or raised, the child's.
+        script = self.script("forked.py", FORKED_CHILD_FAILS)
+        for mode in ("segv", "raise"):
+            proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script, mode])
+            _, err = proc.communicate(timeout=60)
+            err = err.decode(errors="replace")
+            self.assertEqual(proc.returncode, 128 + signal.SIGKILL, err)
+            self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): SIGKILL \(signal 9\)", err)
+            self.assertNotIn("crashed in", err)
+            self.assertNotIn("raised ValueError", err)
+            if mode == "segv":  # the child's own dump, on its stderr (the rank's output)
+                self.assertIn("Fatal Python error: Segmentation fault", err)
+                self.assertIn('forked.py", line 9 in child', err)
+            else:
+                self.assertIn("ValueError: the forked child's", err)
 
     def test_ranks_that_fail_on_their_own_after_the_first_are_not_shown_as_stuck(self):
         # Their stacks were taken while they were still running; the block says how they ended.
