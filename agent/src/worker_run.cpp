@@ -63,9 +63,19 @@ std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureRep
   Raised r;
   if (auto when = written(rank_dir + "/stacks.txt.exception")) {
     r.when = *when;
-    std::istringstream in(read_tail(rank_dir + "/stacks.txt.exception", 4096));
-    for (std::string line; std::getline(in, line);) {
-      if (!trim(line).empty()) r.what = std::string(trim(line));  // the last: "ValueError: boom"
+    // The last non-empty line ("ValueError: boom"), read whole up to 1 MiB: a message of many
+    // KiB on one line kept only its tail from a 4 KiB read, without the exception's type.
+    const std::string text = read_tail(rank_dir + "/stacks.txt.exception", std::size_t{1} << 20);
+    std::string_view rest(text);
+    while (!rest.empty()) {
+      const std::size_t nl = rest.rfind('\n');
+      const std::string_view line = trim(nl == std::string_view::npos ? rest : rest.substr(nl + 1));
+      if (!line.empty()) {
+        r.what = std::string(line.substr(0, 301));
+        break;
+      }
+      if (nl == std::string_view::npos) break;
+      rest = rest.substr(0, nl);
     }
   } else if ((when = written(report.error_file))) {
     r.when = *when;

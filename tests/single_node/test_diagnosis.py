@@ -1165,6 +1165,17 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         self.assertEqual(proc.returncode, 1, err)
         self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: bad \\udcff\n")
 
+    def test_a_long_one_line_exception_is_named_from_its_start(self):
+        # A message of many KiB on one line: the block read the record's last 4 KiB and showed a
+        # piece of its middle, without the exception's type.
+        script = self.script("long.py", 'raise ValueError("start " + "x" * 20000 + " end")\n')
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
+        _, err = proc.communicate(timeout=60)
+        err = err.decode(errors="replace")
+        block = err[err.index("Diagnosis ("):] if "Diagnosis (" in err else err[-3000:]
+        self.assertEqual(proc.returncode, 1, block)
+        self.assertRegex(block, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: start x{200,}\.\.\.\n")
+
     def test_a_rank_killed_by_a_fatal_signal_is_named_with_its_frame(self):
         # Before: a rank that segfaulted in a C extension was named only by its signal; the hook
         # now enables faulthandler for fatal signals into its stacks file, and the block names
