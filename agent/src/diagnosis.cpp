@@ -89,15 +89,21 @@ def _ddprun_setup():
 
             def forked():
                 # A forked child (a DataLoader worker) is not the rank: its crash goes to its
-                # stderr, as with -X faulthandler, not into the file read as the rank's.
+                # stderr, as with -X faulthandler, not into the file read as the rank's. File
+                # descriptor 2, not sys.stderr: a file object would be flushed, under a lock
+                # another thread of the rank may have held at the fork.
                 try:
                     faulthandler.unregister(signum)
                     if ours:
-                        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+                        faulthandler.enable(file=2, all_threads=True)
                 except Exception:
-                    pass
+                    try:
+                        faulthandler.disable()
+                    except Exception:
+                        pass
 
-            os.register_at_fork(after_in_child=forked)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=forked)
             previous = sys.excepthook
 
             def hook(kind, value, tb):
@@ -548,17 +554,15 @@ constexpr std::string_view kPeerLost[] = {"Connection closed by peer", "Connecti
 }  // namespace
 
 std::string_view collective_failure_words(const std::string& text) {
-  // A lost peer first: its message is specific, while "timeout" may be any source line of the
-  // traceback (`init_process_group(timeout=...)`).
-  if (std::any_of(std::begin(kPeerLost), std::end(kPeerLost),
-                  [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
-    return "lost a peer in";
-  }
-  constexpr std::string_view kTimedOut[] = {"Timed out", "timed out", "Timeout", "timeout"};
-  if (std::any_of(std::begin(kTimedOut), std::end(kTimedOut),
-                  [&](std::string_view t) { return text.find(t) != std::string::npos; })) {
-    return "timed out in";
-  }
+  const auto has = [&](std::string_view t) { return text.find(t) != std::string::npos; };
+  // A timeout's own words first: NCCL's watchdog aborts the communicator of a rank that timed out
+  // ("NCCL communicator was aborted on rank 0. Original reason for failure was: [Rank 0] Watchdog
+  // caught collective operation timeout: ..."). Then a lost peer's message, then a bare
+  // "timeout", which may be any source line of the traceback (`init_process_group(timeout=...)`).
+  constexpr std::string_view kTimedOut[] = {"Watchdog caught collective operation timeout", "Timed out", "timed out"};
+  if (std::any_of(std::begin(kTimedOut), std::end(kTimedOut), has)) return "timed out in";
+  if (std::any_of(std::begin(kPeerLost), std::end(kPeerLost), has)) return "lost a peer in";
+  if (has("Timeout") || has("timeout")) return "timed out in";
   return "failed in";
 }
 

@@ -221,6 +221,15 @@ TEST_CASE("the failed rank's line says how its collective failed: a lost peer is
   CHECK(collective_failure_words(
             "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE)") == "timed out in");
   CHECK(collective_failure_words("torch.distributed.DistBackendError: NCCL error in: ...") == "failed in");
+  // NCCL's watchdog aborts the communicator of the rank that timed out: the timeout decides.
+  CHECK(collective_failure_words("RuntimeError: NCCL communicator was aborted on rank 0. Original reason for failure "
+                                 "was: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                                 "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600123 milliseconds before timing "
+                                 "out.") == "timed out in");
+  CHECK(collective_failure_words("RuntimeError: NCCL communicator was aborted on rank 1. Original reason for failure "
+                                 "was: NCCL error: remote process exited or there was a network error, "
+                                 "ncclRemoteError") == "lost a peer in");
+  CHECK(collective_failure_words("RuntimeError: Timeout in barrier") == "timed out in");
 }
 
 TEST_CASE("fatal_where names the frame of the thread a fatal signal hit, from the last crash dump") {

@@ -89,10 +89,14 @@ TEST_CASE("random bytes come from a per-thread pool: fresh across refills, never
   REQUIRE(::pipe(fds) == 0);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const std::string n = auth::random_hex(auth::nonce_bytes);
-    const bool ok = ::write(fds[1], n.data(), n.size()) == static_cast<ssize_t>(n.size());
-    ::_exit(ok ? 0 : 1);
+  if (pid == 0) {  // never back into Catch2 from the child
+    try {
+      const std::string n = auth::random_hex(auth::nonce_bytes);
+      const bool ok = ::write(fds[1], n.data(), n.size()) == static_cast<ssize_t>(n.size());
+      ::_exit(ok ? 0 : 1);
+    } catch (...) {
+      ::_exit(2);
+    }
   }
   ::close(fds[1]);
   const std::string mine = auth::random_hex(auth::nonce_bytes);

@@ -1215,6 +1215,12 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
             if mode == "segv":  # the child's own dump, on its stderr (the rank's output)
                 self.assertIn("Fatal Python error: Segmentation fault", err)
                 self.assertIn('forked.py", line 9 in child', err)
+                # and nothing of it in the rank's stacks file (removed at the end when empty)
+                log_dir = re.search(r"log directory set to: (\S+)", err).group(1)
+                stacks = os.path.join(log_dir, "attempt_0", "0", "stacks.txt")
+                if os.path.exists(stacks):
+                    with open(stacks) as f:
+                        self.assertNotIn("Fatal Python error", f.read())
             else:
                 self.assertIn("ValueError: the forked child's", err)
 

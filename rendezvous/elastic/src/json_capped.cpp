@@ -22,8 +22,9 @@ namespace {
 // The storage is a bump allocator (json::monotonic_resource): a parsed message is read and
 // dropped whole, and a malloc per key and string was the daemon's largest single cost in a
 // JOIN (12 % of the root's CPU at 100,000 agents). Nothing is handed back before the DOM dies,
-// so what is counted is everything ever taken: the real memory, 3-9 % more than the live DOM
-// at its peak (the value stack's old copies as it grows).
+// so what is counted is everything ever taken: the memory the DOM touches, 3-9 % more than the
+// live DOM at its peak (the value stack's old copies as it grows). The arena's blocks (doubling
+// from the first) reserve up to about twice the cap in address space, untouched past the cap.
 class CappedResource final : public json::memory_resource {
  public:
   CappedResource(std::size_t cap, std::size_t first_block) : arena_(first_block), cap_(cap) {}
@@ -69,6 +70,9 @@ CappedJson parse_json_capped(std::string_view text, std::size_t max_depth) {
                                   "its size (JSON of many tiny values)",
                                   text.size(), static_cast<double>(cap) / (1 << 20)),
                       {}};
+  } catch (const std::bad_alloc&) {  // the system's limit before ours (RLIMIT_AS, strict overcommit)
+    return CappedJson{
+        nullptr, fmt::format("a payload of {} bytes could not be decoded: out of memory", text.size()), {}};
   }
   if (ec) return CappedJson{nullptr, {}, ec.message()};
   // Constructed from the released value, not assigned: assigning to a value of the default

@@ -52,20 +52,25 @@ std::string mac(std::string_view token, std::string_view label, std::string_view
 // child empties its copy before it can use it (pthread_atfork), so no two processes share one.
 namespace {
 
+void fill_random(unsigned char* out, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(out + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(std::string("getrandom failed: ") + std::strerror(errno));
+    }
+    got += static_cast<std::size_t>(r);
+  }
+}
+
 struct RandomPool {
   std::array<unsigned char, 4096> bytes{};
   std::size_t next = sizeof bytes;  // bytes[next..] are unused; empty at first
 
+  ~RandomPool() { clear(); }
   void fill() {
-    std::size_t got = 0;
-    while (got < bytes.size()) {
-      const ssize_t r = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        throw Error(std::string("getrandom failed: ") + std::strerror(errno));
-      }
-      got += static_cast<std::size_t>(r);
-    }
+    fill_random(bytes.data(), bytes.size());
     next = 0;
   }
   void clear() {
@@ -79,8 +84,12 @@ thread_local RandomPool random_pool;
 void empty_pool_in_child() { random_pool.clear(); }
 
 void take_random(unsigned char* out, std::size_t n) {
-  static const int registered = pthread_atfork(nullptr, nullptr, empty_pool_in_child);
-  (void)registered;
+  // Without the fork handler a child could hand out its parent's next bytes: no pool then.
+  static const bool pooled = pthread_atfork(nullptr, nullptr, empty_pool_in_child) == 0;
+  if (!pooled) {
+    fill_random(out, n);
+    return;
+  }
   while (n > 0) {
     if (random_pool.next == random_pool.bytes.size()) random_pool.fill();
     const std::size_t k = std::min(n, random_pool.bytes.size() - random_pool.next);
@@ -131,8 +140,9 @@ struct HmacContext {
       if (ctx == nullptr) throw Error("HMAC-SHA256 failed (OpenSSL)");
     }
     if (keyed && k == key) {
-      if (EVP_MAC_init(ctx, nullptr, 0, nullptr) != 1) throw Error("HMAC-SHA256 failed (OpenSSL)");
-      return ctx;
+      if (EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1) return ctx;
+      keyed = false;  // keyed afresh next time
+      throw Error("HMAC-SHA256 failed (OpenSSL)");
     }
     keyed = false;
     char digest[] = "SHA256";

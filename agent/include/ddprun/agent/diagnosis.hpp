@@ -92,9 +92,10 @@ std::string fatal_where(const std::string& stacks_file);
 std::string collective_timeout_in(const std::string& text);
 
 // How the collective of such a text failed, as the words before its name on the failed rank's
-// line: "lost a peer in" when a peer closed or reset the connection or the NCCL communicator
-// was aborted (the peer died or tore its group down: it did not time out), "timed out in" when
-// a timeout is named, else "failed in".
+// line: "timed out in" when the rank's own timeout is named (NCCL's watchdog, gloo's "Timed
+// out"), else "lost a peer in" when a peer closed or reset the connection or the NCCL
+// communicator was aborted for another reason (the peer died or tore its group down), else
+// "timed out in" for a bare "timeout", else "failed in".
 std::string_view collective_failure_words(const std::string& text);
 
 // Whether a stack dump shows the rank inside a torch.distributed collective or the c10d layer.

@@ -10,7 +10,8 @@
 //
 // Nonces are 32 random bytes from getrandom(2) (drawn from a per-thread pool of 4 KiB, wiped as
 // it is used and emptied in a forked child); they travel as 64 lower-case hex digits. MACs are
-// compared with CRYPTO_memcmp (constant time). Thread-safe (no shared state).
+// compared with CRYPTO_memcmp (constant time). Thread-safe: the state is per thread (the pool,
+// and one HMAC context keyed with the last key used, a copy of the token).
 #include <cstddef>
 #include <string>
 #include <string_view>
