@@ -81,7 +81,7 @@ TEST_CASE("random bytes come from a per-thread pool: fresh across refills, never
   }
   const std::string big = auth::random_hex(10000);
   CHECK(auth::is_hex_of(big, 10000));
-  CHECK(big.find(std::string(64, '0')) == std::string::npos);  // drawn bytes are wiped, not handed out twice
+  CHECK(big.find(std::string(64, '0')) == std::string::npos);  // never the wiped (zero) bytes of a drawn pool
 
   // A forked child must not draw what the parent draws next from the same pool.
   (void)auth::random_hex(auth::nonce_bytes);  // the pool holds unused bytes now
