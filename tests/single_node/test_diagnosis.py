@@ -499,6 +499,12 @@ class Diagnosis(unittest.TestCase):
         return subprocess.Popen([binary, "--log-dir", os.path.join(self.dir, "logs"), "--master-port", "0"] + args,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
+    def run_one_rank(self, script, *script_args, **kw):
+        """One Python rank running `script`, to its end: (ddprun's exit code, its stderr as text)."""
+        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script] + list(script_args), **kw)
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err.decode(errors="replace")
+
     def lone_ddprun(self):
         """A copy of ddprun without ddprun-watchdog beside it: the agent forks its watchdog."""
         d = os.path.join(self.dir, "lone")
@@ -1159,21 +1165,17 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # The hook's record of a message with an undecodable byte (a surrogate escape) lost its
         # last line, the one the block names: it was written with strict encoding.
         script = self.script("bad_bytes.py", 'raise ValueError("bad " + b"\\xff".decode("utf-8", "surrogateescape"))\n')
-        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
-        _, err = proc.communicate(timeout=60)
-        err = err.decode(errors="replace")
-        self.assertEqual(proc.returncode, 1, err)
+        code, err = self.run_one_rank(script)
+        self.assertEqual(code, 1, err)
         self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: bad \\udcff\n")
 
     def test_a_long_one_line_exception_is_named_from_its_start(self):
         # A message of many KiB on one line: the block read the record's last 4 KiB and showed a
         # piece of its middle, without the exception's type.
         script = self.script("long.py", 'raise ValueError("start " + "x" * 20000 + " end")\n')
-        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
-        _, err = proc.communicate(timeout=60)
-        err = err.decode(errors="replace")
+        code, err = self.run_one_rank(script)
         block = err[err.index("Diagnosis ("):] if "Diagnosis (" in err else err[-3000:]
-        self.assertEqual(proc.returncode, 1, block)
+        self.assertEqual(code, 1, block)
         self.assertRegex(block, r"rank 0 \(local 0, pid [0-9]+\): exit code 1: .*; raised ValueError: start x{200,}\.\.\.\n")
 
     def test_a_rank_killed_by_a_fatal_signal_is_named_with_its_frame(self):
@@ -1181,20 +1183,16 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # now enables faulthandler for fatal signals into its stacks file, and the block names
         # the frame. A user who enabled faulthandler (PYTHONFAULTHANDLER) keeps the dump on stderr.
         script = self.script("segv.py", "import ctypes\n\ndef crash():\n    ctypes.string_at(0)\n\ncrash()\n")
-        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script])
-        _, err = proc.communicate(timeout=60)
-        err = err.decode(errors="replace")
-        self.assertEqual(proc.returncode, 128 + signal.SIGSEGV, err)
+        code, err = self.run_one_rank(script)
+        self.assertEqual(code, 128 + signal.SIGSEGV, err)
         self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): SIGSEGV \(signal 11\).*; crashed in string_at at "
                               r"__init__\.py:[0-9]+")
         self.assertRegex(err, r"stacks +: .*/attempt_0/0/stacks\.txt")
         self.assertNotIn("Fatal Python error", err)
 
         env = dict(os.environ, PYTHONFAULTHANDLER="1")
-        proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script], env=env)
-        _, err = proc.communicate(timeout=60)
-        err = err.decode(errors="replace")
-        self.assertEqual(proc.returncode, 128 + signal.SIGSEGV, err)
+        code, err = self.run_one_rank(script, env=env)
+        self.assertEqual(code, 128 + signal.SIGSEGV, err)
         self.assertIn("Fatal Python error: Segmentation fault", err)
         self.assertIn('segv.py", line 4 in crash', err)
         self.assertNotIn("crashed in", err)
@@ -1205,10 +1203,8 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # the OOM killer then ended (SIGKILL) was said to have crashed in, or raised, the child's.
         script = self.script("forked.py", FORKED_CHILD_FAILS)
         for mode in ("segv", "raise"):
-            proc = self.ddprun(["--nproc-per-node", "1", "--no-python", PYTHON, script, mode])
-            _, err = proc.communicate(timeout=60)
-            err = err.decode(errors="replace")
-            self.assertEqual(proc.returncode, 128 + signal.SIGKILL, err)
+            code, err = self.run_one_rank(script, mode)
+            self.assertEqual(code, 128 + signal.SIGKILL, err)
             self.assertRegex(err, r"rank 0 \(local 0, pid [0-9]+\): SIGKILL \(signal 9\)", err)
             self.assertNotIn("crashed in", err)
             self.assertNotIn("raised ValueError", err)
