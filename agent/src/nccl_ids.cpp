@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
@@ -104,7 +105,8 @@ std::vector<std::uint8_t> NcclIdOwner::prepare_offer() {
       if (!holder_wanted(&why)) {
         if (!required) {
           unavailable_ = true;
-          spdlog::info("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {} (--nccl-id env forces it)", why);
+          spdlog::log(cpu_only_ ? spdlog::level::debug : spdlog::level::info,
+                      "--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: {} (--nccl-id env forces it)", why);
           return offer_;
         }
         throw worker_env::NcclUnavailable(why);
@@ -148,9 +150,13 @@ bool NcclIdOwner::holder_wanted_now(std::string* why) const {
   }
   // auto: an ID is only worth its cost (the holder: ~2 ms of CPU, docs/gpus.md) when a worker
   // could use NCCL.
-  if (config_.nccl_id == AgentConfig::NcclIdMode::automatic &&
-      !worker_env::nvidia_gpu_visible(worker_env::current_environment(), "", why)) {
-    return false;
+  if (config_.nccl_id == AgentConfig::NcclIdMode::automatic) {
+    worker_env::EnvMap cvd;  // all it reads (not a copy of the whole environment)
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) cvd.emplace("CUDA_VISIBLE_DEVICES", v);
+    if (!worker_env::nvidia_gpu_visible(cvd, "", why)) {
+      cpu_only_ = cvd.empty();
+      return false;
+    }
   }
   const std::string binary = holder_binary();
   if (binary.empty() || ::access(binary.c_str(), X_OK) != 0) {

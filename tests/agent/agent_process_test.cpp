@@ -596,8 +596,18 @@ TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continue
   const std::string failed_err = slurp(failed.err);
   const bool started_worker = exists(dir / "env_0.json");
   c.nccl_id = AgentConfig::NcclIdMode::automatic;
+  // A device named (on a CPU-only machine: leaked into it), so that the reason is said at the
+  // default level (a plain CPU-only machine says it at debug level, gpu_cli_test.py).
+  const char* old_cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved_cvd = old_cvd != nullptr ? old_cvd : "";
+  ::setenv("CUDA_VISIBLE_DEVICES", "0", 1);
   const auto run = start_agent(c, dir);
   const int code = wait_agent(run);
+  if (old_cvd != nullptr) {
+    ::setenv("CUDA_VISIBLE_DEVICES", saved_cvd.c_str(), 1);
+  } else {
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
+  }
   ::unsetenv("DDPRUN_NCCL_LIBRARY");
   CHECK(failed_code == 250);  // run_agent threw (the launcher maps ddprun::Error to exit 1)
   CHECK_THAT(failed_err, Catch::Contains("--nccl-id env"));

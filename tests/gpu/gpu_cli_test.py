@@ -22,6 +22,16 @@ def ddprun(args, env_extra=None, timeout=60):
     return subprocess.run([BIN] + args, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def nvidia_device_present():
+    """What ddprun's nvidia_device_present() looks for (worker_env/src/gpus.cpp)."""
+    gpus = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(gpus) and os.listdir(gpus):
+        return True
+    if any(os.path.exists(p) for p in ("/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg")):
+        return True
+    return any(re.fullmatch(r"nvidia[0-9]+", n) for n in os.listdir("/dev"))
+
+
 def rank_sections(text):
     """{local rank: its dry-run section}"""
     parts = re.split(r"^local rank (\d+):\n", text, flags=re.M)
@@ -82,9 +92,21 @@ class NcclIdModes(unittest.TestCase):
                        missing)
             self.assertEqual(r.returncode, 1, r.stderr)
             self.assertIn("--nccl-id env", r.stderr)
-            r = ddprun(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"], missing)
+            # A device named (leaked into this machine if it has none): said at the default level.
+            r = ddprun(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"],
+                       dict(missing, CUDA_VISIBLE_DEVICES="0"))
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stderr.count("not exporting DDPRUN_NCCL_UNIQUE_ID"), 1, r.stderr)
+
+    @unittest.skipIf(nvidia_device_present(), "a machine with an NVIDIA device")
+    def test_cpu_only_machine_says_why_at_debug_level(self):
+        # No GPU and no CUDA_VISIBLE_DEVICES: no ID is the expected case, not a line on every launch.
+        r = ddprun(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("not exporting", r.stderr)
+        r = ddprun(["--standalone", "--nproc-per-node", "1", "--log-level", "debug", "--no-python", "/bin/true"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: no NVIDIA GPU is visible", r.stderr)
 
     def test_comm_id_dry_run_and_bad_mode(self):
         r = ddprun(["--dry-run", "--nproc-per-node", "2", "--master-addr", "127.0.0.5", "--nccl-id", "comm-id",

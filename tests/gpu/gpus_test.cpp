@@ -266,6 +266,24 @@ TEST_CASE("nvidia_gpu_visible: CUDA_VISIBLE_DEVICES first, then the driver's dev
   CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
   CHECK(ddprun::worker_env::nvidia_gpu_visible({{"CUDA_VISIBLE_DEVICES", "1"}}, root.string()));
   fs::remove(root / "dev" / "nvidia0");
+  // The driver's other nodes are not a GPU; an nvidiaN other than nvidia0 is (a container given
+  // one GPU of several).
+  for (const char* other : {"nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia", "nvidia1a"}) {
+    std::ofstream(root / "dev" / other) << "";
+  }
+  fs::create_directories(root / "dev" / "nvidia-caps");
+  fs::create_directories(root / "proc/driver/nvidia/gpus");  // the driver loaded, no GPU listed
+  CHECK_FALSE(ddprun::worker_env::nvidia_device_present(root.string()));
+  { std::ofstream(root / "dev" / "nvidia3") << ""; }
+  CHECK(ddprun::worker_env::nvidia_device_present(root.string()));
+  fs::remove(root / "dev" / "nvidiactl");  // no control node: no device CUDA could open
+  CHECK_FALSE(ddprun::worker_env::nvidia_device_present(root.string()));
+  { std::ofstream(root / "dev" / "nvidiactl") << ""; }
+  fs::remove(root / "dev" / "nvidia3");
+  { std::ofstream(root / "dev" / "dxg") << ""; }  // WSL2
+  CHECK(ddprun::worker_env::nvidia_device_present(root.string()));
+  fs::remove(root / "dev" / "dxg");
+  CHECK_FALSE(ddprun::worker_env::nvidia_device_present(root.string()));
   fs::create_directories(root / "proc/driver/nvidia/gpus/0000:3b:00.0");
   CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
   fs::remove_all(root);

@@ -1,9 +1,12 @@
 // GPU selection, pure part (docs/gpus.md): CUDA_VISIBLE_DEVICES with CUDA's rules, --gpus
 // resolution, per-rank environment. The dlopen probing lives in gpu_probe.cpp.
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <set>
+#include <string_view>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -319,23 +322,37 @@ bool nvidia_gpu_visible(const EnvMap& env, const std::string& root, std::string*
 }
 
 bool nvidia_device_present(const std::string& root) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path gpus = fs::path(root + "/proc/driver/nvidia/gpus");
-  if (fs::is_directory(gpus, ec) && fs::directory_iterator(gpus, ec) != fs::directory_iterator()) return true;
-  if (fs::exists(fs::path(root + "/dev/nvidia0"), ec)) return true;  // the usual case, one lookup
+  // Asked on every launch (--nccl-id auto): by stat and opendir, not std::filesystem.
+  const auto any_entry = [](const std::string& dir, auto&& wanted) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool found = false;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view name(e->d_name);
+      if (name != "." && name != ".." && wanted(name)) {
+        found = true;
+        break;
+      }
+    }
+    ::closedir(d);
+    return found;
+  };
+  const auto exists = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+  };
+  if (any_entry(root + "/proc/driver/nvidia/gpus", [](std::string_view) { return true; })) return true;
+  if (exists(root + "/dev/nvidia0")) return true;  // the usual case, one lookup
   // Jetson boards (integrated GPU, no NVML) and WSL2 (the GPU behind /dev/dxg) have no nvidiaN.
   for (const char* other : {"/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg"}) {
-    if (fs::exists(fs::path(root + other), ec)) return true;
+    if (exists(root + other)) return true;
   }
-  for (fs::directory_iterator it(fs::path(root + "/dev"), ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
-        name.find_first_not_of("0123456789", 6) == std::string::npos) {
-      return true;
-    }
-  }
-  return false;
+  // Listing /dev costs ~50 us in the kernel (devtmpfs, ~100-200 entries): only where the
+  // driver's control node says an nvidiaN other than nvidia0 may be there.
+  if (!exists(root + "/dev/nvidiactl")) return false;
+  return any_entry(root + "/dev", [](std::string_view name) {
+    return name.size() > 6 && name.substr(0, 6) == "nvidia" && all_digits(name.substr(6));
+  });
 }
 
 }  // namespace ddprun::worker_env

@@ -71,6 +71,9 @@ class NcclIdOwner {
   bool holder_wanted(std::string* why) const;
   bool holder_wanted_now(std::string* why) const;
   mutable std::optional<std::pair<bool, std::string>> wanted_;
+  // Not wanted because this is a CPU-only machine (no CUDA_VISIBLE_DEVICES, no NVIDIA device):
+  // the expected case, said at debug level rather than on every launch.
+  mutable bool cpu_only_ = false;
   std::string holder_binary() const;
   std::optional<worker_env::NcclIdHolder> holder_;
   std::optional<worker_env::NcclIdHolder> prestarted_;

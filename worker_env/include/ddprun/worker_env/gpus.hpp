@@ -70,7 +70,8 @@ GpuInventory probe_gpus(const EnvMap& env);
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::string* why = nullptr);
 
 // Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/`, a
-// `<root>/dev/nvidiaN` (a container given one GPU may have /dev/nvidia2 alone), a Jetson's
+// `<root>/dev/nvidiaN` beside `/dev/nvidiactl` (a container given one GPU may have /dev/nvidia2
+// alone; without the control node, which CUDA opens first, no device can be used), a Jetson's
 // `/dev/nvhost-*-gpu` or WSL2's `/dev/dxg`. No library loaded.
 bool nvidia_device_present(const std::string& root = "");
 inline constexpr const char* kNoNvidiaDevice =
