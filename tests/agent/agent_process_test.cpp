@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -44,6 +45,33 @@ struct TempDir {
   }
   std::string operator/(const std::string& name) const { return path + "/" + name; }
   std::string path;
+};
+
+// Sets an environment variable for a scope (the agents started in it inherit it), restoring
+// the previous state however the scope ends.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      old_ = old;
+      had_ = true;
+    }
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::string old_;
+  bool had_ = false;
 };
 
 std::string slurp(const std::string& path) {
@@ -587,7 +615,7 @@ TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone
 
 TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continues without it") {
   TempDir dir;
-  ::setenv("DDPRUN_NCCL_LIBRARY", (dir / "no-such-libnccl.so").c_str(), 1);
+  const ScopedEnv library("DDPRUN_NCCL_LIBRARY", dir / "no-such-libnccl.so");
   auto c = make_config(dir, 1, {"--dump-env", dir / "env_%r.json"});
   c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
   c.nccl_id = AgentConfig::NcclIdMode::env;
@@ -598,17 +626,11 @@ TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continue
   c.nccl_id = AgentConfig::NcclIdMode::automatic;
   // A device named (on a CPU-only machine: leaked into it), so that the reason is said at the
   // default level (a plain CPU-only machine says it at debug level, gpu_cli_test.py).
-  const char* old_cvd = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string saved_cvd = old_cvd != nullptr ? old_cvd : "";
-  ::setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  std::optional<ScopedEnv> cvd;
+  cvd.emplace("CUDA_VISIBLE_DEVICES", "0");
   const auto run = start_agent(c, dir);
   const int code = wait_agent(run);
-  if (old_cvd != nullptr) {
-    ::setenv("CUDA_VISIBLE_DEVICES", saved_cvd.c_str(), 1);
-  } else {
-    ::unsetenv("CUDA_VISIBLE_DEVICES");
-  }
-  ::unsetenv("DDPRUN_NCCL_LIBRARY");
+  cvd.reset();
   CHECK(failed_code == 250);  // run_agent threw (the launcher maps ddprun::Error to exit 1)
   CHECK_THAT(failed_err, Catch::Contains("--nccl-id env"));
   CHECK_FALSE(started_worker);  // the error comes before any worker starts

@@ -27,9 +27,9 @@ def nvidia_device_present():
     gpus = "/proc/driver/nvidia/gpus"
     if os.path.isdir(gpus) and os.listdir(gpus):
         return True
-    if any(os.path.exists(p) for p in ("/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg")):
+    if any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg")):
         return True
-    return any(re.fullmatch(r"nvidia[0-9]+", n) for n in os.listdir("/dev"))
+    return os.path.exists("/dev/nvidiactl") and any(re.fullmatch(r"nvidia[0-9]+", n) for n in os.listdir("/dev"))
 
 
 def rank_sections(text):

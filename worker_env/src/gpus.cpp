@@ -342,7 +342,8 @@ bool nvidia_device_present(const std::string& root) {
     return ::stat(path.c_str(), &st) == 0;
   };
   if (any_entry(root + "/proc/driver/nvidia/gpus", [](std::string_view) { return true; })) return true;
-  if (exists(root + "/dev/nvidia0")) return true;  // the usual case, one lookup
+  // The usual case, one lookup; trusted alone, as before the control node was looked at.
+  if (exists(root + "/dev/nvidia0")) return true;
   // Jetson boards (integrated GPU, no NVML) and WSL2 (the GPU behind /dev/dxg) have no nvidiaN.
   for (const char* other : {"/dev/nvhost-ctrl-gpu", "/dev/nvhost-gpu", "/dev/dxg"}) {
     if (exists(root + other)) return true;

@@ -64,18 +64,17 @@ GpuInventory probe_gpus(const EnvMap& env);
 
 // A cheap "could a worker use an NVIDIA GPU here?" without loading any library: false when
 // CUDA_VISIBLE_DEVICES is set and names nothing; otherwise (set or not) whether the driver shows
-// a device (`<root>/proc/driver/nvidia/gpus/` has an entry or
-// `<root>/dev/nvidia0` exists). `root` is for tests. Used by --nccl-id auto, so CPU-only jobs
+// a device (nvidia_device_present). `root` is for tests. Used by --nccl-id auto, so CPU-only jobs
 // do not pay for an NCCL unique ID nobody can use. `why` (optional) gets a reason when false.
 bool nvidia_gpu_visible(const EnvMap& env, const std::string& root = "", std::string* why = nullptr);
 
-// Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/`, a
-// `<root>/dev/nvidiaN` beside `/dev/nvidiactl` (a container given one GPU may have /dev/nvidia2
-// alone; without the control node, which CUDA opens first, no device can be used), a Jetson's
-// `/dev/nvhost-*-gpu` or WSL2's `/dev/dxg`. No library loaded.
+// Whether the driver shows an NVIDIA device: an entry in `<root>/proc/driver/nvidia/gpus/`,
+// `<root>/dev/nvidia0`, another `/dev/nvidiaN` beside `/dev/nvidiactl` (a container given one
+// GPU may have /dev/nvidia2 alone; /dev is listed only where the control node, which CUDA opens
+// first, is there), a Jetson's `/dev/nvhost-*-gpu` or WSL2's `/dev/dxg`. No library loaded.
 bool nvidia_device_present(const std::string& root = "");
 inline constexpr const char* kNoNvidiaDevice =
-    "no /proc/driver/nvidia/gpus/*, no /dev/nvidiaN, /dev/nvhost-*-gpu or /dev/dxg";
+    "no /proc/driver/nvidia/gpus/*, no /dev/nvidiaN (with /dev/nvidiactl), /dev/nvhost-*-gpu or /dev/dxg";
 
 // A device a CUDA program started with the parent's environment would see, in CUDA ordinal
 // order (cuda:0, cuda:1, …).
