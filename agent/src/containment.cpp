@@ -735,7 +735,7 @@ int watchdog_child(void* raw) {
 // no copy of the agent's page tables, no copy-on-write faults in the agent afterwards. -1 when it
 // cannot be started (not built for this machine, not installed beside ddprun).
 pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]) {
-  const std::string path = beside_this_binary("ddprun-watchdog");
+  const std::string path = installed_helper("ddprun-watchdog");
   if (path.empty()) return -1;
   const char* mode = c.mode_ == ContainmentMode::cgroup2   ? "cgroup2"
                      : c.mode_ == ContainmentMode::cgroup1 ? "cgroup1"
@@ -1001,7 +1001,7 @@ void Containment::check_watchdog() {
         "containment: {} refused to start ({}): it is not of this ddprun's build; if ddprun is killed now, "
         "nothing ends the job's detached processes{} (ddprun still does at its own end); install ddprun and "
         "ddprun-watchdog from the same build",
-        beside_this_binary("ddprun-watchdog"), how, job_dir_.empty() ? "" : " or removes its cgroups");
+        installed_helper("ddprun-watchdog"), how, job_dir_.empty() ? "" : " or removes its cgroups");
   } else {
     spdlog::warn(
         "containment: the watchdog (pid {}) ended before the job ({}): if ddprun is killed now, nothing ends the "

@@ -16,6 +16,7 @@ BIN = os.environ["DDPRUN_BIN_DIR"]
 SHARE = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(BIN, "..", "share")
 DDPRUN_MAN = os.path.join(SHARE, "man", "man1", "ddprun.1")
 RDZVD_MAN = os.path.join(SHARE, "man", "man8", "ddprun-rdzvd.8")
+NCCL_ID_MAN = os.path.join(SHARE, "man", "man1", "ddprun-nccl-id.1")  # written by hand
 
 
 def run(args):
@@ -168,9 +169,23 @@ class RdzvdPage(unittest.TestCase):
             self.assertEqual(page[flag]["default"], e["default"], flag)
 
 
+class NcclIdPage(unittest.TestCase):
+    def test_page_says_what_help_says(self):
+        """The hand-written page: the usage, every flag of it and the exit code for a missing NCCL."""
+        usage = run([os.path.join(BIN, "ddprun-nccl-id"), "--help"]).splitlines()[0]
+        self.assertTrue(usage.startswith("usage: "), usage)
+        r = subprocess.run(["groff", "-man", "-Tascii", "-P-cbou", NCCL_ID_MAN], capture_output=True, text=True,
+                           timeout=60)
+        text = " ".join(r.stdout.split())
+        self.assertIn(usage[len("usage: "):], text)
+        for flag in re.findall(r"--[a-z-]+", usage):
+            self.assertIn(flag, text)
+        self.assertIn("3 when NCCL cannot be loaded", text)
+
+
 class Rendering(unittest.TestCase):
     def test_groff_is_warning_free(self):
-        for page in (DDPRUN_MAN, RDZVD_MAN):
+        for page in (DDPRUN_MAN, RDZVD_MAN, NCCL_ID_MAN):
             r = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", page], capture_output=True, text=True,
                                timeout=60)
             self.assertEqual((r.returncode, r.stderr), (0, ""), page)

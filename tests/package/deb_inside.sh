@@ -42,7 +42,7 @@ grep -q "libssl.so.3" <<<"$cache" || fail "libssl.so.3 is missing after installi
 # The files, in one place (man pages and completions join this list when they are generated).
 files=$(dpkg -L ddprun)
 expect_files=(
-  '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$' '^/usr/bin/ddprun-watchdog$'
+  '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$' '^/usr/libexec/ddprun/ddprun-watchdog$'
   '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so\.0$' '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so$'
   '^/usr/include/ddprun/worker\.hpp$' '^/usr/include/ddprun/worker\.h$'
   '/cmake/ddprun/ddprunConfig\.cmake$' '/pkgconfig/ddprun-worker\.pc$'
@@ -50,6 +50,7 @@ expect_files=(
   '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
   '^/usr/share/ddprun/examples/ddp_train\.py$'
   '^/usr/share/man/man1/ddprun\.1\.gz$' '^/usr/share/man/man8/ddprun-rdzvd\.8\.gz$'
+  '^/usr/share/man/man1/ddprun-nccl-id\.1\.gz$'
   '^/usr/share/bash-completion/completions/ddprun$' '^/usr/share/bash-completion/completions/ddprun-rdzvd$'
   # Debian's zsh looks in vendor-completions, not /usr/share/zsh/site-functions.
   '^/usr/share/zsh/vendor-completions/_ddprun$' '^/usr/share/zsh/vendor-completions/_ddprun-rdzvd$'
@@ -59,9 +60,10 @@ for re in "${expect_files[@]}"; do
   grep -qE "$re" <<<"$files" || fail "the package has no file matching $re"
 done
 grep -q '^ExecStart=/usr/bin/ddprun-rdzvd ' /usr/lib/systemd/system/ddprun-rdzvd.service || fail "unit ExecStart"
-bad=$(grep -E '^/usr/share/zsh/site-functions/|^/usr/share/man/man[0-9]/.*\.[0-9]$' <<<"$files" || true)
-[[ -z "$bad" ]] || fail "files where Debian does not look for them (zsh site-functions, uncompressed man pages): $bad"
-gzip -t /usr/share/man/man1/ddprun.1.gz /usr/share/man/man8/ddprun-rdzvd.8.gz || fail "a man page is not valid gzip"
+bad=$(grep -E '^/usr/share/zsh/site-functions/|^/usr/share/man/man[0-9]/.*\.[0-9]$|^/usr/bin/ddprun-watchdog$' <<<"$files" || true)
+[[ -z "$bad" ]] || fail "files where Debian does not look for them (zsh site-functions, uncompressed man pages) or should not (the watchdog is no command): $bad"
+gzip -t /usr/share/man/man1/ddprun.1.gz /usr/share/man/man8/ddprun-rdzvd.8.gz /usr/share/man/man1/ddprun-nccl-id.1.gz \
+  || fail "a man page is not valid gzip"
 echo "ok: $(wc -l <<<"$files") paths in the package, all ${#expect_files[@]} expected ones present"
 
 v=$(ddprun --version) || fail "ddprun --version"
@@ -77,6 +79,14 @@ chmod +x /root/t/worker.sh
 out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 /root/t/worker.sh 2>&1) || { echo "$out"; fail "2-rank shell job"; }
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
+# The agent's containment watchdog is the package's /usr/libexec/ddprun/ddprun-watchdog (else the
+# agent would fork one); it calls itself ddp-watchdog. Found by the parent in /proc/N/stat.
+out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 1 --no-python sh -c \
+        'for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = ddp-watchdog ] && [ "$(awk "{print \$4}" $d/stat 2>/dev/null)" = "$PPID" ] && readlink $d/exe; done; true' 2>&1) \
+  || { echo "$out"; fail "watchdog job"; }
+grep -qx "/usr/libexec/ddprun/ddprun-watchdog" <<<"$out" \
+  || { echo "$out"; fail "the agent's watchdog is not /usr/libexec/ddprun/ddprun-watchdog"; }
+echo "ok: the agent's watchdog is /usr/libexec/ddprun/ddprun-watchdog"
 
 # The daemon as the unit runs it: token from a 0600 file, JSON logs.
 install -d -m 0700 /etc/ddprun
