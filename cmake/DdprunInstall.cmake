@@ -81,6 +81,18 @@ set(_ddprun_debian ${PROJECT_SOURCE_DIR}/packaging/debian)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${_ddprun_debian}/postinst ${_ddprun_debian}/prerm ${_ddprun_debian}/postrm ${_ddprun_debian}/triggers)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+# The changelog a native package carries (usr/share/doc/ddprun/changelog.gz, Debian policy
+# 12.7): one entry for the version being packaged, gzipped without a time stamp. Its date is the
+# configure time's, or SOURCE_DATE_EPOCH's where that is set (reproducible builds).
+string(TIMESTAMP DDPRUN_CHANGELOG_DATE "%a, %d %b %Y %H:%M:%S +0000" UTC)
+configure_file(${_ddprun_debian}/changelog.in ${PROJECT_BINARY_DIR}/packaging/debian/changelog @ONLY)
+add_custom_command(
+  OUTPUT ${PROJECT_BINARY_DIR}/packaging/debian/changelog.gz
+  COMMAND gzip -9nkf ${PROJECT_BINARY_DIR}/packaging/debian/changelog
+  DEPENDS ${PROJECT_BINARY_DIR}/packaging/debian/changelog
+  VERBATIM)
+add_custom_target(ddprun_changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/packaging/debian/changelog.gz)
+install(FILES ${PROJECT_BINARY_DIR}/packaging/debian/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT docs)
 install(FILES ${_ddprun_debian}/lintian-overrides DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides
         RENAME ddprun COMPONENT docs)
 include(CPack)

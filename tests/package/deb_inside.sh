@@ -47,7 +47,7 @@ expect_files=(
   '^/usr/include/ddprun/worker\.hpp$' '^/usr/include/ddprun/worker\.h$'
   '/cmake/ddprun/ddprunConfig\.cmake$' '/pkgconfig/ddprun-worker\.pc$'
   '^/usr/lib/systemd/system/ddprun-rdzvd\.service$'
-  '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
+  '^/usr/share/doc/ddprun/changelog\.gz$' '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
   '^/usr/share/ddprun/examples/ddp_train\.py$'
   '^/usr/share/man/man1/ddprun\.1\.gz$' '^/usr/share/man/man8/ddprun-rdzvd\.8\.gz$'
   '^/usr/share/man/man1/ddprun-nccl-id\.1\.gz$'
@@ -64,6 +64,9 @@ bad=$(grep -E '^/usr/share/zsh/site-functions/|^/usr/share/man/man[0-9]/.*\.[0-9
 [[ -z "$bad" ]] || fail "files where Debian does not look for them (zsh site-functions, uncompressed man pages) or should not (the watchdog is no command): $bad"
 gzip -t /usr/share/man/man1/ddprun.1.gz /usr/share/man/man8/ddprun-rdzvd.8.gz /usr/share/man/man1/ddprun-nccl-id.1.gz \
   || fail "a man page is not valid gzip"
+# The changelog's latest entry (its first line) is this package's version.
+clv=$(zcat /usr/share/doc/ddprun/changelog.gz | head -1 | sed -E 's/^ddprun \(([^)]*)\).*/\1/')
+[[ "$clv" == "$(dpkg-query -W -f='${Version}' ddprun)" ]] || fail "changelog.gz names version '$clv'"
 echo "ok: $(wc -l <<<"$files") paths in the package, all ${#expect_files[@]} expected ones present"
 
 v=$(ddprun --version) || fail "ddprun --version"
