@@ -12,8 +12,13 @@ namespace ddprun {
 std::string beside_this_binary(std::string_view name);
 
 // A helper program: beside this binary when it is there (the build, the wheel), else in the
-// installed `<libexecdir>/ddprun` next to this binary's `<bindir>` (the .deb), else the path
-// beside this binary (for messages). Empty when /proc/self/exe cannot be read.
+// installed `<libexecdir>/ddprun` next to this binary's `<bindir>` (the .deb) when that is a
+// trusted_path, else the path beside this binary (for messages). Empty when /proc/self/exe
+// cannot be read.
 std::string installed_helper(std::string_view name);
+
+// Whether `path` (symbolic links resolved) and every directory above it are owned by root or by
+// this process's user and writable by no one else, a sticky directory (/tmp) above it excepted.
+bool trusted_path(const std::string& path);
 
 }  // namespace ddprun
