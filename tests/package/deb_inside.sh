@@ -83,10 +83,8 @@ out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 /root/t/worker.sh 2>&
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
 # The agent's containment watchdog is the package's /usr/libexec/ddprun/ddprun-watchdog (else the
-# agent would fork one); it calls itself ddp-watchdog. Found by the parent in /proc/N/stat.
-out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 1 --no-python sh -c \
-        'for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = ddp-watchdog ] && [ "$(awk "{print \$4}" $d/stat 2>/dev/null)" = "$PPID" ] && readlink $d/exe; done; true' 2>&1) \
-  || { echo "$out"; fail "watchdog job"; }
+# agent would fork one).
+out=$(bash "$(dirname "$0")/job_watchdog.sh" 2>&1) || { echo "$out"; fail "watchdog job"; }
 grep -qx "/usr/libexec/ddprun/ddprun-watchdog" <<<"$out" \
   || { echo "$out"; fail "the agent's watchdog is not /usr/libexec/ddprun/ddprun-watchdog"; }
 echo "ok: the agent's watchdog is /usr/libexec/ddprun/ddprun-watchdog"

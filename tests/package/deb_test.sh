@@ -34,6 +34,7 @@ mkdir -p "$work"/{upper,ovl,root}
 cp "$deb" "$work/"
 cp -r "$src/tests/worker_lib/consumer" "$work/consumer"
 cp "$here/deb_inside.sh" "$work/inside.sh"
+cp "$here/job_watchdog.sh" "$work/job_watchdog.sh"
 cp "$here/deb_lifecycle.sh" "$work/lifecycle.sh"
 
 # Own mount namespace (private propagation: nothing leaks to the host's mount table and all of it
@@ -48,7 +49,7 @@ unshare --mount --propagation private --pid --fork bash -euo pipefail -c '
   mount --bind /dev "$m/dev"
   cp /etc/resolv.conf "$m/etc/resolv.conf"
   mkdir -p "$m/root/t"
-  cp "$work"/ddprun_*.deb "$work/inside.sh" "$work/lifecycle.sh" "$m/root/t/"
+  cp "$work"/ddprun_*.deb "$work/inside.sh" "$work/lifecycle.sh" "$work/job_watchdog.sh" "$m/root/t/"
   cp -r "$work/consumer" "$m/root/t/consumer"
   chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     bash /root/t/inside.sh

@@ -22,12 +22,8 @@ chmod +x "$work/worker.sh"
 out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 2 "$work/worker.sh" 2>&1) || { echo "$out"; fail "2-rank shell job"; }
 for r in 0 1; do grep -q "worker rank=$r world=2 local=$r" <<<"$out" || { echo "$out"; fail "rank $r missing"; }; done
 echo "ok: ddprun --nproc-per-node 2 with a shell worker"
-# The agent's containment watchdog is the wheel's ddprun-watchdog (else the agent would fork one);
-# it calls itself ddp-watchdog. Found by the parent in /proc/N/stat (the per-thread children
-# files can miss a child while a thread ends).
-out=$(timeout 60 ddprun --master-port 0 --nproc-per-node 1 --no-python sh -c \
-        'for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = ddp-watchdog ] && [ "$(awk "{print \$4}" $d/stat 2>/dev/null)" = "$PPID" ] && readlink $d/exe; done; true' 2>&1) \
-  || { echo "$out"; fail "watchdog job"; }
+# The agent's containment watchdog is the wheel's ddprun-watchdog (else the agent would fork one).
+out=$(bash "$(dirname "$0")/job_watchdog.sh" 2>&1) || { echo "$out"; fail "watchdog job"; }
 grep -qE "^$venv/lib/python3[^/]*/site-packages/ddprun/_bin/ddprun-watchdog$" <<<"$out" \
   || { echo "$out"; fail "the agent's watchdog is not the wheel's ddprun-watchdog"; }
 echo "ok: the agent's watchdog is the wheel's ddprun-watchdog"

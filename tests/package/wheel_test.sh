@@ -26,7 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 cp "$whl" "$work/"
-cp "$src/examples/ddp_train.py" "$here/wheel_inside.sh" "$work/"
+cp "$src/examples/ddp_train.py" "$here/wheel_inside.sh" "$here/job_watchdog.sh" "$work/"
 whl=$work/$(basename "$whl")
 
 # --- the wheel's own claims ----------------------------------------------------------------------
@@ -93,7 +93,7 @@ unshare --mount --propagation private --pid --fork bash -euo pipefail -c '
   mount -t tmpfs -o mode=1777 tmpfs "$m/tmp"
   mount --bind /dev "$m/dev"
   mkdir -p "$m/root/t"
-  cp "$whl" "$work/wheel_inside.sh" "$m/root/t/"
+  cp "$whl" "$work/wheel_inside.sh" "$work/job_watchdog.sh" "$m/root/t/"
   chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 bash -euo pipefail -c "
     for lib in libspdlog libfmt libboost_filesystem; do
       if grep -q \$lib <<<\"\$(ldconfig -p)\"; then echo \"FAIL: the fresh root has \$lib\"; exit 1; fi
