@@ -26,6 +26,7 @@
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
+#include "../helpers/scoped_env.hpp"
 
 using namespace ddprun::agent;
 namespace fs = std::filesystem;
@@ -45,33 +46,6 @@ struct TempDir {
   }
   std::string operator/(const std::string& name) const { return path + "/" + name; }
   std::string path;
-};
-
-// Sets an environment variable for a scope (the agents started in it inherit it), restoring
-// the previous state however the scope ends.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      old_ = old;
-      had_ = true;
-    }
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      ::setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::string old_;
-  bool had_ = false;
 };
 
 std::string slurp(const std::string& path) {
@@ -615,7 +589,7 @@ TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone
 
 TEST_CASE("NCCL unique ID: --nccl-id env without NCCL is an error, auto continues without it") {
   TempDir dir;
-  const ScopedEnv library("DDPRUN_NCCL_LIBRARY", dir / "no-such-libnccl.so");
+  const ScopedEnv library("DDPRUN_NCCL_LIBRARY", (dir / "no-such-libnccl.so").c_str());
   auto c = make_config(dir, 1, {"--dump-env", dir / "env_%r.json"});
   c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
   c.nccl_id = AgentConfig::NcclIdMode::env;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ddprun/common/sd_notify.hpp"
+#include "../helpers/scoped_env.hpp"
 
 namespace {
 
@@ -62,31 +63,6 @@ class FakeSystemd {
   int fd_ = -1;
   std::string name_;
   std::filesystem::path dir_;
-};
-
-// Sets NOTIFY_SOCKET for the scope of one test, restoring the previous state.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
 };
 
 }  // namespace
