@@ -397,7 +397,7 @@ class Agent {
     round_ = a.round;
     bool withdrawn = false;
     const RoundNccl nccl =
-        nccl_->begin_round(a.round, a.placement.group_rank, a.placement.world_size, a.nccl_id, &withdrawn);
+        nccl_->begin_round(a.round, a.placement.world_size, a.nccl_id, &withdrawn);
     if (withdrawn) backend_->set_nccl_offer({});
     if (!a.summary.empty()) spdlog::info("{}", a.summary);
     if (health_) health_->set_state("running round " + std::to_string(a.round), a.round);

@@ -34,12 +34,23 @@ std::size_t nccl_roots_for_round(const AgentConfig& config, int world_size, std:
   return std::min(offered, static_cast<std::size_t>(roots_for(world_size)));
 }
 
-RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int group_rank, int world_size,
+RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int world_size,
                             const std::vector<std::uint8_t>& chosen, const std::vector<std::uint8_t>& offered) {
   RoundNccl out;
-  // Only the group-rank-0 node's holder serves the bootstrap roots; it keeps them until the round ends.
-  out.keep_holder = group_rank == 0 && chosen == offered;
-  if (chosen.empty()) return out;
+  // Only the holder whose IDs the round uses serves the bootstrap roots: the group-rank-0 node's,
+  // or another node's where the rendezvous did not keep rank 0's offer (unique IDs are random,
+  // so equal bytes are this node's own). It keeps them until the round ends.
+  out.keep_holder = !offered.empty() && chosen == offered;
+  if (chosen.empty()) {
+    if (!offered.empty()) {
+      out.warning = "round " + std::to_string(round) +
+                    ": the rendezvous carried no NCCL IDs (the group-rank-0 node offered none, or the nodes "
+                    "whose offers it kept left before the round closed); " +
+                    (config.nccl_id == AgentConfig::NcclIdMode::comm_id ? "NCCL_COMM_ID" : "DDPRUN_NCCL_UNIQUE_ID") +
+                    " is not set (use the same --nccl-id on every node)";
+    }
+    return out;
+  }
   if (config.nccl_id == AgentConfig::NcclIdMode::comm_id) {
     if (const auto value = worker_env::decode_comm_id_offer(chosen)) {
       out.env.emplace_back("NCCL_COMM_ID", *value);
@@ -66,8 +77,7 @@ RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int 
   hex.resize(nccl_roots_for_round(config, world_size, hex.size()));
   if (hex.size() < wanted) {
     out.warning = "round " + std::to_string(round) + ": " + std::to_string(world_size) + " ranks would use " +
-                  std::to_string(wanted) + " NCCL roots but the group-rank-0 node offered " +
-                  std::to_string(hex.size());
+                  std::to_string(wanted) + " NCCL roots but the round's offer has " + std::to_string(hex.size());
   }
   out.env.emplace_back("DDPRUN_NCCL_UNIQUE_ID", hex.front());
   if (hex.size() > 1) {
@@ -177,9 +187,9 @@ void NcclIdOwner::prestart() {
   }
 }
 
-RoundNccl NcclIdOwner::begin_round(std::uint64_t round, int group_rank, int world_size,
-                                   const std::vector<std::uint8_t>& chosen, bool* withdrawn) {
-  RoundNccl d = decide_round_nccl(config_, round, group_rank, world_size, chosen, offer_);
+RoundNccl NcclIdOwner::begin_round(std::uint64_t round, int world_size, const std::vector<std::uint8_t>& chosen,
+                                   bool* withdrawn) {
+  RoundNccl d = decide_round_nccl(config_, round, world_size, chosen, offer_);
   *withdrawn = false;
   if (holder_ && !d.keep_holder) {
     holder_->stop();

@@ -9,7 +9,10 @@
 // socket path that rdzv_bench measures, at sizes a machine's open-files limit does not allow
 // with real connections (one connection per agent needs N descriptors in one process).
 //
-//   rdzv_logic_bench --nodes N [--no-token]
+//   rdzv_logic_bench --nodes N [--no-token] [--nccl-ids K]
+//
+// --nccl-ids K: every JOIN offers K NCCL unique IDs of 128 bytes (distinct per agent), as agents
+// with --nccl-id auto do: one per 256 ranks of the largest world the job allows.
 //
 // Prints one JSON object: setup_s (HELLO + AUTH + JOIN of N-1 agents and the handshake of the
 // last), close_ms (the last JOIN: ranks, N ASSIGNMENT frames encoded), per-agent figures, the
@@ -75,6 +78,7 @@ class Outbox final : public rdzv::Outbox {
     s.swap(out_[conn]);
     return s;
   }
+  std::size_t bytes = 0;  // every frame's bytes since the start
   std::size_t frames_and_clear() {
     std::size_t frames = 0;
     for (const rdzv::ConnectionId conn : touched_) {
@@ -87,6 +91,7 @@ class Outbox final : public rdzv::Outbox {
                  << (8 * b);
         }
         pos += rdzv::native_header_bytes + len;
+        bytes += rdzv::native_header_bytes + len;
         ++frames;
       }
       std::string().swap(s);
@@ -105,10 +110,13 @@ class Outbox final : public rdzv::Outbox {
 int main(int argc, char** argv) {
   int nodes = 0;
   bool token_on = true;
+  std::size_t nccl_ids = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--nodes" && i + 1 < argc) {
       nodes = std::atoi(argv[++i]);
+    } else if (a == "--nccl-ids" && i + 1 < argc) {
+      nccl_ids = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--no-token") {
       token_on = false;
     } else {
@@ -149,6 +157,10 @@ int main(int argc, char** argv) {
     m.request.node.local_world_size = 8;
     m.request.node.store_host = addr;
     m.request.node.store_port = 29500;
+    m.request.node.nccl_ids.resize(128 * nccl_ids);
+    for (std::size_t b = 0; b < m.request.node.nccl_ids.size(); ++b) {
+      m.request.node.nccl_ids[b] = static_cast<std::uint8_t>((i * 131 + b * 7) & 255);
+    }
     m.request.config.min_nodes = nodes;
     m.request.config.max_nodes = nodes;
     m.request.config.join_timeout = std::chrono::seconds(3600);
@@ -181,7 +193,10 @@ int main(int argc, char** argv) {
   inside = {};
   feed(static_cast<rdzv::ConnectionId>(n), join_message(n - 1));
   const Clock::duration close = inside;
+  const std::size_t bytes_before_close = outbox.bytes;
   const std::size_t close_frames = outbox.frames_and_clear();
+  const std::size_t close_bytes = outbox.bytes - bytes_before_close;
+  const long rss_closed = rss_kib();  // + the running round's assignments
   if (service->stats().rounds_closed != 1) die("the round did not close");
 
   // Steady state: one HEARTBEAT per agent (what N agents send every heartbeat interval).
@@ -201,12 +216,15 @@ int main(int argc, char** argv) {
   const double setup_s = std::chrono::duration<double>(setup).count();
   const double close_ms = std::chrono::duration<double, std::milli>(close).count();
   std::printf(
-      "{\"nodes\": %d, \"token\": %s, \"setup_s\": %.3f, \"setup_us_per_agent\": %.2f, \"close_ms\": %.3f, "
-      "\"close_us_per_agent\": %.3f, \"setup_frames_out\": %zu, \"close_frames_out\": %zu, \"rss_growth_kib\": %ld, "
-      "\"rss_kib_per_agent\": %.3f, \"heartbeat_us\": %.3f, \"status_ms\": %.3f, \"status_reply_bytes\": %zu}\n",
-      nodes, token_on ? "true" : "false", setup_s, setup_s * 1e6 / static_cast<double>(n), close_ms,
-      close_ms * 1e3 / static_cast<double>(n), setup_frames, close_frames, rss_joined - rss0,
-      static_cast<double>(rss_joined - rss0) / static_cast<double>(n),
+      "{\"nodes\": %d, \"token\": %s, \"nccl_ids\": %zu, \"setup_s\": %.3f, \"setup_us_per_agent\": %.2f, "
+      "\"close_ms\": %.3f, "
+      "\"close_us_per_agent\": %.3f, \"setup_frames_out\": %zu, \"close_frames_out\": %zu, \"close_bytes_out\": %zu, "
+      "\"rss_growth_kib\": %ld, "
+      "\"rss_kib_per_agent\": %.3f, \"rss_running_kib\": %ld, \"heartbeat_us\": %.3f, \"status_ms\": %.3f, "
+      "\"status_reply_bytes\": %zu}\n",
+      nodes, token_on ? "true" : "false", nccl_ids, setup_s, setup_s * 1e6 / static_cast<double>(n), close_ms,
+      close_ms * 1e3 / static_cast<double>(n), setup_frames, close_frames, close_bytes, rss_joined - rss0,
+      static_cast<double>(rss_joined - rss0) / static_cast<double>(n), rss_closed - rss0,
       std::chrono::duration<double, std::micro>(heartbeats).count() / static_cast<double>(n),
       std::chrono::duration<double, std::milli>(status).count(), status_bytes);
   service->shutdown();

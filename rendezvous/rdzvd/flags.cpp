@@ -80,7 +80,7 @@ constexpr FlagSpec kFlags[] = {
    .default_text = "262144"},
   {.dash = "max-member-bytes", .metavar = "BYTES",
    .help = "Most bytes members of all jobs together may make the daemon hold (1 KiB each, plus the names "
-           "they announce and twice their NCCL unique IDs); a JOIN past it is refused (0 = no cap).",
+           "they announce and the NCCL unique IDs kept for them); a JOIN past it is refused (0 = no cap).",
    .default_text = "2147483648"},
   {.dash = "log-level", .metavar = "LEVEL", .help = "trace|debug|info|warning|error|critical|off.",
    .default_text = "$DDPRUN_LOG_LEVEL, else info", .choices = kLogLevels},

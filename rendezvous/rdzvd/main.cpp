@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-member-bytes", options.max_member_bytes,
                  "Most bytes members of all jobs together may make the daemon hold (1 KiB each, plus the names "
-                 "they announce and twice their NCCL unique IDs); a JOIN past it is refused (0 = no cap)")
+                 "they announce and the NCCL unique IDs kept for them); a JOIN past it is refused (0 = no cap)")
       ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--log-level", log_level,

@@ -104,53 +104,62 @@ TEST_CASE("worker_spec: routes follow the global rank for --ranks-filter") {
   CHECK(worker_spec(c, p, 0, {"/d", {}}, {}).routes.out == Route::file);
 }
 
-TEST_CASE("round NCCL: the group-rank-0 node keeps its holder, the others take its IDs") {
+TEST_CASE("round NCCL: the node whose offer was chosen keeps its holder, the others take its IDs") {
   AgentConfig c = base();
   const auto mine = ids(1, 0x11);
   const auto theirs = ids(1, 0x22);
-  const RoundNccl rank0 = decide_round_nccl(c, 3, 0, 8, mine, mine);
+  const RoundNccl rank0 = decide_round_nccl(c, 3, 8, mine, mine);
   CHECK(rank0.keep_holder);
   REQUIRE(rank0.env.size() == 1);
   CHECK(rank0.env[0].first == "DDPRUN_NCCL_UNIQUE_ID");
   CHECK(rank0.env[0].second == std::string(2 * we::nccl_unique_id_bytes, '1'));
   CHECK_FALSE(rank0.warning);
 
-  const RoundNccl other = decide_round_nccl(c, 3, 1, 8, theirs, mine);
+  const RoundNccl other = decide_round_nccl(c, 3, 8, theirs, mine);
   CHECK_FALSE(other.keep_holder);
   CHECK(other.env[0].second == std::string(2 * we::nccl_unique_id_bytes, '2'));
-  // Group rank 0, but another node's offer was chosen: this holder serves nobody.
-  CHECK_FALSE(decide_round_nccl(c, 3, 0, 8, theirs, mine).keep_holder);
-  CHECK(decide_round_nccl(c, 3, 0, 8, {}, {}).env.empty());
+  // Another node's offer was chosen (whatever this node's group rank): this holder serves nobody.
+  CHECK_FALSE(decide_round_nccl(c, 3, 8, theirs, mine).keep_holder);
+  CHECK(decide_round_nccl(c, 3, 8, {}, {}).env.empty());
+  CHECK_FALSE(decide_round_nccl(c, 3, 8, {}, {}).warning);
+  CHECK_FALSE(decide_round_nccl(c, 3, 8, {}, {}).keep_holder);
+  // No IDs in the round although this node offered some: said, nothing exported, holder spent.
+  const RoundNccl none = decide_round_nccl(c, 3, 8, {}, mine);
+  CHECK(none.env.empty());
+  CHECK_FALSE(none.keep_holder);
+  REQUIRE(none.warning);
+  CHECK_THAT(*none.warning, Catch::Matchers::Contains("round 3: the rendezvous carried no NCCL IDs") &&
+                                Catch::Matchers::Contains("DDPRUN_NCCL_UNIQUE_ID is not set"));
 }
 
 TEST_CASE("round NCCL: as many roots as the world needs, a warning when too few were offered") {
   AgentConfig c = base();
   const auto four = ids(4, 0x33);
-  const RoundNccl small = decide_round_nccl(c, 1, 1, 100, four, {});
+  const RoundNccl small = decide_round_nccl(c, 1, 100, four, {});
   REQUIRE(small.env.size() == 1);  // 100 ranks: one root
-  const RoundNccl big = decide_round_nccl(c, 1, 1, 600, four, {});
+  const RoundNccl big = decide_round_nccl(c, 1, 600, four, {});
   REQUIRE(big.env.size() == 2);  // 600 ranks: three roots
   CHECK(big.env[1].first == "DDPRUN_NCCL_UNIQUE_IDS");
   CHECK(std::count(big.env[1].second.begin(), big.env[1].second.end(), ',') == 2);
-  const RoundNccl starved = decide_round_nccl(c, 5, 1, 600, ids(2, 0x44), {});
+  const RoundNccl starved = decide_round_nccl(c, 5, 600, ids(2, 0x44), {});
   REQUIRE(starved.warning);
-  CHECK_THAT(*starved.warning,
-             Catch::Matchers::Contains("600 ranks would use 3 NCCL roots") && Catch::Matchers::Contains("offered 2"));
-  const RoundNccl odd = decide_round_nccl(c, 5, 1, 8, std::vector<std::uint8_t>(5, 1), {});
+  CHECK_THAT(*starved.warning, Catch::Matchers::Contains("600 ranks would use 3 NCCL roots") &&
+                                   Catch::Matchers::Contains("the round's offer has 2"));
+  const RoundNccl odd = decide_round_nccl(c, 5, 8, std::vector<std::uint8_t>(5, 1), {});
   CHECK(odd.env.empty());
   CHECK_THAT(*odd.warning, Catch::Matchers::Contains("not a multiple of"));
   c.nccl_roots = 2;  // --nccl-roots: every offered ID
-  CHECK(decide_round_nccl(c, 1, 1, 8, ids(2, 0x55), {}).env.size() == 2);
+  CHECK(decide_round_nccl(c, 1, 8, ids(2, 0x55), {}).env.size() == 2);
 }
 
 TEST_CASE("round NCCL: comm-id offers become NCCL_COMM_ID") {
   AgentConfig c = base();
   c.nccl_id = AgentConfig::NcclIdMode::comm_id;
   const auto offer = we::encode_comm_id_offer("10.0.0.1:4567");
-  const RoundNccl d = decide_round_nccl(c, 2, 1, 8, offer, {});
+  const RoundNccl d = decide_round_nccl(c, 2, 8, offer, {});
   REQUIRE(d.env.size() == 1);
   CHECK(d.env[0] == std::pair<std::string, std::string>{"NCCL_COMM_ID", "10.0.0.1:4567"});
-  const RoundNccl mixed = decide_round_nccl(c, 2, 1, 8, ids(1, 0x66), {});
+  const RoundNccl mixed = decide_round_nccl(c, 2, 8, ids(1, 0x66), {});
   CHECK(mixed.env.empty());
   CHECK_THAT(*mixed.warning, Catch::Matchers::Contains("--nccl-id comm-id"));
 }

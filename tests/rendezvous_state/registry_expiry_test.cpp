@@ -214,7 +214,7 @@ TEST_CASE("max_member_bytes caps what members of all jobs hold; it is counted an
   };
   const std::size_t plain = member_footprint(node(0));
   const std::size_t big = member_footprint(with_ids(1, 64));
-  REQUIRE(big == plain + 2 * 64 * 128);
+  REQUIRE(big == plain + 64 * 128);
   // Room for one big member and three plain ones, not one byte more.
   RendezvousRegistry reg(600s, 100, 0, big + 3 * plain);
   CHECK_FALSE(refused_with(reg.join("a", JoinRequest{with_ids(1, 64), cfg(1, 1000)}, clock.now()), ""));
@@ -231,7 +231,7 @@ TEST_CASE("max_member_bytes caps what members of all jobs hold; it is counted an
   CHECK(refused_with(reg.join("a", JoinRequest{with_ids(2, 1), cfg(1, 1000)}, clock.now()), "--max-member-bytes"));
   // Shrinking is always allowed and gives bytes back.
   CHECK_FALSE(refused_with(reg.join("a", JoinRequest{with_ids(1, 63), cfg(1, 1000)}, clock.now()), ""));
-  CHECK(reg.member_bytes() == big - 2 * 128 + 3 * plain);
+  CHECK(reg.member_bytes() == big - 128 + 3 * plain);
   CHECK(reg.audit().empty());
   // A member that leaves, and a dropped job, give their bytes back.
   reg.leave("a", node(1).id, clock.now());

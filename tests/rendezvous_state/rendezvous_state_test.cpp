@@ -983,10 +983,13 @@ TEST_CASE("every assignment of a round carries the group-rank-0 node's NCCL IDs"
   }
   SECTION("a rejoin after a daemon restart keeps the round's IDs; a different ID is a stale round") {
     Fixture g;
-    RejoinRequest r0{node(1), c, {}, assignment_of(b, node(1).id)};
+    // The rejoiners' own offers belong to rounds that are over: not kept.
+    RejoinRequest r0{with_ids(1, 2, 2), c, {}, assignment_of(b, node(1).id)};
     g.reg.rejoin(g.job, r0, g.clock.now());
-    RejoinRequest r1{node(2), c, {}, assignment_of(b, node(2).id)};
+    RejoinRequest r1{with_ids(2, 2), c, {}, assignment_of(b, node(2).id)};
     CHECK(of<SendRestart>(g.reg.rejoin(g.job, r1, g.clock.now())).empty());
+    CHECK(g.state().member_bytes() == member_footprint(node(1)) + member_footprint(node(2)) + 2 * 128);
+    CHECK(g.state().audit().empty());
     RejoinRequest r2{node(3), c, {}, assignment_of(b, node(3).id)};
     r2.assignment->nccl_id = with_ids(3, 1).nccl_ids;
     CHECK(of<SendRestart>(g.reg.rejoin(g.job, r2, g.clock.now())).size() == 1);
@@ -996,6 +999,110 @@ TEST_CASE("every assignment of a round carries the group-rank-0 node's NCCL IDs"
     REQUIRE(of<SendAssignment>(re).size() == 1);
     CHECK(of<SendAssignment>(re)[0].assignment.nccl_id == with_ids(1, 1, 2).nccl_ids);
   }
+}
+
+namespace {
+
+// Node i's offer of `roots` NCCL IDs for round r: distinct bytes per node and round.
+NodeInfo offering(int i, int round, std::size_t roots) {
+  NodeInfo n = node(i);
+  n.nccl_ids.assign(128 * roots, static_cast<std::uint8_t>(7 * i + round));
+  return n;
+}
+
+std::size_t plain_bytes(int first, int last) {
+  std::size_t sum = 0;
+  for (int i = first; i <= last; ++i) sum += member_footprint(node(i));
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("a job keeps offers of many NCCL IDs only for its likeliest group-rank-0 nodes", "[rdzv][nccl]") {
+  // Before: every member kept the IDs its JOIN offered (one per 256 ranks of the largest world
+  // the job allows) and every assignment a copy of the round's: O(N x offer) bytes, so a job of
+  // 16,000 nodes x 8 GPUs passed --max-member-bytes' 2 GiB with --nccl-id auto.
+  constexpr int kKeep = static_cast<int>(RendezvousJob::kOfferKeepers);
+  constexpr std::size_t kRoots = 3;
+  Fixture f;
+  const auto c = cfg(kKeep + 3, kKeep + 3);
+  for (int i = 1; i <= kKeep + 2; ++i) {
+    REQUIRE(of<SendAssignment>(f.join(offering(i, 0, kRoots), c)).empty());
+    CHECK(f.state().audit().empty());
+  }
+  // The first kKeep joiners' offers are kept, the two after them dropped.
+  CHECK(f.state().member_bytes() == plain_bytes(1, kKeep + 2) + kKeep * kRoots * 128);
+  CHECK(f.state().footprint_of(node(1).id) == member_footprint(offering(1, 0, kRoots)));
+  CHECK(f.state().footprint_of(node(kKeep + 2).id) == member_footprint(node(kKeep + 2)));
+  // A node with an order key goes first in the group ranks: its offer displaces the last kept one.
+  NodeInfo keyed = offering(kKeep + 3, 0, kRoots);
+  keyed.order = 0;
+  auto a = f.join(keyed, c);
+  CHECK(f.state().audit().empty());
+  REQUIRE(of<SendAssignment>(a).size() == static_cast<std::size_t>(kKeep + 3));
+  CHECK(assignment_of(a, keyed.id).group_rank == 0);
+  const auto& first = of<SendAssignment>(a)[0].assignment.nccl_id;
+  CHECK(first == keyed.nccl_ids);
+  for (const auto& s : of<SendAssignment>(a)) {
+    CHECK(s.assignment.nccl_id == keyed.nccl_ids);
+    CHECK(&s.assignment.nccl_id.bytes() == &first.bytes());  // one buffer for the whole round
+  }
+  // Running: the participants' offers are spent; the job holds the round's IDs once.
+  CHECK(f.state().member_bytes() == plain_bytes(1, kKeep + 3) + kRoots * 128);
+  CHECK(f.state().audit().empty());
+}
+
+TEST_CASE("a rejoining group-rank-0 node's offer is kept first, whenever it rejoins", "[rdzv][nccl]") {
+  constexpr int kNodes = static_cast<int>(RendezvousJob::kOfferKeepers) + 2;
+  Fixture f;
+  const auto c = cfg(kNodes, kNodes, 1);
+  Decisions a;
+  for (int i = 1; i <= kNodes; ++i) a = f.join(offering(i, 0, 2), c);
+  REQUIRE(of<SendAssignment>(a).size() == static_cast<std::size_t>(kNodes));
+  CHECK(assignment_of(a, node(1).id).nccl_id == offering(1, 0, 2).nccl_ids);
+  WorkerFailure w{0, node(2).id, 2, 0, 1, std::nullopt, "boom"};
+  REQUIRE(of<SendRestart>(f.reg.worker_failed(f.job, w, f.clock.now())).size() == static_cast<std::size_t>(kNodes));
+  // Back in reverse order: by the time node 1 (group rank 0) rejoins, kOfferKeepers offers are
+  // kept and node 2's (group rank 1) was dropped; node 1's displaces one of them.
+  Decisions b;
+  for (int i = kNodes; i >= 1; --i) {
+    b = f.join(offering(i, 1, 2), c);
+    CHECK(f.state().audit().empty());
+  }
+  REQUIRE(of<SendAssignment>(b).size() == static_cast<std::size_t>(kNodes));
+  for (int i = 1; i <= kNodes; ++i) {
+    CAPTURE(i);
+    CHECK(assignment_of(b, node(i).id).group_rank == i - 1);
+    CHECK(assignment_of(b, node(i).id).nccl_id == offering(1, 1, 2).nccl_ids);
+  }
+}
+
+TEST_CASE("where the job dropped rank 0's offer, the round takes the first kept one", "[rdzv][nccl]") {
+  constexpr int kKeep = static_cast<int>(RendezvousJob::kOfferKeepers);
+  Fixture f;
+  const auto c = cfg(1, 64);
+  std::vector<NodeInfo> alive;
+  for (int i = 1; i <= kKeep + 1; ++i) f.join(offering(i, 0, 2), c);  // node kKeep + 1's offer dropped
+  // Every node whose offer was kept leaves before the round closes.
+  for (int i = 1; i <= kKeep; ++i) f.reg.leave(f.job, node(i).id, f.clock.now());
+  CHECK(f.state().audit().empty());
+  alive.push_back(node(kKeep + 1));
+
+  SECTION("a kept offer is left: it is the round's, from group rank 1") {
+    f.join(offering(kKeep + 2, 0, 2), c);  // room among the keepers again
+    alive.push_back(node(kKeep + 2));
+    const auto a = f.advance(31s, alive);  // the last call
+    REQUIRE(of<SendAssignment>(a).size() == 2);
+    CHECK(assignment_of(a, node(kKeep + 1).id).group_rank == 0);
+    CHECK(assignment_of(a, node(kKeep + 2).id).group_rank == 1);
+    for (const auto& s : of<SendAssignment>(a)) CHECK(s.assignment.nccl_id == offering(kKeep + 2, 0, 2).nccl_ids);
+  }
+  SECTION("no kept offer is left: the round carries none") {
+    const auto a = f.advance(31s, alive);
+    REQUIRE(of<SendAssignment>(a).size() == 1);
+    CHECK(of<SendAssignment>(a)[0].assignment.nccl_id.empty());
+  }
+  CHECK(f.state().audit().empty());
 }
 
 TEST_CASE("nodes lost in one tick are named a few at a time in the RESTART every survivor gets", "[rdzv]") {

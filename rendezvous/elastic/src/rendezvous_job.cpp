@@ -27,8 +27,11 @@ RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& re
   job.restarts_used_ = a.restart_count;
   Member& m = job.add_member(request.node, MemberRole::participant, now);
   m.group_rank = a.group_rank;
+  job.drop_offer(m);  // a participant of a running round: its offer is spent
+  job.set_round_ids(a.nccl_id);
   m.assignment = a;
-  job.rebuilt_template_ = a;
+  m.assignment->nccl_id = job.round_ids_;
+  job.rebuilt_template_ = m.assignment;
   job.returned_ranks_.insert(a.group_rank);
   if (job.absent_count() > 0) job.rebuild_deadline_ = now + job.config_.rebuild_grace;
   out.push_back(Progress{job.run_id_, request.node.id,
@@ -75,8 +78,8 @@ RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRol
   if (auto old = members_.find(info.id); old != members_.end()) erase_member(old);
   const auto it = members_.try_emplace(info.id).first;
   Member& m = it->second;
-  m.info = info;
-  member_bytes_ += member_footprint(info);
+  member_bytes_ += member_footprint(m.info);  // set_info() takes the empty info's share back
+  set_info(m, info);
   m.role = role;
   ++role_count_[static_cast<int>(role)];
   m.join_seq = next_join_seq_++;
@@ -84,11 +87,13 @@ RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRol
   m.lease_deadline = now + config_.lease();
   // Leases are mostly granted in time order: the end is the right hint (amortized O(1)).
   m.lease_it = leases_.emplace_hint(leases_.end(), m.lease_deadline, &it->first);
+  place_offer(it);
   return m;
 }
 
 void RendezvousJob::erase_member(std::map<NodeId, Member>::iterator it) {
   Member& m = it->second;
+  if (m.keeper) offer_keepers_.erase(*m.keeper);
   member_bytes_ -= member_footprint(m.info);
   --role_count_[static_cast<int>(m.role)];
   if (m.succeeded) --succeeded_count_;
@@ -112,6 +117,56 @@ void RendezvousJob::set_succeeded(Member& m, bool succeeded) {
   if (m.succeeded == succeeded) return;
   succeeded_count_ += succeeded ? 1 : -1;
   m.succeeded = succeeded;
+}
+
+void RendezvousJob::set_info(Member& m, const NodeInfo& info) {
+  if (m.keeper) {
+    offer_keepers_.erase(*m.keeper);
+    m.keeper.reset();
+  }
+  member_bytes_ = member_bytes_ - member_footprint(m.info) + member_footprint(info);
+  m.info = info;
+  m.offer_dropped = false;
+}
+
+void RendezvousJob::place_offer(std::map<NodeId, Member>::iterator it) {
+  Member& m = it->second;
+  if (m.keeper) {
+    offer_keepers_.erase(*m.keeper);
+    m.keeper.reset();
+  }
+  if (m.info.nccl_ids.size() <= detail::kOneOfferBytes) return;  // none, one ID or an address: always kept
+  // The order close_round() gives group ranks in: the previous rank 0 keeps it; then new nodes
+  // by order key and join order; previous ranks past the new group size go last, the highest
+  // first (the likeliest to be moved to a free rank).
+  const int cls = m.prev_rank == 0 ? 0 : m.prev_rank ? 2 : 1;
+  const OfferKey key{cls, m.prev_rank ? -static_cast<std::int64_t>(*m.prev_rank) : 0, m.info.order ? 0 : 1,
+                     m.info.order.value_or(0), m.join_seq};
+  if (offer_keepers_.size() >= kOfferKeepers) {
+    const auto worst = std::prev(offer_keepers_.end());
+    if (!(key < worst->first)) {
+      drop_offer(m);
+      return;
+    }
+    drop_offer(members_.find(*worst->second)->second);  // erases `worst`
+  }
+  m.keeper = offer_keepers_.emplace(key, &it->first).first;
+}
+
+void RendezvousJob::drop_offer(Member& m) {
+  if (m.keeper) {
+    offer_keepers_.erase(*m.keeper);
+    m.keeper.reset();
+  }
+  if (m.info.nccl_ids.empty()) return;
+  member_bytes_ -= m.info.nccl_ids.size();
+  std::vector<std::uint8_t>().swap(m.info.nccl_ids);
+  m.offer_dropped = true;
+}
+
+void RendezvousJob::set_round_ids(SharedBytes ids) {
+  member_bytes_ = member_bytes_ - round_ids_.size() + ids.size();
+  round_ids_ = std::move(ids);
 }
 
 void RendezvousJob::set_lease(Member& m, TimePoint deadline) {
@@ -216,6 +271,19 @@ void RendezvousJob::close_round(Decisions& out) {
   const std::string master_addr = master.info.store_host.empty() ? master.info.addr : master.info.store_host;
   int world_size = 0;
   for (const Member* m : by_rank) world_size += m->info.local_world_size;
+  // The group-rank-0 node's NCCL offer, or where the job dropped it the first kept offer of the
+  // same kind (more than one ID) in rank order ("NCCL offers" in rendezvous_job.hpp).
+  const Member* ids_from = &master;
+  if (master.offer_dropped) {
+    ids_from = nullptr;
+    for (const Member* m : by_rank) {
+      if (m->info.nccl_ids.size() > detail::kOneOfferBytes) {
+        ids_from = m;
+        break;
+      }
+    }
+  }
+  set_round_ids(ids_from != nullptr ? SharedBytes(ids_from->info.nccl_ids) : SharedBytes());
 
   state_ = JobState::running;
   last_call_.reset();
@@ -237,11 +305,14 @@ void RendezvousJob::close_round(Decisions& out) {
     a.master_port = master.info.store_port;
     a.restart_count = restarts_used_;
     a.max_restarts = config_.max_restarts;
-    a.nccl_id = master.info.nccl_ids;
+    a.nccl_id = round_ids_;
     offset += m.info.local_world_size;
     m.assignment = a;
     out.push_back(SendAssignment{run_id_, m.info.id, a});
   }
+  // The participants' offers are spent: their holders stop when the assignments arrive, all but
+  // the one whose IDs the round uses, which round_ids_ holds.
+  for (Member* m : by_rank) drop_offer(*m);
   // Survivors that did not make it back in time: their next join is a scale-up.
   // Their old rank belongs to an older round now, so it no longer claims a slot.
   for (auto& [id, m] : members_) {
@@ -264,6 +335,7 @@ void RendezvousJob::end_round(Decisions& out, RoundEnd kind, const std::string& 
   rebuilt_template_.reset();
   roster_round_ = true;
   last_end_reason_ = reason;
+  set_round_ids({});
   for (auto& [id, m] : members_) {
     if (m.role == MemberRole::participant) {
       m.prev_rank = m.group_rank;
@@ -382,8 +454,11 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                          RefuseCode::job_full});
   };
   if (m != nullptr) {
-    member_bytes_ = member_bytes_ - member_footprint(m->info) + member_footprint(node);
-    m->info = node;
+    set_info(*m, node);
+    // A participant's previous rank is its rank in the running round (below), and the rank its
+    // new offer is ranked by.
+    if (state_ == JobState::running && m->role == MemberRole::participant) m->prev_rank = m->group_rank;
+    place_offer(members_.find(node.id));
     refresh(*m, now);
     if (state_ == JobState::waiting) {
       if (m->role == MemberRole::expected) set_role(*m, MemberRole::joined);
@@ -469,7 +544,9 @@ Decisions RendezvousJob::rejoin(const RejoinRequest& request, TimePoint now) {
       a->master_port == rebuilt_template_->master_port && a->nccl_id == rebuilt_template_->nccl_id) {
     Member& added = add_member(request.node, MemberRole::participant, now);
     added.group_rank = a->group_rank;
+    drop_offer(added);
     added.assignment = *a;
+    added.assignment->nccl_id = round_ids_;  // equal to the template's: share its buffer
     returned_ranks_.insert(a->group_rank);
     if (absent_count() == 0) rebuild_deadline_.reset();
     return {Progress{run_id_, id,

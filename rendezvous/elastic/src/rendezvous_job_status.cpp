@@ -35,6 +35,18 @@ std::string RendezvousJob::audit() const {
     }
   }
   if (succeeded != succeeded_count_) add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
+  bytes += round_ids_.size();
+  std::size_t kept = 0;
+  for (const auto& [id, m] : members_) {
+    if (!m.keeper) continue;
+    ++kept;
+    if ((*m.keeper)->second != &id || m.info.nccl_ids.size() <= detail::kOneOfferBytes) {
+      add(fmt::format("offer keeper entry of {} does not match its offer", id.to_string()));
+    }
+  }
+  if (kept != offer_keepers_.size() || kept > kOfferKeepers)
+    add(fmt::format("offer keepers hold {} entries for {} kept offers (at most {})", offer_keepers_.size(), kept,
+                    kOfferKeepers));
   if (bytes != member_bytes_) add(fmt::format("member bytes {} != {} summed over the members", member_bytes_, bytes));
   if (leases_.size() != members_.size())
     add(fmt::format("lease index holds {} entries for {} members", leases_.size(), members_.size()));

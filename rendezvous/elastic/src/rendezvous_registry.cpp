@@ -34,7 +34,7 @@ std::string RendezvousRegistry::check_member_room(const std::string& run_id, Job
   if (max_member_bytes_ != 0 && wants > held && member_bytes_ + (wants - held) > max_member_bytes_) {
     return fmt::format(
         "cannot add node {} to rendezvous '{}': the daemon's jobs hold {} bytes of members together and this one "
-        "needs {} more ({} NCCL unique IDs of 128 bytes, counted twice), past its limit of {} (--max-member-bytes); "
+        "needs {} more ({} NCCL unique IDs of 128 bytes), past its limit of {} (--max-member-bytes); "
         "members whose connection is gone are dropped after their heartbeat interval, so retry later, use fewer "
         "--nccl-roots, or ask the admin to raise the limit",
         node.id.to_string(), run_id, member_bytes_, wants - held, node.nccl_ids.size() / 128, max_member_bytes_);

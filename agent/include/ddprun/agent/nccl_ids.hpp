@@ -3,7 +3,8 @@
 //
 // Every round, in every mode, goes the same way: before it, this node prepares an offer (a
 // fresh ddprun-nccl-id holder's unique IDs, or with --nccl-id comm-id an "addr:port" block);
-// the rendezvous backend hands the group-rank-0 node's offer to every node in the round's
+// the rendezvous backend hands the group-rank-0 node's offer (or, at scale, the one the
+// rendezvous kept in its place: rendezvous_job.hpp, "NCCL offers") to every node in the round's
 // assignment (the single-node backend hands back this node's own offer); decide_round_nccl()
 // turns that into the workers' variables and says whether this node's holder serves the round.
 // The root count is one rule: nccl_roots_to_offer() before the world is known,
@@ -37,9 +38,10 @@ struct RoundNccl {
   std::optional<std::string> warning;  // an offer that does not fit this node's --nccl-id
 };
 
-// The decision for one round: `chosen` is the assignment's IDs (the group-rank-0 node's offer),
-// `offered` this node's own offer for the round.
-RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int group_rank, int world_size,
+// The decision for one round: `chosen` is the assignment's IDs (the group-rank-0 node's offer,
+// or the one the rendezvous kept in its place), `offered` this node's own offer for the round.
+// Whichever node's offer `chosen` is keeps its holder, whatever its group rank.
+RoundNccl decide_round_nccl(const AgentConfig& config, std::uint64_t round, int world_size,
                             const std::vector<std::uint8_t>& chosen, const std::vector<std::uint8_t>& offered);
 
 class NcclIdOwner {
@@ -58,8 +60,7 @@ class NcclIdOwner {
   void prestart();
   // Applies decide_round_nccl: stops the holder when another node's IDs were chosen. Returns the
   // decision; `withdrawn` is set when this node's offer was withdrawn (the holder stopped).
-  RoundNccl begin_round(std::uint64_t round, int group_rank, int world_size, const std::vector<std::uint8_t>& chosen,
-                        bool* withdrawn);
+  RoundNccl begin_round(std::uint64_t round, int world_size, const std::vector<std::uint8_t>& chosen, bool* withdrawn);
   // The job is over: ends the holder.
   void stop();
 

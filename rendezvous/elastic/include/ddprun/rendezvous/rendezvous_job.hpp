@@ -58,15 +58,26 @@
 //
 // Rank stability: when a round closes, a node keeps its previous group rank if that rank is
 // below the new group size and free; other nodes fill the gaps in order of first join.
-// Rank offsets are prefix sums of local_world_size in group-rank order. Every assignment of a
-// round carries the group-rank-0 node's NodeInfo::nccl_ids as Assignment::nccl_id, so all
-// ranks get the same NCCL unique ID, and a new one each round (docs/gpus.md).
+// Rank offsets are prefix sums of local_world_size in group-rank order.
+//
+// NCCL offers: every assignment of a round carries one node's NodeInfo::nccl_ids as
+// Assignment::nccl_id (one buffer shared by all of them), so all ranks get the same NCCL unique
+// IDs, and new ones each round (docs/gpus.md). An offer of one ID (or an NCCL_COMM_ID block) is
+// kept for every member. An offer of more — one ID per 256 ranks of the largest world the job
+// allows, so it grows with the job — is kept only for the kOfferKeepers members most likely to
+// get group rank 0 (the order close_round places them in: previous rank 0, then new nodes by
+// order key and join order, then the highest previous ranks); the others' are dropped at their
+// join, so a job holds O(N + kOfferKeepers x offer) bytes, not O(N x offer). The round uses the
+// group-rank-0 node's offer; where the job dropped it (its keepers left before the round
+// closed), the first kept offer of more than one ID in rank order, and none when no keeper is
+// left. Participants' offers are dropped when the round closes (their holders are spent).
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ddprun/common/clock.hpp"
@@ -125,8 +136,11 @@ class RendezvousJob {
   std::optional<MemberRole> role_of(const NodeId& node) const;
   // Members of any role (a finished job keeps them to answer their final result).
   std::size_t member_count() const { return members_.size(); }
-  // Sum of member_footprint() over the members: O(1), kept incrementally.
+  // Sum of member_footprint() over the members, plus the round's NCCL IDs once: O(1), kept
+  // incrementally.
   std::size_t member_bytes() const { return member_bytes_; }
+  // How many members' NCCL offers of more than one ID the job keeps at most ("NCCL offers").
+  static constexpr std::size_t kOfferKeepers = 8;
   // member_footprint() of `node` as it is held now; 0 when it is not a member: O(log N).
   std::size_t footprint_of(const NodeId& node) const;
   // Number of members in `role`: O(1), kept incrementally.
@@ -141,6 +155,11 @@ class RendezvousJob {
   // Lease deadline -> member (its key in members_, which never moves): the earliest lease and
   // the expired ones without scanning every member.
   using LeaseIndex = std::multimap<TimePoint, const NodeId*>;
+  // The members whose offer of more than one ID is kept, best candidate for group rank 0 first:
+  // (previous rank 0 / new / previous rank > 0, minus the previous rank, no order key, order
+  // key, join sequence) -> the member.
+  using OfferKey = std::tuple<int, std::int64_t, int, std::int64_t, std::uint64_t>;
+  using OfferKeepers = std::set<std::pair<OfferKey, const NodeId*>>;
 
   struct Member {
     NodeInfo info;
@@ -153,7 +172,9 @@ class RendezvousJob {
     int group_rank = -1;
     bool succeeded = false;
     std::optional<Assignment> assignment;
-    LeaseIndex::iterator lease_it{};  // this member's entry in leases_ (always valid)
+    LeaseIndex::iterator lease_it{};               // this member's entry in leases_ (always valid)
+    std::optional<OfferKeepers::iterator> keeper;  // its entry in offer_keepers_, if kept there
+    bool offer_dropped = false;                    // the job dropped the offer its join made
   };
 
   Member* find(const NodeId& id);
@@ -165,6 +186,13 @@ class RendezvousJob {
   void set_role(Member& m, MemberRole role);
   void set_succeeded(Member& m, bool succeeded);
   void set_lease(Member& m, TimePoint deadline);
+  // The only writers of Member::info: they keep member_bytes_ and offer_keepers_ in step.
+  // set_info() replaces the info (dropping its place among the keepers); place_offer() then
+  // keeps or drops the new offer, by the member's current previous rank; drop_offer() frees it.
+  void set_info(Member& m, const NodeInfo& info);
+  void place_offer(std::map<NodeId, Member>::iterator it);
+  void drop_offer(Member& m);
+  void set_round_ids(SharedBytes ids);
   std::string config_mismatch(const JobConfig& requested) const;
   Decisions final_result_for(const NodeId& node, TimePoint now) const;
   // Progress for `origin` (when it waits in the collecting round) plus one broadcast for the
@@ -189,7 +217,9 @@ class RendezvousJob {
   int restarts_used_ = 0;
   std::uint64_t next_join_seq_ = 0;
   std::map<NodeId, Member> members_;
-  std::size_t member_bytes_ = 0;      // member_footprint() of every member's info
+  std::size_t member_bytes_ = 0;      // member_footprint() of every member's info + round_ids_
+  OfferKeepers offer_keepers_;        // at most kOfferKeepers
+  SharedBytes round_ids_;             // the running round's NCCL IDs (every assignment shares them)
   int role_count_[4] = {0, 0, 0, 0};  // indexed by MemberRole
   int succeeded_count_ = 0;           // members with succeeded == true (all participants)
   LeaseIndex leases_;

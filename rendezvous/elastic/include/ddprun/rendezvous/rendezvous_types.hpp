@@ -7,6 +7,8 @@
 // rendezvous_registry.hpp.
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +22,36 @@ namespace ddprun::rendezvous {
 // Exit code every agent uses when the job fails for a rendezvous reason (timeout, barrier)
 // rather than a worker's own exit status.
 inline constexpr int kRendezvousFailureExitCode = 1;
+
+// An immutable byte buffer whose copies share one allocation. A round's NCCL unique IDs go into
+// every node's assignment, and their size grows with the job (one ID per 256 ranks): a copy per
+// node would make the daemon's memory quadratic in the job's size.
+class SharedBytes {
+ public:
+  SharedBytes() = default;
+  SharedBytes(std::vector<std::uint8_t> bytes)  // NOLINT(google-explicit-constructor): a value type
+      : bytes_(bytes.empty() ? nullptr : std::make_shared<const std::vector<std::uint8_t>>(std::move(bytes))) {}
+  SharedBytes(std::initializer_list<std::uint8_t> bytes) : SharedBytes(std::vector<std::uint8_t>(bytes)) {}
+
+  const std::vector<std::uint8_t>& bytes() const { return bytes_ ? *bytes_ : empty_bytes(); }
+  operator const std::vector<std::uint8_t>&() const { return bytes(); }  // NOLINT(google-explicit-constructor)
+  bool empty() const { return bytes().empty(); }
+  std::size_t size() const { return bytes().size(); }
+  auto begin() const { return bytes().begin(); }
+  auto end() const { return bytes().end(); }
+
+  friend bool operator==(const SharedBytes& a, const SharedBytes& b) {
+    return a.bytes_ == b.bytes_ || a.bytes() == b.bytes();
+  }
+  friend bool operator==(const SharedBytes& a, const std::vector<std::uint8_t>& b) { return a.bytes() == b; }
+
+ private:
+  static const std::vector<std::uint8_t>& empty_bytes() {
+    static const std::vector<std::uint8_t> none;
+    return none;
+  }
+  std::shared_ptr<const std::vector<std::uint8_t>> bytes_;
+};
 
 // Identity of one agent process. `instance` is random, chosen by the agent at start, so a
 // restarted agent with a recycled pid is a different node.
@@ -52,12 +84,12 @@ struct NodeInfo {
 
 // What one member costs the daemon, as counted against --max-member-bytes: a fixed share for
 // its bookkeeping (the map node, lease index entry, assignment, ~1 KiB measured at 100,000
-// agents), the texts it announced, and its NCCL IDs twice (its own offer, and the copy of the
-// round's IDs its assignment carries, as large when every node runs with the same --nccl-roots).
+// agents), the texts it announced, and the NCCL IDs it offered, as far as the job keeps them
+// (RendezvousJob, "NCCL offers"). A job also counts its round's IDs once (RendezvousJob::member_bytes).
 inline constexpr std::size_t member_bookkeeping_bytes = 1024;
 inline std::size_t member_footprint(const NodeInfo& n) {
   return member_bookkeeping_bytes + n.id.addr.size() + n.id.instance.size() + n.addr.size() + n.store_host.size() +
-         2 * n.nccl_ids.size();
+         n.nccl_ids.size();
 }
 
 // The bounds every number from the network or a command line is checked against (a node
@@ -120,7 +152,9 @@ struct Assignment {
   std::uint16_t master_port = 0;
   int restart_count = 0;
   int max_restarts = 0;
-  std::vector<std::uint8_t> nccl_id;  // the group-rank-0 node's NodeInfo::nccl_ids (may be empty)
+  // The round's NCCL IDs: the group-rank-0 node's NodeInfo::nccl_ids, or another node's where the
+  // rendezvous did not keep that offer (rendezvous_job.hpp, "NCCL offers"); may be empty.
+  SharedBytes nccl_id;
 
   bool operator==(const Assignment&) const = default;
 };
