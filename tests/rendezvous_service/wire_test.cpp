@@ -53,7 +53,7 @@ rdzv::Assignment assignment() {
   a.master_port = 29500;
   a.restart_count = 2;
   a.max_restarts = 3;
-  a.nccl_id = {0x00, 0xab, 0xff, 0x10};
+  a.nccl_id = std::vector<std::uint8_t>{0x00, 0xab, 0xff, 0x10};
   return a;
 }
 
@@ -370,7 +370,7 @@ TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encode
   rdzv::NodeId id{nasty, -7, "inst\"" + nasty};
   rdzv::Assignment a = assignment();
   a.master_addr = nasty;
-  a.nccl_id = {0x00, 0xab, 0xff};
+  a.nccl_id = std::vector<std::uint8_t>{0x00, 0xab, 0xff};
   const rdzv::SendAssignment sa{"job\\" + nasty, id, a};
   const rdzv::Progress pr{nasty, id, "waiting: " + nasty};
 
@@ -416,6 +416,27 @@ TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encode
   CHECK(got.run_id == sa.run_id);
   CHECK(got.node == id);
   CHECK(got.assignment == a);
+}
+
+TEST_CASE("an ASSIGNMENT whose IDs carry their hex encodes the same bytes", "[wire][nccl]") {
+  // A round's IDs are hex-encoded once (SharedBytes::with_hex) for all its assignments.
+  std::vector<std::uint8_t> ids(3 * 128);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint8_t>(i * 37 + 5);
+  rdzv::Assignment plain = assignment();
+  plain.nccl_id = ids;
+  rdzv::Assignment cached = plain;
+  cached.nccl_id = rdzv::SharedBytes::with_hex(ids);
+  REQUIRE(cached.nccl_id.hex() != nullptr);
+  CHECK(plain.nccl_id.hex() == nullptr);
+  CHECK(cached.nccl_id.held_bytes() == 3 * ids.size());
+  const std::string a = encoded(rdzv::SendAssignment{"job", node(1), plain});
+  const std::string b = encoded(rdzv::SendAssignment{"job", node(1), cached});
+  CHECK(a == b);
+  CHECK(b.find(std::string("\"nccl_id\":\"") + *cached.nccl_id.hex() + "\"") != std::string::npos);
+  rdzv::ServerMessage back;
+  REQUIRE(rdzv::decode_server(b, {}, back).status == rdzv::DecodeStatus::ok);
+  CHECK(std::get<rdzv::SendAssignment>(back).assignment.nccl_id == ids);
+  CHECK(rdzv::SharedBytes::with_hex({}).hex() == nullptr);  // nothing to encode
 }
 
 TEST_CASE("a WORKER_FAILED message past the bound is cut at a character boundary", "[wire]") {

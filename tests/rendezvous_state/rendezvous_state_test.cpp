@@ -988,7 +988,8 @@ TEST_CASE("every assignment of a round carries the group-rank-0 node's NCCL IDs"
     g.reg.rejoin(g.job, r0, g.clock.now());
     RejoinRequest r1{with_ids(2, 2), c, {}, assignment_of(b, node(2).id)};
     CHECK(of<SendRestart>(g.reg.rejoin(g.job, r1, g.clock.now())).empty());
-    CHECK(g.state().member_bytes() == member_footprint(node(1)) + member_footprint(node(2)) + 2 * 128);
+    CHECK(g.state().member_bytes() ==
+          member_footprint(node(1)) + member_footprint(node(2)) + 3 * 2 * 128);  // IDs and hex
     CHECK(g.state().audit().empty());
     RejoinRequest r2{node(3), c, {}, assignment_of(b, node(3).id)};
     r2.assignment->nccl_id = with_ids(3, 1).nccl_ids;
@@ -1047,8 +1048,8 @@ TEST_CASE("a job keeps offers of many NCCL IDs only for its likeliest group-rank
     CHECK(s.assignment.nccl_id == keyed.nccl_ids);
     CHECK(&s.assignment.nccl_id.bytes() == &first.bytes());  // one buffer for the whole round
   }
-  // Running: the participants' offers are spent; the job holds the round's IDs once.
-  CHECK(f.state().member_bytes() == plain_bytes(1, kKeep + 3) + kRoots * 128);
+  // Running: the participants' offers are spent; the job holds the round's IDs once, with their hex.
+  CHECK(f.state().member_bytes() == plain_bytes(1, kKeep + 3) + 3 * kRoots * 128);
   CHECK(f.state().audit().empty());
 }
 

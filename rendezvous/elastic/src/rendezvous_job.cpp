@@ -28,7 +28,7 @@ RendezvousJob RendezvousJob::rebuild(std::string run_id, const RejoinRequest& re
   Member& m = job.add_member(request.node, MemberRole::participant, now);
   m.group_rank = a.group_rank;
   job.drop_offer(m);  // a participant of a running round: its offer is spent
-  job.set_round_ids(a.nccl_id);
+  job.set_round_ids(SharedBytes::with_hex(a.nccl_id.bytes()));
   m.assignment = a;
   m.assignment->nccl_id = job.round_ids_;
   job.rebuilt_template_ = m.assignment;
@@ -165,7 +165,7 @@ void RendezvousJob::drop_offer(Member& m) {
 }
 
 void RendezvousJob::set_round_ids(SharedBytes ids) {
-  member_bytes_ = member_bytes_ - round_ids_.size() + ids.size();
+  member_bytes_ = member_bytes_ - round_ids_.held_bytes() + ids.held_bytes();
   round_ids_ = std::move(ids);
 }
 
@@ -283,7 +283,7 @@ void RendezvousJob::close_round(Decisions& out) {
       }
     }
   }
-  set_round_ids(ids_from != nullptr ? SharedBytes(ids_from->info.nccl_ids) : SharedBytes());
+  set_round_ids(ids_from != nullptr ? SharedBytes::with_hex(ids_from->info.nccl_ids) : SharedBytes());
 
   state_ = JobState::running;
   last_call_.reset();

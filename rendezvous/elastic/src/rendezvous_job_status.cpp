@@ -35,7 +35,7 @@ std::string RendezvousJob::audit() const {
     }
   }
   if (succeeded != succeeded_count_) add(fmt::format("succeeded count {} != {} members", succeeded_count_, succeeded));
-  bytes += round_ids_.size();
+  bytes += round_ids_.held_bytes();
   std::size_t kept = 0;
   for (const auto& [id, m] : members_) {
     if (!m.keeper) continue;

@@ -17,6 +17,11 @@ std::string format_seconds(Duration d) {
   return text + " s";
 }
 
+SharedBytes SharedBytes::with_hex(std::vector<std::uint8_t> bytes) {
+  std::string hex = to_hex(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));  // NOLINT
+  return SharedBytes(std::move(bytes), std::move(hex));
+}
+
 std::string NodeId::to_string() const { return fmt::format("{}:{}/{}", addr, pid, instance); }
 
 std::string JobConfig::validate() const {

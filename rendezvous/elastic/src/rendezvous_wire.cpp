@@ -199,7 +199,11 @@ void frame_assignment(std::string& out, const SendAssignment& m) {
   put_json_string(out, a.master_addr);
   fmt::format_to(std::back_inserter(out), ",\"master_port\":{},\"restart_count\":{},\"max_restarts\":{},\"nccl_id\":\"",
                  a.master_port, a.restart_count, a.max_restarts);
-  out.append(hex(a.nccl_id));
+  if (const std::string* h = a.nccl_id.hex()) {
+    out.append(*h);  // a round's IDs: encoded once for all its assignments
+  } else {
+    out.append(hex(a.nccl_id));
+  }
   out.append("\"}}");
   end_frame(out, start, NativeOp::assignment);
 }

@@ -136,7 +136,7 @@ class RendezvousJob {
   std::optional<MemberRole> role_of(const NodeId& node) const;
   // Members of any role (a finished job keeps them to answer their final result).
   std::size_t member_count() const { return members_.size(); }
-  // Sum of member_footprint() over the members, plus the round's NCCL IDs once: O(1), kept
+  // Sum of member_footprint() over the members, plus the round's NCCL IDs (held_bytes()): O(1), kept
   // incrementally.
   std::size_t member_bytes() const { return member_bytes_; }
   // How many members' NCCL offers of more than one ID the job keeps at most ("NCCL offers").

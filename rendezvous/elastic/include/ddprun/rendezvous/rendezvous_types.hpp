@@ -7,7 +7,6 @@
 // rendezvous_registry.hpp.
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,32 +24,43 @@ inline constexpr int kRendezvousFailureExitCode = 1;
 
 // An immutable byte buffer whose copies share one allocation. A round's NCCL unique IDs go into
 // every node's assignment, and their size grows with the job (one ID per 256 ranks): a copy per
-// node would make the daemon's memory quadratic in the job's size.
+// node would make the daemon's memory quadratic in the job's size. with_hex() also keeps the
+// bytes' hex text, so that the N assignment frames of a round encode them once, not N times.
 class SharedBytes {
  public:
   SharedBytes() = default;
   SharedBytes(std::vector<std::uint8_t> bytes)  // NOLINT(google-explicit-constructor): a value type
-      : bytes_(bytes.empty() ? nullptr : std::make_shared<const std::vector<std::uint8_t>>(std::move(bytes))) {}
-  SharedBytes(std::initializer_list<std::uint8_t> bytes) : SharedBytes(std::vector<std::uint8_t>(bytes)) {}
+      : SharedBytes(std::move(bytes), std::string()) {}
+  static SharedBytes with_hex(std::vector<std::uint8_t> bytes);  // hex computed now, once
 
-  const std::vector<std::uint8_t>& bytes() const { return bytes_ ? *bytes_ : empty_bytes(); }
+  const std::vector<std::uint8_t>& bytes() const { return block_ ? block_->bytes : empty_bytes(); }
   operator const std::vector<std::uint8_t>&() const { return bytes(); }  // NOLINT(google-explicit-constructor)
   bool empty() const { return bytes().empty(); }
   std::size_t size() const { return bytes().size(); }
   auto begin() const { return bytes().begin(); }
   auto end() const { return bytes().end(); }
+  // The lower-case hex of the bytes when with_hex() made them, else nullptr.
+  const std::string* hex() const { return block_ && !block_->hex.empty() ? &block_->hex : nullptr; }
+  // What the buffer holds: the bytes and their hex.
+  std::size_t held_bytes() const { return block_ ? block_->bytes.size() + block_->hex.size() : 0; }
 
   friend bool operator==(const SharedBytes& a, const SharedBytes& b) {
-    return a.bytes_ == b.bytes_ || a.bytes() == b.bytes();
+    return a.block_ == b.block_ || a.bytes() == b.bytes();
   }
   friend bool operator==(const SharedBytes& a, const std::vector<std::uint8_t>& b) { return a.bytes() == b; }
 
  private:
+  struct Block {
+    std::vector<std::uint8_t> bytes;
+    std::string hex;
+  };
+  SharedBytes(std::vector<std::uint8_t> bytes, std::string hex)
+      : block_(bytes.empty() ? nullptr : std::make_shared<const Block>(Block{std::move(bytes), std::move(hex)})) {}
   static const std::vector<std::uint8_t>& empty_bytes() {
     static const std::vector<std::uint8_t> none;
     return none;
   }
-  std::shared_ptr<const std::vector<std::uint8_t>> bytes_;
+  std::shared_ptr<const Block> block_;
 };
 
 // Identity of one agent process. `instance` is random, chosen by the agent at start, so a
@@ -85,7 +95,8 @@ struct NodeInfo {
 // What one member costs the daemon, as counted against --max-member-bytes: a fixed share for
 // its bookkeeping (the map node, lease index entry, assignment, ~1 KiB measured at 100,000
 // agents), the texts it announced, and the NCCL IDs it offered, as far as the job keeps them
-// (RendezvousJob, "NCCL offers"). A job also counts its round's IDs once (RendezvousJob::member_bytes).
+// (RendezvousJob, "NCCL offers"). A job also counts its round's IDs once, with their hex
+// (RendezvousJob::member_bytes).
 inline constexpr std::size_t member_bookkeeping_bytes = 1024;
 inline std::size_t member_footprint(const NodeInfo& n) {
   return member_bookkeeping_bytes + n.id.addr.size() + n.id.instance.size() + n.addr.size() + n.store_host.size() +
