@@ -186,12 +186,11 @@ pid_t read_pid(const std::string& path) { return static_cast<pid_t>(std::stol(sl
 
 TEST_CASE("every rank gets its environment; the agent store is reachable") {
   TempDir dir;
-  ::setenv("DDPRUN_TEST_PARENT_VAR", "inherited", 1);
-  ::unsetenv("OMP_NUM_THREADS");
+  const ScopedEnv parent_var("DDPRUN_TEST_PARENT_VAR", "inherited");
+  const ScopedEnv no_omp("OMP_NUM_THREADS", nullptr);
   auto c = make_config(dir, 3, {"--dump-env", dir / "env_%r.json", "--store-check"});
   const auto run = start_agent(c, dir);
   REQUIRE(wait_agent(run) == 0);
-  ::unsetenv("DDPRUN_TEST_PARENT_VAR");
   const auto job = job_dir(dir);
   CHECK_THAT(fs::path(job).filename().string(), Catch::StartsWith("t_"));
   std::string port;
@@ -568,12 +567,12 @@ TEST_CASE("NCCL unique ID: one per attempt, the same for every rank, holder gone
   c.max_restarts = 1;
   c.nccl_id = AgentConfig::NcclIdMode::env;
   c.nccl_id_holder = DDPRUN_NCCL_ID_HOLDER;
-  const std::string marker = "DDPRUN_NCCL_TEST_MARKER=" + fs::path(dir.path).filename().string();
-  ::putenv(const_cast<char*>(marker.c_str()));  // NOLINT: inherited by the agent, its holder and workers
+  // Inherited by the agent, its holder and its workers.
+  const std::string tag = fs::path(dir.path).filename().string();
+  const std::string marker = "DDPRUN_NCCL_TEST_MARKER=" + tag;
+  const ScopedEnv marker_env("DDPRUN_NCCL_TEST_MARKER", tag.c_str());
   const auto run = start_agent(c, dir);
-  const int code = wait_agent(run);
-  ::unsetenv("DDPRUN_NCCL_TEST_MARKER");
-  REQUIRE(code == 0);
+  REQUIRE(wait_agent(run) == 0);
   // Attempt 0: rank 0 dumps before failing (rank 1 may be stopped before its dump).
   const auto first = env_of(read_json(dir / "env_0_0.json"), "DDPRUN_NCCL_UNIQUE_ID");
   const auto r0 = env_of(read_json(dir / "env_0_1.json"), "DDPRUN_NCCL_UNIQUE_ID");
@@ -617,9 +616,7 @@ TEST_CASE("without --log-dir the run directory under TMPDIR is removed unless it
   TempDir dir;
   const std::string tmp = (dir / "tmp");
   std::filesystem::create_directories(tmp);
-  const char* old = std::getenv("TMPDIR");
-  const std::string saved = old ? old : "";
-  ::setenv("TMPDIR", tmp.c_str(), 1);
+  const ScopedEnv tmpdir("TMPDIR", tmp.c_str());
   auto count = [&] {
     return std::distance(std::filesystem::directory_iterator(tmp), std::filesystem::directory_iterator());
   };
@@ -654,10 +651,5 @@ TEST_CASE("without --log-dir the run directory under TMPDIR is removed unless it
       CHECK(fs::file_size(job / "attempt_0" / "1" / "stacks-native.txt") > 0);
       CHECK_FALSE(fs::exists(job / "attempt_0" / "0"));  // no directory for the rank that had nothing to write
     }
-  }
-  if (old) {
-    ::setenv("TMPDIR", saved.c_str(), 1);
-  } else {
-    ::unsetenv("TMPDIR");
   }
 }
