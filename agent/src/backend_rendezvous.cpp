@@ -312,6 +312,7 @@ class ClientBackend final : public RendezvousBackend {
     p.node.store_port = store_->port();
     p.node.nccl_ids = offer_;
     p.node.order = config_.node_order;
+    p.node.nccl_any_rank = true;  // decide_round_nccl keeps the holder whenever its offer is chosen
     p.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).
     p.give_up_after =

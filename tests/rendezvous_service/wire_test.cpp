@@ -418,6 +418,18 @@ TEST_CASE("hand-written ASSIGNMENT and PROGRESS frames are the JSON a DOM encode
   CHECK(got.assignment == a);
 }
 
+TEST_CASE("NodeInfo.nccl_any_rank travels as an optional field", "[wire][nccl]") {
+  rdzv::NodeInfo n = info(1);
+  for (const bool any : {false, true}) {
+    n.nccl_any_rank = any;
+    const std::string bytes = encoded(rdzv::JoinMessage{"job", rdzv::JoinRequest{n, config()}});
+    CHECK((bytes.find("nccl_any_rank") != std::string::npos) == any);  // absent when false
+    rdzv::ClientMessage back;
+    REQUIRE(rdzv::decode_client(bytes, {}, back).status == rdzv::DecodeStatus::ok);
+    CHECK(std::get<rdzv::JoinMessage>(back).request.node.nccl_any_rank == any);
+  }
+}
+
 TEST_CASE("an ASSIGNMENT whose IDs carry their hex encodes the same bytes", "[wire][nccl]") {
   // A round's IDs are hex-encoded once (SharedBytes::with_hex) for all its assignments.
   std::vector<std::uint8_t> ids(3 * 128);

@@ -1008,6 +1008,7 @@ namespace {
 NodeInfo offering(int i, int round, std::size_t roots) {
   NodeInfo n = node(i);
   n.nccl_ids.assign(128 * roots, static_cast<std::uint8_t>(7 * i + round));
+  n.nccl_any_rank = true;  // an agent that keeps its holder whenever its offer is chosen
   return n;
 }
 
@@ -1042,7 +1043,7 @@ TEST_CASE("a job keeps offers of many NCCL IDs only for its likeliest group-rank
   CHECK(f.state().audit().empty());
   REQUIRE(of<SendAssignment>(a).size() == static_cast<std::size_t>(kKeep + 3));
   CHECK(assignment_of(a, keyed.id).group_rank == 0);
-  const auto& first = of<SendAssignment>(a)[0].assignment.nccl_id;
+  const SharedBytes first = of<SendAssignment>(a)[0].assignment.nccl_id;
   CHECK(first == keyed.nccl_ids);
   for (const auto& s : of<SendAssignment>(a)) {
     CHECK(s.assignment.nccl_id == keyed.nccl_ids);
@@ -1089,7 +1090,7 @@ TEST_CASE("where the job dropped rank 0's offer, the round takes the first kept 
   CHECK(f.state().audit().empty());
   alive.push_back(node(kKeep + 1));
 
-  SECTION("a kept offer is left: it is the round's, from group rank 1") {
+  SECTION("a kept offer is left and is the round's, from group rank 1") {
     f.join(offering(kKeep + 2, 0, 2), c);  // room among the keepers again
     alive.push_back(node(kKeep + 2));
     const auto a = f.advance(31s, alive);  // the last call
@@ -1098,7 +1099,17 @@ TEST_CASE("where the job dropped rank 0's offer, the round takes the first kept 
     CHECK(assignment_of(a, node(kKeep + 2).id).group_rank == 1);
     for (const auto& s : of<SendAssignment>(a)) CHECK(s.assignment.nccl_id == offering(kKeep + 2, 0, 2).nccl_ids);
   }
-  SECTION("no kept offer is left: the round carries none") {
+  SECTION("the kept offer left is an older agent's, so the round carries none") {
+    // An older agent stops its holder unless it has group rank 0.
+    NodeInfo older = offering(kKeep + 2, 0, 2);
+    older.nccl_any_rank = false;
+    f.join(older, c);
+    alive.push_back(node(kKeep + 2));
+    const auto a = f.advance(31s, alive);
+    REQUIRE(of<SendAssignment>(a).size() == 2);
+    for (const auto& s : of<SendAssignment>(a)) CHECK(s.assignment.nccl_id.empty());
+  }
+  SECTION("no kept offer is left, so the round carries none") {
     const auto a = f.advance(31s, alive);
     REQUIRE(of<SendAssignment>(a).size() == 1);
     CHECK(of<SendAssignment>(a)[0].assignment.nccl_id.empty());

@@ -272,12 +272,13 @@ void RendezvousJob::close_round(Decisions& out) {
   int world_size = 0;
   for (const Member* m : by_rank) world_size += m->info.local_world_size;
   // The group-rank-0 node's NCCL offer, or where the job dropped it the first kept offer of the
-  // same kind (more than one ID) in rank order ("NCCL offers" in rendezvous_job.hpp).
+  // same kind (more than one ID) in rank order from a node that keeps its holder at any group
+  // rank ("NCCL offers" in rendezvous_job.hpp).
   const Member* ids_from = &master;
   if (master.offer_dropped) {
     ids_from = nullptr;
     for (const Member* m : by_rank) {
-      if (m->info.nccl_ids.size() > detail::kOneOfferBytes) {
+      if (m->info.nccl_ids.size() > detail::kOneOfferBytes && m->info.nccl_any_rank) {
         ids_from = m;
         break;
       }

@@ -41,6 +41,7 @@ json::object node_info_json(const NodeInfo& n) {
   // Optional (absent = none), so frames without it stay valid both ways.
   if (!n.nccl_ids.empty()) o["nccl_ids"] = hex(n.nccl_ids);
   if (n.order) o["order"] = *n.order;
+  if (n.nccl_any_rank) o["nccl_any_rank"] = true;
   return o;
 }
 

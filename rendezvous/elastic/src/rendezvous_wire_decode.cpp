@@ -141,6 +141,7 @@ NodeInfo read_node_info(const Reader& r) {
   n.nccl_ids = unhex(r, "nccl_ids");
   if (n.nccl_ids.size() % 128 != 0) r.bad("nccl_ids", "a whole number of 128-byte NCCL unique IDs in hex");
   if (r.find("order")) n.order = r.i64("order", 0, std::numeric_limits<std::int32_t>::max());
+  if (r.find("nccl_any_rank")) n.nccl_any_rank = r.boolean("nccl_any_rank");
   return n;
 }
 

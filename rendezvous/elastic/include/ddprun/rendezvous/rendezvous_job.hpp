@@ -64,13 +64,14 @@
 // Assignment::nccl_id (one buffer shared by all of them), so all ranks get the same NCCL unique
 // IDs, and new ones each round (docs/gpus.md). An offer of one ID (or an NCCL_COMM_ID block) is
 // kept for every member. An offer of more — one ID per 256 ranks of the largest world the job
-// allows, so it grows with the job — is kept only for the kOfferKeepers members most likely to
-// get group rank 0 (the order close_round places them in: previous rank 0, then new nodes by
-// order key and join order, then the highest previous ranks); the others' are dropped at their
-// join, so a job holds O(N + kOfferKeepers x offer) bytes, not O(N x offer). The round uses the
-// group-rank-0 node's offer; where the job dropped it (its keepers left before the round
-// closed), the first kept offer of more than one ID in rank order, and none when no keeper is
-// left. Participants' offers are dropped when the round closes (their holders are spent).
+// allows, so it grows with the job — is kept only for the kOfferKeepers members guessed likeliest
+// to get group rank 0 (previous rank 0, then new nodes by order key and join order, then the
+// highest previous ranks; close_round's stable ranks cannot be known before the close); the
+// others' are dropped at their join, so a job holds O(N + kOfferKeepers x offer) bytes, not
+// O(N x offer). The round uses the group-rank-0 node's offer; where the job dropped it (the guess
+// missed, or keepers left: a dropped offer is not restored), the first kept offer of more than one
+// ID in rank order from a node with NodeInfo::nccl_any_rank, and none when there is no such
+// offer. Participants' offers are dropped when the round closes (their holders are spent).
 #include <cstddef>
 #include <cstdint>
 #include <map>

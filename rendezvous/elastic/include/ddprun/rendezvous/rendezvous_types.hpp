@@ -83,8 +83,13 @@ struct NodeInfo {
   std::string store_host;        // the worker store this agent already bound: MASTER_ADDR if the
   std::uint16_t store_port = 0;  // node gets group rank 0 (empty host -> addr)
   // NCCL unique IDs (K x 128 bytes, or empty) created by this node's holder for the round it
-  // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's.
+  // joins. When the round closes, every Assignment::nccl_id is the group-rank-0 node's, or
+  // another node's where the job did not keep that offer (RendezvousJob, "NCCL offers").
   std::vector<std::uint8_t> nccl_ids;
+  // This agent keeps its holder whenever the round's IDs are its own offer, whatever its group
+  // rank. Only such a node's offer can stand in for the group-rank-0 node's: an older agent
+  // stops its holder unless it has group rank 0. Absent on the wire = false.
+  bool nccl_any_rank = false;
   // Where this node wants to be in the group-rank order (a fan-out launcher passes each host's
   // position in its host list, so ranks follow the hostfile). Nodes with a key get the first
   // free ranks in key order; nodes without one (independent agents: the c10d default) follow in
