@@ -136,9 +136,10 @@ void RendezvousJob::place_offer(std::map<NodeId, Member>::iterator it) {
     m.keeper.reset();
   }
   if (m.info.nccl_ids.size() <= detail::kOneOfferBytes) return;  // none, one ID or an address: always kept
-  // The order close_round() gives group ranks in: the previous rank 0 keeps it; then new nodes
-  // by order key and join order; previous ranks past the new group size go last, the highest
-  // first (the likeliest to be moved to a free rank).
+  // A guess at who close_round() gives group rank 0 (its stable ranks depend on the group size,
+  // known only at the close): the previous rank 0 keeps it; then new nodes by order key and join
+  // order; then previous ranks, the highest first (the likeliest to be past the new group size and
+  // moved). A miss costs only the bootstrap root's place (the fallback in close_round).
   const int cls = m.prev_rank == 0 ? 0 : m.prev_rank ? 2 : 1;
   const OfferKey key{cls, m.prev_rank ? -static_cast<std::int64_t>(*m.prev_rank) : 0, m.info.order ? 0 : 1,
                      m.info.order.value_or(0), m.join_seq};
