@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -70,7 +71,12 @@ TEST_CASE("a destination that does not read holds up neither the caller nor anot
   const std::string got = stalled.read(32 * piece.size(), 30s);
   CHECK(got.size() == 32 * piece.size());
   CHECK(got.find_first_not_of('x') == std::string::npos);
+  // The console's writer posts the resume once its queue is below the low-water mark, which can
+  // be a moment after the reader took the last byte: wait for that post (the guard keeps
+  // run_one_for waiting instead of returning at once on an io_context without work).
+  auto guard = boost::asio::make_work_guard(io);
   for (int i = 0; i < 100 && !resumed; ++i) io.run_one_for(100ms);
+  guard.reset();
   CHECK(resumed);
   CHECK_FALSE(console::over(stalled.fds[1]));
   console::drain();

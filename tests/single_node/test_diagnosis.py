@@ -273,10 +273,14 @@ if rank == 0:
     atexit.register(stay)
     lost_peer()
 elif rank == 1 and mode == "timeout":
+    open(fifo + "-r1", "w").close()  # rank 2 times out only once this rank is at its sleep
     time.sleep(600)
 else:
     with open(fifo) as f:
         f.read()
+    if mode == "timeout":
+        with open(fifo + "-r1") as f:
+            f.read()
     if mode == "raised":
         raise ValueError("boom")
     lost_peer()
@@ -1134,6 +1138,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         script = self.script("victims.py", VICTIM_RAISED_FIRST)
         fifo = os.path.join(self.dir, "victim-raised")
         os.mkfifo(fifo)
+        os.mkfifo(fifo + "-r1")
         proc = self.ddprun(["--nproc-per-node", str(nproc), "--no-python", PYTHON, script, fifo, mode])
         try:
             _, err = proc.communicate(timeout=120)
@@ -1158,7 +1163,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # collective any more); rank 1 never entered it: the one culprit.
         block = self.run_victims("timeout", 3)
         self.assertEqual(re.findall(r"culprit    : rank (\d+)", block), ["1"], block)
-        self.assertIn("culprit    : rank 1 never entered a collective: it was in <module> at victims.py:25 "
+        self.assertIn("culprit    : rank 1 never entered a collective: it was in <module> at victims.py:26 "
                       "(`time.sleep(600)`)", block)
 
     def test_an_exception_that_is_not_utf8_is_recorded_whole(self):
