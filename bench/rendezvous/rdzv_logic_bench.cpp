@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
     }
   }
   if (nodes < 2) die("--nodes N (at least 2) is required");
+  if (nccl_ids > rdzv::max_nccl_ids) {
+    die("--nccl-ids K: at most " + std::to_string(rdzv::max_nccl_ids) + " (what a JOIN may offer)");
+  }
   const auto n = static_cast<std::size_t>(nodes);
   const std::string run_id = "bench";
   const std::string token = token_on ? rdzv::auth::random_hex(16) : std::string();

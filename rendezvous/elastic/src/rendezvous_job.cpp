@@ -93,7 +93,7 @@ RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRol
 
 void RendezvousJob::erase_member(std::map<NodeId, Member>::iterator it) {
   Member& m = it->second;
-  if (m.keeper) offer_keepers_.erase(*m.keeper);
+  release_keeper(m);
   member_bytes_ -= member_footprint(m.info);
   --role_count_[static_cast<int>(m.role)];
   if (m.succeeded) --succeeded_count_;
@@ -119,11 +119,14 @@ void RendezvousJob::set_succeeded(Member& m, bool succeeded) {
   m.succeeded = succeeded;
 }
 
+void RendezvousJob::release_keeper(Member& m) {
+  if (!m.keeper) return;
+  offer_keepers_.erase(*m.keeper);
+  m.keeper.reset();
+}
+
 void RendezvousJob::set_info(Member& m, const NodeInfo& info) {
-  if (m.keeper) {
-    offer_keepers_.erase(*m.keeper);
-    m.keeper.reset();
-  }
+  release_keeper(m);
   member_bytes_ = member_bytes_ - member_footprint(m.info) + member_footprint(info);
   m.info = info;
   m.offer_dropped = false;
@@ -131,10 +134,7 @@ void RendezvousJob::set_info(Member& m, const NodeInfo& info) {
 
 void RendezvousJob::place_offer(std::map<NodeId, Member>::iterator it) {
   Member& m = it->second;
-  if (m.keeper) {
-    offer_keepers_.erase(*m.keeper);
-    m.keeper.reset();
-  }
+  release_keeper(m);
   if (m.info.nccl_ids.size() <= detail::kOneOfferBytes) return;  // none, one ID or an address: always kept
   // A guess at who close_round() gives group rank 0 (its stable ranks depend on the group size,
   // known only at the close): the previous rank 0 keeps it; then new nodes by order key and join
@@ -155,10 +155,7 @@ void RendezvousJob::place_offer(std::map<NodeId, Member>::iterator it) {
 }
 
 void RendezvousJob::drop_offer(Member& m) {
-  if (m.keeper) {
-    offer_keepers_.erase(*m.keeper);
-    m.keeper.reset();
-  }
+  release_keeper(m);
   if (m.info.nccl_ids.empty()) return;
   member_bytes_ -= m.info.nccl_ids.size();
   std::vector<std::uint8_t>().swap(m.info.nccl_ids);

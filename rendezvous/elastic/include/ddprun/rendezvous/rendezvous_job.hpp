@@ -193,6 +193,7 @@ class RendezvousJob {
   void set_info(Member& m, const NodeInfo& info);
   void place_offer(std::map<NodeId, Member>::iterator it);
   void drop_offer(Member& m);
+  void release_keeper(Member& m);  // its entry in offer_keepers_ erased, if it has one
   void set_round_ids(SharedBytes ids);
   std::string config_mismatch(const JobConfig& requested) const;
   Decisions final_result_for(const NodeId& node, TimePoint now) const;
