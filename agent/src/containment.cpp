@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -45,8 +46,11 @@ constexpr int kProcEmptyScans = 3;
 // The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another build
 // refuses to run (exit 2) rather than misread the lines; the agent finds it gone only when it
 // next writes to it (docs/errors.md). 2: the "t" line carries the agent's session. 3: the job
-// comes by the socket ("j", "c", "M"), not in the arguments, and "f" names the FIFO.
-constexpr const char* kWatchdogProtocol = "3";
+// comes by the socket ("j", "c", "M"), not in the arguments, and "f" names the FIFO. 4: it
+// writes "+" when it is ready, which the agent waits for (await_watchdog).
+constexpr const char* kWatchdogProtocol = "4";
+// How long the agent waits for the watchdog's "+" (await_watchdog) before its first workers.
+constexpr std::chrono::seconds kWatchdogStartTimeout{10};
 // What the watchdog calls itself (both kinds): not "ddprun-...", so that `pkill ddprun` and
 // `pkill -f ddprun` end the agent and not the process that cleans up after it.
 constexpr const char* kWatchdogName = "ddp-watchdog";
@@ -601,6 +605,8 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
+    // Ready, as the program says it (await_watchdog): named, out of the agent's process group.
+    (void)::send(3, "+", 1, MSG_NOSIGNAL);
     // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
     // (join_memory), "e DIR" (clean_up_when_gone), "r DIR" (remove_when_gone), "f MAJOR MINOR
     // INODE PATH" (unlink_when_gone), "d" (it ended normally and swept the job itself); EOF
@@ -1079,7 +1085,34 @@ int Containment::join_dir_fd(int local_rank) const {
   return i < rank_dir_fds_.size() ? rank_dir_fds_[i] : -1;
 }
 
+void Containment::await_watchdog() {
+  if (watchdog_ready_ || watchdog_fd_ < 0) return;
+  watchdog_ready_ = true;  // asked once, before the first workers
+  // Bounded: a watchdog that never gets to run (stopped) must not stop the job from starting.
+  pollfd p{watchdog_fd_, POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + kWatchdogStartTimeout;
+  int ready = 0;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (ready >= 0 || errno != EINTR) break;
+  }
+  if (ready <= 0) {
+    spdlog::warn(
+        "containment: the watchdog (pid {}) did not start within {} s; the workers start without it (if ddprun "
+        "is killed before it runs, nothing ends the job's detached processes)",
+        watchdog_, std::chrono::duration_cast<std::chrono::seconds>(kWatchdogStartTimeout).count());
+    return;
+  }
+  // "+", or EOF: a watchdog that ended already (one of another build refuses the protocol) is
+  // reported by check_watchdog, from its pidfd.
+  char byte = 0;
+  (void)::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT);
+}
+
 void Containment::begin_attempt() {
+  await_watchdog();
   if (!oom_scope_file_.empty()) oom_scope_base_ = keyed_value(oom_scope_file_, "oom_kill");
   if (memory_dir_.empty()) return;
   if (memory_fresh_) {

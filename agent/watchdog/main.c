@@ -33,9 +33,12 @@
  * slow trap under a hypervisor) would cost as much again, so it uses system calls directly.
  * It is built for x86-64 and aarch64; elsewhere the agent forks as before.
  *
+ * It writes one byte, "+", to fd 3 once it is ready (named, its terminal signals ignored); the
+ * agent starts no worker before it has read it.
+ *
  * Usage (the agent's, not a user's):
- *   ddp-watchdog 3
- * where 3 is the version of the protocol above (the agent's kWatchdogProtocol). */
+ *   ddp-watchdog 4
+ * where 4 is the version of the protocol above (the agent's kWatchdogProtocol). */
 #include <asm/unistd.h>
 #include <linux/fcntl.h>
 #include <linux/signal.h>
@@ -786,7 +789,7 @@ __attribute__((used)) void watchdog_main(long* sp) {
   const int agent = sys_getppid(); /* the agent started it */
   const long argc = sp[0];
   char** argv = (char**)(sp + 1);
-  if (argc != 2 || !str_eq(argv[1], "3")) { /* the protocol's version: the agent's kWatchdogProtocol */
+  if (argc != 2 || !str_eq(argv[1], "4")) { /* the protocol's version: the agent's kWatchdogProtocol */
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
@@ -808,6 +811,10 @@ __attribute__((used)) void watchdog_main(long* sp) {
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
+  /* Ready: named, in its own session (since before the exec), the terminal's signals ignored.
+   * The agent waits for this byte before its first worker, so no worker runs while a `pkill
+   * ddprun` could still match this process or a Ctrl-C could end it. */
+  sys_write(3, "+", 1);
 
   char buf[256];
   char line[4352];

@@ -82,7 +82,7 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="ddprun-wd-a64-") as work:
         exe = build(clang, work)
-        args = ["3"]
+        args = ["4"]  # the protocol version (the agent's kWatchdogProtocol)
 
         # By hand: no fd 3, then fd 3 a file.
         r = subprocess.run([qemu, exe], capture_output=True, text=True, timeout=60)
@@ -124,6 +124,10 @@ def main():
             wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", qemu, exe, *args],
                                   pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wd_end.close()
+            agent_end.settimeout(60)
+            ready = agent_end.recv(1)  # what the agent waits for before its first workers
+            if ready != b"+":
+                failures.append(f"the watchdog did not say it was ready: {ready!r}")
             # The file timer's FIFO ("f"): removed.
             fifo = os.path.join(work, "timer.fifo")
             os.mkfifo(fifo)

@@ -28,9 +28,13 @@ def run_watchdog(work, fifo, ino_text):
     st = os.lstat(fifo)
     agent_end, wd_end = socket.socketpair()
     # The watchdog waits up to 1 s for its parent (the agent) to go before it touches the FIFO.
-    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", WATCHDOG, "3"],
+    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", WATCHDOG, "4"],
                           pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wd_end.close()
+    agent_end.settimeout(30)
+    ready = agent_end.recv(1)  # what the agent waits for before its first workers
+    if ready != b"+":
+        sys.exit(f"FAIL: the watchdog did not say it was ready: {ready!r}")
     lines = (f"j cgroup2 1 0\nc {fake_cgroup}\n"
              f"f {os.major(st.st_dev)} {os.minor(st.st_dev)} {ino_text} {fifo}\n")
     agent_end.sendall(lines.encode())

@@ -16,6 +16,7 @@ import ctypes
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -794,6 +795,40 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         finally:
             abandon_gated(proc, gate)
 
+    def test_the_first_worker_finds_the_watchdog_ready(self):
+        # No worker runs before the watchdog is ready: named ddp-watchdog (so `pkill ddprun`
+        # spares it) and in a session of its own (so `kill -- -PGID` and a Ctrl-C spare it). The
+        # program is made slow to start here (a script that sleeps before it execs it); the agent
+        # used to go on at the script's exec, and its workers ran beside a watchdog still called
+        # ddprun-watchdog; a forked watchdog was in the agent's process group until the scheduler
+        # ran it (seen on a loaded machine). Each worker lists ddprun's children: pid, name, session.
+        program = DDPRUN + "-watchdog"
+        slow = os.path.join(self.dir, "slow")
+        os.makedirs(slow)
+        shutil.copy2(DDPRUN, slow)
+        binaries = [("forked", self.lone_ddprun())]
+        if os.access(program, os.X_OK):
+            with open(os.path.join(slow, "ddprun-watchdog"), "w") as f:
+                f.write(f'#!/bin/sh\n/bin/sleep 1\nexec {shlex.quote(program)} "$@"\n')
+            os.chmod(os.path.join(slow, "ddprun-watchdog"), 0o755)
+            binaries.append(("program, slow to start", os.path.join(slow, "ddprun")))
+        script = ('for c in $(cat /proc/$PPID/task/*/children); do [ "$c" = "$$" ] && continue; '
+                  'echo "child $c $(cat /proc/$c/comm) $(cut -d" " -f6 /proc/$c/stat)"; done; '
+                  'echo "agent $(cut -d" " -f6 /proc/$PPID/stat)"')
+        for kind, binary in binaries:
+            with self.subTest(watchdog=kind):
+                proc = self.ddprun(["--nccl-id", "off", "--no-python", "/bin/sh", "-c", script], binary=binary)
+                out, err = proc.communicate(timeout=60)
+                out, err = out.decode(), err.decode()
+                self.assertEqual(proc.returncode, 0, err)
+                agent_sid = re.findall(r"^agent (\d+)$", out, re.M)
+                seen = re.findall(r"^child (\d+) (\S+) (\d+)$", out, re.M)
+                self.assertEqual(len(agent_sid), 1, out)
+                self.assertEqual(len(seen), 1, f"the worker saw ddprun's other children as {seen}")
+                _, name, sid = seen[0]
+                self.assertEqual(name, "ddp-watchdog", f"the worker ran beside {name}")
+                self.assertNotEqual(sid, agent_sid[0], "the watchdog was in ddprun's session")
+
     def test_watchdog_program_refuses_to_run_by_hand(self):
         # Without the agent's socket on fd 3 it does nothing (above all, sweeps nothing).
         program = DDPRUN + "-watchdog"
@@ -810,13 +845,13 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         if cg:
             os.mkdir(cg)
         try:
-            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "3"], capture_output=True,
+            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "4"], capture_output=True,
                                text=True, timeout=10, stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("not a command to run by hand", r.stderr)
             # The agent's socket but another version of the protocol (an agent of another build,
             # whose lines it would misread): refused the same way.
-            for old in (["2", "cgroup2", cg or "/nonexistent", "1", "0", ""], ["1"]):
+            for old in (["3"], ["2", "cgroup2", cg or "/nonexistent", "1", "0", ""], ["1"]):
                 ours, theirs = socket.socketpair()
                 with ours, theirs:
                     ours.sendall(f"j cgroup2 1 0\nc {cg or '/nonexistent'}\n".encode())
@@ -831,7 +866,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
             with ours, theirs:
                 ours.sendall(f"c {cg or '/nonexistent'}\nr {cg or '/nonexistent'}\n".encode())
                 ours.shutdown(socket.SHUT_WR)
-                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "3"],
+                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "4"],
                                    pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=10,
                                    stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -889,7 +924,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
                 ours, theirs = socket.socketpair()
                 try:
                     ours.sendall(f"j cgroup2 3 0\nc {cg}\n".encode())
-                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "3"],
+                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "4"],
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
                     theirs.close()
                     ours.close()

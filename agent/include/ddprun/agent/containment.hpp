@@ -93,7 +93,8 @@ class Containment {
   // the job's; SpawnRequest::cgroup_dir_fd; join_files(local_rank).front() is its cgroup.procs).
   // Else -1, also once a sweep has used cgroup.kill (killed_).
   int join_dir_fd(int local_rank) const;
-  // Call before starting an attempt: resets per-rank peak counters and OOM baselines.
+  // Call before starting an attempt: resets per-rank peak counters and OOM baselines; before
+  // the first, waits for the watchdog to be ready (await_watchdog).
   void begin_attempt();
   // Every process of the job's containment cgroup(s), or nullopt without one (proc, off: the
   // v1 memory cgroups are joined late and are not asked).
@@ -129,6 +130,11 @@ class Containment {
   Containment() = default;
   static pid_t start_watchdog_program(const Containment& c, const int fds[2]);  // -1: not available
   static pid_t fork_watchdog(std::unique_ptr<Containment>& c, const int fds[2]);
+  // Waits (once, bounded) for the watchdog's "+": it runs under its own name, out of the agent's
+  // process group and session, its terminal signals ignored. Before the first workers, so that
+  // none runs while a `pkill ddprun`, a `kill -- -PGID` or a Ctrl-C could still end the watchdog
+  // with the agent (a watchdog the agent forked gets there only when the scheduler runs it).
+  void await_watchdog();
   int move_to_memory_cgroup(int local_rank, pid_t pid) const;  // 0 or errno
   bool send_dir(char kind, const std::string& dir) const;      // an "e DIR" / "r DIR" line
   std::string worker_cgroup(int local_rank) const;             // the directory a rank's worker joins
@@ -164,6 +170,7 @@ class Containment {
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;
+  bool watchdog_ready_ = false;  // await_watchdog asked
 };
 
 // The processes of `root`'s tree (root, its children, recursively) read from
