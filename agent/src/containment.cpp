@@ -1088,6 +1088,10 @@ int Containment::join_dir_fd(int local_rank) const {
 void Containment::await_watchdog() {
   if (watchdog_ready_ || watchdog_fd_ < 0) return;
   watchdog_ready_ = true;  // asked once, before the first workers
+  // "+" (usually there already: one system call), or EOF: a watchdog that ended already (one of
+  // another build refuses the protocol) is reported by check_watchdog, from its pidfd.
+  char byte = 0;
+  if (::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT) >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return;
   // Bounded: a watchdog that never gets to run (stopped) must not stop the job from starting.
   pollfd p{watchdog_fd_, POLLIN, 0};
   const auto deadline = std::chrono::steady_clock::now() + kWatchdogStartTimeout;
@@ -1105,9 +1109,6 @@ void Containment::await_watchdog() {
         watchdog_, std::chrono::duration_cast<std::chrono::seconds>(kWatchdogStartTimeout).count());
     return;
   }
-  // "+", or EOF: a watchdog that ended already (one of another build refuses the protocol) is
-  // reported by check_watchdog, from its pidfd.
-  char byte = 0;
   (void)::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT);
 }
 
