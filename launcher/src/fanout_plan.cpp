@@ -282,9 +282,8 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     args.push_back("--shutdown-timeout=" + *e);
   }
   plan.shutdown_timeout = std::chrono::milliseconds(seconds_to_ms(grace));
-  if (auto g = p.given("logs-specs")) {
-    throw UsageError(g->what + " is not supported yet", "drop the option; ddprun does not load log plugins");
-  }
+  // --local-rank-arg itself is forwarded above; --use-env, which contradicts it, is not.
+  (void)check_no_effect_flags(p, out.notes);
   if (auto g = p.given("log-line-prefix-template")) {
     out.notes.push_back(g->what + " is ignored with " + source + ": remote lines are prefixed [host:rank]:");
   }

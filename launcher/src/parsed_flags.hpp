@@ -87,6 +87,12 @@ std::vector<std::string> program_words(const std::vector<std::string>& remaining
 // This node's agent (no host list). Fills out.config and out.notes.
 void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out);
 
+// torchrun's flags that change nothing here (--monitor-interval, --start-method, --use-env,
+// --logs-specs default): their values are checked as torchrun would and a note says so, for
+// one node and for a host list alike. Returns --local-rank-arg's value (none when not given),
+// which --use-env contradicts.
+agent::AgentConfig::LocalRankArg check_no_effect_flags(const ParsedFlags& p, std::vector<std::string>& notes);
+
 // `ddprun --hostfile/--hosts ... PROGRAM`: fills out.fanout (and out.config.dry_run).
 void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out);
 

@@ -94,6 +94,35 @@ void resolve_torchelastic_env(const ParsedFlags& p, agent::AgentConfig& cfg) {
 
 }  // namespace
 
+agent::AgentConfig::LocalRankArg check_no_effect_flags(const ParsedFlags& p, std::vector<std::string>& notes) {
+  if (auto g = p.given("monitor-interval")) {
+    parse_seconds_value(g->text, g->what);
+    notes.push_back(g->what + " has no effect: ddprun is event driven and reacts to worker exits as they happen");
+  }
+  if (auto g = p.given("start-method")) {
+    check_start_method(g->text, g->what);
+    notes.push_back(g->what + " has no effect: ddprun always starts workers as new processes");
+  }
+  if (auto g = p.given("logs-specs")) {
+    if (trim(g->text) != "default") {
+      throw UsageError(
+          g->what + "=" + g->text + ": ddprun cannot load torchrun.logs_specs Python plugins",
+          "drop the option or write 'default' (ddprun's log layout, the same as torchrun's DefaultLogsSpecs)");
+    }
+  }
+  auto local_rank_arg = agent::AgentConfig::LocalRankArg::none;
+  const bool use_env = p.flag("use-env");
+  if (auto g = p.given("local-rank-arg")) {
+    local_rank_arg = parse_local_rank_arg(g->text, g->what);
+    if (use_env && local_rank_arg != agent::AgentConfig::LocalRankArg::none) {
+      throw UsageError("--use-env and " + g->what + " contradict each other",
+                       "--use-env means no --local-rank argument; drop one of them");
+    }
+  }
+  if (use_env) notes.push_back("--use-env has no effect: LOCAL_RANK and the other variables are always set");
+  return local_rank_arg;
+}
+
 void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaining, LaunchOptions& out) {
   const ParseContext& ctx = p.context();
   for (const auto& spec : launcher_flags()) {
@@ -146,14 +175,6 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     }
   }
   if (auto g = p.given("max-restarts")) cfg.max_restarts = parse_max_restarts(g->text, g->what);
-  if (auto g = p.given("monitor-interval")) {
-    parse_seconds_value(g->text, g->what);
-    out.notes.push_back(g->what + " has no effect: ddprun is event driven and reacts to worker exits as they happen");
-  }
-  if (auto g = p.given("start-method")) {
-    check_start_method(g->text, g->what);
-    out.notes.push_back(g->what + " has no effect: ddprun always starts workers as new processes");
-  }
   if (auto g = p.given("role")) cfg.role = parse_non_empty(g->text, g->what, "give a role name, e.g. trainer");
 
   // Rendezvous.
@@ -449,13 +470,6 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       out.notes.push_back(g->what + ": " + plan.note);
     }
   }
-  if (auto g = p.given("logs-specs")) {
-    if (trim(g->text) != "default") {
-      throw UsageError(
-          g->what + "=" + g->text + ": ddprun cannot load torchrun.logs_specs Python plugins",
-          "drop the option or write 'default' (ddprun's log layout, the same as torchrun's DefaultLogsSpecs)");
-    }
-  }
   if (auto g = p.given("event-log-handler")) cfg.event_log = parse_event_log_handler(g->text, g->what);
   resolve_torchelastic_env(p, cfg);
   if (auto g = p.given("duplicate-stdout-filters")) cfg.duplicate_stdout_filters = parse_duplicate_filters(g->text);
@@ -479,15 +493,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   }
 
   // Legacy --local-rank argument.
-  const bool use_env = p.flag("use-env");
-  if (auto g = p.given("local-rank-arg")) {
-    cfg.local_rank_arg = parse_local_rank_arg(g->text, g->what);
-    if (use_env && cfg.local_rank_arg != agent::AgentConfig::LocalRankArg::none) {
-      throw UsageError("--use-env and " + g->what + " contradict each other",
-                       "--use-env means no --local-rank argument; drop one of them");
-    }
-  }
-  if (use_env) out.notes.push_back("--use-env has no effect: LOCAL_RANK and the other variables are always set");
+  cfg.local_rank_arg = check_no_effect_flags(p, out.notes);
 
   cfg.dry_run = p.flag("dry-run");
 

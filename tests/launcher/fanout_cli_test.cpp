@@ -255,6 +255,31 @@ TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--tee", "9", "train.py"}), UsageError);
 }
 
+TEST_CASE("flags without effect are checked with a host list as with one node, and not forwarded") {
+  FanoutSandbox sb;
+  const auto o = sb.parse({"--hosts", "h0", "--monitor-interval", "5", "--start-method", "fork", "--use-env",
+                           "--logs-specs", "default", "train.py"});
+  REQUIRE(o.fanout);
+  for (const char* note :
+       {"--monitor-interval has no effect", "--start-method has no effect", "--use-env has no effect"}) {
+    CHECK(std::any_of(o.notes.begin(), o.notes.end(), [&](const std::string& n) { return n.find(note) == 0; }));
+  }
+  for (const auto& arg : o.fanout->agent_args) {
+    CHECK(arg.find("monitor") == std::string::npos);
+    CHECK(arg.find("start-method") == std::string::npos);
+    CHECK(arg.find("use-env") == std::string::npos);
+    CHECK(arg.find("logs-specs") == std::string::npos);
+  }
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--monitor-interval", "abc", "train.py"}),
+                    Contains("--monitor-interval=abc"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--start-method", "bogus", "train.py"}),
+                    Contains("--start-method=bogus"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--use-env", "--local-rank-arg", "dash", "train.py"}),
+                    Contains("--use-env and --local-rank-arg contradict each other"));
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--logs-specs", "custom", "train.py"}),
+                    Contains("cannot load torchrun.logs_specs"));
+}
+
 TEST_CASE("the rendezvous token never goes on a command line") {
   FanoutSandbox sb;
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--rdzv-conf", "token=s3cret", "train.py"}), UsageError);
