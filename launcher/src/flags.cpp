@@ -181,7 +181,8 @@ constexpr FlagSpec kFlags[] = {
    .help = "torchrun's torchrun.logs_specs entry point: only 'default' (ddprun's own log layout, torchrun's "
            "DefaultLogsSpecs); Python plugins cannot be loaded.",
    .default_text = "default"},
-  {.dash = "event-log-handler", .scope = S::forwarded, .env_form = true, .metavar = "null|console|file:PATH",
+  {.dash = "event-log-handler", .scope = S::forwarded, .env_form = true,
+   .metavar = "null|dynamic_rendezvous|console|file:PATH",
    .help = "Where the agent's events go, as JSON lines: null (nowhere), console (stderr), file:PATH (appended); "
            "torchrun's dynamic_rendezvous writes nothing, as in torchrun.",
    .default_text = "null"},
@@ -192,17 +193,17 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "duplicate-stderr-filters", .scope = S::forwarded, .env_form = true, .metavar = "TEXT,...",
    .help = "The same for stderr, into filtered_stderr.log.", .default_text = "none"},
   // ddprun extras and torch.distributed.launch compatibility.
-  {.dash = "local-rank-arg", .scope = S::forwarded, .env_form = true, .metavar = "dash|underscore",
-   .help = "Legacy torch.distributed.launch behaviour: append --local-rank=N (dash) or --local_rank=N "
-           "(underscore) to each worker's arguments.",
-   .choices = kLocalRankArgs},
+  {.dash = "local-rank-arg", .scope = S::forwarded, .env_form = true, .metavar = "none|dash|underscore",
+   .help = "Legacy torch.distributed.launch behaviour: put --local-rank=N (dash) or --local_rank=N "
+           "(underscore) before each worker's own arguments; none passes nothing.",
+   .default_text = "none", .choices = kLocalRankArgs},
   {.dash = "use-env", .kind = K::boolean, .scope = S::local, .env_form = true,
    .help = "Accepted for torch.distributed.launch compatibility, no effect: LOCAL_RANK and the other "
            "variables are always set."},
   {.dash = "dry-run", .kind = K::boolean, .scope = S::process,
    .help = "Print each local rank's command, environment and directory, start nothing, exit 0."},
   {.dash = "log-level", .scope = S::forwarded, .metavar = "LEVEL",
-   .help = "trace, debug, info, warning, error or critical.",
+   .help = "trace, debug, info, warning, error, critical or off.",
    .default_text = "$DDPRUN_LOG_LEVEL, else $LOGLEVEL, else info", .choices = kLogLevels},
   {.dash = "containment", .scope = S::forwarded, .env_form = true, .metavar = "MODE",
    .help = "How ddprun keeps every process a worker starts (daemons, double forks) inside the job and ends "

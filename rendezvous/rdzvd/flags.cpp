@@ -83,7 +83,7 @@ constexpr FlagSpec kFlags[] = {
            "they announce and the NCCL unique IDs kept for them); a JOIN past it is refused (0 = no cap).",
    .default_text = "2147483648"},
   {.dash = "log-level", .metavar = "LEVEL", .help = "trace|debug|info|warning|error|critical|off.",
-   .default_text = "$DDPRUN_LOG_LEVEL, else info", .choices = kLogLevels},
+   .default_text = "$DDPRUN_LOG_LEVEL, else $LOGLEVEL, else info", .choices = kLogLevels},
   {.dash = "log-format", .metavar = "FORMAT",
    .help = "text|json (json: one object per line, for log shippers).", .default_text = "$DDPRUN_LOG_FORMAT, else text",
    .choices = kLogFormats},

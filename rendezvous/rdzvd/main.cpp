@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
       ->check(unsigned_value)
       ->capture_default_str();
   app.add_option("--log-level", log_level,
-                 "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else info)");
+                 "trace|debug|info|warning|error|critical|off (default: $DDPRUN_LOG_LEVEL, else $LOGLEVEL, else info)");
   std::string log_format;  // empty: DDPRUN_LOG_FORMAT, else text
   app.add_option("--log-format", log_format,
                  "text|json (json: one object per line, for log shippers) (default: $DDPRUN_LOG_FORMAT, else text)")
@@ -453,11 +453,15 @@ int main(int argc, char** argv) {
   if (!relay_to.empty()) {
     // Flags of the daemon's store and registry mean nothing to a relay: refuse them rather than
     // ignore them.
-    for (const char* flag :
-         {"--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
-          "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
-          "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
-          "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members"}) {
+    // clang-format off
+    static constexpr const char* kRootOnly[] = {
+        "--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
+        "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
+        "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
+        "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
+        "--max-member-bytes"};
+    // clang-format on
+    for (const char* flag : kRootOnly) {
       if (app.count(flag) > 0) {
         std::cerr << "ddprun-rdzvd: error: " << flag << " does not apply to a relay (--relay-to): give it to the "
                   << "daemon the relay connects to\n";

@@ -16,7 +16,8 @@
 * a relay outlives its root: when the root is SIGKILLed and started again on the same port, the
   relay links again and a job running through it completes (its agents re-register with the new
   root); a relay whose root stays away past --relink-timeout exits 1 naming the root;
-  --relink-timeout without --relay-to is refused (exit 2);
+  --relink-timeout without --relay-to is refused (exit 2), and so is each of the root's flags with
+  it (--max-member-bytes, --max-members, ...);
 * agents given two relays (--rdzv-endpoint A,B) go on through B when A is SIGKILLed under a
   running job: they re-register through B and the job completes;
 * a relay started before its root waits for it (and is ready once linked); one whose root
@@ -296,6 +297,17 @@ def relay_before_root(token_file):
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert f"cannot connect to the daemon at 127.0.0.1:{port}" in r.stderr and "(--relink-timeout)" in r.stderr, \
         r.stderr
+
+
+def root_flags_refused(token_file):
+    """Every flag of the root's store, registry or metrics is refused on a relay (exit 2, naming
+    it) before it connects anywhere, rather than accepted and ignored."""
+    for flag, value in (("--max-member-bytes", "1000000"), ("--max-members", "10"), ("--job-expiry", "60"),
+                        ("--max-keys", "10"), ("--metrics-port", "0")):
+        r = subprocess.run([RDZVD, "--relay-to", "127.0.0.1:9", "--token-file", token_file, "--host", "127.0.0.1",
+                            "--port", "0", flag, value], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (flag, r.returncode, r.stderr)
+        assert f"{flag} does not apply to a relay" in r.stderr, (flag, r.stderr)
 
 
 def relay_refused(root_port, token_file, want):
@@ -609,6 +621,7 @@ def main():
         native_through(relay_port)
         agents_through(relay_port, tmp)
         relay_refused(root_port, wrong_file, "authentication failed")
+        root_flags_refused(token_file)
         link_by_hand(root_port)
         relay_dies(root_port, token_file, metrics_port)
         relay_restarted(root_port, token_file, tmp)
