@@ -190,7 +190,7 @@ class ExitCodes(unittest.TestCase):
         self.assertNotIn("DDPRUN_CUDA_DEVICE", r.stdout)
         self.assertNotIn("CUDA_DEVICE_ORDER", r.stdout)
         self.assertIn("no GPU plan, the workers inherit it as it is", r.stderr)
-        r = subprocess.run([BIN, "--nproc-per-node", "2", "--no-python", "/bin/sh", "-c",
+        r = subprocess.run([BIN, "--master-port", "0", "--nproc-per-node", "2", "--no-python", "/bin/sh", "-c",
                             'echo "nccl=${DDPRUN_NCCL_UNIQUE_ID:-none} cvd=$CUDA_VISIBLE_DEVICES"'], env=env,
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -102,7 +102,8 @@ class LazyOpenSSL(unittest.TestCase):
 
     def test_plain_launch_maps_no_openssl(self):
         out = os.path.join(self.dir, "plain")
-        r = subprocess.run([DDPRUN, "--nproc-per-node", "1", "--no-python", "sh", "-c", COUNT_OPENSSL, out],
+        r = subprocess.run([DDPRUN, "--master-port", "0", "--nproc-per-node", "1", "--no-python", "sh", "-c",
+                            COUNT_OPENSSL, out],
                            env=base_env(), capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(self.counts(out), 0, "a single-node launch mapped OpenSSL")

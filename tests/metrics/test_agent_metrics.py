@@ -64,9 +64,9 @@ def check_flags(tmp):
     with open(ok, "w") as w:
         w.write("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\n")
     go = os.path.join(tmp, "go_flags")
-    agent = subprocess.Popen([ddprun, "--metrics-port", "0", "--metrics-host", "0.0.0.0", "--nproc-per-node", "1",
-                              PYTHON, ok, go], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True)
+    agent = subprocess.Popen([ddprun, "--master-port", "0", "--metrics-port", "0", "--metrics-host", "0.0.0.0",
+                              "--nproc-per-node", "1", PYTHON, ok, go], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, start_new_session=True)
     try:
         addr, port = metrics_line(agent)
         assert addr == "0.0.0.0", addr
@@ -94,8 +94,8 @@ def main():
         worker = os.path.join(tmp, "worker.py")
         with open(worker, "w") as w:
             w.write(WORKER)
-        agent = subprocess.Popen([os.path.join(BIN_DIR, "ddprun"), "--metrics-port", "0", "--nproc-per-node", "2",
-                                  "--max-restarts", "1", PYTHON, worker, tmp],
+        agent = subprocess.Popen([os.path.join(BIN_DIR, "ddprun"), "--master-port", "0", "--metrics-port", "0",
+                                  "--nproc-per-node", "2", "--max-restarts", "1", PYTHON, worker, tmp],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
             buf = b""

@@ -5,6 +5,7 @@ the test process (PR_SET_PDEATHSIG) and carry the caller's environment (the orph
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,12 +21,29 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_given_ports = set()
+
+
 def free_port(host):
-    s = socket.socket()
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port for etcd, which must be told its ports up front. Not from bind(0): two calls in a
+    row could get the same port back, and a member's client and peer URLs collided. Taken at
+    random below the kernel's ephemeral range (no bind(0) or connect() of another socket takes it
+    meanwhile), away from torch's 29400 and 29500, never one handed out before, bindable now."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(2048, low - 12000), max(2049, low))
+        if 29300 <= port <= 29600 or port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError("no free port below %d" % low)
 
 
 class TlsFiles:

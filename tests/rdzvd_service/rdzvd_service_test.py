@@ -186,8 +186,8 @@ class Service(unittest.TestCase):
 
     def test_agent_json_logs_from_the_environment(self):
         env = dict(os.environ, DDPRUN_LOG_FORMAT="json", DDPRUN_LOG_LEVEL="info")
-        r = subprocess.run([DDPRUN, "--nproc-per-node", "2", "/bin/true"], capture_output=True, text=True,
-                           timeout=60, env=env)
+        r = subprocess.run([DDPRUN, "--master-port", "0", "--nproc-per-node", "2", "/bin/true"], capture_output=True,
+                           text=True, timeout=60, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stderr.splitlines()
         self.assertTrue(lines, "no log lines at info level")

@@ -21,6 +21,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,17 +30,34 @@
 
 namespace ddprun::test {
 
+// A port for etcd, which must be told its ports up front (it cannot bind port 0 and say which it
+// got). Not from bind(0): two calls in a row could get the same port back (the first probe's
+// socket is closed by then), and a member's client and peer URLs then collided ("bind: address
+// already in use"). Taken at random below the kernel's ephemeral range, where no bind(0) or
+// connect() of another socket takes it meanwhile, away from torch's 29400 and 29500, never one
+// this process handed out before, and bindable on 127.0.0.1 now.
 inline std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("bind");
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::set<std::uint16_t> given;
+  static std::mt19937 rng{std::random_device{}()};
+  int low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
+  std::uniform_int_distribution<int> pick(std::max(2048, low - 12000), std::max(2049, low - 1));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(pick(rng));
+    if ((port >= 29300 && port <= 29600) || given.count(port) != 0) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error("socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!free) continue;
+    given.insert(port);
+    return port;
+  }
+  throw std::runtime_error("no free port below " + std::to_string(low));
 }
 
 inline std::filesystem::path make_temp_dir(const std::string& tag) {

@@ -890,8 +890,9 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
             with self.subTest(watchdog="program" if binary == DDPRUN else "fork"):
 
                 def start():
-                    proc = subprocess.Popen([binary, "--containment", "cgroup2", "--nproc-per-node", "1", "--no-python",
-                                             "/bin/sh", worker, mount], stdin=subprocess.DEVNULL,
+                    proc = subprocess.Popen([binary, "--master-port", "0", "--containment", "cgroup2",
+                                             "--nproc-per-node", "1", "--no-python", "/bin/sh", worker, mount],
+                                            stdin=subprocess.DEVNULL,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                     _, err = proc.communicate(timeout=60)
                     return proc, err

@@ -33,6 +33,7 @@ def tearDownModule():
 
 def run(args, timeout=60, env=None, **kw):
     e = dict(os.environ)
+    e.setdefault("PET_MASTER_PORT", "0")  # never torch's 29500: something else on the box may hold it
     e.update(env or {})
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, **kw)
 
@@ -391,8 +392,8 @@ class ConsoleStall(unittest.TestCase):
         port = free_port()
         env = dict(os.environ, TORCHELASTIC_HEALTH_CHECK_PORT=str(port))
         with open(self.p("err"), "wb") as err:
-            proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "1", "--tee", "3", "--log-dir", self.p("logs"),
-                                     "--no-python", PYTHON, script, fifo],
+            proc = subprocess.Popen([DDPRUN, "--master-port", "0", "--nproc-per-node", "1", "--tee", "3",
+                                     "--log-dir", self.p("logs"), "--no-python", PYTHON, script, fifo],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
         try:
             rd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
