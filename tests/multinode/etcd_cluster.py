@@ -32,8 +32,9 @@ def free_port(host):
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
     rng = random.Random()
+    below = low > 4096  # else (a range tuned to start at 1024) bind(0), never a port given before
     for _ in range(1000):
-        port = rng.randrange(max(2048, low - 12000), max(2049, low))
+        port = rng.randrange(max(2048, low - 12000), low) if below else 0
         if 29300 <= port <= 29600 or port in _given_ports:
             continue
         with socket.socket() as s:
@@ -41,6 +42,9 @@ def free_port(host):
                 s.bind((host, port))
             except OSError:
                 continue
+            port = s.getsockname()[1]
+        if port in _given_ports:
+            continue
         _given_ports.add(port)
         return port
     raise RuntimeError("no free port below %d" % low)

@@ -42,8 +42,11 @@ inline std::uint16_t free_port() {
   int low = 32768;
   std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
   std::uniform_int_distribution<int> pick(std::max(2048, low - 12000), std::max(2049, low - 1));
+  // Where the ephemeral range starts low (some hosts tune it to "1024 65535") nothing is below
+  // it: bind(0), still never a port handed out before.
+  const bool below = low > 4096;
   for (int attempt = 0; attempt < 1000; ++attempt) {
-    const auto port = static_cast<std::uint16_t>(pick(rng));
+    const auto port = static_cast<std::uint16_t>(below ? pick(rng) : 0);
     if ((port >= 29300 && port <= 29600) || given.count(port) != 0) continue;
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw std::runtime_error("socket");
@@ -51,11 +54,14 @@ inline std::uint16_t free_port() {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(port);
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    socklen_t len = sizeof a;
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
     ::close(fd);
-    if (!free) continue;
-    given.insert(port);
-    return port;
+    const auto got = ntohs(a.sin_port);
+    if (!free || given.count(got) != 0) continue;
+    given.insert(got);
+    return got;
   }
   throw std::runtime_error("no free port below " + std::to_string(low));
 }

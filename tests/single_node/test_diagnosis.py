@@ -812,8 +812,10 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
                 f.write(f'#!/bin/sh\n/bin/sleep 1\nexec {shlex.quote(program)} "$@"\n')
             os.chmod(os.path.join(slow, "ddprun-watchdog"), 0o755)
             binaries.append(("program, slow to start", os.path.join(slow, "ddprun")))
-        script = ('for c in $(cat /proc/$PPID/task/*/children); do [ "$c" = "$$" ] && continue; '
-                  'echo "child $c $(cat /proc/$c/comm) $(cut -d" " -f6 /proc/$c/stat)"; done; '
+        # (From every /proc/N/stat: /proc/PID/task/TID/children needs CONFIG_PROC_CHILDREN. The names
+        # involved hold no space, so field 4 is the parent and field 6 the session.)
+        script = ('for f in /proc/[0-9]*/stat; do set -f; set -- $(cat "$f" 2>/dev/null); set +f; '
+                  '[ "$4" = "$PPID" ] && [ "$1" != "$$" ] && echo "child $1 $(cat /proc/$1/comm) $6"; done; '
                   'echo "agent $(cut -d" " -f6 /proc/$PPID/stat)"')
         for kind, binary in binaries:
             with self.subTest(watchdog=kind):
