@@ -5,12 +5,16 @@ the test process (PR_SET_PDEATHSIG) and carry the caller's environment (the orph
 import ctypes
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
+import sys
 import threading
 import time
+
+# One port picker for the tests that must name ports up front: etcd cannot bind port 0 and say
+# which it got.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "single_node"))
+from ports import free_port  # noqa: E402
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -19,35 +23,6 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-_given_ports = set()
-
-
-def free_port(host):
-    """A port for etcd, which must be told its ports up front. Not from bind(0): two calls in a
-    row could get the same port back, and a member's client and peer URLs collided. Taken at
-    random below the kernel's ephemeral range (no bind(0) or connect() of another socket takes it
-    meanwhile), away from torch's 29400 and 29500, never one handed out before, bindable now."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low = int(f.read().split()[0])
-    rng = random.Random()
-    below = low > 4096  # else (a range tuned to start at 1024) bind(0), never a port given before
-    for _ in range(1000):
-        port = rng.randrange(max(2048, low - 12000), low) if below else 0
-        if 29300 <= port <= 29600 or port in _given_ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            port = s.getsockname()[1]
-        if port in _given_ports:
-            continue
-        _given_ports.add(port)
-        return port
-    raise RuntimeError("no free port below %d" % low)
 
 
 class TlsFiles:
