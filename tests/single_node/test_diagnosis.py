@@ -803,11 +803,11 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # ddprun-watchdog; a forked watchdog was in the agent's process group until the scheduler
         # ran it (seen on a loaded machine). Each worker lists ddprun's children: pid, name, session.
         program = DDPRUN + "-watchdog"
-        slow = os.path.join(self.dir, "slow")
-        os.makedirs(slow)
-        shutil.copy2(DDPRUN, slow)
         binaries = [("forked", self.lone_ddprun())]
         if os.access(program, os.X_OK):
+            slow = os.path.join(self.dir, "slow")
+            os.makedirs(slow)
+            shutil.copy2(DDPRUN, slow)
             with open(os.path.join(slow, "ddprun-watchdog"), "w") as f:
                 f.write(f'#!/bin/sh\n/bin/sleep 1\nexec {shlex.quote(program)} "$@"\n')
             os.chmod(os.path.join(slow, "ddprun-watchdog"), 0o755)
