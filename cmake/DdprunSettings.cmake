@@ -19,6 +19,14 @@ if(DDPRUN_SANITIZE)
   add_link_options(-fsanitize=${DDPRUN_SANITIZE})
 endif()
 
+# The fuzz build (scripts/fuzz, build-fuzz/): every library carries libFuzzer's coverage
+# instrumentation and the sanitizers, so that the targets linking whole libraries
+# (fuzz_text_parsers, fuzz_flags in tests/fuzz/) are guided through their code too.
+if(DDPRUN_FUZZ AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 # Helper: one library per folder, sources picked up from <folder>/src.
 function(ddprun_add_folder_library name)
   cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})

@@ -30,7 +30,7 @@ std::optional<std::uint16_t> parse_port(std::string_view text) {
 Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::string_view what) {
   const std::string forms = "accepted forms: HOST, HOST:PORT, [IPV6], [IPV6]:PORT with PORT in 0..65535";
   auto fail = [&](const std::string& why) -> Endpoint {
-    throw UsageError(std::string(what) + "='" + std::string(text) + "': " + why, forms);
+    throw UsageError(std::string(what) + "='" + terminal_safe(text) + "': " + why, forms);
   };
   const std::string_view t = trim(text);
   if (t.empty()) return fail("empty endpoint");
@@ -44,7 +44,7 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
     if (!rest.empty()) {
       if (rest.front() != ':') return fail("unexpected text after ']'");
       auto p = parse_port(rest.substr(1));
-      if (!p) return fail("invalid port '" + std::string(rest.substr(1)) + "'");
+      if (!p) return fail("invalid port '" + terminal_safe(rest.substr(1)) + "'");
       ep.port = *p;
     }
   } else {
@@ -56,13 +56,22 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
     } else if (first != std::string_view::npos) {
       ep.host = std::string(t.substr(0, first));
       auto p = parse_port(t.substr(first + 1));
-      if (!p) return fail("invalid port '" + std::string(t.substr(first + 1)) + "'");
+      if (!p) return fail("invalid port '" + terminal_safe(t.substr(first + 1)) + "'");
       ep.port = *p;
     } else {
       ep.host = std::string(t);
     }
   }
   if (ep.host.empty()) return fail("empty host");
+  // What a resolver or a "host:port" text can carry: no blank, control character or bracket
+  // (a host that cannot be written back as an endpoint, or that getaddrinfo reads cut at a NUL).
+  for (const char c : ep.host) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f || c == '[' || c == ']' || c == ',') {
+      return fail("host '" + terminal_safe(ep.host) + "' holds " +
+                  (c == '[' || c == ']' || c == ',' ? "'" + std::string(1, c) + "'" : "a blank or a control character"));
+    }
+  }
   return ep;
 }
 
@@ -73,7 +82,7 @@ std::vector<Endpoint> parse_endpoint_list(std::string_view text, std::uint16_t d
     const auto comma = text.find(',', begin);
     const std::string_view item = text.substr(begin, comma == std::string_view::npos ? comma : comma - begin);
     if (trim(item).empty() && (comma != std::string_view::npos || !out.empty())) {
-      throw UsageError(std::string(what) + "='" + std::string(text) + "': an empty endpoint in the list",
+      throw UsageError(std::string(what) + "='" + terminal_safe(text) + "': an empty endpoint in the list",
                        "separate endpoints with single commas: HOST[:PORT],HOST[:PORT]");
     }
     out.push_back(parse_endpoint(item, default_port, what));

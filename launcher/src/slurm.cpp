@@ -48,6 +48,7 @@ class HostlistParser {
   void expand_name(std::vector<std::string>& out) {
     const std::size_t start = pos_;
     std::vector<std::string> partial{""};
+    std::size_t longest = 0;  // of the names in `partial`
     bool any = false;
     while (pos_ < text_.size()) {
       const char c = text_[pos_];
@@ -56,6 +57,10 @@ class HostlistParser {
       if (c == '[') {
         const auto values = parse_group();
         if (partial.size() * values.size() > kMaxHostlistHosts) fail(start, "too many hosts");
+        std::size_t widest = 0;
+        for (const auto& v : values) widest = std::max(widest, v.size());
+        longest += widest;
+        check_size(start, longest, partial.size() * values.size());
         std::vector<std::string> next;
         next.reserve(partial.size() * values.size());
         for (const auto& p : partial) {
@@ -63,6 +68,7 @@ class HostlistParser {
         }
         partial = std::move(next);
       } else {
+        check_size(start, ++longest, partial.size());
         for (auto& p : partial) p.push_back(c);
         ++pos_;
       }
@@ -70,7 +76,21 @@ class HostlistParser {
     }
     if (!any) fail(start, "empty host name");
     if (out.size() + partial.size() > kMaxHostlistHosts) fail(start, "too many hosts");
-    for (auto& p : partial) out.push_back(std::move(p));
+    for (auto& p : partial) {
+      bytes_ += p.size();
+      out.push_back(std::move(p));
+    }
+  }
+
+  // A name of `longest` bytes at most, `count` of them, on top of what is expanded already: within
+  // a host name's length and the list's total (a short list whose names are long multiplies out).
+  void check_size(std::size_t start, std::size_t longest, std::size_t count) const {
+    if (longest > kMaxHostlistNameBytes) {
+      fail(start, "a host name longer than " + std::to_string(kMaxHostlistNameBytes) + " bytes");
+    }
+    if (bytes_ + longest * count > kMaxHostlistBytes) {
+      fail(start, "the names take more than " + std::to_string(kMaxHostlistBytes >> 20) + " MiB");
+    }
   }
 
   // "[a-b,c]" at pos_ -> the values, padded.
@@ -115,6 +135,7 @@ class HostlistParser {
   std::string_view text_;
   std::string_view what_;
   std::size_t pos_ = 0;
+  std::size_t bytes_ = 0;  // of the names in the output so far
 };
 
 const std::string* find(const std::map<std::string, std::string>& env, const std::string& name) {

@@ -28,6 +28,24 @@ TEST_CASE("bad endpoints name the flag and the forms") {
   }
 }
 
+TEST_CASE("an endpoint's host holds no blank, control character or bracket") {
+  // Each would reach the resolver (cut at a NUL) or not be written back as the same endpoint.
+  for (const std::string& bad : {std::string("he ad:1"), std::string("head\n:1"), std::string("h\x1f"),
+                                std::string("[\x0b\0\0]:5", 7), std::string("[[::1]:5"), std::string("a]b:5"),
+                                std::string("h\x7f:1"), std::string("[a,b]:5")}) {
+    try {
+      parse_endpoint(bad, 1, "--rdzv-endpoint");
+      FAIL("accepted '" << bad << "'");
+    } catch (const ddprun::UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("--rdzv-endpoint") && Catch::Contains("' holds "));
+      // Shown escaped: the terminal gets no control character from it.
+      for (const char c : std::string(e.what())) CHECK((static_cast<unsigned char>(c) >= 0x20 && c != 0x7f));
+    }
+  }
+  CHECK(parse_endpoint("[fe80::1%eth0]:5", 1, "--x") == ddprun::Endpoint{"fe80::1%eth0", 5});
+  CHECK(parse_endpoint(" head:5\t", 1, "--x") == ddprun::Endpoint{"head", 5});
+}
+
 TEST_CASE("endpoint lists") {
   using ddprun::Endpoint;
   using ddprun::parse_endpoint_list;

@@ -13,6 +13,7 @@
 #include "ddprun/common/flag_spec.hpp"
 #include "ddprun/launcher/command_line.hpp"
 #include "ddprun/launcher/flags.hpp"
+#include "flags_outcome.hpp"
 #include "parsed_flags.hpp"
 
 namespace launcher = ddprun::launcher;
@@ -20,65 +21,6 @@ namespace detail = ddprun::launcher::detail;
 using Args = std::vector<std::string>;
 
 namespace {
-
-struct Outcome {
-  bool cli11 = false;  // (not compared)
-  std::string error;
-  bool help = false;
-  Args remaining;
-  Args program;  // program_words(remaining), or its error
-  Args answers;
-};
-
-Outcome parse(const Args& args, const launcher::ParseContext& ctx, bool lazy) {
-  Outcome o;
-  detail::ParsedFlags p(ctx);
-  Args expanded;
-  try {
-    expanded = detail::expand_abbreviations(args);
-  } catch (const ddprun::Error& e) {
-    o.cli11 = true;  // refused before either reading (the expansion is common to both): nothing to count
-    o.error = e.what();
-    return o;
-  }
-  try {
-    const bool help = p.parse(expanded, !lazy).has_value();
-    o.cli11 = p.read_with_cli11();
-    if (help) {
-      o.help = true;
-      return o;
-    }
-  } catch (const ddprun::Error& e) {
-    o.cli11 = p.read_with_cli11();
-    o.error = e.what();
-    return o;
-  }
-  o.remaining = p.remaining();
-  try {
-    o.program = detail::program_words(o.remaining, "usage");
-  } catch (const ddprun::Error& e) {
-    o.program = {"error", e.what()};
-  }
-  for (const auto& spec : launcher::launcher_flags()) {
-    const std::string dash(spec.dash);
-    try {
-      switch (spec.kind) {
-        case ddprun::FlagKind::boolean:
-          o.answers.push_back(dash + (p.flag(dash) ? " on" : " off"));
-          break;
-        case ddprun::FlagKind::repeated:
-          for (const auto& v : p.all(dash)) o.answers.push_back(dash + " += " + v);
-          break;
-        case ddprun::FlagKind::value:
-          if (auto g = p.given(dash)) o.answers.push_back(dash + " = " + g->text + " from " + g->what);
-          break;
-      }
-    } catch (const ddprun::Error& e) {
-      o.answers.push_back(dash + " error " + e.what());
-    }
-  }
-  return o;
-}
 
 std::vector<Args> corpus() {
   std::vector<Args> out = {
@@ -165,8 +107,8 @@ TEST_CASE("the common command line is read without CLI11 as CLI11 reads it", "[c
     std::string shown;
     for (const auto& a : args) shown += " '" + a + "'";
     INFO("ddprun" << shown);
-    const Outcome lazy = parse(args, ctx, true);
-    const Outcome full = parse(args, ctx, false);
+    const auto lazy = ddprun_test::parse_outcome(args, ctx, true);
+    const auto full = ddprun_test::parse_outcome(args, ctx, false);
     CHECK(lazy.error == full.error);
     CHECK(lazy.help == full.help);
     CHECK(lazy.remaining == full.remaining);

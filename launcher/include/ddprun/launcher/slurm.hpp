@@ -10,7 +10,9 @@
 //                             is kept as zero padding ("01-10" -> 01..10, "8-10" -> 8,9,10)
 //   rack[1-2]-n[01-02]        several groups: the cartesian product, leftmost group varying
 //                             slowest (rack1-n01, rack1-n02, rack2-n01, rack2-n02)
-// No escapes; whitespace around names is ignored. At most kMaxHostlistHosts names.
+// No escapes; whitespace around names is ignored. At most kMaxHostlistHosts names, each at most
+// kMaxHostlistNameBytes long, kMaxHostlistBytes in all (a short list of long names with two
+// bracket groups would otherwise expand to gigabytes).
 #include <cstddef>
 #include <map>
 #include <optional>
@@ -21,6 +23,8 @@
 namespace ddprun::launcher {
 
 inline constexpr std::size_t kMaxHostlistHosts = 1'000'000;
+inline constexpr std::size_t kMaxHostlistNameBytes = 255;  // a DNS name's limit (253) and then some
+inline constexpr std::size_t kMaxHostlistBytes = std::size_t{64} << 20;
 
 // `what` names the source in messages (e.g. "SLURM_JOB_NODELIST").
 std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what = "hostlist");
