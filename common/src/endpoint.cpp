@@ -68,8 +68,9 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
   for (const char c : ep.host) {
     const auto u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u == 0x7f || c == '[' || c == ']' || c == ',') {
-      return fail("host '" + terminal_safe(ep.host) + "' holds " +
-                  (c == '[' || c == ']' || c == ',' ? "'" + std::string(1, c) + "'" : "a blank or a control character"));
+      return fail(
+          "host '" + terminal_safe(ep.host) + "' holds " +
+          (c == '[' || c == ']' || c == ',' ? "'" + std::string(1, c) + "'" : "a blank or a control character"));
     }
   }
   return ep;

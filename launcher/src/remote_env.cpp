@@ -117,8 +117,7 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
     // (The name captured by value: clang before 16 cannot capture a structured binding.)
     const auto matches = [n = std::string_view(name)](std::string_view p) { return env_name_matches(n, p); };
     const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(), matches);
-    const bool excepted =
-        std::any_of(kDefaultRemoteEnvExceptions.begin(), kDefaultRemoteEnvExceptions.end(), matches);
+    const bool excepted = std::any_of(kDefaultRemoteEnvExceptions.begin(), kDefaultRemoteEnvExceptions.end(), matches);
     // A launcher variable with a NUL cannot exist; an invalid name (possible via env(1)) is skipped.
     if (wanted && !excepted && !is_reserved(name) && is_env_name(name)) out.emplace_back(name, value);
   }

@@ -30,9 +30,9 @@ TEST_CASE("bad endpoints name the flag and the forms") {
 
 TEST_CASE("an endpoint's host holds no blank, control character or bracket") {
   // Each would reach the resolver (cut at a NUL) or not be written back as the same endpoint.
-  for (const std::string& bad : {std::string("he ad:1"), std::string("head\n:1"), std::string("h\x1f"),
-                                std::string("[\x0b\0\0]:5", 7), std::string("[[::1]:5"), std::string("a]b:5"),
-                                std::string("h\x7f:1"), std::string("[a,b]:5")}) {
+  for (const std::string& bad :
+       {std::string("he ad:1"), std::string("head\n:1"), std::string("h\x1f"), std::string("[\x0b\0\0]:5", 7),
+        std::string("[[::1]:5"), std::string("a]b:5"), std::string("h\x7f:1"), std::string("[a,b]:5")}) {
     try {
       parse_endpoint(bad, 1, "--rdzv-endpoint");
       FAIL("accepted '" << bad << "'");

@@ -3,7 +3,8 @@
 // differently (another error, help or not, other words left for the program, another answer to
 // any query the resolvers make) aborts: it is a launch that would not do what torchrun's
 // spelling of it means. The differential test flags_lazy_test.cpp does the same over a fixed
-// corpus; this one lets the fuzzer look for the lines nobody wrote down.
+// corpus; this one lets the fuzzer look for the lines nobody wrote down. A line both read alike
+// then goes through parse_command_line whole (the resolvers, under ASan and UBSan).
 //
 // Input: byte 0 picks the PET_* environment (bit 0: none or a few PET_* forms of flags that are
 // mostly not on the command line). The rest is split at NUL into argv words. A word starting with
@@ -11,6 +12,8 @@
 // fuzzer reaches every flag without guessing its name: 1 "--dash-spelling", 2
 // "--underscore_spelling", 3 "-s" (the short name, or the dash spelling), 4 "--dash-spelling=REST"
 // with the word's remaining bytes as the value.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +42,18 @@ std::string word(std::string_view raw) {
   }
 }
 
+// A removed directory, the working directory of the process and of the parse: a relative file
+// name a flag gives (--hostfile hosts, password_file=p, token_file=t) names nothing there, and
+// nothing is left behind however the fuzzer ends.
+const std::string& empty_dir() {
+  static const std::string dir = [] {
+    char templ[] = "/tmp/ddprun-fuzz-flags-XXXXXX";
+    if (::mkdtemp(templ) == nullptr || ::chdir(templ) != 0 || ::rmdir(templ) != 0) std::abort();
+    return std::string(templ);
+  }();
+  return dir;
+}
+
 std::string shown(const ddprun_test::Args& args) {
   std::string out = "ddprun";
   for (const auto& a : args) out += " '" + a + "'";
@@ -57,7 +72,7 @@ void print(const char* name, const ddprun_test::Outcome& o) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1 || size > 4096) return 0;
   ddprun::launcher::ParseContext ctx;
-  ctx.cwd = "/";
+  ctx.cwd = empty_dir();
   if ((data[0] & 1) != 0) {
     ctx.env = {{"PET_NNODES", "3"}, {"PET_NO_PYTHON", "1"}, {"PET_MAX_RESTARTS", "2"}, {"PET_STANDALONE", "x"}};
   }
@@ -79,6 +94,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     print("without CLI11", lazy);
     print("with CLI11", full);
     std::abort();
+  }
+  // Then the whole command line as a launch resolves it (every value parsed and checked against
+  // the others): a refusal or a configuration, nothing else. A file a flag names is looked for in
+  // the empty directory; a word with a '/' could name a device that never ends (/dev/zero) or one
+  // that blocks (a FIFO), so such lines stop here.
+  if (!lazy.error.empty() || lazy.help) return 0;
+  for (const auto& a : args) {
+    if (a.find('/') != std::string::npos) return 0;
+  }
+  try {
+    (void)ddprun::launcher::parse_command_line(args, ctx);
+  } catch (const ddprun::Error&) {
   }
   return 0;
 }

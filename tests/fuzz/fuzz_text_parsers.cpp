@@ -251,7 +251,8 @@ void run(std::uint8_t which, std::uint8_t param, std::string_view text) {
       (void)launcher::slurm_from_env(env_lines(text));
       break;
     case 5:
-      for (const auto& [name, value] : launcher::parse_env_file_text(text, "env.txt")) require(agent::is_env_name(name));
+      for (const auto& [name, value] : launcher::parse_env_file_text(text, "env.txt"))
+        require(agent::is_env_name(name));
       break;
     case 6: {
       const auto f = launcher::parse_env_flag(text);
