@@ -28,6 +28,7 @@
 #include "ddprun/launcher/hosts.hpp"
 #include "ddprun/launcher/remote_env.hpp"
 #include "ddprun/launcher/slurm.hpp"
+#include "ddprun/launcher/status_command.hpp"
 #include "ddprun/launcher/values.hpp"
 #include "ddprun/rendezvous/etcd_codec.hpp"
 #include "ddprun/rendezvous/json_capped.hpp"
@@ -193,10 +194,28 @@ void etcd_reply(std::string_view body, std::uint8_t param) {
 
 // Native rendezvous frames, one after another, as the agent (server pushes) or the daemon (client
 // requests) reads them: the decoder never claims more than it has or asks for less than it has,
-// and what it decoded encodes to a frame that decodes again to the same encoding.
+// and what it decoded encodes to a frame that decodes again to the same encoding (and passes
+// `check`, when given).
+// What `ddprun status` prints from a daemon's reply reaches a terminal: no control character
+// but the line ends, no DEL, no C1 control (UTF-8 C2 80..9F) a peer could move the cursor with.
+void check_status_text(const rdzv::ServerMessage& m) {
+  const auto* status = std::get_if<rdzv::RegistryStatus>(&m);
+  if (status == nullptr) return;
+  const std::string text = launcher::format_status(*status, "head:29400", "");
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    require((u >= 0x20 || text[i] == '\n') && u != 0x7f);
+    if (u == 0xc2 && i + 1 < text.size()) {
+      const auto next = static_cast<unsigned char>(text[i + 1]);
+      require(next < 0x80 || next > 0x9f);
+    }
+  }
+  (void)launcher::format_status_json(*status, "head:29400", "", "");
+}
+
 template <typename Message>
 void frames(std::string_view stream, rdzv::DecodeResult (*decode)(std::string_view, const rdzv::WireLimits&, Message&),
-            void (*encode)(std::string&, const Message&)) {
+            void (*encode)(std::string&, const Message&), void (*check)(const Message&)) {
   rdzv::WireLimits limits;
   limits.max_payload_bytes = 16384;
   while (!stream.empty()) {
@@ -208,6 +227,7 @@ void frames(std::string_view stream, rdzv::DecodeResult (*decode)(std::string_vi
     }
     if (r.status != rdzv::DecodeStatus::ok) return;
     require(r.consumed > 0 && r.consumed <= stream.size());
+    if (check != nullptr) check(m);
     std::string once;
     encode(once, m);
     Message again;
@@ -331,10 +351,10 @@ void run(std::uint8_t which, std::uint8_t param, std::string_view text) {
       etcd_reply(text, param);
       break;
     case 15:
-      frames<rdzv::ServerMessage>(text, rdzv::decode_server, rdzv::encode_server);
+      frames<rdzv::ServerMessage>(text, rdzv::decode_server, rdzv::encode_server, check_status_text);
       break;
     case 16:
-      frames<rdzv::ClientMessage>(text, rdzv::decode_client, rdzv::encode_client);
+      frames<rdzv::ClientMessage>(text, rdzv::decode_client, rdzv::encode_client, nullptr);
       break;
     default:
       values(text, param);
