@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -16,6 +18,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/json.hpp>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
@@ -118,6 +121,64 @@ TEST_CASE("file timer: a real FIFO, a writer, and the kill at the deadline") {
   CHECK(killed == 31338);
   CHECK(signal_sent == SIGTERM);
   CHECK_FALSE(fs::exists(path));  // removed with the server
+}
+
+TEST_CASE("file timer: a worker's expired timers cannot flood the log or forge lines in it") {
+  // A worker may write timers that expire at once, as fast as it writes (expiration_time 0,
+  // signal 0: nothing is killed), with any text as the scope id. Before: a warning line for each
+  // (600,000 in 3 s), the scope id printed raw (a newline forged a "[ddprun error]" line, an ESC
+  // reached the terminal).
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("ddprun_timer_flood_" + std::to_string(::getpid()));
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096);
+  spdlog::default_logger()->sinks().push_back(sink);
+  constexpr int kLines = 2000;
+  boost::asio::io_context io;
+  int kills = 0;
+  {
+    FileTimerServer server(io, path.string(), [&](pid_t, int) { return ++kills, true; });
+    server.start();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    // From another thread: more than the pipe holds, read by the server as it comes.
+    std::thread writer([fd] {
+      for (int i = 0; i < kLines; ++i) {
+        // A pid per line: each timer is reaped (one reap per pid and deadline).
+        const std::string line =
+            R"({"version": 1, "pid": )" + std::to_string(100000 + i) +
+            R"(, "scope_id": "s\n[ddprun error] forged\u001b[2J", "expiration_time": 0, "signal": )" +
+            std::string(i % 2 == 0 ? "0" : "18") + "}\n";
+        if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) break;
+      }
+      ::close(fd);
+    });
+    // Until every line is read and every timer reaped (bounded).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while ((server.requests_seen() < kLines || server.timers() > 0) && std::chrono::steady_clock::now() < give_up) {
+      io.run_for(std::chrono::milliseconds(20));
+    }
+    writer.join();
+    CHECK(server.requests_seen() == kLines);
+    CHECK(server.timers() == 0);
+  }
+  auto& sinks = spdlog::default_logger()->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  CHECK(kills == kLines / 2);
+  const auto lines = sink->last_formatted();
+  const auto count = [&](const char* what) {
+    return std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
+  };
+  // One line of each kind a second at most (the whole run takes well under a few seconds).
+  CHECK(count("expired without a signal") >= 1);
+  CHECK(count("expired without a signal") <= 5);
+  CHECK(count("expired; killing it with SIGCONT") >= 1);
+  CHECK(count("expired; killing it with SIGCONT") <= 5);
+  for (const auto& l : lines) {
+    // Each log line is one line, with no escape character; the scope id shows escaped.
+    CHECK(std::count(l.begin(), l.end(), '\n') <= 1);
+    CHECK(l.find('\x1b') == std::string::npos);
+    if (l.find("file timer: scope") != l.npos) CHECK(l.find("'s\\x0a[ddprun error] forged\\x1b[2J") != l.npos);
+  }
 }
 
 TEST_CASE("file timer: numbers out of range are refused, never cast") {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
+#include "ddprun/common/rate_limited_warning.hpp"
 
 namespace ddprun::agent {
 
@@ -126,6 +127,10 @@ class FileTimerServer {
   ino_t fifo_ino_ = 0;
   std::chrono::steady_clock::time_point last_warning_{};
   std::size_t warnings_suppressed_ = 0;
+  // A worker can make timers expire as fast as it writes lines (expiration_time 0): the expiry
+  // lines, one a second with a count.
+  RateLimitedWarning expired_quietly_;
+  RateLimitedWarning expired_killed_;
 };
 
 // Sends `signal` to `pid` unless it is the agent itself, pid <= 1, or `member(pid)` says it is

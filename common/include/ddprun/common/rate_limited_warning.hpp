@@ -17,6 +17,12 @@ struct RateLimitedWarning {
 
   template <class... Args>
   void warn(fmt::format_string<Args...> format, Args&&... args) {
+    log(spdlog::level::warn, format, std::forward<Args>(args)...);
+  }
+
+  // The same at another level (an error line a peer can make repeat).
+  template <class... Args>
+  void log(spdlog::level::level_enum level, fmt::format_string<Args...> format, Args&&... args) {
     const auto now = std::chrono::steady_clock::now();
     if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) {
       ++suppressed;
@@ -24,7 +30,7 @@ struct RateLimitedWarning {
     }
     std::string text = fmt::format(format, std::forward<Args>(args)...);
     if (suppressed > 0) text += fmt::format(" ({} more like it in the last second not shown)", suppressed);
-    spdlog::warn("{}", text);
+    spdlog::log(level, "{}", text);
     last = now;
     suppressed = 0;
   }
