@@ -19,13 +19,17 @@ if(DDPRUN_SANITIZE)
   add_link_options(-fsanitize=${DDPRUN_SANITIZE})
 endif()
 
-# The fuzz build (scripts/fuzz, build-fuzz/): every library carries libFuzzer's coverage
-# instrumentation and the sanitizers, so that the targets linking whole libraries
-# (fuzz_text_parsers, fuzz_flags in tests/fuzz/) are guided through their code too.
-if(DDPRUN_FUZZ AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
-  add_link_options(-fsanitize=address,undefined)
-endif()
+# The fuzz build (scripts/fuzz, build-fuzz/): the static libraries carry libFuzzer's coverage
+# instrumentation and the sanitizers (ddprun_fuzz_instrument), so that the targets linking whole
+# libraries (fuzz_text_parsers, fuzz_flags in tests/fuzz/) are guided through their code too.
+# Only the static ones: a shared library would need the sanitizers' runtime at its link.
+set(DDPRUN_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer)
+function(ddprun_fuzz_instrument target)
+  if(DDPRUN_FUZZ AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    target_compile_options(${target} PRIVATE ${DDPRUN_FUZZ_FLAGS})
+  endif()
+endfunction()
 
 # Helper: one library per folder, sources picked up from <folder>/src.
 function(ddprun_add_folder_library name)
@@ -38,4 +42,5 @@ function(ddprun_add_folder_library name)
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(ddprun_${name} PUBLIC ${ARG_DEPS} PRIVATE ddprun_settings)
   set_target_properties(ddprun_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  ddprun_fuzz_instrument(ddprun_${name})
 endfunction()

@@ -17,7 +17,8 @@ bool is_digits(std::string_view s) {
 
 class HostlistParser {
  public:
-  HostlistParser(std::string_view text, std::string_view what) : text_(text), what_(what) {}
+  HostlistParser(std::string_view text, std::string_view what, const HostlistLimits& limits)
+      : text_(text), what_(what), limits_(limits) {}
 
   std::vector<std::string> run() {
     std::vector<std::string> out;
@@ -56,7 +57,7 @@ class HostlistParser {
       if (c == ']') fail(pos_, "']' without '['");
       if (c == '[') {
         const auto values = parse_group();
-        if (partial.size() * values.size() > kMaxHostlistHosts) fail(start, "too many hosts");
+        if (partial.size() * values.size() > limits_.max_hosts) fail(start, "too many hosts");
         std::size_t widest = 0;
         for (const auto& v : values) widest = std::max(widest, v.size());
         longest += widest;
@@ -75,7 +76,7 @@ class HostlistParser {
       any = true;
     }
     if (!any) fail(start, "empty host name");
-    if (out.size() + partial.size() > kMaxHostlistHosts) fail(start, "too many hosts");
+    if (out.size() + partial.size() > limits_.max_hosts) fail(start, "too many hosts");
     for (auto& p : partial) {
       bytes_ += p.size();
       out.push_back(std::move(p));
@@ -88,8 +89,8 @@ class HostlistParser {
     if (longest > kMaxHostlistNameBytes) {
       fail(start, "a host name longer than " + std::to_string(kMaxHostlistNameBytes) + " bytes");
     }
-    if (bytes_ + longest * count > kMaxHostlistBytes) {
-      fail(start, "the names take more than " + std::to_string(kMaxHostlistBytes >> 20) + " MiB");
+    if (bytes_ + longest * count > limits_.max_bytes) {
+      fail(start, "the names take more than " + std::to_string(limits_.max_bytes >> 20) + " MiB");
     }
   }
 
@@ -117,8 +118,8 @@ class HostlistParser {
       const auto lo = *parse_int(lo_text);
       const auto hi = *parse_int(hi_text);
       if (hi < lo) fail(at, "range '" + item + "' runs backwards");
-      if (static_cast<std::uint64_t>(hi - lo) >= kMaxHostlistHosts ||
-          values.size() + static_cast<std::size_t>(hi - lo) >= kMaxHostlistHosts) {
+      if (static_cast<std::uint64_t>(hi - lo) >= limits_.max_hosts ||
+          values.size() + static_cast<std::size_t>(hi - lo) >= limits_.max_hosts) {
         fail(at, "too many hosts");
       }
       const std::size_t width = lo_text.size();
@@ -134,6 +135,7 @@ class HostlistParser {
 
   std::string_view text_;
   std::string_view what_;
+  HostlistLimits limits_;
   std::size_t pos_ = 0;
   std::size_t bytes_ = 0;  // of the names in the output so far
 };
@@ -155,11 +157,12 @@ int env_int(const std::string& name, const std::string& value, int min) {
 
 }  // namespace
 
-std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what) {
-  return HostlistParser(text, what).run();
+std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what, const HostlistLimits& limits) {
+  return HostlistParser(text, what, limits).run();
 }
 
-std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env) {
+std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env,
+                                            const HostlistLimits& limits) {
   const std::string* job_id = find(env, "SLURM_JOB_ID");
   if (job_id == nullptr) return std::nullopt;
   std::string nnodes_var = "SLURM_NNODES";
@@ -199,7 +202,7 @@ std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::str
     throw UsageError("SLURM_JOB_ID is set but none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is",
                      "run ddprun under srun, or unset SLURM_JOB_ID");
   }
-  const auto hosts = expand_hostlist(*list, list_var);
+  const auto hosts = expand_hostlist(*list, list_var, limits);
   if (hosts.size() != static_cast<std::size_t>(s.nnodes)) {
     throw UsageError(list_var + "=" + *list + " names " + std::to_string(hosts.size()) + " node(s) but " + nnodes_var +
                          "=" + *nnodes,

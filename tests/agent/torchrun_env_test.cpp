@@ -168,11 +168,12 @@ TEST_CASE("file timer: a worker's expired timers cannot flood the log or forge l
   const auto count = [&](const char* what) {
     return std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
   };
-  // One line of each kind a second at most (the whole run takes well under a few seconds).
-  CHECK(count("expired without a signal") >= 1);
-  CHECK(count("expired without a signal") <= 5);
-  CHECK(count("expired; killing it with SIGCONT") >= 1);
-  CHECK(count("expired; killing it with SIGCONT") <= 5);
+  // 64 lines of each kind a second at most (the whole run takes a second or two at most): every
+  // timer of a burst of real expiries shows, a flood does not.
+  CHECK(count("expired without a signal") >= 64);
+  CHECK(count("expired without a signal") <= 3 * 64);
+  CHECK(count("expired; killing it with SIGCONT") >= 64);
+  CHECK(count("expired; killing it with SIGCONT") <= 3 * 64);
   for (const auto& l : lines) {
     // Each log line is one line, with no escape character; the scope id shows escaped.
     CHECK(std::count(l.begin(), l.end(), '\n') <= 1);

@@ -42,13 +42,13 @@ std::string word(std::string_view raw) {
   }
 }
 
-// A removed directory, the working directory of the process and of the parse: a relative file
-// name a flag gives (--hostfile hosts, password_file=p, token_file=t) names nothing there, and
-// nothing is left behind however the fuzzer ends.
+// A removed directory, the parse's working directory: a relative file name a flag gives
+// (--hostfile hosts, password_file=p) names nothing there, and nothing is left behind however the
+// fuzzer ends. (The process keeps its own: libFuzzer writes corpus units and reproducers there.)
 const std::string& empty_dir() {
   static const std::string dir = [] {
     char templ[] = "/tmp/ddprun-fuzz-flags-XXXXXX";
-    if (::mkdtemp(templ) == nullptr || ::chdir(templ) != 0 || ::rmdir(templ) != 0) std::abort();
+    if (::mkdtemp(templ) == nullptr || ::rmdir(templ) != 0) std::abort();
     return std::string(templ);
   }();
   return dir;

@@ -128,9 +128,9 @@ class FileTimerServer {
   std::chrono::steady_clock::time_point last_warning_{};
   std::size_t warnings_suppressed_ = 0;
   // A worker can make timers expire as fast as it writes lines (expiration_time 0): the expiry
-  // lines, one a second with a count.
-  RateLimitedWarning expired_quietly_;
-  RateLimitedWarning expired_killed_;
+  // lines, at most 64 a second (every local rank's timer expiring in a hang is shown), then a count.
+  RateLimitedWarning expired_quietly_{.burst = 64};
+  RateLimitedWarning expired_killed_{.burst = 64};
 };
 
 // Sends `signal` to `pid` unless it is the agent itself, pid <= 1, or `member(pid)` says it is

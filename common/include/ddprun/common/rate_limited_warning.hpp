@@ -12,8 +12,12 @@
 namespace ddprun {
 
 struct RateLimitedWarning {
-  std::chrono::steady_clock::time_point last{};
+  std::chrono::steady_clock::time_point last{};  // the start of the current one-second window
   std::size_t suppressed = 0;
+  // Lines a window shows before it suppresses: a burst of distinct real events (every rank's
+  // timer expiring at once) is shown whole, a flood is not.
+  std::size_t burst = 1;
+  std::size_t in_window = 0;
 
   template <class... Args>
   void warn(fmt::format_string<Args...> format, Args&&... args) {
@@ -25,7 +29,12 @@ struct RateLimitedWarning {
   void log(spdlog::level::level_enum level, fmt::format_string<Args...> format, Args&&... args) {
     const auto now = std::chrono::steady_clock::now();
     if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) {
-      ++suppressed;
+      if (in_window >= burst) {
+        ++suppressed;
+        return;
+      }
+      ++in_window;
+      spdlog::log(level, format, std::forward<Args>(args)...);
       return;
     }
     std::string text = fmt::format(format, std::forward<Args>(args)...);
@@ -33,6 +42,7 @@ struct RateLimitedWarning {
     spdlog::log(level, "{}", text);
     last = now;
     suppressed = 0;
+    in_window = 1;
   }
 };
 

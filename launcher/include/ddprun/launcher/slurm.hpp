@@ -26,8 +26,15 @@ inline constexpr std::size_t kMaxHostlistHosts = 1'000'000;
 inline constexpr std::size_t kMaxHostlistNameBytes = 255;  // a DNS name's limit (253) and then some
 inline constexpr std::size_t kMaxHostlistBytes = std::size_t{64} << 20;
 
+// The bounds of an expansion; the defaults are what ddprun uses (a fuzzer passes smaller ones).
+struct HostlistLimits {
+  std::size_t max_hosts = kMaxHostlistHosts;
+  std::size_t max_bytes = kMaxHostlistBytes;
+};
+
 // `what` names the source in messages (e.g. "SLURM_JOB_NODELIST").
-std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what = "hostlist");
+std::vector<std::string> expand_hostlist(std::string_view text, std::string_view what = "hostlist",
+                                         const HostlistLimits& limits = {});
 
 struct SlurmSettings {
   int nnodes = 0;          // nodes of this step: --nnodes N:N
@@ -43,6 +50,7 @@ struct SlurmSettings {
 // Node list: SLURM_STEP_NODELIST (inside srun: the step's nodes), else SLURM_JOB_NODELIST, else
 // SLURM_NODELIST. Errors: a count or id that is not a number, SLURM_NODEID outside
 // 0..nnodes-1, no node list, a node list whose size differs from the node count.
-std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env);
+std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env,
+                                            const HostlistLimits& limits = {});
 
 }  // namespace ddprun::launcher
