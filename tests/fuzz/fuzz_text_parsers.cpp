@@ -149,50 +149,42 @@ void values(std::string_view text, std::uint8_t param) {
   }
 }
 
+// One reply body decoded into a fresh `Out` (each decoder reports a problem as a string).
+template <typename Out>
+void decode(std::string (*decoder)(std::string_view, Out&), std::string_view body) {
+  Out out;
+  (void)decoder(body, out);
+}
+
 void etcd_reply(std::string_view body, std::uint8_t param) {
   std::optional<etcd::GatewayError> stream_error;
   switch (param % 9) {
-    case 0: {
-      etcd::RangeResponse r;
-      (void)etcd::decode_range(body, r);
-      break;
-    }
-    case 1: {
-      etcd::ResponseHeader h;
-      (void)etcd::decode_header_only(body, h);
-      break;
-    }
-    case 2: {
-      etcd::TxnResponse t;
-      (void)etcd::decode_txn(body, t);
-      break;
-    }
-    case 3: {
-      etcd::LeaseGrantResponse g;
-      (void)etcd::decode_lease_grant(body, g);
-      break;
-    }
+    case 0:
+      return decode<etcd::RangeResponse>(etcd::decode_range, body);
+    case 1:
+      return decode<etcd::ResponseHeader>(etcd::decode_header_only, body);
+    case 2:
+      return decode<etcd::TxnResponse>(etcd::decode_txn, body);
+    case 3:
+      return decode<etcd::LeaseGrantResponse>(etcd::decode_lease_grant, body);
     case 4: {
       etcd::LeaseKeepAliveResponse k;
       (void)etcd::decode_lease_keepalive(body, k, stream_error);
-      break;
+      return;
     }
     case 5: {
       etcd::WatchMessage w;
       (void)etcd::decode_watch_message(body, w, stream_error);
-      break;
+      return;
     }
-    case 6: {
-      std::string token;
-      (void)etcd::decode_authenticate(body, token);
-      break;
-    }
+    case 6:
+      return decode<std::string>(etcd::decode_authenticate, body);
     case 7:
       (void)etcd::decode_error(body);
-      break;
+      return;
     default:
       if (const auto d = etcd::base64_decode(body)) require(etcd::base64_encode(*d) == body);
-      break;
+      return;
   }
 }
 
