@@ -291,6 +291,31 @@ TEST_CASE("a watch event carries the old and the new value, APPEND's included", 
   CHECK(state.registrations() == 0);
 }
 
+TEST_CASE("one connection repeats a WATCH_KEY at most kMaxWatchRepeats times", "[state][bounds]") {
+  // Before, a connection could register one key max_waits (a million) times, and every SET of
+  // it by anyone then wrote a million events.
+  StoreState state;
+  RecordingOutbox box;
+  for (std::uint32_t i = 0; i < kMaxWatchRepeats; ++i) REQUIRE(state.apply(2, req(Op::watch_key, "k"), box).ok);
+  const ApplyResult over = state.apply(2, req(Op::watch_key, "k"), box);
+  CHECK_FALSE(over.ok);
+  CHECK_THAT(over.reason, Catch::Contains("watches the key 64 times already"));
+  CHECK(state.registrations() == kMaxWatchRepeats);
+  // Other keys and other connections are not affected.
+  CHECK(state.apply(2, req(Op::watch_key, "other"), box).ok);
+  CHECK(state.apply(3, req(Op::watch_key, "k"), box).ok);
+  box.take(2);
+  box.take(3);
+  REQUIRE(state.apply(1, req(Op::set, "k", "v"), box).ok);
+  std::string one;
+  reply::watch_event(one, WatchResponse::key_created, "k", "", "v");
+  CHECK(box.take(2).size() == kMaxWatchRepeats * one.size());
+  CHECK(box.take(3) == one);
+  state.disconnect(2);
+  state.disconnect(3);
+  CHECK(state.registrations() == 0);
+}
+
 TEST_CASE("APPEND keeps a value within max_value_bytes, so a GET can read it back", "[state][bounds]") {
   StoreLimits limits;
   limits.max_value_bytes = 8;

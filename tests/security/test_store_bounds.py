@@ -150,6 +150,20 @@ class StoreBounds(unittest.TestCase):
                 w.close()
             self.assertTrue(legit.works("watch-after"))
 
+    def test_a_repeated_watch_key_cannot_multiply_every_write(self):
+        # Before: one connection could register one key a million times (--max-waits), and each
+        # one-byte SET of it by anyone then queued a million events (~27 MB) for it.
+        with Daemon() as d:
+            w = d.connect()
+            w.sendall((bytes([harness.LEGACY_WATCH_KEY]) + s("k")) * 1000)
+            self.assertEqual(harness.recv_exact(w, 64), b"\x03" * 64)
+            self.assertTrue(harness.closed_by_peer(w, 30), "the 65th WATCH_KEY of one key did not close it")
+            w.close()
+            log = d.log()
+            self.assertIn("WATCH_KEY failed: this connection watches the key 64 times already", log)
+            legit = Client(d.port)
+            self.assertTrue(legit.works("after-watch-repeats"))
+
     def test_connections_are_clamped_below_the_descriptor_limit(self):
         # Before: 4,200 idle connections against a 4,096 fd limit left new clients unanswered.
         harness.raise_own_fd_limit(4600)

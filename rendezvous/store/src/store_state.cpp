@@ -392,6 +392,17 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       reply::i64(outbox.buffer(conn), static_cast<std::int64_t>(kv_.size()));
       break;
     case Op::watch_key: {
+      if (auto w = watchers_.find(req.key); w != watchers_.end()) {
+        // Each repeat is one more copy of every event of the key, made by whoever writes it: a
+        // connection repeating one WATCH_KEY a million times (max_waits) would make every SET of
+        // that key write a million events.
+        if (auto c = w->second.find(conn); c != w->second.end() && c->second >= kMaxWatchRepeats) {
+          res = {false, fmt::format("this connection watches the key {} times already, the most one connection may "
+                                    "(each repeat is one more copy of every event of the key)",
+                                    c->second)};
+          break;
+        }
+      }
       if (!make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
       reply::u8(outbox.buffer(conn), static_cast<std::uint8_t>(WatchResponse::key_callback_registered));
       auto it = watchers_.find(req.key);

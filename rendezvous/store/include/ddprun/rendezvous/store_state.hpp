@@ -101,6 +101,10 @@ class RecordingOutbox final : public Outbox {
 // after them ignored). nullopt for empty / non-numeric / out-of-range text, where stoll throws.
 std::optional<std::int64_t> parse_counter(std::string_view text);
 
+// WATCH_KEYs of one key one connection may hold. torch's server registers every repeat, and
+// each is one more copy of every event of the key; past this the connection is closed.
+inline constexpr std::uint32_t kMaxWatchRepeats = 64;
+
 struct ApplyResult {
   bool ok = true;
   std::string reason;  // when !ok: why the connection must be closed
