@@ -146,14 +146,6 @@ namespace {
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
-// A worker's text in the agent's log: at most `max_bytes` of it (not cutting a UTF-8 character),
-// control characters escaped, so that a scope id or a line cannot forge log lines or move the
-// terminal's cursor.
-std::string shown(std::string_view text, std::size_t max_bytes) {
-  const std::string_view cut = utf8_prefix(text, max_bytes);
-  return terminal_safe(cut) + (cut.size() < text.size() ? "..." : "");
-}
-
 }  // namespace
 
 std::string default_timer_file() {
@@ -273,7 +265,7 @@ void FileTimerServer::on_line(std::string_view line) {
   std::string problem;
   const auto request = parse_timer_request(line, &problem);
   if (!request) {
-    warn_limited("ignoring a line in " + path_ + ": " + problem + ": " + shown(line, 200));
+    warn_limited("ignoring a line in " + path_ + ": " + problem + ": " + terminal_safe_prefix(line, 200));
     return;
   }
   ++requests_;
@@ -281,13 +273,13 @@ void FileTimerServer::on_line(std::string_view line) {
     case FileTimerTable::Applied::ok:
       break;
     case FileTimerTable::Applied::too_many_for_pid:
-      warn_limited("ignoring timer '" + shown(request->scope_id, 64) + "' of pid " + std::to_string(request->pid) +
-                   ": that pid already holds " + std::to_string(FileTimerTable::kMaxPerPid) +
-                   " timers; release timers the worker no longer needs");
+      warn_limited("ignoring timer '" + terminal_safe_prefix(request->scope_id, 64) + "' of pid " +
+                   std::to_string(request->pid) + ": that pid already holds " +
+                   std::to_string(FileTimerTable::kMaxPerPid) + " timers; release timers the worker no longer needs");
       break;
     case FileTimerTable::Applied::table_full:
-      warn_limited("ignoring timer '" + shown(request->scope_id, 64) + "' of pid " + std::to_string(request->pid) +
-                   ": " + std::to_string(FileTimerTable::kMaxTimers) +
+      warn_limited("ignoring timer '" + terminal_safe_prefix(request->scope_id, 64) + "' of pid " +
+                   std::to_string(request->pid) + ": " + std::to_string(FileTimerTable::kMaxTimers) +
                    " timers are armed; release timers the workers no longer need");
       break;
   }
@@ -317,12 +309,12 @@ void FileTimerServer::on_deadline() {
   for (const auto& reap : table_.take_expired(unix_now())) {
     if (reap.signal <= 0) {
       expired_quietly_.warn("file timer: scope '{}' of pid {} expired without a signal; not killing it",
-                            shown(reap.scope_id, 64), reap.pid);
+                            terminal_safe_prefix(reap.scope_id, 64), reap.pid);
       continue;
     }
     if (killer_(reap.pid, reap.signal)) {
       expired_killed_.log(spdlog::level::err, "file timer: scope '{}' of worker pid {} expired; killing it with {}",
-                          shown(reap.scope_id, 64), reap.pid, signal_name(reap.signal));
+                          terminal_safe_prefix(reap.scope_id, 64), reap.pid, signal_name(reap.signal));
     }
   }
   rearm();

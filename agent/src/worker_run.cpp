@@ -45,8 +45,8 @@ int open_log_file(const std::string& path) {
 }
 
 // What a rank recorded as raised: the hook's stacks.txt.exception in `rank_dir` (its last line
-// is `what`: "ValueError: boom"), else torch's error file (the first line of its message); `when`
-// is when it was written. nullopt when it wrote neither.
+// is `what`: "ValueError: boom"), else torch's error file (the first line of its message), at most
+// 300 bytes of it and terminal-safe; `when` is when it was written. nullopt when it wrote neither.
 struct Raised {
   std::string what;
   std::chrono::system_clock::time_point when;
@@ -71,7 +71,7 @@ std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureRep
       const std::size_t nl = rest.rfind('\n');
       const std::string_view line = trim(nl == std::string_view::npos ? rest : rest.substr(nl + 1));
       if (!line.empty()) {
-        r.what = std::string(line.substr(0, 301));
+        r.what = terminal_safe_prefix(line, 300);
         break;
       }
       if (nl == std::string_view::npos) break;
@@ -80,11 +80,13 @@ std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureRep
   } else if ((when = written(report.error_file))) {
     r.when = *when;
     load_error_file(report);
-    if (report.error) r.what = report.error->message.substr(0, report.error->message.find('\n'));
+    if (report.error) {
+      const std::string_view message(report.error->message);
+      r.what = terminal_safe_prefix(message.substr(0, message.find('\n')), 300);
+    }
   } else {
     return std::nullopt;
   }
-  if (r.what.size() > 300) r.what = r.what.substr(0, 300) + "...";
   if (r.what.empty()) r.what = "an exception";
   return r;
 }
@@ -279,7 +281,7 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
     // Without an error file the other nodes learnt only its exit code: what it raised goes with it.
     const std::string dir = attempt_dir_ + "/" + std::to_string(local_rank);
     if (auto rec = recorded_exception(dir, FailureReport{}); rec && rec->what != "an exception") {
-      r.raised = terminal_safe(rec->what);
+      r.raised = rec->what;  // terminal-safe already
     }
     hooks_.on_first_failure(r);
   }

@@ -98,6 +98,11 @@ std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes) {
   return text.substr(0, cut);
 }
 
+std::string terminal_safe_prefix(std::string_view text, std::size_t max_bytes) {
+  const std::string_view cut = utf8_prefix(text, max_bytes);
+  return terminal_safe(cut) + (cut.size() < text.size() ? "..." : "");
+}
+
 std::string terminal_safe(std::string_view text) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;

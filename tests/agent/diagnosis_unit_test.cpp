@@ -102,6 +102,19 @@ TEST_CASE("python_where names the main thread's innermost frame, and says when i
         "<module> at t.py:2 (`time.sleep(600)`)");
 }
 
+TEST_CASE("python_where cuts and escapes what the rank wrote: a path, a function, a source line") {
+  // The line goes into ddprun's report on the terminal: before, an ESC in a source line or a
+  // file name reached it raw, and a minified source line was copied whole.
+  TempDir d;
+  const std::string src = d.file("t\x1b[2J.py", "x = 1\nprint('\x1b[31mred') or '" + std::string(1000, 'y') + "'\n");
+  const std::string where = python_where("  File \"" + src + "\", line 2 in f\x1b]0;title\x07\n");
+  CHECK(where.find('\x1b') == std::string::npos);
+  CHECK(where.find('\x07') == std::string::npos);
+  CHECK_THAT(where, Contains("f\\x1b]0;title\\x07 at t\\x1b[2J.py:2 (`print('\\x1b[31mred') or 'yyy"));
+  CHECK_THAT(where, Contains("y...`)"));
+  CHECK(where.size() < 300);
+}
+
 TEST_CASE("read_worker_file reads regular files only, bounded, without blocking") {
   TempDir d;
   const std::string f = d.file("a", "0123456789");

@@ -29,6 +29,9 @@ std::string terminal_safe(std::string_view text);
 // sequence: cutting well-formed UTF-8 with it keeps it well-formed (a JSON decoder rejects a
 // cut character).
 std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes);
+// A worker's or a peer's text for a log line or a report: at most `max_bytes` of it (utf8_prefix),
+// terminal_safe, and "..." when it was cut.
+std::string terminal_safe_prefix(std::string_view text, std::size_t max_bytes);
 // Lowercase hex of bytes.
 std::string to_hex(std::string_view bytes);
 // Inverse of to_hex; nullopt on odd length or non-hex characters.
