@@ -201,6 +201,7 @@ FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::string path, 
 }
 
 FileTimerServer::~FileTimerServer() {
+  flush_warnings();
   boost::system::error_code ignored;
   timer_.cancel();
   reader_.close(ignored);
@@ -211,6 +212,7 @@ FileTimerServer::~FileTimerServer() {
 }
 
 void FileTimerServer::reset() {
+  flush_warnings();
   table_.clear();
   rearm();
 }
@@ -220,20 +222,13 @@ void FileTimerServer::drop_pid(pid_t pid) {
   rearm();
 }
 
-void FileTimerServer::warn_limited(const std::string& message) {
-  // A worker can write lines as fast as we read them: at most one warning per 10 s.
-  const auto now = std::chrono::steady_clock::now();
-  if (last_warning_ != std::chrono::steady_clock::time_point{} && now - last_warning_ < std::chrono::seconds(10)) {
-    ++warnings_suppressed_;
-    return;
-  }
-  if (warnings_suppressed_ > 0) {
-    spdlog::warn("file timer: {} (and {} similar warnings in the last 10 s)", message, warnings_suppressed_);
-  } else {
-    spdlog::warn("file timer: {}", message);
-  }
-  last_warning_ = now;
-  warnings_suppressed_ = 0;
+void FileTimerServer::warn_limited(const std::string& message) { ignored_.warn("file timer: {}", message); }
+
+void FileTimerServer::flush_warnings() {
+  // Counts of lines not shown that no later line carried: said before they are lost.
+  ignored_.flush(spdlog::level::warn, "file timer: lines and timers ignored");
+  expired_quietly_.flush(spdlog::level::warn, "file timer: scopes expired without a signal");
+  expired_killed_.flush(spdlog::level::err, "file timer: scopes expired and their workers killed");
 }
 
 void FileTimerServer::start() {

@@ -113,6 +113,7 @@ class FileTimerServer {
   void rearm();
   void on_deadline();
   void warn_limited(const std::string& message);
+  void flush_warnings();
 
   std::string path_;
   Killer killer_;
@@ -125,8 +126,8 @@ class FileTimerServer {
   std::size_t requests_ = 0;
   dev_t fifo_dev_ = 0;
   ino_t fifo_ino_ = 0;
-  std::chrono::steady_clock::time_point last_warning_{};
-  std::size_t warnings_suppressed_ = 0;
+  // Lines and timers refused: a worker can write them as fast as they are read; one warning per 10 s.
+  RateLimitedWarning ignored_{.window = std::chrono::seconds(10)};
   // A worker can make timers expire as fast as it writes lines (expiration_time 0): the expiry
   // lines, at most 64 a second (every local rank's timer expiring in a hang is shown), then a count.
   RateLimitedWarning expired_quietly_{.burst = 64};

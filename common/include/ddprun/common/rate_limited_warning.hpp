@@ -1,23 +1,29 @@
 #pragma once
 // RateLimitedWarning: a warning that may repeat once per connection under attack (a flood of
-// refused connections, clients that do not read) is logged at most once a second, with the
-// number of repeats it suppressed. Header-only; not thread-safe (one per event loop).
+// refused connections, clients that do not read) is logged at most `burst` times a window (one
+// second unless told), and the next line shown after a window says how many were suppressed.
+// flush() says it when no next line comes (the flood stopped, the owner is done). Header-only;
+// not thread-safe (one per event loop).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace ddprun {
 
 struct RateLimitedWarning {
-  std::chrono::steady_clock::time_point last{};  // the start of the current one-second window
+  std::chrono::steady_clock::time_point last{};  // the start of the current window
   std::size_t suppressed = 0;
   // Lines a window shows before it suppresses: a burst of distinct real events (every rank's
   // timer expiring at once) is shown whole, a flood is not.
   std::size_t burst = 1;
   std::size_t in_window = 0;
+  std::chrono::steady_clock::duration window = std::chrono::seconds(1);
+  // When the first line not shown was suppressed (what the count covers).
+  std::chrono::steady_clock::time_point first_suppressed{};
 
   template <class... Args>
   void warn(fmt::format_string<Args...> format, Args&&... args) {
@@ -28,9 +34,9 @@ struct RateLimitedWarning {
   template <class... Args>
   void log(spdlog::level::level_enum level, fmt::format_string<Args...> format, Args&&... args) {
     const auto now = std::chrono::steady_clock::now();
-    if (last != std::chrono::steady_clock::time_point{} && now - last < std::chrono::seconds(1)) {
+    if (last != std::chrono::steady_clock::time_point{} && now - last < window) {
       if (in_window >= burst) {
-        ++suppressed;
+        if (suppressed++ == 0) first_suppressed = now;
         return;
       }
       ++in_window;
@@ -38,11 +44,25 @@ struct RateLimitedWarning {
       return;
     }
     std::string text = fmt::format(format, std::forward<Args>(args)...);
-    if (suppressed > 0) text += fmt::format(" ({} more like it in the last second not shown)", suppressed);
+    if (suppressed > 0) text += " (" + not_shown(now) + ")";
     spdlog::log(level, "{}", text);
     last = now;
     suppressed = 0;
     in_window = 1;
+  }
+
+  // "WHAT: N more like it not shown over the last T s", when lines were suppressed since the last
+  // one shown; then the count starts again.
+  void flush(spdlog::level::level_enum level, std::string_view what) {
+    if (suppressed == 0) return;
+    spdlog::log(level, "{}: {}", what, not_shown(std::chrono::steady_clock::now()));
+    suppressed = 0;
+  }
+
+ private:
+  std::string not_shown(std::chrono::steady_clock::time_point now) const {
+    const double over = std::chrono::duration<double>(now - first_suppressed).count();
+    return fmt::format("{} more like it not shown over the last {:.1f} s", suppressed, over);
   }
 };
 
