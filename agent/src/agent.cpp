@@ -143,6 +143,7 @@ class Agent {
         throw UsageError("cannot handle signal " + signal_name(sig) + ": " + ec.message(),
                          "remove it from --signals-to-handle");
       }
+      note_arrivals_of(sig);  // a Ctrl-C ends the wait for the watchdog's start too
     }
     // torch's agent environment: the worker watchdog FIFO and the health endpoint.
     // A timer request names a pid: only live processes of the current attempt may be signalled,
@@ -396,8 +397,7 @@ class Agent {
   void begin_round(const RoundAssignment& a) {
     round_ = a.round;
     bool withdrawn = false;
-    const RoundNccl nccl =
-        nccl_->begin_round(a.round, a.placement.world_size, a.nccl_id, &withdrawn);
+    const RoundNccl nccl = nccl_->begin_round(a.round, a.placement.world_size, a.nccl_id, &withdrawn);
     if (withdrawn) backend_->set_nccl_offer({});
     if (!a.summary.empty()) spdlog::info("{}", a.summary);
     if (health_) health_->set_state("running round " + std::to_string(a.round), a.round);

@@ -787,6 +787,7 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
 
 std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc, bool rank_memory) {
   std::unique_ptr<Containment> c(new Containment());
+  c->arrivals_at_start_ = signal_arrivals();
   c->nproc_ = nproc;
   c->oom_base_.assign(static_cast<std::size_t>(nproc), 0);
   // 64 random bits (getrandom: std::random_device probes the CPU for RDRAND first, and CPUID
@@ -1092,15 +1093,33 @@ void Containment::await_watchdog() {
   // another build refuses the protocol) is reported by check_watchdog, from its pidfd.
   char byte = 0;
   if (::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT) >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return;
-  // Bounded: a watchdog that never gets to run (stopped) must not stop the job from starting.
+  // Bounded: a watchdog that never gets to run (stopped) must not stop the job from starting. And
+  // a signal the agent handles (a Ctrl-C) ends the wait: the workers start and get it at once,
+  // rather than after the whole wait. The handled signals are blocked from the check to the wait,
+  // which unblocks them, so one that comes in between ends it too.
   pollfd p{watchdog_fd_, POLLIN, 0};
   const auto deadline = std::chrono::steady_clock::now() + kWatchdogStartTimeout;
+  sigset_t open_mask;
+  ::pthread_sigmask(SIG_BLOCK, &noted_signals(), &open_mask);
   int ready = 0;
+  bool interrupted = false;
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (signal_arrivals() != arrivals_at_start_) {
+      interrupted = true;
+      break;
+    }
+    const auto left = std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{});
+    const auto sec = std::chrono::duration_cast<std::chrono::seconds>(left);
+    const timespec ts{static_cast<time_t>(sec.count()),
+                      static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - sec).count())};
+    ready = ::ppoll(&p, 1, &ts, &open_mask);
     if (ready >= 0 || errno != EINTR) break;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &open_mask, nullptr);
+  if (interrupted) {
+    spdlog::debug("containment: a signal came while waiting for the watchdog (pid {}) to start; not waiting longer",
+                  watchdog_);
+    return;
   }
   if (ready <= 0) {
     spdlog::warn(

@@ -416,7 +416,7 @@ std::vector<RankStacks> collect_stacks(const std::vector<StackTarget>& targets) 
     } else {
       // The innermost frame with a symbol: "#2  0x... clock_nanosleep".
       const std::string symbol = native_frame_symbol(s.main_thread);
-      where = !symbol.empty() ? terminal_safe_prefix(symbol, 160) + " (native, main thread)"
+      where = !symbol.empty() ? terminal_safe_prefix(symbol, 160, false) + " (native, main thread)"
                               : "no named frame in the main thread (eu-stack)";
     }
     // A faulthandler that did not answer stays said: it is why eu-stack was run.
@@ -543,10 +543,10 @@ std::string python_where(const std::string& text, const std::string& proc_dir) {
   // The rank's text (its dump, its source file) as a line of ddprun's report: cut and escaped, so
   // that a control character in a path or a source line cannot recolour the terminal or forge a
   // line, and a minified source line of a megabyte does not become the report.
-  std::string out =
-      terminal_safe_prefix(func, 128) + " at " + terminal_safe_prefix(base_name(file), 128) + ":" + std::to_string(ln);
+  std::string out = terminal_safe_prefix(func, 128, false) + " at " +
+                    terminal_safe_prefix(base_name(file), 128, false) + ":" + std::to_string(ln);
   if (const std::string src = source_line(file, ln, proc_dir); !src.empty()) {
-    out += " (`" + terminal_safe_prefix(src, 160) + "`)";
+    out += " (`" + terminal_safe_prefix(src, 160, false) + "`)";
   }
   // No thread of the dump holds a module's frame: the one shown may be a helper thread.
   if (!main_thread) out += " (not known to be the main thread)";

@@ -179,7 +179,50 @@ constexpr bool kHaveClone3 = false;
 // Set once the kernel refused CLONE_INTO_CGROUP: later spawns go straight to clone.
 bool g_clone3_refused = false;
 
+volatile std::sig_atomic_t g_arrivals = 0;
+// asio's handler for each noted signal, run after the count. Written before the handler that
+// reads it is installed; a signal number indexes it.
+struct sigaction g_next[NSIG];
+sigset_t g_noted;
+bool g_noted_init = false;
+
+void count_then_forward(int sig, siginfo_t* info, void* context) {
+  g_arrivals = static_cast<std::sig_atomic_t>(g_arrivals + 1);
+  if (sig <= 0 || sig >= NSIG) return;
+  const struct sigaction& next = g_next[sig];
+  if ((next.sa_flags & SA_SIGINFO) != 0) {
+    if (next.sa_sigaction != nullptr) next.sa_sigaction(sig, info, context);                            // NOLINT
+  } else if (next.sa_handler != SIG_DFL && next.sa_handler != SIG_IGN && next.sa_handler != nullptr) {  // NOLINT
+    next.sa_handler(sig);                                                                               // NOLINT
+  }
+}
+
 }  // namespace
+
+void note_arrivals_of(int sig) {
+  if (!g_noted_init) {
+    ::sigemptyset(&g_noted);
+    g_noted_init = true;
+  }
+  struct sigaction current {};
+  if (sig <= 0 || sig >= NSIG || ::sigaction(sig, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 && current.sa_sigaction == count_then_forward) return;  // NOLINT
+  g_next[sig] = current;
+  struct sigaction mine = current;
+  mine.sa_flags |= SA_SIGINFO;
+  mine.sa_sigaction = count_then_forward;  // NOLINT
+  if (::sigaction(sig, &mine, nullptr) == 0) ::sigaddset(&g_noted, sig);
+}
+
+unsigned signal_arrivals() { return static_cast<unsigned>(g_arrivals); }
+
+const sigset_t& noted_signals() {
+  if (!g_noted_init) {
+    ::sigemptyset(&g_noted);
+    g_noted_init = true;
+  }
+  return g_noted;
+}
 
 void close_descriptors_from(int low, bool at_exec) {
   if (::syscall(SYS_close_range, static_cast<unsigned>(low), ~0U, 0U) == 0) return;

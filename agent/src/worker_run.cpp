@@ -71,7 +71,7 @@ std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureRep
       const std::size_t nl = rest.rfind('\n');
       const std::string_view line = trim(nl == std::string_view::npos ? rest : rest.substr(nl + 1));
       if (!line.empty()) {
-        r.what = terminal_safe_prefix(line, 300);
+        r.what = terminal_safe_prefix(line, 300, false);
         break;
       }
       if (nl == std::string_view::npos) break;
@@ -82,7 +82,7 @@ std::optional<Raised> recorded_exception(const std::string& rank_dir, FailureRep
     load_error_file(report);
     if (report.error) {
       const std::string_view message(report.error->message);
-      r.what = terminal_safe_prefix(message.substr(0, message.find('\n')), 300);
+      r.what = terminal_safe_prefix(message.substr(0, message.find('\n')), 300, false);
     }
   } else {
     return std::nullopt;

@@ -98,12 +98,12 @@ std::string_view utf8_prefix(std::string_view text, std::size_t max_bytes) {
   return text.substr(0, cut);
 }
 
-std::string terminal_safe_prefix(std::string_view text, std::size_t max_bytes) {
+std::string terminal_safe_prefix(std::string_view text, std::size_t max_bytes, bool escape_backslash) {
   const std::string_view cut = utf8_prefix(text, max_bytes);
-  return terminal_safe(cut) + (cut.size() < text.size() ? "..." : "");
+  return terminal_safe(cut, escape_backslash) + (cut.size() < text.size() ? "..." : "");
 }
 
-std::string terminal_safe(std::string_view text) {
+std::string terminal_safe(std::string_view text, bool escape_backslash) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
@@ -118,7 +118,7 @@ std::string terminal_safe(std::string_view text) {
     if (c < 0x80) {
       if (c < 0x20 || c == 0x7f) {
         escape("\\x", c);
-      } else if (c == '\\') {
+      } else if (c == '\\' && escape_backslash) {
         out += "\\\\";
       } else {
         out.push_back(static_cast<char>(c));

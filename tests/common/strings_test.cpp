@@ -83,3 +83,11 @@ TEST_CASE("utf8_prefix never ends inside a character", "[strings]") {
   CHECK(ddprun::utf8_prefix(text, 6) == "ab\xc3\xa9");  // inside €
   CHECK(ddprun::utf8_prefix(text, 0).empty());
 }
+
+TEST_CASE("terminal_safe_prefix cuts, escapes and marks the cut; a backslash may stay one", "[strings]") {
+  CHECK(ddprun::terminal_safe_prefix("a\x1b[2Jb\\u", 100) == "a\\x1b[2Jb\\\\u");
+  CHECK(ddprun::terminal_safe_prefix("a\x1b[2Jb\\u", 100, false) == "a\\x1b[2Jb\\u");
+  CHECK(ddprun::terminal_safe_prefix("ab\xc3\xa9x", 3) == "ab...");  // not inside é
+  CHECK(ddprun::terminal_safe_prefix("abc", 3) == "abc");
+  CHECK(ddprun::terminal_safe("x\\y\n", false) == "x\\y\\x0a");
+}

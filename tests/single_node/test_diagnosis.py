@@ -770,6 +770,38 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
                 finally:
                     abandon_gated(proc, gate)
 
+    def test_a_signal_ends_the_wait_for_a_watchdog_that_does_not_start(self):
+        # A watchdog that never says it is ready (a script that reports its pid and sleeps) held a
+        # Ctrl-C for the agent's whole wait, 10 s, before the workers started and got it.
+        d = os.path.join(self.dir, "stalled")
+        os.makedirs(d)
+        shutil.copy2(DDPRUN, d)
+        started = os.path.join(self.dir, "stalled-watchdog")
+        os.mkfifo(started)
+        with open(os.path.join(d, "ddprun-watchdog"), "w") as f:
+            f.write(f'#!/bin/sh\necho $$ > "{started}"\nexec sleep 120\n')
+        os.chmod(os.path.join(d, "ddprun-watchdog"), 0o755)
+        reader = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+        watchdog = None
+        # proc mode: the fake watchdog removes no job cgroup after ddprun is gone.
+        proc = subprocess.Popen([os.path.join(d, "ddprun"), "--master-port", "0", "--containment", "proc",
+                                 "--no-python", "/bin/sleep", "60"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            self.assertTrue(select.select([reader], [], [], 30)[0], "the watchdog was not started")
+            watchdog = int(os.read(reader, 64).split()[0])
+            os.kill(proc.pid, signal.SIGINT)
+            err = proc.communicate(timeout=8)[1]  # before the 10 s wait would have ended
+            self.assertEqual(proc.returncode, 130, err.decode())
+            self.assertNotIn(b"did not start within", err)
+        finally:
+            os.close(reader)
+            if watchdog is not None:
+                os.kill(watchdog, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
     def open_gate_and_finish(self, proc, gate, err):
         """Lets a job waiting for `gate` end: it must exit 0 and leave no job cgroup behind."""
         open(gate, "w").close()

@@ -170,7 +170,8 @@ class Containment {
   int nproc_ = 0;
   pid_t watchdog_ = -1;
   int watchdog_fd_ = -1;
-  bool watchdog_ready_ = false;  // await_watchdog asked
+  bool watchdog_ready_ = false;     // await_watchdog asked
+  unsigned arrivals_at_start_ = 0;  // signal_arrivals() when made: a later one ends await_watchdog
 };
 
 // The processes of `root`'s tree (root, its children, recursively) read from

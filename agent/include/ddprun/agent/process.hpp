@@ -23,6 +23,8 @@
 // Not thread-safe: call from the agent's io_context thread (the clone stack is shared).
 #include <sys/types.h>
 
+#include <csignal>
+
 #include <string>
 #include <vector>
 
@@ -66,6 +68,17 @@ struct SpawnRequest {
 // what a child must set back to SIG_DFL before exec so that no handler of the agent runs in it
 // (ignored signals stay ignored, nohup semantics). Valid until a handler is installed or removed.
 std::vector<int> signals_to_reset();
+
+// Arrivals of the signals the agent handles, for a wait outside its event loop (the watchdog's
+// start): asio's signal_set tells only its own loop, through a pipe. After the signal_set has
+// added `sig`, note_arrivals_of puts a handler in front of asio's that counts the arrival and then
+// runs asio's. Removing the signal from the set (which restores the default) removes both.
+void note_arrivals_of(int sig);
+// Arrivals counted since note_arrivals_of was first called in this process.
+unsigned signal_arrivals();
+// The signals passed to note_arrivals_of: blocked around a check of signal_arrivals and unblocked
+// by the wait itself (ppoll), so that an arrival between the two cannot be missed.
+const sigset_t& noted_signals();
 
 // For a child between fork/vfork and exec: every descriptor from `low` on is closed by the exec
 // (`at_exec`: a vfork child that execs) or now (a forked child that does not exec). close_range
