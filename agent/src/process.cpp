@@ -183,8 +183,15 @@ volatile std::sig_atomic_t g_arrivals = 0;
 // asio's handler for each noted signal, run after the count. Written before the handler that
 // reads it is installed; a signal number indexes it.
 struct sigaction g_next[NSIG];
-sigset_t g_noted;
-bool g_noted_init = false;
+// The signals passed to note_arrivals_of (an empty set until then).
+sigset_t& noted_set() {
+  static sigset_t set = [] {
+    sigset_t s;
+    ::sigemptyset(&s);
+    return s;
+  }();
+  return set;
+}
 
 void count_then_forward(int sig, siginfo_t* info, void* context) {
   g_arrivals = static_cast<std::sig_atomic_t>(g_arrivals + 1);
@@ -200,10 +207,6 @@ void count_then_forward(int sig, siginfo_t* info, void* context) {
 }  // namespace
 
 void note_arrivals_of(int sig) {
-  if (!g_noted_init) {
-    ::sigemptyset(&g_noted);
-    g_noted_init = true;
-  }
   struct sigaction current {};
   if (sig <= 0 || sig >= NSIG || ::sigaction(sig, nullptr, &current) != 0) return;
   if ((current.sa_flags & SA_SIGINFO) != 0 && current.sa_sigaction == count_then_forward) return;  // NOLINT
@@ -211,18 +214,12 @@ void note_arrivals_of(int sig) {
   struct sigaction mine = current;
   mine.sa_flags |= SA_SIGINFO;
   mine.sa_sigaction = count_then_forward;  // NOLINT
-  if (::sigaction(sig, &mine, nullptr) == 0) ::sigaddset(&g_noted, sig);
+  if (::sigaction(sig, &mine, nullptr) == 0) ::sigaddset(&noted_set(), sig);
 }
 
 unsigned signal_arrivals() { return static_cast<unsigned>(g_arrivals); }
 
-const sigset_t& noted_signals() {
-  if (!g_noted_init) {
-    ::sigemptyset(&g_noted);
-    g_noted_init = true;
-  }
-  return g_noted;
-}
+const sigset_t& noted_signals() { return noted_set(); }
 
 void close_descriptors_from(int low, bool at_exec) {
   if (::syscall(SYS_close_range, static_cast<unsigned>(low), ~0U, 0U) == 0) return;
