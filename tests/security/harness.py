@@ -168,6 +168,18 @@ class Daemon:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
+    def wait_log(self, accept, what, timeout=20):
+        """The log once accept(log) is true, polled (the daemon writes it; no other signal), or an
+        AssertionError naming `what` with the log's end after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log()
+            if accept(text):
+                return text
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{what}: not in the daemon's log within {timeout} s:\n{text[-3000:]}")
+            time.sleep(0.02)
+
     def connect(self, source=None, timeout=10, rcvbuf=None):
         return connect(self.port, source=source, timeout=timeout, rcvbuf=rcvbuf)
 

@@ -7,6 +7,7 @@ is served during and after the attack. The last test runs the MULTI_GET attack a
 worker store of a real `ddprun --nproc-per-node 1` job.
 """
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -202,6 +203,17 @@ class StoreBounds(unittest.TestCase):
             other = Client(d.port, source="127.0.0.2")
             self.assertTrue(other.works("peer-other"))
             self.assertIn("limit per address (--max-connections-per-peer)", d.log())
+            # Every refusal is accounted for in the log: the lines shown (one a second) plus the
+            # counts of those not shown, which the daemon says on a line of its own once the
+            # refusals stop (no next refusal comes to carry the count).
+            def accounted(log):
+                shown = log.count("limit per address (--max-connections-per-peer)")
+                hidden = sum(int(n) for n in re.findall(r"(\d+) more like it not shown over the last", log))
+                return shown + hidden
+
+            log = d.wait_log(lambda text: accounted(text) >= 16, "the count of refusals not shown")
+            self.assertEqual(accounted(log), 16, log[-3000:])
+            self.assertIn("store: closing new connections: ", log)
             for c in conns:
                 c.close()
 

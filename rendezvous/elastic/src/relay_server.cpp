@@ -110,7 +110,15 @@ T expect(const std::string& frame, const std::string& where, const char* what) {
 
 struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   Core(asio::io_context& io_, RelayServerOptions opts)
-      : io(io_), options(std::move(opts)), acceptor(io_), upstream(io_), relink_timer(io_), stall_timer(io_) {
+      : io(io_),
+        options(std::move(opts)),
+        acceptor(io_),
+        upstream(io_),
+        relink_timer(io_),
+        stall_timer(io_),
+        refuse_flush_timer(io_) {
+    // Called from inside this object's own handlers only, so `this` is alive.
+    refuse_warning.on_suppressing = [this] { arm_refuse_flush(); };
     where = bracket_host(options.upstream_host) + ":" + std::to_string(options.upstream_port);
   }
 
@@ -145,6 +153,8 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
   // The link stall check (link_stall_timeout): when the link last moved (the socket took bytes,
   // the root acknowledged or sent some; link_stall.hpp).
   asio::steady_timer stall_timer;
+  // Says how many refusals refuse_warning did not show once a flood of them stops.
+  asio::steady_timer refuse_flush_timer;
   LinkStallClock up_stall;
   std::chrono::steady_clock::time_point lost_at;
   std::chrono::milliseconds relink_delay{0};
@@ -623,6 +633,15 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     schedule_relink();
   }
 
+  void arm_refuse_flush() {
+    if (stopped) return;
+    refuse_flush_timer.expires_after(refuse_warning.flush_delay());
+    refuse_flush_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      self->refuse_warning.flush(spdlog::level::warn, "relay: closing new connections");
+    });
+  }
+
   void schedule_relink() {
     relink_timer.expires_after(relink_delay);
     relink_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
@@ -726,6 +745,8 @@ void RelayServer::stop() {
   boost::system::error_code ec;
   core_->relink_timer.cancel();
   core_->stall_timer.cancel();
+  core_->refuse_flush_timer.cancel();
+  core_->refuse_warning.flush(spdlog::level::warn, "relay: closing new connections");
   core_->acceptor.close(ec);
   core_->close_all_clients();
   core_->upstream.close(ec);

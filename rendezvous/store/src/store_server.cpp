@@ -136,8 +136,16 @@ using ConnectionPtr = std::shared_ptr<Connection>;
 // io_context outlived it) finds `stopped` set instead of a dangling pointer.
 struct Core : Outbox, std::enable_shared_from_this<Core> {
   Core(asio::io_context& io_, StoreServerOptions opts)
-      : io(io_), options(std::move(opts)), acceptor(io_), retry_timer(io_), sweep_timer(io_), state(options.limits) {
+      : io(io_),
+        options(std::move(opts)),
+        acceptor(io_),
+        retry_timer(io_),
+        sweep_timer(io_),
+        refuse_flush_timer(io_),
+        state(options.limits) {
     max_connections = clamp_connections();
+    // Called from inside this object's own handlers only, so `this` is alive.
+    refuse_warning.on_suppressing = [this] { arm_refuse_flush(); };
     // Half the hard cap, so that a pipelining client's small fixed-size replies can never carry
     // its backlog past the cap before it is paused.
     // At least one byte: with a zero cap every reply is refused (and the connection closed) rather
@@ -153,6 +161,9 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   tcp::acceptor acceptor;
   asio::steady_timer retry_timer;
   asio::steady_timer sweep_timer;
+  // Says how many refusals refuse_warning did not show once a flood of them stops (no next line
+  // would carry the count).
+  asio::steady_timer refuse_flush_timer;
   StoreState state;
   std::size_t max_connections = 0;  // options.limits.max_connections after the open-files clamp
   std::size_t buffered = 0;         // sum of every connection's `accounted`
@@ -1192,6 +1203,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return std::clamp(shortest_timeout() / 4, milliseconds(5), milliseconds(1000));
   }
 
+  void arm_refuse_flush() {
+    if (stopped) return;
+    refuse_flush_timer.expires_after(refuse_warning.flush_delay());
+    refuse_flush_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      self->refuse_warning.flush(spdlog::level::warn, "store: closing new connections");
+    });
+  }
+
   void arm_sweep() {
     if (shortest_timeout().count() == 0 || stopped) return;
     sweep_timer.expires_after(sweep_period());
@@ -1324,6 +1344,8 @@ void StoreServer::stop() {
   core.acceptor.close(ec);
   core.retry_timer.cancel();
   core.sweep_timer.cancel();
+  core.refuse_flush_timer.cancel();
+  core.refuse_warning.flush(spdlog::level::warn, "store: closing new connections");
   core.close_all();
 }
 

@@ -2,12 +2,14 @@
 // RateLimitedWarning: a warning that may repeat once per connection under attack (a flood of
 // refused connections, clients that do not read) is logged at most `burst` times a window (one
 // second unless told), and the next line shown after a window says how many were suppressed.
-// flush() says it when no next line comes (the flood stopped, the owner is done). Header-only;
-// not thread-safe (one per event loop).
+// flush() says it when no next line comes (the flood stopped, the owner is done); an owner with an
+// event loop learns through on_suppressing when to arm a timer for it. Header-only; not
+// thread-safe (one per event loop).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +26,9 @@ struct RateLimitedWarning {
   std::chrono::steady_clock::duration window = std::chrono::seconds(1);
   // When the first line not shown was suppressed (what the count covers).
   std::chrono::steady_clock::time_point first_suppressed{};
+  // Called when a line is suppressed and none was before it (the count starts): an owner that
+  // cannot count on a next line arms a timer here that calls flush() (flush_delay() is when).
+  std::function<void()> on_suppressing{};
 
   template <class... Args>
   void warn(fmt::format_string<Args...> format, Args&&... args) {
@@ -36,7 +41,10 @@ struct RateLimitedWarning {
     const auto now = std::chrono::steady_clock::now();
     if (last != std::chrono::steady_clock::time_point{} && now - last < window) {
       if (in_window >= burst) {
-        if (suppressed++ == 0) first_suppressed = now;
+        if (suppressed++ == 0) {
+          first_suppressed = now;
+          if (on_suppressing) on_suppressing();
+        }
         return;
       }
       ++in_window;
@@ -58,6 +66,11 @@ struct RateLimitedWarning {
     spdlog::log(level, "{}: {}", what, not_shown(std::chrono::steady_clock::now()));
     suppressed = 0;
   }
+
+  // How long an owner's timer waits before it flushes: two windows, so that in a flood that goes
+  // on the next line shown carries the count (and the next suppression re-arms the timer) and
+  // the flush says it only once the flood has stopped.
+  std::chrono::steady_clock::duration flush_delay() const { return 2 * window; }
 
  private:
   std::string not_shown(std::chrono::steady_clock::time_point now) const {
