@@ -17,10 +17,62 @@ void put(worker_env::EnvList& env, const std::string& k, const std::string& v) {
   }
 }
 
+// Python's Template identifier: [_a-z][_a-z0-9]*, ASCII, either case.
+bool id_start(char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool id_char(char c) { return id_start(c) || (c >= '0' && c <= '9'); }
+
 }  // namespace
+
+std::string substitute_local_rank(std::string_view arg, int local_rank) {
+  constexpr std::string_view name = "local_rank";
+  std::string out;
+  out.reserve(arg.size());
+  std::size_t i = 0;
+  while (i < arg.size()) {
+    const std::size_t dollar = arg.find('$', i);
+    if (dollar == std::string_view::npos) {
+      out.append(arg.substr(i));
+      break;
+    }
+    out.append(arg.substr(i, dollar - i));
+    i = dollar + 1;
+    if (i < arg.size() && arg[i] == '$') {  // "$$": an escaped "$"
+      out += '$';
+      ++i;
+      continue;
+    }
+    const bool braced = i < arg.size() && arg[i] == '{';
+    std::size_t j = braced ? i + 1 : i;
+    if (j >= arg.size() || !id_start(arg[j])) {  // not a placeholder: the "$" stays
+      out += '$';
+      continue;
+    }
+    const std::size_t id_begin = j;
+    while (j < arg.size() && id_char(arg[j])) ++j;
+    const std::string_view id = arg.substr(id_begin, j - id_begin);
+    if (braced) {
+      if (j >= arg.size() || arg[j] != '}') {  // "${x" unclosed: the "$" stays, the rest is text
+        out += '$';
+        continue;
+      }
+      ++j;
+    }
+    if (id == name) {
+      out += std::to_string(local_rank);
+    } else {
+      out.append(arg.substr(dollar, j - dollar));  // another name: kept whole
+    }
+    i = j;
+  }
+  return out;
+}
 
 std::vector<std::string> worker_args(const AgentConfig& config, int local_rank) {
   std::vector<std::string> argv = config.worker_argv;
+  // Every argument after the program, the script's path included (torchrun's cmd_args).
+  for (std::size_t k = 1; k < argv.size(); ++k) {
+    if (argv[k].find('$') != std::string::npos) argv[k] = substitute_local_rank(argv[k], local_rank);
+  }
   std::string arg;
   switch (config.local_rank_arg) {
     case AgentConfig::LocalRankArg::dash:

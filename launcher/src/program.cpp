@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "ddprun/agent/worker_spec.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 
@@ -111,12 +112,17 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
   }
 
   const fs::path as_file = absolute_from(program, cwd);
+  // A script given to Python is a worker argument, in which each agent replaces ${local_rank}
+  // (worker_spec.hpp): checked as local rank 0 will name it.
+  const std::string rank0_script = agent::substitute_local_rank(program, 0);
+  const fs::path script_file = rank0_script == program ? as_file : absolute_from(rank0_script, cwd);
   if (request.run_path) {
     // torchrun: --run-path takes precedence over --no-python. runpy.run_path also runs a
     // directory (or zip) by its __main__.py.
-    if (!is_plain_file(as_file) && !(is_dir(as_file) && has_main_module(as_file))) {
-      throw UsageError("--run-path: training script '" + program + "' not found (looked for " + as_file.string() + ")",
-                       "pass the path of a Python file");
+    if (!is_plain_file(script_file) && !(is_dir(script_file) && has_main_module(script_file))) {
+      throw UsageError(
+          "--run-path: training script '" + program + "' not found (looked for " + script_file.string() + ")",
+          "pass the path of a Python file");
     }
     // The path as written, as torchrun passes it (the worker runs in this directory): sys.argv[0]
     // and __file__ look the same as under torchrun.
@@ -143,8 +149,8 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
   // in the working directory is a coincidence).
   if (directory && has_slash) throw no_main_module();
   if (!request.no_python && python_suffix) {
-    if (!is_plain_file(as_file)) {
-      throw UsageError("training script '" + program + "' not found (looked for " + as_file.string() + ")",
+    if (!is_plain_file(script_file)) {
+      throw UsageError("training script '" + program + "' not found (looked for " + script_file.string() + ")",
                        "check the path; relative paths are taken from the current directory");
     }
     // Passed as written, like torchrun: the worker runs in the same directory, so sys.argv[0]

@@ -94,6 +94,50 @@ TEST_CASE("worker_spec: argv, env layering, cwd, cpus, routes and prefix") {
   CHECK(s0.argv[3] == "--local_rank=0");
 }
 
+TEST_CASE("worker_spec: ${local_rank} in the arguments, as Python's Template.safe_substitute") {
+  // The expected values are what Python 3 gives for Template(arg).safe_substitute(local_rank="3").
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plain", "plain"},
+      {"x${local_rank}y", "x3y"},
+      {"$local_rank", "3"},
+      {"d=$$", "d=$"},
+      {"$$local_rank", "$local_rank"},
+      {"$$$local_rank", "$3"},
+      {"${local_rank", "${local_rank"},
+      {"$local_rank}", "3}"},
+      {"$local_rank0", "$local_rank0"},
+      {"${local_rank}0", "30"},
+      {"$LOCAL_RANK", "$LOCAL_RANK"},
+      {"${rank}", "${rank}"},
+      {"$1", "$1"},
+      {"$", "$"},
+      {"a$", "a$"},
+      {"${}", "${}"},
+      {"${ local_rank}", "${ local_rank}"},
+      {"$_x", "$_x"},
+      {"--out=log_${local_rank}.txt", "--out=log_3.txt"},
+      {"$local_rank$local_rank", "33"},
+      {"\xc3\xa9$local_rank\xc3\xbc",
+       "\xc3\xa9"
+       "3\xc3\xbc"},
+  };
+  for (const auto& [in, want] : cases) {
+    INFO(in);
+    CHECK(substitute_local_rank(in, 3) == want);
+  }
+
+  // Every argument after the program, the script included; never the program itself.
+  AgentConfig c = base();
+  c.nproc_per_node = 2;
+  c.worker_argv = {"/opt/$local_rank/python3", "-u", "run_${local_rank}.py", "--out=log_${local_rank}", "$$HOME"};
+  c.user_args_index = 3;
+  c.local_rank_arg = AgentConfig::LocalRankArg::dash;
+  const we::Placement p = local_placement(c);
+  CHECK(
+      worker_spec(c, p, 1, {"/logs/attempt_0", {}}, {}).argv ==
+      std::vector<std::string>{"/opt/$local_rank/python3", "-u", "run_1.py", "--local-rank=1", "--out=log_1", "$HOME"});
+}
+
 TEST_CASE("worker_spec: routes follow the global rank for --ranks-filter") {
   AgentConfig c = base();
   c.nproc_per_node = 2;

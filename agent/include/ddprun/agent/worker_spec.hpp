@@ -4,6 +4,7 @@
 // The spawner (worker_run.cpp) starts exactly this; --dry-run (dry_run.cpp) prints exactly this.
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ddprun/agent/config.hpp"
@@ -34,8 +35,14 @@ struct WorkerSpec {
   std::string prefix;  // the console prefix of its lines
 };
 
-// Worker argv with the legacy --local-rank / --local_rank argument when asked for.
+// Worker argv with `${local_rank}` replaced in every argument after the program (as torchrun
+// does) and the legacy --local-rank / --local_rank argument when asked for.
 std::vector<std::string> worker_args(const AgentConfig& config, int local_rank);
+
+// `arg` with `$local_rank` and `${local_rank}` replaced by `local_rank` and `$$` by `$`; any other
+// `$` is kept as it is: Python's string.Template(arg).safe_substitute(local_rank=N), which
+// torchrun applies to each worker's arguments.
+std::string substitute_local_rank(std::string_view arg, int local_rank);
 
 // The placement a single-node job (and --dry-run) uses: this node is the whole job.
 worker_env::Placement local_placement(const AgentConfig& config);
