@@ -28,7 +28,7 @@ std::filesystem::path absolute_in(const std::string& file, const std::filesystem
 }
 
 void check_readable(const std::string& file, const std::filesystem::path& cwd, const std::string& what,
-                    const char* key) {
+                    const std::string& key) {
   std::ifstream in(absolute_in(file, cwd), std::ios::binary);
   if (!in) {
     throw UsageError(what + " key " + key + "=" + file + ": cannot read the file",
@@ -268,9 +268,9 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
           parse_etcd_conf(cfg.rdzv_endpoint, endpoint_what, cfg.rdzv_conf, conf_what, p.env("DDPRUN_ETCD_PASSWORD"));
       if (!etcd.password_file.empty())
         etcd.settings.password = read_password_file(absolute_in(etcd.password_file, ctx.cwd).string(), conf_what);
-      for (const auto* key : {"cacert", "cert", "key"}) {
-        if (auto it = cfg.rdzv_conf.find(key); it != cfg.rdzv_conf.end())
-          check_readable(it->second, ctx.cwd, conf_what, key);
+      for (const auto& [key, value] : cfg.rdzv_conf) {
+        const auto name = etcd_conf_key_name(key);
+        if (name == "cacert" || name == "cert" || name == "key") check_readable(value, ctx.cwd, conf_what, key);
       }
       if (cfg.run_id.find('/') != std::string::npos) {
         throw UsageError(

@@ -220,7 +220,8 @@ StatusRequest parse_status_args(const std::vector<std::string>& args, const std:
     for (const auto& [key, v] : conf) {
       if (!is_etcd_conf_key(key)) {
         throw UsageError(conf_what + ": key '" + key + "' does not apply to ddprun status",
-                         "accepted keys: protocol, cacert, cert, key, etcd_prefix, username, password_file, password");
+                         "accepted keys: protocol, cacert, cert, key, etcd_prefix, username, password_file, password "
+                         "(ca_cert, ssl_cert, ssl_cert_key: torch's etcd-v2 names of cacert, cert, key)");
       }
     }
     auto env_password = std::optional<std::string>{};

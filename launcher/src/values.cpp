@@ -169,14 +169,35 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
   return conf;
 }
 
+std::string_view etcd_conf_key_name(std::string_view key) {
+  if (key == "ca_cert") return "cacert";
+  if (key == "ssl_cert") return "cert";
+  if (key == "ssl_cert_key") return "key";
+  return key;
+}
+
 bool is_etcd_conf_key(std::string_view key) {
+  key = etcd_conf_key_name(key);
   return key == "protocol" || key == "cacert" || key == "cert" || key == "key" || key == "etcd_prefix" ||
          key == "username" || key == "password" || key == "password_file";
 }
 
 EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_what,
-                         const std::map<std::string, std::string>& conf, std::string_view what,
+                         const std::map<std::string, std::string>& given, std::string_view what,
                          const std::optional<std::string>& env_password) {
+  // torch's etcd-v2 spellings of the TLS keys, read as the etcd backend's own; both spellings of
+  // one key are refused rather than one of them silently winning.
+  std::map<std::string, std::string> conf;
+  std::map<std::string, std::string> spelled;
+  for (const auto& [key, value] : given) {
+    const std::string name(etcd_conf_key_name(key));
+    if (auto it = spelled.find(name); it != spelled.end()) {
+      throw UsageError(std::string(what) + ": both " + it->second + " and " + key + " given, which name the same file",
+                       "give one of them");
+    }
+    spelled.emplace(name, key);
+    conf.emplace(name, value);
+  }
   EtcdConf out;
   auto& e = out.settings;
   const auto list = rendezvous::etcd::parse_endpoints(endpoints, endpoints_what);

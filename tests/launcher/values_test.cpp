@@ -265,6 +265,25 @@ TEST_CASE("etcd conf: endpoints, TLS, prefix, credentials") {
             .settings.password == "envpw");
   // parse_rdzv_settings leaves the etcd keys to parse_etcd_conf.
   CHECK_NOTHROW(parse_rdzv_settings({{"protocol", "https"}, {"username", "u"}}, "--rdzv-conf", std::nullopt));
+
+  // torch's etcd-v2 backend names the TLS files ca_cert, ssl_cert and ssl_cert_key.
+  const auto v2 =
+      parse_etcd_conf("h1:2379", "--rdzv-endpoint",
+                      {{"protocol", "https"}, {"ca_cert", "ca.pem"}, {"ssl_cert", "c.pem"}, {"ssl_cert_key", "k.pem"}},
+                      "--rdzv-conf", std::nullopt);
+  CHECK(v2.settings.cacert == "ca.pem");
+  CHECK(v2.settings.cert == "c.pem");
+  CHECK(v2.settings.key == "k.pem");
+  for (const char* key : {"ca_cert", "ssl_cert", "ssl_cert_key"}) {
+    CHECK(is_etcd_conf_key(key));
+  }
+  CHECK_FALSE(is_etcd_conf_key("ssl"));
+  CHECK_THROWS_WITH(
+      parse_etcd_conf("h1", "--rdzv-endpoint", {{"protocol", "https"}, {"cacert", "a.pem"}, {"ca_cert", "b.pem"}},
+                      "--rdzv-conf", std::nullopt),
+      Contains("both ca_cert and cacert given"));
+  CHECK_THROWS_WITH(parse_etcd_conf("h1", "--rdzv-endpoint", {{"ssl_cert", "c.pem"}}, "--rdzv-conf", std::nullopt),
+                    Contains("cert given without key"));
 }
 
 TEST_CASE("etcd conf: errors name the key") {

@@ -57,8 +57,13 @@ std::map<std::string, std::string> parse_rdzv_conf(std::string_view text, std::s
 
 // --rdzv-conf keys that only the etcd backend reads (parse_rdzv_settings skips them; the
 // launcher refuses them with another backend): protocol, cacert, cert, key, etcd_prefix,
-// username, password, password_file.
+// username, password, password_file; and torch's etcd-v2 names of the TLS files, ca_cert,
+// ssl_cert and ssl_cert_key (etcd_conf_key_name).
 bool is_etcd_conf_key(std::string_view key);
+
+// The name parse_etcd_conf reads an etcd key under: cacert for ca_cert, cert for ssl_cert, key
+// for ssl_cert_key (torch's etcd-v2 backend spells them so), any other key as it is.
+std::string_view etcd_conf_key_name(std::string_view key);
 
 // --rdzv-backend etcd: the endpoints ("h1:2379,h2:2379", http:// or https:// allowed, port 2379
 // by default) and the etcd keys of `conf`. protocol=http|https (must agree with a scheme given
