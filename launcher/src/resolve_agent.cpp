@@ -307,9 +307,14 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
         "--node-rank=" + std::to_string(cfg.node_rank) + " is not below --nnodes=" + std::to_string(cfg.max_nodes),
         "node ranks run from 0 to nnodes-1 with the static backend");
   }
+  if (auto g = p.given("master-port")) {
+    // An int to torchrun's argparse even where it is then ignored (--standalone, a static
+    // --rdzv-endpoint): a typo is an error either way.
+    const auto port = parse_port_value(g->text, g->what, 0);
+    if (!cfg.standalone) cfg.master_port = port;
+  }
   if (!cfg.standalone) {
     if (auto g = p.given("master-addr")) cfg.master_addr = parse_host(g->text, g->what);
-    if (auto g = p.given("master-port")) cfg.master_port = parse_port_value(g->text, g->what, 0);
   }
   if (static_endpoint) {
     // torchrun (run.py get_rdzv_endpoint): the static backend serves and joins at the endpoint

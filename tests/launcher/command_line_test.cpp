@@ -602,6 +602,11 @@ TEST_CASE("--standalone overrides the rendezvous settings") {
   CHECK(has_note(pet, "--standalone: ignoring PET_MASTER_ADDR=somehost.invalid"));
   // Without --standalone it is used.
   CHECK(sb.parse({"--master-addr", "10.255.255.1", "train.py"}).config.master_addr == "10.255.255.1");
+  // An ignored --master-port is still a port, as torchrun's argparse (type=int) reads it.
+  CHECK_THROWS_WITH(sb.parse({"--standalone", "--master-port", "abc", "train.py"}),
+                    Contains("--master-port=abc: not a port"));
+  CHECK_THROWS_WITH(sb.parse({"--rdzv-endpoint", "127.0.0.1:5", "--master-port", "x1", "train.py"}),
+                    Contains("--master-port=x1: not a port"));
   // Without explicit values there is nothing to note, and each run gets its own id.
   const auto a = sb.parse({"--standalone", "train.py"});
   const auto b = sb.parse({"--standalone", "train.py"});
