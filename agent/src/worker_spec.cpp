@@ -23,8 +23,9 @@ bool id_char(char c) { return id_start(c) || (c >= '0' && c <= '9'); }
 
 }  // namespace
 
-std::string substitute_local_rank(std::string_view arg, int local_rank) {
+std::string substitute_local_rank(std::string_view arg, int local_rank, bool* named) {
   constexpr std::string_view name = "local_rank";
+  if (named != nullptr) *named = false;
   std::string out;
   out.reserve(arg.size());
   std::size_t i = 0;
@@ -59,6 +60,7 @@ std::string substitute_local_rank(std::string_view arg, int local_rank) {
     }
     if (id == name) {
       out += std::to_string(local_rank);
+      if (named != nullptr) *named = true;
     } else {
       out.append(arg.substr(dollar, j - dollar));  // another name: kept whole
     }
@@ -69,9 +71,13 @@ std::string substitute_local_rank(std::string_view arg, int local_rank) {
 
 std::vector<std::string> worker_args(const AgentConfig& config, int local_rank) {
   std::vector<std::string> argv = config.worker_argv;
-  // Every argument after the program, the script's path included (torchrun's cmd_args).
+  // Every argument after the program, the script's path included (torchrun's cmd_args), that
+  // names the placeholder.
   for (std::size_t k = 1; k < argv.size(); ++k) {
-    if (argv[k].find('$') != std::string::npos) argv[k] = substitute_local_rank(argv[k], local_rank);
+    if (argv[k].find('$') == std::string::npos) continue;
+    bool named = false;
+    std::string substituted = substitute_local_rank(argv[k], local_rank, &named);
+    if (named) argv[k] = std::move(substituted);
   }
   std::string arg;
   switch (config.local_rank_arg) {

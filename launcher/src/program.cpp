@@ -114,8 +114,9 @@ ResolvedProgram resolve_program(const ProgramRequest& request, const std::map<st
   const fs::path as_file = absolute_from(program, cwd);
   // A script given to Python is a worker argument, in which each agent replaces ${local_rank}
   // (worker_spec.hpp): checked as local rank 0 will name it.
-  const std::string rank0_script = agent::substitute_local_rank(program, 0);
-  const fs::path script_file = rank0_script == program ? as_file : absolute_from(rank0_script, cwd);
+  bool templated = false;
+  const std::string rank0_script = agent::substitute_local_rank(program, 0, &templated);
+  const fs::path script_file = templated ? absolute_from(rank0_script, cwd) : as_file;
   if (request.run_path) {
     // torchrun: --run-path takes precedence over --no-python. runpy.run_path also runs a
     // directory (or zip) by its __main__.py.

@@ -123,19 +123,23 @@ TEST_CASE("worker_spec: ${local_rank} in the arguments, as Python's Template.saf
   };
   for (const auto& [in, want] : cases) {
     INFO(in);
-    CHECK(substitute_local_rank(in, 3) == want);
+    bool named = true;
+    CHECK(substitute_local_rank(in, 3, &named) == want);
+    CHECK(named == (in.find("local_rank") != std::string::npos && want.find('3') != std::string::npos));
   }
 
-  // Every argument after the program, the script included; never the program itself.
+  // Every argument after the program that names the placeholder, the script included; never the
+  // program itself; an argument without it unchanged ("$$" stays: `sh -c 'echo $$'`).
   AgentConfig c = base();
   c.nproc_per_node = 2;
-  c.worker_argv = {"/opt/$local_rank/python3", "-u", "run_${local_rank}.py", "--out=log_${local_rank}", "$$HOME"};
+  c.worker_argv = {"/opt/$local_rank/python3", "-u",     "run_${local_rank}.py",
+                   "--out=log_${local_rank}",  "$$HOME", "echo $$ ${local_rank}"};
   c.user_args_index = 3;
   c.local_rank_arg = AgentConfig::LocalRankArg::dash;
   const we::Placement p = local_placement(c);
-  CHECK(
-      worker_spec(c, p, 1, {"/logs/attempt_0", {}}, {}).argv ==
-      std::vector<std::string>{"/opt/$local_rank/python3", "-u", "run_1.py", "--local-rank=1", "--out=log_1", "$HOME"});
+  CHECK(worker_spec(c, p, 1, {"/logs/attempt_0", {}}, {}).argv ==
+        std::vector<std::string>{"/opt/$local_rank/python3", "-u", "run_1.py", "--local-rank=1", "--out=log_1",
+                                 "$$HOME", "echo $ 1"});
 }
 
 TEST_CASE("worker_spec: routes follow the global rank for --ranks-filter") {

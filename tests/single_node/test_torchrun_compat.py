@@ -530,18 +530,20 @@ class Forms(Base):
         self.assertIn("ignoring --master-port=%d" % other, outs[0][1])
 
     def test_local_rank_placeholders_in_the_arguments(self):
-        # torchrun substitutes ${local_rank} in every worker argument (Template.safe_substitute),
-        # the script's path included; other "$" forms are passed on.
+        # torchrun substitutes ${local_rank} in the worker arguments (Template.safe_substitute),
+        # the script's path included. ddprun does so in the arguments that name it; the others
+        # (here "d=$$", as in `sh -c 'echo $$'`) are passed as they are, where torchrun would
+        # also turn their "$$" into "$".
         for i in range(2):
             with open(self.p("t%d.py" % i), "w") as f:
                 f.write("import os, sys; sys.stdout.write('script%d rank %%s argv %%s\\n' %% "
                         "(os.environ['LOCAL_RANK'], sys.argv[1:]))\n" % i)
         r = run(["--nproc-per-node", "2", "t${local_rank}.py", "--out=log_${local_rank}", "$local_rank", "d=$$",
-                 "$HOME", "${rank}"], cwd=self.dir)
+                 "$HOME", "${rank}", "p=$$:${local_rank}"], cwd=self.dir)
         self.ok(r)
         for rank in range(2):
-            self.assertIn("script%d rank %d argv %r\n" % (rank, rank, ["--out=log_%d" % rank, str(rank), "d=$", "$HOME",
-                                                                       "${rank}"]), r.stdout)
+            argv = ["--out=log_%d" % rank, str(rank), "d=$$", "$HOME", "${rank}", "p=$:%d" % rank]
+            self.assertIn("script%d rank %d argv %r\n" % (rank, rank, argv), r.stdout)
 
     def test_the_opt_out_of_the_agent_store_is_named_as_not_supported(self):
         r = run(["--no-python", "/bin/sh", "-c", 'echo "use=$TORCHELASTIC_USE_AGENT_STORE"'],

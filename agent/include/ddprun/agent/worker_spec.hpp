@@ -35,14 +35,17 @@ struct WorkerSpec {
   std::string prefix;  // the console prefix of its lines
 };
 
-// Worker argv with `${local_rank}` replaced in every argument after the program (as torchrun
-// does) and the legacy --local-rank / --local_rank argument when asked for.
+// Worker argv with `${local_rank}` replaced in every argument after the program that names it
+// (as torchrun does), and the legacy --local-rank / --local_rank argument when asked for.
+// Arguments without the placeholder are passed as they are: torchrun would also turn their `$$`
+// into `$`, which breaks `sh -c '... $$ ...'` and is not copied.
 std::vector<std::string> worker_args(const AgentConfig& config, int local_rank);
 
 // `arg` with `$local_rank` and `${local_rank}` replaced by `local_rank` and `$$` by `$`; any other
 // `$` is kept as it is: Python's string.Template(arg).safe_substitute(local_rank=N), which
-// torchrun applies to each worker's arguments.
-std::string substitute_local_rank(std::string_view arg, int local_rank);
+// torchrun applies to each worker's arguments. `*named` (when given) says whether a placeholder
+// was replaced.
+std::string substitute_local_rank(std::string_view arg, int local_rank, bool* named = nullptr);
 
 // The placement a single-node job (and --dry-run) uses: this node is the whole job.
 worker_env::Placement local_placement(const AgentConfig& config);
