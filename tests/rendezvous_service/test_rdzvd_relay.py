@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -486,6 +487,43 @@ def relay_limit_makes_room(token_file):
 
 
 
+def relay_refusals_are_all_counted(token_file):
+    # A relay full of authenticated clients refuses new ones, one warning line a second; the ones
+    # not shown are counted on the next line or, when no next one comes, on a line of their own
+    # (before, a count that no later refusal carried was never logged).
+    root, root_port = start_daemon(["--token-file", token_file])
+    relay = relay_with_stderr(root_port, token_file, "--max-connections", "2")
+    port = ready_port(relay)
+    agents = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    for i, a in enumerate(agents):
+        assert handshake(a, TOKEN, "relay-count-%d" % i) is None
+    refused = 10
+    for _ in range(refused):
+        expect_closed(socket.create_connection(("127.0.0.1", port), timeout=10), "a client over the limit")
+    deadline = time.monotonic() + 20
+    seen = b""
+
+    def accounted(text):
+        shown = text.count("connection limit of 2 reached (--max-connections)")
+        hidden = sum(int(n) for n in re.findall(r"(\d+) more like it not shown over the last", text))
+        return shown + hidden
+
+    while accounted(seen.decode(errors="replace")) < refused:
+        assert time.monotonic() < deadline and relay.poll() is None, \
+            f"refusals accounted for: {accounted(seen.decode(errors='replace'))} of {refused}:\n{seen.decode()[-3000:]}"
+        ready, _, _ = select.select([relay.stderr], [], [], 1)
+        if ready:
+            seen += os.read(relay.stderr.fileno(), 4096)
+    text = seen.decode(errors="replace")
+    assert accounted(text) == refused, text[-3000:]
+    assert "relay: closing new connections: " in text, text[-3000:]
+    for a in agents:
+        a.close()
+    for p in (relay, root):
+        os.killpg(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+
+
 def vm_rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -634,6 +672,7 @@ def main():
 
         silent_through_relay(token_file)
         relay_limit_makes_room(token_file)
+        relay_refusals_are_all_counted(token_file)
         pipelining_client_keeps_the_link(token_file)
         relay_buffers_are_bounded(token_file)
         relay_survives_sighup(token_file)
