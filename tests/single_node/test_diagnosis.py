@@ -486,6 +486,15 @@ def modes():
     return out
 
 
+def caught(pid, sig):
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("SigCgt:"):
+                return (int(line.split()[1], 16) >> (sig - 1)) & 1 == 1
+    return False
+
+
 class Diagnosis(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_diag_")
@@ -790,6 +799,13 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         try:
             self.assertTrue(select.select([reader], [], [], 30)[0], "the watchdog was not started")
             watchdog = int(os.read(reader, 64).split()[0])
+            # The agent starts the watchdog first and handles SIGINT a moment later; a SIGINT before
+            # that ends it by the default action (-2, no workers started yet; seen once in CI).
+            # Its handler is in place when /proc says SIGINT is caught.
+            deadline = time.monotonic() + 30
+            while not caught(proc.pid, signal.SIGINT):
+                self.assertLess(time.monotonic(), deadline, "ddprun never handled SIGINT")
+                time.sleep(0.005)
             os.kill(proc.pid, signal.SIGINT)
             err = proc.communicate(timeout=8)[1]  # before the 10 s wait would have ended
             self.assertEqual(proc.returncode, 130, err.decode())
