@@ -109,14 +109,6 @@ class Agent {
           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
           "being overloaded; tune it for optimal performance in your application as needed");
     }
-    if (const auto it = parent_env_.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE");
-        it != parent_env_.end() && it->second == "1") {
-      // torch 2.x's opt-out: its workers' rank 0 then hosts their store on a port of its own.
-      spdlog::warn(
-          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not supported yet and is ignored: the workers use the agent's "
-          "store (TORCHELASTIC_USE_AGENT_STORE=True), which their TCPStore clients need no change for; unset it to "
-          "silence this line");
-    }
     for (int r = 0; r < config_.nproc_per_node; ++r) {
       any_files_ = any_files_ || plan_routes(config_, r).needs_files();
     }

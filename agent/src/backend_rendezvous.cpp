@@ -187,7 +187,8 @@ class ClientBackend final : public RendezvousBackend {
     addr_ = advertised_address(config_, transport_->peers());
     node_id_ = rendezvous::NodeId{addr_, static_cast<std::int64_t>(::getpid()), random_instance_id()};
     // This node's worker store: MASTER_ADDR/PORT for every worker when this node gets group rank 0.
-    store_ = host_worker_store(io_, addr_, 0, false, "pass --local-addr with an address of this machine");
+    store_ = open_worker_store(io_, addr_, 0, config_.share_worker_store, false,
+                               "pass --local-addr with an address of this machine");
     transport_->start(addr_);
   }
 
@@ -401,7 +402,7 @@ class ClientBackend final : public RendezvousBackend {
   std::string addr_;
   rendezvous::NodeId node_id_;
   std::vector<std::uint8_t> offer_;
-  std::unique_ptr<rendezvous::StoreServer> store_;
+  std::unique_ptr<WorkerStore> store_;
   // This round's local failures, for the job summary: the first one (reported to the
   // rendezvous) and the ranks that failed on their own after it (await_verdict).
   std::optional<FailureReport> local_first_;

@@ -1,9 +1,12 @@
 // The single-node rendezvous backend: this node is the whole job. Each round is local; after a
 // failure the local restart budget (--max-restarts) decides between a restart and the end of
 // the job, whose root-cause summary this backend prints.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
@@ -35,7 +38,8 @@ class SingleNodeBackend final : public RendezvousBackend {
       : io_(io), config_(config), events_(std::move(events)) {}
 
   void start() override {
-    store_ = host_worker_store(io_, config_.master_addr, config_.standalone ? 0 : config_.master_port, true,
+    store_ = open_worker_store(io_, config_.master_addr, config_.standalone ? 0 : config_.master_port,
+                               config_.share_worker_store, true,
                                "the master port is probably in use by another job: pass --master-port 0 (any free "
                                "port) or --standalone, or pick another --master-port");
   }
@@ -118,7 +122,7 @@ class SingleNodeBackend final : public RendezvousBackend {
   asio::io_context& io_;
   const AgentConfig& config_;
   BackendEvents events_;
-  std::unique_ptr<rendezvous::StoreServer> store_;
+  std::unique_ptr<WorkerStore> store_;
   std::vector<std::uint8_t> offer_;
   FailureReport failure_;
   std::optional<FailureReport> root_cause_;  // the job's failure, as summarised (local_root_cause)
@@ -143,6 +147,62 @@ std::string bind_host(const std::string& addr) {
   return ec ? std::string("::") : host;
 }
 
+namespace {
+
+// The error for a worker store (or its reserved port) that cannot be bound: `hint` is for a port
+// in use; an address that is not this machine's (EADDRNOTAVAIL) needs another one, and other
+// errors keep the bind's own hint.
+NetworkError worker_store_error(const std::string& addr, const std::string& host, std::uint16_t port, bool name_port,
+                                const std::string& hint, const std::string& message, const std::string& bind_hint) {
+  std::string why = hint;
+  if (bind_hint.find("not one of this machine's") != std::string::npos) {
+    why = "--master-addr " + addr +
+          " is not an address of this machine, and the worker store is hosted here: give one of its addresses or "
+          "its host name (or leave --master-addr out)";
+  } else if (bind_hint.find("port in use") == std::string::npos) {
+    why = bind_hint;
+  }
+  return NetworkError(
+      "cannot host the worker store on " + host + (name_port ? ":" + std::to_string(port) : "") + ": " + message, why);
+}
+
+// Binds (never listens) `host`:`port` with SO_REUSEADDR, falling back to 0.0.0.0 where "::" has
+// no IPv6, as the store server does. Returns the descriptor and the port bound.
+std::pair<int, std::uint16_t> reserve_port(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                           boost::system::error_code& ec) {
+  using asio::ip::tcp;
+  asio::ip::address addr = asio::ip::make_address(host, ec);
+  if (ec) return {-1, 0};
+  auto try_bind = [&](const tcp::endpoint& ep) {
+    tcp::acceptor a(io);
+    a.open(ep.protocol(), ec);
+    if (!ec && ep.address().is_v6()) a.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) a.bind(ep, ec);
+    if (ec) return std::pair<int, std::uint16_t>{-1, 0};
+    const std::uint16_t bound = a.local_endpoint(ec).port();
+    if (ec) return std::pair<int, std::uint16_t>{-1, 0};
+    const int fd = a.release(ec);
+    if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return std::pair<int, std::uint16_t>{fd, bound};
+  };
+  auto r = try_bind(tcp::endpoint(addr, port));
+  if (ec && addr.is_v6() && addr.to_v6().is_unspecified() &&
+      (ec == asio::error::address_family_not_supported || ec == boost::system::errc::address_not_available)) {
+    r = try_bind(tcp::endpoint(asio::ip::address_v4::any(), port));
+  }
+  return r;
+}
+
+std::string reserve_hint(const boost::system::error_code& ec) {
+  if (ec == asio::error::address_in_use) return "port in use";
+  if (ec == boost::system::errc::address_not_available) return "the address is not one of this machine's";
+  if (ec == asio::error::access_denied) return "ports below 1024 need privileges: pick a port >= 1024 or use 0";
+  return "check the address and the port";
+}
+
+}  // namespace
+
 std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io, const std::string& addr,
                                                            std::uint16_t port, bool name_port,
                                                            const std::string& hint) {
@@ -153,23 +213,42 @@ std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io,
   try {
     store = std::make_unique<rendezvous::StoreServer>(io, opts);
   } catch (const Error& e) {
-    // `hint` is for a port in use; an address that is not this machine's (EADDRNOTAVAIL) needs
-    // another one, and other errors keep the store's own hint.
-    std::string why = hint;
-    if (e.hint().find("not one of this machine's") != std::string::npos) {
-      why = "--master-addr " + addr +
-            " is not an address of this machine, and the worker store is hosted here: give one of its addresses or "
-            "its host name (or leave --master-addr out)";
-    } else if (e.hint().find("port in use") == std::string::npos) {
-      why = e.hint();
-    }
-    throw NetworkError("cannot host the worker store on " + opts.host + (name_port ? ":" + std::to_string(port) : "") +
-                           ": " + e.message(),
-                       why);
+    throw worker_store_error(addr, opts.host, port, name_port, hint, e.message(), e.hint());
   }
   store->start();
   spdlog::debug("worker store listening on {}:{}", store->host(), store->port());
   return store;
+}
+
+WorkerStore::WorkerStore(std::unique_ptr<rendezvous::StoreServer> server)
+    : server_(std::move(server)), host_(server_->host()), port_(server_->port()) {}
+
+WorkerStore::WorkerStore(int reserved_fd, std::string host, std::uint16_t port)
+    : reserved_fd_(reserved_fd), host_(std::move(host)), port_(port) {}
+
+WorkerStore::~WorkerStore() { stop(); }
+
+void WorkerStore::reset() {
+  if (server_) server_->reset();
+}
+
+void WorkerStore::stop() {
+  if (server_) server_->stop();
+  if (reserved_fd_ >= 0) {
+    ::close(reserved_fd_);
+    reserved_fd_ = -1;
+  }
+}
+
+std::unique_ptr<WorkerStore> open_worker_store(asio::io_context& io, const std::string& addr, std::uint16_t port,
+                                               bool hosted, bool name_port, const std::string& hint) {
+  if (hosted) return std::make_unique<WorkerStore>(host_worker_store(io, addr, port, name_port, hint));
+  const std::string host = bind_host(addr);
+  boost::system::error_code ec;
+  const auto [fd, bound] = reserve_port(io, host, port, ec);
+  if (fd < 0) throw worker_store_error(addr, host, port, name_port, hint, ec.message(), reserve_hint(ec));
+  spdlog::debug("workers' store: rank 0 hosts it on port {} (kept reserved by the agent, {})", bound, host);
+  return std::make_unique<WorkerStore>(fd, host, bound);
 }
 
 std::unique_ptr<RendezvousBackend> make_single_node_backend(asio::io_context& io, const AgentConfig& config,

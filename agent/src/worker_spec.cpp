@@ -108,7 +108,7 @@ worker_env::Placement local_placement(const AgentConfig& config) {
   p.master_port = config.master_port;
   p.max_restarts = config.max_restarts;
   p.run_id = config.run_id;
-  p.use_agent_store = true;
+  p.use_agent_store = config.share_worker_store;
   return p;
 }
 

@@ -518,6 +518,17 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.working_dir = ctx.cwd;
   // The one place the job's mode (single node / static multi-node / elastic) is decided.
   cfg.job_mode = agent::decide_job_mode(cfg);
+  // torch 2.x's opt-out of the shared store, read as torch reads it (exactly "1"): only its
+  // dynamic rendezvous (--standalone, c10d, etcd-v2) looks at it; its static one always shares.
+  if (auto e = p.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"); e && *e == "1") {
+    if (cfg.standalone || *cfg.job_mode == agent::JobMode::elastic) {
+      cfg.share_worker_store = false;
+    } else {
+      out.notes.push_back(
+          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 has no effect with the static rendezvous (as in torchrun): the agent "
+          "hosts the workers' store; it applies with --standalone or --rdzv-backend c10d|etcd|etcd-v2");
+    }
+  }
 }
 
 }  // namespace ddprun::launcher::detail

@@ -145,6 +145,49 @@ TEST_CASE("the worker store for a host name listens on IPv6 and IPv4; for an add
   if (!no_v6) CHECK(reaches("::1"));
 }
 
+TEST_CASE("a reserved worker-store port: no listener, no other binder, but the rank-0 worker's store can bind it") {
+  namespace ip = boost::asio::ip;
+  boost::asio::io_context io;
+  for (const char* addr : {"127.0.0.1", "localhost"}) {
+    INFO(addr);
+    auto store = open_worker_store(io, addr, 0, false, false, "");
+    REQUIRE_FALSE(store->hosted());
+    REQUIRE(store->port() != 0);
+    const ip::tcp::endpoint at(ip::make_address("127.0.0.1"), store->port());
+    boost::system::error_code ec;
+    ip::tcp::socket client(io);
+    client.connect(at, ec);
+    CHECK(ec == boost::asio::error::connection_refused);  // nothing listens until rank 0 does
+    ip::tcp::acceptor plain(io);
+    plain.open(ip::tcp::v4());
+    plain.bind(at, ec);
+    CHECK(ec == boost::asio::error::address_in_use);  // another program without SO_REUSEADDR
+    // A TCPStore server (torch's, libuv's, ddprun's) binds with SO_REUSEADDR and listens.
+    ip::tcp::acceptor rank0(io);
+    rank0.open(ip::tcp::v4());
+    rank0.set_option(ip::tcp::acceptor::reuse_address(true));
+    rank0.bind(at, ec);
+    REQUIRE_FALSE(ec);
+    rank0.listen();
+    ip::tcp::socket second(io);
+    second.connect(at, ec);
+    CHECK_FALSE(ec);
+    store->reset();  // nothing to reset: the key space is rank 0's
+    store->stop();
+  }
+  // The hosted store is the agent's own server.
+  auto hosted = open_worker_store(io, "127.0.0.1", 0, true, false, "");
+  CHECK(hosted->hosted());
+  ip::tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({ip::make_address("127.0.0.1"), hosted->port()}, ec);
+  CHECK_FALSE(ec);
+  // Binding errors name the address, as for the hosted store.
+  CHECK_THROWS_WITH(open_worker_store(io, "192.0.2.77", 0, false, false, ""),
+                    Catch::Contains("cannot host the worker store on 192.0.2.77") &&
+                        Catch::Contains("is not an address of this machine"));
+}
+
 TEST_CASE("hosting decision") {
   AgentConfig c = base();
   const ddprun::Endpoint ep{"127.0.0.2", 29400};

@@ -37,6 +37,7 @@ DDPRUN = os.path.join(BIN, "ddprun")
 RDZVD = os.path.join(BIN, "ddprun-rdzvd")
 WORKER = os.path.join(SRC, "tests", "multinode", "mn_worker.py")
 DDP_TRAIN = os.path.join(SRC, "examples", "ddp_train.py")
+GLOO_WORKER = os.path.join(SRC, "tests", "single_node", "ddp_gloo_worker.py")
 ADDRS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 # Fast timers: a lost node is noticed within 0.2 s x 3 = 0.6 s.
 FAST_CONF = "last_call_timeout=0.5,heartbeat_interval=0.2,missed_heartbeats=3,join_timeout=20,read_timeout=20"
@@ -315,6 +316,23 @@ def ddp(c):
     logs = c.all_logs()
     check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, logs))
     check("all_reduce check passed: sum=21 expected=21 world_size=6" in logs, "no DDP check line:\n" + logs)
+
+
+def store_opt_out(c):
+    # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 of the workers hosts their store on the port
+    # its agent reserved (and does not listen on), in both attempts; torch's env:// init and a
+    # gloo all_reduce of 6 ranks over 3 nodes prove that it did.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS:
+        c.start_agent(a, ep, max_restarts=1, program=[GLOO_WORKER, "fail-first"],
+                      env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    codes = c.wait_agents(150)
+    logs = c.all_logs()
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, logs))
+    for rank in range(6):
+        line = "allreduce ok rank=%d attempt=1 sum=21 agent_store=False" % rank
+        check(line in logs, "no line %r:\n%s" % (line, logs))
 
 
 def worker_failure_restart(c):
@@ -797,7 +815,7 @@ def embedded_failure_restart(c):
     check(not [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "2"], "a second restart happened")
 
 
-SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, worker_failure_restart, budget_spent,
+SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
                                       agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,

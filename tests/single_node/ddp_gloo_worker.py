@@ -1,5 +1,5 @@
-"""A real torch worker: env:// init over the agent's store (TORCHELASTIC_USE_AGENT_STORE=True),
-one gloo all_reduce, result checked. Optional: fail on attempt 0 (argv[1] == "fail-first")."""
+"""A real torch worker: env:// init over the agent's store (TORCHELASTIC_USE_AGENT_STORE=True, or
+rank 0's own with False), one gloo all_reduce, result checked. Optional: fail on attempt 0 (argv[1] == "fail-first")."""
 import os
 import sys
 
@@ -18,7 +18,8 @@ def main():
     world = dist.get_world_size()
     expected = world * (world + 1) / 2
     assert t.item() == expected, (t.item(), expected)
-    print(f"allreduce ok rank={rank} attempt={attempt} sum={t.item():.0f}", flush=True)
+    print(f"allreduce ok rank={rank} attempt={attempt} sum={t.item():.0f} "
+          f"agent_store={os.environ['TORCHELASTIC_USE_AGENT_STORE']}", flush=True)
     dist.destroy_process_group()
 
 

@@ -331,16 +331,27 @@ class SingleNode(unittest.TestCase):
         r = run(["--standalone", "--nproc-per-node", "2", os.path.join(HERE, "ddp_gloo_worker.py")],
                 timeout=120, env={"PYTHON_EXEC": PYTHON})
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("allreduce ok rank=0 attempt=0 sum=3", r.stdout)
-        self.assertIn("allreduce ok rank=1 attempt=0 sum=3", r.stdout)
+        self.assertIn("allreduce ok rank=0 attempt=0 sum=3 agent_store=True", r.stdout)
+        self.assertIn("allreduce ok rank=1 attempt=0 sum=3 agent_store=True", r.stdout)
 
     def test_torch_restart_reinitialises_over_fresh_store(self):
         r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
                  os.path.join(HERE, "ddp_gloo_worker.py"), "fail-first"],
                 timeout=120, env={"PYTHON_EXEC": PYTHON})
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("allreduce ok rank=0 attempt=1 sum=3", r.stdout)
-        self.assertIn("allreduce ok rank=1 attempt=1 sum=3", r.stdout)
+        self.assertIn("allreduce ok rank=0 attempt=1 sum=3 agent_store=True", r.stdout)
+        self.assertIn("allreduce ok rank=1 attempt=1 sum=3 agent_store=True", r.stdout)
+
+    def test_torch_opt_out_of_the_agent_store(self):
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 hosts the store (torch 1.13 reads
+        # TORCHELASTIC_USE_AGENT_STORE=False as 2.x does). It could not bind MASTER_PORT if the
+        # agent listened there; each attempt's rank 0 binds it anew.
+        r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                 os.path.join(HERE, "ddp_gloo_worker.py"), "fail-first"],
+                timeout=120, env={"PYTHON_EXEC": PYTHON, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("allreduce ok rank=0 attempt=1 sum=3 agent_store=False", r.stdout)
+        self.assertIn("allreduce ok rank=1 attempt=1 sum=3 agent_store=False", r.stdout)
 
 
 

@@ -16,6 +16,7 @@ Every wait is bounded by a subprocess timeout; readiness comes from the workers'
 """
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -545,12 +546,40 @@ class Forms(Base):
             argv = ["--out=log_%d" % rank, str(rank), "d=$$", "$HOME", "${rank}", "p=$:%d" % rank]
             self.assertIn("script%d rank %d argv %r\n" % (rank, rank, argv), r.stdout)
 
-    def test_the_opt_out_of_the_agent_store_is_named_as_not_supported(self):
-        r = run(["--no-python", "/bin/sh", "-c", 'echo "use=$TORCHELASTIC_USE_AGENT_STORE"'],
-                env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    def test_the_opt_out_of_the_agent_store(self):
+        # torch 2.x's dynamic rendezvous (--standalone, c10d, etcd-v2) reads it; the static one
+        # does not. With it, nothing listens at MASTER_PORT until the workers' rank 0 does.
+        show = 'echo "use=$TORCHELASTIC_USE_AGENT_STORE port=$MASTER_PORT"'
+        opt_out = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        r = run(["--standalone", "--no-python", "/bin/sh", "-c", show], env=opt_out)
         self.ok(r)
-        self.assertIn("use=True\n", r.stdout)
-        self.assertIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not supported yet and is ignored", r.stderr)
+        m = re.search(r"use=False port=(\d+)\n", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        self.assertNotIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", r.stderr)
+        probe = self.p("probe.py")
+        with open(probe, "w") as f:  # run as rank 0 while its agent holds the port
+            f.write("import os, socket\n"
+                    "try:\n"
+                    "    socket.create_connection(('127.0.0.1', int(os.environ['MASTER_PORT'])), 5)\n"
+                    "    print('listening')\n"
+                    "except ConnectionRefusedError:\n"
+                    "    print('refused')\n")
+        r = run(["--standalone", probe], env=opt_out)
+        self.ok(r)
+        self.assertEqual(r.stdout.strip().splitlines()[-1], "refused", r.stdout)
+        r = run(["--standalone", probe])
+        self.ok(r)
+        self.assertEqual(r.stdout.strip().splitlines()[-1], "listening", r.stdout)
+        # The static rendezvous (one node without --standalone) always shares, as torchrun's.
+        r = run(["--no-python", "/bin/sh", "-c", show], env=opt_out)
+        self.ok(r)
+        self.assertIn("use=True", r.stdout)
+        self.assertIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 has no effect with the static rendezvous", r.stderr)
+        # Only exactly "1", as torch reads it.
+        r = run(["--standalone", "--no-python", "/bin/sh", "-c", show],
+                env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "true"})
+        self.ok(r)
+        self.assertIn("use=True", r.stdout)
 
     def test_double_dash_after_the_script_is_dropped(self):
         script = self.p("t.py")

@@ -7,6 +7,8 @@ same job under torchrun 2.6 (torchrun2):
     the value is not job-specific (ports, run ids and paths differ by design);
   * a worker failure on attempt 0 restarts the group and attempt 1 re-initialises torch 2.6 over
     the agent's store (2.6 workers use no per-attempt key prefix);
+  * with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 both launchers export TORCHELASTIC_USE_AGENT_STORE
+    =False and rank 0 of the workers hosts their store, after a restart too;
   * nothing started by the test is left running (a unique marker in every worker's argv).
 """
 import glob
@@ -62,8 +64,8 @@ class Job:
         self.marker = f"ddprun-t2-{name}-{uuid.uuid4().hex[:8]}"
         self.dir = tempfile.mkdtemp(prefix=self.marker + "_")
 
-    def run(self, launcher, extra_worker=()):
-        env = dict(os.environ, PYTHON_EXEC=PYTHON, TMPDIR=self.dir)
+    def run(self, launcher, extra_worker=(), extra_env=None):
+        env = dict(os.environ, PYTHON_EXEC=PYTHON, TMPDIR=self.dir, **(extra_env or {}))
         env.pop("OMP_NUM_THREADS", None)
         proc = subprocess.Popen(launcher + [WORKER, self.dir] + list(extra_worker), env=env, cwd=self.dir,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -105,7 +107,7 @@ class SingleNode(unittest.TestCase):
         self.addCleanup(lambda: self.assertEqual(j.close(), [], "processes left behind"))
         return j
 
-    def check_contract(self, envs, attempt):
+    def check_contract(self, envs, attempt, agent_store="True"):
         self.assertEqual(sorted(envs), [0, 1, 2, 3], envs)
         masters = {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs.values()}
         self.assertEqual(len(masters), 1, masters)
@@ -117,7 +119,7 @@ class SingleNode(unittest.TestCase):
             self.assertEqual((e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]), ("0", "1"), where)
             self.assertEqual((e["ROLE_NAME"], e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]), ("default", str(r), "4"), where)
             self.assertEqual(e["TORCHELASTIC_RESTART_COUNT"], str(attempt), where)
-            self.assertEqual(e["TORCHELASTIC_USE_AGENT_STORE"], "True", where)
+            self.assertEqual(e["TORCHELASTIC_USE_AGENT_STORE"], agent_store, where)
             self.assertTrue(e["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_{attempt}/{r}/error.json"), where)
             self.assertTrue(e["params_agree"], where)
             self.assertEqual(e["allreduce"], 10.0, where)
@@ -151,6 +153,23 @@ class SingleNode(unittest.TestCase):
         self.assertEqual(rc, 0, f"ddprun exited {rc}\n{out}\n{err[-4000:]}")
         self.check_contract(d.envs(1), 1)
         self.assertIn("restarting worker group (attempt 1 of 1)", err)
+
+    def test_the_opt_out_of_the_agent_store_beside_torchrun_2(self):
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 of the workers hosts their store on a port
+        # of its own (the agent keeps it reserved and does not listen there), for both attempts.
+        opt_out = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        d = self.job("optout")
+        rc, out, err = d.run([DDPRUN, "--standalone", "--nproc-per-node", "4", "--max-restarts", "1"],
+                             ["fail-first"], opt_out)
+        self.assertEqual(rc, 0, f"ddprun exited {rc}\n{out}\n{err[-4000:]}")
+        self.check_contract(d.envs(1), 1, agent_store="False")
+        self.assertIn("restarting worker group (attempt 1 of 1)", err)
+        self.assertNotIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", err)
+
+        t = self.job("optout-torchrun2")
+        rc, out, err = t.run([TORCHRUN2, "--standalone", "--nproc-per-node", "4"], extra_env=opt_out)
+        self.assertEqual(rc, 0, f"torchrun 2.6 exited {rc}\n{out}\n{err[-4000:]}")
+        self.check_contract(t.envs(), 0, agent_store="False")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,14 @@ TEST_CASE("worker info from the environment", "[worker]") {
   env = base_env();
   env["DDPRUN_STORE_GENERATION"] = "ancient";
   CHECK_THROWS_WITH(w::Store::options_from_env(env), Catch::Contains("DDPRUN_STORE_GENERATION='ancient'"));
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 of the workers is to host the store, which this
+  // library cannot; an error at once, not the connect timeout.
+  env = base_env();
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  CHECK(w::Store::options_from_env(env).port == 29501);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK_THROWS_WITH(w::Store::options_from_env(env),
+                    Catch::Contains("TORCHELASTIC_USE_AGENT_STORE=False: rank 0 of the workers is to host the store"));
 }
 
 TEST_CASE("NCCL unique IDs from the environment", "[worker]") {

@@ -124,6 +124,15 @@ StoreOptions store_options_impl(const Environment& env) {
   if (addr == nullptr) throw NotSet("MASTER_ADDR is not set", "run this program under ddprun or torchrun");
   o.host = std::string(trim(*addr));
   if (o.host.empty()) throw Invalid("MASTER_ADDR is empty");  // not 300 s of retries against ":PORT"
+  if (const std::string* shared = find(env, "TORCHELASTIC_USE_AGENT_STORE"); shared != nullptr && *shared != "True") {
+    // torch's rule (anything but "True"): rank 0 of the workers hosts the store. Not 300 s of
+    // retries against a server that no rank of a native job starts.
+    throw Invalid("TORCHELASTIC_USE_AGENT_STORE=" + *shared +
+                      ": rank 0 of the workers is to host the store at MASTER_ADDR:MASTER_PORT, and this library "
+                      "is a store client only (it hosts none)",
+                  "unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE for this job, so that the agent hosts the store; or "
+                  "host a TCPStore in rank 0 and connect with explicit StoreOptions");
+  }
   o.port = static_cast<std::uint16_t>(int_var(env, "MASTER_PORT", std::nullopt, 1, 65535));
   o.world_size = static_cast<int>(int_var(env, "WORLD_SIZE", std::nullopt, 1, 1 << 30));
   o.key_prefix = "/ddprun/attempt_" + std::to_string(int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30)) + "/";

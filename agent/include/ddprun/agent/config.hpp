@@ -87,6 +87,12 @@ struct AgentConfig {
   // Set by the launcher from decide_job_mode(); nullopt = decide from the fields above.
   std::optional<JobMode> job_mode;
 
+  // The workers' store (TORCHELASTIC_USE_AGENT_STORE): true = the agent hosts it at
+  // MASTER_ADDR:MASTER_PORT; false = rank 0 of the workers hosts it there (torch 2.x's
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which the launcher reads for the modes torch's dynamic
+  // rendezvous covers: --standalone and elastic), on a port the agent keeps reserved for it.
+  bool share_worker_store = true;
+
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;  // 0 = bind any free port (standalone)
   std::optional<std::string> local_addr;

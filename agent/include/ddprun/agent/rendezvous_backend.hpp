@@ -106,6 +106,42 @@ std::string bind_host(const std::string& addr);
 std::unique_ptr<rendezvous::StoreServer> host_worker_store(boost::asio::io_context& io, const std::string& addr,
                                                            std::uint16_t port, bool name_port, const std::string& hint);
 
+// This node's side of the workers' store at MASTER_ADDR:MASTER_PORT. Hosted: the agent's own
+// store server (TORCHELASTIC_USE_AGENT_STORE=True). Reserved (AgentConfig::share_worker_store
+// false): rank 0 of the workers hosts the store, and the agent only keeps its port: a socket
+// bound with SO_REUSEADDR that never listens, so that neither another program's bind nor an
+// outgoing connection's ephemeral port takes it, while the rank-0 worker's TCPStore server,
+// which binds with SO_REUSEADDR too, can. The port is the same for every round of the agent.
+class WorkerStore {
+ public:
+  explicit WorkerStore(std::unique_ptr<rendezvous::StoreServer> server);
+  // Takes `reserved_fd`, a bound socket that is not listening.
+  WorkerStore(int reserved_fd, std::string host, std::uint16_t port);
+  ~WorkerStore();
+  WorkerStore(const WorkerStore&) = delete;
+  WorkerStore& operator=(const WorkerStore&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  const std::string& host() const { return host_; }
+  bool hosted() const { return server_ != nullptr; }
+  // A fresh, empty key space for the next round: the hosted store is reset; a reserved port needs
+  // nothing (the next rank-0 worker starts a new server).
+  void reset();
+  // Ends the hosted server, or gives the reserved port back.
+  void stop();
+
+ private:
+  std::unique_ptr<rendezvous::StoreServer> server_;
+  int reserved_fd_ = -1;
+  std::string host_;
+  std::uint16_t port_ = 0;
+};
+
+// host_worker_store when `hosted`, else a port reserved the same way (bind_host(addr), `port`,
+// the same errors and hints).
+std::unique_ptr<WorkerStore> open_worker_store(boost::asio::io_context& io, const std::string& addr, std::uint16_t port,
+                                               bool hosted, bool name_port, const std::string& hint);
+
 // The backend for job_mode(config). `config` must outlive it.
 std::unique_ptr<RendezvousBackend> make_rendezvous_backend(boost::asio::io_context& io, const AgentConfig& config,
                                                            BackendEvents events);
