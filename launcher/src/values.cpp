@@ -222,13 +222,26 @@ EtcdConf parse_etcd_conf(std::string_view endpoints, std::string_view endpoints_
   e.cacert = get("cacert");
   e.cert = get("cert");
   e.key = get("key");
+  // Errors name a key as it was typed (torch's ssl_cert, or cert).
+  auto typed = [&](const std::string& name) {
+    auto it = spelled.find(name);
+    return it == spelled.end() ? name : it->second;
+  };
   if (e.cert.empty() != e.key.empty()) {
-    throw UsageError(std::string(what) + ": " + (e.cert.empty() ? "key" : "cert") + " given without " +
-                         (e.cert.empty() ? "cert" : "key"),
-                     "give the client certificate and its private key together: cert=FILE,key=FILE");
+    const bool has_cert = !e.cert.empty();
+    const std::string given = typed(has_cert ? "cert" : "key");
+    const bool torch_names = given != "cert" && given != "key";
+    const std::string missing = torch_names ? (has_cert ? "ssl_cert_key" : "ssl_cert") : (has_cert ? "key" : "cert");
+    throw UsageError(std::string(what) + ": " + given + " given without " + missing,
+                     std::string("give the client certificate and its private key together: ") +
+                         (torch_names ? "ssl_cert=FILE,ssl_cert_key=FILE" : "cert=FILE,key=FILE"));
   }
   if ((!e.cacert.empty() || !e.cert.empty()) && !e.tls) {
-    throw UsageError(std::string(what) + ": cacert/cert/key given but the etcd connection is plain http",
+    std::string files;
+    for (const char* name : {"cacert", "cert", "key"}) {
+      if (conf.count(name) != 0) files += (files.empty() ? "" : "/") + typed(name);
+    }
+    throw UsageError(std::string(what) + ": " + files + " given but the etcd connection is plain http",
                      "add protocol=https (or https:// endpoints) to use TLS");
   }
   if (auto it = conf.find("etcd_prefix"); it != conf.end()) {

@@ -282,8 +282,17 @@ TEST_CASE("etcd conf: endpoints, TLS, prefix, credentials") {
       parse_etcd_conf("h1", "--rdzv-endpoint", {{"protocol", "https"}, {"cacert", "a.pem"}, {"ca_cert", "b.pem"}},
                       "--rdzv-conf", std::nullopt),
       Contains("both ca_cert and cacert given"));
-  CHECK_THROWS_WITH(parse_etcd_conf("h1", "--rdzv-endpoint", {{"ssl_cert", "c.pem"}}, "--rdzv-conf", std::nullopt),
-                    Contains("cert given without key"));
+  // Errors name the keys as typed.
+  CHECK_THROWS_WITH(
+      parse_etcd_conf("h1", "--rdzv-endpoint", {{"ssl_cert", "c.pem"}}, "--rdzv-conf", std::nullopt),
+      Contains("--rdzv-conf: ssl_cert given without ssl_cert_key") && Contains("ssl_cert=FILE,ssl_cert_key=FILE"));
+  CHECK_THROWS_WITH(parse_etcd_conf("h1", "--rdzv-endpoint", {{"ssl_cert_key", "k.pem"}}, "--rdzv-conf", std::nullopt),
+                    Contains("--rdzv-conf: ssl_cert_key given without ssl_cert"));
+  CHECK_THROWS_WITH(parse_etcd_conf("h1", "--rdzv-endpoint", {{"ca_cert", "a.pem"}}, "--rdzv-conf", std::nullopt),
+                    Contains("--rdzv-conf: ca_cert given but the etcd connection is plain http"));
+  CHECK_THROWS_WITH(parse_etcd_conf("h1", "--rdzv-endpoint", {{"ca_cert", "a.pem"}, {"cert", "c.pem"}, {"key", "k"}},
+                                    "--rdzv-conf", std::nullopt),
+                    Contains("--rdzv-conf: ca_cert/cert/key given but the etcd connection is plain http"));
 }
 
 TEST_CASE("etcd conf: errors name the key") {
