@@ -600,6 +600,37 @@ def agent_stop(c):
     shrink(c, signal.SIGSTOP)
 
 
+def spare(c):
+    # torch's redundancy list: a node beyond --nnodes MAX waits as a spare, and takes the place
+    # (and the group rank) of a node that is lost, without a restart of the budget.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    args = ["--wait-file", go, "--sleep", "60"]
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:2", worker_args=args)
+    c.wait_envs(lambda e: e["WORLD_SIZE"] == "4", 4, 30, "the 2-node round")
+    standby = c.start_agent(ADDRS[2], ep, nnodes="2:2", worker_args=args)
+    deadline = time.monotonic() + 20
+    while "waiting as a spare node" not in c.log(ADDRS[2]):
+        check(standby.poll() is None and time.monotonic() < deadline,
+              "the third agent did not wait as a spare:\n%s" % c.all_logs())
+        time.sleep(0.05)
+    check(not [e for e in c.envs() if e["agent_pid"] == standby.pid], "the spare started workers while full")
+    victim = c.agents[ADDRS[1]][0]
+    lost_rank = {e["GROUP_RANK"] for e in c.envs() if e["agent_pid"] == victim.pid}
+    victim.kill()
+    envs = c.wait_envs(lambda e: e["agent_pid"] == standby.pid, 2, 20, "the spare's workers")
+    check({e["WORLD_SIZE"] for e in envs} == {"4"}, "WORLD_SIZE %s" % {e["WORLD_SIZE"] for e in envs})
+    check({e["GROUP_RANK"] for e in envs} == lost_rank,
+          "the spare did not take the lost node's group rank %s: %s" % (lost_rank, envs))
+    check({e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {"0"}, "taking a lost node's place used a restart")
+    open(go, "w").close()
+    codes = c.wait_agents(30, [ADDRS[0], ADDRS[2]])
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    victim.wait(10)
+
+
 def grow(c):
     port = c.start_daemon()
     ep = "127.0.0.1:%d" % port
@@ -817,7 +848,7 @@ def embedded_failure_restart(c):
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
-                                      agent_kill, agent_stop, grow, daemon_restart, token, daemon_gone,
+                                      agent_kill, agent_stop, grow, spare, daemon_restart, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,
                                       exit_barrier, nccl_ids]}

@@ -177,9 +177,12 @@ TEST_CASE("a job's own refusals count as config_mismatch, job_full, job_closed, 
   CHECK(h.count(RefuseCode::config_mismatch) == 1);
   CHECK(h.count(RefuseCode::job_full) == 0);
 
-  // min = max = 1: the first node starts round 0 at once, a second one finds the job full.
+  // min = max = 1: the first node starts round 0 at once, a second one waits as a spare (at
+  // most max spares), a third finds the job full.
   REQUIRE(h.join(3, "full", 3, config_of(1, 1)) == ok);
   REQUIRE(h.service->registry().find("full")->state() == rdzv::JobState::running);
+  CHECK(h.join(8, "full", 8, config_of(1, 1)) == ok);
+  CHECK(h.count(RefuseCode::job_full) == 0);
   CHECK(h.join(4, "full", 4, config_of(1, 1)) == refused);
   CHECK(h.count(RefuseCode::job_full) == 1);
 

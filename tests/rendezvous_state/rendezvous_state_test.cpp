@@ -262,31 +262,102 @@ TEST_CASE("a survivor that misses the last call joins late as a scale-up", "[rdz
   CHECK(assignment_of(d, node(2).id).group_rank == 2);
 }
 
-TEST_CASE("joins beyond max are refused", "[rdzv]") {
+// torch's redundancy list: a node that joins a full job waits as a spare and takes the place of
+// a lost node in the next round; up to max spares, then refused.
+TEST_CASE("joins beyond max wait as spares, then are refused", "[rdzv]") {
   Fixture f;
-  const auto c = cfg(1, 2);
+  const auto c = cfg(1, 2, 1);
   f.join(node(1), c);
   f.join(node(2), c);
   REQUIRE(f.state().state() == JobState::running);
+  auto role = [&](int i) { return f.state().role_of(node(i).id); };
   auto a = f.join(node(3), c);
-  auto refused = for_node<Refuse>(a, node(3).id);
+  CHECK(for_node<Refuse>(a, node(3).id).empty());
+  CHECK(of<SendRestart>(a).empty());  // the running round goes on
+  REQUIRE(for_node<Progress>(a, node(3).id).size() == 1);
+  CHECK(for_node<Progress>(a, node(3).id)[0].text.find("waiting as a spare node") != std::string::npos);
+  CHECK(role(3) == MemberRole::spare);
+  f.clock.advance(100ms);
+  auto again = f.join(node(3), c);  // a second JOIN (an agent that reconnected) is still a spare
+  CHECK(of<SendRestart>(again).empty());
+  CHECK(role(3) == MemberRole::spare);
+  f.clock.advance(100ms);
+  f.join(node(4), c);
+  CHECK(role(4) == MemberRole::spare);
+  auto d = f.join(node(5), c);  // at most max (2) spares
+  auto refused = for_node<Refuse>(d, node(5).id);
   REQUIRE(refused.size() == 1);
-  CHECK(refused[0].reason.find("is full: 2 of max 2 nodes") != std::string::npos);
-  CHECK(of<SendRestart>(a).empty());
+  CHECK(refused[0].reason.find("is full: 2 of max 2 nodes are taking part and 2 spare nodes wait") !=
+        std::string::npos);
+  CHECK(refused[0].code == RefuseCode::job_full);
+  CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 4);
+  CHECK(f.state().audit().empty());
 
-  SECTION("also while collecting: expected survivors keep their slots") {
-    auto lost = [&] {
-      // node 2 lost -> round 1 collects with node 1 expected; node 3 joins (1+1 < 2? no: 1 expected)
-      f.clock.advance(3s);
-      f.beat({node(1)});
-      return f.tick();
-    }();
-    REQUIRE(of<SendRestart>(lost).size() == 1);
+  SECTION("a worker failure restarts the participants only") {
+    auto r = f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""}, f.clock.now());
+    CHECK(of<SendRestart>(r).size() == 2);
+    CHECK(for_node<SendRestart>(r, node(3).id).empty());
+    f.join(node(1), c);
+    auto closed = f.join(node(2), c);
+    CHECK(of<SendAssignment>(closed).size() == 2);
+    CHECK(for_node<SendAssignment>(closed, node(3).id).empty());
+    CHECK(role(3) == MemberRole::spare);
+    CHECK(role(4) == MemberRole::spare);
+  }
+  SECTION("a lost participant's place goes to the first spare; the round keeps the survivor's rank") {
+    f.clock.advance(2s);
+    f.beat({node(1), node(3), node(4)});
+    f.clock.advance(1s);
+    f.beat({node(1), node(3), node(4)});
+    auto lost = f.tick();  // node 2's lease (3 s) ran out
+    REQUIRE(for_node<SendRestart>(lost, node(1).id).size() == 1);
+    CHECK(for_node<SendRestart>(lost, node(3).id).empty());
     REQUIRE(f.state().state() == JobState::waiting);
-    auto b = f.join(node(3), c);  // J+E = 0+1 < 2 -> accepted
+    CHECK(role(3) == MemberRole::joined);  // promoted, in join order
+    CHECK(role(4) == MemberRole::spare);
+    auto closed = f.join(node(1), c);  // the roster is complete: 2 joined = max
+    CHECK(assignment_of(closed, node(1).id).group_rank == 0);
+    CHECK(assignment_of(closed, node(3).id).group_rank == 1);
+    CHECK(for_node<SendAssignment>(closed, node(4).id).empty());
+    CHECK(role(4) == MemberRole::spare);
+    CHECK(f.state().audit().empty());
+    // The job's end reaches the spare too.
+    f.reg.succeeded(f.job, node(1).id, f.state().round(), f.clock.now());
+    auto done = f.reg.succeeded(f.job, node(3).id, f.state().round(), f.clock.now());
+    CHECK(for_node<SendJobCompleted>(done, node(4).id).size() == 1);
+  }
+  SECTION("a spare that goes silent is dropped without ending the round") {
+    f.clock.advance(2s);
+    f.beat({node(1), node(2), node(4)});
+    f.clock.advance(1s);
+    f.beat({node(1), node(2), node(4)});
+    auto t = f.tick();
+    CHECK(of<SendRestart>(t).empty());
+    CHECK_FALSE(role(3).has_value());
+    CHECK(role(4) == MemberRole::spare);
+  }
+  SECTION("while collecting, spares fill slots that no expected survivor holds") {
+    // node 2 leaves: node 1 expected, node 3 promoted (1 + 1 = max), node 4 stays a spare.
+    f.reg.leave(f.job, node(2).id, f.clock.now());
+    CHECK(role(3) == MemberRole::joined);
+    CHECK(role(4) == MemberRole::spare);
+    f.clock.advance(100ms);
+    auto b = f.join(node(6), c);  // J+E = 2 = max: a spare (the second)
     CHECK(of<Refuse>(b).empty());
-    auto d = f.join(node(4), c);  // J+E = 1+1 -> full
-    REQUIRE(for_node<Refuse>(d, node(4).id).size() == 1);
+    CHECK(role(6) == MemberRole::spare);
+    CHECK(for_node<Refuse>(f.join(node(7), c), node(7).id).size() == 1);
+    // node 1 stays alive but does not re-join: at the last call its slot goes to the first spare.
+    auto closed = f.advance(30s, {node(1), node(3), node(4), node(6)});
+    REQUIRE(of<SendAssignment>(closed).size() == 2);
+    CHECK(for_node<SendAssignment>(closed, node(3).id).size() == 1);
+    CHECK(for_node<SendAssignment>(closed, node(4).id).size() == 1);
+    CHECK(role(1) == MemberRole::late);
+    CHECK(role(6) == MemberRole::spare);
+    // The late node comes back to a full job: it waits as a spare now.
+    auto back = f.join(node(1), c);
+    CHECK(of<SendRestart>(back).empty());
+    CHECK(role(1) == MemberRole::spare);
+    CHECK(f.state().audit().empty());
   }
 }
 
@@ -558,6 +629,47 @@ TEST_CASE("success: the exit barrier passes when every participant succeeded", "
   }
 }
 
+TEST_CASE("daemon restart: a spare that re-registers first does not end the running round", "[rdzv]") {
+  Fixture f;
+  const auto c = cfg(2, 2, 1);
+  f.join(node(1), c);
+  auto closed = f.join(node(2), c);
+  const Assignment a1 = assignment_of(closed, node(1).id);
+  const Assignment a2 = assignment_of(closed, node(2).id);
+  f.join(node(3), c);
+  REQUIRE(f.state().role_of(node(3).id) == MemberRole::spare);
+
+  // The daemon restarts; the spare (no assignment) is first back and makes a fresh job.
+  RendezvousRegistry fresh;
+  auto s = fresh.rejoin(f.job, RejoinRequest{node(3), c, {}, std::nullopt}, f.clock.now());
+  REQUIRE(fresh.find(f.job)->state() == JobState::waiting);
+  CHECK(of<SendAssignment>(s).empty());
+  // A participant with its assignment rebuilds the running round; the spare is a spare again.
+  auto r1 = fresh.rejoin(f.job, RejoinRequest{node(1), c, {}, a1}, f.clock.now());
+  CHECK(of<SendRestart>(r1).empty());
+  REQUIRE(fresh.find(f.job)->state() == JobState::running);
+  CHECK(fresh.find(f.job)->role_of(node(3).id) == MemberRole::spare);
+  REQUIRE(for_node<Progress>(r1, node(3).id).size() == 1);
+  CHECK(for_node<Progress>(r1, node(3).id)[0].text.find("waiting as a spare node") != std::string::npos);
+  auto r2 = fresh.rejoin(f.job, RejoinRequest{node(2), c, {}, a2}, f.clock.now());
+  CHECK(of<SendRestart>(r2).empty());
+  CHECK(fresh.find(f.job)->role_of(node(2).id) == MemberRole::participant);
+  CHECK(fresh.find(f.job)->round() == a1.round);
+  CHECK(fresh.find(f.job)->audit().empty());
+
+  SECTION("a participant whose config differs from the fresh job's is refused") {
+    RendezvousRegistry again;
+    JobConfig roomy = cfg(1, 3, 1);
+    roomy.min_nodes = 1;
+    // (its config must match the rebuilding participant's: a mismatch is refused)
+    auto m = again.rejoin(f.job, RejoinRequest{node(3), roomy, {}, std::nullopt}, f.clock.now());
+    CHECK(of<Refuse>(m).empty());
+    auto r = again.rejoin(f.job, RejoinRequest{node(1), c, {}, a1}, f.clock.now());
+    REQUIRE(of<Refuse>(r).size() == 1);
+    CHECK(of<Refuse>(r)[0].code == RefuseCode::config_mismatch);
+  }
+}
+
 TEST_CASE("daemon restart: agents rebuild the running job with rejoin", "[rdzv]") {
   Fixture f;
   const auto c = cfg(2, 3, 5);
@@ -772,9 +884,11 @@ TEST_CASE("jobs are isolated by run id", "[rdzv]") {
   CHECK(of<SendAssignment>(b)[0].run_id == "b");
   CHECK(f.reg.find("a")->state() == JobState::waiting);
   CHECK(f.reg.find("b")->state() == JobState::running);
-  // Same node id in two jobs is two memberships.
+  // Same node id in two jobs is two memberships (in "b", which is full, a spare).
   auto c = f.reg.join("b", JoinRequest{node(1), cfg(1, 1)}, f.clock.now());
-  REQUIRE(of<Refuse>(c).size() == 1);
+  CHECK(of<Refuse>(c).empty());
+  CHECK(f.reg.find("b")->role_of(node(1).id) == MemberRole::spare);
+  CHECK(f.reg.find("a")->role_of(node(1).id) == MemberRole::joined);
   CHECK(f.reg.find("a")->state() == JobState::waiting);
 }
 
@@ -860,18 +974,20 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
     CHECK(of<SendRestart>(d).empty());
     CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 1);
   }
-  SECTION("a late node is refused when the job is full and forgotten") {
+  SECTION("a late node waits as a spare when the job is full, and is refused and forgotten beyond max spares") {
     f.join(node(3), c);                  // round 2 collects: node 3 joined, node 1 expected
     f.advance(30s, {node(1), node(3)});  // node 3 alone; node 1 late
     auto b = f.join(node(4), c);         // room: 1 participant < 2 -> round 3
     REQUIRE(of<SendRestart>(b).size() == 1);
     auto e = f.join(node(3), c);  // J = 2 (nodes 3, 4) = max: closes without node 1
     REQUIRE(of<SendAssignment>(e).size() == 2);
-    auto d = f.join(node(1), c);  // late, and the job is full: refused and forgotten
+    f.join(node(5), c);  // spares: 5
+    f.join(node(6), c);  // spares: 5, 6 = max
+    auto d = f.join(node(1), c);  // late, the job is full and so are the spares: refused and forgotten
     REQUIRE(for_node<Refuse>(d, node(1).id).size() == 1);
     CHECK(for_node<Refuse>(d, node(1).id)[0].reason.find("is full: 2 of max 2") != std::string::npos);
     CHECK(of<SendRestart>(d).empty());
-    CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 2);
+    CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 4);
   }
   SECTION("rejoin corners") {
     // Unknown job without an assignment: a plain join that creates it.

@@ -211,8 +211,32 @@ Decisions RendezvousJob::final_result_for(const NodeId& node, TimePoint now) con
       RefuseCode::job_finished}};
 }
 
+void RendezvousJob::promote_spares(int room) {
+  if (room <= 0 || count(MemberRole::spare) == 0) return;
+  std::vector<Member*> spares;
+  for (auto& [id, m] : members_) {
+    if (m.role == MemberRole::spare) spares.push_back(&m);
+  }
+  std::sort(spares.begin(), spares.end(), [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
+  for (std::size_t i = 0; i < spares.size() && static_cast<int>(i) < room; ++i) set_role(*spares[i], MemberRole::joined);
+}
+
+std::string RendezvousJob::spare_text() const {
+  return fmt::format(
+      "waiting as a spare node: rendezvous '{}' is full ({} of max {} nodes take part); this node takes the place "
+      "of a lost one in the next round that has room",
+      run_id_, taking_part(), config_.max_nodes);
+}
+
+int RendezvousJob::taking_part() const {
+  // Running: the ranks of a rebuilt round that have not re-registered yet keep their slots.
+  return state_ == JobState::waiting ? count(MemberRole::joined) + count(MemberRole::expected)
+                                     : count(MemberRole::participant) + count(MemberRole::joined) + absent_count();
+}
+
 void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
   if (state_ != JobState::waiting) return;
+  promote_spares(config_.max_nodes - count(MemberRole::joined) - count(MemberRole::expected));
   const int joined = count(MemberRole::joined);
   const int expected = count(MemberRole::expected);
   if (joined >= config_.max_nodes) {
@@ -237,6 +261,8 @@ void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
 }
 
 void RendezvousJob::close_round(Decisions& out) {
+  // The expected nodes that did not come back are about to be late: spares take their slots.
+  promote_spares(config_.max_nodes - count(MemberRole::joined));
   std::vector<Member*> roster;
   for (auto& [id, m] : members_) {
     if (m.role == MemberRole::joined) roster.push_back(&m);
@@ -442,16 +468,29 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                          RefuseCode::job_closed});
     return out;
   }
-  const int capacity_used = state_ == JobState::waiting ? count(MemberRole::joined) + count(MemberRole::expected)
-                                                        : count(MemberRole::participant) + count(MemberRole::joined);
+  const int capacity_used = taking_part();
+  // A node beyond max waits as a spare (torch's redundancy list), up to max spares.
+  const bool spare_room = count(MemberRole::spare) < config_.max_nodes;
   auto refuse_full = [&] {
     out.push_back(Refuse{run_id_, node.id,
-                         fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking "
-                                     "part; spare nodes are not supported (raise the maximum "
-                                     "of --nnodes)",
-                                     run_id_, capacity_used, config_.max_nodes),
+                         fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking part and {} spare "
+                                     "nodes wait (at most {}; raise the maximum of --nnodes)",
+                                     run_id_, capacity_used, config_.max_nodes, count(MemberRole::spare),
+                                     config_.max_nodes),
                          RefuseCode::job_full});
   };
+  if (m != nullptr && m->role == MemberRole::spare) {
+    set_info(*m, node);
+    place_offer(members_.find(node.id));
+    refresh(*m, now);
+    evaluate_waiting(out, now);  // promotes it when a slot is free
+    if (m->role == MemberRole::spare) {
+      out.push_back(Progress{run_id_, node.id, spare_text()});
+    } else {
+      send_progress(out, now, &node.id);
+    }
+    return out;
+  }
   if (m != nullptr) {
     set_info(*m, node);
     // A participant's previous rank is its rank in the running round (below), and the rank its
@@ -474,8 +513,13 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                 fmt::format("node {} re-joined while round {} was running", node_label(node), round_), now);
     } else if (m->role == MemberRole::late) {
       if (capacity_used >= config_.max_nodes) {
-        refuse_full();
-        erase_member(members_.find(node.id));
+        if (spare_room) {
+          set_role(*m, MemberRole::spare);
+          out.push_back(Progress{run_id_, node.id, spare_text()});
+        } else {
+          refuse_full();
+          erase_member(members_.find(node.id));
+        }
         return out;
       }
       set_role(*m, MemberRole::joined);
@@ -485,7 +529,12 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
     return out;
   }
   if (capacity_used >= config_.max_nodes) {
-    refuse_full();
+    if (spare_room) {
+      add_member(node, MemberRole::spare, now);
+      out.push_back(Progress{run_id_, node.id, spare_text()});
+    } else {
+      refuse_full();
+    }
     return out;
   }
   add_member(node, MemberRole::joined, now);

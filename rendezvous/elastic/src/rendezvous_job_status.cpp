@@ -15,7 +15,7 @@ using detail::node_label;
 using detail::until;
 
 std::string RendezvousJob::audit() const {
-  int roles[4] = {0, 0, 0, 0};
+  int roles[kMemberRoles] = {};
   int succeeded = 0;
   std::size_t bytes = 0;
   std::string diffs;
@@ -29,7 +29,7 @@ std::string RendezvousJob::audit() const {
       add(fmt::format("lease index entry of {} does not match its lease", id.to_string()));
     }
   }
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < kMemberRoles; ++r) {
     if (roles[r] != role_count_[r]) {
       add(fmt::format("{} count {} != {} members", to_string(static_cast<MemberRole>(r)), role_count_[r], roles[r]));
     }
@@ -97,6 +97,17 @@ void RendezvousJob::send_progress(Decisions& out, TimePoint now, const NodeId* o
     }
   }
   if (others > 0) out.push_back(Progress{run_id_, NodeId{}, text, /*broadcast=*/true});
+}
+
+std::vector<NodeInfo> RendezvousJob::member_infos() const {
+  std::vector<const Member*> by_join;
+  by_join.reserve(members_.size());
+  for (const auto& [id, m] : members_) by_join.push_back(&m);
+  std::sort(by_join.begin(), by_join.end(), [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
+  std::vector<NodeInfo> out;
+  out.reserve(by_join.size());
+  for (const Member* m : by_join) out.push_back(m->info);
+  return out;
 }
 
 std::optional<MemberRole> RendezvousJob::role_of(const NodeId& node) const {

@@ -122,13 +122,16 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
   if (std::string why = check_member_room(run_id, it, request.node); !why.empty()) {
     return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
   }
-  if (it != jobs_.end()) return touched(it, it->second.job.rejoin(request, now), now);
-  if (std::string why = check_room(run_id); !why.empty()) {
-    return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
-  }
-  if (!request.assignment) {
-    it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
-    return touched(it, it->second.job.join(request.node, request.config, now), now);
+  const bool rebuild_over = it != jobs_.end() && request.assignment && it->second.job.never_ran();
+  if (it != jobs_.end() && !rebuild_over) return touched(it, it->second.job.rejoin(request, now), now);
+  if (it == jobs_.end()) {
+    if (std::string why = check_room(run_id); !why.empty()) {
+      return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
+    }
+    if (!request.assignment) {
+      it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
+      return touched(it, it->second.job.join(request.node, request.config, now), now);
+    }
   }
   const Assignment& a = *request.assignment;
   if (a.group_world_size < 1 || a.group_world_size > request.config.max_nodes || a.group_rank < 0 ||
@@ -145,7 +148,25 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
                    RefuseCode::inconsistent_rejoin}};
   }
   Decisions out;
-  it = add_job(run_id, RendezvousJob::rebuild(run_id, request, now, out), now);
+  if (!rebuild_over) {
+    it = add_job(run_id, RendezvousJob::rebuild(run_id, request, now, out), now);
+    return touched(it, std::move(out), now);
+  }
+  // The daemon restarted and nodes without an assignment (spares, the wait list) re-registered
+  // before any participant, making a fresh job: the running round is rebuilt from this
+  // participant, and they join it again (as spares while it is full), with the config they came with.
+  if (std::string why = it->second.job.config_mismatch(request.config); !why.empty()) {
+    return {Refuse{run_id, request.node.id, why, RefuseCode::config_mismatch}};
+  }
+  const JobConfig waiting_config = it->second.job.config();
+  const std::vector<NodeInfo> waiting = it->second.job.member_infos();
+  RendezvousJob rebuilt = RendezvousJob::rebuild(run_id, request, now, out);
+  for (const NodeInfo& node : waiting) {
+    if (node.id == request.node.id) continue;
+    Decisions d = rebuilt.join(node, waiting_config, now);
+    out.insert(out.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
+  }
+  it->second.job = std::move(rebuilt);
   return touched(it, std::move(out), now);
 }
 

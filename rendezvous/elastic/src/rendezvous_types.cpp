@@ -104,6 +104,8 @@ const char* to_string(MemberRole role) {
       return "participant";
     case MemberRole::late:
       return "late";
+    case MemberRole::spare:
+      return "spare";
   }
   return "?";
 }

@@ -240,7 +240,8 @@ JobStatus read_job_status(const Reader& r) {
     s.addr = m.str("addr");
     s.local_world_size = m.i32("local_world_size");
     s.role = read_enum(m, "role",
-                       std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late});
+                       std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late,
+                                  MemberRole::spare});
     s.group_rank = m.i32("group_rank");
     s.succeeded = m.boolean("succeeded");
     s.disconnected = m.boolean("disconnected");

@@ -107,6 +107,14 @@ class RendezvousJob {
   int restarts_used() const { return restarts_used_; }
   bool closed() const { return closed_; }
   bool finished() const { return state_ == JobState::completed || state_ == JobState::failed; }
+  // Has not closed its first round: a REJOIN that carries an assignment comes from before a
+  // daemon restart, whose first re-registered nodes had none (spares, the wait list) and made
+  // this job afresh; the registry rebuilds the running round and lets them join it.
+  bool never_ran() const { return state_ == JobState::waiting && round_ == 0; }
+  // Why `requested` cannot join this job (empty when it can).
+  std::string config_mismatch(const JobConfig& requested) const;
+  // The members' node infos, in join order.
+  std::vector<NodeInfo> member_infos() const;
 
   // Events. `requested` is the joiner's config (checked against the job's).
   Decisions join(const NodeInfo& node, const JobConfig& requested, TimePoint now);
@@ -195,12 +203,19 @@ class RendezvousJob {
   void drop_offer(Member& m);
   void release_keeper(Member& m);  // its entry in offer_keepers_ erased, if it has one
   void set_round_ids(SharedBytes ids);
-  std::string config_mismatch(const JobConfig& requested) const;
   Decisions final_result_for(const NodeId& node, TimePoint now) const;
   // Progress for `origin` (when it waits in the collecting round) plus one broadcast for the
   // other waiting nodes.
   void send_progress(Decisions& out, TimePoint now, const NodeId* origin = nullptr) const;
 
+  // Spares become joined members, in join order, while fewer than `room` slots are taken:
+  // room = max - joined - expected while collecting, max - joined as the round closes.
+  void promote_spares(int room);
+  // The slots taken (waiting: joined + expected; running: participants, the wait list and the
+  // absent ranks of a rebuilt round), against which max nodes is counted.
+  int taking_part() const;
+  // What a spare is told: why it waits and for what.
+  std::string spare_text() const;
   void evaluate_waiting(Decisions& out, TimePoint now);
   void close_round(Decisions& out);
   void end_round(Decisions& out, RoundEnd kind, const std::string& reason, TimePoint now);
@@ -222,7 +237,7 @@ class RendezvousJob {
   std::size_t member_bytes_ = 0;      // member_footprint() of every member's info + round_ids_
   OfferKeepers offer_keepers_;        // at most kOfferKeepers
   SharedBytes round_ids_;             // the running round's NCCL IDs (every assignment shares them)
-  int role_count_[4] = {0, 0, 0, 0};  // indexed by MemberRole
+  int role_count_[kMemberRoles] = {};  // indexed by MemberRole
   int succeeded_count_ = 0;           // members with succeeded == true (all participants)
   LeaseIndex leases_;
 

@@ -308,7 +308,10 @@ enum class MemberRole {
   expected,     // took part in the previous round, not re-joined yet
   participant,  // has a group rank in the running round
   late,         // was expected when the round closed without it; its next join is a scale-up
+  spare,        // joined a full job (max nodes taking part): takes the place of a lost node in
+                // the next round that has room, in join order
 };
+inline constexpr int kMemberRoles = 5;
 const char* to_string(MemberRole role);
 
 struct MemberStatus {
