@@ -981,8 +981,8 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
     REQUIRE(of<SendRestart>(b).size() == 1);
     auto e = f.join(node(3), c);  // J = 2 (nodes 3, 4) = max: closes without node 1
     REQUIRE(of<SendAssignment>(e).size() == 2);
-    f.join(node(5), c);  // spares: 5
-    f.join(node(6), c);  // spares: 5, 6 = max
+    f.join(node(5), c);           // spares: 5
+    f.join(node(6), c);           // spares: 5, 6 = max
     auto d = f.join(node(1), c);  // late, the job is full and so are the spares: refused and forgotten
     REQUIRE(for_node<Refuse>(d, node(1).id).size() == 1);
     CHECK(for_node<Refuse>(d, node(1).id)[0].reason.find("is full: 2 of max 2") != std::string::npos);

@@ -218,7 +218,8 @@ void RendezvousJob::promote_spares(int room) {
     if (m.role == MemberRole::spare) spares.push_back(&m);
   }
   std::sort(spares.begin(), spares.end(), [](const Member* a, const Member* b) { return a->join_seq < b->join_seq; });
-  for (std::size_t i = 0; i < spares.size() && static_cast<int>(i) < room; ++i) set_role(*spares[i], MemberRole::joined);
+  for (std::size_t i = 0; i < spares.size() && static_cast<int>(i) < room; ++i)
+    set_role(*spares[i], MemberRole::joined);
 }
 
 std::string RendezvousJob::spare_text() const {
@@ -472,12 +473,12 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
   // A node beyond max waits as a spare (torch's redundancy list), up to max spares.
   const bool spare_room = count(MemberRole::spare) < config_.max_nodes;
   auto refuse_full = [&] {
-    out.push_back(Refuse{run_id_, node.id,
-                         fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking part and {} spare "
-                                     "nodes wait (at most {}; raise the maximum of --nnodes)",
-                                     run_id_, capacity_used, config_.max_nodes, count(MemberRole::spare),
-                                     config_.max_nodes),
-                         RefuseCode::job_full});
+    out.push_back(
+        Refuse{run_id_, node.id,
+               fmt::format("rendezvous '{}' is full: {} of max {} nodes are taking part and {} spare "
+                           "nodes wait (at most {}; raise the maximum of --nnodes)",
+                           run_id_, capacity_used, config_.max_nodes, count(MemberRole::spare), config_.max_nodes),
+               RefuseCode::job_full});
   };
   if (m != nullptr && m->role == MemberRole::spare) {
     set_info(*m, node);

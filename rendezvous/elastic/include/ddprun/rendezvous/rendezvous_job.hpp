@@ -234,11 +234,11 @@ class RendezvousJob {
   int restarts_used_ = 0;
   std::uint64_t next_join_seq_ = 0;
   std::map<NodeId, Member> members_;
-  std::size_t member_bytes_ = 0;      // member_footprint() of every member's info + round_ids_
-  OfferKeepers offer_keepers_;        // at most kOfferKeepers
-  SharedBytes round_ids_;             // the running round's NCCL IDs (every assignment shares them)
+  std::size_t member_bytes_ = 0;       // member_footprint() of every member's info + round_ids_
+  OfferKeepers offer_keepers_;         // at most kOfferKeepers
+  SharedBytes round_ids_;              // the running round's NCCL IDs (every assignment shares them)
   int role_count_[kMemberRoles] = {};  // indexed by MemberRole
-  int succeeded_count_ = 0;           // members with succeeded == true (all participants)
+  int succeeded_count_ = 0;            // members with succeeded == true (all participants)
   LeaseIndex leases_;
 
   // waiting
