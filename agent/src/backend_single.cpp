@@ -1,7 +1,7 @@
 // The single-node rendezvous backend: this node is the whole job. Each round is local; after a
 // failure the local restart budget (--max-restarts) decides between a restart and the end of
 // the job, whose root-cause summary this backend prints.
-#include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/address.hpp>
@@ -151,9 +151,10 @@ namespace {
 
 // The error for a worker store (or its reserved port) that cannot be bound: `hint` is for a port
 // in use; an address that is not this machine's (EADDRNOTAVAIL) needs another one, and other
-// errors keep the bind's own hint.
-NetworkError worker_store_error(const std::string& addr, const std::string& host, std::uint16_t port, bool name_port,
-                                const std::string& hint, const std::string& message, const std::string& bind_hint) {
+// errors keep the bind's own hint. `what`: "host the worker store" or "reserve ...".
+NetworkError worker_store_error(const std::string& what, const std::string& addr, const std::string& host,
+                                std::uint16_t port, bool name_port, const std::string& hint, const std::string& message,
+                                const std::string& bind_hint) {
   std::string why = hint;
   if (bind_hint.find("not one of this machine's") != std::string::npos) {
     why = "--master-addr " + addr +
@@ -162,34 +163,53 @@ NetworkError worker_store_error(const std::string& addr, const std::string& host
   } else if (bind_hint.find("port in use") == std::string::npos) {
     why = bind_hint;
   }
-  return NetworkError(
-      "cannot host the worker store on " + host + (name_port ? ":" + std::to_string(port) : "") + ": " + message, why);
+  return NetworkError("cannot " + what + " on " + host + (name_port ? ":" + std::to_string(port) : "") + ": " + message,
+                      why);
 }
 
-// Binds (never listens) `host`:`port` with SO_REUSEADDR, falling back to 0.0.0.0 where "::" has
-// no IPv6, as the store server does. Returns the descriptor and the port bound.
+// Binds (never listens) `ep` with SO_REUSEADDR (and dual-stack for "::"). Returns the descriptor
+// (close-on-exec from the start) and the port bound, or -1 with `ec`.
+std::pair<int, std::uint16_t> bind_reserved(asio::io_context& io, const asio::ip::tcp::endpoint& ep,
+                                            boost::system::error_code& ec) {
+  using asio::ip::tcp;
+  const int raw = ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (raw < 0) {
+    ec.assign(errno, boost::system::system_category());
+    return {-1, 0};
+  }
+  tcp::acceptor a(io);
+  a.assign(ep.protocol(), raw, ec);
+  if (ec) {
+    ::close(raw);
+    return {-1, 0};
+  }
+  if (ep.address().is_v6()) a.set_option(asio::ip::v6_only(false), ec);
+  if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (ec) return {-1, 0};
+  const std::uint16_t bound = a.local_endpoint(ec).port();
+  if (ec) return {-1, 0};
+  return {a.release(ec), bound};
+}
+
+// The reservation for the workers' rank 0, whose TCPStore server binds every address ("::",
+// dual-stack, or 0.0.0.0): the same, so that no plain bind on any address of the machine takes
+// the port. A numeric `host` (the master or advertised address) is checked to be this
+// machine's first, as the hosted store would be bound to it.
 std::pair<int, std::uint16_t> reserve_port(asio::io_context& io, const std::string& host, std::uint16_t port,
                                            boost::system::error_code& ec) {
   using asio::ip::tcp;
-  asio::ip::address addr = asio::ip::make_address(host, ec);
+  const asio::ip::address addr = asio::ip::make_address(host, ec);
   if (ec) return {-1, 0};
-  auto try_bind = [&](const tcp::endpoint& ep) {
-    tcp::acceptor a(io);
-    a.open(ep.protocol(), ec);
-    if (!ec && ep.address().is_v6()) a.set_option(asio::ip::v6_only(false), ec);
-    if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) a.bind(ep, ec);
-    if (ec) return std::pair<int, std::uint16_t>{-1, 0};
-    const std::uint16_t bound = a.local_endpoint(ec).port();
-    if (ec) return std::pair<int, std::uint16_t>{-1, 0};
-    const int fd = a.release(ec);
-    if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    return std::pair<int, std::uint16_t>{fd, bound};
-  };
-  auto r = try_bind(tcp::endpoint(addr, port));
-  if (ec && addr.is_v6() && addr.to_v6().is_unspecified() &&
-      (ec == asio::error::address_family_not_supported || ec == boost::system::errc::address_not_available)) {
-    r = try_bind(tcp::endpoint(asio::ip::address_v4::any(), port));
+  if (!addr.is_unspecified()) {
+    tcp::acceptor probe(io);
+    probe.open(tcp::endpoint(addr, 0).protocol(), ec);
+    if (!ec) probe.bind(tcp::endpoint(addr, 0), ec);
+    if (ec) return {-1, 0};
+  }
+  auto r = bind_reserved(io, tcp::endpoint(asio::ip::address_v6::any(), port), ec);
+  if (ec && (ec == asio::error::address_family_not_supported || ec == boost::system::errc::address_not_available)) {
+    r = bind_reserved(io, tcp::endpoint(asio::ip::address_v4::any(), port), ec);
   }
   return r;
 }
@@ -213,7 +233,7 @@ std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io,
   try {
     store = std::make_unique<rendezvous::StoreServer>(io, opts);
   } catch (const Error& e) {
-    throw worker_store_error(addr, opts.host, port, name_port, hint, e.message(), e.hint());
+    throw worker_store_error("host the worker store", addr, opts.host, port, name_port, hint, e.message(), e.hint());
   }
   store->start();
   spdlog::debug("worker store listening on {}:{}", store->host(), store->port());
@@ -246,8 +266,11 @@ std::unique_ptr<WorkerStore> open_worker_store(asio::io_context& io, const std::
   const std::string host = bind_host(addr);
   boost::system::error_code ec;
   const auto [fd, bound] = reserve_port(io, host, port, ec);
-  if (fd < 0) throw worker_store_error(addr, host, port, name_port, hint, ec.message(), reserve_hint(ec));
-  spdlog::debug("workers' store: rank 0 hosts it on port {} (kept reserved by the agent, {})", bound, host);
+  if (fd < 0) {
+    throw worker_store_error("reserve the port of the workers' store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)", addr,
+                             host, port, name_port, hint, ec.message(), reserve_hint(ec));
+  }
+  spdlog::debug("workers' store: rank 0 hosts it on port {} (reserved by the agent on every address)", bound);
   return std::make_unique<WorkerStore>(fd, host, bound);
 }
 

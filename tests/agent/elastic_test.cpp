@@ -158,15 +158,19 @@ TEST_CASE("a reserved worker-store port: no listener, no other binder, but the r
     ip::tcp::socket client(io);
     client.connect(at, ec);
     CHECK(ec == boost::asio::error::connection_refused);  // nothing listens until rank 0 does
-    ip::tcp::acceptor plain(io);
-    plain.open(ip::tcp::v4());
-    plain.bind(at, ec);
-    CHECK(ec == boost::asio::error::address_in_use);  // another program without SO_REUSEADDR
-    // A TCPStore server (torch's, libuv's, ddprun's) binds with SO_REUSEADDR and listens.
+    // Another program without SO_REUSEADDR, on any address (rank 0 will listen on all of them).
+    for (const char* other : {"127.0.0.1", "127.0.0.2", "0.0.0.0"}) {
+      INFO(other);
+      ip::tcp::acceptor plain(io);
+      plain.open(ip::tcp::v4());
+      plain.bind({ip::make_address(other), store->port()}, ec);
+      CHECK(ec == boost::asio::error::address_in_use);
+    }
+    // A TCPStore server (torch's, libuv's, ddprun's) binds every address with SO_REUSEADDR.
     ip::tcp::acceptor rank0(io);
     rank0.open(ip::tcp::v4());
     rank0.set_option(ip::tcp::acceptor::reuse_address(true));
-    rank0.bind(at, ec);
+    rank0.bind({ip::address_v4::any(), store->port()}, ec);
     REQUIRE_FALSE(ec);
     rank0.listen();
     ip::tcp::socket second(io);
@@ -184,8 +188,8 @@ TEST_CASE("a reserved worker-store port: no listener, no other binder, but the r
   CHECK_FALSE(ec);
   // Binding errors name the address, as for the hosted store.
   CHECK_THROWS_WITH(open_worker_store(io, "192.0.2.77", 0, false, false, ""),
-                    Catch::Contains("cannot host the worker store on 192.0.2.77") &&
-                        Catch::Contains("is not an address of this machine"));
+                    Catch::Contains("cannot reserve the port of the workers' store") &&
+                        Catch::Contains("on 192.0.2.77") && Catch::Contains("is not an address of this machine"));
 }
 
 TEST_CASE("hosting decision") {

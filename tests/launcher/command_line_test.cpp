@@ -277,6 +277,30 @@ TEST_CASE("precedence: flag over PET_* over default") {
   CHECK(sb.parse({"--nproc-per-node", "2", "--nproc_per_node", "6", "train.py"}).config.nproc_per_node == 6);
 }
 
+TEST_CASE(
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 hosts the workers' store where torch's dynamic rendezvous runs") {
+  Sandbox sb;
+  const Env opt_out = {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"}};
+  CHECK(sb.parse({"train.py"}).config.share_worker_store);
+  CHECK_FALSE(sb.parse({"--standalone", "train.py"}, opt_out).config.share_worker_store);
+  CHECK_FALSE(sb.parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "train.py"}, opt_out)
+                  .config.share_worker_store);
+  CHECK_FALSE(
+      sb.parse({"--nnodes", "1:2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h:2379", "train.py"}, opt_out)
+          .config.share_worker_store);
+  // Exactly "1", as torch reads it.
+  CHECK(sb.parse({"--standalone", "train.py"}, {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "true"}})
+            .config.share_worker_store);
+  // The static rendezvous always shares, one node or several; ddprun says the variable does nothing.
+  for (const auto& argv :
+       {std::vector<std::string>{"train.py"},
+        std::vector<std::string>{"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "train.py"}}) {
+    const auto o = sb.parse(argv, opt_out);
+    CHECK(o.config.share_worker_store);
+    CHECK(has_note(o, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 has no effect with the static rendezvous"));
+  }
+}
+
 TEST_CASE("errors from PET_* values name the variable") {
   Sandbox sb;
   CHECK_THROWS_WITH(sb.parse({"train.py"}, {{"PET_NNODES", "3:1"}}), Contains("PET_NNODES=3:1: MIN must be <= MAX"));

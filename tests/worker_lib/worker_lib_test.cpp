@@ -1,6 +1,11 @@
 // The worker library (ddprun/worker.hpp, ddprun/worker.h) through the shared libddprun_worker:
 // env parsing (errors name the variable), NCCL IDs, and the store (set/get/add/barrier, C and
 // C++) against a real in-process StoreServer on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -105,14 +110,38 @@ TEST_CASE("worker info from the environment", "[worker]") {
   env = base_env();
   env["DDPRUN_STORE_GENERATION"] = "ancient";
   CHECK_THROWS_WITH(w::Store::options_from_env(env), Catch::Contains("DDPRUN_STORE_GENERATION='ancient'"));
+}
+
+TEST_CASE("a store that rank 0 is to host: a failed connect names TORCHELASTIC_USE_AGENT_STORE", "[worker]") {
   // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 of the workers is to host the store, which this
-  // library cannot; an error at once, not the connect timeout.
-  env = base_env();
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
-  CHECK(w::Store::options_from_env(env).port == 29501);
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-  CHECK_THROWS_WITH(w::Store::options_from_env(env),
-                    Catch::Contains("TORCHELASTIC_USE_AGENT_STORE=False: rank 0 of the workers is to host the store"));
+  // library cannot; when nothing listens, the error says why.
+  int closed_port = 0;
+  {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    closed_port = ntohs(a.sin_port);
+    ::close(s);
+  }
+  for (const auto& [k, v] : base_env()) setenv(k.c_str(), v.c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(closed_port).c_str(), 1);
+  setenv("DDPRUN_STORE_TIMEOUT", "1", 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+  CHECK_THROWS_WITH(w::Store::from_env(),
+                    Catch::Contains("127.0.0.1:" + std::to_string(closed_port)) &&
+                        Catch::Contains("TORCHELASTIC_USE_AGENT_STORE=False: rank 0 of the workers is to host"));
+  ddprun_store* h = nullptr;
+  CHECK(ddprun_store_open(&h) == DDPRUN_ERR_NETWORK);
+  CHECK(std::string(ddprun_last_error()).find("TORCHELASTIC_USE_AGENT_STORE=False") != std::string::npos);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // the agent's store: the plain error
+  CHECK_THROWS_WITH(w::Store::from_env(), !Catch::Contains("TORCHELASTIC_USE_AGENT_STORE"));
+  for (const char* k : {"DDPRUN_STORE_TIMEOUT", "TORCHELASTIC_USE_AGENT_STORE"}) unsetenv(k);
+  for (const auto& [k, v] : base_env()) unsetenv(k.c_str());
 }
 
 TEST_CASE("NCCL unique IDs from the environment", "[worker]") {

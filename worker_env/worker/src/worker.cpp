@@ -124,15 +124,6 @@ StoreOptions store_options_impl(const Environment& env) {
   if (addr == nullptr) throw NotSet("MASTER_ADDR is not set", "run this program under ddprun or torchrun");
   o.host = std::string(trim(*addr));
   if (o.host.empty()) throw Invalid("MASTER_ADDR is empty");  // not 300 s of retries against ":PORT"
-  if (const std::string* shared = find(env, "TORCHELASTIC_USE_AGENT_STORE"); shared != nullptr && *shared != "True") {
-    // torch's rule (anything but "True"): rank 0 of the workers hosts the store. Not 300 s of
-    // retries against a server that no rank of a native job starts.
-    throw Invalid("TORCHELASTIC_USE_AGENT_STORE=" + *shared +
-                      ": rank 0 of the workers is to host the store at MASTER_ADDR:MASTER_PORT, and this library "
-                      "is a store client only (it hosts none)",
-                  "unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE for this job, so that the agent hosts the store; or "
-                  "host a TCPStore in rank 0 and connect with explicit StoreOptions");
-  }
   o.port = static_cast<std::uint16_t>(int_var(env, "MASTER_PORT", std::nullopt, 1, 65535));
   o.world_size = static_cast<int>(int_var(env, "WORLD_SIZE", std::nullopt, 1, 1 << 30));
   o.key_prefix = "/ddprun/attempt_" + std::to_string(int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30)) + "/";
@@ -146,6 +137,33 @@ StoreOptions store_options_impl(const Environment& env) {
     }
   }
   return o;
+}
+
+// torch's rule (anything but "True"): rank 0 of the workers hosts the store, which this library
+// cannot do; a failed connect then says so. Empty when the agent hosts it.
+std::string agent_store_note(const Environment& env) {
+  const std::string* shared = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+  if (shared == nullptr || *shared == "True") return {};
+  return "TORCHELASTIC_USE_AGENT_STORE=" + *shared +
+         ": rank 0 of the workers is to host the store at MASTER_ADDR:MASTER_PORT "
+         "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and this library hosts none: start a TCPStore server in rank 0, "
+         "or unset the opt-out so that the agent hosts the store";
+}
+
+// make() (a connect to the store of `env`), its network errors carrying agent_store_note.
+template <class Make>
+auto connect_from_env(const Environment& env, Make&& make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (const ddprun::TimeoutError& e) {
+    const std::string note = agent_store_note(env);
+    if (note.empty()) throw;
+    throw ddprun::TimeoutError(e.message(), note);
+  } catch (const ddprun::NetworkError& e) {
+    const std::string note = agent_store_note(env);
+    if (note.empty()) throw;
+    throw ddprun::NetworkError(e.message(), note);
+  }
 }
 
 // One store connection plus the barrier counter; shared by the C++ Store and the C handle.
@@ -223,7 +241,14 @@ struct Store::Impl : StoreCore {
 StoreOptions Store::options_from_env(const Environment& env) {
   return cxx([&] { return store_options_impl(env); });
 }
-Store Store::from_env() { return Store(options_from_env(process_env())); }
+Store Store::from_env() {
+  return Store(cxx([] {
+    const Environment env = process_env();
+    const StoreOptions o = store_options_impl(env);
+    return connect_from_env(env, [&] { return std::make_unique<Impl>(o); });
+  }));
+}
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::Store(const StoreOptions& options) : impl_(cxx([&] { return std::make_unique<Impl>(options); })) {}
 Store::~Store() = default;
 Store::Store(Store&&) noexcept = default;
@@ -356,8 +381,9 @@ int ddprun_store_open(ddprun_store** out) {
   if (out == nullptr) return invalid("ddprun_store_open: out is NULL");
   *out = nullptr;
   return c_call([&] {
-    const auto options = ddprun::worker::store_options_impl(ddprun::worker::process_env());
-    *out = new ddprun_store(options);
+    const auto env = ddprun::worker::process_env();
+    const auto options = ddprun::worker::store_options_impl(env);
+    *out = ddprun::worker::connect_from_env(env, [&] { return new ddprun_store(options); });
   });
 }
 

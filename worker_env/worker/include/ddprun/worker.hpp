@@ -103,6 +103,7 @@ class DDPRUN_WORKER_API Store {
 
  private:
   struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
