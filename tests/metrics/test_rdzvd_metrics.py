@@ -1,7 +1,8 @@
 """ddprun-rdzvd --metrics-port: scrape a running daemon with urllib, parse every line strictly,
 form a job in it with a real ddprun agent whose worker fails once (a restart), and check that
 joins, rounds, restarts, the round-close histogram, job states and refused frames move; leave
-a two-node job with one node and check the "stuck waiting for nodes" gauges; then the hostile
+a two-node job with one node and check the "stuck waiting for nodes" gauges; a second agent of
+a full one-node job counts as a spare node until the job ends; then the hostile
 HTTP inputs, the bind address (loopback by default, --metrics-host otherwise, checked in
 /proc/net/tcp) and refused connections by reason. Readiness: the daemon's `listening on` line
 (the metrics port file is written before it)."""
@@ -107,6 +108,45 @@ def check_waiting_job(tmp, port, mport):
     assert value(f, "ddprun_rdzvd_waiting_seconds_max") == 0
 
 
+def check_spare(tmp, port, mport):
+    """A full --nnodes 1 job: a second agent waits as a spare (the gauge counts it) until the job
+    completes, and exits 0 with it."""
+    go = os.path.join(tmp, "go")
+    until_go = os.path.join(tmp, "until_go.py")
+    with open(until_go, "w") as w:
+        w.write("import os, time\nwhile not os.path.exists(%r):\n    time.sleep(0.02)\n" % go)
+    agents = [subprocess.Popen(agent_cmd(port, "full", 1, PYTHON, until_go), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)]
+    try:
+        def wait_for(what, pred):
+            deadline = time.monotonic() + 60
+            while True:
+                f = scrape(mport)
+                if pred(f):
+                    return f
+                for a in agents:
+                    assert a.poll() is None, a.stderr.read().decode()[-3000:]
+                assert time.monotonic() < deadline, what
+                time.sleep(0.05)
+        wait_for("the one-node job never ran", lambda f: value(f, "ddprun_rdzvd_jobs", state="running") == 1)
+        f = scrape(mport)
+        assert value(f, "ddprun_rdzvd_spare_nodes") == 0, f["ddprun_rdzvd_spare_nodes"]
+        agents.append(subprocess.Popen(agent_cmd(port, "full", 1, PYTHON, until_go), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, start_new_session=True))
+        wait_for("the second agent never showed as a spare", lambda f: value(f, "ddprun_rdzvd_spare_nodes") == 1)
+        open(go, "w").close()
+        for a in agents:
+            _, err = a.communicate(timeout=60)
+            assert a.returncode == 0, err.decode()[-3000:]
+        assert b"waiting as a spare node" in err, err.decode()[-3000:]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    assert value(scrape(mport), "ddprun_rdzvd_spare_nodes") == 0
+
+
 def check_bad_flags(tmp):
     exe = os.path.join(BIN_DIR, "ddprun-rdzvd")
     r = subprocess.run([exe, "--port", "0", "--metrics-port", "0", "--metrics-host", "localhost"],
@@ -195,6 +235,7 @@ def main():
             assert value(f, "ddprun_rdzvd_connections_refused_total", reason="protocol_error") == before + 1
 
             check_waiting_job(tmp, port, mport)
+            check_spare(tmp, port, mport)
             check_hostile(mport)
         finally:
             stop(daemon)
