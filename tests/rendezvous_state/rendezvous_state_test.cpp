@@ -353,11 +353,14 @@ TEST_CASE("joins beyond max wait as spares, then are refused", "[rdzv]") {
     CHECK(for_node<SendAssignment>(closed, node(4).id).size() == 1);
     CHECK(role(1) == MemberRole::late);
     CHECK(role(6) == MemberRole::spare);
-    // The late node comes back to a full job: it waits as a spare now.
+    // The late node comes back to a full job: it waits as a spare now, behind node 6.
     auto back = f.join(node(1), c);
     CHECK(of<SendRestart>(back).empty());
     CHECK(role(1) == MemberRole::spare);
     CHECK(f.state().audit().empty());
+    f.reg.leave(f.job, node(3).id, f.clock.now());  // a slot: node 6 first, though node 1 joined long before
+    CHECK(role(6) == MemberRole::joined);
+    CHECK(role(1) == MemberRole::spare);
   }
 }
 
@@ -668,6 +671,81 @@ TEST_CASE("daemon restart: a spare that re-registers first does not end the runn
     REQUIRE(of<Refuse>(r).size() == 1);
     CHECK(of<Refuse>(r)[0].code == RefuseCode::config_mismatch);
   }
+}
+
+TEST_CASE("daemon restart: a spare alone enough to close a round waits for the participants", "[rdzv]") {
+  // --nnodes 1 and one spare: the spare re-registers first and would fill the fresh job.
+  Fixture f;
+  const auto c = cfg(1, 1, 1);
+  const Assignment a1 = assignment_of(f.join(node(1), c), node(1).id);
+  f.join(node(2), c);
+  REQUIRE(f.state().role_of(node(2).id) == MemberRole::spare);
+  RendezvousRegistry fresh;
+  auto s = fresh.rejoin(f.job, RejoinRequest{node(2), c, {}, std::nullopt}, f.clock.now());
+  CHECK(of<SendAssignment>(s).empty());  // held for rebuild_grace, although J = max
+  REQUIRE(fresh.find(f.job)->state() == JobState::waiting);
+  auto beat = [&](const std::vector<NodeInfo>& nodes) {
+    for (const auto& n : nodes) fresh.heartbeat(f.job, n.id, f.clock.now());
+  };
+
+  SECTION("the participant comes back within the grace: its round goes on, the spare waits") {
+    f.clock.advance(2s);
+    beat({node(2)});
+    CHECK(fresh.on_tick(f.clock.now()).empty());
+    auto r = fresh.rejoin(f.job, RejoinRequest{node(1), c, {}, a1}, f.clock.now());
+    CHECK(of<SendRestart>(r).empty());
+    CHECK(of<SendAssignment>(r).empty());
+    CHECK(fresh.find(f.job)->state() == JobState::running);
+    CHECK(fresh.find(f.job)->role_of(node(2).id) == MemberRole::spare);
+  }
+  SECTION("it does not: after the grace the spare's round closes") {
+    Decisions all;
+    for (int i = 0; i < 10; ++i) {
+      f.clock.advance(1s);
+      beat({node(2)});
+      auto t = fresh.on_tick(f.clock.now());
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    CHECK(for_node<SendAssignment>(all, node(2).id).size() == 1);
+    // The old participant, back too late, has a stale round: told to restart, as before.
+    auto r = fresh.rejoin(f.job, RejoinRequest{node(1), c, {}, a1}, f.clock.now());
+    CHECK(for_node<SendRestart>(r, node(1).id).size() == 1);
+  }
+}
+
+TEST_CASE("a rejoin with an assignment does not rebuild a job that was created by a join", "[rdzv]") {
+  // A stale agent (an older run with the same id) meets a new job collecting its first round.
+  Fixture f;
+  const auto c = cfg(2, 2);
+  Assignment old;
+  old.round = 4;
+  old.group_rank = 0;
+  old.group_world_size = 2;
+  old.local_world_size = 1;
+  old.world_size = 2;
+  f.join(node(2), c);
+  auto r = f.reg.rejoin(f.job, RejoinRequest{node(1), c, {}, old}, f.clock.now());
+  CHECK(for_node<SendRestart>(r, node(1).id).size() == 1);
+  CHECK(f.state().state() == JobState::waiting);
+  CHECK(f.state().round() == 0);
+}
+
+TEST_CASE("spares take the slots of survivors that do not re-join within the last call", "[rdzv]") {
+  Fixture f;
+  const auto c = cfg(2, 2, 1);
+  f.join(node(1), c);
+  f.join(node(2), c);
+  f.join(node(3), c);  // spare
+  f.reg.worker_failed(f.job, WorkerFailure{0, node(1).id, 0, 0, 1, std::nullopt, ""}, f.clock.now());
+  f.join(node(1), c);  // node 2 stays alive (heartbeats) but never re-joins: hung
+  REQUIRE(f.state().role_of(node(2).id) == MemberRole::expected);
+  auto early = f.advance(29s, {node(1), node(2), node(3)});
+  CHECK(of<SendAssignment>(early).empty());
+  auto closed = f.advance(2s, {node(1), node(2), node(3)});
+  CHECK(for_node<SendAssignment>(closed, node(3).id).size() == 1);
+  CHECK(for_node<SendAssignment>(closed, node(1).id).size() == 1);
+  CHECK(f.state().role_of(node(2).id) == MemberRole::late);
+  CHECK(f.state().audit().empty());
 }
 
 TEST_CASE("daemon restart: agents rebuild the running job with rejoin", "[rdzv]") {
@@ -990,9 +1068,21 @@ TEST_CASE("remaining branches: late node refused when full, late lease expiry, r
     CHECK(f.reg.status(f.clock.now()).jobs.at(0).members.size() == 4);
   }
   SECTION("rejoin corners") {
-    // Unknown job without an assignment: a plain join that creates it.
+    // Unknown job without an assignment: a join that creates it, after rebuild_grace (the daemon
+    // restarted: the nodes of a running round may still re-register).
     auto b = f.reg.rejoin("fresh", RejoinRequest{node(5), cfg(1, 1), {}, std::nullopt}, f.clock.now());
-    REQUIRE(of<SendAssignment>(b).size() == 1);
+    CHECK(of<SendAssignment>(b).empty());
+    REQUIRE(f.reg.find("fresh")->awaiting_rebuild(f.clock.now()));
+    REQUIRE(f.reg.next_deadline() == f.clock.now() + 3s);  // node 5's lease comes first
+    Decisions held;
+    for (int i = 0; i < 10; ++i) {
+      f.clock.advance(1s);
+      f.reg.heartbeat("fresh", node(5).id, f.clock.now());
+      f.beat({node(1)});
+      auto t = f.tick();
+      held.insert(held.end(), t.begin(), t.end());
+    }
+    REQUIRE(for_node<SendAssignment>(held, node(5).id).size() == 1);
     // Unknown job with a nonsense assignment: refused.
     Assignment bad;
     bad.group_rank = 3;

@@ -235,9 +235,22 @@ int RendezvousJob::taking_part() const {
                                      : count(MemberRole::participant) + count(MemberRole::joined) + absent_count();
 }
 
+std::optional<TimePoint> RendezvousJob::spare_deadline() const {
+  if (state_ != JobState::waiting || count(MemberRole::spare) == 0 || count(MemberRole::expected) == 0 ||
+      count(MemberRole::joined) >= config_.min_nodes) {
+    return std::nullopt;
+  }
+  return join_deadline_ - config_.join_timeout + config_.last_call_timeout;  // the round's start + last call
+}
+
 void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {
   if (state_ != JobState::waiting) return;
   promote_spares(config_.max_nodes - count(MemberRole::joined) - count(MemberRole::expected));
+  if (hold_until_) {
+    if (now < *hold_until_) return;  // the nodes of a running round may still re-register
+    hold_until_.reset();
+  }
+  if (const auto d = spare_deadline(); d && now >= *d) promote_spares(config_.max_nodes - count(MemberRole::joined));
   const int joined = count(MemberRole::joined);
   const int expected = count(MemberRole::expected);
   if (joined >= config_.max_nodes) {
@@ -516,6 +529,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
       if (capacity_used >= config_.max_nodes) {
         if (spare_room) {
           set_role(*m, MemberRole::spare);
+          m->join_seq = next_join_seq_++;  // spares are promoted in the order they became spares
           out.push_back(Progress{run_id_, node.id, spare_text()});
         } else {
           refuse_full();

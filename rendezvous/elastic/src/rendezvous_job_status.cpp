@@ -61,6 +61,10 @@ std::string RendezvousJob::progress_text(TimePoint now) const {
       const int target = std::max(config_.min_nodes, joined + expected);
       std::string text = fmt::format("waiting for nodes: {}/{} joined (min {}, max {})", joined, target,
                                      config_.min_nodes, config_.max_nodes);
+      if (hold_until_ && now < *hold_until_) {
+        text += ", the nodes of a running round may re-register (daemon restart) for " +
+                format_seconds(until(*hold_until_, now));
+      }
       if (joined >= config_.min_nodes && last_call_) {
         text += ", last call in " + format_seconds(until(*last_call_, now));
       } else {
@@ -133,6 +137,8 @@ std::optional<TimePoint> RendezvousJob::next_deadline() const {
   if (finished()) return best;
   if (!leases_.empty()) consider(leases_.begin()->first);
   if (state_ == JobState::waiting) {
+    consider(hold_until_);
+    consider(spare_deadline());
     if (count(MemberRole::joined) >= config_.min_nodes) {
       consider(last_call_);
     } else {

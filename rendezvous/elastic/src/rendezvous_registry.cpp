@@ -122,7 +122,7 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
   if (std::string why = check_member_room(run_id, it, request.node); !why.empty()) {
     return {Refuse{run_id, request.node.id, why, RefuseCode::other}};
   }
-  const bool rebuild_over = it != jobs_.end() && request.assignment && it->second.job.never_ran();
+  const bool rebuild_over = it != jobs_.end() && request.assignment && it->second.job.awaiting_rebuild(now);
   if (it != jobs_.end() && !rebuild_over) return touched(it, it->second.job.rejoin(request, now), now);
   if (it == jobs_.end()) {
     if (std::string why = check_room(run_id); !why.empty()) {
@@ -130,6 +130,7 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     }
     if (!request.assignment) {
       it = add_job(run_id, RendezvousJob(run_id, request.config, now), now);
+      it->second.job.hold_for_rebuild(now);
       return touched(it, it->second.job.join(request.node, request.config, now), now);
     }
   }

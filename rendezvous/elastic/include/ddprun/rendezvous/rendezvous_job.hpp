@@ -107,10 +107,14 @@ class RendezvousJob {
   int restarts_used() const { return restarts_used_; }
   bool closed() const { return closed_; }
   bool finished() const { return state_ == JobState::completed || state_ == JobState::failed; }
-  // Has not closed its first round: a REJOIN that carries an assignment comes from before a
-  // daemon restart, whose first re-registered nodes had none (spares, the wait list) and made
-  // this job afresh; the registry rebuilds the running round and lets them join it.
-  bool never_ran() const { return state_ == JobState::waiting && round_ == 0; }
+  // A job made afresh by a REJOIN without an assignment (the daemon restarted, and a node that had
+  // none, a spare or one on the wait list, re-registered first): for rebuild_grace no round
+  // closes, so that the nodes of a running round can re-register; the first with an assignment
+  // makes the registry rebuild the running round and let the others join it (awaiting_rebuild).
+  void hold_for_rebuild(TimePoint now) { hold_until_ = now + config_.rebuild_grace; }
+  bool awaiting_rebuild(TimePoint now) const {
+    return hold_until_ && now < *hold_until_ && state_ == JobState::waiting && round_ == 0;
+  }
   // Why `requested` cannot join this job (empty when it can).
   std::string config_mismatch(const JobConfig& requested) const;
   // The members' node infos, in join order.
@@ -242,6 +246,10 @@ class RendezvousJob {
   LeaseIndex leases_;
 
   // waiting
+  std::optional<TimePoint> hold_until_;  // hold_for_rebuild(): no round closes before
+  // Spares waiting while fewer than min nodes are back: after last_call_timeout of the round the
+  // slots of expected nodes that have not re-joined (alive but slow, or hung) go to them.
+  std::optional<TimePoint> spare_deadline() const;
   TimePoint join_deadline_{};
   std::optional<TimePoint> last_call_;
   bool roster_round_ = false;  // follow-up round: closes early once every survivor is back
