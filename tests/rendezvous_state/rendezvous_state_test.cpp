@@ -713,6 +713,27 @@ TEST_CASE("daemon restart: a spare alone enough to close a round waits for the p
   }
 }
 
+TEST_CASE("the hold after a daemon restart: no past deadline, and the join window starts after it", "[rdzv]") {
+  Fixture f;
+  JobConfig c = cfg(2, 2);
+  c.join_timeout = 5s;  // shorter than rebuild_grace (10 s)
+  f.reg.rejoin(f.job, RejoinRequest{node(1), c, {}, std::nullopt}, f.clock.now());
+  for (int i = 0; i < 14; ++i) {
+    f.clock.advance(1s);
+    f.beat({node(1)});
+    CHECK(f.tick().empty());
+    const auto next = f.reg.next_deadline();
+    REQUIRE(next.has_value());
+    CHECK(*next > f.clock.now());  // a deadline in the past would make the daemon's timer spin
+  }
+  CHECK(f.state().state() == JobState::waiting);  // 10 s hold + 5 s join window: not over yet
+  f.clock.advance(1s);
+  f.beat({node(1)});
+  auto t = f.tick();
+  CHECK(f.state().state() == JobState::failed);
+  CHECK(for_node<SendJobFailed>(t, node(1).id).size() == 1);
+}
+
 TEST_CASE("a rejoin with an assignment does not rebuild a job that was created by a join", "[rdzv]") {
   // A stale agent (an older run with the same id) meets a new job collecting its first round.
   Fixture f;

@@ -240,7 +240,8 @@ std::optional<TimePoint> RendezvousJob::spare_deadline() const {
       count(MemberRole::joined) >= config_.min_nodes) {
     return std::nullopt;
   }
-  return join_deadline_ - config_.join_timeout + config_.last_call_timeout;  // the round's start + last call
+  // The round's start + last call, and no later than the join deadline (which would fail the job).
+  return std::min(join_deadline_ - config_.join_timeout + config_.last_call_timeout, join_deadline_);
 }
 
 void RendezvousJob::evaluate_waiting(Decisions& out, TimePoint now) {

@@ -136,8 +136,9 @@ std::optional<TimePoint> RendezvousJob::next_deadline() const {
   consider(gc_deadline_);
   if (finished()) return best;
   if (!leases_.empty()) consider(leases_.begin()->first);
-  if (state_ == JobState::waiting) {
-    consider(hold_until_);
+  if (state_ == JobState::waiting && hold_until_) {
+    consider(hold_until_);  // nothing else is acted on before it (evaluate_waiting)
+  } else if (state_ == JobState::waiting) {
     consider(spare_deadline());
     if (count(MemberRole::joined) >= config_.min_nodes) {
       consider(last_call_);

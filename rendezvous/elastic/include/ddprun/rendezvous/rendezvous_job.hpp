@@ -111,7 +111,12 @@ class RendezvousJob {
   // none, a spare or one on the wait list, re-registered first): for rebuild_grace no round
   // closes, so that the nodes of a running round can re-register; the first with an assignment
   // makes the registry rebuild the running round and let the others join it (awaiting_rebuild).
-  void hold_for_rebuild(TimePoint now) { hold_until_ = now + config_.rebuild_grace; }
+  // The join window starts after the hold, so a join_timeout shorter than rebuild_grace does not
+  // end the job at the hold's end.
+  void hold_for_rebuild(TimePoint now) {
+    hold_until_ = now + config_.rebuild_grace;
+    join_deadline_ = *hold_until_ + config_.join_timeout;
+  }
   bool awaiting_rebuild(TimePoint now) const {
     return hold_until_ && now < *hold_until_ && state_ == JobState::waiting && round_ == 0;
   }
