@@ -690,6 +690,60 @@ def daemon_restart(c):
     check(len({e["DDPRUN_NCCL_UNIQUE_ID"] for e in envs}) == 1, "different NCCL IDs in one round")
 
 
+def daemon_restart_spare(c):
+    # A daemon restart with a spare waiting, and the spare re-registering first (the participant's
+    # agent is stopped meanwhile): the fresh job the spare makes must not close a round of its own
+    # (with --nnodes 1 it alone would fill it); the participant, back within rebuild_grace,
+    # rebuilds the running round, whose workers were never stopped, and the spare is a spare again.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    args = ["--wait-file", go, "--sleep", "40"]
+    participant = c.start_agent(ADDRS[0], ep, nnodes="1:1", worker_args=args)
+    c.wait_envs(lambda e: True, 2, 30, "2 workers")
+    c.start_agent(ADDRS[1], ep, nnodes="1:1", worker_args=args)
+    deadline = time.monotonic() + 20
+    while "waiting as a spare node" not in c.log(ADDRS[1]):
+        check(time.monotonic() < deadline, "no spare:\n%s" % c.all_logs())
+        time.sleep(0.05)
+
+    def roles():
+        st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker, "--json"],
+                            capture_output=True, text=True, timeout=20)
+        if st.returncode != 0:
+            return None, {}
+        jobs = json.loads(st.stdout)["jobs"]
+        if not jobs:
+            return None, {}
+        return jobs[0]["state"], {m["addr"]: m["role"] for m in jobs[0]["members"]}
+
+    participant.send_signal(signal.SIGSTOP)
+    try:
+        c.daemon.kill()
+        c.daemon.wait(10)
+        c.start_daemon(port=port)
+        deadline = time.monotonic() + 20
+        while True:
+            state, got = roles()
+            if ADDRS[1] in got:
+                break
+            check(time.monotonic() < deadline, "the spare did not re-register:\n%s" % c.all_logs())
+            time.sleep(0.1)
+        check((state, got) == ("waiting", {ADDRS[1]: "joined"}),
+              "the spare's fresh job should wait for the participants: %s %s" % (state, got))
+    finally:
+        participant.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while roles() != ("running", {ADDRS[0]: "participant", ADDRS[1]: "spare"}):
+        check(time.monotonic() < deadline, "the job was not rebuilt with its spare: %s\n%s" % (roles(), c.all_logs()))
+        time.sleep(0.2)
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(len(envs) == 2, "workers were restarted or the spare ran some: %d env files" % len(envs))
+
+
 def token(c):
     port = c.start_daemon(token="s3cret")
     ep = "127.0.0.1:%d" % port
@@ -848,7 +902,7 @@ def embedded_failure_restart(c):
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
-                                      agent_kill, agent_stop, grow, spare, daemon_restart, token, daemon_gone,
+                                      agent_kill, agent_stop, grow, spare, daemon_restart, daemon_restart_spare, token, daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,
                                       exit_barrier, nccl_ids]}
