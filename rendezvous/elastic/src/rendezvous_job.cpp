@@ -531,6 +531,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
         if (spare_room) {
           set_role(*m, MemberRole::spare);
           m->join_seq = next_join_seq_++;  // spares are promoted in the order they became spares
+          place_offer(members_.find(node.id));  // its offer's place follows the new join order
           out.push_back(Progress{run_id_, node.id, spare_text()});
         } else {
           refuse_full();
