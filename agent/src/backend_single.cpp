@@ -241,10 +241,9 @@ std::unique_ptr<rendezvous::StoreServer> host_worker_store(asio::io_context& io,
 }
 
 WorkerStore::WorkerStore(std::unique_ptr<rendezvous::StoreServer> server)
-    : server_(std::move(server)), host_(server_->host()), port_(server_->port()) {}
+    : server_(std::move(server)), port_(server_->port()) {}
 
-WorkerStore::WorkerStore(int reserved_fd, std::string host, std::uint16_t port)
-    : reserved_fd_(reserved_fd), host_(std::move(host)), port_(port) {}
+WorkerStore::WorkerStore(int reserved_fd, std::uint16_t port) : reserved_fd_(reserved_fd), port_(port) {}
 
 WorkerStore::~WorkerStore() { stop(); }
 
@@ -271,7 +270,7 @@ std::unique_ptr<WorkerStore> open_worker_store(asio::io_context& io, const std::
                              host, port, name_port, hint, ec.message(), reserve_hint(ec));
   }
   spdlog::debug("workers' store: rank 0 hosts it on port {} (reserved by the agent on every address)", bound);
-  return std::make_unique<WorkerStore>(fd, host, bound);
+  return std::make_unique<WorkerStore>(fd, bound);
 }
 
 std::unique_ptr<RendezvousBackend> make_single_node_backend(asio::io_context& io, const AgentConfig& config,

@@ -494,18 +494,6 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                            run_id_, capacity_used, config_.max_nodes, count(MemberRole::spare), config_.max_nodes),
                RefuseCode::job_full});
   };
-  if (m != nullptr && m->role == MemberRole::spare) {
-    set_info(*m, node);
-    place_offer(members_.find(node.id));
-    refresh(*m, now);
-    evaluate_waiting(out, now);  // promotes it when a slot is free
-    if (m->role == MemberRole::spare) {
-      out.push_back(Progress{run_id_, node.id, spare_text()});
-    } else {
-      send_progress(out, now, &node.id);
-    }
-    return out;
-  }
   if (m != nullptr) {
     set_info(*m, node);
     // A participant's previous rank is its rank in the running round (below), and the rank its
@@ -513,6 +501,15 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
     if (state_ == JobState::running && m->role == MemberRole::participant) m->prev_rank = m->group_rank;
     place_offer(members_.find(node.id));
     refresh(*m, now);
+    if (m->role == MemberRole::spare) {
+      evaluate_waiting(out, now);  // promotes it when a slot is free
+      if (m->role == MemberRole::spare) {
+        out.push_back(Progress{run_id_, node.id, spare_text()});
+      } else {
+        send_progress(out, now, &node.id);
+      }
+      return out;
+    }
     if (state_ == JobState::waiting) {
       if (m->role == MemberRole::expected) set_role(*m, MemberRole::joined);
       evaluate_waiting(out, now);
@@ -530,7 +527,7 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
       if (capacity_used >= config_.max_nodes) {
         if (spare_room) {
           set_role(*m, MemberRole::spare);
-          m->join_seq = next_join_seq_++;  // spares are promoted in the order they became spares
+          m->join_seq = next_join_seq_++;       // spares are promoted in the order they became spares
           place_offer(members_.find(node.id));  // its offer's place follows the new join order
           out.push_back(Progress{run_id_, node.id, spare_text()});
         } else {

@@ -116,13 +116,12 @@ class WorkerStore {
  public:
   explicit WorkerStore(std::unique_ptr<rendezvous::StoreServer> server);
   // Takes `reserved_fd`, a bound socket that is not listening.
-  WorkerStore(int reserved_fd, std::string host, std::uint16_t port);
+  WorkerStore(int reserved_fd, std::uint16_t port);
   ~WorkerStore();
   WorkerStore(const WorkerStore&) = delete;
   WorkerStore& operator=(const WorkerStore&) = delete;
 
   std::uint16_t port() const { return port_; }
-  const std::string& host() const { return host_; }
   bool hosted() const { return server_ != nullptr; }
   // A fresh, empty key space for the next round: the hosted store is reset; a reserved port needs
   // nothing (the next rank-0 worker starts a new server).
@@ -133,7 +132,6 @@ class WorkerStore {
  private:
   std::unique_ptr<rendezvous::StoreServer> server_;
   int reserved_fd_ = -1;
-  std::string host_;
   std::uint16_t port_ = 0;
 };
 
