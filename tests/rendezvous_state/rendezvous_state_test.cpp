@@ -326,6 +326,26 @@ TEST_CASE("joins beyond max wait as spares, then are refused", "[rdzv]") {
     auto done = f.reg.succeeded(f.job, node(3).id, f.state().round(), f.clock.now());
     CHECK(for_node<SendJobCompleted>(done, node(4).id).size() == 1);
   }
+  SECTION("a slot freed by a participant that had succeeded goes to the first spare, not to a new node") {
+    f.reg.succeeded(f.job, node(2).id, f.state().round(), f.clock.now());
+    auto gone = f.reg.leave(f.job, node(2).id, f.clock.now());
+    CHECK(of<SendRestart>(gone).empty());  // losing a node that is done ends nothing
+    REQUIRE(f.state().state() == JobState::running);
+    CHECK(role(3) == MemberRole::spare);
+    auto a = f.join(node(5), c);
+    CHECK(role(3) == MemberRole::joined);  // waited longest
+    CHECK(role(4) == MemberRole::spare);
+    CHECK(role(5) == MemberRole::spare);  // queued behind the spares (2 of max 2 again)
+    CHECK(for_node<Refuse>(a, node(5).id).empty());
+    REQUIRE(for_node<SendRestart>(a, node(1).id).size() == 1);
+    CHECK(for_node<SendRestart>(a, node(1).id)[0].reason.find("1 spare node(s) took the free slots") !=
+          std::string::npos);
+    auto closed = f.join(node(1), c);
+    CHECK(assignment_of(closed, node(3).id).group_rank >= 0);
+    CHECK(for_node<SendAssignment>(closed, node(5).id).empty());
+    CHECK(role(5) == MemberRole::spare);
+    CHECK(f.state().audit().empty());
+  }
   SECTION("a spare that goes silent is dropped without ending the round") {
     f.clock.advance(2s);
     f.beat({node(1), node(2), node(4)});

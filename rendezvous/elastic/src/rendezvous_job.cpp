@@ -483,7 +483,17 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
                          RefuseCode::job_closed});
     return out;
   }
-  const int capacity_used = taking_part();
+  int capacity_used = taking_part();
+  // A new node while spares wait for a slot that is free (a participant that had succeeded is
+  // gone): the spares that waited longest take it before this node is placed.
+  int promoted = 0;
+  if (m == nullptr && state_ == JobState::running && capacity_used < config_.max_nodes &&
+      count(MemberRole::spare) > 0) {
+    const int joined_before = count(MemberRole::joined);
+    promote_spares(config_.max_nodes - capacity_used);
+    promoted = count(MemberRole::joined) - joined_before;
+    capacity_used = taking_part();
+  }
   // A node beyond max waits as a spare (torch's redundancy list), up to max spares.
   const bool spare_room = count(MemberRole::spare) < config_.max_nodes;
   auto refuse_full = [&] {
@@ -548,6 +558,10 @@ Decisions RendezvousJob::join(const NodeInfo& node, const JobConfig& requested, 
       out.push_back(Progress{run_id_, node.id, spare_text()});
     } else {
       refuse_full();
+    }
+    if (promoted > 0) {
+      end_round(out, RoundEnd::membership_change,
+                fmt::format("{} spare node(s) took the free slots as node {} joined", promoted, node_label(node)), now);
     }
     return out;
   }
