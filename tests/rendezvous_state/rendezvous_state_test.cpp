@@ -680,6 +680,31 @@ TEST_CASE("daemon restart: a spare that re-registers first does not end the runn
   CHECK(fresh.find(f.job)->round() == a1.round);
   CHECK(fresh.find(f.job)->audit().empty());
 
+  SECTION("a spare whose connection closed before the rebuild is still on its short lease after it") {
+    RendezvousRegistry again;
+    again.rejoin(f.job, RejoinRequest{node(3), c, {}, std::nullopt}, f.clock.now());
+    again.disconnected(f.job, node(3).id, f.clock.now());
+    f.clock.advance(100ms);
+    auto r = again.rejoin(f.job, RejoinRequest{node(1), c, {}, a1}, f.clock.now());
+    REQUIRE(again.find(f.job)->state() == JobState::running);
+    const auto st = again.status_of(f.job, f.clock.now());
+    REQUIRE(st);
+    bool seen = false;
+    for (const auto& m : st->members) {
+      if (m.id != node(3).id) continue;
+      seen = true;
+      CHECK(m.role == MemberRole::spare);
+      CHECK(m.disconnected);
+      CHECK(m.lease_left <= c.heartbeat_interval);
+    }
+    CHECK(seen);
+    // Silent past that lease, it is dropped; the rebuilt round goes on.
+    f.clock.advance(c.heartbeat_interval);
+    again.heartbeat(f.job, node(1).id, f.clock.now());
+    auto t = again.on_tick(f.clock.now());
+    CHECK(of<SendRestart>(t).empty());
+    CHECK(again.find(f.job)->role_of(node(3).id) == std::nullopt);
+  }
   SECTION("a participant whose config differs from the fresh job's is refused") {
     RendezvousRegistry again;
     JobConfig roomy = cfg(1, 3, 1);

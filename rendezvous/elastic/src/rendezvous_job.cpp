@@ -162,6 +162,20 @@ void RendezvousJob::drop_offer(Member& m) {
   m.offer_dropped = true;
 }
 
+std::optional<RendezvousJob::Carried> RendezvousJob::carried_of(const NodeId& node) const {
+  const auto it = members_.find(node);
+  if (it == members_.end()) return std::nullopt;
+  return Carried{it->second.lease_deadline, it->second.disconnected, it->second.offer_dropped};
+}
+
+void RendezvousJob::carry(const NodeId& node, const Carried& carried) {
+  Member* m = find(node);
+  if (m == nullptr) return;
+  set_lease(*m, std::min(m->lease_deadline, carried.lease_deadline));
+  m->disconnected = m->disconnected || carried.disconnected;
+  if (carried.offer_dropped && m->info.nccl_ids.empty()) m->offer_dropped = true;
+}
+
 void RendezvousJob::set_round_ids(SharedBytes ids) {
   member_bytes_ = member_bytes_ - round_ids_.held_bytes() + ids.held_bytes();
   round_ids_ = std::move(ids);

@@ -166,6 +166,8 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
     if (node.id == request.node.id) continue;
     Decisions d = rebuilt.join(node, waiting_config, now);
     out.insert(out.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
+    // Not a fresh lease for a node whose connection had closed meanwhile.
+    if (const auto carried = it->second.job.carried_of(node.id)) rebuilt.carry(node.id, *carried);
   }
   it->second.job = std::move(rebuilt);
   return touched(it, std::move(out), now);

@@ -124,6 +124,17 @@ class RendezvousJob {
   std::string config_mismatch(const JobConfig& requested) const;
   // The members' node infos, in join order.
   std::vector<NodeInfo> member_infos() const;
+  // What a member carries into a rebuilt job besides its info: its lease's end, whether its
+  // connection had closed, and whether the job had dropped its NCCL ID offer.
+  struct Carried {
+    TimePoint lease_deadline{};
+    bool disconnected = false;
+    bool offer_dropped = false;
+  };
+  std::optional<Carried> carried_of(const NodeId& node) const;
+  // Gives a member (just joined again) what it carried: the earlier of the two leases, the closed
+  // connection and the dropped offer (when its info came without one).
+  void carry(const NodeId& node, const Carried& carried);
 
   // Events. `requested` is the joiner's config (checked against the job's).
   Decisions join(const NodeInfo& node, const JobConfig& requested, TimePoint now);
