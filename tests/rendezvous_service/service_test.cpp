@@ -489,6 +489,13 @@ TEST_CASE("metrics count each round once and time it from the first join, across
   CHECK(stats.rounds_closed == 1);
   CHECK(stats.round_close_seconds.count() == 1);
   CHECK_FALSE(d->server->round_opened_at("job1").has_value());  // closed: nothing collects
+  // A spare that joins the running (full) job opens no round either.
+  agents.push_back(make_agent(io, port, 2, test_config(2, 2, 2)));
+  agents.back()->client->join();
+  REQUIRE(run_until(io, [&] { return !agents.back()->progress.empty(); }));
+  CHECK(agents.back()->progress.back().find("waiting as a spare node") != std::string::npos);
+  CHECK_FALSE(d->server->round_opened_at("job1").has_value());
+  agents.pop_back();
 
   // A new daemon learns the running round from rejoins that carry the assignment: they
   // re-register, they open no round (else the next round's latency would include the run).

@@ -324,10 +324,19 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
           } else {
             decisions = registry_.rejoin(m.run_id, m.request, now);
           }
+          // Only a waiting job collects a round: a spare's join to a running job, or a rejoin
+          // that rebuilt the running round, opens none (the next round's time would include
+          // the run). After apply(), which times a round this join closed.
+          auto settle_round_open = [&] {
+            if (const auto* job = registry_.find(m.run_id); job == nullptr || job->state() != JobState::waiting) {
+              round_open_.erase(m.run_id);
+            }
+          };
           if (auto refusal = take_refusal(decisions, node)) {
             // Refused like any other frame (REFUSED, then the connection closes); what else the
             // registry decided concerns other nodes.
             apply(decisions, &node);
+            settle_round_open();
             unbind(conn);
             if (!known) secret_of_.erase(NodeKey{m.run_id, node});
             return {refusal->code, std::move(refusal->reason)};
@@ -336,6 +345,7 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
           encode_server(scratch_, JoinedMessage{m.run_id, node, secret_of_[NodeKey{m.run_id, node}]});
           emit(conn, scratch_);
           apply(decisions, &node);
+          settle_round_open();
           return {};
         } else if constexpr (std::is_same_v<T, CloseMessage>) {
           if (Refusal why = check_run(conn, m.run_id); why.refused()) return why;
