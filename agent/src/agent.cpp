@@ -63,10 +63,14 @@ namespace ddprun::agent {
 namespace {
 
 // The environment the workers inherit: ours without the rendezvous token (the agent has
-// already read it into its config; a worker must not be able to impersonate its node).
+// already read it into its config; a worker must not be able to impersonate its node), and
+// with the LC_CTYPE a Python launcher such as torchrun would have coerced a "C" locale to.
 worker_env::EnvMap workers_parent_env() {
   worker_env::EnvMap env = worker_env::current_environment();
   env.erase("DDPRUN_RDZV_TOKEN");
+  if (auto ctype = worker_env::python_coerced_lc_ctype(env, worker_env::ctype_locale_available)) {
+    env["LC_CTYPE"] = std::move(*ctype);
+  }
   return env;
 }
 

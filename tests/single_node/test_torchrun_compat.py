@@ -639,6 +639,32 @@ class Forms(Base):
         self.ok(r)
         self.assertIn("aeh 0 1\n", r.stdout)
 
+    def test_a_c_locale_is_coerced_as_under_torchrun(self):
+        # torchrun is a Python program: in a C locale Python sets LC_CTYPE=C.UTF-8 in its own
+        # environment (PEP 538), so torchrun's native workers inherit it; ddprun's get the same.
+        src = os.environ.get("DDPRUN_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
+        torchrun = [PYTHON, os.path.join(src, "bench", "launch", "torchrun_fixed.py"), "--standalone",
+                    "--nproc_per_node", "1", "--monitor_interval", "0.1", "--no_python"]
+        ddprun = [DDPRUN, "--standalone", "--nproc-per-node", "1", "--no-python"]
+        worker = ["sh", "-c", 'echo "lc=${LC_CTYPE-unset}"']
+        base = {k: v for k, v in os.environ.items() if k not in ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONCOERCECLOCALE")}
+        base["LOGLEVEL"] = "WARNING"
+        seen = {}
+        for name, extra in (("nothing set", {}), ("LANG=C", {"LANG": "C"}), ("LANG=C.UTF-8", {"LANG": "C.UTF-8"}), ("LC_ALL=C", {"LC_ALL": "C"}),
+                            ("PYTHONCOERCECLOCALE=0", {"PYTHONCOERCECLOCALE": "0"})):
+            got = []
+            for cmd in (torchrun, ddprun):
+                r = subprocess.run(cmd + worker, capture_output=True, text=True, timeout=90, env=dict(base, **extra))
+                self.ok(r)
+                m = re.search(r"lc=(\S+)", r.stdout)
+                self.assertIsNotNone(m, f"{cmd[0]} with {name}:\n{r.stdout}\n{r.stderr}")
+                got.append(m.group(1))
+            self.assertEqual(got[1], got[0], f"ddprun against torchrun with {name}")
+            seen[name] = got[0]
+        # The comparison means something: torchrun coerced in some cases and not in others.
+        self.assertEqual(seen["nothing set"], "C.UTF-8")
+        self.assertEqual(seen["LC_ALL=C"], "unset")
+
     def test_log_dir_dev_null(self):
         # torch 2.6: no log directory, TORCHELASTIC_ERROR_FILE empty, the job runs. Rank 1 is off
         # the console (--local-ranks-filter) and has no file to go to; ddprun's temporary run

@@ -234,3 +234,25 @@ TEST_CASE("current_environment reflects setenv, values with '=' intact") {
   ::unsetenv("DDPRUN_WORKER_ENV_TEST");
   CHECK(current_environment().count("DDPRUN_WORKER_ENV_TEST") == 0);
 }
+
+TEST_CASE("python_coerced_lc_ctype: the LC_CTYPE Python sets in a C locale, as torchrun's workers inherit it") {
+  const auto any = [](const std::string&) { return true; };
+  CHECK(python_coerced_lc_ctype({}, any) == "C.UTF-8");  // nothing set: the C locale
+  CHECK(python_coerced_lc_ctype({{"LANG", "C"}}, any) == "C.UTF-8");
+  CHECK(python_coerced_lc_ctype({{"LANG", "POSIX"}}, any) == "C.UTF-8");
+  CHECK(python_coerced_lc_ctype({{"LC_ALL", ""}, {"LC_CTYPE", ""}, {"LANG", "C"}}, any) == "C.UTF-8");  // empty: unset
+  CHECK(python_coerced_lc_ctype({{"LC_CTYPE", "C"}, {"LANG", "en_US.UTF-8"}}, any) == "C.UTF-8");
+  CHECK(python_coerced_lc_ctype({{"PYTHONCOERCECLOCALE", "warn"}}, any) == "C.UTF-8");
+  // Not the C locale, or coercion off: nothing.
+  CHECK_FALSE(python_coerced_lc_ctype({{"LANG", "C.UTF-8"}}, any));
+  CHECK_FALSE(python_coerced_lc_ctype({{"LC_CTYPE", "en_US.UTF-8"}, {"LANG", "C"}}, any));
+  CHECK_FALSE(python_coerced_lc_ctype({{"LC_ALL", "C"}}, any));
+  CHECK_FALSE(python_coerced_lc_ctype({{"PYTHONCOERCECLOCALE", "0"}}, any));
+  // The first target the machine has, as Python tries them.
+  CHECK(python_coerced_lc_ctype({}, [](const std::string& n) { return n != "C.UTF-8"; }) == "C.utf8");
+  CHECK(python_coerced_lc_ctype({}, [](const std::string& n) { return n == "UTF-8"; }) == "UTF-8");
+  CHECK_FALSE(python_coerced_lc_ctype({}, [](const std::string&) { return false; }));
+  // This machine: C always exists, a made-up name never does.
+  CHECK(ctype_locale_available("C"));
+  CHECK_FALSE(ctype_locale_available("xx_NOWHERE.UTF-8"));
+}

@@ -5,6 +5,7 @@
 // torchrun-compatible names (RANK, LOCAL_RANK, WORLD_SIZE, …, TORCHELASTIC_*), plus ddprun's
 // own (DDPRUN_*) and cheap aliases other frameworks read (LOCAL_SIZE, CROSS_RANK, CROSS_SIZE).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -55,5 +56,17 @@ std::vector<std::string> merge_env(const EnvMap& parent, const EnvList& addition
 
 // The current process environment as a map.
 EnvMap current_environment();
+
+// torchrun is a Python program, and Python coerces a "C" LC_CTYPE locale to a UTF-8 one in its
+// own environment at start (PEP 538), which every worker of torchrun inherits: when LC_ALL is
+// unset or empty, the LC_CTYPE locale (LC_CTYPE, else LANG, else none) is "C" or "POSIX", and
+// PYTHONCOERCECLOCALE is not "0", the value Python sets LC_CTYPE to in `env`: the first of
+// "C.UTF-8", "C.utf8", "UTF-8" that `available` accepts. nullopt otherwise. (Python also coerces
+// when LANG names a locale that is not installed; that case is not detected here.)
+std::optional<std::string> python_coerced_lc_ctype(const EnvMap& env,
+                                                   const std::function<bool(const std::string&)>& available);
+
+// Whether this machine has the LC_CTYPE locale `name` (newlocale; the process locale stays).
+bool ctype_locale_available(const std::string& name);
 
 }  // namespace ddprun::worker_env
