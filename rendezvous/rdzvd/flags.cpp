@@ -62,6 +62,10 @@ constexpr FlagSpec kFlags[] = {
    .help = "Shared secret every client must prove in the handshake, read from this file (one trailing newline is "
            "dropped), e.g. a systemd credential.",
    .default_text = "$DDPRUN_RDZV_TOKEN; empty = none"},
+  {.dash = "previous-token-file", .metavar = "FILE",
+   .help = "A token rotated out, still accepted for REJOINs of one job's nodes (the agents of jobs started before the "
+           "rotation: a reconnect, a daemon restart), never for a JOIN, a relay or every job's status. Re-read on "
+           "SIGHUP; a missing or empty file then means none."},
   {.dash = "allow-unauthenticated-store", .kind = FlagKind::boolean,
    .help = "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend cannot "
            "authenticate). RISK: anyone who reaches the port can then read and delete every key."},

@@ -326,6 +326,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "Shared secret every client must prove in the handshake, read from this file (one trailing "
                  "newline is dropped), e.g. a systemd credential (default: $DDPRUN_RDZV_TOKEN; empty = none)");
+  std::string previous_token_file;
+  app.add_option("--previous-token-file", previous_token_file,
+                 "A token rotated out, still accepted for REJOINs of one job's nodes (the agents of jobs started "
+                 "before the rotation: a reconnect, a daemon restart), never for a JOIN, a relay or every job's "
+                 "status. Re-read on SIGHUP; a missing or empty file then means none");
   app.add_flag("--allow-unauthenticated-store", options.allow_unauthenticated_store,
                "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend "
                "cannot authenticate). RISK: anyone who reaches the port can then read and delete every key");
@@ -449,6 +454,25 @@ int main(int argc, char** argv) {
   if (options.token.empty() && token_file.empty()) {
     if (const char* env = std::getenv("DDPRUN_RDZV_TOKEN")) options.token = env;
   }
+  if (!previous_token_file.empty()) {
+    try {
+      auto secret = ddprun::read_secret_file(previous_token_file, "--previous-token-file");
+      if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+      options.previous_token = std::move(secret.secret);
+    } catch (const ddprun::Error& e) {
+      std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
+      return 2;
+    }
+    if (options.token.empty()) {
+      std::cerr << "ddprun-rdzvd: error: --previous-token-file needs a current token: give --token-file FILE (or "
+                   "set DDPRUN_RDZV_TOKEN)\n";
+      return 2;
+    }
+    if (options.previous_token == options.token) {
+      spdlog::warn("--previous-token-file holds the current token: nothing more is accepted");
+      options.previous_token.clear();
+    }
+  }
 
   if (!relay_to.empty()) {
     // Flags of the daemon's store and registry mean nothing to a relay: refuse them rather than
@@ -458,7 +482,7 @@ int main(int argc, char** argv) {
         "--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
         "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
         "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
-        "--allow-unauthenticated-store", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
+        "--allow-unauthenticated-store", "--previous-token-file", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
         "--max-member-bytes"};
     // clang-format on
     for (const char* flag : kRootOnly) {
@@ -512,9 +536,30 @@ int main(int argc, char** argv) {
     }
     // SIGHUP re-reads --token-file: new connections must prove the new token, connections that
     // already authenticated stay (rotating the token does not stop running jobs).
+    if (!options.previous_token.empty()) {
+      spdlog::info("the previous token (--previous-token-file {}) is accepted for REJOINs of a job's nodes",
+                   previous_token_file);
+    }
     boost::asio::signal_set hup(io, SIGHUP);
-    reread_token_on_sighup(hup, token_file, "", "new connections must use it",
-                           [&](std::string fresh) { server.set_token(std::move(fresh)); });
+    reread_token_on_sighup(hup, token_file, "", "new connections must use it", [&](std::string fresh) {
+      server.set_token(std::move(fresh));
+      if (previous_token_file.empty()) return;
+      // Re-read with the token: a rotation writes both files, then one SIGHUP. Missing or empty:
+      // the overlap is over.
+      std::string previous;
+      try {
+        auto secret = ddprun::read_secret_file(previous_token_file, "--previous-token-file");
+        previous = std::move(secret.secret);
+      } catch (const ddprun::Error& e) {
+        spdlog::info("SIGHUP: no previous token from now on ({})", e.what());
+      }
+      if (previous == server.options().token) previous.clear();
+      if (!previous.empty()) {
+        spdlog::info("SIGHUP: re-read the previous token from --previous-token-file {}; REJOINs may prove it",
+                     previous_token_file);
+      }
+      server.set_previous_token(std::move(previous));
+    });
     if (!port_file.empty()) write_port_file(port_file, server.port());
     const std::string listening = "listening on " + ddprun::bracket_host(host) + ":" + std::to_string(server.port());
     std::cout << listening << std::endl;

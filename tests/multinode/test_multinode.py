@@ -72,13 +72,13 @@ class Cluster:
 
     # ---- processes ----
 
-    def start_daemon(self, port=0, token=None):
+    def start_daemon(self, port=0, token=None, extra=()):
         if self.backend == "etcd":
             check(port == 0 and token is None, "the etcd backend has no daemon port or token")
             self.etcd = etcd_cluster.EtcdCluster(self.dir, self.env)
             return self.etcd.members[0].client_port
         args = [RDZVD, "--host", "127.0.0.1", "--port", str(port), "--port-file",
-                os.path.join(self.dir, "port-" + self.marker)]
+                os.path.join(self.dir, "port-" + self.marker)] + list(extra)
         env = dict(self.env)
         if token:
             env["DDPRUN_RDZV_TOKEN"] = token  # never on a command line
@@ -764,6 +764,54 @@ def token(c):
     check(envs and not any(e["token_seen"] for e in envs), "a worker inherited DDPRUN_RDZV_TOKEN: %s" % envs)
 
 
+def token_rotation(c):
+    # The token rotated by a daemon restart (a systemd unit's credential): the agents of the
+    # running job still hold the old token and re-register with it, which the daemon accepts for
+    # REJOINs from --previous-token-file; the job goes on, through a restart too (its agents
+    # JOIN the next round on the connections they re-registered on). A new agent with the old
+    # token cannot JOIN; `ddprun status` with the new token sees the job.
+    def secret_file(name, value):
+        path = os.path.join(c.dir, name)
+        with open(path, "w") as f:
+            f.write(value + "\n")
+        os.chmod(path, 0o600)
+        return path
+    port = c.start_daemon(token="old-secret")
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:2", max_restarts=1, worker_args=["--wait-file", go, "--sleep", "40"],
+                      env={"DDPRUN_RDZV_TOKEN": "old-secret"})
+    first = c.wait_envs(lambda e: True, 4, 30, "4 workers")
+    c.daemon.kill()
+    c.daemon.wait(10)
+    time.sleep(1.0)  # longer than the 0.6 s lease: the agents reconnect to the new daemon
+    c.start_daemon(port=port, extra=["--token-file", secret_file("new-token", "new-secret"),
+                                     "--previous-token-file", secret_file("old-token", "old-secret")])
+    status_env = dict(c.env, DDPRUN_RDZV_TOKEN="new-secret")
+    deadline = time.monotonic() + 20
+    while True:
+        st = subprocess.run([DDPRUN, "status", "--rdzv-endpoint", ep, "--rdzv-id", c.marker],
+                            capture_output=True, text=True, timeout=20, env=status_env)
+        if st.returncode == 0 and "running" in st.stdout and all(a in st.stdout for a in ADDRS[:2]):
+            break
+        check(time.monotonic() < deadline, "the job was not rebuilt: %s %s\n%s" % (st.stdout, st.stderr, c.all_logs()))
+        time.sleep(0.2)
+    c.start_agent(ADDRS[2], ep, nnodes="1:1", run_id=c.marker + "-late", worker_args=["--sleep", "0"],
+                  env={"DDPRUN_RDZV_TOKEN": "old-secret"})
+    late = c.wait_agents(20, [ADDRS[2]])
+    check(late[ADDRS[2]] == 1, "a new agent with the old token: exit %s\n%s" % (late, c.log(ADDRS[2])))
+    check("a JOIN needs the current token" in c.log(ADDRS[2]), "no clear refusal:\n%s" % c.log(ADDRS[2]))
+    # A worker dies: the group restarts, its agents joining the next round with the old token.
+    os.kill(next(e["pid"] for e in first if e["RANK"] == "0"), signal.SIGKILL)
+    c.wait_envs(lambda e: e["TORCHELASTIC_RESTART_COUNT"] == "1", 4, 30, "4 restarted workers")
+    open(go, "w").close()
+    codes = c.wait_agents(30, ADDRS[:2])
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+    envs = c.envs()
+    check(len(envs) == 8, "want 4 workers in each of 2 attempts, the late agent none: %d env files" % len(envs))
+
+
 def static_backend(c):
     # torchrun's static backend across 3 nodes: node rank 0 hosts at --master-addr:--master-port,
     # GROUP_RANK = --node-rank, and a worker failure still restarts every node.
@@ -902,7 +950,8 @@ def embedded_failure_restart(c):
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
-                                      agent_kill, agent_stop, grow, spare, daemon_restart, daemon_restart_spare, token, daemon_gone,
+                                      agent_kill, agent_stop, grow, spare, daemon_restart, daemon_restart_spare, token, token_rotation,
+                                      daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,
                                       exit_barrier, nccl_ids]}

@@ -1,5 +1,8 @@
 """SIGHUP makes ddprun-rdzvd re-read --token-file: new connections must prove the new token, a
 connection that authenticated with the old one keeps working, and a bad file keeps the old token.
+With --previous-token-file the token rotated out still authenticates connections bound to one job,
+which may REJOIN but not JOIN (nor be relays or read every job); SIGHUP re-reads it too, and a
+removed file ends the overlap.
 
 Readiness comes from the daemon's own log lines (stderr, read with a deadline); the daemon runs
 under RLIMIT_AS (skipped for ASan builds) and is stopped on the way out.
@@ -36,6 +39,67 @@ def status_ok(sock):
     sock.sendall(auth.frame(0x47, {"run_id": ""}))
     op, _ = auth.read_frame(sock)
     return op == 0x67
+
+
+def rejoined(sock, i):
+    """REJOIN as node i (a node a restarted daemon does not know: its secret is adopted)."""
+    sock.sendall(auth.frame(0x41, {"run_id": "job1", "node": auth.node_info(i), "config": auth.CONFIG,
+                                   "node_secret": "ab" * 16}))
+    op, msg = auth.read_frame(sock)
+    while op == 0x66:  # progress
+        op, msg = auth.read_frame(sock)
+    return op == 0x6A, (op, msg)
+
+
+def previous_token(tmp, env, cap):
+    path = os.path.join(tmp, "token2")
+    previous = os.path.join(tmp, "previous")
+    for name, value in ((path, "new-token"), (previous, "old-token")):
+        with open(name, "w") as f:
+            f.write(value + "\n")
+        os.chmod(name, 0o600)
+    # Without a current token the flag is refused.
+    r = subprocess.run([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--previous-token-file", previous],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "--previous-token-file needs a current token" in r.stderr, (r.returncode, r.stderr)
+    p = subprocess.Popen([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--token-file", path,
+                          "--previous-token-file", previous, "--log-level", "info"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, preexec_fn=harness.limits_preexec(cap))
+    try:
+        deadline = time.monotonic() + 30
+        port = int(harness.read_line(p.stdout.fileno(), deadline).strip().rsplit(":", 1)[1])
+        # The old token binds a connection to one job; its node may REJOIN (a daemon restart)...
+        with auth.connect(port, "old-token", "job1") as s:
+            ok, got = rejoined(s, 1)
+            assert ok, f"a REJOIN with the previous token was not accepted: {got}"
+        # ... but not JOIN, and it never binds every job (relays, STATUS of all jobs).
+        with auth.connect(port, "old-token", "job1") as s:
+            s.sendall(auth.frame(0x40, {"run_id": "job1", "node": auth.node_info(2), "config": auth.CONFIG}))
+            auth.expect_refused(s, "JOIN with the previous token", "a JOIN needs the current token")
+        assert not authenticates(port, "old-token"), "the previous token authenticated for every job"
+        assert not authenticates(port, "other-token")
+        with auth.connect(port, "new-token", "job1") as s:
+            s.sendall(auth.frame(0x40, {"run_id": "job1", "node": auth.node_info(2), "config": auth.CONFIG}))
+            op, msg = auth.read_frame(s)
+            assert op == 0x6A, (op, msg)
+        # The overlap ends: the file goes, SIGHUP.
+        os.unlink(previous)
+        p.send_signal(signal.SIGHUP)
+        wait_log(p, "no previous token from now on", time.monotonic() + 30)
+        try:
+            auth.connect(port, "old-token", "job1").close()
+            assert False, "the previous token still authenticates after its file was removed"
+        except (AssertionError, ConnectionError, TimeoutError) as e:
+            assert "still authenticates" not in str(e), e
+        assert p.poll() is None, "the daemon died"
+    finally:
+        p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(15)
+    print("previous token: OK")
 
 
 def main():
@@ -80,6 +144,7 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(15)
+        previous_token(tmp, env, cap)
     print("token reload: OK")
 
 

@@ -42,6 +42,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   if (!options_.token.empty()) auth::require_crypto();
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
+  service_options.previous_token = options_.previous_token;
   service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
   service_options.embedded = options_.embedded;
   service_options.limits = options_.limits.wire;
@@ -120,6 +121,12 @@ void RendezvousServer::set_token(std::string token) {
   if (!token.empty()) auth::require_crypto();
   options_.token = token;
   service_->set_token(std::move(token));
+}
+
+void RendezvousServer::set_previous_token(std::string token) {
+  if (!token.empty()) auth::require_crypto();
+  options_.previous_token = token;
+  service_->set_previous_token(std::move(token));
 }
 const RendezvousRegistry& RendezvousServer::registry() const { return service_->registry(); }
 std::optional<TimePoint> RendezvousServer::round_opened_at(const std::string& run_id) const {

@@ -167,14 +167,24 @@ RendezvousService::Refusal RendezvousService::handshake(ConnectionId conn, Clien
     return {RefuseCode::auth,
             fmt::format("AUTH names a run id of {} bytes: it must have 1 to {}", m.run_id.size(), max_run_id_bytes)};
   }
+  const std::string* proved = &options_.token;
   if (!auth::equal_secret(auth::client_mac(options_.token, s.server_nonce, s.client_nonce, m.run_id), m.mac)) {
-    return {RefuseCode::auth,
-            "authentication failed: the client's token does not match this daemon's (check DDPRUN_RDZV_TOKEN or "
-            "the token file on both sides)"};
+    // A token rotated out (--previous-token-file) still binds a connection to one job, for its
+    // nodes to REJOIN (check_previous_token); never "*" (relays, STATUS of every job).
+    const bool previous =
+        !options_.previous_token.empty() && m.run_id != auth::any_run &&
+        auth::equal_secret(auth::client_mac(options_.previous_token, s.server_nonce, s.client_nonce, m.run_id), m.mac);
+    if (!previous) {
+      return {RefuseCode::auth,
+              "authentication failed: the client's token does not match this daemon's (check DDPRUN_RDZV_TOKEN or "
+              "the token file on both sides)"};
+    }
+    proved = &options_.previous_token;
+    s.previous_token = true;
   }
   s.run_id = m.run_id;
   scratch_.clear();
-  encode_server(scratch_, AuthOkMessage{auth::server_mac(options_.token, s.client_nonce, s.server_nonce, s.run_id)});
+  encode_server(scratch_, AuthOkMessage{auth::server_mac(*proved, s.client_nonce, s.server_nonce, s.run_id)});
   emit(conn, scratch_);
   return {};
 }
@@ -216,6 +226,20 @@ RendezvousService::Refusal RendezvousService::check_run(ConnectionId conn, const
   const std::string& bound = it->second.run_id;
   if (bound == auth::any_run || bound == run_id) return {};
   return {RefuseCode::auth, fmt::format("this connection authenticated for rendezvous '{}', not '{}'", bound, run_id)};
+}
+
+RendezvousService::Refusal RendezvousService::check_previous_token(ConnectionId conn, const std::string& run_id,
+                                                                   const NodeId& node) const {
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end() || !it->second.previous_token) return {};
+  // A node that re-registered on this connection joins its job's next rounds as any member does.
+  auto own = node_of_.find(conn);
+  if (own != node_of_.end() && own->second.run_id == run_id && own->second.node == node) return {};
+  return {RefuseCode::auth,
+          fmt::format("this connection proved the daemon's previous token (--previous-token-file): its nodes of "
+                      "rendezvous '{}' may REJOIN, but a JOIN needs the current token (give new agents the new "
+                      "DDPRUN_RDZV_TOKEN)",
+                      run_id)};
 }
 
 RendezvousService::Refusal RendezvousService::check_owner(ConnectionId conn, const std::string& run_id,
@@ -303,6 +327,7 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
           if (Refusal why = check_run(conn, m.run_id); why.refused()) return why;
           std::string secret;
           if constexpr (std::is_same_v<T, JoinMessage>) {
+            if (Refusal why = check_previous_token(conn, m.run_id, node); why.refused()) return why;
             if (Refusal why = check_join(conn, m.run_id, node); why.refused()) return why;
           } else {
             if (Refusal why = check_rejoin(conn, m.run_id, m.request); why.refused()) return why;

@@ -56,6 +56,9 @@ struct RendezvousServerOptions {
   // "" = no authentication (node binding still applies). Otherwise every connection must
   // authenticate with it (rendezvous_auth.hpp) before any native frame or store op.
   std::string token;
+  // With a token: a rotated-out token still accepted for REJOINs of one job's nodes
+  // (RendezvousServiceOptions::previous_token). "" = none.
+  std::string previous_token;
   // With a token: let connections that did not authenticate use TCPStore ops (torchrun's c10d
   // backend cannot authenticate). Anyone who reaches the port can then read and delete keys.
   bool allow_unauthenticated_store = false;
@@ -106,6 +109,8 @@ class RendezvousServer {
   // Replaces the token for every authentication from now on (RendezvousService::set_token);
   // already-authenticated connections stay.
   void set_token(std::string token);
+  // Replaces the previous token (RendezvousService::set_previous_token); "" = none.
+  void set_previous_token(std::string token);
 
   StoreStats store_stats() const;
   RendezvousServiceStats service_stats() const;

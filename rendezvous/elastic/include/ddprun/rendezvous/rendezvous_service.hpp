@@ -61,7 +61,11 @@ class StoreServer;
 inline constexpr Duration progress_spacing_per_node = std::chrono::microseconds(100);
 
 struct RendezvousServiceOptions {
-  std::string token;                         // "" = no authentication (node binding still applies)
+  std::string token;  // "" = no authentication (node binding still applies)
+  // With a token: a token rotated out that still authenticates connections bound to one job,
+  // which may then only REJOIN (the agents of jobs started before the rotation, through a
+  // reconnect or a daemon restart); never relays or every-job STATUS. "" = none.
+  std::string previous_token;
   bool allow_unauthenticated_store = false;  // with a token: torch clients may use store ops
   WireLimits limits;
   Duration progress_interval = std::chrono::seconds(1);
@@ -124,6 +128,9 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // A new token (ddprun-rdzvd's SIGHUP re-read of --token-file): connections that already
   // authenticated keep their binding; every AUTH from now on is checked against `token`.
   void set_token(std::string token) { options_.token = std::move(token); }
+  // The rotated-out token still accepted for rejoins (RendezvousServiceOptions::previous_token);
+  // "" = none from now on (connections that proved it keep their binding).
+  void set_previous_token(std::string token) { options_.previous_token = std::move(token); }
 
   const RendezvousRegistry& registry() const { return registry_; }
   RendezvousServiceStats stats() const;
@@ -144,6 +151,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
     std::string client_nonce;
     std::string run_id;  // bound by AUTH; "" = not authenticated
     bool auth_tried = false;
+    bool previous_token = false;  // proved the previous token: REJOIN only, no JOIN
   };
 
   // A refused frame: the text the client sees and the code the metrics count. An empty
@@ -162,6 +170,9 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // No refusal when `conn` may act on `run_id` (authenticated for it, or no token).
   Refusal check_run(ConnectionId conn, const std::string& run_id) const;
   // No refusal when `conn` owns (run_id, node).
+  // A JOIN on a connection that proved the previous token: refused unless the connection already
+  // speaks for that node (it re-registered with a REJOIN and joins its job's next round).
+  Refusal check_previous_token(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
   Refusal check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
   Refusal check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
   Refusal check_rejoin(ConnectionId conn, const std::string& run_id, const RejoinRequest& request) const;
