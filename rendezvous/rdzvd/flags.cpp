@@ -63,9 +63,14 @@ constexpr FlagSpec kFlags[] = {
            "dropped), e.g. a systemd credential.",
    .default_text = "$DDPRUN_RDZV_TOKEN; empty = none"},
   {.dash = "previous-token-file", .metavar = "FILE",
-   .help = "A token rotated out, still accepted for REJOINs of one job's nodes (the agents of jobs started before the "
-           "rotation: a reconnect, a daemon restart), never for a JOIN, a relay or every job's status. Re-read on "
-           "SIGHUP; a missing or empty file then means none."},
+   .help = "With --token-file: a token rotated out, still accepted from connections bound to one job to re-register "
+           "its nodes (REJOIN: the agents of jobs started before the rotation, after a reconnect or a daemon restart), "
+           "never for a new node's JOIN, a relay or every job's status. Re-read on SIGHUP with --token-file; a missing "
+           "or empty file then means none."},
+  {.dash = "previous-token-window", .metavar = "SECONDS",
+   .help = "With --previous-token-file: for this long after the start a node the daemon does not know may re-register "
+           "with the previous token (a restart forgot every node); later only nodes it knows.",
+   .default_text = "60"},
   {.dash = "allow-unauthenticated-store", .kind = FlagKind::boolean,
    .help = "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend cannot "
            "authenticate). RISK: anyone who reaches the port can then read and delete every key."},

@@ -328,9 +328,15 @@ int main(int argc, char** argv) {
                  "newline is dropped), e.g. a systemd credential (default: $DDPRUN_RDZV_TOKEN; empty = none)");
   std::string previous_token_file;
   app.add_option("--previous-token-file", previous_token_file,
-                 "A token rotated out, still accepted for REJOINs of one job's nodes (the agents of jobs started "
-                 "before the rotation: a reconnect, a daemon restart), never for a JOIN, a relay or every job's "
-                 "status. Re-read on SIGHUP; a missing or empty file then means none");
+                 "With --token-file: a token rotated out, still accepted from connections bound to one job to "
+                 "re-register its nodes (REJOIN: the agents of jobs started before the rotation, after a reconnect "
+                 "or a daemon restart), never for a new node's JOIN, a relay or every job's status. Re-read on "
+                 "SIGHUP with --token-file; a missing or empty file then means none");
+  std::string previous_window_text;
+  app.add_option("--previous-token-window", previous_window_text,
+                 "With --previous-token-file: for this long after the start a node the daemon does not know may "
+                 "re-register with the previous token (a restart forgot every node); later only nodes it knows")
+      ->default_str("60");
   app.add_flag("--allow-unauthenticated-store", options.allow_unauthenticated_store,
                "With a token: let clients that did not authenticate use TCPStore ops (torchrun's c10d backend "
                "cannot authenticate). RISK: anyone who reaches the port can then read and delete every key");
@@ -463,9 +469,9 @@ int main(int argc, char** argv) {
       std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
       return 2;
     }
-    if (options.token.empty()) {
-      std::cerr << "ddprun-rdzvd: error: --previous-token-file needs a current token: give --token-file FILE (or "
-                   "set DDPRUN_RDZV_TOKEN)\n";
+    if (token_file.empty()) {
+      // (Not DDPRUN_RDZV_TOKEN: the two files are re-read together on SIGHUP, which ends the overlap.)
+      std::cerr << "ddprun-rdzvd: error: --previous-token-file needs a current token from --token-file FILE\n";
       return 2;
     }
     if (options.previous_token == options.token) {
@@ -474,6 +480,19 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!previous_window_text.empty()) {
+    const auto v = ddprun::parse_seconds(ddprun::trim(previous_window_text));
+    if (!v || *v > 86400.0) {
+      std::cerr << "ddprun-rdzvd: error: --previous-token-window " << previous_window_text
+                << ": not a number of seconds from 0 to 86400 (e.g. --previous-token-window 60)\n";
+      return 2;
+    }
+    options.previous_token_window = std::chrono::duration_cast<ddprun::Duration>(std::chrono::duration<double>(*v));
+    if (previous_token_file.empty()) {
+      std::cerr << "ddprun-rdzvd: error: --previous-token-window applies only with --previous-token-file\n";
+      return 2;
+    }
+  }
   if (!relay_to.empty()) {
     // Flags of the daemon's store and registry mean nothing to a relay: refuse them rather than
     // ignore them.
@@ -482,7 +501,8 @@ int main(int argc, char** argv) {
         "--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
         "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
         "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
-        "--allow-unauthenticated-store", "--previous-token-file", "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
+        "--allow-unauthenticated-store", "--previous-token-file", "--previous-token-window",
+        "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
         "--max-member-bytes"};
     // clang-format on
     for (const char* flag : kRootOnly) {
@@ -549,6 +569,7 @@ int main(int argc, char** argv) {
       std::string previous;
       try {
         auto secret = ddprun::read_secret_file(previous_token_file, "--previous-token-file");
+        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
         previous = std::move(secret.secret);
       } catch (const ddprun::Error& e) {
         spdlog::info("SIGHUP: no previous token from now on ({})", e.what());

@@ -41,14 +41,30 @@ def status_ok(sock):
     return op == 0x67
 
 
-def rejoined(sock, i):
-    """REJOIN as node i (a node a restarted daemon does not know: its secret is adopted)."""
+def rejoined(sock, i, secret="ab" * 16):
+    """REJOIN as node i (a node the daemon does not know has its secret adopted)."""
     sock.sendall(auth.frame(0x41, {"run_id": "job1", "node": auth.node_info(i), "config": auth.CONFIG,
-                                   "node_secret": "ab" * 16}))
+                                   "node_secret": secret}))
     op, msg = auth.read_frame(sock)
     while op == 0x66:  # progress
         op, msg = auth.read_frame(sock)
     return op == 0x6A, (op, msg)
+
+
+def start(args, env, cap):
+    p = subprocess.Popen([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--log-level", "info"] + args,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=harness.limits_preexec(cap))
+    port = int(harness.read_line(p.stdout.fileno(), time.monotonic() + 30).strip().rsplit(":", 1)[1])
+    return p, port
+
+
+def stop(p):
+    p.terminate()
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(15)
 
 
 def previous_token(tmp, env, cap):
@@ -58,20 +74,44 @@ def previous_token(tmp, env, cap):
         with open(name, "w") as f:
             f.write(value + "\n")
         os.chmod(name, 0o600)
-    # Without a current token the flag is refused.
+    # Without a current token from a file the flag is refused.
     r = subprocess.run([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--previous-token-file", previous],
-                       capture_output=True, text=True, env=env, timeout=30)
-    assert r.returncode == 2 and "--previous-token-file needs a current token" in r.stderr, (r.returncode, r.stderr)
-    p = subprocess.Popen([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--token-file", path,
-                          "--previous-token-file", previous, "--log-level", "info"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, preexec_fn=harness.limits_preexec(cap))
+                       capture_output=True, text=True, env=dict(env, DDPRUN_RDZV_TOKEN="new-token"), timeout=30)
+    assert r.returncode == 2 and "--previous-token-file needs a current token from --token-file" in r.stderr, \
+        (r.returncode, r.stderr)
+    # Past the window (0 s here) only nodes the daemon knows re-register with the old token.
+    p, port = start(["--token-file", path, "--previous-token-file", previous, "--previous-token-window", "0"],
+                    env, cap)
     try:
-        deadline = time.monotonic() + 30
-        port = int(harness.read_line(p.stdout.fileno(), deadline).strip().rsplit(":", 1)[1])
-        # The old token binds a connection to one job; its node may REJOIN (a daemon restart)...
+        with auth.connect(port, "old-token", "job1") as s:
+            s.sendall(auth.frame(0x41, {"run_id": "job1", "node": auth.node_info(1), "config": auth.CONFIG,
+                                        "node_secret": "ab" * 16}))
+            auth.expect_refused(s, "REJOIN of an unknown node with the previous token",
+                                "re-registers only nodes this daemon knows")
+        with auth.connect(port, "new-token", "job1") as s:
+            s.sendall(auth.frame(0x40, {"run_id": "job1", "node": auth.node_info(3), "config": auth.CONFIG}))
+            op, msg = auth.read_frame(s)
+            assert op == 0x6A, (op, msg)
+            secret = msg["node_secret"]
+        with auth.connect(port, "old-token", "job1") as s:  # a known node (a reconnect): accepted
+            ok, got = rejoined(s, 3, secret)
+            assert ok, f"a known node's REJOIN with the previous token was refused: {got}"
+        with auth.connect(port, "old-token", "job1") as s:  # with a wrong secret: not
+            s.sendall(auth.frame(0x41, {"run_id": "job1", "node": auth.node_info(3), "config": auth.CONFIG,
+                                        "node_secret": "cd" * 16}))
+            auth.expect_refused(s, "REJOIN with the previous token and a wrong secret", "without its node secret")
+    finally:
+        stop(p)
+    p, port = start(["--token-file", path, "--previous-token-file", previous], env, cap)
+    try:
+        # The old token binds a connection to one job; within the window after the start (a
+        # daemon restart) a node it does not know may REJOIN...
         with auth.connect(port, "old-token", "job1") as s:
             ok, got = rejoined(s, 1)
             assert ok, f"a REJOIN with the previous token was not accepted: {got}"
+        with auth.connect(port, "old-token", "job1") as s:  # ... and read its own job, no other
+            s.sendall(auth.frame(0x47, {"run_id": "job2"}))
+            auth.expect_refused(s, "STATUS of another job with the previous token", "authenticated for rendezvous")
         # ... but not JOIN, and it never binds every job (relays, STATUS of all jobs).
         with auth.connect(port, "old-token", "job1") as s:
             s.sendall(auth.frame(0x40, {"run_id": "job1", "node": auth.node_info(2), "config": auth.CONFIG}))
@@ -93,12 +133,7 @@ def previous_token(tmp, env, cap):
             assert "still authenticates" not in str(e), e
         assert p.poll() is None, "the daemon died"
     finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(15)
+        stop(p)
     print("previous token: OK")
 
 

@@ -43,6 +43,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   RendezvousServiceOptions service_options;
   service_options.token = options_.token;
   service_options.previous_token = options_.previous_token;
+  service_options.previous_token_window = options_.previous_token_window;
   service_options.allow_unauthenticated_store = options_.allow_unauthenticated_store;
   service_options.embedded = options_.embedded;
   service_options.limits = options_.limits.wire;

@@ -19,6 +19,7 @@ namespace ddprun::rendezvous {
 RendezvousService::RendezvousService(boost::asio::io_context& io, RendezvousServiceOptions options, Timers& timers)
     : options_(std::move(options)),
       clock_(timers.clock()),
+      started_(clock_.now()),
       registry_(options_.job_expiry, options_.max_jobs, options_.max_members, options_.max_member_bytes),
       timer_(timers.make_timer(io)) {}
 
@@ -242,6 +243,19 @@ RendezvousService::Refusal RendezvousService::check_previous_token(ConnectionId 
                       run_id)};
 }
 
+RendezvousService::Refusal RendezvousService::check_previous_token_rejoin(ConnectionId conn, const std::string& run_id,
+                                                                          const NodeId& node, TimePoint now) const {
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end() || !it->second.previous_token) return {};
+  if (secret_of_.count(NodeKey{run_id, node}) != 0) return {};     // known: check_rejoin checked its secret
+  if (now - started_ < options_.previous_token_window) return {};  // a restart forgot the secrets
+  return {RefuseCode::auth,
+          fmt::format("this connection proved the daemon's previous token (--previous-token-file): it re-registers "
+                      "only nodes this daemon knows, or any node within {} of its start, and node {} of rendezvous "
+                      "'{}' is not one (give new agents the new DDPRUN_RDZV_TOKEN)",
+                      format_seconds(options_.previous_token_window), node.to_string(), run_id)};
+}
+
 RendezvousService::Refusal RendezvousService::check_owner(ConnectionId conn, const std::string& run_id,
                                                           const NodeId& node) const {
   auto it = conn_of_.find(NodeKey{run_id, node});
@@ -331,6 +345,7 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
             if (Refusal why = check_join(conn, m.run_id, node); why.refused()) return why;
           } else {
             if (Refusal why = check_rejoin(conn, m.run_id, m.request); why.refused()) return why;
+            if (Refusal why = check_previous_token_rejoin(conn, m.run_id, node, now); why.refused()) return why;
             secret = m.request.node_secret;
           }
           // A node the daemon did not know gets a secret below; if the registry refuses it, the

@@ -57,8 +57,9 @@ struct RendezvousServerOptions {
   // authenticate with it (rendezvous_auth.hpp) before any native frame or store op.
   std::string token;
   // With a token: a rotated-out token still accepted for REJOINs of one job's nodes
-  // (RendezvousServiceOptions::previous_token). "" = none.
+  // (RendezvousServiceOptions::previous_token and previous_token_window). "" = none.
   std::string previous_token;
+  Duration previous_token_window = std::chrono::seconds(60);
   // With a token: let connections that did not authenticate use TCPStore ops (torchrun's c10d
   // backend cannot authenticate). Anyone who reaches the port can then read and delete keys.
   bool allow_unauthenticated_store = false;

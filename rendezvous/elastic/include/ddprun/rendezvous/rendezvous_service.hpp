@@ -63,9 +63,13 @@ inline constexpr Duration progress_spacing_per_node = std::chrono::microseconds(
 struct RendezvousServiceOptions {
   std::string token;  // "" = no authentication (node binding still applies)
   // With a token: a token rotated out that still authenticates connections bound to one job,
-  // which may then only REJOIN (the agents of jobs started before the rotation, through a
-  // reconnect or a daemon restart); never relays or every-job STATUS. "" = none.
+  // which may then only re-register nodes (the agents of jobs started before the rotation,
+  // through a reconnect or a daemon restart); never relays or every-job STATUS. "" = none.
   std::string previous_token;
+  // A REJOIN with the previous token of a node the daemon does not know (no node secret) is
+  // accepted only this long after the service started (a restart forgot every secret); later
+  // only known nodes re-register with it.
+  Duration previous_token_window = std::chrono::seconds(60);
   bool allow_unauthenticated_store = false;  // with a token: torch clients may use store ops
   WireLimits limits;
   Duration progress_interval = std::chrono::seconds(1);
@@ -173,6 +177,10 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   // A JOIN on a connection that proved the previous token: refused unless the connection already
   // speaks for that node (it re-registered with a REJOIN and joins its job's next round).
   Refusal check_previous_token(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
+  // A REJOIN on such a connection: refused for a node the daemon does not know once
+  // previous_token_window has passed since the service started.
+  Refusal check_previous_token_rejoin(ConnectionId conn, const std::string& run_id, const NodeId& node,
+                                      TimePoint now) const;
   Refusal check_owner(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
   Refusal check_join(ConnectionId conn, const std::string& run_id, const NodeId& node) const;
   Refusal check_rejoin(ConnectionId conn, const std::string& run_id, const RejoinRequest& request) const;
@@ -193,6 +201,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
 
   RendezvousServiceOptions options_;
   const Clock& clock_;
+  TimePoint started_;  // for previous_token_window
   RendezvousRegistry registry_;
   StoreServer* server_ = nullptr;
   Outbox* outbox_ = nullptr;  // set while a frame is handled
