@@ -1,6 +1,7 @@
 #pragma once
 // The worker environment contract (docs/worker-env.md): what every worker process gets on top
-// of the agent's own environment. Pure: builds name/value pairs from a placement, no I/O.
+// of the agent's own environment. Pure: builds name/value pairs from a placement, no I/O (but
+// current_environment and ctype_locale_available, which read the process and the machine).
 //
 // torchrun-compatible names (RANK, LOCAL_RANK, WORLD_SIZE, …, TORCHELASTIC_*), plus ddprun's
 // own (DDPRUN_*) and cheap aliases other frameworks read (LOCAL_SIZE, CROSS_RANK, CROSS_SIZE).
