@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -28,20 +31,16 @@ std::optional<std::int64_t> as_int(const json::value& v) {
     return v.as_int64();
   }
   if (v.is_uint64()) {
+    if (v.as_uint64() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
     return static_cast<std::int64_t>(v.as_uint64());
   }
   if (v.is_string()) {
+    // Digits only (no sign, no spaces), and nothing that does not fit: a worker wrote this file.
     const auto& s = v.as_string();
+    if (s.empty() || s.front() < '0' || s.front() > '9') return std::nullopt;
     std::int64_t out = 0;
-    if (s.empty()) {
-      return std::nullopt;
-    }
-    for (char c : s) {
-      if (c < '0' || c > '9') {
-        return std::nullopt;
-      }
-      out = out * 10 + (c - '0');
-    }
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+    if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
     return out;
   }
   return std::nullopt;

@@ -54,6 +54,20 @@ TEST_CASE("broken error files never throw and say why") {
   const auto p = parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": "soon"}}})");
   REQUIRE(p);
   CHECK_FALSE(p->timestamp);
+  // A worker's file: a timestamp too long for 64 bits, or signed, is absent too (not an overflow).
+  const auto big = parse_error_file(
+      R"({"message": {"message": "m", "extraInfo": {"timestamp": "170666666666666666666666666666666660000000"}}})");
+  REQUIRE(big);
+  CHECK_FALSE(big->timestamp);
+  const auto huge = parse_error_file(R"({"message": "m", "timestamp": 18446744073709551615})");
+  REQUIRE(huge);
+  CHECK_FALSE(huge->timestamp);
+  const auto negative = parse_error_file(R"({"message": "m", "timestamp": "-5"})");
+  REQUIRE(negative);
+  CHECK_FALSE(negative->timestamp);
+  const auto largest = parse_error_file(R"({"message": "m", "timestamp": "9223372036854775807"})");
+  REQUIRE(largest);
+  CHECK(largest->timestamp == 9223372036854775807LL);
 }
 
 TEST_CASE("summary names time, host, ranks, pid, code, message and traceback") {
