@@ -652,6 +652,47 @@ TEST_CASE("success: the exit barrier passes when every participant succeeded", "
   }
 }
 
+TEST_CASE("slots freed while running go to the spares in their order, then to a new node", "[rdzv]") {
+  Fixture f;
+  const auto c = cfg(1, 3, 1);
+  for (int i = 1; i <= 3; ++i) f.join(node(i), c);
+  REQUIRE(f.state().state() == JobState::running);
+  auto role = [&](int i) { return f.state().role_of(node(i).id); };
+  f.join(node(4), c);
+  f.clock.advance(10ms);
+  f.join(node(5), c);
+  REQUIRE(role(4) == MemberRole::spare);
+  REQUIRE(role(5) == MemberRole::spare);
+  // Two participants finish and leave: two free slots, nothing restarts yet.
+  for (int i : {2, 3}) {
+    f.reg.succeeded(f.job, node(i).id, f.state().round(), f.clock.now());
+    CHECK(of<SendRestart>(f.reg.leave(f.job, node(i).id, f.clock.now())).empty());
+  }
+  SECTION("two spares, two slots: both spares take part, the new node waits") {
+    auto a = f.join(node(6), c);
+    CHECK(role(4) == MemberRole::joined);
+    CHECK(role(5) == MemberRole::joined);
+    CHECK(role(6) == MemberRole::spare);
+    REQUIRE(for_node<SendRestart>(a, node(1).id).size() == 1);
+    CHECK(for_node<SendRestart>(a, node(1).id)[0].reason.find("2 spare node(s) took the free slots") !=
+          std::string::npos);
+    auto closed = f.join(node(1), c);
+    CHECK(of<SendAssignment>(closed).size() == 3);
+    CHECK(for_node<SendAssignment>(closed, node(6).id).empty());
+    CHECK(f.state().audit().empty());
+  }
+  SECTION("one spare, two slots: the spare and the new node take part") {
+    f.reg.leave(f.job, node(5).id, f.clock.now());  // a spare that gives up
+    auto a = f.join(node(6), c);
+    CHECK(role(4) == MemberRole::joined);
+    CHECK(role(6) == MemberRole::joined);
+    CHECK(for_node<SendRestart>(a, node(1).id).size() == 1);
+    auto closed = f.join(node(1), c);
+    CHECK(of<SendAssignment>(closed).size() == 3);
+    CHECK(f.state().audit().empty());
+  }
+}
+
 TEST_CASE("daemon restart: a spare that re-registers first does not end the running round", "[rdzv]") {
   Fixture f;
   const auto c = cfg(2, 2, 1);
