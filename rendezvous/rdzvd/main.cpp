@@ -119,6 +119,13 @@ void write_port_file(const std::string& path, std::uint16_t port) {
   }
 }
 
+// read_secret_file with its warning (a file every user can read) logged; throws as it does.
+std::string read_secret_logged(const std::string& path, const std::string& flag) {
+  auto secret = ddprun::read_secret_file(path, flag);
+  if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
+  return std::move(secret.secret);
+}
+
 // On each SIGHUP of `hup`: re-reads `token_file` and hands the token to `apply` (a file that
 // cannot be read keeps the old token, with an error line). `who` prefixes the log lines.
 void reread_token_on_sighup(boost::asio::signal_set& hup, const std::string& token_file, const std::string& who,
@@ -129,9 +136,7 @@ void reread_token_on_sighup(boost::asio::signal_set& hup, const std::string& tok
       spdlog::warn("{}SIGHUP: no --token-file to re-read; the token is unchanged", who);
     } else {
       try {
-        auto secret = ddprun::read_secret_file(token_file, "--token-file");
-        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-        apply(std::move(secret.secret));
+        apply(read_secret_logged(token_file, "--token-file"));
         spdlog::info("{}SIGHUP: re-read the token from --token-file {}; {}", who, token_file, effect);
       } catch (const ddprun::Error& e) {
         spdlog::error("{}SIGHUP: keeping the old token: {}", who, e.what());
@@ -449,9 +454,7 @@ int main(int argc, char** argv) {
   }
   if (!token_file.empty()) {
     try {
-      auto secret = ddprun::read_secret_file(token_file, "--token-file");
-      if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-      options.token = std::move(secret.secret);
+      options.token = read_secret_logged(token_file, "--token-file");
     } catch (const ddprun::Error& e) {
       std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
       return 2;
@@ -462,9 +465,7 @@ int main(int argc, char** argv) {
   }
   if (!previous_token_file.empty()) {
     try {
-      auto secret = ddprun::read_secret_file(previous_token_file, "--previous-token-file");
-      if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-      options.previous_token = std::move(secret.secret);
+      options.previous_token = read_secret_logged(previous_token_file, "--previous-token-file");
     } catch (const ddprun::Error& e) {
       std::cerr << "ddprun-rdzvd: error: " << e.what() << "\n";
       return 2;
@@ -568,9 +569,7 @@ int main(int argc, char** argv) {
       // the overlap is over.
       std::string previous;
       try {
-        auto secret = ddprun::read_secret_file(previous_token_file, "--previous-token-file");
-        if (!secret.warning.empty()) spdlog::warn("{}", secret.warning);
-        previous = std::move(secret.secret);
+        previous = read_secret_logged(previous_token_file, "--previous-token-file");
       } catch (const ddprun::Error& e) {
         spdlog::info("SIGHUP: no previous token from now on ({})", e.what());
       }

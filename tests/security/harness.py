@@ -104,6 +104,16 @@ def wait_io(fileobj, deadline_or_timeout, write=False, absolute=True):
     return bool(p.poll(int(left * 1000) + 1))
 
 
+def stop(proc):
+    """SIGTERM, then SIGKILL if it is still there after 15 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
+
+
 def read_line(fd, deadline):
     """One line from a pipe fd, bounded by `deadline` (monotonic)."""
     buf = b""

@@ -198,12 +198,7 @@ def test_expiry():
         assert p.poll() is None, "the daemon died"
         print(f"expiry: {dead} abandoned jobs forgotten, the live job kept")
     finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(15)
+        harness.stop(p)
 
 
 def test_max_jobs():

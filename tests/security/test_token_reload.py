@@ -58,15 +58,6 @@ def start(args, env, cap):
     return p, port
 
 
-def stop(p):
-    p.terminate()
-    try:
-        p.wait(15)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(15)
-
-
 def previous_token(tmp, env, cap):
     path = os.path.join(tmp, "token2")
     previous = os.path.join(tmp, "previous")
@@ -101,7 +92,7 @@ def previous_token(tmp, env, cap):
                                         "node_secret": "cd" * 16}))
             auth.expect_refused(s, "REJOIN with the previous token and a wrong secret", "without its node secret")
     finally:
-        stop(p)
+        harness.stop(p)
     p, port = start(["--token-file", path, "--previous-token-file", previous], env, cap)
     try:
         # The old token binds a connection to one job; within the window after the start (a
@@ -133,7 +124,7 @@ def previous_token(tmp, env, cap):
             assert "still authenticates" not in str(e), e
         assert p.poll() is None, "the daemon died"
     finally:
-        stop(p)
+        harness.stop(p)
     print("previous token: OK")
 
 
@@ -145,12 +136,8 @@ def main():
         os.chmod(path, 0o600)
         env = {k: v for k, v in os.environ.items() if k != "DDPRUN_RDZV_TOKEN"}
         cap = None if harness.sanitized(harness.RDZVD) else 2 * harness.GiB
-        p = subprocess.Popen([harness.RDZVD, "--host", harness.HOST, "--port", "0", "--token-file", path,
-                              "--log-level", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                             preexec_fn=harness.limits_preexec(cap))
+        p, port = start(["--token-file", path], env, cap)
         try:
-            deadline = time.monotonic() + 30
-            port = int(harness.read_line(p.stdout.fileno(), deadline).strip().rsplit(":", 1)[1])
             old_conn = auth.connect(port, "old-token", "*")
             assert status_ok(old_conn)
 
@@ -173,12 +160,7 @@ def main():
             old_conn.close()
             assert p.poll() is None, "the daemon died"
         finally:
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(15)
+            harness.stop(p)
         previous_token(tmp, env, cap)
     print("token reload: OK")
 
