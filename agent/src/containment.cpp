@@ -605,6 +605,13 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
+    // The agent's end as an event (the program's wait_for_agents_end): only while the agent is
+    // still our parent, else the pid may already be somebody else's.
+    int agent_end = static_cast<int>(::syscall(SYS_pidfd_open, agent, 0));
+    if (agent_end >= 0 && ::getppid() != agent) {
+      ::close(agent_end);
+      agent_end = -1;
+    }
     // Ready, as the program says it (await_watchdog): named, out of the agent's process group.
     (void)::send(3, "+", 1, MSG_NOSIGNAL);
     // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
@@ -663,14 +670,21 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     c->watchdog_fd_ = -1;
     // The FIFO first, as main.c (remove_fifo): after "d" the agent removed it itself; else only
     // while the path names the agent's FIFO and nobody reads it (a new job's agent would), once
-    // the agent's own reader is closed (before its children are re-parented; bounded).
+    // the agent's own reader is closed: when its last thread is gone (bounded).
     struct stat st {};
     if (!swept && !fifo.empty()) {
-      const auto since = std::chrono::steady_clock::now();
-      while (::getppid() == agent && std::chrono::steady_clock::now() - since < std::chrono::seconds(1)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (agent_end >= 0) {
+        pollfd p{agent_end, POLLIN, 0};
+        while (::poll(&p, 1, 1000) < 0 && errno == EINTR) {
+        }
+      } else {  // before Linux 5.3: its main thread's end re-parents us, its other threads may still run
+        const auto since = std::chrono::steady_clock::now();
+        while (::getppid() == agent && std::chrono::steady_clock::now() - since < std::chrono::seconds(1)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
       }
     }
+    if (agent_end >= 0) ::close(agent_end);
     if (!swept && !fifo.empty() && ::lstat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) &&
         major(st.st_dev) == fifo_major && minor(st.st_dev) == fifo_minor && st.st_ino == fifo_ino) {
       const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);

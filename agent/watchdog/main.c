@@ -142,6 +142,32 @@ static int file_of(int dirfd, const char* path, struct file_id* out) {
   return 0;
 }
 
+/* A pidfd of the agent, or -1 (before Linux 5.3, or the agent already gone: then its pid may
+ * be somebody else's). Readable once the agent's last thread has exited, which is after every
+ * one of its threads closed its descriptors (the kernel's exit_files comes before exit_notify). */
+static int open_agent_end(int agent) {
+  const int fd = (int)SYS(__NR_pidfd_open, agent, 0, 0);
+  if (fd < 0) return -1;
+  if (sys_getppid() != agent) {
+    sys_close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Waits until `fd` is readable, at most `ms` milliseconds. */
+static void wait_readable(int fd, long ms) {
+  struct {
+    int fd;
+    short events, revents;
+  } p = {fd, 1 /* POLLIN */, 0};
+  struct {
+    long sec, nsec;
+  } ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (sys6(__NR_ppoll, (long)&p, 1, (long)&ts, 0, 8, 0) == -E_INTR) {
+  }
+}
+
 static void sleep_ms(long ms) {
   struct {
     long sec, nsec;
@@ -811,6 +837,7 @@ __attribute__((used)) void watchdog_main(long* sp) {
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
+  const int agent_end = open_agent_end(agent);
   /* Ready: named, in its own session (since before the exec), the terminal's signals ignored.
    * The agent waits for this byte before its first worker, so no worker runs while a `pkill
    * ddprun` could still match this process or a Ctrl-C could end it. */
@@ -842,13 +869,20 @@ __attribute__((used)) void watchdog_main(long* sp) {
   }
   if (!configured) sys_exit(0); /* not told of a job: nothing of it to touch */
   /* The FIFO first, before a new job can take its path: after "d" the agent removed it itself.
-   * EOF comes as the dying agent's descriptors are closed, its FIFO reader maybe not yet: that
-   * one is closed before the agent's children are re-parented, so wait for that (bounded). */
+   * EOF comes as the dying agent's descriptors are closed, its FIFO reader maybe not yet: wait
+   * for its last thread's end (bounded). Its children (this one) are re-parented when its main
+   * thread ends, which may be before another thread of it has closed the shared descriptors:
+   * only the fallback before Linux 5.3. */
   if (!swept && fifo[0] != '\0') {
-    const long since = now_ms();
-    while (sys_getppid() == agent && now_ms() - since < 1000) sleep_ms(1);
+    if (agent_end >= 0) {
+      wait_readable(agent_end, 1000);
+    } else {
+      const long since = now_ms();
+      while (sys_getppid() == agent && now_ms() - since < 1000) sleep_ms(1);
+    }
     remove_fifo();
   }
+  if (agent_end >= 0) sys_close(agent_end);
   if (!swept) sweep();
   /* The run directory first: a cgroup's rmdir waits for the kernel's grace periods, and a
    * service manager may kill what is left of the job soon after the agent's exit. */

@@ -254,7 +254,7 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
   out += fmt::format("rendezvous {}: {} job(s)\n", endpoint, status.jobs.size());
   for (const auto& job : status.jobs) {
     out += fmt::format("\njob '{}': {}{}, round {}, nodes {}:{}, restarts {}/{}\n", terminal_safe(job.run_id),
-                       rdzv::to_string(job.state), job.closed ? " (closed)" : "", job.round, job.min_nodes,
+                       terminal_safe(rdzv::state_label(job)), job.closed ? " (closed)" : "", job.round, job.min_nodes,
                        job.max_nodes, job.restarts_used, job.max_restarts);
     if (!job.progress.empty()) out += "  " + terminal_safe(job.progress) + "\n";
     std::string timers;
@@ -278,7 +278,7 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
     for (const auto& m : job.members) {
       std::string state = m.succeeded ? "succeeded" : (m.disconnected ? "disconn." : "ok");
       out += fmt::format("  {:<6} {:<12} {:<22} {:>7} {:<10} {:>9} {:>9}  {}\n",
-                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"), rdzv::to_string(m.role),
+                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"), terminal_safe(rdzv::role_label(m)),
                          terminal_safe(m.addr), m.local_world_size, state, secs(m.last_heartbeat_age) + " ago",
                          secs(m.lease_left), terminal_safe(m.id.to_string()));
     }
@@ -302,7 +302,7 @@ json::object member_json(const rdzv::MemberStatus& m) {
       {"pid", m.id.pid},
       {"instance", m.id.instance},
       {"addr", m.addr},
-      {"role", rdzv::to_string(m.role)},
+      {"role", rdzv::role_label(m)},
       {"group_rank", m.group_rank >= 0 ? json::value(m.group_rank) : json::value(nullptr)},
       {"local_world_size", m.local_world_size},
       {"state", m.succeeded ? "succeeded" : (m.disconnected ? "disconnected" : "ok")},
@@ -333,7 +333,7 @@ json::object job_json(const rdzv::JobStatus& job) {
   for (const auto& m : job.members) members.push_back(member_json(m));
   return json::object{
       {"run_id", job.run_id},
-      {"state", rdzv::to_string(job.state)},
+      {"state", rdzv::state_label(job)},
       {"closed", job.closed},
       {"round", job.round},
       {"min_nodes", job.min_nodes},

@@ -69,6 +69,25 @@ TEST_CASE("status table lists jobs, timers and members") {
   CHECK_THAT(text, Contains("127.0.0.3:101/bb"));
 }
 
+TEST_CASE("status shows a role or state a newer daemon named, as named") {
+  rdzv::RegistryStatus st;
+  rdzv::JobStatus job;
+  job.run_id = "job7";
+  job.state_name = "draining\x1b[2J";
+  rdzv::MemberStatus m;
+  m.id = {"127.0.0.2", 100, "aa"};
+  m.role_name = "observer";
+  job.members.push_back(m);
+  st.jobs.push_back(job);
+  const auto text = format_status(st, "127.0.0.1:5000", "");
+  CHECK_THAT(text, Contains("job 'job7': draining\\x1b[2J, round 0"));
+  CHECK_THAT(text, Contains(" observer "));
+  CHECK(text.find('\x1b') == std::string::npos);
+  const auto json = format_status_json(st, "127.0.0.1:5000", "", "");
+  CHECK_THAT(json, Contains(R"("state":"draining\u001b[2J")"));
+  CHECK_THAT(json, Contains(R"("role":"observer")"));
+}
+
 TEST_CASE("status text: what other clients sent cannot drive the terminal") {
   rdzv::RegistryStatus st;
   rdzv::JobStatus job;

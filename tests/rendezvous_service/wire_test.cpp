@@ -101,8 +101,8 @@ std::vector<rdzv::ServerMessage> server_messages() {
   j.restarts_used = 1;
   j.max_restarts = 3;
   j.members.push_back(
-      rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, true, false, 250ms, 2750ms});
-  j.members.push_back(rdzv::MemberStatus{node(2), "10.0.0.2", 2, rdzv::MemberRole::late, -1, false, true, 1s, 0ms});
+      rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, true, false, 250ms, 2750ms, {}});
+  j.members.push_back(rdzv::MemberStatus{node(2), "10.0.0.2", 2, rdzv::MemberRole::late, -1, false, true, 1s, 0ms, {}});
   j.exit_barrier_in = 299s;
   j.progress = "running round 3";
   j.last_failure = cause;
@@ -523,7 +523,7 @@ TEST_CASE("a STATUS_REPLY of 100,000 members decodes within its cap", "[wire]") 
     rdzv::NodeId id{"node-" + std::to_string(i) + ".rack-" + std::to_string(i / 64) + ".cluster.example.com",
                     100000 + i, "agent-" + std::to_string(i)};
     j.members.push_back(
-        rdzv::MemberStatus{id, id.addr, 8, rdzv::MemberRole::participant, i, i % 2 == 0, i % 3 == 0, 250ms, 2750ms});
+        rdzv::MemberStatus{id, id.addr, 8, rdzv::MemberRole::participant, i, i % 2 == 0, i % 3 == 0, 250ms, 2750ms, {}});
   }
   status.jobs.push_back(j);
   std::string bytes;
@@ -534,4 +534,48 @@ TEST_CASE("a STATUS_REPLY of 100,000 members decodes within its cap", "[wire]") 
   INFO(r.reason);
   REQUIRE(r.status == rdzv::DecodeStatus::ok);
   CHECK(std::get<rdzv::RegistryStatus>(back).jobs.at(0).members.size() == 100000);
+}
+
+TEST_CASE("a STATUS_REPLY naming a role or state this build does not know still decodes", "[wire]") {
+  // A daemon newer than this `ddprun status`: the name is kept for display, the reply is not lost.
+  rdzv::RegistryStatus status;
+  rdzv::JobStatus j;
+  j.run_id = "job-a";
+  j.state = rdzv::JobState::running;
+  j.members.push_back(
+      rdzv::MemberStatus{node(1), "10.0.0.1", 4, rdzv::MemberRole::participant, 0, false, false, 250ms, 2750ms, {}});
+  status.jobs.push_back(j);
+  std::string bytes;
+  rdzv::encode_server(bytes, status);
+  const auto with = [&](std::string_view from, std::string_view to) {
+    std::string payload = bytes.substr(5);
+    const auto at = payload.find(from);
+    REQUIRE(at != std::string::npos);
+    payload.replace(at, from.size(), to);
+    return frame(static_cast<std::uint8_t>(bytes[0]), payload);
+  };
+  rdzv::ServerMessage back;
+  const auto r = rdzv::decode_server(with(R"("state":"running")", R"("state":"draining")"), {}, back);
+  INFO(r.reason);
+  REQUIRE(r.status == rdzv::DecodeStatus::ok);
+  CHECK(rdzv::state_label(std::get<rdzv::RegistryStatus>(back).jobs.at(0)) == "draining");
+  CHECK(rdzv::role_label(std::get<rdzv::RegistryStatus>(back).jobs.at(0).members.at(0)) == "participant");
+
+  const auto m = rdzv::decode_server(with(R"("role":"participant")", R"("role":"observer")"), {}, back);
+  INFO(m.reason);
+  REQUIRE(m.status == rdzv::DecodeStatus::ok);
+  const auto& job = std::get<rdzv::RegistryStatus>(back).jobs.at(0);
+  CHECK(rdzv::role_label(job.members.at(0)) == "observer");
+  CHECK(rdzv::state_label(job) == "running");
+  std::string again;
+  rdzv::encode_server(again, back);  // what a relay would pass on: the name, not the default
+  CHECK(again.find(R"("role":"observer")") != std::string::npos);
+
+  // Still a string, and not an empty one.
+  for (std::string_view bad : {R"("role":"")", R"("role":7)"}) {
+    CAPTURE(bad);
+    const auto e = rdzv::decode_server(with(R"("role":"participant")", bad), {}, back);
+    CHECK(e.status == rdzv::DecodeStatus::error);
+    CHECK(e.reason.find("members[0].role") != std::string::npos);
+  }
 }

@@ -332,13 +332,13 @@ TEST_CASE("joins beyond max wait as spares, then are refused", "[rdzv]") {
     CHECK(of<SendRestart>(gone).empty());  // losing a node that is done ends nothing
     REQUIRE(f.state().state() == JobState::running);
     CHECK(role(3) == MemberRole::spare);
-    auto a = f.join(node(5), c);
+    auto joined5 = f.join(node(5), c);
     CHECK(role(3) == MemberRole::joined);  // waited longest
     CHECK(role(4) == MemberRole::spare);
     CHECK(role(5) == MemberRole::spare);  // queued behind the spares (2 of max 2 again)
-    CHECK(for_node<Refuse>(a, node(5).id).empty());
-    REQUIRE(for_node<SendRestart>(a, node(1).id).size() == 1);
-    CHECK(for_node<SendRestart>(a, node(1).id)[0].reason.find("1 spare node(s) took the free slots") !=
+    CHECK(for_node<Refuse>(joined5, node(5).id).empty());
+    REQUIRE(for_node<SendRestart>(joined5, node(1).id).size() == 1);
+    CHECK(for_node<SendRestart>(joined5, node(1).id)[0].reason.find("1 spare node(s) took the free slots") !=
           std::string::npos);
     auto closed = f.join(node(1), c);
     CHECK(assignment_of(closed, node(3).id).group_rank >= 0);

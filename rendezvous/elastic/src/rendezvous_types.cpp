@@ -110,6 +110,14 @@ const char* to_string(MemberRole role) {
   return "?";
 }
 
+std::string role_label(const MemberStatus& member) {
+  return member.role_name.empty() ? std::string(to_string(member.role)) : member.role_name;
+}
+
+std::string state_label(const JobStatus& job) {
+  return job.state_name.empty() ? std::string(to_string(job.state)) : job.state_name;
+}
+
 std::string_view refuse_code_label(RefuseCode code) {
   switch (code) {
     case RefuseCode::auth:

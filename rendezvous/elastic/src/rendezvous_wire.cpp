@@ -101,7 +101,7 @@ json::object job_status_json(const JobStatus& j) {
     members.push_back(json::object{{"id", node_id_json(m.id)},
                                    {"addr", m.addr},
                                    {"local_world_size", m.local_world_size},
-                                   {"role", to_string(m.role)},
+                                   {"role", role_label(m)},
                                    {"group_rank", m.group_rank},
                                    {"succeeded", m.succeeded},
                                    {"disconnected", m.disconnected},
@@ -109,7 +109,7 @@ json::object job_status_json(const JobStatus& j) {
                                    {"lease_left_ms", ms(m.lease_left)}});
   }
   json::object o{{"run_id", j.run_id},
-                 {"state", to_string(j.state)},
+                 {"state", state_label(j)},
                  {"closed", j.closed},
                  {"round", j.round},
                  {"min_nodes", j.min_nodes},

@@ -210,20 +210,24 @@ RootCause read_root_cause(const Reader& r) {
   return c;
 }
 
+// A status enum: a name this build does not know (a newer daemon's) is kept as `unknown`, for
+// display only, rather than failing the whole reply; it must still be a non-empty string.
 template <typename Enum, std::size_t N>
-Enum read_enum(const Reader& r, const char* key, const std::array<Enum, N>& values) {
-  const std::string s = r.str(key);
+Enum read_enum(const Reader& r, const char* key, const std::array<Enum, N>& values, std::string& unknown) {
+  std::string s = r.str(key);
   for (Enum e : values) {
     if (s == to_string(e)) return e;
   }
-  r.bad(key, "a known state name");
+  if (s.empty()) r.bad(key, "a state name");
+  unknown = std::move(s);
+  return values.front();
 }
 
 JobStatus read_job_status(const Reader& r) {
   JobStatus j;
   j.run_id = r.str("run_id");
-  j.state =
-      read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed});
+  j.state = read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed},
+                      j.state_name);
   j.closed = r.boolean("closed");
   j.round = r.u64("round");
   j.min_nodes = r.i32("min_nodes");
@@ -241,7 +245,8 @@ JobStatus read_job_status(const Reader& r) {
     s.local_world_size = m.i32("local_world_size");
     s.role = read_enum(m, "role",
                        std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late,
-                                  MemberRole::spare});
+                                  MemberRole::spare},
+                       s.role_name);
     s.group_rank = m.i32("group_rank");
     s.succeeded = m.boolean("succeeded");
     s.disconnected = m.boolean("disconnected");

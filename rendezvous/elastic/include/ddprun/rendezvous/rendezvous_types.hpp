@@ -314,6 +314,12 @@ enum class MemberRole {
 inline constexpr int kMemberRoles = 5;
 const char* to_string(MemberRole role);
 
+struct MemberStatus;
+struct JobStatus;
+// What `ddprun status` shows: to_string of the enum, or the name a newer daemon sent.
+std::string role_label(const MemberStatus& member);
+std::string state_label(const JobStatus& job);
+
 struct MemberStatus {
   NodeId id;
   std::string addr;
@@ -324,6 +330,9 @@ struct MemberStatus {
   bool disconnected = false;
   Duration last_heartbeat_age{};
   Duration lease_left{};
+  // The role as a daemon newer than this build named it, where it is none of the above (then
+  // `role` is only the default); empty otherwise. `ddprun status` shows this name.
+  std::string role_name;
 };
 
 struct JobStatus {
@@ -344,6 +353,7 @@ struct JobStatus {
   std::string progress;                   // one line, e.g. the waiting text
   std::string result;                     // final reason when failed; "" otherwise
   std::optional<RootCause> last_failure;  // most recent worker failure (any round)
+  std::string state_name;                 // as role_name: a state this build does not know, by its name
 };
 
 struct RegistryStatus {
