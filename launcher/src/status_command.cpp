@@ -278,9 +278,9 @@ std::string format_status(const rdzv::RegistryStatus& status, const std::string&
     for (const auto& m : job.members) {
       std::string state = m.succeeded ? "succeeded" : (m.disconnected ? "disconn." : "ok");
       out += fmt::format("  {:<6} {:<12} {:<22} {:>7} {:<10} {:>9} {:>9}  {}\n",
-                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"), terminal_safe(rdzv::role_label(m)),
-                         terminal_safe(m.addr), m.local_world_size, state, secs(m.last_heartbeat_age) + " ago",
-                         secs(m.lease_left), terminal_safe(m.id.to_string()));
+                         m.group_rank >= 0 ? std::to_string(m.group_rank) : std::string("-"),
+                         terminal_safe(rdzv::role_label(m)), terminal_safe(m.addr), m.local_world_size, state,
+                         secs(m.last_heartbeat_age) + " ago", secs(m.lease_left), terminal_safe(m.id.to_string()));
     }
   }
   return out;

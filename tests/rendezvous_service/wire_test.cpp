@@ -522,8 +522,8 @@ TEST_CASE("a STATUS_REPLY of 100,000 members decodes within its cap", "[wire]") 
   for (int i = 0; i < 100000; ++i) {
     rdzv::NodeId id{"node-" + std::to_string(i) + ".rack-" + std::to_string(i / 64) + ".cluster.example.com",
                     100000 + i, "agent-" + std::to_string(i)};
-    j.members.push_back(
-        rdzv::MemberStatus{id, id.addr, 8, rdzv::MemberRole::participant, i, i % 2 == 0, i % 3 == 0, 250ms, 2750ms, {}});
+    j.members.push_back(rdzv::MemberStatus{
+        id, id.addr, 8, rdzv::MemberRole::participant, i, i % 2 == 0, i % 3 == 0, 250ms, 2750ms, {}});
   }
   status.jobs.push_back(j);
   std::string bytes;

@@ -1491,3 +1491,52 @@ TEST_CASE("the root cause JOB_FAILED carries to every node keeps 1 KiB of the me
     CHECK(j.reason.find("[... 6513 more bytes]") != std::string::npos);
   }
 }
+
+TEST_CASE("daemon restart: a spare whose offer the fresh job dropped is marked so in the rebuilt job", "[rdzv][nccl]") {
+  // The mark decides where a round's IDs come from when that node gets group rank 0 without
+  // joining again (a spare promoted into a freed slot): without it the rebuilt job took its
+  // emptied offer for the round's, and the round carried no IDs.
+  constexpr int kKeep = static_cast<int>(RendezvousJob::kOfferKeepers);
+  constexpr int kNodes = kKeep + 1;
+  const int dropped = 2 * kNodes;  // the last spare
+  Fixture f;
+  const auto c = cfg(kNodes, kNodes);
+  Decisions closed;
+  for (int i = 1; i <= kNodes; ++i) closed = f.join(node(i), c);
+  std::vector<Assignment> assigned;
+  for (int i = 1; i <= kNodes; ++i) assigned.push_back(assignment_of(closed, node(i).id));
+  for (int i = kNodes + 1; i <= dropped; ++i) f.join(offering(i, 0, 2), c);
+  REQUIRE(f.state().role_of(node(dropped).id) == MemberRole::spare);
+
+  // The daemon restarts. The spares re-register first (no assignment): the fresh job keeps
+  // kKeep offers and drops the last one.
+  Fixture g;
+  for (int i = kNodes + 1; i <= dropped; ++i) {
+    CHECK(
+        of<Refuse>(g.reg.rejoin(g.job, RejoinRequest{offering(i, 0, 2), c, {}, std::nullopt}, g.clock.now())).empty());
+  }
+  REQUIRE(g.state().state() == JobState::waiting);
+  CHECK(g.state().footprint_of(node(dropped).id) == member_footprint(node(dropped)));
+  // The participants rebuild the running round; the spares are spares again.
+  for (std::size_t i = 0; i < assigned.size(); ++i) {
+    const NodeInfo n = node(static_cast<int>(i) + 1);
+    CHECK(of<Refuse>(g.reg.rejoin(g.job, RejoinRequest{n, c, {}, assigned[i]}, g.clock.now())).empty());
+  }
+  REQUIRE(g.state().state() == JobState::running);
+  CHECK(g.state().role_of(node(dropped).id) == MemberRole::spare);
+  CHECK(g.state().audit().empty());
+  // The other spares go, then group rank 0: the dropped node takes its slot.
+  for (int i = kNodes + 1; i < dropped; ++i) g.reg.leave(g.job, node(i).id, g.clock.now());
+  g.reg.leave(g.job, node(1).id, g.clock.now());
+  std::vector<NodeInfo> alive{node(dropped)};
+  Decisions a;
+  for (int i = 2; i <= kNodes; ++i) {
+    alive.push_back(offering(i, 1, 2));
+    a = g.join(offering(i, 1, 2), c);
+  }
+  REQUIRE(of<SendAssignment>(a).size() == static_cast<std::size_t>(kNodes));
+  CHECK(assignment_of(a, node(dropped).id).group_rank == 0);
+  // Its own offer is gone: the round's IDs are the first kept offer's, in rank order.
+  for (const auto& s : of<SendAssignment>(a)) CHECK(s.assignment.nccl_id == offering(2, 1, 2).nccl_ids);
+  CHECK(g.state().audit().empty());
+}

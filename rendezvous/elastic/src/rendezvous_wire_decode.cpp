@@ -226,8 +226,9 @@ Enum read_enum(const Reader& r, const char* key, const std::array<Enum, N>& valu
 JobStatus read_job_status(const Reader& r) {
   JobStatus j;
   j.run_id = r.str("run_id");
-  j.state = read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed},
-                      j.state_name);
+  j.state =
+      read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed},
+                j.state_name);
   j.closed = r.boolean("closed");
   j.round = r.u64("round");
   j.min_nodes = r.i32("min_nodes");
