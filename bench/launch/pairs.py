@@ -2,8 +2,9 @@
 """Paired launch measurement: ddprun against the posix_spawn floor, rep by rep.
 
 For each N, runs `spawn_floor N /bin/true` and `ddprun --standalone --nproc-per-node N
---no-python /bin/true` alternately (the order flips every rep so neither always runs on a warmer
-cache), each started with posix_spawn and reaped with wait4, and records per run the wall time
+--no-python /bin/true` in turn (each rep takes the next of all the orders of the launchers, so
+that none always runs in the same place: with three, the one always in the middle of an order
+that only flipped was 0.03-0.09 ms slower than an identical copy of it), each started with posix_spawn and reaped with wait4, and records per run the wall time
 and the CPU time (user + sys of the launcher, every process it reaped, and every process it left
 to finish after its exit, such as ddprun's containment watchdog: see orphans.py).
 CPU time is much less sensitive to other jobs on a shared box than wall time. Prints, per N, the
@@ -16,6 +17,7 @@ Usage: pairs.py --ddprun build/bin/ddprun [--before old/ddprun] [--floor .../spa
        [--sizes 1,8,64] [--reps 15] [--json out.json] [-- extra ddprun flags]
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -76,8 +78,9 @@ def main():
             res = {k: [] for k in kinds}
             for k in kinds[1:]:
                 run(cmds[k], env)  # warm the page cache once
+            orders = list(itertools.permutations(kinds))
             for i in range(a.reps):
-                for k in (kinds if i % 2 == 0 else kinds[::-1]):
+                for k in orders[i % len(orders)]:
                     res[k].append(run(cmds[k], env))
         row = {"runs": res}
         fw = [w for w, _ in res["floor"]]
