@@ -605,7 +605,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
-    // The agent's end as an event (the program's wait_for_agents_end): only while the agent is
+    // The agent's end as an event (as the program's open_agent_end): only while the agent is
     // still our parent, else the pid may already be somebody else's.
     int agent_end = static_cast<int>(::syscall(SYS_pidfd_open, agent, 0));
     if (agent_end >= 0 && ::getppid() != agent) {
@@ -675,9 +675,14 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     if (!swept && !fifo.empty()) {
       if (agent_end >= 0) {
         pollfd p{agent_end, POLLIN, 0};
-        while (::poll(&p, 1, 1000) < 0 && errno == EINTR) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        for (;;) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+          if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) >= 0 || errno != EINTR) break;
         }
-      } else {  // before Linux 5.3: its main thread's end re-parents us, its other threads may still run
+      } else {  // no pidfd (before Linux 5.3, or refused): its main thread's end re-parents us, its
+                // other threads may still hold the descriptors
         const auto since = std::chrono::steady_clock::now();
         while (::getppid() == agent && std::chrono::steady_clock::now() - since < std::chrono::seconds(1)) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));

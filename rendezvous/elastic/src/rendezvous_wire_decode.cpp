@@ -213,12 +213,13 @@ RootCause read_root_cause(const Reader& r) {
 // A status enum: a name this build does not know (a newer daemon's) is kept as `unknown`, for
 // display only, rather than failing the whole reply; it must still be a non-empty string.
 template <typename Enum, std::size_t N>
-Enum read_enum(const Reader& r, const char* key, const std::array<Enum, N>& values, std::string& unknown) {
+Enum read_enum(const Reader& r, const char* key, const char* what, const std::array<Enum, N>& values,
+               std::string& unknown) {
   std::string s = r.str(key);
   for (Enum e : values) {
     if (s == to_string(e)) return e;
   }
-  if (s.empty()) r.bad(key, "a state name");
+  if (s.empty()) r.bad(key, what);
   unknown = std::move(s);
   return values.front();
 }
@@ -227,8 +228,8 @@ JobStatus read_job_status(const Reader& r) {
   JobStatus j;
   j.run_id = r.str("run_id");
   j.state =
-      read_enum(r, "state", std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed},
-                j.state_name);
+      read_enum(r, "state", "a state name",
+                std::array{JobState::waiting, JobState::running, JobState::completed, JobState::failed}, j.state_name);
   j.closed = r.boolean("closed");
   j.round = r.u64("round");
   j.min_nodes = r.i32("min_nodes");
@@ -244,7 +245,7 @@ JobStatus read_job_status(const Reader& r) {
     s.id = read_node_id(m.obj("id"));
     s.addr = m.str("addr");
     s.local_world_size = m.i32("local_world_size");
-    s.role = read_enum(m, "role",
+    s.role = read_enum(m, "role", "a role name",
                        std::array{MemberRole::joined, MemberRole::expected, MemberRole::participant, MemberRole::late,
                                   MemberRole::spare},
                        s.role_name);
