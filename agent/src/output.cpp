@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <optional>
 
 #include "ddprun/common/console.hpp"
 
@@ -63,34 +64,49 @@ RankRoutes plan_routes(const AgentConfig& config, int local_rank, std::optional<
   return routes;
 }
 
-std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank) {
+std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank,
+                          std::string_view hostname) {
+  // Python's string.Template.safe_substitute, as torchrun applies it: "$$" is "$", "$name" and
+  // "${name}" (name: a letter or "_", then letters, digits, "_") are replaced when the name is
+  // one of the four, and everything else stays as written.
+  auto is_start = [](char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  auto is_part = [&](char c) { return is_start(c) || (c >= '0' && c <= '9'); };
+  auto value = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "role_name") return std::string(role_name);
+    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "rank") return std::to_string(rank);
+    if (name == "hostname") return std::string(hostname);
+    return std::nullopt;
+  };
   std::string out;
   out.reserve(templ.size() + 16);
   std::size_t i = 0;
   while (i < templ.size()) {
-    if (templ[i] == '$' && i + 1 < templ.size() && templ[i + 1] == '{') {
-      const auto close = templ.find('}', i + 2);
-      if (close != std::string_view::npos) {
-        const auto name = templ.substr(i + 2, close - i - 2);
-        if (name == "role_name") {
-          out += role_name;
-          i = close + 1;
-          continue;
-        }
-        if (name == "local_rank") {
-          out += std::to_string(local_rank);
-          i = close + 1;
-          continue;
-        }
-        if (name == "rank") {
-          out += std::to_string(rank);
-          i = close + 1;
-          continue;
-        }
+    if (templ[i] != '$' || i + 1 >= templ.size()) {
+      out += templ[i++];
+      continue;
+    }
+    if (templ[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = templ[i + 1] == '{';
+    std::size_t begin = i + (braced ? 2 : 1);
+    std::size_t end = begin;
+    if (end < templ.size() && is_start(templ[end])) {
+      ++end;
+      while (end < templ.size() && is_part(templ[end])) ++end;
+    }
+    const bool named = end > begin && (!braced || (end < templ.size() && templ[end] == '}'));
+    if (named) {
+      if (auto v = value(templ.substr(begin, end - begin))) {
+        out += *v;
+        i = end + (braced ? 1 : 0);
+        continue;
       }
     }
-    out += templ[i];
-    ++i;
+    out += templ[i++];  // not one of ours: the '$' as written, the rest follows
   }
   return out;
 }

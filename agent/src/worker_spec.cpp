@@ -1,7 +1,10 @@
 // worker_spec(); see worker_spec.hpp.
 #include "ddprun/agent/worker_spec.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 
 namespace ddprun::agent {
 
@@ -143,7 +146,12 @@ WorkerSpec worker_spec(const AgentConfig& config, const worker_env::Placement& p
   }
   // Planned per round: --ranks-filter depends on the global rank.
   s.routes = plan_routes(config, local_rank, s.rank);
-  s.prefix = expand_prefix(config.log_line_prefix_template, config.role, local_rank, s.rank);
+  std::string host;
+  if (config.log_line_prefix_template.find("hostname") != std::string::npos) {
+    std::array<char, 256> name{};  // as torchrun: gethostname, not the FQDN
+    if (::gethostname(name.data(), name.size() - 1) == 0) host = name.data();
+  }
+  s.prefix = expand_prefix(config.log_line_prefix_template, config.role, local_rank, s.rank, host);
   return s;
 }
 

@@ -1,6 +1,9 @@
 #include "ddprun/launcher/command_line.hpp"
 
+#include <sched.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/logging.hpp"
@@ -33,6 +36,18 @@ ParseContext ParseContext::from_process() {
 
 int ParseContext::cpus() const {
   if (online_cpus > 0) return online_cpus;
+  // As current torchrun (torch._utils.cpu_count): the CPUs this process may run on, so that
+  // taskset, a cpuset or a Slurm allocation count, not all the machine's.
+  for (int n = 1024; n <= (1 << 16); n *= 4) {
+    cpu_set_t* set = CPU_ALLOC(static_cast<unsigned>(n));
+    if (set == nullptr) break;
+    const std::size_t bytes = CPU_ALLOC_SIZE(static_cast<unsigned>(n));
+    const int r = ::sched_getaffinity(0, bytes, set);
+    const int count = r == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (r == 0 && count > 0) return count;
+    if (r != 0 && errno != EINVAL) break;  // EINVAL: the set is smaller than the kernel's
+  }
   const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
 }
@@ -48,6 +63,16 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, const Par
   if (p.flag("version")) {
     out.command = CommandKind::version;
     out.text = std::string("ddprun ") + version_string + "\n";
+    return out;
+  }
+  if (auto g = p.given("print-completion")) {
+    const std::string shell = to_lower(trim(g->text));
+    if (shell != "bash" && shell != "zsh") {
+      throw UsageError(g->what + "=" + g->text + (shell == "tcsh" ? ": tcsh is not supported yet" : ": not a shell"),
+                       "accepted values: bash or zsh");
+    }
+    out.command = CommandKind::completion;
+    out.text = shell;  // main renders the script (launcher/tools: the same as the installed ones)
     return out;
   }
 

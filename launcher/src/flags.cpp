@@ -12,6 +12,7 @@ using Words = std::string_view;
 
 constexpr Words kNprocKeywords[] = {"gpu", "cpu", "auto"};
 constexpr Words kBackends[] = {"static", "c10d", "etcd", "etcd-v2"};
+constexpr Words kShells[] = {"bash", "zsh"};  // torchrun also takes tcsh: refused, not supported yet
 constexpr Words kStartMethods[] = {"spawn", "fork", "forkserver"};
 constexpr Words kStreamDigits[] = {"0", "1", "2", "3"};
 constexpr Words kNcclIdModes[] = {"auto", "env", "comm-id", "off"};
@@ -93,7 +94,9 @@ constexpr FlagSpec kFlags[] = {
    .help = "Address of the rank 0 node (static backend only; IPv6 as [::1]).", .default_text = "127.0.0.1",
    .overrides_slurm = true},
   {.dash = "master-port", .scope = S::placement, .env_form = true, .metavar = "PORT",
-   .help = "Port on the rank 0 node (static backend only).", .default_text = "29500"},
+   .help = "Port on the rank 0 node (static backend only). Unset, a job of one node runs as --standalone "
+           "(a free port).",
+   .default_text = "29500"},
   {.dash = "local-addr", .scope = S::placement, .env_form = true, .metavar = "HOST",
    .help = "Address this node advertises to the others."},
   {.dash = "signals-to-handle", .scope = S::forwarded, .env_form = true, .metavar = "SIG,...",
@@ -225,6 +228,10 @@ constexpr FlagSpec kFlags[] = {
            "registered at startup; others: eu-stack) before stopping them.",
    .default_text = "on", .choices = kOnOff},
   {.dash = "version", .kind = K::boolean, .scope = S::process, .help = "Print the version and exit."},
+  {.dash = "print-completion", .scope = S::process, .metavar = "SHELL",
+   .help = "Print the shell completion script for ddprun and exit, as torchrun: ddprun --print-completion bash "
+           "> ~/.local/share/bash-completion/completions/ddprun (tcsh: not supported yet).",
+   .choices = kShells},
 };
 // clang-format on
 #pragma GCC diagnostic pop

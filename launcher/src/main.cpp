@@ -22,6 +22,7 @@
 #include "ddprun/launcher/fanout.hpp"
 #include "ddprun/agent/remote_protocol.hpp"
 #include "ddprun/launcher/status_command.hpp"
+#include "ddprun_page.hpp"
 #include "lazy_iostream.hpp"
 
 namespace {
@@ -118,6 +119,11 @@ int run(int argc, char** argv) {
     return ddprun::launcher::run_status(request, ddprun::launcher::lazy_cout(), ::isatty(STDOUT_FILENO) == 1);
   }
   auto options = ddprun::launcher::parse_command_line(argc, argv, context);
+  if (options.command == ddprun::launcher::CommandKind::completion) {
+    const auto page = ddprun::docs::ddprun_page();
+    options.text =
+        options.text == "zsh" ? ddprun::docs::render_zsh_completion(page) : ddprun::docs::render_bash_completion(page);
+  }
   if (options.command != ddprun::launcher::CommandKind::run) {
     ddprun::launcher::lazy_cout() << options.text;
     if (!options.text.empty() && options.text.back() != '\n') ddprun::launcher::lazy_cout() << '\n';

@@ -92,14 +92,20 @@ constexpr std::string_view kTorchrun113Flags[] = {
     "standalone", "max-restarts", "monitor-interval", "start-method", "role",          "module",      "no-python",
     "run-path",   "log-dir",      "redirects",        "tee",          "node-rank",     "master-addr", "master-port"};
 constexpr std::string_view kTorchrun26Flags[] = {"local-addr", "local-ranks-filter", "logs-specs"};
+// And those current torchrun's adds (run.py of 2026).
+constexpr std::string_view kTorchrunCurrentFlags[] = {
+    "event-log-handler", "log-line-prefix-template", "duplicate-stdout-filters", "duplicate-stderr-filters",
+    "numa-binding",      "signals-to-handle",        "shutdown-timeout",         "virtual-local-rank",
+    "print-completion"};
 
-// The torchrun flag that `prefix` abbreviates for argparse, in torch 1.13 or else in 2.6 (a
-// prefix unique among 2.6's flags is unique among 1.13's, which are a subset, or matches none of
-// them: the two never disagree); "" when neither reads it as exactly one flag. A torchrun
-// command line must mean the same under ddprun, so such a prefix wins over ddprun-only flags
-// that share it (`--node 1` is --node-rank, whatever --node-* flags ddprun adds).
+// The torchrun flag that `prefix` abbreviates for argparse, in torch 1.13, else in 2.6, else in
+// current torchrun (a prefix unique among a later set of flags is unique among an earlier one,
+// which is a subset, or matches none of it: they never disagree); "" when none reads it as
+// exactly one flag. A torchrun command line must mean the same under ddprun, so such a prefix
+// wins over ddprun-only flags that share it (`--node 1` is --node-rank, whatever --node-* flags
+// ddprun adds; `--v` is --virtual-local-rank, not --version).
 std::string_view torchrun_abbreviation(std::string_view prefix) {
-  for (const bool with_2_6 : {false, true}) {
+  for (const int level : {0, 1, 2}) {
     std::string_view found;
     int matches = 0;
     auto count = [&](std::string_view flag) {
@@ -109,8 +115,11 @@ std::string_view torchrun_abbreviation(std::string_view prefix) {
       }
     };
     for (const auto flag : kTorchrun113Flags) count(flag);
-    if (with_2_6) {
+    if (level >= 1) {
       for (const auto flag : kTorchrun26Flags) count(flag);
+    }
+    if (level >= 2) {
+      for (const auto flag : kTorchrunCurrentFlags) count(flag);
     }
     if (matches == 1) return found;
   }

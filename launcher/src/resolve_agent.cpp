@@ -40,13 +40,20 @@ void check_readable(const std::string& file, const std::filesystem::path& cwd, c
 // every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
 // (the first node of the allocation, port 29400 or $DDPRUN_SLURM_RDZV_PORT) come from Slurm's
 // variables.
+// The allocation apply_slurm takes its rendezvous from, if it does.
+std::optional<SlurmSettings> slurm_to_apply(const ParsedFlags& p, const ParseContext& ctx) {
+  for (const auto& spec : launcher_flags()) {
+    if (spec.overrides_slurm && p.present(spec)) return std::nullopt;
+  }
+  auto slurm = slurm_from_env(ctx.env);
+  if (!slurm || slurm->nnodes <= 1) return std::nullopt;
+  return slurm;
+}
+
 void apply_slurm(const ParsedFlags& p, const ParseContext& ctx, LaunchOptions& out) {
   agent::AgentConfig& cfg = out.config;
-  for (const auto& spec : launcher_flags()) {
-    if (spec.overrides_slurm && p.present(spec)) return;
-  }
-  const auto slurm = slurm_from_env(ctx.env);
-  if (!slurm || slurm->nnodes <= 1) return;
+  const auto slurm = slurm_to_apply(p, ctx);
+  if (!slurm) return;
   // One ddprun per node: several tasks of one step on a node would all try to host or join as
   // that node.
   for (const char* tasks_var : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
@@ -181,6 +188,17 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   std::string endpoint_what = "--rdzv-endpoint";
   std::optional<Endpoint> static_endpoint;  // --rdzv-endpoint with the static backend
   cfg.standalone = p.flag("standalone");
+  // As current torchrun (run.py): one node, the static backend and neither a port (--master-port,
+  // PET_MASTER_PORT) nor --rdzv-endpoint is a standalone job, so that two such jobs on one
+  // machine do not both take port 29500: a free port and a new run id.
+  const bool implied_standalone = [&] {
+    if (cfg.standalone || cfg.max_nodes != 1 || p.given("master-port") || p.given("rdzv-endpoint")) return false;
+    if (auto g = p.given("rdzv-backend"); g && parse_rdzv_backend(g->text, g->what) != "static") return false;
+    return !slurm_to_apply(p, ctx);
+  }();
+  const std::string standalone_why =
+      cfg.standalone ? "--standalone" : "one node without --master-port (standalone, as torchrun)";
+  if (implied_standalone) cfg.standalone = true;
   if (cfg.standalone) {
     std::vector<std::string> ignored;
     // As torchrun: a standalone job hosts its store on this machine at a free port, whatever
@@ -191,7 +209,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (!ignored.empty()) {
       std::string joined;
       for (const auto& s : ignored) joined += (joined.empty() ? "" : ", ") + s;
-      out.notes.push_back("--standalone: ignoring " + joined);
+      out.notes.push_back(standalone_why + ": ignoring " + joined);
     }
     if (cfg.max_nodes > 1) {
       throw UsageError(
@@ -299,7 +317,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
       cfg.node_rank = rank;
     } else if (rank != 0) {
       // As torchrun: --standalone is a c10d rendezvous, which ranks the nodes itself.
-      out.notes.push_back("--standalone: ignoring " + g->what + "=" + g->text + " (a single-node job is node 0)");
+      out.notes.push_back(standalone_why + ": ignoring " + g->what + "=" + g->text + " (a single-node job is node 0)");
     }
   }
   if (cfg.rdzv_backend == "static" && cfg.node_rank >= cfg.max_nodes) {

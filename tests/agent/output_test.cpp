@@ -100,6 +100,14 @@ TEST_CASE("prefix template placeholders") {
   CHECK(expand_prefix("${rank}|${local_rank}|${role_name} ", "r", 1, 9) == "9|1|r ");
   CHECK(expand_prefix("${unknown}$x${", "r", 1, 9) == "${unknown}$x${");
   CHECK(expand_prefix("", "r", 0, 0).empty());
+  // Python's Template.safe_substitute, as torchrun: $name without braces, "$$", and ${hostname}.
+  CHECK(expand_prefix("$rank:$local_rank:$role_name|", "r", 1, 9) == "9:1:r|");
+  CHECK(expand_prefix("$$rank $$ ${rank}$", "r", 1, 9) == "$rank $ 9$");
+  CHECK(expand_prefix("${hostname}:$hostname:${rank}: ", "r", 1, 9, "node7") == "node7:node7:9: ");
+  // A longer name is another name (kept), as is a name that is not ours or a bad brace.
+  CHECK(expand_prefix("$ranks $rank_x ${rank ${RANK} $1 ${1x} $", "r", 1, 9) ==
+        "$ranks $rank_x ${rank ${RANK} $1 ${1x} $");
+  CHECK(expand_prefix("[$rank]", "r", 1, 9) == "[9]");
 }
 
 TEST_CASE("LineBuffer releases whole lines, holds partials until newline or EOF") {

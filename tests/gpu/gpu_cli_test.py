@@ -109,7 +109,8 @@ class NcclIdModes(unittest.TestCase):
         self.assertIn("--nccl-id auto: not exporting DDPRUN_NCCL_UNIQUE_ID: no NVIDIA GPU is visible", r.stderr)
 
     def test_comm_id_dry_run_and_bad_mode(self):
-        r = ddprun(["--dry-run", "--nproc-per-node", "2", "--master-addr", "127.0.0.5", "--nccl-id", "comm-id",
+        r = ddprun(["--dry-run", "--nproc-per-node", "2", "--master-addr", "127.0.0.5", "--master-port", "29500",
+                    "--nccl-id", "comm-id",
                     "--no-python", "/bin/true"])
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("    NCCL_COMM_ID=127.0.0.5:<port chosen per attempt>\n"), 2, r.stdout)

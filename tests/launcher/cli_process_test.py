@@ -34,6 +34,19 @@ class VersionAndHelp(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout, "ddprun %s\n" % project_version())
 
+    def test_print_completion_is_the_installed_script(self):
+        # The scripts the build generates into share/ (and the packages install).
+        share = os.path.join(os.path.dirname(os.path.dirname(BIN)), "share")
+        for shell, path in (("bash", "bash-completion/completions/ddprun"), ("zsh", "zsh/site-functions/_ddprun")):
+            r = ddprun(["--print-completion", shell])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(share, path)) as f:
+                self.assertEqual(r.stdout, f.read(), shell)
+            self.assertIn("--nproc-per-node", r.stdout)
+        r = ddprun(["--print-completion", "tcsh"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("tcsh is not supported yet", r.stderr)
+
     def test_help_lists_both_spellings_and_pet_forms(self):
         r = ddprun(["--help"])
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -82,6 +95,30 @@ class DryRun(unittest.TestCase):
         ranks = self.sections(r.stdout)
         for rank, text in ranks.items():
             self.assertIn("--local_rank=%d" % rank, re.search(r"^  argv: (.*)$", text, flags=re.M).group(1))
+
+    def test_one_node_without_a_port_is_standalone_as_current_torchrun(self):
+        # Two such jobs on one machine must not both take 29500: a free port, a new run id.
+        r = ddprun(["--nproc-per-node", "2", "--dry-run", "train.py"], cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(re.findall(r"^    ([A-Z_][A-Z0-9_]*)=(.*)$", self.sections(r.stdout)[0], flags=re.M))
+        self.assertEqual(env.get("MASTER_PORT"), "<chosen at launch>", r.stdout)
+        self.assertRegex(env.get("TORCHELASTIC_RUN_ID", ""), r"^[0-9a-f-]{36}$")
+        # A port given keeps torchrun 1.13/2.6's static single-node job.
+        r = ddprun(["--dry-run", "train.py"], cwd=self.dir, env_extra={"PET_MASTER_PORT": "29500"})
+        env = dict(re.findall(r"^    ([A-Z_][A-Z0-9_]*)=(.*)$", self.sections(r.stdout)[0], flags=re.M))
+        self.assertEqual(env.get("MASTER_PORT"), "29500", r.stdout)
+        self.assertEqual(env.get("TORCHELASTIC_RUN_ID"), "none", r.stdout)
+
+    def test_cpu_counts_the_cpus_this_process_may_use(self):
+        # As torch._utils.cpu_count: the affinity mask (taskset, cpusets, Slurm), not the machine.
+        allowed = sorted(os.sched_getaffinity(0))
+        r = subprocess.run(["taskset", "-c", str(allowed[0]), BIN, "--nproc-per-node", "cpu", "--dry-run",
+                            "train.py"], cwd=self.dir, env=dict(os.environ, PYTHON_EXEC=PYTHON),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(self.sections(r.stdout)), [0], r.stdout)
+        r = ddprun(["--nproc-per-node", "cpu", "--dry-run", "train.py"], cwd=self.dir)
+        self.assertEqual(len(self.sections(r.stdout)), len(allowed), r.stdout)
 
     def test_pet_environment(self):
         r = ddprun(["--dry-run", "train.py"], cwd=self.dir, env_extra={"PET_NPROC_PER_NODE": "2"})

@@ -53,14 +53,15 @@ TEST_CASE("defaults equal torchrun's") {
   CHECK(c.max_nodes == 1);
   CHECK(c.node_rank == 0);
   CHECK(c.role == "default");
-  CHECK(c.rdzv_backend == "static");
-  CHECK(c.rdzv_endpoint.empty());
-  CHECK(c.run_id == "none");
+  // One node and no port: standalone, as current torchrun (below).
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.rdzv_endpoint == "localhost:0");
+  CHECK(c.run_id.size() == 36);  // a random UUID
   CHECK(c.rdzv_conf.empty());
-  CHECK_FALSE(c.standalone);
+  CHECK(c.standalone);
   CHECK(c.max_restarts == 0);
   CHECK(c.master_addr == "127.0.0.1");
-  CHECK(c.master_port == 29500);
+  CHECK(c.master_port == 0);
   CHECK_FALSE(c.local_addr.has_value());
   CHECK(c.metrics_port == -1);  // no metrics endpoint unless asked
   CHECK(c.metrics_host == "127.0.0.1");
@@ -81,6 +82,54 @@ TEST_CASE("defaults equal torchrun's") {
   CHECK(c.working_dir == sb.dir());
   CHECK(o.log_level == spdlog::level::info);
   CHECK(o.notes.empty());
+}
+
+TEST_CASE("one node without a port or an endpoint is standalone, as current torchrun; otherwise static at 29500") {
+  // torchrun (run.py, 2026): --master-port defaults to none, and a single-node job of the static
+  // backend without a port and without --rdzv-endpoint takes the --standalone path, so that two
+  // jobs on one machine do not both take port 29500.
+  Sandbox sb;
+  const auto a = sb.parse({"train.py"});
+  const auto b = sb.parse({"train.py"});
+  CHECK(a.config.standalone);
+  CHECK(a.config.run_id != b.config.run_id);  // a new run id for each job
+  CHECK(a.notes.empty());
+  for (const auto& args : std::vector<Strings>{{"--nnodes", "1:1", "train.py"},
+                                               {"--rdzv-backend", "static", "train.py"},
+                                               {"--node-rank", "0", "train.py"}}) {
+    INFO(Catch::StringMaker<Strings>::convert(args));
+    const auto o = sb.parse(args);
+    CHECK(o.config.standalone);
+    CHECK(o.config.master_port == 0);
+  }
+  // What it ignores is said, as for --standalone.
+  const auto ignored = sb.parse({"--master-addr", "10.1.2.3", "--rdzv-id", "job7", "train.py"});
+  CHECK(ignored.config.standalone);
+  CHECK(ignored.config.master_addr == "127.0.0.1");
+  CHECK(has_note(ignored,
+                 "one node without --master-port (standalone, as torchrun): ignoring "
+                 "--rdzv-id=job7, --master-addr=10.1.2.3"));
+  // A port (flag or PET_MASTER_PORT, 29500 included), an endpoint, another backend or more nodes:
+  // unchanged.
+  for (const auto& [args, env] : std::vector<std::pair<Strings, Env>>{
+           {{"--master-port", "29500", "train.py"}, {}},
+           {{"--master-port=1234", "train.py"}, {}},
+           {{"train.py"}, {{"PET_MASTER_PORT", "29500"}}},
+           {{"--nnodes", "2", "train.py"}, {}},
+           {{"--nnodes", "1:2", "train.py"}, {}},
+           {{"--rdzv-endpoint", "127.0.0.1:29501", "train.py"}, {}},
+       }) {
+    INFO(Catch::StringMaker<Strings>::convert(args));
+    const auto o = sb.parse(args, env);
+    CHECK_FALSE(o.config.standalone);
+    CHECK(o.config.rdzv_backend == "static");
+    CHECK(o.config.run_id == "none");
+    CHECK(o.config.master_port != 0);
+  }
+  CHECK(sb.parse({"--nnodes", "2", "train.py"}).config.master_port == 29500);
+  const auto c10d = sb.parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "train.py"});
+  CHECK_FALSE(c10d.config.standalone);
+  CHECK(c10d.config.rdzv_endpoint == "h:1");
 }
 
 TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*") {
@@ -116,7 +165,7 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
        "r1:5, r2,[::1]:7",
        [](auto& o, auto&) { return o.config.rdzv_endpoint == "r1:5,r2:29400,[::1]:7"; },
        {"--rdzv-backend", "c10d"}},
-      {"rdzv-id", "job7", [](auto& o, auto&) { return o.config.run_id == "job7"; }},
+      {"rdzv-id", "job7", [](auto& o, auto&) { return o.config.run_id == "job7"; }, {"--nnodes", "2"}},
       {"rdzv-conf", "join_timeout=5,is_host=1",
        [](auto& o, auto&) {
          return o.config.rdzv_conf == Env{{"join_timeout", "5"}, {"is_host", "1"}};
@@ -156,8 +205,8 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
          return o.config.local_ranks_filter == std::set<int>{0, 2};
        }},
       {"node-rank", "1", [](auto& o, auto&) { return o.config.node_rank == 1; }, {"--nnodes", "2"}},
-      {"master-addr", "10.1.2.3", [](auto& o, auto&) { return o.config.master_addr == "10.1.2.3"; }},
-      {"master-addr", "[::1]", [](auto& o, auto&) { return o.config.master_addr == "::1"; }},
+      {"master-addr", "10.1.2.3", [](auto& o, auto&) { return o.config.master_addr == "10.1.2.3"; }, {"--nnodes", "2"}},
+      {"master-addr", "[::1]", [](auto& o, auto&) { return o.config.master_addr == "::1"; }, {"--nnodes", "2"}},
       {"master-port", "1234", [](auto& o, auto&) { return o.config.master_port == 1234; }},
       {"local-addr", "10.0.0.2", [](auto& o, auto&) { return o.config.local_addr == "10.0.0.2"; }},
       {"signals-to-handle", "SIGUSR1,TERM",
@@ -212,10 +261,12 @@ TEST_CASE("every boolean flag in both spellings and as PET_*=1/0") {
     std::function<bool(const LaunchOptions&)> on;
     std::string program = "train.py";
     std::string short_name = {};
+    Strings extra = {};  // before the flag, in every parse
   };
   const std::string python = sb.path("bin/python3");
   const std::vector<Case> cases = {
-      {"standalone", [](auto& o) { return o.config.standalone; }},
+      // (with a port: one node without one is standalone anyway)
+      {"standalone", [](auto& o) { return o.config.standalone; }, "train.py", {}, {"--master-port", "1234"}},
       {"virtual-local-rank", [](auto& o) { return o.config.virtual_local_rank; }},
       {"module",
        [&](auto& o) {
@@ -231,19 +282,24 @@ TEST_CASE("every boolean flag in both spellings and as PET_*=1/0") {
     INFO("flag " << c.dash);
     Strings spellings = {"--" + c.dash, "--" + underscore(c.dash)};
     if (!c.short_name.empty()) spellings.push_back("-" + c.short_name);
+    auto args = [&](std::initializer_list<std::string> tail) {
+      Strings a = c.extra;
+      a.insert(a.end(), tail);
+      return a;
+    };
     for (const auto& s : spellings) {
       INFO("spelled " << s);
-      CHECK(c.on(sb.parse({s, c.program})));
-      CHECK(c.on(sb.parse({s, c.program}, {{pet(c.dash), "0"}})));  // flag wins over PET_X=0
+      CHECK(c.on(sb.parse(args({s, c.program}))));
+      CHECK(c.on(sb.parse(args({s, c.program}), {{pet(c.dash), "0"}})));  // flag wins over PET_X=0
     }
-    CHECK_FALSE(c.on(sb.parse({c.program})));
+    CHECK_FALSE(c.on(sb.parse(args({c.program}))));
     if (c.dash == "dry-run") {
-      CHECK_FALSE(c.on(sb.parse({c.program}, {{pet(c.dash), "1"}})));  // a ddprun extra: no PET form
+      CHECK_FALSE(c.on(sb.parse(args({c.program}), {{pet(c.dash), "1"}})));  // a ddprun extra: no PET form
       continue;
     }
-    CHECK(c.on(sb.parse({c.program}, {{pet(c.dash), "1"}})));
-    CHECK_FALSE(c.on(sb.parse({c.program}, {{pet(c.dash), "0"}})));
-    CHECK_THROWS_WITH(sb.parse({c.program}, {{pet(c.dash), "yes"}}), Contains(pet(c.dash) + "=yes"));
+    CHECK(c.on(sb.parse(args({c.program}), {{pet(c.dash), "1"}})));
+    CHECK_FALSE(c.on(sb.parse(args({c.program}), {{pet(c.dash), "0"}})));
+    CHECK_THROWS_WITH(sb.parse(args({c.program}), {{pet(c.dash), "yes"}}), Contains(pet(c.dash) + "=yes"));
   }
 }
 
@@ -283,6 +339,7 @@ TEST_CASE(
   const Env opt_out = {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"}};
   CHECK(sb.parse({"train.py"}).config.share_worker_store);
   CHECK_FALSE(sb.parse({"--standalone", "train.py"}, opt_out).config.share_worker_store);
+  CHECK_FALSE(sb.parse({"train.py"}, opt_out).config.share_worker_store);  // one node, no port: standalone
   CHECK_FALSE(sb.parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "train.py"}, opt_out)
                   .config.share_worker_store);
   CHECK_FALSE(
@@ -293,7 +350,7 @@ TEST_CASE(
             .config.share_worker_store);
   // The static rendezvous always shares, one node or several; ddprun says the variable does nothing.
   for (const auto& argv :
-       {std::vector<std::string>{"train.py"},
+       {std::vector<std::string>{"--master-port", "29500", "train.py"},
         std::vector<std::string>{"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "train.py"}}) {
     const auto o = sb.parse(argv, opt_out);
     CHECK(o.config.share_worker_store);
@@ -479,7 +536,7 @@ TEST_CASE("parsing stops at the program: the rest is passed untouched") {
   CHECK(help_after.config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "train.py", "--help", "--version", "--", "-h"});
 
-  const auto module = sb.parse({"-m", "pkg.train", "--standalone", "--lr=3"});
+  const auto module = sb.parse({"--master-port", "1234", "-m", "pkg.train", "--standalone", "--lr=3"});
   CHECK_FALSE(module.config.standalone);
   CHECK(module.config.worker_argv ==
         Strings{sb.path("bin/python3"), "-u", "-m", "pkg.train", "--standalone", "--lr=3"});
@@ -518,7 +575,7 @@ TEST_CASE("--flag= is an empty value, as argparse reads it, never the next word"
   Sandbox sb;
   CHECK_THROWS_WITH(sb.parse({"--master_addr=", "--master_port=29652", "train.py"}),
                     Contains("--master-addr=: not a host name"));
-  CHECK_THROWS_WITH(sb.parse({"--rdzv_id=", "--nproc-per-node", "2", "train.py"}), Contains("--rdzv-id is empty"));
+  CHECK_THROWS_WITH(sb.parse({"--rdzv_id=", "--nnodes", "2", "train.py"}), Contains("--rdzv-id is empty"));
   CHECK_THROWS_WITH(sb.parse({"--log-dir=", "--tee", "3", "train.py"}), Contains("--log-dir is empty"));
   CHECK_THROWS_WITH(sb.parse({"--role=", "train.py", "x"}), Contains("--role is empty"));
   CHECK_THROWS_WITH(sb.parse({"--rol=", "train.py"}), Contains("--role is empty"));  // an abbreviation too
@@ -577,7 +634,7 @@ TEST_CASE("bad values name the flag") {
       {{"--node-rank", "x"}, "--node-rank=x"},
       {{"--nnodes", "2", "--node-rank", "2"}, "--node-rank=2 is not below --nnodes=2"},
       {{"--master-port", "70000"}, "--master-port=70000"},
-      {{"--master-addr", "[::1"}, "--master-addr"},
+      {{"--nnodes", "2", "--master-addr", "[::1"}, "--master-addr"},
       {{"--metrics-port", "70000"}, "--metrics-port=70000"},
       {{"--metrics-port", "0", "--metrics-host", "node1"}, "--metrics-host=node1: not an IP address"},
       {{"--metrics-host", "0.0.0.0"}, "--metrics-host is given without --metrics-port"},
@@ -624,8 +681,9 @@ TEST_CASE("--standalone overrides the rendezvous settings") {
   const auto pet = sb.parse({"--standalone", "train.py"}, {{"PET_MASTER_ADDR", "somehost.invalid"}});
   CHECK(pet.config.master_addr == default_addr);
   CHECK(has_note(pet, "--standalone: ignoring PET_MASTER_ADDR=somehost.invalid"));
-  // Without --standalone it is used.
-  CHECK(sb.parse({"--master-addr", "10.255.255.1", "train.py"}).config.master_addr == "10.255.255.1");
+  // Without --standalone, and with a port (one node without one is standalone too), it is used.
+  CHECK(sb.parse({"--master-addr", "10.255.255.1", "--master-port", "29500", "train.py"}).config.master_addr ==
+        "10.255.255.1");
   // An ignored --master-port is still a port, as torchrun's argparse (type=int) reads it.
   CHECK_THROWS_WITH(sb.parse({"--standalone", "--master-port", "abc", "train.py"}),
                     Contains("--master-port=abc: not a port"));
@@ -801,12 +859,36 @@ TEST_CASE("a prefix torchrun reads as one of its flags means that flag, whatever
   // --help (ddprun: --hang-timeout, --hostfile, --hosts).
   CHECK(sb.parse({"--h"}).command == CommandKind::help);
   CHECK(sb.parse({"--he", "train.py"}).command == CommandKind::help);
+  // Current torchrun's flags: --virtual-local-rank (ddprun: --version), --log-line-prefix-template
+  // (ddprun: --log-level), --print-completion (ddprun: --prefix-output).
+  CHECK(sb.parse({"--v", "train.py"}).config.virtual_local_rank);
+  CHECK(sb.parse({"--vir", "train.py"}).config.virtual_local_rank);
+  CHECK(sb.parse({"--ver"}).command == CommandKind::version);
+  CHECK(sb.parse({"--log-l", "<$rank>", "train.py"}).config.log_line_prefix_template == "<$rank>");
+  CHECK(sb.parse({"--log-le", "debug", "train.py"}).log_level == spdlog::level::debug);
+  CHECK(sb.parse({"--pr", "bash"}).command == CommandKind::completion);
+  CHECK(sb.parse({"--pre", "train.py"}).config.prefix_console);
   // Ambiguous for torchrun too, or only among ddprun's flags: still an error.
   CHECK_THROWS_WITH(sb.parse({"--local", "x", "train.py"}),
                     Contains("ambiguous option --local") && Contains("--local-addr"));
   CHECK_THROWS_WITH(sb.parse({"--no", "train.py"}), Contains("ambiguous option --no"));
   CHECK_THROWS_WITH(sb.parse({"--nc", "1", "train.py"}), Contains("ambiguous option --nc"));
   CHECK_THROWS_WITH(sb.parse({"--ho", "a", "train.py"}), Contains("ambiguous option --ho"));
+}
+
+TEST_CASE("--print-completion bash|zsh, as current torchrun; tcsh is not supported yet") {
+  Sandbox sb;
+  const auto bash = sb.parse({"--print-completion", "bash"});
+  CHECK(bash.command == CommandKind::completion);
+  CHECK(bash.text == "bash");
+  CHECK(sb.parse({"--print_completion=zsh"}).text == "zsh");
+  CHECK(sb.parse({"--nproc-per-node", "2", "--print-completion", "zsh", "train.py"}).command ==
+        CommandKind::completion);
+  CHECK_THROWS_WITH(sb.parse({"--print-completion", "tcsh"}), Contains("tcsh is not supported yet"));
+  CHECK_THROWS_AS(sb.parse({"--print-completion", "fish"}), UsageError);
+  CHECK_THROWS_AS(sb.parse({"--print-completion"}), UsageError);
+  // No environment form (torchrun has none): PET_PRINT_COMPLETION starts nothing.
+  CHECK(sb.parse({"train.py"}, {{"PET_PRINT_COMPLETION", "bash"}}).command == CommandKind::run);
 }
 
 TEST_CASE("a peer tool's option is never taken as an abbreviation of another ddprun flag") {

@@ -466,18 +466,21 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   CHECK_THROWS_WITH(sb.parse({"train.py"}, many), Contains("ddprun runs once per node"));
   many["SLURM_STEP_NUM_TASKS"] = "2";
   CHECK(sb.parse({"train.py"}, many).config.max_nodes == 2);
-  // An salloc shell (no SLURM_NODEID): a plain single-node job.
+  // An salloc shell (no SLURM_NODEID): a plain single-node job (standalone: one node, no port).
   Env shell = slurm;
   shell.erase("SLURM_NODEID");
-  CHECK(sb.parse({"train.py"}, shell).config.rdzv_backend == "static");
+  CHECK(sb.parse({"train.py"}, shell).config.standalone);
+  CHECK(sb.parse({"--master-port", "29500", "train.py"}, shell).config.rdzv_backend == "static");
 
   // Explicit rendezvous flags win; a one-node allocation is a plain single-node job.
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
-  CHECK(o.config.rdzv_backend == "static");
+  CHECK(o.config.standalone);
+  CHECK(o.config.max_nodes == 1);
   Env one = slurm;
   one["SLURM_NNODES"] = "1";
   one["SLURM_NODEID"] = "0";
   one["SLURM_JOB_NODELIST"] = "gpu07";
   o = sb.parse({"train.py"}, one);
-  CHECK(o.config.rdzv_backend == "static");
+  CHECK(o.config.standalone);
+  CHECK(o.config.max_nodes == 1);
 }

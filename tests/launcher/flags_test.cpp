@@ -107,7 +107,7 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
         Names{"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "node-rank", "master-addr", "standalone"});
   CHECK(names_where([](const ddprun::FlagSpec& f) { return !f.env_form; }) ==
         Names{"ssh-option", "env", "node-label", "node-order", "numa-binding", "logs-specs", "dry-run", "log-level",
-              "version"});
+              "version", "print-completion"});
   CHECK(names_where([](const ddprun::FlagSpec& f) { return f.hidden; }) == Names{"node-label", "node-order"});
 }
 
@@ -235,8 +235,8 @@ TEST_CASE("--help shows every visible flag with its default and PET form, and no
     if (f.env_form) CHECK_THAT(o.text, Contains(ddprun::pet_variable(f.dash)));
   }
   // The footer's list of flags without a PET form comes from the table too.
-  CHECK_THAT(o.text, Contains("except --ssh-option, --env, --numa-binding, --logs-specs, --dry-run, --log-level and "
-                              "--version, an environment form"));
+  CHECK_THAT(o.text, Contains("except --ssh-option, --env, --numa-binding, --logs-specs, --dry-run, --log-level, "
+                              "--version and --print-completion, an environment form"));
 }
 
 TEST_CASE("settings the agent would refuse are refused by the launcher, naming the flag") {

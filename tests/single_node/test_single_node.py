@@ -6,6 +6,7 @@ workers. Every wait is bounded; readiness is a file written by the worker, never
 import json
 import os
 import shutil
+import socket
 import signal
 import subprocess
 import sys
@@ -276,6 +277,13 @@ class SingleNode(unittest.TestCase):
         self.assertEqual(len(jobs), 1)
         with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "1", "stdout.log")) as f:
             self.assertEqual(f.read(), "rank 1 line 0 stdout\nrank 1 line 1 stdout\n")
+
+    def test_prefix_template_as_current_torchrun(self):
+        # ${hostname} (gethostname, as torchrun), $rank without braces, $$ for a dollar.
+        r = run(["--nproc-per-node", "2", "--tee", "3", "--log-line-prefix-template", "${hostname}|$rank|$$:",
+                 "--no-python", WORKER, "--print-lines", "1"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"{socket.gethostname()}|1|$:rank 1 line 0 stdout\n", r.stdout)
 
     def test_log_dir_holds_only_what_torchrun_leaves_after_a_python_job(self):
         # ddprun's Python hook and the empty stack files it opened per rank are gone at the end;

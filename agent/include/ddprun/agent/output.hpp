@@ -52,9 +52,11 @@ struct RankRoutes {
 // spawn); without it, --ranks-filter counts as "maybe off the console" (a file route).
 RankRoutes plan_routes(const AgentConfig& config, int local_rank, std::optional<int> rank = std::nullopt);
 
-// Expands ${role_name}, ${local_rank} and ${rank} in a TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
-// Unknown ${...} placeholders stay as written.
-std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank);
+// Expands $role_name, $local_rank, $rank and $hostname (also as ${name}) in a
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and "$$" to "$", as torchrun (Python's
+// Template.safe_substitute). Anything else stays as written.
+std::string expand_prefix(std::string_view templ, std::string_view role_name, int local_rank, int rank,
+                          std::string_view hostname = {});
 
 // A fixed-capacity buffer that releases output in whole lines.
 class LineBuffer {

@@ -38,7 +38,8 @@ struct ParseContext {
   // --virtual-local-rank). Unset: no GPU inventory (tests inject a fake one here).
   std::function<worker_env::GpuInventory(const worker_env::EnvMap&)> probe_gpus;
 
-  // online_cpus, or the system's count of online CPUs (at least 1) when it is 0.
+  // online_cpus, or when it is 0 the count of CPUs this process may run on (its affinity mask,
+  // as torchrun; at least 1).
   int cpus() const;
 
   // The running process's environment and working directory.
@@ -47,7 +48,7 @@ struct ParseContext {
 
 // What the command line asks for: run a job (this node's agent, or the fan-out launcher), or
 // print help or the version.
-enum class CommandKind { run, help, version };
+enum class CommandKind { run, help, version, completion };
 
 struct LaunchOptions {
   CommandKind command = CommandKind::run;
