@@ -36,10 +36,6 @@ void check_readable(const std::string& file, const std::filesystem::path& cwd, c
   }
 }
 
-// Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
-// every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
-// (the first node of the allocation, port 29400 or $DDPRUN_SLURM_RDZV_PORT) come from Slurm's
-// variables.
 // The allocation apply_slurm takes its rendezvous from, if it does.
 std::optional<SlurmSettings> slurm_to_apply(const ParsedFlags& p, const ParseContext& ctx) {
   for (const auto& spec : launcher_flags()) {
@@ -50,6 +46,10 @@ std::optional<SlurmSettings> slurm_to_apply(const ParsedFlags& p, const ParseCon
   return slurm;
 }
 
+// Inside a Slurm allocation (SLURM_JOB_ID set) with no rendezvous flags, `srun ddprun ...` on
+// every node needs nothing else: the node count, this node's rank and the rendezvous endpoint
+// (the first node of the allocation, port 29400 or $DDPRUN_SLURM_RDZV_PORT) come from Slurm's
+// variables.
 void apply_slurm(const ParsedFlags& p, const ParseContext& ctx, LaunchOptions& out) {
   agent::AgentConfig& cfg = out.config;
   const auto slurm = slurm_to_apply(p, ctx);
