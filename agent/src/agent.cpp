@@ -236,6 +236,10 @@ class Agent {
     h.on_worker_exit = [this](pid_t pid) {
       if (file_timer_) file_timer_->drop_pid(pid);
     };
+    // As current torchrun: no restart (remaining restarts 0), the workers stopped, exit 1.
+    h.on_unhealthy = [this](const std::string& why) {
+      if (!finished_) exit_with_error(why);
+    };
     return h;
   }
 

@@ -112,7 +112,8 @@ WorkerRun::WorkerRun(asio::io_context& io, const AgentConfig& config, Hooks hook
       hooks_(std::move(hooks)),
       machine_(config.nproc_per_node, 0),
       grace_timer_(io),
-      hang_timer_(io) {}
+      hang_timer_(io),
+      dstate_timer_(io) {}
 
 void WorkerRun::set_diagnostics(Containment* containment, std::string python_hook_dir) {
   containment_ = containment;
@@ -151,6 +152,10 @@ void WorkerRun::start(const std::string& attempt_dir, const std::string& executa
     last_progress_ = sample_progress(job_pids());
     last_change_ = std::chrono::steady_clock::now();
     arm_hang_check();
+  }
+  if (config_.uninterruptible_state_timeout.count() > 0) {
+    dstate_since_.clear();
+    arm_dstate_check();
   }
 }
 
@@ -376,6 +381,7 @@ void WorkerRun::arm_grace() {
 
 void WorkerRun::kill_and_reap_all() {
   hang_timer_.cancel();
+  dstate_timer_.cancel();
   for (auto& w : workers_) w->child.kill_and_reap();
   // What the workers left behind (daemons, double forks) ends with them.
   if (containment_ != nullptr && !workers_.empty()) {
@@ -680,6 +686,78 @@ void WorkerRun::on_hang_check() {
     return;
   }
   arm_hang_check();
+}
+
+namespace {
+
+// The state letter of /proc/PID/stat (R, S, D, Z, ...), or 0 when it cannot be read. The
+// command name may hold spaces and parentheses: the state follows the last ')'.
+char proc_state(pid_t pid) {
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return 0;
+  const std::string_view text(buf, static_cast<std::size_t>(n));
+  const auto close = text.rfind(')');
+  if (close == std::string_view::npos || close + 2 >= text.size()) return 0;
+  return text[close + 2];
+}
+
+}  // namespace
+
+void WorkerRun::arm_dstate_check() {
+  // As the hang detector: a few samples per timeout, at most one a second.
+  const auto every = std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds(1000), config_.uninterruptible_state_timeout / 4 + std::chrono::milliseconds(1));
+  dstate_timer_.expires_after(every);
+  dstate_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !ended_) on_dstate_check();
+  });
+}
+
+// Current torchrun's TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: each worker's own process (not
+// its children), sampled while the group is healthy.
+void WorkerRun::on_dstate_check() {
+  if (machine_.state() != GroupState::healthy) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double limit = std::chrono::duration<double>(config_.uninterruptible_state_timeout).count();
+  std::string stuck;
+  for (const auto& w : workers_) {
+    const pid_t pid = w->child.pid();
+    if (pid <= 0 || w->child.exited()) continue;
+    if (proc_state(pid) != 'D') {
+      dstate_since_.erase(pid);
+      continue;
+    }
+    const auto [it, first] = dstate_since_.emplace(pid, now);
+    if (first) {
+      spdlog::warn(
+          "local rank {} (pid {}) is in uninterruptible sleep (D state); the worker group is unhealthy if it "
+          "stays there {} s (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)",
+          w->spec.local_rank, pid, limit);
+    }
+    const double secs = std::chrono::duration<double>(now - it->second).count();
+    if (now - it->second >= config_.uninterruptible_state_timeout) {
+      stuck += fmt::format("{}local rank {} (pid {}) for {:.1f} s", stuck.empty() ? "" : ", ", w->spec.local_rank, pid,
+                           secs);
+    }
+  }
+  if (stuck.empty()) {
+    arm_dstate_check();
+    return;
+  }
+  if (hooks_.on_unhealthy) {
+    hooks_.on_unhealthy(fmt::format(
+        "worker group unhealthy: {} in uninterruptible sleep (D state), at least "
+        "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={} s; stopping the workers and leaving the job without a "
+        "restart (a process stuck in the kernel holds its GPU or NIC: see dmesg, and the driver or file system it "
+        "waits on)",
+        stuck, limit));
+  }
 }
 
 WorkerRun::WorkerCounts WorkerRun::worker_counts() const {

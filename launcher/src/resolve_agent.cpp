@@ -99,6 +99,20 @@ void resolve_torchelastic_env(const ParsedFlags& p, agent::AgentConfig& cfg) {
   }
 }
 
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: current torchrun reads a float of seconds and
+// treats anything else (and a negative value) as 0, off; ddprun does the same and says so.
+void resolve_uninterruptible_state_timeout(const ParsedFlags& p, LaunchOptions& out) {
+  const auto e = p.env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
+  if (!e || trim(*e).empty()) return;
+  const auto secs = parse_seconds(trim(*e));
+  if (!secs || *secs > 1e9) {
+    out.notes.push_back("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=" + *e +
+                        " is not a number of seconds: ignored (as torchrun; accepted forms: 30, 2.5)");
+    return;
+  }
+  out.config.uninterruptible_state_timeout = std::chrono::milliseconds(seconds_to_ms(*secs));
+}
+
 }  // namespace
 
 agent::AgentConfig::LocalRankArg check_no_effect_flags(const ParsedFlags& p, std::vector<std::string>& notes) {
@@ -495,6 +509,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   }
   if (auto g = p.given("event-log-handler")) cfg.event_log = parse_event_log_handler(g->text, g->what);
   resolve_torchelastic_env(p, cfg);
+  resolve_uninterruptible_state_timeout(p, out);
   if (auto g = p.given("duplicate-stdout-filters")) cfg.duplicate_stdout_filters = parse_duplicate_filters(g->text);
   if (auto g = p.given("duplicate-stderr-filters")) cfg.duplicate_stderr_filters = parse_duplicate_filters(g->text);
   if (no_log_dir) {

@@ -9,6 +9,8 @@
 //   --partial TEXT        TEXT to stdout without a trailing newline
 //   --write-error-file MSG  torch @record-format JSON to $TORCHELASTIC_ERROR_FILE
 //   --error-file-raw TEXT   TEXT as is to $TORCHELASTIC_ERROR_FILE (for unparsable-file tests)
+//   --vfork-sleep-ms N    (gated) vfork a child that sleeps N ms: this process waits in
+//                         uninterruptible sleep (state D) meanwhile
 //   --ready-file PATH     write "<pid>\n" to PATH atomically (tmp + rename): everything above is done;
 //                         "-" prints "ready <rank> <pid>" on stdout instead
 //   --wait-file PATH      wait (inotify, at most 30 s) until PATH exists
@@ -16,7 +18,8 @@
 //   --sleep-ms N          sleep N ms (restarted after signals)
 //   --signal-self SIG     raise SIG (number) at the end
 //   --exit N              exit code (default 0)
-// Gates: --only-rank R applies --exit/--signal-self/--write-error-file only when RANK == R;
+// Gates: --only-rank R applies --exit/--signal-self/--write-error-file/--vfork-sleep-ms only when
+// RANK == R;
 // --fail-on-attempt A applies them only when TORCHELASTIC_RESTART_COUNT == A;
 // --gated-no-sleep: ranks selected by the gates skip --sleep-ms (fail fast while others sleep).
 // In paths, "%r" is replaced by LOCAL_RANK and "%a" by TORCHELASTIC_RESTART_COUNT.
@@ -24,6 +27,7 @@
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
   int signal_self = 0;
   bool store_check = false;
   bool gated_no_sleep = false;
+  long vfork_sleep_ms = 0;
   std::string wait_file;
   std::string error_raw;
   for (int i = 1; i < argc; ++i) {
@@ -203,6 +208,8 @@ int main(int argc, char** argv) {
       gated_no_sleep = true;
     } else if (a == "--error-file-raw") {
       error_raw = next();
+    } else if (a == "--vfork-sleep-ms") {
+      vfork_sleep_ms = std::atol(next().c_str());
     } else if (a == "--store-check") {
       store_check = true;
     } else if (a.rfind("--local-rank=", 0) == 0 || a.rfind("--local_rank=", 0) == 0) {
@@ -285,6 +292,16 @@ int main(int argc, char** argv) {
   if (!error_raw.empty() && gated) {
     if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) {
       write_file(path, error_raw);
+    }
+  }
+  if (vfork_sleep_ms > 0 && gated) {
+    // This process waits in the kernel (uninterruptible sleep, state D: vfork's wait for the
+    // child's exec or exit) while the child sleeps: a stand-in for a rank stuck in a driver.
+    const pid_t child = vfork();
+    if (child == 0) {
+      struct timespec ts = {vfork_sleep_ms / 1000, (vfork_sleep_ms % 1000) * 1000000L};
+      syscall(SYS_nanosleep, &ts, nullptr);
+      _exit(0);
     }
   }
   // The ready file comes last among the side effects, so a test that saw it also sees the rest.

@@ -278,6 +278,29 @@ class SingleNode(unittest.TestCase):
         with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "1", "stdout.log")) as f:
             self.assertEqual(f.read(), "rank 1 line 0 stdout\nrank 1 line 1 stdout\n")
 
+    def test_uninterruptible_state_timeout_as_current_torchrun(self):
+        # Rank 1 waits in the kernel (state D) for 60 s: past the timeout the group is unhealthy,
+        # the workers stop and ddprun exits 1 without using its restarts.
+        start = time.monotonic()
+        r = run(["--nproc-per-node", "2", "--max-restarts", "3", "--no-python", WORKER, "--only-rank", "1",
+                 "--vfork-sleep-ms", "60000"], env={"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "1"}, timeout=50)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertLess(time.monotonic() - start, 30)
+        self.assertIn("worker group unhealthy: local rank 1 (pid", r.stderr)
+        self.assertIn("in uninterruptible sleep (D state), at least TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=1 s",
+                      r.stderr)
+        self.assertNotIn("restarting worker group", r.stderr)
+        # Shorter than the timeout, or without it: nothing happens.
+        r = run(["--nproc-per-node", "2", "--no-python", WORKER, "--only-rank", "1", "--vfork-sleep-ms", "2500"],
+                env={"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "5"})  # sampled once a second
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("is in uninterruptible sleep (D state)", r.stderr)
+        r = run(["--no-python", WORKER, "--vfork-sleep-ms", "300"],
+                env={"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "soon"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon is not a number of seconds: ignored", r.stderr)
+        self.assertNotIn("D state", r.stderr)
+
     def test_prefix_template_as_current_torchrun(self):
         # ${hostname} (gethostname, as torchrun), $rank without braces, $$ for a dollar.
         r = run(["--nproc-per-node", "2", "--tee", "3", "--log-line-prefix-template", "${hostname}|$rank|$$:",

@@ -161,6 +161,10 @@ struct AgentConfig {
   std::string file_timer_path;
   // TORCHELASTIC_HEALTH_CHECK_PORT: the HTTP health endpoint (health_endpoint.hpp); nullopt = none.
   std::optional<std::uint16_t> health_check_port;
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (seconds, as current torchrun): a worker process in
+  // uninterruptible sleep (state D) this long makes the group unhealthy; this node then stops its
+  // workers and leaves the job without a restart. 0 = off.
+  std::chrono::milliseconds uninterruptible_state_timeout{0};
   // --event-log-handler (event_log.hpp): "null" = none, "console" = stderr, "file:PATH" = append to PATH.
   std::string event_log = "null";
   // --duplicate-stdout-filters / --duplicate-stderr-filters: worker lines containing any of these

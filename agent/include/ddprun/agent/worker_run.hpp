@@ -17,6 +17,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ class WorkerRun {
     std::function<void(bool ok, int code)> on_done;
     // A worker of the current attempt exited (its pid, before it is reaped).
     std::function<void(pid_t pid)> on_worker_exit;
+    // A worker stayed in uninterruptible sleep for config.uninterruptible_state_timeout: the
+    // group is unhealthy (what and why, for the user), and no restart can help it.
+    std::function<void(const std::string& why)> on_unhealthy;
   };
 
   WorkerRun(boost::asio::io_context& io, const AgentConfig& config, Hooks hooks);
@@ -112,6 +116,8 @@ class WorkerRun {
   std::string build_diagnosis(const Worker* failed, const std::string& headline);
   void arm_hang_check();
   void on_hang_check();
+  void arm_dstate_check();
+  void on_dstate_check();
   std::vector<pid_t> job_pids() const;
 
   boost::asio::io_context& io_;
@@ -120,6 +126,9 @@ class WorkerRun {
   WorkerGroupMachine machine_;
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer hang_timer_;
+  boost::asio::steady_timer dstate_timer_;
+  // Since when each worker pid has been seen in uninterruptible sleep (state D), this attempt.
+  std::map<pid_t, std::chrono::steady_clock::time_point> dstate_since_;
   Containment* containment_ = nullptr;
   std::string python_hook_dir_;
   Progress last_progress_;
