@@ -236,9 +236,13 @@ class Agent {
     h.on_worker_exit = [this](pid_t pid) {
       if (file_timer_) file_timer_->drop_pid(pid);
     };
-    // As current torchrun: no restart (remaining restarts 0), the workers stopped, exit 1.
+    // As current torchrun: no restart (remaining restarts 0), the workers stopped, exit 1; in a
+    // multi-node job this node leaves it (the others go on without it, as after its agent's exit).
     h.on_unhealthy = [this](const std::string& why) {
-      if (!finished_) exit_with_error(why);
+      if (finished_) return;
+      console::write(STDERR_FILENO, "ddprun: error: " + why + "\n");
+      if (fatal_error_.empty()) fatal_error_ = why;
+      apply(machine_.on_give_up());
     };
     return h;
   }

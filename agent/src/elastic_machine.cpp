@@ -117,6 +117,16 @@ ElasticActions ElasticMachine::on_result(int exit_code) {
   return {};
 }
 
+ElasticActions ElasticMachine::on_give_up() {
+  if (state_ == ElasticState::idle) {
+    state_ = ElasticState::done;
+    return {{K::leave}, {K::exit, 1}};
+  }
+  auto out = on_result(1);
+  if (state_ == ElasticState::stopping && next_ == Next::exit && exit_code_ == 1) leave_on_exit_ = true;
+  return out;
+}
+
 ElasticActions ElasticMachine::on_signal(int sig) {
   const bool first = signal_ == 0;
   if (first) signal_ = sig;

@@ -65,6 +65,21 @@ TEST_CASE("elastic: job failed while running stops the workers and exits with it
   CHECK(m.state() == ElasticState::done);
 }
 
+TEST_CASE("elastic: a node that gives up stops its workers, leaves the job and exits 1") {
+  ElasticMachine m = running();
+  CHECK(m.on_give_up() == A{{K::stop_workers}});
+  CHECK(m.on_restart().empty());
+  CHECK(m.on_group_done(false) == A{{K::leave}, {K::exit, 1}});
+  CHECK(m.state() == ElasticState::done);
+  ElasticMachine idle;
+  CHECK(idle.on_give_up() == A{{K::leave}, {K::exit, 1}});
+  // A failed job's exit (no leave: the job is over) stays as it was.
+  ElasticMachine failed = running();
+  CHECK(failed.on_result(7) == A{{K::stop_workers}});
+  CHECK(failed.on_give_up().empty());
+  CHECK(failed.on_group_done(false) == A{{K::exit, 7}});
+}
+
 TEST_CASE("elastic: refused or unreachable while idle exits at once") {
   ElasticMachine m;
   CHECK(m.on_result(1) == A{{K::exit, 1}});

@@ -64,6 +64,9 @@ class ElasticMachine {
   ElasticActions on_restart();
   // Job failed (its exit code), completed (0), refused or unreachable (1): stop and exit.
   ElasticActions on_result(int exit_code);
+  // This node gives up on its own (an unhealthy worker group, no restart can help): stop the
+  // workers, leave the job, exit 1.
+  ElasticActions on_give_up();
   ElasticActions on_signal(int sig);
 
   ElasticState state() const { return state_; }
