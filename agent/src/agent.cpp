@@ -242,6 +242,7 @@ class Agent {
       if (finished_) return;
       console::write(STDERR_FILENO, "ddprun: error: " + why + "\n");
       if (fatal_error_.empty()) fatal_error_ = why;
+      leave_reason_ = "(the worker group was unhealthy)";
       apply(machine_.on_give_up());
     };
     return h;
@@ -382,7 +383,7 @@ class Agent {
           next_round();
           break;
         case ElasticAction::Kind::leave:
-          backend_->leave(exit_code_of(actions));
+          backend_->leave(exit_code_of(actions), leave_reason_);
           break;
         case ElasticAction::Kind::exit:
           finish(a.value);
@@ -506,6 +507,7 @@ class Agent {
   bool finished_ = false;
   int exit_code_ = 1;
   std::string fatal_error_;  // ddprun's own reason to fail (exit_with_error), for the launcher's error file
+  std::string leave_reason_ = "after a signal";  // completes "workers stopped ..." when this node leaves
   // remote-agent mode: the launcher's control channel
   std::unique_ptr<asio::posix::stream_descriptor> control_;
   std::array<char, 256> control_buf_{};

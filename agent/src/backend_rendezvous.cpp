@@ -51,16 +51,16 @@ class C10dTransport final : public ClientTransport<rendezvous::RendezvousClient>
 
   std::vector<Endpoint> peers() const override { return {endpoint_}; }
 
-  void leave() override {
+  void leave(const std::string& why) override {
     if (host_server_ && !host_stopped_) {
       // This agent hosts the rendezvous and stops (a signal): the others cannot go on without it;
       // tell them now rather than start a round it would leave within seconds.
-      host_server_->abort_jobs("the agent hosting the rendezvous at " + endpoint_.to_string() +
-                                   " stopped after a signal; the job cannot go on without it (use ddprun-rdzvd for "
-                                   "jobs that must survive the loss of any node)",
+      host_server_->abort_jobs("the agent hosting the rendezvous at " + endpoint_.to_string() + " stopped " + why +
+                                   "; the job cannot go on without it (use ddprun-rdzvd for jobs that must survive "
+                                   "the loss of any node)",
                                1);
     }
-    ClientTransport::leave();
+    ClientTransport::leave(why);
   }
   std::string where() const override {
     return endpoints_.size() > 1 ? endpoint_list_text(endpoints_) : endpoint_.to_string();
@@ -259,10 +259,10 @@ class ClientBackend final : public RendezvousBackend {
     spdlog::info("local workers stopped after a failure (exit {}); waiting for the rendezvous' decision", exit_code);
   }
 
-  void leave(int /*exit_code*/) override {
+  void leave(int /*exit_code*/, const std::string& why) override {
     leaving_ = true;  // (the job's end that our own leave may cause is no news here)
-    spdlog::warn("workers stopped after a signal; leaving the rendezvous");
-    transport_->leave();
+    spdlog::warn("workers stopped {}; leaving the rendezvous", why);
+    transport_->leave(why);
   }
 
   void stop(std::function<void()> stopped) override {

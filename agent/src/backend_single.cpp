@@ -93,7 +93,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 
-  void leave(int exit_code) override {
+  void leave(int exit_code, const std::string& /*why*/) override {
     if (failed_) {
       // A rank had failed before the signal came (a Ctrl-C during the teardown's grace): what
       // failed is still the news, with its diagnosis.

@@ -51,7 +51,7 @@ class RendezvousTransport {
   virtual void set_nccl_ids(std::vector<std::uint8_t> ids) = 0;
   virtual void report_failure(const rendezvous::WorkerFailure& failure) = 0;
   virtual void report_success(std::uint64_t round) = 0;
-  virtual void leave() = 0;
+  virtual void leave(const std::string& why) = 0;  // why: as RendezvousBackend::leave
   // Stops the client (no callback after this), then `stopped`: at once, or once an embedded
   // host had its chance to tell its peers.
   virtual void stop(std::function<void()> stopped) = 0;
@@ -70,7 +70,7 @@ class ClientTransport : public RendezvousTransport {
   }
   void report_failure(const rendezvous::WorkerFailure& failure) override { client_->report_failure(failure); }
   void report_success(std::uint64_t round) override { client_->report_success(round); }
-  void leave() override { client_->leave(); }
+  void leave(const std::string& /*why*/) override { client_->leave(); }
   void stop(std::function<void()> stopped) override {
     if (client_) client_->stop();
     stopped();

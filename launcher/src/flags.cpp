@@ -96,7 +96,7 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "master-port", .scope = S::placement, .env_form = true, .metavar = "PORT",
    .help = "Port on the rank 0 node (static backend only). Unset, a job of one node runs as --standalone "
            "(a free port).",
-   .default_text = "29500"},
+   .default_text = "29500 with several nodes"},
   {.dash = "local-addr", .scope = S::placement, .env_form = true, .metavar = "HOST",
    .help = "Address this node advertises to the others."},
   {.dash = "signals-to-handle", .scope = S::forwarded, .env_form = true, .metavar = "SIG,...",

@@ -100,7 +100,8 @@ void resolve_torchelastic_env(const ParsedFlags& p, agent::AgentConfig& cfg) {
 }
 
 // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: current torchrun reads a float of seconds and
-// treats anything else (and a negative value) as 0, off; ddprun does the same and says so.
+// treats anything else as 0, off, and a negative value too; ddprun does the same and says so
+// (a negative value included), and a value under 0.5 ms rounds to 0.
 void resolve_uninterruptible_state_timeout(const ParsedFlags& p, LaunchOptions& out) {
   const auto e = p.env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
   if (!e || trim(*e).empty()) return;
@@ -204,12 +205,22 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   cfg.standalone = p.flag("standalone");
   // As current torchrun (run.py): one node, the static backend and neither a port (--master-port,
   // PET_MASTER_PORT) nor --rdzv-endpoint is a standalone job, so that two such jobs on one
-  // machine do not both take port 29500: a free port and a new run id.
+  // machine do not both take port 29500: a free port and a new run id. Unlike torchrun, not with
+  // a --node-rank other than 0: that is a multi-node launch that forgot --nnodes, refused below.
   const bool implied_standalone = [&] {
     if (cfg.standalone || cfg.max_nodes != 1 || p.given("master-port") || p.given("rdzv-endpoint")) return false;
     if (auto g = p.given("rdzv-backend"); g && parse_rdzv_backend(g->text, g->what) != "static") return false;
+    if (auto g = p.given("node-rank"); g && trim(g->text) != "0") return false;
     return !slurm_to_apply(p, ctx);
   }();
+  if (implied_standalone) {
+    if (const auto slurm = slurm_from_env(ctx.env); slurm && slurm->nnodes > 1) {
+      out.notes.push_back("inside a Slurm allocation of " + std::to_string(slurm->nnodes) +
+                          " nodes, a placement flag without --nnodes runs a separate one-node job on each node "
+                          "(ignored: the allocation's nodes); give --nnodes " +
+                          std::to_string(slurm->nnodes) + " and --master-port, or no placement flag");
+    }
+  }
   const std::string standalone_why =
       cfg.standalone ? "--standalone" : "one node without --master-port (standalone, as torchrun)";
   if (implied_standalone) cfg.standalone = true;

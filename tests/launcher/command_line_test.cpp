@@ -102,6 +102,9 @@ TEST_CASE("one node without a port or an endpoint is standalone, as current torc
     CHECK(o.config.standalone);
     CHECK(o.config.master_port == 0);
   }
+  // Not with a node rank other than 0: a multi-node launch that forgot --nnodes is refused.
+  CHECK_THROWS_WITH(sb.parse({"--node-rank", "1", "--master-addr", "10.1.2.3", "train.py"}),
+                    Contains("--node-rank=1 is not below --nnodes=1"));
   // What it ignores is said, as for --standalone.
   const auto ignored = sb.parse({"--master-addr", "10.1.2.3", "--rdzv-id", "job7", "train.py"});
   CHECK(ignored.config.standalone);
@@ -860,13 +863,14 @@ TEST_CASE("a prefix torchrun reads as one of its flags means that flag, whatever
   CHECK(sb.parse({"--h"}).command == CommandKind::help);
   CHECK(sb.parse({"--he", "train.py"}).command == CommandKind::help);
   // Current torchrun's flags: --virtual-local-rank (ddprun: --version), --log-line-prefix-template
-  // (ddprun: --log-level), --print-completion (ddprun: --prefix-output).
+  // (ddprun: --log-level). --pr stays ambiguous: --prefix-output and --print-completion.
   CHECK(sb.parse({"--v", "train.py"}).config.virtual_local_rank);
   CHECK(sb.parse({"--vir", "train.py"}).config.virtual_local_rank);
   CHECK(sb.parse({"--ver"}).command == CommandKind::version);
   CHECK(sb.parse({"--log-l", "<$rank>", "train.py"}).config.log_line_prefix_template == "<$rank>");
   CHECK(sb.parse({"--log-le", "debug", "train.py"}).log_level == spdlog::level::debug);
-  CHECK(sb.parse({"--pr", "bash"}).command == CommandKind::completion);
+  CHECK_THROWS_WITH(sb.parse({"--pr", "bash"}), Contains("ambiguous option --pr"));
+  CHECK(sb.parse({"--pri", "bash"}).command == CommandKind::completion);
   CHECK(sb.parse({"--pre", "train.py"}).config.prefix_console);
   // Ambiguous for torchrun too, or only among ddprun's flags: still an error.
   CHECK_THROWS_WITH(sb.parse({"--local", "x", "train.py"}),

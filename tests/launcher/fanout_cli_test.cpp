@@ -476,6 +476,12 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
   CHECK(o.config.standalone);
   CHECK(o.config.max_nodes == 1);
+  // A placement flag without --nnodes in an allocation of several nodes: one job per node, said.
+  o = sb.parse({"--master-addr", "10.0.0.1", "train.py"}, slurm);
+  CHECK(o.config.standalone);
+  CHECK(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return n.find("a placement flag without --nnodes runs a separate one-node job on each node") != std::string::npos;
+  }));
   Env one = slurm;
   one["SLURM_NNODES"] = "1";
   one["SLURM_NODEID"] = "0";

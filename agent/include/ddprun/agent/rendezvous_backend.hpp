@@ -88,8 +88,9 @@ class RendezvousBackend {
   virtual std::optional<FailureReport> local_root_cause() const { return std::nullopt; }
   // Why the job failed when no worker's failure caused it (a rendezvous that timed out, say).
   virtual std::string job_failure_reason() const { return {}; }
-  // This node stops after a signal and exits with `exit_code`.
-  virtual void leave(int exit_code) = 0;
+  // This node stops and exits with `exit_code`; `why` completes "workers stopped ...": "after a
+  // signal", or the agent's own reason to give up (an unhealthy worker group).
+  virtual void leave(int exit_code, const std::string& why) = 0;
   // The agent is done: stop serving, then call `stopped` (at once, or once peers had their
   // chance to hear the result). No events after this.
   virtual void stop(std::function<void()> stopped) = 0;
