@@ -213,7 +213,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (auto g = p.given("node-rank"); g && trim(g->text) != "0") return false;
     return !slurm_to_apply(p, ctx);
   }();
-  if (implied_standalone) {
+  if (implied_standalone && !p.given("nnodes")) {
     if (const auto slurm = slurm_from_env(ctx.env); slurm && slurm->nnodes > 1) {
       out.notes.push_back("inside a Slurm allocation of " + std::to_string(slurm->nnodes) +
                           " nodes, a placement flag without --nnodes runs a separate one-node job on each node "

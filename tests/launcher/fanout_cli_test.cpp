@@ -476,6 +476,7 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
   CHECK(o.config.standalone);
   CHECK(o.config.max_nodes == 1);
+  CHECK(o.notes.empty());  // one node asked for: nothing to warn about
   // A placement flag without --nnodes in an allocation of several nodes: one job per node, said.
   o = sb.parse({"--master-addr", "10.0.0.1", "train.py"}, slurm);
   CHECK(o.config.standalone);
