@@ -229,7 +229,7 @@ constexpr FlagSpec kFlags[] = {
    .default_text = "on", .choices = kOnOff},
   {.dash = "version", .kind = K::boolean, .scope = S::process, .help = "Print the version and exit."},
   {.dash = "print-completion", .scope = S::process, .metavar = "SHELL",
-   .help = "Print the shell completion script for ddprun and exit, as torchrun: ddprun --print-completion bash "
+   .help = "Print the shell completion script for ddprun and exit: ddprun --print-completion bash "
            "> ~/.local/share/bash-completion/completions/ddprun (tcsh: not supported yet).",
    .choices = kShells},
 };

@@ -880,7 +880,7 @@ TEST_CASE("a prefix torchrun reads as one of its flags means that flag, whatever
   CHECK_THROWS_WITH(sb.parse({"--ho", "a", "train.py"}), Contains("ambiguous option --ho"));
 }
 
-TEST_CASE("--print-completion bash|zsh, as current torchrun; tcsh is not supported yet") {
+TEST_CASE("--print-completion bash|zsh (a flag proposed for torchrun); tcsh is not supported yet") {
   Sandbox sb;
   const auto bash = sb.parse({"--print-completion", "bash"});
   CHECK(bash.command == CommandKind::completion);
