@@ -1291,6 +1291,11 @@ int Containment::sweep(bool last) {
   return static_cast<int>(killed.size());
 }
 
+char process_state(pid_t pid) {
+  const auto st = proc_stat("/proc/" + std::to_string(pid) + "/stat");
+  return st ? st->state : 0;
+}
+
 std::vector<pid_t> process_tree(pid_t root) {
   std::vector<pid_t> out{root};
   for (std::size_t i = 0; i < out.size() && out.size() < 4096; ++i) {

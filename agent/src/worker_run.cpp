@@ -655,11 +655,18 @@ std::vector<pid_t> WorkerRun::job_pids() const {
   return out;
 }
 
+namespace {
+
+// How often a detector with `timeout` samples: a few times per timeout, at most once a second.
+std::chrono::milliseconds sampling_period(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
+                                             timeout / 4 + std::chrono::milliseconds(1));
+}
+
+}  // namespace
+
 void WorkerRun::arm_hang_check() {
-  // Sample a few times per timeout, at most once a second.
-  const auto every = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
-                                                         config_.hang_timeout / 4 + std::chrono::milliseconds(1));
-  hang_timer_.expires_after(every);
+  hang_timer_.expires_after(sampling_period(config_.hang_timeout));
   hang_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !ended_) on_hang_check();
   });
@@ -688,32 +695,8 @@ void WorkerRun::on_hang_check() {
   arm_hang_check();
 }
 
-namespace {
-
-// The state letter of /proc/PID/stat (R, S, D, Z, ...), or 0 when it cannot be read. The
-// command name may hold spaces and parentheses: the state follows the last ')'.
-char proc_state(pid_t pid) {
-  char path[32];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf));
-  ::close(fd);
-  if (n <= 0) return 0;
-  const std::string_view text(buf, static_cast<std::size_t>(n));
-  const auto close = text.rfind(')');
-  if (close == std::string_view::npos || close + 2 >= text.size()) return 0;
-  return text[close + 2];
-}
-
-}  // namespace
-
 void WorkerRun::arm_dstate_check() {
-  // As the hang detector: a few samples per timeout, at most one a second.
-  const auto every = std::min<std::chrono::milliseconds>(
-      std::chrono::milliseconds(1000), config_.uninterruptible_state_timeout / 4 + std::chrono::milliseconds(1));
-  dstate_timer_.expires_after(every);
+  dstate_timer_.expires_after(sampling_period(config_.uninterruptible_state_timeout));
   dstate_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !ended_) on_dstate_check();
   });
@@ -729,7 +712,7 @@ void WorkerRun::on_dstate_check() {
   for (const auto& w : workers_) {
     const pid_t pid = w->child.pid();
     if (pid <= 0 || w->child.exited()) continue;
-    if (proc_state(pid) != 'D') {
+    if (process_state(pid) != 'D') {
       dstate_since_.erase(pid);
       continue;
     }

@@ -178,4 +178,7 @@ class Containment {
 // /proc/PID/task/TID/children.
 std::vector<pid_t> process_tree(pid_t root);
 
+// The state letter of /proc/PID/stat (R, S, D, Z, ...), or 0 when it cannot be read.
+char process_state(pid_t pid);
+
 }  // namespace ddprun::agent
