@@ -242,7 +242,7 @@ class Agent {
       if (finished_) return;
       console::write(STDERR_FILENO, "ddprun: error: " + why + "\n");
       if (fatal_error_.empty()) fatal_error_ = why;
-      leave_reason_ = "(the worker group was unhealthy)";
+      if (!signalled_) leave_reason_ = "(the worker group was unhealthy)";
       apply(machine_.on_give_up());
     };
     return h;
@@ -308,6 +308,7 @@ class Agent {
   void deliver_signal(int sig) {
     // The run ends for it: its exit does not wait long on a console that does not read.
     console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
+    signalled_ = true;
     apply(machine_.on_signal(sig));
   }
 
@@ -507,6 +508,7 @@ class Agent {
   bool finished_ = false;
   int exit_code_ = 1;
   std::string fatal_error_;  // ddprun's own reason to fail (exit_with_error), for the launcher's error file
+  bool signalled_ = false;   // a handled signal was delivered
   std::string leave_reason_ = "after a signal";  // completes "workers stopped ..." when this node leaves
   // remote-agent mode: the launcher's control channel
   std::unique_ptr<asio::posix::stream_descriptor> control_;

@@ -93,7 +93,7 @@ class SingleNodeBackend final : public RendezvousBackend {
     post([this, exit_code] { events_.on_job_failed(exit_code); });
   }
 
-  void leave(int exit_code, const std::string& /*why*/) override {
+  void leave(int exit_code, const std::string& why) override {
     if (failed_) {
       // A rank had failed before the signal came (a Ctrl-C during the teardown's grace): what
       // failed is still the news, with its diagnosis.
@@ -102,7 +102,7 @@ class SingleNodeBackend final : public RendezvousBackend {
       console::write(STDERR_FILENO, format_failure_summary(entrypoint_name(config_), hostname(), report, {}));
       root_cause_ = report;
     }
-    spdlog::warn("workers stopped after a signal; exiting with {}", exit_code);
+    spdlog::warn("workers stopped {}; exiting with {}", why, exit_code);
   }
 
   void stop(std::function<void()> stopped) override {

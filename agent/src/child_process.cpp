@@ -248,6 +248,15 @@ void ChildProcess::kill_and_reap() {
   s.reaped = true;
 }
 
+void ChildProcess::abandon() {
+  State& s = *state_;
+  if (s.pid <= 0 || s.reaped || s.exited) return;
+  s.reaped = true;  // kill_and_reap() and the destructor must not block in waitid on it
+  s.exit_watch.reset();
+  s.callbacks = {};
+  for (auto& p : s.pumps) p->finish_now();
+}
+
 pid_t ChildProcess::pid() const { return state_->pid; }
 bool ChildProcess::exited() const { return state_->exited; }
 bool ChildProcess::done() const { return state_->done; }

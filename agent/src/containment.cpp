@@ -1231,6 +1231,12 @@ int Containment::sweep(bool last) {
     }
     return out;
   };
+  // Only processes given up on are left (give_up_on): waiting cannot end them.
+  const auto only_stuck = [this](const std::vector<pid_t>& pids) {
+    return !stuck_.empty() && std::all_of(pids.begin(), pids.end(), [this](pid_t p) {
+      return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end();
+    });
+  };
   std::vector<pid_t> alive;
   int empty_scans = 0;
   for (;;) {
@@ -1260,7 +1266,7 @@ int Containment::sweep(bool last) {
       // cgroup v1 has no populated flag: a process that forks and exits may show only pids that
       // are gone. An empty member list is final (a forking process is listed until its child
       // is); otherwise the list is read again frozen, where nothing can fork or exit.
-      if (job_pids()->empty()) break;
+      if (const auto pids = *job_pids(); pids.empty() || only_stuck(living(pids))) break;
       const auto set = [&](const char* state) {
         for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", state);
       };
@@ -1280,8 +1286,10 @@ int Containment::sweep(bool last) {
       if (alive.empty()) break;
     }
     for (pid_t p : alive) {
+      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;  // not ended, nor left behind
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);
     }
+    if (only_stuck(alive)) break;
     if (std::chrono::steady_clock::now() > deadline) {
       spdlog::warn("containment: {} process(es) of the job still alive after {} ms", alive.size(), kSweepBound.count());
       break;

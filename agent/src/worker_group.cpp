@@ -110,8 +110,10 @@ GroupActions WorkerGroupMachine::on_signal(int sig) {
       return {{GroupAction::Kind::signal_groups, sig}, {GroupAction::Kind::arm_grace, 0}};
     case GroupState::stopping:
       if (cause_ == StopCause::signal) {
-        // The user insists (a second Ctrl-C): no more grace.
-        return {{GroupAction::Kind::signal_groups, SIGKILL}};
+        // The user insists (a second Ctrl-C): no more grace. A third one after that SIGKILL
+        // stops waiting for what it could not end.
+        if (kill_sent_) return on_kill_wait_expired();
+        return kill();
       }
       // A restart or the agent's own stop was pending; the signal wins and ends the run after
       // this stop, and the workers see it (e.g. SIGINT forwarded through a launch tree that
@@ -144,7 +146,33 @@ GroupActions WorkerGroupMachine::on_grace_expired() {
   if (state_ != GroupState::stopping) {
     return {};
   }
-  return {{GroupAction::Kind::signal_groups, SIGKILL}};
+  return kill();
+}
+
+GroupActions WorkerGroupMachine::kill() {
+  GroupActions actions{{GroupAction::Kind::signal_groups, SIGKILL}};
+  if (!kill_sent_) actions.push_back({GroupAction::Kind::arm_kill_wait, 0});
+  kill_sent_ = true;
+  return actions;
+}
+
+GroupActions WorkerGroupMachine::on_kill_wait_expired() {
+  if (state_ != GroupState::stopping) {
+    return {};
+  }
+  GroupActions actions;
+  for (std::size_t r = 0; r < workers_.size(); ++r) {
+    auto& w = workers_[r];
+    if (w.exited) continue;
+    // Its output pipes stay open in the stuck process: it is done as far as the group goes.
+    w.exited = true;
+    w.drained = true;
+    abandoned_ = true;
+    actions.push_back({GroupAction::Kind::abandon, static_cast<int>(r)});
+  }
+  auto more = maybe_complete();
+  actions.insert(actions.end(), more.begin(), more.end());
+  return actions;
 }
 
 GroupActions WorkerGroupMachine::maybe_complete() {
@@ -165,10 +193,12 @@ GroupActions WorkerGroupMachine::maybe_complete() {
     actions.push_back({GroupAction::Kind::finish, 128 + stop_signal_});
     return actions;
   }
-  if (attempt_ < max_restarts_) {
+  // A process that outlived SIGKILL still holds what it held (a GPU, a port): no restart beside it.
+  if (attempt_ < max_restarts_ && !abandoned_) {
     ++attempt_;
     state_ = GroupState::healthy;
     cause_ = StopCause::none;
+    kill_sent_ = false;
     workers_.assign(static_cast<std::size_t>(nproc_), Worker{});
     actions.push_back({GroupAction::Kind::start_attempt, attempt_});
     return actions;

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <spdlog/spdlog.h>
 #include <sstream>
@@ -112,6 +113,7 @@ WorkerRun::WorkerRun(asio::io_context& io, const AgentConfig& config, Hooks hook
       hooks_(std::move(hooks)),
       machine_(config.nproc_per_node, 0),
       grace_timer_(io),
+      kill_wait_timer_(io),
       hang_timer_(io),
       dstate_timer_(io) {}
 
@@ -316,10 +318,27 @@ void WorkerRun::stop() {
 }
 
 void WorkerRun::apply(const GroupActions& actions) {
+  // Workers given up on come first; the hook hears of them before the group's end does, so the
+  // agent leaves rather than restarts.
+  std::string abandoned;
+  for (const auto& a : actions) {
+    if (a.kind == GroupAction::Kind::abandon) abandoned += (abandoned.empty() ? "" : ", ") + abandon(a.value);
+  }
+  if (!abandoned.empty() && hooks_.on_unhealthy) {
+    const std::string when = insisted_ != 0 ? fmt::format("at a third {}", signal_name(insisted_))
+                                            : fmt::format("after --kill-timeout={} s",
+                                                          std::chrono::duration<double>(config_.kill_timeout).count());
+    hooks_.on_unhealthy(fmt::format(
+        "worker group unhealthy: {} did not end after SIGKILL (stuck in the kernel); ddprun stopped waiting for it "
+        "{} and leaves the job without a restart (the process ends when the kernel lets it go: see dmesg, and the "
+        "driver or file system it waits on)",
+        abandoned, when));
+  }
   for (const auto& a : actions) {
     switch (a.kind) {
       case GroupAction::Kind::start_attempt:
-        break;  // only from start(): restarts are the backend's
+      case GroupAction::Kind::abandon:
+        break;  // restarts are the backend's; abandon: above
       case GroupAction::Kind::signal_groups:
         signal_groups(a.value);
         break;
@@ -328,10 +347,15 @@ void WorkerRun::apply(const GroupActions& actions) {
         break;
       case GroupAction::Kind::cancel_grace:
         grace_timer_.cancel();
+        kill_wait_timer_.cancel();
+        break;
+      case GroupAction::Kind::arm_kill_wait:
+        arm_kill_wait();
         break;
       case GroupAction::Kind::finish: {
         ended_ = true;
         grace_timer_.cancel();
+        kill_wait_timer_.cancel();
         kill_and_reap_all();
         if (hooks_.on_done) hooks_.on_done(machine_.state() == GroupState::succeeded, a.value);
         return;  // the hook may start the next attempt
@@ -379,8 +403,42 @@ void WorkerRun::arm_grace() {
   });
 }
 
+void WorkerRun::arm_kill_wait() {
+  kill_wait_timer_.expires_after(config_.kill_timeout);
+  kill_wait_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || ended_) return;
+    apply(machine_.on_kill_wait_expired());
+  });
+}
+
+std::string WorkerRun::abandon(int local_rank) {
+  Worker& w = *workers_.at(static_cast<std::size_t>(local_rank));
+  const pid_t pid = w.child.pid();
+  const char state = process_state(pid);
+  // Where in the kernel it waits (e.g. "__refrigerator", a driver's function); "0" when hidden.
+  std::string where;
+  {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/wchan");
+    std::getline(in, where);
+    if (where == "0") where.clear();
+  }
+  const std::string what =
+      fmt::format("local rank {} (pid {}, state {}{}{})", local_rank, pid, state != 0 ? std::string(1, state) : "gone",
+                  where.empty() ? "" : ", waiting in ", terminal_safe(where.substr(0, 80)));
+  if (insisted_ != 0) {
+    spdlog::error("{} has not ended since its SIGKILL: no longer waited for, at a third {}", what,
+                  signal_name(insisted_));
+  } else {
+    spdlog::error("{} did not end within {} ms of SIGKILL: no longer waited for", what, config_.kill_timeout.count());
+  }
+  w.child.abandon();
+  if (containment_ != nullptr) containment_->give_up_on(pid);
+  return what;
+}
+
 void WorkerRun::kill_and_reap_all() {
   hang_timer_.cancel();
+  kill_wait_timer_.cancel();
   dstate_timer_.cancel();
   for (auto& w : workers_) w->child.kill_and_reap();
   // What the workers left behind (daemons, double forks) ends with them.

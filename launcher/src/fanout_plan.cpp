@@ -38,6 +38,7 @@ void check_forwarded_value(std::string_view dash, const ParsedFlags::Given& g) {
       {"local-ranks-filter", [](std::string_view t, std::string_view w) { parse_local_ranks_filter(t, w); }},
       {"signals-to-handle", [](std::string_view t, std::string_view w) { parse_signals(t, w); }},
       {"shutdown-timeout", [](std::string_view t, std::string_view w) { parse_seconds_value(t, w); }},
+      {"kill-timeout", [](std::string_view t, std::string_view w) { parse_positive_seconds_value(t, w); }},
       {"nccl-id", [](std::string_view t, std::string_view w) { parse_nccl_id_mode(t, w); }},
       {"nccl-roots", [](std::string_view t, std::string_view w) { parse_nccl_roots(t, w); }},
       {"numa-binding", [](std::string_view t, std::string_view w) { worker_env::parse_numa_binding(t, w); }},

@@ -104,6 +104,11 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "shutdown-timeout", .scope = S::forwarded, .env_form = true, .metavar = "SECONDS",
    .help = "Grace between SIGTERM and SIGKILL when stopping workers.",
    .default_text = "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30"},
+  {.dash = "kill-timeout", .scope = S::forwarded, .env_form = true, .metavar = "SECONDS",
+   .help = "After SIGKILL, how long ddprun waits for a worker to end before it gives up on it (a process stuck in "
+           "the kernel, which ends when the kernel lets it go): the node then leaves the job without a restart. "
+           "A third Ctrl-C gives up at once.",
+   .default_text = "30"},
   {.dash = "virtual-local-rank", .kind = K::boolean, .scope = S::forwarded, .env_form = true,
    .help = "Each worker sees LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own device."},
   {.dash = "gpus", .scope = S::planned, .env_form = true, .metavar = "LIST",

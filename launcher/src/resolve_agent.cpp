@@ -434,6 +434,10 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     grace = parse_seconds_value(*e, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   }
   cfg.shutdown_timeout = std::chrono::milliseconds(seconds_to_ms(grace));
+  if (auto g = p.given("kill-timeout")) {
+    const double s = parse_positive_seconds_value(g->text, g->what);
+    cfg.kill_timeout = std::chrono::milliseconds(std::max<std::int64_t>(1, seconds_to_ms(s)));
+  }
   cfg.virtual_local_rank = p.flag("virtual-local-rank");
 
   // Containment and diagnosis.

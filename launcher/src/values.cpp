@@ -499,6 +499,12 @@ double parse_seconds_value(std::string_view text, std::string_view what) {
   return *v;
 }
 
+double parse_positive_seconds_value(std::string_view text, std::string_view what) {
+  const double v = parse_seconds_value(text, what);
+  if (v <= 0) fail(what, text, "must be more than 0", "a number of seconds above 0 up to 10000000, e.g. 30 or 0.5");
+  return v;
+}
+
 int parse_int_value(std::string_view text, std::string_view what, int min, int max) {
   const std::string forms = "an integer in " + std::to_string(min) + ".." + std::to_string(max);
   const auto v = parse_int(trim(text));

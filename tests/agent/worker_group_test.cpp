@@ -117,8 +117,9 @@ TEST_CASE("grace expiry sends SIGKILL only while stopping") {
   m.start();
   CHECK(m.on_grace_expired().empty());  // healthy: a stale timer does nothing
   m.on_exited(0, ExitStatus::exited(1));
-  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}});
+  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
   CHECK(m.state() == GroupState::stopping);
+  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}});  // the wait is armed once
 }
 
 TEST_CASE("a handled signal is forwarded; the run ends with 128 + signal") {
@@ -146,7 +147,7 @@ TEST_CASE("a signal during the agent's own stop is forwarded, not escalated to S
   // began the stop) reaches the workers as itself; only a second one means "no more grace".
   CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGINT}});
   CHECK(m.stop_cause() == StopCause::signal);
-  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}});
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
   m.on_drained(0);
   m.on_drained(1);
   CHECK(m.on_exited(0, ExitStatus::killed(SIGINT)).empty());
@@ -169,8 +170,63 @@ TEST_CASE("a second signal escalates to SIGKILL") {
   WorkerGroupMachine m(1, 0);
   m.start();
   m.on_signal(SIGTERM);
-  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}});
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
   CHECK(contains(done(m, 0, ExitStatus::killed(SIGKILL)), {K::finish, 128 + SIGTERM}));
+}
+
+TEST_CASE("a worker that outlives the kill wait is abandoned, and the group never restarts") {
+  WorkerGroupMachine m(3, 5);
+  m.start();
+  CHECK(m.on_kill_wait_expired().empty());  // healthy: a stale timer does nothing
+  m.on_exited(0, ExitStatus::exited(7));    // the first failure; restarts are left
+  done(m, 1, ExitStatus::killed(SIGTERM));  // ends at the SIGTERM
+  m.on_drained(0);
+  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
+  // Rank 2 never ends (stuck in the kernel): given up on, and no restart beside it.
+  const auto a = m.on_kill_wait_expired();
+  CHECK(a == GroupActions{{K::abandon, 2}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 7}});
+  CHECK(m.state() == GroupState::failed);
+  CHECK(m.abandoned());
+  CHECK(m.attempt() == 0);
+  CHECK(m.on_kill_wait_expired().empty());  // terminal
+  CHECK(m.on_exited(2, ExitStatus::killed(SIGKILL)).empty());
+}
+
+TEST_CASE("without a worker left, the kill wait's expiry changes nothing; restarts go on") {
+  WorkerGroupMachine m(2, 1);
+  m.start();
+  m.on_exited(0, ExitStatus::exited(1));
+  m.on_grace_expired();
+  m.on_drained(0);
+  // Rank 1 has exited but its output has not drained: it is not abandoned.
+  CHECK(m.on_exited(1, ExitStatus::killed(SIGKILL)).empty());
+  CHECK(m.on_kill_wait_expired().empty());
+  CHECK_FALSE(m.abandoned());
+  CHECK(contains(m.on_drained(1), {K::start_attempt, 1}));
+  CHECK(m.state() == GroupState::healthy);
+  // The new attempt's stop arms its own kill wait.
+  m.on_exited(1, ExitStatus::exited(1));
+  CHECK(m.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
+}
+
+TEST_CASE("a third signal gives up at once on what the second one's SIGKILL did not end") {
+  WorkerGroupMachine m(2, 0);
+  m.start();
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGINT}, {K::arm_grace, 0}});
+  done(m, 0, ExitStatus::killed(SIGINT));
+  CHECK(m.on_signal(SIGINT) == GroupActions{{K::signal_groups, SIGKILL}, {K::arm_kill_wait, 0}});
+  const auto a = m.on_signal(SIGINT);
+  CHECK(a == GroupActions{{K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
+  CHECK(m.state() == GroupState::interrupted);
+}
+
+TEST_CASE("the agent's own stop gives up like the others") {
+  WorkerGroupMachine m(1, 0);
+  m.start();
+  m.on_stop_request();
+  m.on_grace_expired();
+  CHECK(m.on_kill_wait_expired() ==
+        GroupActions{{K::abandon, 0}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 143}});
 }
 
 TEST_CASE("a signal during a failure stop wins over the pending restart") {

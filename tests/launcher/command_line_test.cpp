@@ -74,6 +74,7 @@ TEST_CASE("defaults equal torchrun's") {
   CHECK(c.log_line_prefix_template == "[${role_name}${local_rank}]:");
   CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
   CHECK(c.shutdown_timeout == std::chrono::seconds(30));
+  CHECK(c.kill_timeout == std::chrono::seconds(30));
   CHECK_FALSE(c.virtual_local_rank);
   CHECK_FALSE(c.dry_run);
   CHECK(c.local_rank_arg == AgentConfig::LocalRankArg::none);
@@ -218,6 +219,8 @@ TEST_CASE("every value flag in both spellings, with = or a space, and as PET_*")
        }},
       {"shutdown-timeout", "2.5",
        [](auto& o, auto&) { return o.config.shutdown_timeout == std::chrono::milliseconds(2500); }},
+      {"kill-timeout", "0.25", [](auto& o, auto&) { return o.config.kill_timeout == std::chrono::milliseconds(250); }},
+      {"kill-timeout", "0.0001", [](auto& o, auto&) { return o.config.kill_timeout == std::chrono::milliseconds(1); }},
       {"local-rank-arg", "underscore",
        [](auto& o, auto&) { return o.config.local_rank_arg == AgentConfig::LocalRankArg::underscore; }},
       {"local-rank-arg", "dash",
@@ -643,6 +646,8 @@ TEST_CASE("bad values name the flag") {
       {{"--metrics-host", "0.0.0.0"}, "--metrics-host is given without --metrics-port"},
       {{"--signals-to-handle", "SIGNOPE"}, "--signals-to-handle=SIGNOPE"},
       {{"--shutdown-timeout", "-3"}, "--shutdown-timeout=-3"},
+      {{"--kill-timeout", "0"}, "--kill-timeout=0: must be more than 0"},
+      {{"--kill-timeout", "soon"}, "--kill-timeout=soon: not a number of seconds"},
       {{"--local-rank-arg", "both"}, "--local-rank-arg=both"},
       {{"--log-level", "loud"}, "--log-level=loud"},
       {{"--numa-binding", "near"}, "--numa-binding='near'"},

@@ -70,6 +70,7 @@ TEST_CASE("the derived flag lists equal the hand-kept lists they replace") {
                                                 "local-ranks-filter",
                                                 "signals-to-handle",
                                                 "shutdown-timeout",
+                                                "kill-timeout",
                                                 "nccl-id",
                                                 "nccl-roots",
                                                 "role",
@@ -131,6 +132,8 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
                            "TERM",
                            "--shutdown-timeout",
                            "5",
+                           "--kill-timeout",
+                           "60",
                            "--nccl-id",
                            "off",
                            "--nccl-roots",
@@ -169,6 +172,7 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
                                            "--local-ranks-filter=0",
                                            "--signals-to-handle=TERM",
                                            "--shutdown-timeout=5",
+                                           "--kill-timeout=60",
                                            "--nccl-id=off",
                                            "--nccl-roots=2",
                                            "--role=trainer",
@@ -189,11 +193,11 @@ TEST_CASE("every forwarded flag is checked by the fan-out launcher and forwarded
   for (const Strings& bad :
        {Strings{"--max-restarts", "-1"}, Strings{"--redirects", "7"}, Strings{"--tee", "x"},
         Strings{"--local-ranks-filter", "a"}, Strings{"--signals-to-handle", "KILL"},
-        Strings{"--shutdown-timeout", "soon"}, Strings{"--nccl-id", "maybe"}, Strings{"--nccl-roots", "0"},
-        Strings{"--role", " "}, Strings{"--log-dir", ""}, Strings{"--local-rank-arg", "both"},
-        Strings{"--log-level", "loud"}, Strings{"--numa-binding", "nowhere"}, Strings{"--containment", "jail"},
-        Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"}, Strings{"--metrics-host", "node1"},
-        Strings{"--metrics-port", "70000"}}) {
+        Strings{"--shutdown-timeout", "soon"}, Strings{"--kill-timeout", "0"}, Strings{"--nccl-id", "maybe"},
+        Strings{"--nccl-roots", "0"}, Strings{"--role", " "}, Strings{"--log-dir", ""},
+        Strings{"--local-rank-arg", "both"}, Strings{"--log-level", "loud"}, Strings{"--numa-binding", "nowhere"},
+        Strings{"--containment", "jail"}, Strings{"--hang-timeout", "never"}, Strings{"--stacks", "maybe"},
+        Strings{"--metrics-host", "node1"}, Strings{"--metrics-port", "70000"}}) {
     Strings args = {"--hosts", "h0"};
     args.insert(args.end(), bad.begin(), bad.end());
     args.emplace_back("train.py");

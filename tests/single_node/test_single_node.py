@@ -301,6 +301,87 @@ class SingleNode(unittest.TestCase):
         self.assertIn("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon is not a number of seconds: ignored", r.stderr)
         self.assertNotIn("D state", r.stderr)
 
+    def test_a_worker_that_sigkill_cannot_end_is_given_up_on(self):
+        # A task frozen by a cgroup v1 freezer is in the D state and acts on SIGKILL only once
+        # thawed: the worker stuck in a driver or a file system that no signal ends. ddprun stops
+        # waiting for it after --kill-timeout, leaves without using its restarts, and exits.
+        root = None
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype, opts = line.split()[:4]
+                if fstype == "cgroup" and "freezer" in opts.split(","):
+                    root = mnt
+        if root is None or not os.access(root, os.W_OK):
+            self.skipTest("no writable cgroup v1 freezer hierarchy (the only way to make SIGKILL wait)")
+        with open("/proc/self/cgroup") as f:
+            own = next(l.split(":", 2)[2].strip() for l in f if l.split(":")[1] == "freezer")
+        cg = os.path.join(root + own, f"ddprun-test-stuck-{os.getpid()}")
+        os.mkdir(cg)
+        stuck = job_cg = None
+        try:
+            e = dict(os.environ, PET_MASTER_PORT="0")
+            # stderr to a file: the frozen worker holds the streams it inherited open past ddprun's end.
+            with open(self.p("stderr"), "w") as errf:
+                proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--shutdown-timeout",
+                                         "0.5", "--kill-timeout", "1", "--no-python", WORKER, "--ready-file", "-",
+                                         "--sleep-ms", "60000"], stdout=subprocess.PIPE, stderr=errf, env=e)
+            try:
+                stuck, other = read_ready(proc, 2, 20)
+                with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                    f.write(str(stuck))
+                with open(os.path.join(cg, "freezer.state"), "w") as f:
+                    f.write("FROZEN")
+                deadline = time.monotonic() + 10
+                while True:
+                    with open(os.path.join(cg, "freezer.state")) as f:
+                        if f.read().strip() == "FROZEN":
+                            break
+                    self.assertLess(time.monotonic(), deadline, "the freezer did not freeze the worker")
+                    time.sleep(0.01)
+                start = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=40)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                proc.stdout.close()
+            with open(self.p("stderr")) as f:
+                err = f.read()
+            self.assertEqual(proc.returncode, 143, err)
+            self.assertLess(time.monotonic() - start, 20, err)  # liveness: without the give-up it waits forever
+            self.assertIn(f"(pid {stuck}, state D", err)
+            self.assertIn("did not end after SIGKILL (stuck in the kernel); ddprun stopped waiting for it after "
+                          "--kill-timeout=1 s and leaves the job without a restart", err)
+            self.assertIn("did not end within 1000 ms of SIGKILL: no longer waited for", err)
+            self.assertNotIn("restarting", err)
+            self.assertTrue(gone(other, 5), "the other worker outlived ddprun")
+            self.assertFalse(gone(stuck, 0), "the frozen worker ended: the test made nothing stuck")
+            with open(f"/proc/{stuck}/cgroup") as f:  # the job's cgroup v2, if containment made one
+                job_cg = next((l.split(":", 2)[2].strip() for l in f if l.startswith("0::/ddprun-")), None)
+        finally:
+            if stuck is not None:
+                with open(os.path.join(cg, "freezer.state"), "w") as f:
+                    f.write("THAWED")  # its pending SIGKILL ends it now
+                self.assertTrue(gone(stuck, 10), "the thawed worker did not end")
+                # Ended soon enough, it leaves no cgroup behind: the watchdog's removal was still trying.
+                with open("/proc/mounts") as f:
+                    v2 = next((l.split()[1] for l in f if l.split()[2] == "cgroup2"), None)
+                if job_cg and v2:
+                    deadline = time.monotonic() + 15
+                    while os.path.exists(v2 + job_cg):
+                        self.assertLess(time.monotonic(), deadline, f"{v2 + job_cg} was left behind")
+                        time.sleep(0.05)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    os.rmdir(cg)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+
     def test_prefix_template_as_current_torchrun(self):
         # ${hostname} (gethostname, as torchrun), $rank without braces, $$ for a dollar.
         r = run(["--nproc-per-node", "2", "--tee", "3", "--log-line-prefix-template", "${hostname}|$rank|$$:",

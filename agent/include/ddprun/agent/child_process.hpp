@@ -70,6 +70,11 @@ class ChildProcess {
   void signal_group(int sig) const;
   // SIGKILL to the group unless it exited, then reap. Idempotent.
   void kill_and_reap();
+  // Stops waiting for a child that did not end after SIGKILL (stuck in the kernel): its exit is
+  // no longer watched, its piped output is written out as far as it is buffered, and it is never
+  // reaped here (when it ends, it is a zombie until this process exits, then init's). No callback
+  // follows. Nothing for a child that exited or was reaped.
+  void abandon();
 
   pid_t pid() const;
   bool exited() const;

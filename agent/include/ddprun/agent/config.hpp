@@ -119,6 +119,9 @@ struct AgentConfig {
 
   std::vector<int> signals_to_handle;  // default SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // --kill-timeout: how long a worker may take to end after SIGKILL before ddprun stops waiting
+  // for it (a process stuck in the kernel: it ends when the kernel lets it go).
+  std::chrono::milliseconds kill_timeout{std::chrono::seconds(30)};
   // Containment and diagnosis (containment.hpp, diagnosis.hpp).
   std::string containment = "auto";           // auto | cgroup2 | cgroup1 | proc | off
   std::chrono::milliseconds hang_timeout{0};  // 0 = no hang detection

@@ -105,6 +105,9 @@ class Containment {
   // several in a row find nothing (a process that forks and exits without pause can slip past
   // one scan).
   int sweep(bool last = false);
+  // A process of the job that outlived its SIGKILL (stuck in the kernel): sweeps still signal it
+  // but no longer wait for it to end.
+  void give_up_on(pid_t pid) { stuck_.push_back(pid); }
   // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
   // it once the agent is gone: the agent's exit does not wait for a disk file system to free the
   // directory. False when there is no watchdog to take it, or when this process is PID 1 (its
@@ -141,10 +144,11 @@ class Containment {
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
-  pid_t agent_sid_ = -1;    // the agent's session: proc sweeps signal no process group in it
-  std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
-  bool rank_dirs_ = false;  // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
-  std::string memory_dir_;  // the job's memory cgroup; empty = none
+  pid_t agent_sid_ = -1;      // the agent's session: proc sweeps signal no process group in it
+  std::vector<pid_t> stuck_;  // give_up_on
+  std::string job_dir_;       // the containment cgroup (v2 or v1 freezer); empty = proc/off
+  bool rank_dirs_ = false;    // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
+  std::string memory_dir_;    // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
   bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;

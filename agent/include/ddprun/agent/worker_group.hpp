@@ -12,32 +12,35 @@
 //
 // Transition table (state × event → next state, actions):
 //
-//   state        event                      condition                 next          actions
-//   ----------   ------------------------   -----------------------   -----------   ---------------------------------
-//   init         start                                                healthy       start_attempt(0)
-//   healthy      exited(ok)                 not all done              healthy       -
-//   healthy      exited(ok)/drained         all done                  succeeded     finish(0)
-//   healthy      exited(failed)                                       stopping[F]   record failure,
-//   signal_groups(SIGTERM),
-//                                                                                   arm_grace
-//   healthy      signal(s)                                            stopping[S]   signal_groups(s), arm_grace
-//   stopping     exited(any)/drained        not all done              stopping      -
-//   stopping     grace_expired                                        stopping      signal_groups(SIGKILL)
-//   stopping[F]  signal(s)                                            stopping[S]   signal_groups(s) (grace keeps
-//   running) stopping[S]  signal(any)                                          stopping[S]   signal_groups(SIGKILL)
-//   (second signal) stopping[F]  all done                   restarts left             healthy       cancel_grace,
-//   signal_groups(SIGKILL)
-//                                                                                   (sweep leftovers),
-//                                                                                   start_attempt(n+1)
-//   stopping[F]  all done                   budget spent              failed        cancel_grace,
-//   signal_groups(SIGKILL),
-//                                                                                   finish(first failure's code)
-//   stopping[S]  all done                                             interrupted   cancel_grace,
-//   signal_groups(SIGKILL),
-//                                                                                   finish(128 + s)
-//   succeeded/failed/interrupted   any                                (same)        - (terminal)
+// clang-format off
+//   state         event               condition             next          actions
+//   -----------   -----------------   -------------------   -----------   ----------------------------------
+//   init          start                                     healthy       start_attempt(0)
+//   healthy       exited(ok)          not all done          healthy       -
+//   healthy       exited(ok)/drained  all done              succeeded     finish(0)
+//   healthy       exited(failed)                            stopping[F]   record failure,
+//                                                                         signal_groups(SIGTERM), arm_grace
+//   healthy       signal(s)                                 stopping[S]   signal_groups(s), arm_grace
+//   stopping      exited(any)/drained not all done          stopping      -
+//   stopping      grace_expired                             stopping      signal_groups(SIGKILL), arm_kill_wait
+//   stopping      kill_wait_expired   a worker not exited   as all done   abandon(r) for each such worker,
+//                                                           (no restart)  then as all done
+//   stopping[F]   signal(s)                                 stopping[S]   signal_groups(s) (grace keeps running)
+//   stopping[S]   signal (second)                           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
+//   stopping[S]   signal (third)                            as kill_wait_expired
+//   stopping[F]   all done            restarts left,        healthy       cancel_grace, signal_groups(SIGKILL)
+//                                     none abandoned                      (sweep leftovers), start_attempt(n+1)
+//   stopping[F]   all done            budget spent or       failed        cancel_grace, signal_groups(SIGKILL),
+//                                     one abandoned                       finish(first failure's code)
+//   stopping[S]   all done                                  interrupted   cancel_grace, signal_groups(SIGKILL),
+//                                                                         finish(128 + s)
+//   succeeded/failed/interrupted   any                   (same)        - (terminal)
+// clang-format on
 //
 // [F] = stopping because a worker failed, [S] = stopping because ddprun got a signal.
+// Every SIGKILL of a stop (the grace's, a second signal's) arms the kill wait; a signal after it
+// (a third Ctrl-C) is taken as its expiry. A worker that outlives it is stuck in the kernel (a
+// SIGKILL it cannot act on): the group gives up waiting for it, and never restarts after that.
 // A worker exiting 0 while others run keeps the group running (torchrun semantics).
 // Only exits observed while healthy count as failures: exits caused by our own SIGTERM are not.
 #include <cstdint>
@@ -61,8 +64,10 @@ struct GroupAction {
     start_attempt,  // value = restart count (0 for the first attempt); reset store, spawn all
     signal_groups,  // value = signal to send to every worker process group of the attempt
     arm_grace,      // start the shutdown grace timer (shutdown_timeout)
-    cancel_grace,
-    finish,  // value = ddprun's exit code; the run is over
+    cancel_grace,   // cancels the grace and the kill wait
+    arm_kill_wait,  // start the kill wait (kill_timeout): how long a SIGKILLed worker may take to end
+    abandon,        // value = local rank: a worker that did not end within the kill wait; stop waiting for it
+    finish,         // value = ddprun's exit code; the run is over
   };
   Kind kind;
   int value = 0;
@@ -88,6 +93,8 @@ class WorkerGroupMachine {
   // The agent stops a healthy group itself (SIGTERM, grace, SIGKILL); it ends as on a signal.
   GroupActions on_stop_request();
   GroupActions on_grace_expired();
+  // The kill wait after a SIGKILL expired: workers still not exited are abandoned.
+  GroupActions on_kill_wait_expired();
 
   GroupState state() const { return state_; }
   StopCause stop_cause() const { return cause_; }
@@ -96,6 +103,8 @@ class WorkerGroupMachine {
   int restarts_left() const { return max_restarts_ - attempt_; }
   bool is_terminal() const;
   bool worker_exited(int local_rank) const;
+  // Whether a worker of the current attempt was abandoned (it never ended after SIGKILL).
+  bool abandoned() const { return abandoned_; }
   // Failures of every attempt in the order observed; the root cause of a run that failed is
   // the first failure of its last attempt (root_cause()).
   const std::vector<RecordedFailure>& failures() const { return failures_; }
@@ -107,6 +116,7 @@ class WorkerGroupMachine {
     bool drained = false;
   };
   GroupActions maybe_complete();
+  GroupActions kill();  // SIGKILL to every group; the first one of a stop arms the kill wait
   void check_rank(int local_rank) const;
 
   int nproc_;
@@ -114,6 +124,8 @@ class WorkerGroupMachine {
   GroupState state_ = GroupState::init;
   StopCause cause_ = StopCause::none;
   int stop_signal_ = 0;
+  bool kill_sent_ = false;  // this stop sent SIGKILL and armed the kill wait
+  bool abandoned_ = false;
   int attempt_ = 0;
   std::vector<Worker> workers_;
   std::vector<RecordedFailure> failures_;

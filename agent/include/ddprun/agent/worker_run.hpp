@@ -42,8 +42,9 @@ class WorkerRun {
     std::function<void(bool ok, int code)> on_done;
     // A worker of the current attempt exited (its pid, before it is reaped).
     std::function<void(pid_t pid)> on_worker_exit;
-    // A worker stayed in uninterruptible sleep for config.uninterruptible_state_timeout: the
-    // group is unhealthy (what and why, for the user), and no restart can help it.
+    // A worker stayed in uninterruptible sleep for config.uninterruptible_state_timeout, or did
+    // not end within config.kill_timeout of its SIGKILL: the group is unhealthy (what and why,
+    // for the user), and no restart can help it. The second comes before the group's on_done.
     std::function<void(const std::string& why)> on_unhealthy;
   };
 
@@ -108,6 +109,9 @@ class WorkerRun {
   void on_done(int local_rank);
   void signal_groups(int sig);
   void arm_grace();
+  void arm_kill_wait();
+  // Stops waiting for a worker that outlived its SIGKILL; its description for on_unhealthy.
+  std::string abandon(int local_rank);
   FailureReport report_of(const Worker& w) const;
   std::string cause_of(Worker& w, const ExitStatus& status);
   // Whether `status` is a kill by a signal ddprun sent to the group this attempt.
@@ -125,6 +129,7 @@ class WorkerRun {
   Hooks hooks_;
   WorkerGroupMachine machine_;
   boost::asio::steady_timer grace_timer_;
+  boost::asio::steady_timer kill_wait_timer_;
   boost::asio::steady_timer hang_timer_;
   boost::asio::steady_timer dstate_timer_;
   // Since when each worker pid has been seen in uninterruptible sleep (state D), this attempt.

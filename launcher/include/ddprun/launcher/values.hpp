@@ -111,6 +111,8 @@ std::string accepted_signal_names();
 
 // Seconds as a non-negative decimal ("30", "0.5").
 double parse_seconds_value(std::string_view text, std::string_view what);
+// The same, more than 0 (a wait that must let the kernel act: --kill-timeout).
+double parse_positive_seconds_value(std::string_view text, std::string_view what);
 // A decimal integer in [min, max].
 int parse_int_value(std::string_view text, std::string_view what, int min, int max);
 // --stacks: on | off.
