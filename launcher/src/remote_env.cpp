@@ -17,16 +17,26 @@ constexpr std::string_view kEnvFileForms =
     "wrapped in '...' or \"...\"";
 constexpr std::string_view kEnvFlagForms = "NAME or NAME=VALUE, NAME matching [A-Za-z_][A-Za-z0-9_]*";
 
+bool is_agent_setting(std::string_view name) {
+  return std::find(kRemoteAgentSettings.begin(), kRemoteAgentSettings.end(), name) != kRemoteAgentSettings.end();
+}
+
 bool is_reserved(std::string_view name) {
-  return std::any_of(kReservedRemoteEnv.begin(), kReservedRemoteEnv.end(),
-                     [&](std::string_view p) { return env_name_matches(name, p); });
+  return !is_agent_setting(name) && std::any_of(kReservedRemoteEnv.begin(), kReservedRemoteEnv.end(),
+                                                [&](std::string_view p) { return env_name_matches(name, p); });
 }
 
 void reject_reserved(std::string_view name, const std::string& where) {
-  if (is_reserved(name)) {
-    throw UsageError(where + ": " + std::string(name) + " cannot be sent to the hosts",
-                     "ddprun sets it for each worker; remove it");
+  if (!is_reserved(name)) return;
+  std::string why = "ddprun sets it for each worker; remove it";
+  if (env_name_matches(name, "PET_*")) {
+    why = "PET_ variables stand for flags: give the flag itself, which is checked here and forwarded to every host";
+  } else if (name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") {
+    why = "with a host list every relayed line is prefixed [host:RANK]:, whatever the template; remove it";
+  } else if (name == "DDPRUN_LAUNCH_TREE") {
+    why = "it is the launch tree's own plan; remove it";
   }
+  throw UsageError(where + ": " + std::string(name) + " cannot be sent to the hosts", why);
 }
 
 // Adds or replaces, keeping the position of the first occurrence.
@@ -116,7 +126,8 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
   for (const auto& [name, value] : launcher_env) {
     // (The name captured by value: clang before 16 cannot capture a structured binding.)
     const auto matches = [n = std::string_view(name)](std::string_view p) { return env_name_matches(n, p); };
-    const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(), matches);
+    const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(), matches) ||
+                        is_agent_setting(name);
     const bool excepted = std::any_of(kDefaultRemoteEnvExceptions.begin(), kDefaultRemoteEnvExceptions.end(), matches);
     // A launcher variable with a NUL cannot exist; an invalid name (possible via env(1)) is skipped.
     if (wanted && !excepted && !is_reserved(name) && is_env_name(name)) out.emplace_back(name, value);

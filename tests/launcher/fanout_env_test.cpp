@@ -139,7 +139,19 @@ TEST_CASE("--env flag") {
   CHECK_THROWS_WITH(parse_env_flag("=x"), Contains("--env =x"));
   CHECK_THROWS_WITH(parse_env_flag("A B=1"), Contains("'A B'"));
   CHECK_THROWS_WITH(parse_env_flag("RANK=3"), Contains("RANK cannot be sent") && Contains("ddprun sets it"));
-  CHECK_THROWS_WITH(parse_env_flag("TORCHELASTIC_RUN_ID"), Contains("TORCHELASTIC_RUN_ID"));
+  CHECK_THROWS_WITH(parse_env_flag("TORCHELASTIC_RUN_ID"),
+                    Contains("TORCHELASTIC_RUN_ID") && Contains("ddprun sets it"));
+  // Each refusal says why, per kind of name.
+  CHECK_THROWS_WITH(parse_env_flag("PET_NNODES=2"), Contains("give the flag itself"));
+  CHECK_THROWS_WITH(parse_env_flag("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=x"), Contains("[host:RANK]:"));
+  CHECK_THROWS_WITH(parse_env_flag("DDPRUN_LAUNCH_TREE=x"), Contains("launch tree's own plan"));
+  // torch's agent settings are read by each host's agent: they may be sent.
+  for (const char* name : {"TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE",
+                           "TORCHELASTIC_HEALTH_CHECK_PORT", "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"}) {
+    INFO(name);
+    CHECK(parse_env_flag(std::string(name) + "=1") == EnvFlag{name, std::string("1")});
+    CHECK(select_remote_env({}, {}, {{name, "2"}}) == EnvEntries{{name, "2"}});
+  }
   CHECK_THROWS_WITH(parse_env_flag(std::string("A=x\0y", 5)), Contains("NUL"));
 }
 
@@ -181,6 +193,9 @@ TEST_CASE("select_remote_env: the default set") {
                                                   {"LOCAL_WORLD_SIZE", "1"},
                                                   {"PET_NNODES", "2"},
                                                   {"TORCHELASTIC_RUN_ID", "r"},
+                                                  {"TORCHELASTIC_ERROR_FILE", "/e"},
+                                                  {"TORCHELASTIC_HEALTH_CHECK_PORT", "9000"},
+                                                  {"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "60"},
                                                   {"HOME", "/root"},
                                                   {"TMPDIR", "/tmp"},
                                                   {"USER", "me"},
@@ -200,6 +215,8 @@ TEST_CASE("select_remote_env: the default set") {
                            {"PATH", "/bin"},
                            {"PYTHONPATH", "/p"},
                            {"PYTHON_EXEC", "/py"},
+                           {"TORCHELASTIC_HEALTH_CHECK_PORT", "9000"},
+                           {"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "60"},
                            {"TORCH_SHOW_CPP_STACKTRACES", "1"},
                            {"VIRTUAL_ENV", "/venv"},
                            {"WANDB_MODE", "offline"}};

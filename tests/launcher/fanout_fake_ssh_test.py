@@ -12,7 +12,8 @@ $FAKE_SSH_LOG, and acts per destination: listed in $FAKE_SSH_EXIT0 it ends the s
 without running anything (a ForceCommand, a login script that exits), in $FAKE_SSH_REFUSE it
 fails as an unreachable host does (ssh's message, exit 255), in $FAKE_SSH_HANG the session is up
 but nothing it runs ever starts ddprun (a login script that hangs, a stalled NFS mount): it waits
-until the launcher ends it. `ssh -G HOST` prints the host's configuration as ssh would.
+until the launcher ends it. `ssh -G HOST` prints the host's configuration as ssh would. With
+$FAKE_SSH_ENV_I set, the remote command gets none of the launcher's environment but PATH.
 """
 import os
 import re
@@ -45,6 +46,8 @@ case " $FAKE_SSH_REFUSE " in
   *" $dest "*) echo "ssh: connect to host $dest port 22: Connection refused" >&2; exit 255 ;;
 esac
 case " $FAKE_SSH_HANG " in *" $dest "*) echo "fake ssh: $dest holds the session" >&2; exec sleep 300 ;; esac
+# As a real remote login: nothing of the launcher's environment but PATH (which has this script).
+[ -n "$FAKE_SSH_ENV_I" ] && exec env -i PATH="$PATH" sh -c "$*"
 exec sh -c "$*"
 """
 
@@ -101,7 +104,7 @@ class FakeSshCase(unittest.TestCase):
         env = dict(os.environ)
         env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"),
                     "PYTHON_EXEC": PYTHON, "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "",
-                    "FAKE_SSH_REFUSE": "", "FAKE_SSH_HANG": "", "DDPRUN_LOG_LEVEL": "info"})
+                    "FAKE_SSH_REFUSE": "", "FAKE_SSH_HANG": "", "FAKE_SSH_ENV_I": "", "DDPRUN_LOG_LEVEL": "info"})
         env.update(env_extra or {})
         argv = [BIN] + (["--launcher-addr", launcher_addr] if launcher_addr else [])
         argv += ["--shutdown-timeout", "5"] + args
@@ -297,6 +300,27 @@ class LongLines(FakeSshCase):
     def test_tree(self):
         # Depth 3 (launcher -> h0 -> h1 -> h2): h2's lines pass two tree nodes.
         self.check(TREE, ["h%d" % i for i in range(7)])
+
+
+class AgentSettingsReachTheHosts(FakeSshCase):
+    """torch's agent settings (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT here) reach each host's
+    agent, which reads them: from the launcher's environment by default, and by --env, on hosts
+    whose sessions start with none of the launcher's environment."""
+
+    def check(self, args, env_extra, hosts):
+        r = self.ddprun(["--hosts", ",".join(hosts), "--nproc-per-node", "1"] + args + ["--no-python", "true"],
+                        env_extra=dict(env_extra, FAKE_SSH_ENV_I="1"))
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 0, err)
+        for h in hosts:
+            self.assertIn("[ddprun@%s info] TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon is not a number of seconds: "
+                          "ignored" % h, err)
+
+    def test_from_the_launchers_environment(self):
+        self.check([], {"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT": "soon"}, ["h0", "h1"])
+
+    def test_by_env_flag_through_a_tree(self):
+        self.check(TREE + ["--env", "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon"], {}, ["h0", "h1", "h2"])
 
 
 if __name__ == "__main__":

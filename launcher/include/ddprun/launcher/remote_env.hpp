@@ -29,6 +29,10 @@ using agent::read_env_block;
 
 // Launcher variables carried to every host by default. "X_*" matches names starting with "X_";
 // other entries match exactly.
+// torch's agent settings (read by each host's agent, not set per worker) come along too.
+inline constexpr std::array<std::string_view, 4> kRemoteAgentSettings = {
+    "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE", "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"};
 inline constexpr std::array<std::string_view, 14> kDefaultRemoteEnvPatterns = {
     "NCCL_*",      "CUDA_*",      "PYTHONPATH", "PATH",    "LD_LIBRARY_PATH",  "OMP_*",   "TORCH_*", "GLOO_*",
     "PYTHON_EXEC", "VIRTUAL_ENV", "HF_*",       "WANDB_*", "DDPRUN_LOG_LEVEL", "LOGLEVEL"};
@@ -36,7 +40,9 @@ inline constexpr std::array<std::string_view, 14> kDefaultRemoteEnvPatterns = {
 // visibility says nothing about a remote host's devices.
 inline constexpr std::array<std::string_view, 1> kDefaultRemoteEnvExceptions = {"CUDA_VISIBLE_DEVICES"};
 // Never carried at all (and an error in --env / --env-file): the remote agent sets these per
-// worker, a value from the launcher would be wrong or overwritten.
+// worker, a value from the launcher would be wrong or overwritten (kRemoteAgentSettings aside).
+// PET_* are flags (give the flag: it is forwarded); TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is
+// --log-line-prefix-template, which remote lines do not use.
 // DDPRUN_LAUNCH_TREE is the launch tree's own plan (fanout.hpp): a user's value would turn a host
 // into a tree node.
 inline constexpr std::array<std::string_view, 13> kReservedRemoteEnv = {
