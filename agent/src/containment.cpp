@@ -467,23 +467,24 @@ bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 
 
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
 
-// What a sweep needs of /proc/PID/stat.
+// What a sweep (and the hang detector: `cpu`) needs of /proc/PID/stat.
 struct ProcStat {
   char state = '?';
   long pgrp = 0;
   long sid = 0;
+  std::uint64_t cpu_ticks = 0;  // utime + stime, read only with `cpu`
 };
-std::optional<ProcStat> proc_stat(const std::string& path) {
+std::optional<ProcStat> proc_stat(const std::string& path, bool cpu = false) {
   const auto st = read_text(path);
   if (!st) return std::nullopt;
   const auto close = st->rfind(')');  // the command name may hold anything, ')' included
   if (close == std::string::npos || close + 2 >= st->size()) return std::nullopt;
-  // Fields from the third: state, ppid, pgrp, session.
+  // Fields from the third (1-based, proc(5)): state, ppid, pgrp, session, ..., utime (14), stime (15).
   ProcStat out;
   out.state = (*st)[close + 2];
   std::string_view rest(*st);
   rest.remove_prefix(close + 3);
-  for (int field = 4; field <= 6; ++field) {
+  for (int field = 4; field <= (cpu ? 15 : 6); ++field) {
     if (rest.empty() || rest.front() != ' ') return std::nullopt;
     rest.remove_prefix(1);
     const auto end = std::min(rest.find(' '), rest.size());
@@ -492,9 +493,11 @@ std::optional<ProcStat> proc_stat(const std::string& path) {
     const auto parse = [&](auto& to) {
       return std::from_chars(value.data(), value.data() + value.size(), to).ec == std::errc{};
     };
-    if ((field == 5 && !parse(out.pgrp)) || (field == 6 && !parse(out.sid))) {
+    std::uint64_t ticks = 0;
+    if ((field == 5 && !parse(out.pgrp)) || (field == 6 && !parse(out.sid)) || (field >= 14 && !parse(ticks))) {
       return std::nullopt;
     }
+    out.cpu_ticks += ticks;
   }
   return out;
 }
@@ -1231,10 +1234,13 @@ int Containment::sweep(bool last) {
     }
     return out;
   };
-  // Only processes given up on are left (give_up_on): waiting cannot end them.
-  const auto only_stuck = [this](const std::vector<pid_t>& pids) {
-    return !stuck_.empty() && std::all_of(pids.begin(), pids.end(), [this](pid_t p) {
-      return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end();
+  // Once a worker was given up on (give_up_on), only stuck processes are left: that worker, or
+  // processes in uninterruptible sleep after this sweep's SIGKILL (its children, stuck in the same
+  // driver or file system). Waiting cannot end them.
+  bool signalled = false;  // this sweep has sent its SIGKILLs once
+  const auto only_stuck = [&](const std::vector<pid_t>& pids) {
+    return !stuck_.empty() && !pids.empty() && std::all_of(pids.begin(), pids.end(), [&](pid_t p) {
+      return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end() || (signalled && process_state(p) == 'D');
     });
   };
   std::vector<pid_t> alive;
@@ -1285,11 +1291,12 @@ int Containment::sweep(bool last) {
       set("THAWED");
       if (alive.empty()) break;
     }
+    signalled = true;
+    if (only_stuck(alive)) break;  // (not counted as ended below: they did not end)
     for (pid_t p : alive) {
-      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;  // not ended, nor left behind
+      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;  // given up on: not ended here
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);
     }
-    if (only_stuck(alive)) break;
     if (std::chrono::steady_clock::now() > deadline) {
       spdlog::warn("containment: {} process(es) of the job still alive after {} ms", alive.size(), kSweepBound.count());
       break;
@@ -1302,6 +1309,12 @@ int Containment::sweep(bool last) {
 char process_state(pid_t pid) {
   const auto st = proc_stat("/proc/" + std::to_string(pid) + "/stat");
   return st ? st->state : 0;
+}
+
+std::optional<std::uint64_t> process_cpu_ticks(pid_t pid) {
+  const auto st = proc_stat("/proc/" + std::to_string(pid) + "/stat", true);
+  if (!st) return std::nullopt;
+  return st->cpu_ticks;
 }
 
 std::vector<pid_t> process_tree(pid_t root) {

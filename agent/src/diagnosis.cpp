@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddprun/agent/containment.hpp"
 #include "ddprun/agent/process.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -648,20 +649,7 @@ Progress sample_progress(const std::vector<pid_t>& pids) {
   Progress p;
   for (pid_t pid : pids) {
     const std::string base = "/proc/" + std::to_string(pid);
-    const std::string stat = read_all(base + "/stat");
-    const auto close = stat.rfind(')');
-    if (close != std::string::npos) {
-      std::istringstream in(stat.substr(close + 2));
-      std::string field;
-      // Fields after the name: state(3) ... utime(14) stime(15), 1-based in proc(5).
-      std::uint64_t utime = 0;
-      std::uint64_t stime = 0;
-      for (int i = 3; i <= 15 && in >> field; ++i) {
-        if (i == 14) utime = std::stoull(field);
-        if (i == 15) stime = std::stoull(field);
-      }
-      p.ticks += utime + stime;
-    }
+    p.ticks += process_cpu_ticks(pid).value_or(0);
     std::istringstream io(read_all(base + "/io"));
     std::string key;
     std::uint64_t v = 0;

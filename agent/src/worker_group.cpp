@@ -157,6 +157,13 @@ GroupActions WorkerGroupMachine::kill() {
 }
 
 GroupActions WorkerGroupMachine::on_kill_wait_expired() {
+  if (state_ == GroupState::healthy) {
+    // The shell SIGKILLed the group itself (the hang detector) and no worker has ended since: the
+    // attempt fails with them, without a failure of its own (exit 1).
+    state_ = GroupState::stopping;
+    cause_ = StopCause::worker_failure;
+    kill_sent_ = true;
+  }
   if (state_ != GroupState::stopping) {
     return {};
   }

@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <spdlog/spdlog.h>
@@ -325,7 +327,7 @@ void WorkerRun::apply(const GroupActions& actions) {
     if (a.kind == GroupAction::Kind::abandon) abandoned += (abandoned.empty() ? "" : ", ") + abandon(a.value);
   }
   if (!abandoned.empty() && hooks_.on_unhealthy) {
-    const std::string when = insisted_ != 0 ? fmt::format("at a third {}", signal_name(insisted_))
+    const std::string when = insisted_ != 0 ? fmt::format("at a {} after the SIGKILL", signal_name(insisted_))
                                             : fmt::format("after --kill-timeout={} s",
                                                           std::chrono::duration<double>(config_.kill_timeout).count());
     hooks_.on_unhealthy(fmt::format(
@@ -414,20 +416,36 @@ void WorkerRun::arm_kill_wait() {
 std::string WorkerRun::abandon(int local_rank) {
   Worker& w = *workers_.at(static_cast<std::size_t>(local_rank));
   const pid_t pid = w.child.pid();
-  const char state = process_state(pid);
+  // The thread the kernel holds: SIGKILL has ended the others, the main one (a zombie now) too
+  // when another thread is the stuck one (a driver call of a CUDA or NCCL thread).
+  pid_t tid = pid;
+  char state = process_state(pid);
+  if (state != 'D') {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      pid_t t = 0;
+      const std::string name = e.path().filename().string();
+      if (std::from_chars(name.data(), name.data() + name.size(), t).ec != std::errc{} || t == pid) continue;
+      if (process_state(t) == 'D') {
+        tid = t;
+        state = 'D';
+        break;
+      }
+    }
+  }
   // Where in the kernel it waits (e.g. "__refrigerator", a driver's function); "0" when hidden.
   std::string where;
   {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/wchan");
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/wchan");
     std::getline(in, where);
     if (where == "0") where.clear();
   }
   const std::string what =
-      fmt::format("local rank {} (pid {}, state {}{}{})", local_rank, pid, state != 0 ? std::string(1, state) : "gone",
+      fmt::format("local rank {} (pid {}{}, state {}{}{})", local_rank, pid,
+                  tid == pid ? "" : fmt::format(", thread {}", tid), state != 0 ? std::string(1, state) : "gone",
                   where.empty() ? "" : ", waiting in ", terminal_safe(where.substr(0, 80)));
   if (insisted_ != 0) {
-    spdlog::error("{} has not ended since its SIGKILL: no longer waited for, at a third {}", what,
-                  signal_name(insisted_));
+    spdlog::error("{} has not ended since its SIGKILL: no longer waited for, at a {}", what, signal_name(insisted_));
   } else {
     spdlog::error("{} did not end within {} ms of SIGKILL: no longer waited for", what, config_.kill_timeout.count());
   }
@@ -748,6 +766,8 @@ void WorkerRun::on_hang_check() {
     for (auto& w : workers_) w->killed_by = what;
     // The first exit is then the attempt's failure: restart or fail as --max-restarts allows.
     for (const auto& w : workers_) w->child.signal_group(SIGKILL);
+    // Should none end (every rank stuck in the kernel), the kill wait fails the attempt.
+    arm_kill_wait();
     return;
   }
   arm_hang_check();

@@ -47,8 +47,9 @@ namespace {
 
 // How long a host's ssh pipes may stay open after ssh exited before the launcher stops waiting.
 constexpr std::chrono::milliseconds kDrainTimeout{2000};
-// After the grace the remote agents were given (their --shutdown-timeout), how long the launcher
-// waits for the ssh clients to report before it kills them (the remote agents then see EOF).
+// After the grace the remote agents were given (their --shutdown-timeout) and the wait for their
+// workers' SIGKILL (--kill-timeout), how long the launcher waits for the ssh clients to report
+// before it kills them (the remote agents then see EOF).
 constexpr std::chrono::milliseconds kKillMargin{5000};
 // How many of a host's own lines (not a worker's, not the agent's log) are kept for messages.
 constexpr std::size_t kTailLines = 6;
@@ -885,17 +886,17 @@ class Fanout {
     count_unstarted_done();
   }
 
-  // The first stop arms the kill timer: after the agents' grace plus a margin, what is left is
-  // killed (a tree node's ssh children then see their stdin close, and so on down).
+  // The first stop arms the kill timer: after the agents' grace and kill wait plus a margin, what
+  // is left is killed (a tree node's ssh children then see their stdin close, and so on down).
   void begin_stop(int sig) {
     if (stopping_) return;
     stopping_ = true;
     stop_signal_ = sig;
-    kill_timer_.expires_after(plan_.shutdown_timeout + kKillMargin);
-    kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+    const auto limit = plan_.shutdown_timeout + plan_.kill_timeout + kKillMargin;
+    kill_timer_.expires_after(limit);
+    kill_timer_.async_wait([this, limit](const boost::system::error_code& ec) {
       if (ec) return;
-      spdlog::warn("hosts still running {} ms after the stop: closing their ssh connections",
-                   (plan_.shutdown_timeout + kKillMargin).count());
+      spdlog::warn("hosts still running {} ms after the stop: closing their ssh connections", limit.count());
       kill_all();
     });
   }

@@ -283,6 +283,10 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     args.push_back("--shutdown-timeout=" + *e);
   }
   plan.shutdown_timeout = std::chrono::milliseconds(seconds_to_ms(grace));
+  if (auto g = p.given("kill-timeout")) {
+    const double s = parse_positive_seconds_value(g->text, g->what);
+    plan.kill_timeout = std::chrono::milliseconds(std::max<std::int64_t>(1, seconds_to_ms(s)));
+  }
   // --local-rank-arg itself is forwarded above; --use-env, which contradicts it, is not.
   (void)check_no_effect_flags(p, out.notes);
   if (auto g = p.given("log-line-prefix-template")) {

@@ -18,7 +18,7 @@ namespace ddprun::launcher {
 namespace {
 
 // Bumped whenever the encoding changes: a tree node refuses a plan of another version.
-constexpr std::string_view kTreeFormat = "ddprun-tree-2";
+constexpr std::string_view kTreeFormat = "ddprun-tree-3";
 
 // Fields are "<length>:<bytes>", so any byte but NUL (the env block's separator) survives.
 class Writer {
@@ -141,6 +141,7 @@ std::string encode_tree_node(const TreeNodePlan& node) {
   w.put(p.program);
   w.put(p.ranks_filter);
   w.put(static_cast<std::size_t>(p.shutdown_timeout.count()));
+  w.put(static_cast<std::size_t>(p.kill_timeout.count()));
   w.put(static_cast<std::size_t>(p.ready_timeout.count()));
   w.put(p.tree_threshold);
   w.put(static_cast<std::size_t>(p.tree_fanout));
@@ -178,6 +179,8 @@ TreeNodePlan decode_tree_node(std::string_view text) {
   // margin is added), a fan-out of at least 2 (1 would chain every host one below the other).
   p.shutdown_timeout = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::min<std::size_t>(r.get_size(), 7ULL * 24 * 3600 * 1000)));
+  p.kill_timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::clamp<std::size_t>(r.get_size(), 1, 7ULL * 24 * 3600 * 1000)));
   p.ready_timeout = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::clamp<std::size_t>(r.get_size(), 1, 7ULL * 24 * 3600 * 1000)));
   p.tree_threshold = r.get_size();

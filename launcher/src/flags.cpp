@@ -107,7 +107,7 @@ constexpr FlagSpec kFlags[] = {
   {.dash = "kill-timeout", .scope = S::forwarded, .env_form = true, .metavar = "SECONDS",
    .help = "After SIGKILL, how long ddprun waits for a worker to end before it gives up on it (a process stuck in "
            "the kernel, which ends when the kernel lets it go): the node then leaves the job without a restart. "
-           "A third Ctrl-C gives up at once.",
+           "A signal after that SIGKILL (another Ctrl-C) gives up at once.",
    .default_text = "30"},
   {.dash = "virtual-local-rank", .kind = K::boolean, .scope = S::forwarded, .env_form = true,
    .help = "Each worker sees LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own device."},

@@ -30,7 +30,9 @@ void reject_reserved(std::string_view name, const std::string& where) {
   if (!is_reserved(name)) return;
   std::string why = "ddprun sets it for each worker; remove it";
   if (env_name_matches(name, "PET_*")) {
-    why = "PET_ variables stand for flags: give the flag itself, which is checked here and forwarded to every host";
+    why =
+        "PET_ variables stand for ddprun's flags (PET_NNODES is --nnodes): give the flag on this command line "
+        "instead, where it is checked, and forwarded to the hosts or refused with a host list";
   } else if (name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") {
     why = "with a host list every relayed line is prefixed [host:RANK]:, whatever the template; remove it";
   } else if (name == "DDPRUN_LAUNCH_TREE") {
@@ -126,8 +128,7 @@ EnvEntries select_remote_env(const std::map<std::string, std::string>& launcher_
   for (const auto& [name, value] : launcher_env) {
     // (The name captured by value: clang before 16 cannot capture a structured binding.)
     const auto matches = [n = std::string_view(name)](std::string_view p) { return env_name_matches(n, p); };
-    const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(), matches) ||
-                        is_agent_setting(name);
+    const bool wanted = std::any_of(kDefaultRemoteEnvPatterns.begin(), kDefaultRemoteEnvPatterns.end(), matches);
     const bool excepted = std::any_of(kDefaultRemoteEnvExceptions.begin(), kDefaultRemoteEnvExceptions.end(), matches);
     // A launcher variable with a NUL cannot exist; an invalid name (possible via env(1)) is skipped.
     if (wanted && !excepted && !is_reserved(name) && is_env_name(name)) out.emplace_back(name, value);

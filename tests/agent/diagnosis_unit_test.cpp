@@ -1,13 +1,17 @@
 // The pure parts of diagnosis: reading what workers wrote (bounded, never blocking), when a
 // faulthandler dump is complete, and which thread of it says where the rank is.
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "ddprun/agent/containment.hpp"
 #include "ddprun/agent/diagnosis.hpp"
 #include "ddprun/agent/failure.hpp"
 
@@ -269,4 +273,31 @@ TEST_CASE("fatal_where names the frame of the thread a fatal signal hit, from th
       "Fatal Python error: Segmentation fault\n\nCurrent thread 0x4 (most recent call first):\n"
       "  File \"y.py\", line 2 in g\n  File \"y.py\", line 5 in <module>\n");
   CHECK(fatal_where(file) == "g at y.py:2");
+}
+
+TEST_CASE("sample_progress counts the CPU a process used, whatever its command name holds") {
+  // A command name with ") " and digits in it: the fields are counted from the last ')'.
+  std::array<char, 17> saved{};
+  REQUIRE(::prctl(PR_GET_NAME, saved.data()) == 0);
+  REQUIRE(::prctl(PR_SET_NAME, "x) 1 2 3 4 5 6") == 0);
+  const auto before = sample_progress({::getpid()});
+  const auto ticks = process_cpu_ticks(::getpid());
+  // Spend 60 ms of CPU (clock ticks are 10 ms on Linux): the sample must grow.
+  timespec start{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &start);
+  volatile std::uint64_t sink = 0;
+  for (;;) {
+    for (int i = 0; i < 100000; ++i) sink = sink + static_cast<std::uint64_t>(i);
+    timespec now{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >= 60) break;
+  }
+  const auto after = sample_progress({::getpid()});
+  ::prctl(PR_SET_NAME, saved.data());
+  REQUIRE(ticks.has_value());
+  CHECK(*ticks >= before.ticks);
+  CHECK(after.ticks >= before.ticks + 3);
+  // A process that does not exist counts nothing.
+  CHECK_FALSE(process_cpu_ticks(0).has_value());
+  CHECK(sample_progress({0}).ticks == 0);
 }

@@ -177,7 +177,6 @@ TEST_CASE("a second signal escalates to SIGKILL") {
 TEST_CASE("a worker that outlives the kill wait is abandoned, and the group never restarts") {
   WorkerGroupMachine m(3, 5);
   m.start();
-  CHECK(m.on_kill_wait_expired().empty());  // healthy: a stale timer does nothing
   m.on_exited(0, ExitStatus::exited(7));    // the first failure; restarts are left
   done(m, 1, ExitStatus::killed(SIGTERM));  // ends at the SIGTERM
   m.on_drained(0);
@@ -218,6 +217,25 @@ TEST_CASE("a third signal gives up at once on what the second one's SIGKILL did 
   const auto a = m.on_signal(SIGINT);
   CHECK(a == GroupActions{{K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 130}});
   CHECK(m.state() == GroupState::interrupted);
+}
+
+TEST_CASE("after the shell's own SIGKILL (a hang), a kill wait that finds no worker ended fails the attempt") {
+  WorkerGroupMachine m(2, 3);
+  m.start();
+  // Both ranks stuck in the kernel: no exit ever comes, the group is still healthy.
+  const auto a = m.on_kill_wait_expired();
+  CHECK(a == GroupActions{
+                 {K::abandon, 0}, {K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 1}});
+  CHECK(m.state() == GroupState::failed);
+  CHECK(m.abandoned());
+  // One rank ended at the SIGKILL (the usual hang): the attempt fails through that exit, and the
+  // wait then gives up only on the other, without a restart.
+  WorkerGroupMachine n(2, 3);
+  n.start();
+  CHECK(contains(n.on_exited(0, ExitStatus::killed(SIGKILL)), {K::arm_grace, 0}));
+  n.on_drained(0);
+  CHECK(n.on_kill_wait_expired() ==
+        GroupActions{{K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 128 + SIGKILL}});
 }
 
 TEST_CASE("the agent's own stop gives up like the others") {

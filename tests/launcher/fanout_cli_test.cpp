@@ -240,7 +240,7 @@ TEST_CASE("ssh_check_command: the launcher's own ssh command line, for the host 
 TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
   FanoutSandbox sb;
   const auto o = sb.parse({"--hosts", "h0", "--max-restarts", "3", "--tee", "3", "-m", "--shutdown-timeout", "5",
-                           "--log-level", "debug", "pkg.train"},
+                           "--kill-timeout", "7", "--log-level", "debug", "pkg.train"},
                           {{"PET_ROLE", "trainer"}});
   REQUIRE(o.fanout);
   const Strings& a = o.fanout->agent_args;
@@ -250,6 +250,9 @@ TEST_CASE("agent flags are checked, then forwarded; PET_* values too") {
   CHECK(has(a, "--role=trainer"));
   CHECK(has(a, "--log-level=debug"));
   CHECK(o.fanout->shutdown_timeout == std::chrono::milliseconds(5000));
+  // The launcher waits for the agents' kill wait too before it cuts their connections.
+  CHECK(has(a, "--kill-timeout=7"));
+  CHECK(o.fanout->kill_timeout == std::chrono::milliseconds(7000));
   CHECK(o.fanout->program == Strings{"pkg.train"});
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--max-restarts", "x", "train.py"}), UsageError);
   CHECK_THROWS_AS(sb.parse({"--hosts", "h0", "--tee", "9", "train.py"}), UsageError);

@@ -142,7 +142,7 @@ TEST_CASE("--env flag") {
   CHECK_THROWS_WITH(parse_env_flag("TORCHELASTIC_RUN_ID"),
                     Contains("TORCHELASTIC_RUN_ID") && Contains("ddprun sets it"));
   // Each refusal says why, per kind of name.
-  CHECK_THROWS_WITH(parse_env_flag("PET_NNODES=2"), Contains("give the flag itself"));
+  CHECK_THROWS_WITH(parse_env_flag("PET_NNODES=2"), Contains("give the flag on this command line"));
   CHECK_THROWS_WITH(parse_env_flag("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=x"), Contains("[host:RANK]:"));
   CHECK_THROWS_WITH(parse_env_flag("DDPRUN_LAUNCH_TREE=x"), Contains("launch tree's own plan"));
   // torch's agent settings are read by each host's agent: they may be sent.
@@ -195,6 +195,7 @@ TEST_CASE("select_remote_env: the default set") {
                                                   {"TORCHELASTIC_RUN_ID", "r"},
                                                   {"TORCHELASTIC_ERROR_FILE", "/e"},
                                                   {"TORCHELASTIC_HEALTH_CHECK_PORT", "9000"},
+                                                  {"TORCHELASTIC_TIMER_FILE", "/outer/job/fifo"},
                                                   {"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "60"},
                                                   {"HOME", "/root"},
                                                   {"TMPDIR", "/tmp"},

@@ -109,6 +109,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   n.plan.program = {"train.py", "--msg", "a:b 12:34\nnew line 'q' \"d\" $X", ""};
   n.plan.ranks_filter = "0,3";
   n.plan.shutdown_timeout = std::chrono::milliseconds(2500);
+  n.plan.kill_timeout = std::chrono::milliseconds(750);
   n.plan.ready_timeout = std::chrono::milliseconds(13500);
   n.plan.tree_fanout = 3;
   n.plan.tree_threshold = 9;
@@ -138,6 +139,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK(d.plan.program == n.plan.program);
   CHECK(d.plan.ranks_filter == "0,3");
   CHECK(d.plan.shutdown_timeout == std::chrono::milliseconds(2500));
+  CHECK(d.plan.kill_timeout == std::chrono::milliseconds(750));
   CHECK(d.plan.ready_timeout == std::chrono::milliseconds(13500));
   CHECK(d.plan.tree_fanout == 3);
   CHECK(d.plan.tree_threshold == 9);
@@ -159,7 +161,7 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK_THROWS_WITH(decode_tree_node("garbage"), Contains(std::string(kTreeEnvName)));
   CHECK_THROWS_WITH(decode_tree_node(text.substr(0, text.size() - 3)), Contains("same ddprun version"));
   CHECK_THROWS_WITH(decode_tree_node(text + "1:x"), Contains("bytes after the last host"));
-  CHECK_THROWS_WITH(decode_tree_node("13:ddprun-tree-9"), Contains("not a ddprun-tree-2 plan"));
+  CHECK_THROWS_WITH(decode_tree_node("13:ddprun-tree-9"), Contains("not a ddprun-tree-3 plan"));
 
   // Numbers from the plan are bounded like the flags they come from.
   TreeNodePlan chain = n;
@@ -167,7 +169,9 @@ TEST_CASE("a subtree plan survives the environment block byte for byte") {
   CHECK_THROWS_WITH(decode_tree_node(encode_tree_node(chain)), Contains("fan-out below 2"));
   TreeNodePlan slow = n;
   slow.plan.shutdown_timeout = std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max());
+  slow.plan.kill_timeout = std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max());
   CHECK(decode_tree_node(encode_tree_node(slow)).plan.shutdown_timeout <= std::chrono::hours(24 * 7));
+  CHECK(decode_tree_node(encode_tree_node(slow)).plan.kill_timeout <= std::chrono::hours(24 * 7));
 }
 
 TEST_CASE("--ssh-tree-threshold and --ssh-tree-fanout reach the plan; bad values name the flag") {

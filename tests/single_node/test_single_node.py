@@ -39,8 +39,9 @@ def run(args, timeout=60, env=None, **kw):
     return subprocess.run([DDPRUN] + args, capture_output=True, text=True, timeout=timeout, env=e, **kw)
 
 
-def read_ready(proc, count, timeout):
-    """Pids from the workers' "ready <rank> <pid>" stdout lines (select-bounded, no sleeps)."""
+def read_ready(proc, count, timeout, by_rank=False):
+    """Pids from the workers' "ready <rank> <pid>" stdout lines (select-bounded, no sleeps); a dict
+    rank -> pid with `by_rank`."""
     import select
     deadline = time.monotonic() + timeout
     pids = {}
@@ -62,7 +63,7 @@ def read_ready(proc, count, timeout):
             parts = line.decode().split()
             if len(parts) == 3 and parts[0] == "ready":
                 pids[int(parts[1])] = int(parts[2])
-    return list(pids.values())
+    return pids if by_rank else list(pids.values())
 
 
 def gone(pid, timeout):
@@ -301,10 +302,11 @@ class SingleNode(unittest.TestCase):
         self.assertIn("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon is not a number of seconds: ignored", r.stderr)
         self.assertNotIn("D state", r.stderr)
 
-    def test_a_worker_that_sigkill_cannot_end_is_given_up_on(self):
-        # A task frozen by a cgroup v1 freezer is in the D state and acts on SIGKILL only once
-        # thawed: the worker stuck in a driver or a file system that no signal ends. ddprun stops
-        # waiting for it after --kill-timeout, leaves without using its restarts, and exits.
+    def run_with_a_stuck_worker(self, worker_args, stop, kill_timeout="1"):
+        """Runs 2 workers of ddprun_test_worker (`worker_args` after --ready-file -), freezes local
+        rank 0 in a cgroup v1 freezer, calls stop(proc) and waits for ddprun's end. A frozen task is
+        in the D state and acts on SIGKILL only once thawed: the worker stuck in a driver or a file
+        system that no signal ends. Returns (returncode, stderr, seconds from stop to the end)."""
         root = None
         with open("/proc/mounts") as f:
             for line in f:
@@ -323,10 +325,12 @@ class SingleNode(unittest.TestCase):
             # stderr to a file: the frozen worker holds the streams it inherited open past ddprun's end.
             with open(self.p("stderr"), "w") as errf:
                 proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--shutdown-timeout",
-                                         "0.5", "--kill-timeout", "1", "--no-python", WORKER, "--ready-file", "-",
-                                         "--sleep-ms", "60000"], stdout=subprocess.PIPE, stderr=errf, env=e)
+                                         "0.5", "--kill-timeout", kill_timeout, "--no-python", WORKER, "--ready-file",
+                                         "-"] +
+                                        worker_args, stdout=subprocess.PIPE, stderr=errf, env=e)
             try:
-                stuck, other = read_ready(proc, 2, 20)
+                pids = read_ready(proc, 2, 20, by_rank=True)
+                stuck, other = pids[0], pids[1]
                 with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                     f.write(str(stuck))
                 with open(os.path.join(cg, "freezer.state"), "w") as f:
@@ -339,8 +343,9 @@ class SingleNode(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline, "the freezer did not freeze the worker")
                     time.sleep(0.01)
                 start = time.monotonic()
-                proc.send_signal(signal.SIGTERM)
+                stop(proc)
                 proc.wait(timeout=40)
+                took = time.monotonic() - start
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -348,17 +353,12 @@ class SingleNode(unittest.TestCase):
                 proc.stdout.close()
             with open(self.p("stderr")) as f:
                 err = f.read()
-            self.assertEqual(proc.returncode, 143, err)
-            self.assertLess(time.monotonic() - start, 20, err)  # liveness: without the give-up it waits forever
-            self.assertIn(f"(pid {stuck}, state D", err)
-            self.assertIn("did not end after SIGKILL (stuck in the kernel); ddprun stopped waiting for it after "
-                          "--kill-timeout=1 s and leaves the job without a restart", err)
-            self.assertIn("did not end within 1000 ms of SIGKILL: no longer waited for", err)
-            self.assertNotIn("restarting", err)
             self.assertTrue(gone(other, 5), "the other worker outlived ddprun")
             self.assertFalse(gone(stuck, 0), "the frozen worker ended: the test made nothing stuck")
+            self.assertIn(f"(pid {stuck}, state D", err)
             with open(f"/proc/{stuck}/cgroup") as f:  # the job's cgroup v2, if containment made one
                 job_cg = next((l.split(":", 2)[2].strip() for l in f if l.startswith("0::/ddprun-")), None)
+            return proc.returncode, err, took
         finally:
             if stuck is not None:
                 with open(os.path.join(cg, "freezer.state"), "w") as f:
@@ -381,6 +381,56 @@ class SingleNode(unittest.TestCase):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.01)
+
+    def test_a_worker_that_sigkill_cannot_end_is_given_up_on(self):
+        # After SIGTERM to ddprun: the grace, SIGKILL, then --kill-timeout, and ddprun exits.
+        rc, err, took = self.run_with_a_stuck_worker(["--sleep-ms", "60000"], lambda p: p.send_signal(signal.SIGTERM))
+        self.assertEqual(rc, 143, err)
+        self.assertLess(took, 20, err)  # liveness: without the give-up it waits forever
+        self.assertIn("did not end after SIGKILL (stuck in the kernel); ddprun stopped waiting for it after "
+                      "--kill-timeout=1 s and leaves the job without a restart", err)
+        self.assertIn("did not end within 1000 ms of SIGKILL: no longer waited for", err)
+        self.assertIn("workers stopped after a signal; exiting with 143", err)
+
+    def test_a_stuck_worker_ends_the_job_without_a_restart(self):
+        # Rank 1 fails while rank 0 is stuck: restarts are left, but a fresh group would run beside
+        # a process that still holds what it held. ddprun names the failure and exits 1.
+        flag = self.p("go")
+        rc, err, took = self.run_with_a_stuck_worker(
+            ["--wait-file", flag, "--only-rank", "1", "--exit", "3", "--gated-no-sleep", "--sleep-ms", "60000"],
+            lambda p: open(flag, "w").close())
+        self.assertEqual(rc, 1, err)
+        self.assertLess(took, 20, err)
+        self.assertIn("ended with exit code 3", err)
+        self.assertIn("ddprun stopped waiting for it after --kill-timeout=1 s and leaves the job without a restart", err)
+        self.assertIn("Root Cause (first observed failure)", err)
+        self.assertIn("exitcode   : 3", err)
+        self.assertNotIn("restarting worker group", err)
+        self.assertIn("workers stopped (the worker group was unhealthy); exiting with 1", err)
+
+    def test_a_second_signal_after_the_sigkill_gives_up_at_once(self):
+        # SIGINT, SIGINT (no more grace: SIGKILL), SIGINT: no wait for --kill-timeout (30 s here).
+        def seen(text):  # three signals, each handled before the next (not one coalesced pending one)
+            deadline = time.monotonic() + 10
+            while True:
+                with open(self.p("stderr")) as f:
+                    if text in f.read():
+                        return
+                self.assertLess(time.monotonic(), deadline, f"no '{text}' from ddprun")
+                time.sleep(0.01)
+
+        def stop(p):
+            p.send_signal(signal.SIGINT)
+            seen("received SIGINT: forwarding it to the workers")
+            p.send_signal(signal.SIGINT)
+            seen("still running at a second SIGINT during the stop: sending SIGKILL")
+            p.send_signal(signal.SIGINT)
+
+        rc, err, took = self.run_with_a_stuck_worker(["--sleep-ms", "60000"], stop, kill_timeout="30")
+        self.assertEqual(rc, 130, err)
+        self.assertLess(took, 10, err)
+        self.assertIn("has not ended since its SIGKILL: no longer waited for, at a SIGINT", err)
+        self.assertIn("ddprun stopped waiting for it at a SIGINT after the SIGKILL", err)
 
     def test_prefix_template_as_current_torchrun(self):
         # ${hostname} (gethostname, as torchrun), $rank without braces, $$ for a dollar.

@@ -184,5 +184,7 @@ std::vector<pid_t> process_tree(pid_t root);
 
 // The state letter of /proc/PID/stat (R, S, D, Z, ...), or 0 when it cannot be read.
 char process_state(pid_t pid);
+// utime + stime of /proc/PID/stat in clock ticks, or nullopt when it cannot be read.
+std::optional<std::uint64_t> process_cpu_ticks(pid_t pid);
 
 }  // namespace ddprun::agent

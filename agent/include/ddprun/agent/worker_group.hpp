@@ -25,9 +25,11 @@
 //   stopping      grace_expired                             stopping      signal_groups(SIGKILL), arm_kill_wait
 //   stopping      kill_wait_expired   a worker not exited   as all done   abandon(r) for each such worker,
 //                                                           (no restart)  then as all done
+//   healthy       kill_wait_expired   (the shell's own      failed        abandon(r) for each worker not exited,
+//                                     SIGKILL: a hang)                    then as all done (finish(1))
 //   stopping[F]   signal(s)                                 stopping[S]   signal_groups(s) (grace keeps running)
-//   stopping[S]   signal (second)                           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
-//   stopping[S]   signal (third)                            as kill_wait_expired
+//   stopping[S]   signal (second, no SIGKILL yet)           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
+//   stopping[S]   signal after the SIGKILL                  as kill_wait_expired
 //   stopping[F]   all done            restarts left,        healthy       cancel_grace, signal_groups(SIGKILL)
 //                                     none abandoned                      (sweep leftovers), start_attempt(n+1)
 //   stopping[F]   all done            budget spent or       failed        cancel_grace, signal_groups(SIGKILL),
@@ -38,9 +40,9 @@
 // clang-format on
 //
 // [F] = stopping because a worker failed, [S] = stopping because ddprun got a signal.
-// Every SIGKILL of a stop (the grace's, a second signal's) arms the kill wait; a signal after it
-// (a third Ctrl-C) is taken as its expiry. A worker that outlives it is stuck in the kernel (a
-// SIGKILL it cannot act on): the group gives up waiting for it, and never restarts after that.
+// The first SIGKILL of a stop (the grace's, a second signal's) arms the kill wait; a signal
+// after it is taken as its expiry. A worker that outlives it is stuck in the kernel (a SIGKILL it
+// cannot act on): the group gives up waiting for it, and never restarts after that.
 // A worker exiting 0 while others run keeps the group running (torchrun semantics).
 // Only exits observed while healthy count as failures: exits caused by our own SIGTERM are not.
 #include <cstdint>
@@ -93,7 +95,8 @@ class WorkerGroupMachine {
   // The agent stops a healthy group itself (SIGTERM, grace, SIGKILL); it ends as on a signal.
   GroupActions on_stop_request();
   GroupActions on_grace_expired();
-  // The kill wait after a SIGKILL expired: workers still not exited are abandoned.
+  // The kill wait after a SIGKILL expired: workers still not exited are abandoned. Also while
+  // healthy, after a SIGKILL the shell sent on its own (the hang detector): the attempt fails.
   GroupActions on_kill_wait_expired();
 
   GroupState state() const { return state_; }

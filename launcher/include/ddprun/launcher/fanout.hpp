@@ -81,6 +81,8 @@ struct FanoutPlan {
   std::string rdzv_token;                                // "" = a random one
   std::string run_id;                                    // "" = a random one
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // The agents' --kill-timeout: after their grace they may wait this long for a worker's SIGKILL.
+  std::chrono::milliseconds kill_timeout{std::chrono::seconds(30)};
   // How long a host's agent may take to say it is ready once its ssh client started: ssh's
   // ConnectTimeout (past it an unreachable host has made ssh exit 255) plus the rendezvous join
   // timeout (past it the other agents give up waiting for this one anyway). A host whose agent

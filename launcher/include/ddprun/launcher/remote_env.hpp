@@ -27,15 +27,33 @@ using agent::EnvBlockReader;
 using agent::kDefaultEnvBlockMax;
 using agent::read_env_block;
 
-// Launcher variables carried to every host by default. "X_*" matches names starting with "X_";
-// other entries match exactly.
-// torch's agent settings (read by each host's agent, not set per worker) come along too.
+// torch's agent settings: read by each host's agent, not set per worker, so --env and
+// --env-file may carry them (TORCHELASTIC_* is reserved otherwise). All but the timer file come
+// along by default too: a launcher started inside another job's worker has that job's
+// TORCHELASTIC_TIMER_FILE (torch's agent sets it for its workers).
 inline constexpr std::array<std::string_view, 4> kRemoteAgentSettings = {
     "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE", "TORCHELASTIC_HEALTH_CHECK_PORT",
     "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"};
-inline constexpr std::array<std::string_view, 14> kDefaultRemoteEnvPatterns = {
-    "NCCL_*",      "CUDA_*",      "PYTHONPATH", "PATH",    "LD_LIBRARY_PATH",  "OMP_*",   "TORCH_*", "GLOO_*",
-    "PYTHON_EXEC", "VIRTUAL_ENV", "HF_*",       "WANDB_*", "DDPRUN_LOG_LEVEL", "LOGLEVEL"};
+// Launcher variables carried to every host by default. "X_*" matches names starting with "X_";
+// other entries match exactly.
+inline constexpr std::array<std::string_view, 17> kDefaultRemoteEnvPatterns = {
+    "NCCL_*",
+    "CUDA_*",
+    "PYTHONPATH",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "OMP_*",
+    "TORCH_*",
+    "GLOO_*",
+    "PYTHON_EXEC",
+    "VIRTUAL_ENV",
+    "HF_*",
+    "WANDB_*",
+    "DDPRUN_LOG_LEVEL",
+    "LOGLEVEL",
+    "TORCHELASTIC_ENABLE_FILE_TIMER",
+    "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"};
 // Never carried by default even when a pattern above matches: the launcher's own device
 // visibility says nothing about a remote host's devices.
 inline constexpr std::array<std::string_view, 1> kDefaultRemoteEnvExceptions = {"CUDA_VISIBLE_DEVICES"};
