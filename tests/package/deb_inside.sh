@@ -41,11 +41,13 @@ grep -q "libssl.so.3" <<<"$cache" || fail "libssl.so.3 is missing after installi
 
 # The files, in one place (man pages and completions join this list when they are generated).
 files=$(dpkg -L ddprun)
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo "$(uname -m)-linux-gnu")
 expect_files=(
   '^/usr/bin/ddprun$' '^/usr/bin/ddprun-rdzvd$' '^/usr/bin/ddprun-nccl-id$' '^/usr/libexec/ddprun/ddprun-watchdog$'
-  '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so\.0$' '^/usr/lib/(x86_64-linux-gnu/)?libddprun_worker\.so$'
+  # Debian's multiarch directory (lintian: pkg-config-unavailable-for-cross-compilation otherwise).
+  "^/usr/lib/$multiarch/libddprun_worker\\.so\\.0\$" "^/usr/lib/$multiarch/libddprun_worker\\.so\$"
   '^/usr/include/ddprun/worker\.hpp$' '^/usr/include/ddprun/worker\.h$'
-  '/cmake/ddprun/ddprunConfig\.cmake$' '/pkgconfig/ddprun-worker\.pc$'
+  "^/usr/lib/$multiarch/cmake/ddprun/ddprunConfig\\.cmake\$" "^/usr/lib/$multiarch/pkgconfig/ddprun-worker\\.pc\$"
   '^/usr/lib/systemd/system/ddprun-rdzvd\.service$'
   '^/usr/share/doc/ddprun/changelog\.gz$' '^/usr/share/doc/ddprun/README\.md$' '^/usr/share/doc/ddprun/install\.md$' '^/usr/share/doc/ddprun/daemon\.md$'
   '^/usr/share/ddprun/examples/ddp_train\.py$'
