@@ -525,8 +525,8 @@ unsigned long long forks_so_far() {
 // interrupts). A group is signalled only outside `agent_sid`, ddprun's own session (its process
 // group may hold a pipeline's other commands; negative: unknown, no group is signalled): every
 // worker starts a session of its own, so every session a job process is in was made by the job,
-// and so is everything in it.
-std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid) {
+// and so is everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped.
+std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const std::vector<pid_t>& stuck) {
   std::vector<pid_t> out;
   std::vector<pid_t> groups;
   std::vector<pid_t> listed;
@@ -537,6 +537,9 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid) {
     char* end = nullptr;
     const long p = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || p <= 0 || p == self) continue;
+    // A process given up on is not read again: reading its environ may wait on the very lock it
+    // is stuck holding.
+    if (std::find(stuck.begin(), stuck.end(), static_cast<pid_t>(p)) != stuck.end()) continue;
     listed.push_back(static_cast<pid_t>(p));
   }
   ::closedir(d);
@@ -1248,7 +1251,7 @@ int Containment::sweep(bool last) {
   for (;;) {
     if (mode_ == ContainmentMode::proc) {
       const auto forks_before = last ? forks_so_far() : 0;
-      alive = token_scan(token_env(), agent_sid_);  // SIGKILLed as found
+      alive = token_scan(token_env(), agent_sid_, stuck_);  // SIGKILLed as found
       if (alive.empty()) {
         // A scan can miss a process that forks and exits without pause: the holder it listed
         // is gone by its turn, its child not listed. A scan during which this machine created

@@ -110,8 +110,8 @@ GroupActions WorkerGroupMachine::on_signal(int sig) {
       return {{GroupAction::Kind::signal_groups, sig}, {GroupAction::Kind::arm_grace, 0}};
     case GroupState::stopping:
       if (cause_ == StopCause::signal) {
-        // The user insists (a second Ctrl-C): no more grace. A third one after that SIGKILL
-        // stops waiting for what it could not end.
+        // The user insists (a second Ctrl-C): no more grace. A signal after a SIGKILL of this
+        // stop (the grace's or that one) stops waiting for what it could not end.
         if (kill_sent_) return on_kill_wait_expired();
         return kill();
       }
