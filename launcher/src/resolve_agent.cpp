@@ -170,9 +170,35 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
   };
   bool nproc_from_gpus = false;
   bool cvd_names_nothing_here = false;  // set on a machine without any NVIDIA device (below)
+  // AMD GPUs (ROCm) where no NVIDIA GPU is: counted, not assigned to ranks.
+  const auto amd_only = [&] {
+    return inventory && inventory->devices.empty() && !inventory->device_nodes && !inventory->amd_gpus.empty();
+  };
   if (auto g = p.given("nproc-per-node")) {
     const std::string kind = to_lower(trim(g->text));
-    if (kind == "gpu" || kind == "auto") {  // cpu needs no GPU inventory
+    const bool device_kind = kind == "gpu" || kind == "auto";  // cpu needs no GPU inventory
+    if (device_kind) probed();
+    if (device_kind && amd_only()) {
+      // What a ROCm build of torch counts with torch.cuda.device_count(): the devices HIP sees
+      // under ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES.
+      const auto& amd = inventory->amd_gpus;
+      const int n = worker_env::count_visible_amd_gpus(ctx.env, amd);
+      const std::string of =
+          std::to_string(amd.size()) + " AMD GPU(s) of this machine (ROCm, " + inventory->source + ")";
+      if (n > 0) {
+        cfg.nproc_per_node = n;
+        out.notes.push_back(g->what + "=" + kind + ": " + std::to_string(n) + " visible of the " + of);
+      } else if (kind == "gpu") {
+        throw UsageError(
+            g->what + "=gpu: ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES hides all " + of,
+            "fix those variables, pass a number of processes, or use auto (falls back to the CPU count)");
+      } else {
+        cfg.nproc_per_node = std::max(ctx.cpus(), 1);
+        out.notes.push_back(g->what + "=auto: the visibility variables hide all " + of + ": counting the CPUs (" +
+                            std::to_string(cfg.nproc_per_node) + ")");
+      }
+      cvd_names_nothing_here = true;  // no NVIDIA plan: the workers inherit the variables as they are
+    } else if (device_kind) {
       if (cvd && !probed().device_nodes && !worker_env::parse_cuda_visible_devices(*cvd).empty()) {
         // CUDA_VISIBLE_DEVICES counts where no GPU library answers, but not on a machine that
         // shows no NVIDIA device at all (a CPU-only container or CI job the variable leaked
@@ -457,6 +483,12 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (gpus) parse_gpus_value(gpus->text, gpus->what);
     const bool wants_gpus = gpus.has_value() || isolation || cfg.virtual_local_rank;
     if (wants_gpus) probed();
+    if ((gpus || isolation) && amd_only()) {
+      throw UsageError(std::string(gpus ? gpus->what : "--gpu-isolation") +
+                           ": the AMD GPUs of this machine (ROCm) are counted but not assigned to ranks: not "
+                           "supported yet",
+                       "run without it: each rank picks its device from LOCAL_RANK (torch.cuda.set_device)");
+    }
     const bool have_gpus = inventory && !inventory->devices.empty();
     // torchrun's --virtual-local-rank on a machine without any GPU: LOCAL_RANK=0 and
     // CUDA_VISIBLE_DEVICES=<local rank>, as before (build_worker_env does it).

@@ -288,3 +288,46 @@ TEST_CASE("nvidia_gpu_visible: CUDA_VISIBLE_DEVICES first, then the driver's dev
   CHECK(ddprun::worker_env::nvidia_gpu_visible({}, root.string()));
   fs::remove_all(root);
 }
+
+TEST_CASE("AMD GPUs (ROCm): the KFD topology's GPU nodes, and what HIP's variables leave visible", "[gpus][amd]") {
+  namespace fs = std::filesystem;
+  const fs::path nodes = fs::temp_directory_path() / ("ddprun-kfd-" + std::to_string(::getpid()));
+  fs::remove_all(nodes);
+  CHECK(kfd_gpus(nodes.string()).empty());  // no amdgpu driver
+  const auto node = [&](const std::string& n, const std::string& properties) {
+    fs::create_directories(nodes / n);
+    std::ofstream(nodes / n / "properties") << properties;
+  };
+  node("0", "cpu_cores_count 64\nsimd_count 0\nunique_id 0\n");  // the CPU
+  node("10", "cpu_cores_count 0\nsimd_count 304\nunique_id 11259375\ngfx_target_version 90402\n");
+  node("2", "simd_count 304\nunique_id 3054986523408297983\n");
+  node("3", "simd_count 304\n");  // no unique_id: an older kernel
+  fs::create_directories(nodes / "not-a-node");
+  // In node number order (HIP's device order), not the directory's.
+  const auto gpus = kfd_gpus(nodes.string());
+  REQUIRE(gpus == std::vector<std::string>{"GPU-2a657e0e995b6fff", "", "GPU-0000000000abcdef"});
+  CHECK(count_visible_amd_gpus({}, gpus) == 3);
+  CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", "2,0"}}, gpus) == 2);
+  CHECK(count_visible_amd_gpus({{"CUDA_VISIBLE_DEVICES", "1"}}, gpus) == 1);
+  // HIP_VISIBLE_DEVICES wins over CUDA_VISIBLE_DEVICES.
+  CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", "0,1,2"}, {"CUDA_VISIBLE_DEVICES", "0"}}, gpus) == 3);
+  // ROCR_VISIBLE_DEVICES first, then HIP's ordinals among what it left, from 0.
+  CHECK(count_visible_amd_gpus({{"ROCR_VISIBLE_DEVICES", "2,1"}, {"HIP_VISIBLE_DEVICES", "1"}}, gpus) == 1);
+  CHECK(count_visible_amd_gpus({{"ROCR_VISIBLE_DEVICES", "2"}, {"HIP_VISIBLE_DEVICES", "1"}}, gpus) == 0);
+  // UUID prefixes (any case); an entry that names no device ends the list; empty hides all.
+  CHECK(count_visible_amd_gpus({{"ROCR_VISIBLE_DEVICES", "GPU-0000000000ABC,GPU-2a65"}}, gpus) == 2);
+  CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", "0,5,1"}}, gpus) == 1);
+  CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", "GPU-ffff,0"}}, gpus) == 0);
+  CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", ""}}, gpus) == 0);
+  CHECK(count_visible_amd_gpus({{"ROCR_VISIBLE_DEVICES", ""}, {"HIP_VISIBLE_DEVICES", "0"}}, gpus) == 0);
+  // probe_gpus lists them only where no NVIDIA GPU answers (this test's NVML and CUDA: none).
+  const auto inv = probe_gpus(
+      {{"DDPRUN_NVML_LIBRARY", "none"}, {"DDPRUN_CUDA_LIBRARY", "none"}, {"DDPRUN_KFD_TOPOLOGY", nodes.string()}});
+  if (!inv.device_nodes) {
+    CHECK(inv.amd_gpus == gpus);
+    CHECK(inv.source == "kfd:" + nodes.string());
+  } else {
+    CHECK(inv.amd_gpus.empty());  // an NVIDIA machine: not asked
+  }
+  fs::remove_all(nodes);
+}

@@ -421,6 +421,40 @@ std::string env_value(const ddprun::worker_env::EnvList& env, const std::string&
 
 }  // namespace
 
+TEST_CASE("nproc-per-node gpu/auto count AMD GPUs (ROCm) where no NVIDIA GPU is, without assigning them") {
+  Sandbox sb;
+  const auto parse = [&](const Strings& args, const Env& env = {}) {
+    auto ctx = sb.context(env);
+    ctx.probe_gpus = [](const ddprun::worker_env::EnvMap&) {
+      ddprun::worker_env::GpuInventory inv;
+      inv.device_nodes = false;
+      inv.source = "kfd:/sys/class/kfd/kfd/topology/nodes";
+      inv.amd_gpus = {"GPU-00000000000000a1", "GPU-00000000000000a2", "", "GPU-00000000000000a4"};
+      return inv;
+    };
+    return parse_command_line(args, ctx);
+  };
+  auto o = parse({"--nproc-per-node", "gpu", "train.py"});
+  CHECK(o.config.nproc_per_node == 4);
+  CHECK(o.config.gpu_env.empty());  // no plan: each rank picks LOCAL_RANK's device, as under torchrun
+  REQUIRE_FALSE(o.notes.empty());
+  CHECK_THAT(o.notes.back(), Contains("4 visible of the 4 AMD GPU(s) of this machine (ROCm, kfd:"));
+  CHECK(parse({"--nproc-per-node", "auto", "train.py"}, {{"HIP_VISIBLE_DEVICES", "3,1"}}).config.nproc_per_node == 2);
+  // CUDA_VISIBLE_DEVICES counts as HIP reads it, and is passed on as it is.
+  o = parse({"--nproc-per-node", "gpu", "train.py"}, {{"CUDA_VISIBLE_DEVICES", "0"}});
+  CHECK(o.config.nproc_per_node == 1);
+  CHECK(o.config.gpu_env.empty());
+  CHECK_THROWS_WITH(parse({"--nproc-per-node", "gpu", "train.py"}, {{"ROCR_VISIBLE_DEVICES", ""}}),
+                    Contains("--nproc-per-node=gpu: ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES "
+                             "hides all 4 AMD GPU(s)"));
+  CHECK(parse({"--nproc-per-node", "auto", "train.py"}, {{"HIP_VISIBLE_DEVICES", "9"}}).config.nproc_per_node == 7);
+  // Assigning them to ranks is not done yet: said so, not silently ignored.
+  CHECK_THROWS_WITH(parse({"--nproc-per-node", "gpu", "--gpu-isolation", "train.py"}),
+                    Contains("--gpu-isolation: the AMD GPUs of this machine (ROCm) are counted but not assigned to "
+                             "ranks: not supported yet"));
+  CHECK_THROWS_WITH(parse({"--nproc-per-node", "2", "--gpus", "0,1", "train.py"}), Contains("not supported yet"));
+}
+
 TEST_CASE("nproc-per-node gpu/auto count the injected GPU inventory, probing only when needed") {
   Sandbox sb;
   int probes = 0;

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <string_view>
+#include <utility>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -354,6 +357,64 @@ bool nvidia_device_present(const std::string& root) {
   return any_entry(root + "/dev", [](std::string_view name) {
     return name.size() > 6 && name.substr(0, 6) == "nvidia" && all_digits(name.substr(6));
   });
+}
+
+std::vector<std::string> kfd_gpus(const std::string& nodes_dir) {
+  std::vector<std::pair<long, std::string>> found;
+  DIR* d = ::opendir(nodes_dir.c_str());
+  if (d == nullptr) return {};
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    const auto node = all_digits(name) && name.size() < 9 ? parse_int(name) : std::nullopt;
+    if (!node) continue;
+    // "key value" lines, a few dozen of them; read at most 256.
+    std::ifstream in(nodes_dir + "/" + std::string(name) + "/properties");
+    std::string line;
+    unsigned long long simd = 0;
+    std::optional<unsigned long long> unique_id;
+    for (int n = 0; n < 256 && std::getline(in, line); ++n) {
+      const auto space = line.find(' ');
+      if (space == std::string::npos) continue;
+      const std::string_view key = std::string_view(line).substr(0, space);
+      const std::string_view value = trim(std::string_view(line).substr(space + 1));
+      if (!all_digits(value) || value.size() > 20) continue;
+      const unsigned long long v = std::stoull(std::string(value));
+      if (key == "simd_count") simd = v;
+      if (key == "unique_id") unique_id = v;
+    }
+    if (simd == 0) continue;  // a CPU node
+    std::string uuid;
+    if (unique_id && *unique_id != 0) {
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", *unique_id);
+      uuid = std::string("GPU-") + hex;
+    }
+    found.emplace_back(static_cast<long>(*node), std::move(uuid));
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+int count_visible_amd_gpus(const EnvMap& env, const std::vector<std::string>& gpus) {
+  GpuInventory inv;
+  for (std::size_t i = 0; i < gpus.size(); ++i) inv.devices.push_back({static_cast<int>(i), gpus[i], "", ""});
+  // One list applied to what the previous one left, renumbered from 0 as the runtime does.
+  const auto apply = [&inv](const char* name, const EnvMap& e) {
+    const auto it = e.find(name);
+    if (it == e.end() || inv.devices.empty()) return it != e.end();
+    GpuInventory next;
+    for (const auto& v : visible_devices(it->second, inv)) {
+      if (v.device) next.devices.push_back({static_cast<int>(next.devices.size()), v.device->uuid, "", ""});
+    }
+    inv = std::move(next);
+    return true;
+  };
+  apply("ROCR_VISIBLE_DEVICES", env);
+  if (!apply("HIP_VISIBLE_DEVICES", env)) apply("CUDA_VISIBLE_DEVICES", env);
+  return static_cast<int>(inv.devices.size());
 }
 
 }  // namespace ddprun::worker_env

@@ -54,6 +54,10 @@ struct GpuInventory {
   // False when the probe found no GPU and the machine shows no NVIDIA device either
   // (nvidia_device_present): a CPU-only machine, whatever CUDA_VISIBLE_DEVICES says.
   bool device_nodes = true;
+  // Where no NVIDIA GPU was found: the AMD GPUs (ROCm) of the kernel's KFD topology, in its node
+  // order (HIP's device order), each as its UUID "GPU-<16 hex digits>" ("" when the kernel
+  // gives none). Only counted (--nproc-per-node gpu|auto), not planned: no isolation yet.
+  std::vector<std::string> amd_gpus;
 };
 
 // Lists the node's GPUs: NVML first (DDPRUN_NVML_LIBRARY or libnvidia-ml.so.1), then the CUDA
@@ -61,6 +65,18 @@ struct GpuInventory {
 // since the driver applies it and would hide devices). Never throws: a node without a driver
 // gets an empty inventory with a diagnostic.
 GpuInventory probe_gpus(const EnvMap& env);
+
+// The AMD GPUs of a KFD topology directory (/sys/class/kfd/kfd/topology/nodes): the nodes, in
+// number order, whose `properties` give a `simd_count` above 0 (CPU nodes give 0), each as
+// "GPU-" and the 16 hex digits of its `unique_id` ("" without one). Empty when the directory is
+// missing (no amdgpu driver). No library loaded.
+std::vector<std::string> kfd_gpus(const std::string& nodes_dir);
+
+// How many of `gpus` (kfd_gpus) a HIP program started with `env` sees: ROCR_VISIBLE_DEVICES
+// selects among them first, then HIP_VISIBLE_DEVICES, or CUDA_VISIBLE_DEVICES when that is unset,
+// among those. Each list is read with CUDA's rules (parse_cuda_visible_devices): ordinals, or
+// GPU-<UUID prefix> matched against the UUIDs, ending at the first entry that names no device.
+int count_visible_amd_gpus(const EnvMap& env, const std::vector<std::string>& gpus);
 
 // A cheap "could a worker use an NVIDIA GPU here?" without loading any library: false when
 // CUDA_VISIBLE_DEVICES is set and names nothing; otherwise (set or not) whether the driver shows
