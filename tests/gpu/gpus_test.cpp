@@ -303,8 +303,18 @@ TEST_CASE("AMD GPUs (ROCm): the KFD topology's GPU nodes, and what HIP's variabl
   node("2", "simd_count 304\nunique_id 3054986523408297983\n");
   node("3", "simd_count 304\n");  // no unique_id: an older kernel
   fs::create_directories(nodes / "not-a-node");
+  // Render nodes: a GPU whose render node is missing (a container not given it) is not used.
+  const fs::path dri = nodes / "dri";
+  fs::create_directories(dri);
+  for (const char* r : {"renderD128", "renderD129"}) std::ofstream(dri / r) << "";
+  node("11", "simd_count 304\nunique_id 17\ndrm_render_minor 130\n");
+  node("12", "simd_count 304\nunique_id 18\ndrm_render_minor 128\n");
+  CHECK(kfd_gpus(nodes.string(), dri.string()) ==
+        std::vector<std::string>{"GPU-2a657e0e995b6fff", "", "GPU-0000000000abcdef", "GPU-0000000000000012"});
+  fs::remove_all(nodes / "11");
+  fs::remove_all(nodes / "12");
   // In node number order (HIP's device order), not the directory's.
-  const auto gpus = kfd_gpus(nodes.string());
+  const auto gpus = kfd_gpus(nodes.string(), dri.string());
   REQUIRE(gpus == std::vector<std::string>{"GPU-2a657e0e995b6fff", "", "GPU-0000000000abcdef"});
   CHECK(count_visible_amd_gpus({}, gpus) == 3);
   CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", "2,0"}}, gpus) == 2);
@@ -321,8 +331,10 @@ TEST_CASE("AMD GPUs (ROCm): the KFD topology's GPU nodes, and what HIP's variabl
   CHECK(count_visible_amd_gpus({{"HIP_VISIBLE_DEVICES", ""}}, gpus) == 0);
   CHECK(count_visible_amd_gpus({{"ROCR_VISIBLE_DEVICES", ""}, {"HIP_VISIBLE_DEVICES", "0"}}, gpus) == 0);
   // probe_gpus lists them only where no NVIDIA GPU answers (this test's NVML and CUDA: none).
-  const auto inv = probe_gpus(
-      {{"DDPRUN_NVML_LIBRARY", "none"}, {"DDPRUN_CUDA_LIBRARY", "none"}, {"DDPRUN_KFD_TOPOLOGY", nodes.string()}});
+  const auto inv = probe_gpus({{"DDPRUN_NVML_LIBRARY", "none"},
+                               {"DDPRUN_CUDA_LIBRARY", "none"},
+                               {"DDPRUN_KFD_TOPOLOGY", nodes.string()},
+                               {"DDPRUN_DRI_DIR", dri.string()}});
   if (!inv.device_nodes) {
     CHECK(inv.amd_gpus == gpus);
     CHECK(inv.source == "kfd:" + nodes.string());

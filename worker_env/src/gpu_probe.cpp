@@ -229,10 +229,10 @@ GpuInventory probe_gpus(const EnvMap& env) {
   inv.source = "none";
   inv.diagnostic = diag.empty() ? "no GPU library tried" : diag;
   inv.device_nodes = nvidia_device_present();
-  // AMD GPUs (ROCm) from the kernel's topology: no library, only counted (DDPRUN_KFD_TOPOLOGY for
-  // tests).
+  // AMD GPUs (ROCm) from the kernel's topology: no library, only counted (DDPRUN_KFD_TOPOLOGY and
+  // DDPRUN_DRI_DIR for tests).
   const std::string kfd = env_value(env, "DDPRUN_KFD_TOPOLOGY").value_or("/sys/class/kfd/kfd/topology/nodes");
-  if (!inv.device_nodes) inv.amd_gpus = kfd_gpus(kfd);
+  if (!inv.device_nodes) inv.amd_gpus = kfd_gpus(kfd, env_value(env, "DDPRUN_DRI_DIR").value_or("/dev/dri"));
   if (!inv.amd_gpus.empty()) inv.source = "kfd:" + kfd;
   return inv;
 }

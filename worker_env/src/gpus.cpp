@@ -1,7 +1,9 @@
 // GPU selection, pure part (docs/gpus.md): CUDA_VISIBLE_DEVICES with CUDA's rules, --gpus
 // resolution, per-rank environment. The dlopen probing lives in gpu_probe.cpp.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -359,7 +361,7 @@ bool nvidia_device_present(const std::string& root) {
   });
 }
 
-std::vector<std::string> kfd_gpus(const std::string& nodes_dir) {
+std::vector<std::string> kfd_gpus(const std::string& nodes_dir, const std::string& dri_dir) {
   std::vector<std::pair<long, std::string>> found;
   DIR* d = ::opendir(nodes_dir.c_str());
   if (d == nullptr) return {};
@@ -371,6 +373,7 @@ std::vector<std::string> kfd_gpus(const std::string& nodes_dir) {
     std::ifstream in(nodes_dir + "/" + std::string(name) + "/properties");
     std::string line;
     unsigned long long simd = 0;
+    unsigned long long render_minor = 0;
     std::optional<unsigned long long> unique_id;
     for (int n = 0; n < 256 && std::getline(in, line); ++n) {
       const auto space = line.find(' ');
@@ -381,8 +384,16 @@ std::vector<std::string> kfd_gpus(const std::string& nodes_dir) {
       const unsigned long long v = std::stoull(std::string(value));
       if (key == "simd_count") simd = v;
       if (key == "unique_id") unique_id = v;
+      if (key == "drm_render_minor") render_minor = v;
     }
     if (simd == 0) continue;  // a CPU node
+    // A container given some of the GPUs sees every node but only their render nodes; ROCm uses
+    // the GPUs whose render node it can open.
+    if (render_minor != 0) {
+      const int fd = ::open((dri_dir + "/renderD" + std::to_string(render_minor)).c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) continue;
+      ::close(fd);
+    }
     std::string uuid;
     if (unique_id && *unique_id != 0) {
       char hex[17];
