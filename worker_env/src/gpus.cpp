@@ -1,12 +1,12 @@
 // GPU selection, pure part (docs/gpus.md): CUDA_VISIBLE_DEVICES with CUDA's rules, --gpus
 // resolution, per-rank environment. The dlopen probing lives in gpu_probe.cpp.
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -380,19 +380,19 @@ std::vector<std::string> kfd_gpus(const std::string& nodes_dir, const std::strin
       if (space == std::string::npos) continue;
       const std::string_view key = std::string_view(line).substr(0, space);
       const std::string_view value = trim(std::string_view(line).substr(space + 1));
-      if (!all_digits(value) || value.size() > 20) continue;
-      const unsigned long long v = std::stoull(std::string(value));
+      unsigned long long v = 0;
+      if (std::from_chars(value.data(), value.data() + value.size(), v).ec != std::errc{}) continue;
       if (key == "simd_count") simd = v;
       if (key == "unique_id") unique_id = v;
       if (key == "drm_render_minor") render_minor = v;
     }
     if (simd == 0) continue;  // a CPU node
     // A container given some of the GPUs sees every node but only their render nodes; ROCm uses
-    // the GPUs whose render node it can open.
-    if (render_minor != 0) {
-      const int fd = ::open((dri_dir + "/renderD" + std::to_string(render_minor)).c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) continue;
-      ::close(fd);
+    // the GPUs whose render node it can open. Not opened here (that may wake the GPU): it must be
+    // there, readable and writable.
+    if (render_minor != 0 &&
+        ::access((dri_dir + "/renderD" + std::to_string(render_minor)).c_str(), R_OK | W_OK) != 0) {
+      continue;
     }
     std::string uuid;
     if (unique_id && *unique_id != 0) {
