@@ -1,9 +1,10 @@
 #!/bin/bash
 # Installs the "worker" component of an already built ddprun tree into a temp prefix, then
 # builds an outside project against it (find_package(ddprun) and pkg-config) and runs it.
-# usage: install_consumer_test.sh CMAKE BUILD_DIR CONSUMER_SRC GENERATOR
+# usage: install_consumer_test.sh CMAKE BUILD_DIR CONSUMER_SRC GENERATOR [LIBDIR]
+# LIBDIR: the tree's CMAKE_INSTALL_LIBDIR (lib/x86_64-linux-gnu on Debian; default lib).
 set -euo pipefail
-cmake_bin=$1 build=$2 src=$3 gen=$4
+cmake_bin=$1 build=$2 src=$3 gen=$4 libdir=${5:-lib}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -11,11 +12,11 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 "$cmake_bin" --install "$build" --component worker --prefix "$tmp/prefix" > "$tmp/install.log"
 # Only the worker component: no ddprun binaries.
 [ -e "$tmp/prefix/bin/ddprun" ] && fail "the worker component installed the ddprun binary"
-for f in include/ddprun/worker.hpp include/ddprun/worker.h lib/cmake/ddprun/ddprunConfig.cmake \
-         lib/pkgconfig/ddprun-worker.pc; do
+for f in include/ddprun/worker.hpp include/ddprun/worker.h "$libdir/cmake/ddprun/ddprunConfig.cmake" \
+         "$libdir/pkgconfig/ddprun-worker.pc"; do
   [ -f "$tmp/prefix/$f" ] || fail "missing $f in the install tree"
 done
-ls "$tmp"/prefix/lib/libddprun_worker.so* > /dev/null || fail "missing libddprun_worker.so"
+ls "$tmp/prefix/$libdir"/libddprun_worker.so* > /dev/null || fail "missing libddprun_worker.so"
 
 "$cmake_bin" -S "$src" -B "$tmp/build" -G "$gen" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
   -DCMAKE_C_FLAGS="${DDPRUN_CONSUMER_FLAGS:-}" -DCMAKE_CXX_FLAGS="${DDPRUN_CONSUMER_FLAGS:-}" \
@@ -37,10 +38,10 @@ if err=$(env -i RANK=0 "$tmp/build/consumer_cxx" 2>&1); then fail "consumer_cxx 
 case "$err" in *"is not set"*) ;; *) fail "unexpected error: $err" ;; esac
 
 # pkg-config: compile the C consumer by hand.
-export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
+export PKG_CONFIG_PATH="$tmp/prefix/$libdir/pkgconfig"
 flags=$(pkg-config --cflags --libs ddprun-worker) || fail "pkg-config ddprun-worker"
 cc ${DDPRUN_CONSUMER_FLAGS:-} "$src/consumer.c" -o "$tmp/consumer_pc" $flags || fail "cc with pkg-config flags ($flags)"
-out=$(LD_LIBRARY_PATH="$tmp/prefix/lib" "${run_env[@]}" LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/consumer_pc") \
+out=$(LD_LIBRARY_PATH="$tmp/prefix/$libdir" "${run_env[@]}" LD_LIBRARY_PATH="$tmp/prefix/$libdir" "$tmp/consumer_pc") \
   || fail "consumer_pc exited non-zero"
 [ "$out" = "$expect_c" ] || fail "consumer_pc printed '$out'"
 echo "PASS: installed worker package consumed via find_package and pkg-config"

@@ -17,6 +17,8 @@ ninja -C "$tst" store_client_driver >/dev/null
 rm -rf "$dest"
 cmake --install "$rel" --prefix "$dest" --strip --component worker >/dev/null
 mkdir -p "$dest/bin" "$dest/lib"
+# A Debian tree installs into the multiarch lib/x86_64-linux-gnu; run.sh links against DEST/lib.
+if [[ -d "$dest/lib/x86_64-linux-gnu" ]]; then cp -a "$dest/lib/x86_64-linux-gnu/." "$dest/lib/"; fi
 for b in ddprun ddprun-rdzvd ddprun-nccl-id spawn_floor native_allreduce; do
   install -s "$rel/bin/$b" "$dest/bin/$b"
 done
