@@ -547,6 +547,12 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const 
   const pid_t own_group = ::getpgid(0);
   for (const pid_t p : listed) {
     const std::string dir = "/proc/" + std::to_string(p);
+    // Once a worker was given up on, processes in uninterruptible sleep are not read either (its
+    // children may be stuck with it); those of the job are SIGKILLed already.
+    if (!stuck.empty()) {
+      const auto st = proc_stat(dir + "/stat");
+      if (st && st->state == 'D') continue;
+    }
     const auto env = read_text(dir + "/environ");
     if (!env) continue;
     bool holds = false;
@@ -1240,11 +1246,22 @@ int Containment::sweep(bool last) {
   // Once a worker was given up on (give_up_on), only stuck processes are left: that worker, or
   // processes in uninterruptible sleep after this sweep's SIGKILL (its children, stuck in the same
   // driver or file system). Waiting cannot end them.
-  bool signalled = false;  // this sweep has sent its SIGKILLs once
+  // A process counts as stuck in D when it was in D at the previous pass too (after a SIGKILL),
+  // not when it is only passing through it (a page-in, a flush at close).
+  std::vector<pid_t> in_d;  // the previous pass's
   const auto only_stuck = [&](const std::vector<pid_t>& pids) {
-    return !stuck_.empty() && !pids.empty() && std::all_of(pids.begin(), pids.end(), [&](pid_t p) {
-      return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end() || (signalled && process_state(p) == 'D');
-    });
+    std::vector<pid_t> now_d;
+    bool all = !stuck_.empty() && !pids.empty();
+    for (const pid_t p : pids) {
+      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;
+      if (process_state(p) == 'D') {
+        now_d.push_back(p);
+        if (std::find(in_d.begin(), in_d.end(), p) != in_d.end()) continue;
+      }
+      all = false;
+    }
+    in_d = std::move(now_d);
+    return all;
   };
   std::vector<pid_t> alive;
   int empty_scans = 0;
@@ -1275,7 +1292,10 @@ int Containment::sweep(bool last) {
       // cgroup v1 has no populated flag: a process that forks and exits may show only pids that
       // are gone. An empty member list is final (a forking process is listed until its child
       // is); otherwise the list is read again frozen, where nothing can fork or exit.
-      if (const auto pids = *job_pids(); pids.empty() || only_stuck(living(pids))) break;
+      const auto given_up = [this](pid_t p) { return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end(); };
+      if (const auto pids = living(*job_pids());
+          pids.empty() || (!stuck_.empty() && std::all_of(pids.begin(), pids.end(), given_up)))
+        break;
       const auto set = [&](const char* state) {
         for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", state);
       };
@@ -1294,8 +1314,7 @@ int Containment::sweep(bool last) {
       set("THAWED");
       if (alive.empty()) break;
     }
-    signalled = true;
-    if (only_stuck(alive)) break;  // (not counted as ended below: they did not end)
+    if (!stuck_.empty() && only_stuck(alive)) break;  // (not counted as ended below: they did not end)
     for (pid_t p : alive) {
       if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;  // given up on: not ended here
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);

@@ -1,6 +1,7 @@
 // Pure decisions of the per-node agent; see the transition table in worker_group.hpp.
 #include "ddprun/agent/worker_group.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 
@@ -156,13 +157,26 @@ GroupActions WorkerGroupMachine::kill() {
   return actions;
 }
 
+GroupActions WorkerGroupMachine::on_hang_kill() {
+  if (state_ != GroupState::healthy) {
+    return {};
+  }
+  hang_killed_ = true;
+  kill_sent_ = true;
+  return {{GroupAction::Kind::arm_kill_wait, 0}};
+}
+
 GroupActions WorkerGroupMachine::on_kill_wait_expired() {
   if (state_ == GroupState::healthy) {
-    // The shell SIGKILLed the group itself (the hang detector) and no worker has ended since: the
-    // attempt fails with them, without a failure of its own (exit 1).
+    // Only after the shell's own SIGKILL (on_hang_kill), and with a worker that has not ended
+    // since: the attempt fails with it, without a failure of its own (exit 1). Otherwise a stale
+    // timer, or workers that exited 0 and are draining.
+    const bool left = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.exited; });
+    if (!hang_killed_ || !left) {
+      return {};
+    }
     state_ = GroupState::stopping;
     cause_ = StopCause::worker_failure;
-    kill_sent_ = true;
   }
   if (state_ != GroupState::stopping) {
     return {};
@@ -206,6 +220,7 @@ GroupActions WorkerGroupMachine::maybe_complete() {
     state_ = GroupState::healthy;
     cause_ = StopCause::none;
     kill_sent_ = false;
+    hang_killed_ = false;
     workers_.assign(static_cast<std::size_t>(nproc_), Worker{});
     actions.push_back({GroupAction::Kind::start_attempt, attempt_});
     return actions;

@@ -4,6 +4,7 @@
 #include "ddprun/agent/duplicate_filter.hpp"
 #include "ddprun/agent/job_dir.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +14,6 @@
 #include <charconv>
 #include <csignal>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <spdlog/spdlog.h>
@@ -421,16 +421,19 @@ std::string WorkerRun::abandon(int local_rank) {
   pid_t tid = pid;
   char state = process_state(pid);
   if (state != 'D') {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-      pid_t t = 0;
-      const std::string name = e.path().filename().string();
-      if (std::from_chars(name.data(), name.data() + name.size(), t).ec != std::errc{} || t == pid) continue;
-      if (process_state(t) == 'D') {
-        tid = t;
-        state = 'D';
-        break;
+    // opendir, not std::filesystem: the process may end while its task list is read.
+    if (DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        pid_t t = 0;
+        const std::string_view name(e->d_name);
+        if (std::from_chars(name.data(), name.data() + name.size(), t).ec != std::errc{} || t == pid) continue;
+        if (process_state(t) == 'D') {
+          tid = t;
+          state = 'D';
+          break;
+        }
       }
+      ::closedir(d);
     }
   }
   // Where in the kernel it waits (e.g. "__refrigerator", a driver's function); "0" when hidden.
@@ -767,7 +770,7 @@ void WorkerRun::on_hang_check() {
     // The first exit is then the attempt's failure: restart or fail as --max-restarts allows.
     for (const auto& w : workers_) w->child.signal_group(SIGKILL);
     // Should none end (every rank stuck in the kernel), the kill wait fails the attempt.
-    arm_kill_wait();
+    apply(machine_.on_hang_kill());
     return;
   }
   arm_hang_check();

@@ -483,8 +483,12 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     if (gpus) parse_gpus_value(gpus->text, gpus->what);
     const bool wants_gpus = gpus.has_value() || isolation || cfg.virtual_local_rank;
     if (wants_gpus) probed();
-    if ((gpus || isolation) && amd_only()) {
-      throw UsageError(std::string(gpus ? gpus->what : "--gpu-isolation") +
+    if (wants_gpus && amd_only()) {
+      // (--virtual-local-rank too: its CUDA_VISIBLE_DEVICES per rank is ignored by HIP where
+      // HIP_VISIBLE_DEVICES is set, and every rank would then use the same device.)
+      throw UsageError(std::string(gpus        ? gpus->what
+                                   : isolation ? "--gpu-isolation"
+                                               : "--virtual-local-rank") +
                            ": the AMD GPUs of this machine (ROCm) are counted but not assigned to ranks: not "
                            "supported yet",
                        "run without it: each rank picks its device from LOCAL_RANK (torch.cuda.set_device)");

@@ -222,20 +222,33 @@ TEST_CASE("a third signal gives up at once on what the second one's SIGKILL did 
 TEST_CASE("after the shell's own SIGKILL (a hang), a kill wait that finds no worker ended fails the attempt") {
   WorkerGroupMachine m(2, 3);
   m.start();
+  CHECK(m.on_kill_wait_expired().empty());  // healthy without a hang kill: a stale timer does nothing
+  CHECK(m.on_hang_kill() == GroupActions{{K::arm_kill_wait, 0}});
   // Both ranks stuck in the kernel: no exit ever comes, the group is still healthy.
   const auto a = m.on_kill_wait_expired();
-  CHECK(a == GroupActions{
-                 {K::abandon, 0}, {K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 1}});
+  CHECK(a == GroupActions{{K::abandon, 0}, {K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL},
+                          {K::finish, 1}});
   CHECK(m.state() == GroupState::failed);
   CHECK(m.abandoned());
-  // One rank ended at the SIGKILL (the usual hang): the attempt fails through that exit, and the
-  // wait then gives up only on the other, without a restart.
+  CHECK(m.on_hang_kill().empty());  // terminal
+  // One rank ended at the SIGKILL (the usual hang): the attempt fails through that exit; the
+  // grace's SIGKILL does not arm the wait again, and the wait then gives up only on the other,
+  // without a restart. A signal meanwhile would give up at once, as after a stop's SIGKILL.
   WorkerGroupMachine n(2, 3);
   n.start();
+  n.on_hang_kill();
   CHECK(contains(n.on_exited(0, ExitStatus::killed(SIGKILL)), {K::arm_grace, 0}));
   n.on_drained(0);
+  CHECK(n.on_grace_expired() == GroupActions{{K::signal_groups, SIGKILL}});
   CHECK(n.on_kill_wait_expired() ==
         GroupActions{{K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 128 + SIGKILL}});
+  // Every worker exited 0 just before the hang kill and is draining: nothing to give up on.
+  WorkerGroupMachine o(1, 0);
+  o.start();
+  o.on_hang_kill();
+  CHECK(o.on_exited(0, ExitStatus::exited(0)).empty());
+  CHECK(o.on_kill_wait_expired().empty());
+  CHECK(o.on_drained(0) == GroupActions{{K::finish, 0}});
 }
 
 TEST_CASE("the agent's own stop gives up like the others") {

@@ -304,8 +304,10 @@ TEST_CASE("AMD GPUs (ROCm): the KFD topology's GPU nodes, and what HIP's variabl
   node("3", "simd_count 304\n");  // no unique_id: an older kernel
   fs::create_directories(nodes / "not-a-node");
   // Render nodes: a GPU whose render node is missing (a container not given it) is not used.
-  const fs::path dri = nodes / "dri";
+  const fs::path dri = nodes / "dev" / "dri";
   fs::create_directories(dri);
+  CHECK(kfd_gpus(nodes.string(), dri.string()).empty());  // no /dev/kfd: ROCm finds no GPU
+  std::ofstream(nodes / "dev" / "kfd") << "";
   for (const char* r : {"renderD128", "renderD129"}) std::ofstream(dri / r) << "";
   node("11", "simd_count 304\nunique_id 17\ndrm_render_minor 130\n");
   node("12", "simd_count 304\nunique_id 18\ndrm_render_minor 128\n");

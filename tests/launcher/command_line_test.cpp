@@ -453,6 +453,8 @@ TEST_CASE("nproc-per-node gpu/auto count AMD GPUs (ROCm) where no NVIDIA GPU is,
                     Contains("--gpu-isolation: the AMD GPUs of this machine (ROCm) are counted but not assigned to "
                              "ranks: not supported yet"));
   CHECK_THROWS_WITH(parse({"--nproc-per-node", "2", "--gpus", "0,1", "train.py"}), Contains("not supported yet"));
+  CHECK_THROWS_WITH(parse({"--nproc-per-node", "2", "--virtual-local-rank", "train.py"}),
+                    Contains("--virtual-local-rank: the AMD GPUs") && Contains("not supported yet"));
 }
 
 TEST_CASE("nproc-per-node gpu/auto count the injected GPU inventory, probing only when needed") {

@@ -363,6 +363,8 @@ bool nvidia_device_present(const std::string& root) {
 
 std::vector<std::string> kfd_gpus(const std::string& nodes_dir, const std::string& dri_dir) {
   std::vector<std::pair<long, std::string>> found;
+  // Without the KFD device (a container given /dev/dri but not /dev/kfd) ROCm finds no GPU.
+  if (::access((dri_dir + "/../kfd").c_str(), R_OK | W_OK) != 0) return {};
   DIR* d = ::opendir(nodes_dir.c_str());
   if (d == nullptr) return {};
   while (const dirent* e = ::readdir(d)) {

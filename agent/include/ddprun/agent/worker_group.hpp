@@ -25,8 +25,9 @@
 //   stopping      grace_expired                             stopping      signal_groups(SIGKILL), arm_kill_wait
 //   stopping      kill_wait_expired   a worker not exited   as all done   abandon(r) for each such worker,
 //                                                           (no restart)  then as all done
-//   healthy       kill_wait_expired   (the shell's own      failed        abandon(r) for each worker not exited,
-//                                     SIGKILL: a hang)                    then as all done (finish(1))
+//   healthy       hang_kill                                 healthy       arm_kill_wait (the shell sent SIGKILL)
+//   healthy       kill_wait_expired   after hang_kill, a    failed        abandon(r) for each worker not exited,
+//                                     worker not exited                   then as all done (finish(1))
 //   stopping[F]   signal(s)                                 stopping[S]   signal_groups(s) (grace keeps running)
 //   stopping[S]   signal (second, no SIGKILL yet)           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
 //   stopping[S]   signal after the SIGKILL                  as kill_wait_expired
@@ -95,8 +96,11 @@ class WorkerGroupMachine {
   // The agent stops a healthy group itself (SIGTERM, grace, SIGKILL); it ends as on a signal.
   GroupActions on_stop_request();
   GroupActions on_grace_expired();
-  // The kill wait after a SIGKILL expired: workers still not exited are abandoned. Also while
-  // healthy, after a SIGKILL the shell sent on its own (the hang detector): the attempt fails.
+  // The shell SIGKILLed every worker group itself (the hang detector): arms the kill wait, as a
+  // stop's SIGKILL does (a signal after it gives up at once). Only while healthy.
+  GroupActions on_hang_kill();
+  // The kill wait after a SIGKILL expired: workers still not exited are abandoned. While healthy
+  // only after on_hang_kill and with a worker not exited: the attempt then fails (exit 1).
   GroupActions on_kill_wait_expired();
 
   GroupState state() const { return state_; }
@@ -127,7 +131,8 @@ class WorkerGroupMachine {
   GroupState state_ = GroupState::init;
   StopCause cause_ = StopCause::none;
   int stop_signal_ = 0;
-  bool kill_sent_ = false;  // this stop sent SIGKILL and armed the kill wait
+  bool kill_sent_ = false;    // this stop (or the hang detector) sent SIGKILL and armed the kill wait
+  bool hang_killed_ = false;  // on_hang_kill this attempt
   bool abandoned_ = false;
   int attempt_ = 0;
   std::vector<Worker> workers_;

@@ -68,10 +68,11 @@ GpuInventory probe_gpus(const EnvMap& env);
 
 // The AMD GPUs of a KFD topology directory (/sys/class/kfd/kfd/topology/nodes): the nodes, in
 // number order, whose `properties` give a `simd_count` above 0 (CPU nodes give 0) and whose
-// render node `<dri_dir>/renderD<drm_render_minor>` this process may open (read and write access;
-// as ROCm, which opens it: a container sees every node but only the render nodes it was given), each as "GPU-" and the
-// 16 hex digits of its `unique_id` ("" without one). Empty when the directory is missing (no amdgpu driver). No library
-// loaded.
+// render node `<dri_dir>/renderD<drm_render_minor>` this process may open (read and write
+// access; as ROCm, which opens it: a container sees every node but only the render nodes it was
+// given), each as "GPU-" and the 16 hex digits of its `unique_id` ("" without one). Empty when
+// the directory is missing (no amdgpu driver), or when `<dri_dir>/../kfd` (/dev/kfd, which ROCm
+// opens first) may not be opened. No library loaded.
 std::vector<std::string> kfd_gpus(const std::string& nodes_dir, const std::string& dri_dir = "/dev/dri");
 
 // How many of `gpus` (kfd_gpus) a HIP program started with `env` sees: ROCR_VISIBLE_DEVICES
