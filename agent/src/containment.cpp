@@ -548,7 +548,7 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const 
   for (const pid_t p : listed) {
     const std::string dir = "/proc/" + std::to_string(p);
     // Once a worker was given up on, processes in uninterruptible sleep are not read either (its
-    // children may be stuck with it); those of the job are SIGKILLed already.
+    // children may be stuck with it; those in its process group had the stop's SIGKILL).
     if (!stuck.empty()) {
       const auto st = proc_stat(dir + "/stat");
       if (st && st->state == 'D') continue;
@@ -1243,11 +1243,10 @@ int Containment::sweep(bool last) {
     }
     return out;
   };
-  // Once a worker was given up on (give_up_on), only stuck processes are left: that worker, or
-  // processes in uninterruptible sleep after this sweep's SIGKILL (its children, stuck in the same
-  // driver or file system). Waiting cannot end them.
-  // A process counts as stuck in D when it was in D at the previous pass too (after a SIGKILL),
-  // not when it is only passing through it (a page-in, a flush at close).
+  // Once a worker was given up on (give_up_on), the sweep stops waiting when only stuck processes
+  // are left: that worker, and processes in uninterruptible sleep on two passes after a SIGKILL
+  // (its children, stuck in the same driver or file system; not one passing through the state for
+  // a page-in or a flush at close). Waiting cannot end them.
   std::vector<pid_t> in_d;  // the previous pass's
   const auto only_stuck = [&](const std::vector<pid_t>& pids) {
     std::vector<pid_t> now_d;
