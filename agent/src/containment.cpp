@@ -1252,7 +1252,7 @@ int Containment::sweep(bool last) {
     std::vector<pid_t> now_d;
     bool all = !stuck_.empty() && !pids.empty();
     for (const pid_t p : pids) {
-      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;
+      if (given_up(p)) continue;
       if (process_state(p) == 'D') {
         now_d.push_back(p);
         if (std::find(in_d.begin(), in_d.end(), p) != in_d.end()) continue;
@@ -1291,9 +1291,9 @@ int Containment::sweep(bool last) {
       // cgroup v1 has no populated flag: a process that forks and exits may show only pids that
       // are gone. An empty member list is final (a forking process is listed until its child
       // is); otherwise the list is read again frozen, where nothing can fork or exit.
-      const auto given_up = [this](pid_t p) { return std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end(); };
       if (const auto pids = living(*job_pids());
-          pids.empty() || (!stuck_.empty() && std::all_of(pids.begin(), pids.end(), given_up)))
+          pids.empty() ||
+          (!stuck_.empty() && std::all_of(pids.begin(), pids.end(), [this](pid_t p) { return given_up(p); })))
         break;
       const auto set = [&](const char* state) {
         for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", state);
@@ -1315,7 +1315,7 @@ int Containment::sweep(bool last) {
     }
     if (!stuck_.empty() && only_stuck(alive)) break;  // (not counted as ended below: they did not end)
     for (pid_t p : alive) {
-      if (std::find(stuck_.begin(), stuck_.end(), p) != stuck_.end()) continue;  // given up on: not ended here
+      if (given_up(p)) continue;  // not ended here
       if (std::find(killed.begin(), killed.end(), p) == killed.end()) killed.push_back(p);
     }
     if (std::chrono::steady_clock::now() > deadline) {

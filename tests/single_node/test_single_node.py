@@ -81,6 +81,40 @@ def gone(pid, timeout):
         os.close(fd)
 
 
+class StreamReader:
+    """What a child wrote on a pipe, read as it comes (select-bounded, no sleeps) and without
+    waiting for EOF: a process that outlives the child (a frozen worker) may hold the pipe open."""
+
+    def __init__(self, stream):
+        self.fd = stream.fileno()
+        os.set_blocking(self.fd, False)
+        self.text = ""
+
+    def _read(self):
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self.text += chunk.decode(errors="replace")
+
+    def wait_for(self, needle, timeout):
+        import select
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no '{needle}' within {timeout} s in: {self.text}")
+            select.select([self.fd], [], [], left)
+            self._read()
+
+    def rest(self):
+        self._read()
+        return self.text
+
+
 class SingleNode(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="ddprun_single_node_")
@@ -306,7 +340,8 @@ class SingleNode(unittest.TestCase):
         """Runs 2 workers of ddprun_test_worker (`worker_args` after --ready-file -), freezes local
         rank 0 in a cgroup v1 freezer, calls stop(proc) and waits for ddprun's end. A frozen task is
         in the D state and acts on SIGKILL only once thawed: the worker stuck in a driver or a file
-        system that no signal ends. Returns (returncode, stderr, seconds from stop to the end)."""
+        system that no signal ends. stop() gets ddprun's stderr as a StreamReader too. Returns
+        (returncode, stderr, seconds from stop to the end)."""
         root = None
         with open("/proc/mounts") as f:
             for line in f:
@@ -322,12 +357,11 @@ class SingleNode(unittest.TestCase):
         stuck = job_cg = None
         try:
             e = dict(os.environ, PET_MASTER_PORT="0")
-            # stderr to a file: the frozen worker holds the streams it inherited open past ddprun's end.
-            with open(self.p("stderr"), "w") as errf:
-                proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--shutdown-timeout",
-                                         "0.5", "--kill-timeout", kill_timeout, "--no-python", WORKER, "--ready-file",
-                                         "-"] +
-                                        worker_args, stdout=subprocess.PIPE, stderr=errf, env=e)
+            proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--shutdown-timeout",
+                                     "0.5", "--kill-timeout", kill_timeout, "--no-python", WORKER, "--ready-file", "-"] +
+                                    worker_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
+            # The frozen worker holds the streams it inherited open past ddprun's end: no EOF.
+            errors = StreamReader(proc.stderr)
             try:
                 pids = read_ready(proc, 2, 20, by_rank=True)
                 stuck, other = pids[0], pids[1]
@@ -343,16 +377,16 @@ class SingleNode(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline, "the freezer did not freeze the worker")
                     time.sleep(0.01)
                 start = time.monotonic()
-                stop(proc)
+                stop(proc, errors)
                 proc.wait(timeout=40)
                 took = time.monotonic() - start
+                err = errors.rest()
             finally:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
                 proc.stdout.close()
-            with open(self.p("stderr")) as f:
-                err = f.read()
+                proc.stderr.close()
             self.assertTrue(gone(other, 5), "the other worker outlived ddprun")
             self.assertFalse(gone(stuck, 0), "the frozen worker ended: the test made nothing stuck")
             self.assertIn(f"(pid {stuck}, state D", err)
@@ -384,7 +418,8 @@ class SingleNode(unittest.TestCase):
 
     def test_a_worker_that_sigkill_cannot_end_is_given_up_on(self):
         # After SIGTERM to ddprun: the grace, SIGKILL, then --kill-timeout, and ddprun exits.
-        rc, err, took = self.run_with_a_stuck_worker(["--sleep-ms", "60000"], lambda p: p.send_signal(signal.SIGTERM))
+        rc, err, took = self.run_with_a_stuck_worker(["--sleep-ms", "60000"],
+                                                     lambda p, _: p.send_signal(signal.SIGTERM))
         self.assertEqual(rc, 143, err)
         self.assertLess(took, 20, err)  # liveness: without the give-up it waits forever
         self.assertIn("did not end after SIGKILL (stuck in the kernel); ddprun stopped waiting for it after "
@@ -398,7 +433,7 @@ class SingleNode(unittest.TestCase):
         flag = self.p("go")
         rc, err, took = self.run_with_a_stuck_worker(
             ["--wait-file", flag, "--only-rank", "1", "--exit", "3", "--gated-no-sleep", "--sleep-ms", "60000"],
-            lambda p: open(flag, "w").close())
+            lambda p, _: open(flag, "w").close())
         self.assertEqual(rc, 1, err)
         self.assertLess(took, 20, err)
         self.assertIn("ended with exit code 3", err)
@@ -410,20 +445,11 @@ class SingleNode(unittest.TestCase):
 
     def test_a_second_signal_after_the_sigkill_gives_up_at_once(self):
         # SIGINT, SIGINT (no more grace: SIGKILL), SIGINT: no wait for --kill-timeout (30 s here).
-        def seen(text):  # three signals, each handled before the next (not one coalesced pending one)
-            deadline = time.monotonic() + 10
-            while True:
-                with open(self.p("stderr")) as f:
-                    if text in f.read():
-                        return
-                self.assertLess(time.monotonic(), deadline, f"no '{text}' from ddprun")
-                time.sleep(0.01)
-
-        def stop(p):
+        def stop(p, errors):  # three signals, each handled before the next (not one coalesced pending one)
             p.send_signal(signal.SIGINT)
-            seen("received SIGINT: forwarding it to the workers")
+            errors.wait_for("received SIGINT: forwarding it to the workers", 10)
             p.send_signal(signal.SIGINT)
-            seen("still running at a second SIGINT during the stop: sending SIGKILL")
+            errors.wait_for("still running at a second SIGINT during the stop: sending SIGKILL", 10)
             p.send_signal(signal.SIGINT)
 
         rc, err, took = self.run_with_a_stuck_worker(["--sleep-ms", "60000"], stop, kill_timeout="30")

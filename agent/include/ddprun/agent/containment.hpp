@@ -29,6 +29,7 @@
 // Not thread-safe; create before any thread starts (it forks).
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -146,9 +147,10 @@ class Containment {
   std::string token_;
   pid_t agent_sid_ = -1;      // the agent's session: proc sweeps signal no process group in it
   std::vector<pid_t> stuck_;  // give_up_on
-  std::string job_dir_;       // the containment cgroup (v2 or v1 freezer); empty = proc/off
-  bool rank_dirs_ = false;    // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
-  std::string memory_dir_;    // the job's memory cgroup; empty = none
+  bool given_up(pid_t pid) const { return std::find(stuck_.begin(), stuck_.end(), pid) != stuck_.end(); }
+  std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
+  bool rank_dirs_ = false;  // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
+  std::string memory_dir_;  // the job's memory cgroup; empty = none
   bool memory_v2_ = false;
   bool memory_fresh_ = true;  // the per-rank memory cgroups were created by this agent, unused so far
   std::vector<std::uint64_t> oom_base_;
