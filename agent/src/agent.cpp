@@ -154,8 +154,9 @@ class Agent {
     // never the agent's neighbours (sshd, ddprun-rdzvd, another job) nor a recycled pid.
     file_timer_ = start_file_timer(io_, config_, parent_env_, [this](pid_t pid, int sig) {
       if (!kill_timer_pid(pid, sig, [this](pid_t p) { return run_.owns_live_pid(p); })) return false;
-      // Its SIGKILL is then ddprun's, not a candidate for an OOM kill (cause_of).
-      run_.mark_killed_by(pid, "file timer (a FileTimer scope expired)");
+      // Its SIGKILL is then ddprun's, not a candidate for an OOM kill (cause_of), and bounded
+      // by --kill-timeout as any SIGKILL of ddprun's.
+      run_.note_kill(pid, sig, "file timer (a FileTimer scope expired)");
       return true;
     });
     if (file_timer_) {  // should the agent be killed, the watchdog removes the FIFO

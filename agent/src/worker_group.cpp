@@ -166,25 +166,50 @@ GroupActions WorkerGroupMachine::on_hang_kill() {
   return {{GroupAction::Kind::arm_kill_wait, 0}};
 }
 
+GroupActions WorkerGroupMachine::on_worker_kill(int local_rank) {
+  check_rank(local_rank);
+  if (state_ != GroupState::healthy) {
+    return {};
+  }
+  auto& w = workers_[static_cast<std::size_t>(local_rank)];
+  if (w.exited || w.killed) {
+    return {};
+  }
+  w.killed = true;
+  // The hang detector's wait already covers every worker; else the wait restarts, so none is
+  // given up on sooner than kill_timeout after its own SIGKILL.
+  if (hang_killed_) {
+    return {};
+  }
+  return {{GroupAction::Kind::arm_kill_wait, 0}};
+}
+
 GroupActions WorkerGroupMachine::on_kill_wait_expired() {
+  // Which workers got a SIGKILL they may not have acted on: every one after the group's SIGKILL
+  // (a stop's, the hang detector's), else those the shell killed one by one (on_worker_kill).
+  const bool all = kill_sent_;
+  const auto given_up = [all](const Worker& w) { return !w.exited && (all || w.killed); };
+  GroupActions actions;
   if (state_ == GroupState::healthy) {
-    // Only after the shell's own SIGKILL (on_hang_kill), and with a worker that has not ended
-    // since: the attempt fails with it, without a failure of its own (exit 1). Otherwise a stale
-    // timer, or workers that exited 0 and are draining.
-    const bool left = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.exited; });
-    if (!hang_killed_ || !left) {
+    // Only with a worker that has not ended since its SIGKILL: the attempt fails with it,
+    // without a failure of its own (exit 1). Otherwise a stale timer, or workers that exited 0
+    // and are draining.
+    if (!std::any_of(workers_.begin(), workers_.end(), given_up)) {
       return {};
     }
     state_ = GroupState::stopping;
     cause_ = StopCause::worker_failure;
+    if (!all) {  // the others are still running: stop them as after a failure
+      actions.push_back({GroupAction::Kind::signal_groups, SIGTERM});
+      actions.push_back({GroupAction::Kind::arm_grace, 0});
+    }
   }
   if (state_ != GroupState::stopping) {
     return {};
   }
-  GroupActions actions;
   for (std::size_t r = 0; r < workers_.size(); ++r) {
     auto& w = workers_[r];
-    if (w.exited) continue;
+    if (!given_up(w)) continue;
     // Its output pipes stay open in the stuck process: it is done as far as the group goes.
     w.exited = true;
     w.drained = true;

@@ -702,9 +702,13 @@ void WorkerRun::render_diagnosis() {
   }
 }
 
-void WorkerRun::mark_killed_by(pid_t pid, const std::string& what) {
+void WorkerRun::note_kill(pid_t pid, int sig, const std::string& what) {
+  if (ended_) return;
   for (auto& w : workers_) {
-    if (w->child.pid() == pid && !w->child.exited()) w->killed_by = what;
+    if (w->child.pid() != pid || w->child.exited()) continue;
+    w->killed_by = what;
+    if (sig == SIGKILL) apply(machine_.on_worker_kill(w->spec.local_rank));
+    return;
   }
 }
 

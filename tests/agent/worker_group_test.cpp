@@ -251,6 +251,53 @@ TEST_CASE("after the shell's own SIGKILL (a hang), a kill wait that finds no wor
   CHECK(o.on_drained(0) == GroupActions{{K::finish, 0}});
 }
 
+TEST_CASE("a worker the shell SIGKILLed alone (the file timer) is given up on alone, and the others stop") {
+  WorkerGroupMachine m(3, 3);
+  m.start();
+  CHECK(m.on_worker_kill(1) == GroupActions{{K::arm_kill_wait, 0}});
+  CHECK(m.on_worker_kill(1).empty());  // once per worker
+  CHECK(m.on_worker_kill(2) == GroupActions{{K::arm_kill_wait, 0}});  // the wait restarts for it
+  // Rank 2 ended at its SIGKILL: its exit is the attempt's failure as usual, later.
+  // Rank 1 is stuck in the kernel: no exit comes; ranks 0 and 2 run on.
+  const auto a = m.on_kill_wait_expired();
+  CHECK(a == GroupActions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}, {K::abandon, 1}, {K::abandon, 2}});
+  CHECK(m.state() == GroupState::stopping);
+  CHECK(m.abandoned());
+  CHECK_FALSE(m.worker_exited(0));
+  // Rank 0 is waited for as in any stop (a second expiry gives up on nobody), and no restart.
+  CHECK(m.on_kill_wait_expired().empty());
+  CHECK(m.on_exited(0, ExitStatus::killed(SIGTERM)).empty());
+  CHECK(m.on_drained(0) == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 1}});
+  CHECK(m.state() == GroupState::failed);
+
+  // The usual case: the killed worker ends; that exit fails the attempt and the kill wait that
+  // expires during the stop gives up on nobody (the others got only SIGTERM), and the restart
+  // happens.
+  WorkerGroupMachine n(2, 1);
+  n.start();
+  n.on_worker_kill(0);
+  CHECK(contains(n.on_exited(0, ExitStatus::killed(SIGKILL)), {K::arm_grace, 0}));
+  n.on_drained(0);
+  CHECK(n.on_kill_wait_expired().empty());
+  CHECK_FALSE(n.abandoned());
+  n.on_exited(1, ExitStatus::killed(SIGTERM));
+  CHECK(contains(n.on_drained(1), {K::start_attempt, 1}));
+  // A new attempt's workers start unkilled; a stale wait finds nothing.
+  CHECK(n.on_kill_wait_expired().empty());
+  CHECK(n.on_worker_kill(0) == GroupActions{{K::arm_kill_wait, 0}});
+
+  // After the hang detector's SIGKILL of every group the wait covers all already; outside a
+  // healthy group the shell's stop does the killing.
+  WorkerGroupMachine o(2, 0);
+  o.start();
+  o.on_hang_kill();
+  CHECK(o.on_worker_kill(0).empty());
+  WorkerGroupMachine p(1, 0);
+  p.start();
+  p.on_signal(SIGTERM);
+  CHECK(p.on_worker_kill(0).empty());
+}
+
 TEST_CASE("the agent's own stop gives up like the others") {
   WorkerGroupMachine m(1, 0);
   m.start();

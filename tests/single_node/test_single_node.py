@@ -336,12 +336,13 @@ class SingleNode(unittest.TestCase):
         self.assertIn("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=soon is not a number of seconds: ignored", r.stderr)
         self.assertNotIn("D state", r.stderr)
 
-    def run_with_a_stuck_worker(self, worker_args, stop, kill_timeout="1"):
+    def run_with_a_stuck_worker(self, worker_args, stop, kill_timeout="1", env=None):
         """Runs 2 workers of ddprun_test_worker (`worker_args` after --ready-file -), freezes local
         rank 0 in a cgroup v1 freezer, calls stop(proc) and waits for ddprun's end. A frozen task is
         in the D state and acts on SIGKILL only once thawed: the worker stuck in a driver or a file
-        system that no signal ends. stop() gets ddprun's stderr as a StreamReader too. Returns
-        (returncode, stderr, seconds from stop to the end)."""
+        system that no signal ends. stop() gets ddprun's stderr as a StreamReader too, and finds
+        the frozen worker's pid in self.stuck_pid. Returns (returncode, stderr, seconds from stop to
+        the end)."""
         root = None
         with open("/proc/mounts") as f:
             for line in f:
@@ -356,7 +357,7 @@ class SingleNode(unittest.TestCase):
         os.mkdir(cg)
         stuck = job_cg = None
         try:
-            e = dict(os.environ, PET_MASTER_PORT="0")
+            e = dict(os.environ, PET_MASTER_PORT="0", **(env or {}))
             proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--shutdown-timeout",
                                      "0.5", "--kill-timeout", kill_timeout, "--no-python", WORKER, "--ready-file", "-"] +
                                     worker_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
@@ -377,6 +378,7 @@ class SingleNode(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline, "the freezer did not freeze the worker")
                     time.sleep(0.01)
                 start = time.monotonic()
+                self.stuck_pid = stuck
                 stop(proc, errors)
                 proc.wait(timeout=40)
                 took = time.monotonic() - start
@@ -440,6 +442,28 @@ class SingleNode(unittest.TestCase):
         self.assertIn("ddprun stopped waiting for it after --kill-timeout=1 s and leaves the job without a restart", err)
         self.assertIn("Root Cause (first observed failure)", err)
         self.assertIn("exitcode   : 3", err)
+        self.assertNotIn("restarting worker group", err)
+        self.assertIn("workers stopped (the worker group was unhealthy); exiting with 1", err)
+
+    def test_a_worker_the_file_timer_kills_that_does_not_end_is_given_up_on(self):
+        # torch's FileTimerClient asks for a SIGKILL of the stuck rank 0: ddprun sends it, waits
+        # --kill-timeout for the exit, then gives up on it, stops rank 1 and exits 1 without the
+        # restarts that are left (before, it waited for rank 0 forever).
+        fifo = self.p("timer_fifo")
+
+        def stop(p, errors):
+            with open(fifo, "w") as f:
+                f.write('{"version": 1, "pid": %d, "scope_id": "step", "expiration_time": 1, "signal": 9}\n'
+                        % self.stuck_pid)
+
+        rc, err, took = self.run_with_a_stuck_worker(
+            ["--sleep-ms", "60000"], stop,
+            env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": fifo})
+        self.assertEqual(rc, 1, err)
+        self.assertLess(took, 20, err)
+        self.assertIn("scope 'step' of worker pid", err)
+        self.assertIn("did not end within 1000 ms of SIGKILL: no longer waited for", err)
+        self.assertIn("ddprun stopped waiting for it after --kill-timeout=1 s and leaves the job without a restart", err)
         self.assertNotIn("restarting worker group", err)
         self.assertIn("workers stopped (the worker group was unhealthy); exiting with 1", err)
 

@@ -24,10 +24,15 @@
 //   stopping      exited(any)/drained not all done          stopping      -
 //   stopping      grace_expired                             stopping      signal_groups(SIGKILL), arm_kill_wait
 //   stopping      kill_wait_expired   a worker not exited   as all done   abandon(r) for each such worker,
-//                                                           (no restart)  then as all done
+//                                     since its SIGKILL     (no restart)  then as all done
 //   healthy       hang_kill                                 healthy       arm_kill_wait (the shell sent SIGKILL)
 //   healthy       kill_wait_expired   after hang_kill, a    failed        abandon(r) for each worker not exited,
 //                                     worker not exited                   then as all done (finish(1))
+//   healthy       worker_kill(r)      r not exited, no      healthy       arm_kill_wait (the shell sent r SIGKILL)
+//                                     hang_kill
+//   healthy       kill_wait_expired   no hang_kill, a       stopping[F]   abandon(r) for each such worker,
+//                                     worker_kill(r) not                  signal_groups(SIGTERM), arm_grace
+//                                     exited                              (no restart)
 //   stopping[F]   signal(s)                                 stopping[S]   signal_groups(s) (grace keeps running)
 //   stopping[S]   signal (second, no SIGKILL yet)           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
 //   stopping[S]   signal after the SIGKILL                  as kill_wait_expired
@@ -42,7 +47,8 @@
 //
 // [F] = stopping because a worker failed, [S] = stopping because ddprun got a signal.
 // The first SIGKILL of a stop (the grace's, a second signal's) arms the kill wait; a signal
-// after it is taken as its expiry. A worker that outlives it is stuck in the kernel (a SIGKILL it
+// after it is taken as its expiry. A SIGKILL of one worker (the file timer's) arms it too, for
+// that worker only. A worker that outlives it is stuck in the kernel (a SIGKILL it
 // cannot act on): the group gives up waiting for it, and never restarts after that.
 // A worker exiting 0 while others run keeps the group running (torchrun semantics).
 // Only exits observed while healthy count as failures: exits caused by our own SIGTERM are not.
@@ -99,8 +105,12 @@ class WorkerGroupMachine {
   // The shell SIGKILLed every worker group itself (the hang detector): arms the kill wait, as a
   // stop's SIGKILL does (a signal after it gives up at once). Only while healthy.
   GroupActions on_hang_kill();
-  // The kill wait after a SIGKILL expired: workers still not exited are abandoned. While healthy
-  // only after on_hang_kill and with a worker not exited: the attempt then fails (exit 1).
+  // The shell SIGKILLed one worker's own process (the file timer): arms the kill wait again.
+  // Only while healthy, once per worker and attempt.
+  GroupActions on_worker_kill(int local_rank);
+  // The kill wait after a SIGKILL expired: workers still not exited since their SIGKILL (all of
+  // them after the group's SIGKILL, else those of on_worker_kill) are abandoned. While healthy
+  // only with such a worker: the attempt then fails (exit 1) and the others are stopped.
   GroupActions on_kill_wait_expired();
 
   GroupState state() const { return state_; }
@@ -121,6 +131,7 @@ class WorkerGroupMachine {
   struct Worker {
     bool exited = false;
     bool drained = false;
+    bool killed = false;  // on_worker_kill
   };
   GroupActions maybe_complete();
   GroupActions kill();  // SIGKILL to every group; the first one of a stop arms the kill wait

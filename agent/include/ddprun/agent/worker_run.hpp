@@ -79,9 +79,10 @@ class WorkerRun {
   // the attempt's sweep), or in a running worker's process tree. The file timer signals nothing
   // else; the hang detector samples the same set.
   bool owns_live_pid(pid_t pid) const;
-  // When `pid` is a live worker's own process: its cause of death will read "killed by ddprun's
-  // <what>" (the file timer, after it signalled it).
-  void mark_killed_by(pid_t pid, const std::string& what);
+  // The shell sent `sig` to `pid` itself (the file timer). When `pid` is a live worker's own
+  // process its cause of death will read "killed by ddprun's <what>", and after a SIGKILL it has
+  // --kill-timeout to end before the group gives up on it (stuck in the kernel).
+  void note_kill(pid_t pid, int sig, const std::string& what);
   // Whether a log file was written for any worker so far.
   bool wrote_files() const { return wrote_files_; }
   // The current attempt's workers by state, for the metrics endpoint.
