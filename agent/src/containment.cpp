@@ -48,7 +48,7 @@ constexpr int kProcEmptyScans = 3;
 // next writes to it (docs/errors.md). 2: the "t" line carries the agent's session. 3: the job
 // comes by the socket ("j", "c", "M"), not in the arguments, and "f" names the FIFO. 4: it
 // writes "+" when it is ready, which the agent waits for (await_watchdog).
-constexpr const char* kWatchdogProtocol = "4";
+constexpr const char* kWatchdogProtocol = "5";
 // How long the agent waits for the watchdog's "+" (await_watchdog) before its first workers.
 constexpr std::chrono::seconds kWatchdogStartTimeout{10};
 // What the watchdog calls itself (both kinds): not "ddprun-...", so that `pkill ddprun` and
@@ -597,8 +597,15 @@ ContainmentMode parse_containment_mode(const std::string& text) {
 // agent's own sweep (the copy of `c` it got), then removes the cgroups.
 pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[2]) {
   const int nproc = c->nproc_;
+  // The agent's end as an event: a pidfd the agent opens of itself, so no pid is ever read that
+  // could already name another process (-1 before Linux 5.3, or where it is refused).
+  const int self_end = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
   const pid_t pid = ::fork();
-  if (pid < 0) throw Error(std::string("containment: fork: ") + std::strerror(errno));
+  if (pid < 0) {
+    const int err = errno;
+    if (self_end >= 0) ::close(self_end);
+    throw Error(std::string("containment: fork: ") + std::strerror(err));
+  }
   if (pid == 0) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(sig, SIG_IGN);
     ::prctl(PR_SET_NAME, kWatchdogName, 0, 0, 0);  // findable in ps and by the tests
@@ -606,29 +613,40 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     const pid_t agent = ::getppid();
     ::setsid();  // out of the agent's process group: `kill -9 -PGID`, `timeout -s KILL` miss it
     ::close(fds[1]);
+    // The socket as fd 3 and the agent's pidfd as 4, whatever numbers they have now.
+    int end = self_end;
+    if (end >= 0 && end < 5) {
+      end = ::fcntl(self_end, F_DUPFD_CLOEXEC, 5);
+      ::close(self_end);
+    }
     if (fds[0] != 3) {
       ::dup2(fds[0], 3);
       ::close(fds[0]);
     }
-    close_descriptors_from(4, false);
+    int agent_end = -1;
+    if (end >= 0 && ::dup2(end, 4) == 4) agent_end = 4;
+    close_descriptors_from(agent_end == 4 ? 5 : 4, false);
     const int null = ::open("/dev/null", O_RDWR);
     if (null >= 0) {
       ::dup2(null, 0);
       ::dup2(null, 1);
       ::dup2(null, 2);  // the agent's terminal may be gone; nothing to say there
     }
-    // The agent's end as an event (as the program's open_agent_end): only while the agent is
-    // still our parent, else the pid may already be somebody else's.
-    int agent_end = static_cast<int>(::syscall(SYS_pidfd_open, agent, 0));
-    if (agent_end >= 0 && ::getppid() != agent) {
-      ::close(agent_end);
-      agent_end = -1;
+    // Without the agent's own pidfd (as the program's open_agent_end): one opened here, only
+    // while the agent is still our parent, else the pid may already be somebody else's.
+    if (agent_end < 0) {
+      agent_end = static_cast<int>(::syscall(SYS_pidfd_open, agent, 0));
+      if (agent_end >= 0 && ::getppid() != agent) {
+        ::close(agent_end);
+        agent_end = -1;
+      }
     }
     // Ready, as the program says it (await_watchdog): named, out of the agent's process group.
     (void)::send(3, "+", 1, MSG_NOSIGNAL);
     // Lines from the agent (as for ddprun-watchdog, agent/watchdog/main.c): "m RANK PID"
     // (join_memory), "e DIR" (clean_up_when_gone), "r DIR" (remove_when_gone), "f MAJOR MINOR
-    // INODE PATH" (unlink_when_gone), "d" (it ended normally and swept the job itself); EOF
+    // INODE PATH" (unlink_when_gone), "g PID" (give_up_on), "d" (it ended normally and swept
+    // the job itself); EOF
     // when it is gone, however it ended. The job's lines ("j", "c", "M") are for the program:
     // this copy of the agent knows the job.
     char buf[256];
@@ -658,6 +676,9 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
         int worker = 0;
         if (line == "d") {
           swept = true;
+        } else if (int g_end = 0; std::sscanf(line.c_str(), "g %d%n", &worker, &g_end) == 1 && worker > 0 &&
+                                  static_cast<std::size_t>(g_end) == line.size()) {
+          if (!c->given_up(worker)) c->stuck_.push_back(worker);
         } else if (std::sscanf(line.c_str(), "m %d %d", &rank, &worker) == 2 && rank >= 0 && rank < nproc &&
                    worker > 0) {
           c->move_to_memory_cgroup(rank, worker);
@@ -723,6 +744,7 @@ pid_t Containment::fork_watchdog(std::unique_ptr<Containment>& c, const int fds[
     c.reset();                        // removes the cgroups
     ::_exit(0);
   }
+  if (self_end >= 0) ::close(self_end);
   return pid;
 }
 
@@ -734,6 +756,7 @@ struct WatchdogChild {
   const char* path = nullptr;
   char* const* argv = nullptr;
   int sock = -1;
+  int agent_end = -1;      // the agent's pidfd of itself, or -1
   volatile int error = 0;  // written by the child before its _exit, read after the vfork returns
 };
 
@@ -747,12 +770,16 @@ bool watchdog_child_setup(const WatchdogChild* a) {
   // Its own session, out of the agent's process group: `kill -9 -PGID` and `timeout -s KILL`
   // (which signals its whole group) end the agent, not the watchdog that cleans up after it.
   if (::setsid() < 0) return false;
-  // Its end of the socket pair as fd 3 (close-on-exec cleared), stdio on /dev/null (the agent's
-  // terminal may be gone; nothing to say there), nothing else.
+  // Its end of the socket pair as fd 3 (close-on-exec cleared), the agent's pidfd as fd 4,
+  // stdio on /dev/null (the agent's terminal may be gone; nothing to say there), nothing else.
+  // The pidfd first goes above 4, where neither dup2 below can replace it.
+  int end = a->agent_end;
+  if (end >= 0 && end < 5 && (end = ::fcntl(end, F_DUPFD_CLOEXEC, 5)) < 0) return false;
   if (a->sock == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(a->sock, 3) != 3) return false;
-  const int null = ::open("/dev/null", O_RDWR);  // (not 3; closed below when above 2)
+  if (end >= 0 && ::dup2(end, 4) != 4) return false;
+  const int null = ::open("/dev/null", O_RDWR);  // (not 3 or 4; closed below when above 2)
   if (null < 0 || ::dup2(null, 0) != 0 || ::dup2(null, 1) != 1 || ::dup2(null, 2) != 2) return false;
-  close_descriptors_from(4, true);
+  close_descriptors_from(end >= 0 ? 5 : 4, true);
   return true;
 }
 
@@ -794,6 +821,10 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   child.path = path.c_str();
   child.argv = const_cast<char* const*>(argv);  // NOLINT: execve's signature
   child.sock = fds[0];
+  // The agent's end as an event for the watchdog (the FIFO's removal waits for it): opened here,
+  // by the agent of itself, so the watchdog never has to trust a pid that may already be
+  // somebody else's (-1 before Linux 5.3, or where it is refused: the watchdog opens one).
+  child.agent_end = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
   // The child runs on this stack until its exec (CLONE_VFORK: the agent waits until then).
   alignas(64) char stack[32 * 1024];  // glibc's posix_spawn gives its child 32 KiB too
   sigset_t all;
@@ -803,6 +834,7 @@ pid_t Containment::start_watchdog_program(const Containment& c, const int fds[2]
   const pid_t pid = ::clone(watchdog_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
   const int clone_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (child.agent_end >= 0) ::close(child.agent_end);
   if (pid < 0 || child.error != 0) {
     const int err = pid < 0 ? clone_errno : child.error;
     if (pid > 0) {
@@ -1049,6 +1081,12 @@ void Containment::check_watchdog() {
   ::close(watchdog_fd_);
   watchdog_fd_ = -1;
   watchdog_ = -1;
+}
+
+void Containment::give_up_on(pid_t pid) {
+  if (pid <= 0 || given_up(pid)) return;
+  stuck_.push_back(pid);
+  if (watchdog_fd_ >= 0) (void)send_line(watchdog_fd_, "g " + std::to_string(pid) + "\n");
 }
 
 std::string Containment::token_env() const { return std::string(kTokenVar) + "=" + token_; }

@@ -18,6 +18,10 @@
  *   "r DIR"       remove the run directory DIR once the agent is gone (nothing in it to keep)
  *   "f MAJOR MINOR INODE PATH" remove the FIFO at PATH (the file timer's) once the agent is
  *                 gone, if it is still that file and nobody reads it (remove_fifo)
+ *   "g PID"       the agent gave up on PID, a worker SIGKILL did not end (stuck in the kernel):
+ *                 its environ is not read again (the read may wait on the lock it holds), nor,
+ *                 from then on, that of a process in uninterruptible sleep (its children may be
+ *                 stuck with it), and sweeps stop waiting when only such processes are left
  *   "d"           the agent ended normally and swept the job itself
  * and, at EOF (the agent is gone, however it ended, SIGKILL included), unless told "d" removes
  * the FIFO and sweeps the job, then removes the run directory and the job's cgroups.
@@ -33,12 +37,15 @@
  * slow trap under a hypervisor) would cost as much again, so it uses system calls directly.
  * It is built for x86-64 and aarch64; elsewhere the agent forks as before.
  *
+ * Fd 4, when open, is a pidfd of the agent, opened by the agent itself before the start (no
+ * window in which its pid could name another process); readable once the agent has ended.
+ *
  * It writes one byte, "+", to fd 3 once it is ready (named, its terminal signals ignored); the
  * agent starts no worker before it has read it.
  *
  * Usage (the agent's, not a user's):
- *   ddp-watchdog 4
- * where 4 is the version of the protocol above (the agent's kWatchdogProtocol). */
+ *   ddp-watchdog 5
+ * where 5 is the version of the protocol above (the agent's kWatchdogProtocol). */
 #include <asm/unistd.h>
 #include <linux/fcntl.h>
 #include <linux/signal.h>
@@ -142,12 +149,11 @@ static int file_of(int dirfd, const char* path, struct file_id* out) {
   return 0;
 }
 
-/* A pidfd of the agent, or -1 (before Linux 5.3 or where it is refused, or the agent already
- * gone: then its pid may be somebody else's). Readable once the agent's last thread has exited,
- * which is after every one of its threads dropped its descriptors and ran the deferred closes
- * (the kernel's do_exit: exit_files, then exit_task_work, then exit_notify). A reference held
- * outside the agent (a /proc/PID/fd reader) can delay the last close past that: the FIFO is then
- * kept, the safe way round. */
+/* A pidfd of the agent, where the agent could not pass its own: -1 before Linux 5.3 or where it
+ * is refused, or when the agent is already gone (then its pid may be somebody else's). Readable once the agent's last
+ * thread has exited, which is after every one of its threads dropped its descriptors and ran the deferred closes (the
+ * kernel's do_exit: exit_files, then exit_task_work, then exit_notify). A reference held outside the agent (a
+ * /proc/PID/fd reader) can delay the last close past that: the FIFO is then kept, the safe way round. */
 static int open_agent_end(int agent) {
   const int fd = (int)SYS(__NR_pidfd_open, agent, 0, 0);
   if (fd < 0) return -1;
@@ -320,7 +326,16 @@ static unsigned fifo_major, fifo_minor;
 static unsigned long long fifo_ino;
 static char token[256];
 static long agent_sid = -1;
-static char run_dir[4096];    /* "r": remove */
+static char run_dir[4096]; /* "r": remove */
+#define MAX_STUCK 1024
+static int stuck[MAX_STUCK]; /* "g": given up on */
+static long nstuck;
+static int is_stuck(long pid) {
+  for (long i = 0; i < nstuck; ++i) {
+    if (stuck[i] == pid) return 1;
+  }
+  return 0;
+}
 static char unused_dir[4096]; /* "e": remove unless it holds data */
 
 /* Alive (not a zombie): a zombie stays listed in its cgroup until its parent reaps it. */
@@ -500,7 +515,7 @@ static void add_token_pids(void) {
       off += reclen;
       const char* s = name;
       const long pid = parse_num(&s);
-      if (pid <= 0 || *s != '\0' || pid == self) continue;
+      if (pid <= 0 || *s != '\0' || pid == self || is_stuck(pid)) continue;
       listed[nlisted++ % MAX_PIDS] = (int)pid;
     }
   }
@@ -512,6 +527,8 @@ static void add_token_pids(void) {
     *put_num(name, pid) = '\0';
     char state = '?';
     long pgrp = 0, sid = 0;
+    /* Once a worker was given up on, processes in uninterruptible sleep are not read either. */
+    if (nstuck > 0 && stat_of(name, &state, &pgrp, &sid) && state == 'D') continue;
     if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) continue;
     if (pgrp > 1 && pgrp != self && agent_sid >= 0 && sid != agent_sid) {
       long g = 0;
@@ -524,6 +541,35 @@ static void add_token_pids(void) {
     sys_kill(pid, 9);
     if (npids < MAX_PIDS) pids[npids++] = pid;
   }
+}
+
+/* After a give-up ("g"): whether every process in `pids` is one given up on, or was in
+ * uninterruptible sleep on this pass and the one before (its children, stuck with it; not one
+ * passing through the state for a page-in): waiting cannot end them (the agent's sweep). */
+#define MAX_D 4096
+static int d_before[MAX_D], d_now[MAX_D];
+static long n_before;
+static int only_stuck_left(void) {
+  if (nstuck == 0 || npids == 0) return 0;
+  int all = 1;
+  long n_now = 0;
+  for (long i = 0; i < npids; ++i) {
+    if (is_stuck(pids[i])) continue;
+    char name[24];
+    *put_num(name, pids[i]) = '\0';
+    char state = '?';
+    long pgrp = 0, sid = 0;
+    if (stat_of(name, &state, &pgrp, &sid) && state == 'D' && n_now < MAX_D) {
+      d_now[n_now++] = pids[i];
+      long j = 0;
+      while (j < n_before && d_before[j] != pids[i]) ++j;
+      if (j < n_before) continue;
+    }
+    all = 0;
+  }
+  for (long i = 0; i < n_now; ++i) d_before[i] = d_now[i];
+  n_before = n_now;
+  return all;
 }
 
 static void freeze_ranks(const char* state) {
@@ -546,6 +592,14 @@ static void sweep(void) {
       const long n = read_file(path_of(job_dir, -1, "cgroup.events"), events, (long)sizeof events);
       if (n < 0 || has(events, n, "populated 0")) return;
       write_file(path_of(job_dir, -1, "cgroup.kill"), "1"); /* the job cgroup and every one below */
+      if (nstuck > 0) { /* only then are the members listed: "populated" answers otherwise */
+        const int job_fd = sys_open(job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (job_fd < 0) return;
+        npids = 0;
+        add_cgroup_tree_pids(job_fd, 0);
+        sys_close(job_fd);
+        if (only_stuck_left()) return;
+      }
     } else if (v1) {
       /* As the agent's sweep: an empty member list is final; otherwise it is read again frozen
        * (a process that forks and exits may show only pids that are gone). */
@@ -554,7 +608,7 @@ static void sweep(void) {
       if (job_fd < 0) return;
       npids = 0;
       const long listed_pids = add_cgroup_tree_pids(job_fd, 0);
-      if (listed_pids == 0) {
+      if (listed_pids == 0 || only_stuck_left()) {
         sys_close(job_fd);
         return;
       }
@@ -788,6 +842,10 @@ static void handle_line(const char* line, int* swept) {
       memcpy(token, entry, n + 1);
       agent_sid = entry == line + 2 ? -1 : sid;
     }
+  } else if (line[0] == 'g' && line[1] == ' ') {
+    const char* s = line + 2;
+    const long pid = parse_num(&s);
+    if (pid > 0 && *s == '\0' && nstuck < MAX_STUCK && !is_stuck(pid)) stuck[nstuck++] = (int)pid;
   } else if ((line[0] == 'r' || line[0] == 'e') && line[1] == ' ' && line[2] == '/') {
     keep_text(line[0] == 'r' ? run_dir : unused_dir, sizeof run_dir, line + 2);
   }
@@ -818,7 +876,7 @@ __attribute__((used)) void watchdog_main(long* sp) {
   const int agent = sys_getppid(); /* the agent started it */
   const long argc = sp[0];
   char** argv = (char**)(sp + 1);
-  if (argc != 2 || !str_eq(argv[1], "4")) { /* the protocol's version: the agent's kWatchdogProtocol */
+  if (argc != 2 || !str_eq(argv[1], "5")) { /* the protocol's version: the agent's kWatchdogProtocol */
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
@@ -840,7 +898,10 @@ __attribute__((used)) void watchdog_main(long* sp) {
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
-  const int agent_end = open_agent_end(agent);
+  /* The agent's pidfd, passed as fd 4 (protocol 5); else one opened here, while the agent is
+   * still the parent. */
+  struct file_id fd4;
+  const int agent_end = file_of(4, "", &fd4) == 0 ? 4 : open_agent_end(agent);
   /* Ready: named, in its own session (since before the exec), the terminal's signals ignored.
    * The agent waits for this byte before its first worker, so no worker runs while a `pkill
    * ddprun` could still match this process or a Ctrl-C could end it. */

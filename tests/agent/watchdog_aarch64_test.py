@@ -82,7 +82,7 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="ddprun-wd-a64-") as work:
         exe = build(clang, work)
-        args = ["4"]  # the protocol version (the agent's kWatchdogProtocol)
+        args = ["5"]  # the protocol version (the agent's kWatchdogProtocol)
 
         # By hand: no fd 3, then fd 3 a file.
         r = subprocess.run([qemu, exe], capture_output=True, text=True, timeout=60)

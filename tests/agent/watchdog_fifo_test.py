@@ -28,7 +28,7 @@ def run_watchdog(work, fifo, ino_text):
     st = os.lstat(fifo)
     agent_end, wd_end = socket.socketpair()
     # The watchdog waits up to 1 s for its parent (the agent) to go before it touches the FIFO.
-    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", WATCHDOG, "4"],
+    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{wd_end.fileno()}', "sh", WATCHDOG, "5"],
                           pass_fds=(wd_end.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wd_end.close()
     agent_end.settimeout(30)

@@ -226,8 +226,8 @@ TEST_CASE("after the shell's own SIGKILL (a hang), a kill wait that finds no wor
   CHECK(m.on_hang_kill() == GroupActions{{K::arm_kill_wait, 0}});
   // Both ranks stuck in the kernel: no exit ever comes, the group is still healthy.
   const auto a = m.on_kill_wait_expired();
-  CHECK(a == GroupActions{{K::abandon, 0}, {K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL},
-                          {K::finish, 1}});
+  CHECK(a == GroupActions{
+                 {K::abandon, 0}, {K::abandon, 1}, {K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 1}});
   CHECK(m.state() == GroupState::failed);
   CHECK(m.abandoned());
   CHECK(m.on_hang_kill().empty());  // terminal
@@ -255,7 +255,7 @@ TEST_CASE("a worker the shell SIGKILLed alone (the file timer) is given up on al
   WorkerGroupMachine m(3, 3);
   m.start();
   CHECK(m.on_worker_kill(1) == GroupActions{{K::arm_kill_wait, 0}});
-  CHECK(m.on_worker_kill(1).empty());  // once per worker
+  CHECK(m.on_worker_kill(1).empty());                                 // once per worker
   CHECK(m.on_worker_kill(2) == GroupActions{{K::arm_kill_wait, 0}});  // the wait restarts for it
   // Rank 2 ended at its SIGKILL: its exit is the attempt's failure as usual, later.
   // Rank 1 is stuck in the kernel: no exit comes; ranks 0 and 2 run on.

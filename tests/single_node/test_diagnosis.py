@@ -895,7 +895,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         if cg:
             os.mkdir(cg)
         try:
-            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "4"], capture_output=True,
+            r = subprocess.run(["sh", "-c", 'exec "$@" 3</dev/null', "sh", program, "5"], capture_output=True,
                                text=True, timeout=10, stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("not a command to run by hand", r.stderr)
@@ -916,7 +916,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
             with ours, theirs:
                 ours.sendall(f"c {cg or '/nonexistent'}\nr {cg or '/nonexistent'}\n".encode())
                 ours.shutdown(socket.SHUT_WR)
-                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "4"],
+                r = subprocess.run(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "5"],
                                    pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=10,
                                    stdin=subprocess.DEVNULL)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -975,7 +975,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
                 ours, theirs = socket.socketpair()
                 try:
                     ours.sendall(f"j cgroup2 3 0\nc {cg}\n".encode())
-                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "4"],
+                    wd = subprocess.Popen(["sh", "-c", f'exec "$@" 3<&{theirs.fileno()}', "sh", program, "5"],
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
                     theirs.close()
                     ours.close()

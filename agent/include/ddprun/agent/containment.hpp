@@ -107,8 +107,9 @@ class Containment {
   // one scan).
   int sweep(bool last = false);
   // A process of the job that outlived its SIGKILL (stuck in the kernel): sweeps still signal it
-  // but no longer wait for it to end.
-  void give_up_on(pid_t pid) { stuck_.push_back(pid); }
+  // but no longer wait for it to end, nor read its environ; the watchdog is told too, for its
+  // sweep after the agent's end.
+  void give_up_on(pid_t pid);
   // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
   // it once the agent is gone: the agent's exit does not wait for a disk file system to free the
   // directory. False when there is no watchdog to take it, or when this process is PID 1 (its
