@@ -2,9 +2,14 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 
@@ -61,14 +66,21 @@ class Child {
       line.push_back(c);
     }
   }
-  // Waits for the exit (polling waitpid with a deadline); returns the exit code or -signal.
+  // Waits for the exit (its pidfd readable, within the timeout); returns the exit code or
+  // -signal, -1000 when it is still running.
   int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    REQUIRE(fd >= 0);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) return -1000;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    pollfd p{fd, POLLIN, 0};
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0))) > 0 || left.count() <= 0) break;
     }
+    ::close(fd);
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return -1000;
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   }
