@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
@@ -441,6 +442,29 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
     cfg.tee = s.per_rank;
   }
   if (auto g = p.given("local-ranks-filter")) cfg.local_ranks_filter = parse_local_ranks_filter(g->text, g->what);
+  // A local rank past --nproc-per-node in a per-rank list names no worker (torchrun is silent):
+  // a typo there would quietly hide a rank's output, or show none.
+  {
+    const auto beyond = [&](const std::string& what, const auto& ranks) {
+      std::string listed;
+      for (const auto& entry : ranks) {
+        int r = 0;
+        if constexpr (std::is_same_v<std::decay_t<decltype(entry)>, int>) {
+          r = entry;
+        } else {
+          r = entry.first;
+        }
+        if (r >= cfg.nproc_per_node) listed += (listed.empty() ? "" : ",") + std::to_string(r);
+      }
+      if (listed.empty()) return;
+      out.notes.push_back(what + ": local rank(s) " + listed + " ignored: this node runs local ranks 0.." +
+                          std::to_string(cfg.nproc_per_node - 1) + " (--nproc-per-node " +
+                          std::to_string(cfg.nproc_per_node) + ")");
+    };
+    if (auto g = p.given("redirects")) beyond(g->what, cfg.redirects);
+    if (auto g = p.given("tee")) beyond(g->what, cfg.tee);
+    if (auto g = p.given("local-ranks-filter"); g && cfg.local_ranks_filter) beyond(g->what, *cfg.local_ranks_filter);
+  }
   if (auto t = p.env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t && !t->empty()) cfg.log_line_prefix_template = *t;
   if (auto g = p.given("log-line-prefix-template")) cfg.log_line_prefix_template = g->text;
   cfg.prefix_console = p.flag("prefix-output");

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <functional>
 #include <regex>
+#include <set>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/version.hpp"
@@ -625,6 +626,19 @@ TEST_CASE("--flag= is an empty value, as argparse reads it, never the next word"
   const auto o = sb.parse({"--local-ranks-filter=", "--nproc-per-node=2", "train.py"});
   CHECK(o.config.nproc_per_node == 2);
   CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py"});
+}
+
+TEST_CASE("a per-rank list naming a local rank past --nproc-per-node is said to be ignored") {
+  Sandbox sb;
+  const auto o = sb.parse(
+      {"--nproc-per-node", "2", "--redirects", "0:3,4:1", "--tee", "1:2", "--local-ranks-filter", "1,2,7", "train.py"});
+  CHECK(has_note(o, "--redirects: local rank(s) 4 ignored: this node runs local ranks 0..1 (--nproc-per-node 2)"));
+  CHECK(has_note(o, "--local-ranks-filter: local rank(s) 2,7 ignored: this node runs local ranks 0..1"));
+  CHECK_FALSE(has_note(o, "--tee:"));
+  CHECK(o.config.local_ranks_filter == std::set<int>{1, 2, 7});  // kept as given, as torchrun
+  // Within range, or a form for every rank: nothing to say.
+  const auto quiet = sb.parse({"--nproc-per-node", "3", "--redirects", "3", "--local-ranks-filter", "0,2", "train.py"});
+  CHECK_FALSE(has_note(quiet, "ignored"));
 }
 
 TEST_CASE("a switch given a value is refused, as argparse refuses it") {
