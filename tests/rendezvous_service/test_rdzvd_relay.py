@@ -516,7 +516,7 @@ def relay_refusals_are_all_counted(token_file):
             seen += os.read(relay.stderr.fileno(), 4096)
     text = seen.decode(errors="replace")
     assert accounted(text) == refused, text[-3000:]
-    assert "relay: closing new connections: " in text, text[-3000:]
+    assert "relay: closing connections at its limits: " in text, text[-3000:]
     for a in agents:
         a.close()
     for p in (relay, root):

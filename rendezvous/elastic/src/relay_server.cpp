@@ -638,7 +638,7 @@ struct RelayServer::Core : std::enable_shared_from_this<RelayServer::Core> {
     refuse_flush_timer.expires_after(refuse_warning.flush_delay());
     refuse_flush_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->stopped) return;
-      self->refuse_warning.flush(spdlog::level::warn, "relay: closing new connections");
+      self->refuse_warning.flush(spdlog::level::warn, "relay: closing connections at its limits");
     });
   }
 
@@ -746,7 +746,7 @@ void RelayServer::stop() {
   core_->relink_timer.cancel();
   core_->stall_timer.cancel();
   core_->refuse_flush_timer.cancel();
-  core_->refuse_warning.flush(spdlog::level::warn, "relay: closing new connections");
+  core_->refuse_warning.flush(spdlog::level::warn, "relay: closing connections at its limits");
   core_->acceptor.close(ec);
   core_->close_all_clients();
   core_->upstream.close(ec);
