@@ -526,7 +526,9 @@ unsigned long long forks_so_far() {
 // group may hold a pipeline's other commands; negative: unknown, no group is signalled): every
 // worker starts a session of its own, so every session a job process is in was made by the job,
 // and so is everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped.
-std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const std::vector<pid_t>& stuck) {
+std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const std::vector<pid_t>& stuck,
+                              std::vector<pid_t>& skipped) {
+  skipped.clear();
   std::vector<pid_t> out;
   std::vector<pid_t> groups;
   std::vector<pid_t> listed;
@@ -548,10 +550,14 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const 
   for (const pid_t p : listed) {
     const std::string dir = "/proc/" + std::to_string(p);
     // Once a worker was given up on, processes in uninterruptible sleep are not read either (its
-    // children may be stuck with it; those in its process group had the stop's SIGKILL).
+    // children may be stuck with it; those in its process group had the stop's SIGKILL), only
+    // listed in `skipped`, to be looked at again.
     if (!stuck.empty()) {
       const auto st = proc_stat(dir + "/stat");
-      if (st && st->state == 'D') continue;
+      if (st && st->state == 'D') {
+        skipped.push_back(p);
+        continue;
+      }
     }
     const auto env = read_text(dir + "/environ");
     if (!env) continue;
@@ -1302,17 +1308,26 @@ int Containment::sweep(bool last) {
   };
   std::vector<pid_t> alive;
   int empty_scans = 0;
+  std::vector<pid_t> skipped;         // in uninterruptible sleep, not read (token_scan)
+  std::vector<pid_t> skipped_before;  // the previous scan's
   for (;;) {
     if (mode_ == ContainmentMode::proc) {
       const auto forks_before = last ? forks_so_far() : 0;
-      alive = token_scan(token_env(), agent_sid_, stuck_);  // SIGKILLed as found
+      alive = token_scan(token_env(), agent_sid_, stuck_, skipped);  // SIGKILLed as found
+      // A process skipped in uninterruptible sleep is looked at again until it was so on two
+      // scans in a row (stuck), not one passing through the state for a page-in.
+      std::sort(skipped.begin(), skipped.end());
+      const bool settled = std::includes(skipped_before.begin(), skipped_before.end(), skipped.begin(), skipped.end());
+      skipped_before = skipped;
       if (alive.empty()) {
         // A scan can miss a process that forks and exits without pause: the holder it listed
         // is gone by its turn, its child not listed. A scan during which this machine created
         // no process has missed nothing; at the job's end another follows any other, up to
         // kProcEmptyScans in a row.
         const bool exact = forks_before != 0 && forks_so_far() == forks_before;
-        if (!last || exact || ++empty_scans >= kProcEmptyScans || std::chrono::steady_clock::now() > deadline) break;
+        if (std::chrono::steady_clock::now() > deadline ||
+            (settled && (!last || exact || ++empty_scans >= kProcEmptyScans)))
+          break;
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
       }

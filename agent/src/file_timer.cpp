@@ -84,7 +84,10 @@ FileTimerTable::Applied FileTimerTable::apply(const TimerRequest& request) {
     deadlines_.erase({it->second.expiration_time, request.pid, request.scope_id});
     it->second = request;
   } else {
-    if (per_pid_[request.pid] >= kMaxPerPid) return Applied::too_many_for_pid;
+    // find, not []: a refused request must not leave an entry behind (a writer naming a new pid
+    // on each line would grow the map without bound).
+    if (const auto count = per_pid_.find(request.pid); count != per_pid_.end() && count->second >= kMaxPerPid)
+      return Applied::too_many_for_pid;
     if (timers_.size() >= kMaxTimers) return Applied::table_full;
     timers_.emplace(Key(request.pid, request.scope_id), request);
     ++per_pid_[request.pid];
@@ -173,26 +176,49 @@ FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::string path, 
           "TORCHELASTIC_TIMER_FILE=" + path_ + " names an existing file that is not a FIFO; refusing to replace it",
           fix);
     }
-    // A FIFO somebody reads (open for writing succeeds) belongs to a live agent: leave it.
-    const int probe = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    // A FIFO somebody reads (open for writing succeeds) belongs to a live agent: leave it. Only
+    // ENXIO says that nobody does; any other failure (another user's FIFO: EACCES; a symbolic
+    // link put there since: ELOOP) is no proof that it is stale.
+    const int probe = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     if (probe >= 0) {
       ::close(probe);
       throw Error("TORCHELASTIC_TIMER_FILE=" + path_ + " is a FIFO another process (another job's agent?) is reading",
                   "give each job its own TORCHELASTIC_TIMER_FILE, or unset it for a fresh /tmp/watchdog_timer_<uuid>");
+    }
+    if (errno != ENXIO) {
+      throw Error("TORCHELASTIC_TIMER_FILE=" + path_ + " names an existing FIFO ddprun cannot check (" +
+                      std::strerror(errno) + "); refusing to replace it",
+                  fix);
     }
     ::unlink(path_.c_str());  // a stale FIFO nobody reads, as torch replaces it
   }
   if (::mkfifo(path_.c_str(), 0600) != 0) {
     throw Error("cannot create the file-timer FIFO " + path_ + ": " + std::strerror(errno), fix);
   }
-  const int rfd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  keeper_fd_ = rfd < 0 ? -1 : ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  // Both ends by the path, never through a symbolic link, and checked to be the FIFO this agent
+  // owns, the same for both: in a directory others can write to, the path could be replaced
+  // between the mkfifo and the opens.
+  const int rfd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  keeper_fd_ = rfd < 0 ? -1 : ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
   struct stat made {};
-  if (rfd < 0 || keeper_fd_ < 0 || ::fstat(rfd, &made) != 0) {
-    const std::string why = std::strerror(errno);
+  struct stat kept {};
+  std::string why;
+  if (rfd < 0 || keeper_fd_ < 0 || ::fstat(rfd, &made) != 0 || ::fstat(keeper_fd_, &kept) != 0) {
+    why = std::strerror(errno);
+  } else if (!S_ISFIFO(made.st_mode) || made.st_uid != ::geteuid() || made.st_dev != kept.st_dev ||
+             made.st_ino != kept.st_ino) {
+    why = "the path was replaced while it was opened";
+  }
+  if (!why.empty()) {
     if (rfd >= 0) ::close(rfd);
     if (keeper_fd_ >= 0) ::close(keeper_fd_);
-    ::unlink(path_.c_str());
+    keeper_fd_ = -1;
+    // Only what this agent made: not a file put there since.
+    struct stat st2 {};
+    if (rfd >= 0 && S_ISFIFO(made.st_mode) && ::lstat(path_.c_str(), &st2) == 0 && st2.st_dev == made.st_dev &&
+        st2.st_ino == made.st_ino) {
+      ::unlink(path_.c_str());
+    }
     throw Error("cannot open the file-timer FIFO " + path_ + ": " + why, fix);
   }
   fifo_dev_ = made.st_dev;
@@ -246,10 +272,16 @@ void FileTimerServer::read() {
     partial_.append(buf_.data(), n);
     std::size_t start = 0;
     for (std::size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
-      on_line(std::string_view(partial_).substr(start, nl - start));
+      // The end of a line cut for its length is not a line of its own.
+      if (!skipping_) on_line(std::string_view(partial_).substr(start, nl - start));
+      skipping_ = false;
     }
     partial_.erase(0, start);
-    if (partial_.size() > 65536) partial_.clear();  // a writer that never ends its line
+    if (partial_.size() > 65536) {  // a writer that never ends its line: the rest of it is dropped too
+      warn_limited("ignoring a line in " + path_ + " longer than 64 KiB");
+      partial_.clear();
+      skipping_ = true;
+    }
     rearm();
     read();
   });
@@ -328,7 +360,12 @@ bool kill_timer_pid(pid_t pid, int signal, const std::function<bool(pid_t)>& mem
   // names the process that was checked (then gone: ESRCH), never the newcomer.
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0 && errno == ESRCH) return false;  // gone already
-  // Other errors (ENOSYS before 5.3, EPERM from a seccomp filter): kill() by number below.
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {
+    refused.warn("file timer: not signalling pid {}: cannot pin it with a pidfd ({})", pid, std::strerror(errno));
+    return false;
+  }
+  // Where there are no pidfds (ENOSYS before Linux 5.3, EPERM from a seccomp filter): kill() by
+  // number below, with the recycling window pidfds close.
   if (!member(pid)) {
     if (fd >= 0) ::close(fd);
     refused.warn("file timer: not signalling pid {}: it is not a live process of this attempt's workers", pid);

@@ -349,7 +349,7 @@ void WorkerRun::apply(const GroupActions& actions) {
         break;
       case GroupAction::Kind::cancel_grace:
         grace_timer_.cancel();
-        kill_wait_timer_.cancel();
+        cancel_kill_wait();
         break;
       case GroupAction::Kind::arm_kill_wait:
         arm_kill_wait();
@@ -357,7 +357,7 @@ void WorkerRun::apply(const GroupActions& actions) {
       case GroupAction::Kind::finish: {
         ended_ = true;
         grace_timer_.cancel();
-        kill_wait_timer_.cancel();
+        cancel_kill_wait();
         kill_and_reap_all();
         if (hooks_.on_done) hooks_.on_done(machine_.state() == GroupState::succeeded, a.value);
         return;  // the hook may start the next attempt
@@ -406,11 +406,20 @@ void WorkerRun::arm_grace() {
 }
 
 void WorkerRun::arm_kill_wait() {
+  // Armed again while an expiry may already be queued (a second worker's SIGKILL, the grace's
+  // after the file timer's): that completion cannot be cancelled any more and would give up on
+  // workers SIGKILLed a moment ago. Only the latest arming's expiry counts.
+  const std::uint64_t generation = ++kill_wait_generation_;
   kill_wait_timer_.expires_after(config_.kill_timeout);
-  kill_wait_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || ended_) return;
+  kill_wait_timer_.async_wait([this, generation](const boost::system::error_code& ec) {
+    if (ec || ended_ || generation != kill_wait_generation_) return;
     apply(machine_.on_kill_wait_expired());
   });
+}
+
+void WorkerRun::cancel_kill_wait() {
+  ++kill_wait_generation_;
+  kill_wait_timer_.cancel();
 }
 
 std::string WorkerRun::abandon(int local_rank) {
@@ -459,7 +468,7 @@ std::string WorkerRun::abandon(int local_rank) {
 
 void WorkerRun::kill_and_reap_all() {
   hang_timer_.cancel();
-  kill_wait_timer_.cancel();
+  cancel_kill_wait();
   dstate_timer_.cancel();
   for (auto& w : workers_) w->child.kill_and_reap();
   // What the workers left behind (daemons, double forks) ends with them.

@@ -85,6 +85,7 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS4(n, a, b, c, d) sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
 
 #define E_NOENT 2
+#define E_SRCH 3
 #define E_INTR 4
 #define E_NXIO 6
 #define E_BUSY 16
@@ -495,6 +496,24 @@ static unsigned long forks_so_far(void) {
   return 0;
 }
 
+/* Processes in uninterruptible sleep that add_token_pids did not read (after a give-up), this
+ * scan and the one before: a sweep ends only once each was in that state on two scans in a row
+ * (stuck, as the worker given up on), not one passing through it for a page-in. */
+#define MAX_SKIPPED 4096
+static int skipped_now[MAX_SKIPPED], skipped_before[MAX_SKIPPED];
+static long nskipped_now, nskipped_before;
+static int skipped_twice(void) {
+  int all = 1;
+  for (long i = 0; i < nskipped_now && all; ++i) {
+    long j = 0;
+    while (j < nskipped_before && skipped_before[j] != skipped_now[i]) ++j;
+    all = j < nskipped_before;
+  }
+  for (long i = 0; i < nskipped_now; ++i) skipped_before[i] = skipped_now[i];
+  nskipped_before = nskipped_now;
+  return all;
+}
+
 /* SIGKILLs the job token's holders, newest first, with their process groups (not in the
  * agent's session; none when that is unknown), as found; adds them to `pids`. As the agent's
  * token_scan (agent/src/containment.cpp), which says why in that order and why a group may be
@@ -521,14 +540,23 @@ static void add_token_pids(void) {
   }
   sys_close(fd);
   ngroups = 0;
+  nskipped_now = 0;
   for (long i = nlisted - 1; i >= 0 && i >= nlisted - MAX_PIDS; --i) {
     const int pid = listed[i % MAX_PIDS];
     char name[24];
     *put_num(name, pid) = '\0';
     char state = '?';
     long pgrp = 0, sid = 0;
-    /* Once a worker was given up on, processes in uninterruptible sleep are not read either. */
-    if (nstuck > 0 && stat_of(name, &state, &pgrp, &sid) && state == 'D') continue;
+    /* Once a worker was given up on, processes in uninterruptible sleep are not read either
+     * (its children may be stuck with it), only looked at again. */
+    if (nstuck > 0 && stat_of(name, &state, &pgrp, &sid) && state == 'D') {
+      if (nskipped_now < MAX_SKIPPED) {
+        skipped_now[nskipped_now++] = pid;
+      } else {
+        nskipped_before = 0; /* more than can be told apart: not "twice" */
+      }
+      continue;
+    }
     if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) continue;
     if (pgrp > 1 && pgrp != self && agent_sid >= 0 && sid != agent_sid) {
       long g = 0;
@@ -633,11 +661,13 @@ static void sweep(void) {
       npids = 0;
       const unsigned long forks_before = forks_so_far();
       add_token_pids(); /* SIGKILLs as it finds */
+      const int settled = skipped_twice();
       if (npids == 0) {
         /* A token scan can miss a process that forks and exits without pause; one during which
-         * the machine created no process has missed nothing (the agent's sweep). */
-        if ((forks_before != 0 && forks_so_far() == forks_before) || ++empty_scans >= PROC_EMPTY_SCANS ||
-            now_ms() > deadline) {
+         * the machine created no process has missed nothing (the agent's sweep). A process
+         * skipped in uninterruptible sleep is looked at again until it was so on two scans. */
+        if (now_ms() > deadline ||
+            (settled && ((forks_before != 0 && forks_so_far() == forks_before) || ++empty_scans >= PROC_EMPTY_SCANS))) {
           return;
         }
         sleep_ms(2);
@@ -898,10 +928,11 @@ __attribute__((used)) void watchdog_main(long* sp) {
     sys_write(2, usage, (long)sizeof usage - 1);
     sys_exit(2);
   }
-  /* The agent's pidfd, passed as fd 4 (protocol 5); else one opened here, while the agent is
-   * still the parent. */
-  struct file_id fd4;
-  const int agent_end = file_of(4, "", &fd4) == 0 ? 4 : open_agent_end(agent);
+  /* The agent's pidfd, passed as fd 4 (protocol 5): signal 0 through it works, or says the
+   * agent is gone already (ESRCH); anything else on fd 4 (nothing, a socket) says EBADF or
+   * EINVAL. Else one opened here, while the agent is still the parent. */
+  const long probe = SYS4(__NR_pidfd_send_signal, 4, 0, 0, 0);
+  const int agent_end = probe == 0 || probe == -E_SRCH ? 4 : open_agent_end(agent);
   /* Ready: named, in its own session (since before the exec), the terminal's signals ignored.
    * The agent waits for this byte before its first worker, so no worker runs while a `pkill
    * ddprun` could still match this process or a Ctrl-C could end it. */

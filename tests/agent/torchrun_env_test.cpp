@@ -237,6 +237,11 @@ TEST_CASE("file timer: the table is bounded per pid and in all") {
     }
   }
   CHECK(t.apply({1, 99999, "x", 1.0, 9}) == FileTimerTable::Applied::table_full);
+  // Refused requests leave nothing behind, whatever pid they name (a map entry each grew it
+  // without bound).
+  const std::size_t pids = t.pids();
+  for (pid_t pid = 200000; pid < 210000; ++pid) t.apply({1, pid, "x", 1.0, 9});
+  CHECK(t.pids() == pids);
   t.clear_pid(100);
   CHECK(t.size() == FileTimerTable::kMaxTimers - FileTimerTable::kMaxPerPid);
   CHECK(t.next_deadline() == Approx(1000.0));  // the deadline index follows the timers
@@ -266,6 +271,36 @@ TEST_CASE("file timer: a deadline centuries away does not spin the event loop") 
   CHECK(server.timers() == 2);
   CHECK(kills == 0);
   CHECK(handlers < 20);
+}
+
+TEST_CASE("file timer: the end of a line cut for its length is not read as a line") {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("ddprun_timer_long_" + std::to_string(::getpid()));
+  boost::asio::io_context io;
+  std::vector<pid_t> killed;
+  FileTimerServer server(io, path.string(), [&](pid_t pid, int) {
+    killed.push_back(pid);
+    return true;
+  });
+  server.start();
+  const int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);  // RDWR: never blocks the test
+  REQUIRE(fd >= 0);
+  // 70,000 bytes without a newline (over the 64 KiB a line may have), ending in what would parse
+  // as a request of its own; then a real one.
+  const std::string tail = R"({"version": 1, "pid": 31337, "scope_id": "tail", "expiration_time": 1, "signal": 9})";
+  const std::string text = std::string(70000, ' ') + tail + "\n" +
+                           R"({"version": 1, "pid": 31338, "scope_id": "real", "expiration_time": 1, "signal": 9})" +
+                           "\n";
+  std::size_t sent = 0;
+  while (sent < text.size()) {  // the pipe holds 64 KiB: the server reads as the test writes
+    const ssize_t n = ::write(fd, text.data() + sent, text.size() - sent);
+    if (n > 0) sent += static_cast<std::size_t>(n);
+    io.run_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < 50 && killed.empty(); ++i) io.run_for(std::chrono::milliseconds(20));
+  ::close(fd);
+  CHECK(killed == std::vector<pid_t>{31338});
+  CHECK(server.requests_seen() == 1);
 }
 
 TEST_CASE("file timer: the FIFO path never costs a user's file or another job's FIFO") {

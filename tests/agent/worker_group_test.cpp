@@ -257,8 +257,7 @@ TEST_CASE("a worker the shell SIGKILLed alone (the file timer) is given up on al
   CHECK(m.on_worker_kill(1) == GroupActions{{K::arm_kill_wait, 0}});
   CHECK(m.on_worker_kill(1).empty());                                 // once per worker
   CHECK(m.on_worker_kill(2) == GroupActions{{K::arm_kill_wait, 0}});  // the wait restarts for it
-  // Rank 2 ended at its SIGKILL: its exit is the attempt's failure as usual, later.
-  // Rank 1 is stuck in the kernel: no exit comes; ranks 0 and 2 run on.
+  // Neither rank 1 nor rank 2 reported an exit (both stuck in the kernel); rank 0 runs on.
   const auto a = m.on_kill_wait_expired();
   CHECK(a == GroupActions{{K::signal_groups, SIGTERM}, {K::arm_grace, 0}, {K::abandon, 1}, {K::abandon, 2}});
   CHECK(m.state() == GroupState::stopping);
@@ -269,6 +268,31 @@ TEST_CASE("a worker the shell SIGKILLed alone (the file timer) is given up on al
   CHECK(m.on_exited(0, ExitStatus::killed(SIGTERM)).empty());
   CHECK(m.on_drained(0) == GroupActions{{K::cancel_grace, 0}, {K::signal_groups, SIGKILL}, {K::finish, 1}});
   CHECK(m.state() == GroupState::failed);
+
+  // Rank 2 ended at its SIGKILL (its exit fails the attempt), rank 1 did not: the wait gives up
+  // on rank 1 only, rank 0 (SIGTERM only) is waited for, and no restart follows.
+  WorkerGroupMachine s(3, 3);
+  s.start();
+  s.on_worker_kill(1);
+  s.on_worker_kill(2);
+  CHECK(contains(s.on_exited(2, ExitStatus::killed(SIGKILL)), {K::arm_grace, 0}));
+  s.on_drained(2);
+  CHECK(s.on_kill_wait_expired() == GroupActions{{K::abandon, 1}});
+  s.on_exited(0, ExitStatus::killed(SIGTERM));
+  const auto end = s.on_drained(0);
+  CHECK_FALSE(contains(end, {K::start_attempt, 1}));
+  CHECK(s.state() == GroupState::failed);
+
+  // One worker alone: given up on, nothing else to stop, the attempt fails at once.
+  WorkerGroupMachine one(1, 3);
+  one.start();
+  one.on_worker_kill(0);
+  CHECK(one.on_kill_wait_expired() == GroupActions{{K::signal_groups, SIGTERM},
+                                                   {K::arm_grace, 0},
+                                                   {K::abandon, 0},
+                                                   {K::cancel_grace, 0},
+                                                   {K::signal_groups, SIGKILL},
+                                                   {K::finish, 1}});
 
   // The usual case: the killed worker ends; that exit fails the attempt and the kill wait that
   // expires during the stop gives up on nobody (the others got only SIGTERM), and the restart

@@ -66,21 +66,26 @@ class Child {
       line.push_back(c);
     }
   }
-  // Waits for the exit (its pidfd readable, within the timeout); returns the exit code or
-  // -signal, -1000 when it is still running.
+  // Waits for the exit (its pidfd readable, within the timeout; where pidfds are unavailable,
+  // waitpid polled); returns the exit code or -signal, -1000 when it is still running.
   int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    REQUIRE(fd >= 0);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    pollfd p{fd, POLLIN, 0};
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0))) > 0 || left.count() <= 0) break;
-    }
-    ::close(fd);
     int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) != pid_) return -1000;
+    if (const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)); fd >= 0) {
+      pollfd p{fd, POLLIN, 0};
+      for (;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0))) > 0 || left.count() <= 0) break;
+      }
+      ::close(fd);
+      if (::waitpid(pid_, &status, WNOHANG) != pid_) return -1000;
+    } else {
+      while (::waitpid(pid_, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) return -1000;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   }

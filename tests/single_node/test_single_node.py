@@ -167,8 +167,12 @@ class SingleNode(unittest.TestCase):
         def ignore_usr2():
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
+        # Round 0 fails, but only once both ranks have printed: the first failure stops the other
+        # rank, which could otherwise be ended before its grep wrote anything.
         r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-python", "sh", "-c",
-                 'grep -E "^Sig(Ign|Cgt)" /proc/self/status; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]'],
+                 'grep -E "^Sig(Ign|Cgt)" /proc/self/status; R=$TORCHELASTIC_RESTART_COUNT; touch "$1/$LOCAL_RANK.$R"; '
+                 'i=0; while { [ ! -e "$1/0.$R" ] || [ ! -e "$1/1.$R" ]; } && [ $i -lt 2000 ]; do '
+                 'i=$((i+1)); sleep 0.005; done; [ "$R" = 1 ]', "sh", self.dir],
                 preexec_fn=ignore_usr2)
         self.assertEqual(r.returncode, 0, r.stderr)
         ign = [int(line.split()[1], 16) for line in r.stdout.splitlines() if line.startswith("SigIgn:")]

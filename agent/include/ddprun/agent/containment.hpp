@@ -106,9 +106,10 @@ class Containment {
   // several in a row find nothing (a process that forks and exits without pause can slip past
   // one scan).
   int sweep(bool last = false);
-  // A process of the job that outlived its SIGKILL (stuck in the kernel): sweeps still signal it
-  // but no longer wait for it to end, nor read its environ; the watchdog is told too, for its
-  // sweep after the agent's end.
+  // A process of the job that outlived its SIGKILL (stuck in the kernel): sweeps no longer wait
+  // for it to end (the cgroup modes still signal it; proc mode no longer reads its environ, nor
+  // that of a process in D, which it looks at again until it was in D on two scans in a row);
+  // the watchdog is told too, for its sweep after the agent's end.
   void give_up_on(pid_t pid);
   // Hands the removal of `dir` (an absolute path; with what is in it) to the watchdog, which does
   // it once the agent is gone: the agent's exit does not wait for a disk file system to free the

@@ -70,6 +70,7 @@ class FileTimerTable {
   // The earliest deadline, if any timer is armed.
   std::optional<double> next_deadline() const;
   std::size_t size() const { return timers_.size(); }
+  std::size_t pids() const { return per_pid_.size(); }  // pids with timers
   void clear_pid(pid_t pid);
   void clear();
 
@@ -123,6 +124,7 @@ class FileTimerServer {
   FileTimerTable table_;
   std::array<char, 4096> buf_{};
   std::string partial_;
+  bool skipping_ = false;  // the rest of a line cut for its length
   std::size_t requests_ = 0;
   dev_t fifo_dev_ = 0;
   ino_t fifo_ino_ = 0;

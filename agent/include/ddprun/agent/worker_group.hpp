@@ -28,13 +28,16 @@
 //   healthy       hang_kill                                 healthy       arm_kill_wait (the shell sent SIGKILL)
 //   healthy       kill_wait_expired   after hang_kill, a    failed        abandon(r) for each worker not exited,
 //                                     worker not exited                   then as all done (finish(1))
-//   healthy       worker_kill(r)      r not exited, no      healthy       arm_kill_wait (the shell sent r SIGKILL)
-//                                     hang_kill
-//   healthy       kill_wait_expired   no hang_kill, a       stopping[F]   abandon(r) for each such worker,
-//                                     worker_kill(r) not                  signal_groups(SIGTERM), arm_grace
-//                                     exited                              (no restart)
+//   healthy       worker_kill(r)      r not exited nor      healthy       arm_kill_wait (the shell sent r SIGKILL)
+//                                     killed this attempt,
+//                                     no hang_kill
+//   healthy       worker_kill(r)      otherwise             (same)        -
+//   healthy       kill_wait_expired   no hang_kill, a       stopping[F]   signal_groups(SIGTERM), arm_grace,
+//                                     worker_kill(r) not    (no restart)  abandon(r) for each such worker,
+//                                     exited                              then as all done (finish(1) when
+//                                                                         no other worker runs)
 //   stopping[F]   signal(s)                                 stopping[S]   signal_groups(s) (grace keeps running)
-//   stopping[S]   signal (second, no SIGKILL yet)           stopping[S]   signal_groups(SIGKILL), arm_kill_wait
+//   stopping[S]   signal (second, no group SIGKILL yet)     stopping[S]   signal_groups(SIGKILL), arm_kill_wait
 //   stopping[S]   signal after the SIGKILL                  as kill_wait_expired
 //   stopping[F]   all done            restarts left,        healthy       cancel_grace, signal_groups(SIGKILL)
 //                                     none abandoned                      (sweep leftovers), start_attempt(n+1)

@@ -16,6 +16,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -111,6 +112,7 @@ class WorkerRun {
   void signal_groups(int sig);
   void arm_grace();
   void arm_kill_wait();
+  void cancel_kill_wait();
   // Stops waiting for a worker that outlived its SIGKILL; its description for on_unhealthy.
   std::string abandon(int local_rank);
   FailureReport report_of(const Worker& w) const;
@@ -131,6 +133,7 @@ class WorkerRun {
   WorkerGroupMachine machine_;
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer kill_wait_timer_;
+  std::uint64_t kill_wait_generation_ = 0;  // arm_kill_wait: an expiry of an earlier arming is stale
   boost::asio::steady_timer hang_timer_;
   boost::asio::steady_timer dstate_timer_;
   // Since when each worker pid has been seen in uninterruptible sleep (state D), this attempt.
