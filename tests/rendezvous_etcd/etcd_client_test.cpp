@@ -418,12 +418,41 @@ TEST_CASE("etcd client: a chunk-size line or chunk extension without end fails t
   // The watch stream: the broken stream is reported and resumed elsewhere, not read forever.
   std::vector<std::string> broke;
   WatchHandlers wh;
-  wh.on_reconnect = [&](const std::string& why) { broke.push_back(why); };
+  wh.on_reconnect = [&](const std::string& why, bool) { broke.push_back(why); };
   c.watch({"/k", {}, 0, false}, wh);
   REQUIRE(run_until(
       io, [&] { return broke.size() >= 2; }, 2s));
   CHECK_THAT(broke[0], Catch::Contains("chunk header over"));
   CHECK_THAT(broke[1], Catch::Contains("chunk header over"));
+}
+
+TEST_CASE("etcd client: range_all refuses pages that are not a page of the range in order", "[etcd][client][paging]") {
+  // A proxy or cache that replays one page ("more": true, the same key each time) had range_all
+  // read it again and again without end; empty keys cost memory the byte count did not see.
+  using ddprun::test::http_reply;
+  boost::asio::io_context io;
+  const std::string same = R"({"header":{"revision":"5"},"kvs":[{"key":"L2ova2Fh","value":"MQ==",)"
+                           R"("mod_revision":"5"}],"more":true,"count":"99"})";  // "/j/kaa"
+  FakeGateway replay(io,
+                     [&](const std::string&, const std::string&) { return FakeGateway::Reply{http_reply(200, same)}; });
+  EtcdClient c(io, options_for(replay.endpoint()));
+  auto [e1, r1] = call<RangeResponse>(io, [&](auto cb) {
+    c.range_all({"/j/", prefix_range_end("/j/"), 0, 0, false, false}, 64 << 20, cb);
+  });
+  REQUIRE(e1);
+  CHECK(e1->permanent);
+  CHECK_THAT(e1->message, Catch::Contains("not a page of that range in order") && Catch::Contains(replay.endpoint()));
+  CHECK(replay.requests() == 2);  // the first page, then the replay of it
+  // Empty keys (outside any range that starts with a key) and more keys than asked for.
+  const std::string empties = R"({"header":{"revision":"5"},"kvs":[{"key":""},{"key":""}],"more":true})";
+  FakeGateway empty(
+      io, [&](const std::string&, const std::string&) { return FakeGateway::Reply{http_reply(200, empties)}; });
+  EtcdClient d(io, options_for(empty.endpoint()));
+  auto [e2, r2] = call<RangeResponse>(io, [&](auto cb) {
+    d.range_all({"/j/", prefix_range_end("/j/"), 0, 0, false, false}, 64 << 20, cb);
+  });
+  REQUIRE(e2);
+  CHECK_THAT(e2->message, Catch::Contains("2 keys that are not a page of that range in order (limit 1)"));
 }
 
 TEST_CASE("etcd client: a member answering 5xx, 404 or a malformed reply is skipped for the next", "[etcd][client]") {
@@ -510,13 +539,19 @@ TEST_CASE("etcd client: a watch refused with a body that never comes times out; 
   o.request_timeout = 500ms;
   EtcdClient c(io, o);
   std::vector<std::string> broke;
+  std::vector<bool> broke_worked;
   WatchHandlers wh;
-  wh.on_reconnect = [&](const std::string& why) { broke.push_back(why); };
+  wh.on_reconnect = [&](const std::string& why, bool worked) {
+    broke.push_back(why);
+    broke_worked.push_back(worked);
+  };
   wh.on_error = [&](const EtcdError& e) { broke.push_back("error: " + e.message); };
   c.watch({"/k", {}, 0, false}, wh);
   REQUIRE(run_until(
       io, [&] { return !broke.empty(); }, 5s));
   CHECK_THAT(broke[0], Catch::Contains(stuck.endpoint()) && Catch::Contains("timed out"));
+  REQUIRE(!broke_worked.empty());
+  CHECK_FALSE(broke_worked[0]);  // never a stream: counts towards the owner's give-up
 
   // A stream that was created and then says nothing for the idle timeout is resumed on the same
   // member (a healthy quiet one answers again; a stalled one then times out and is left).
@@ -531,10 +566,15 @@ TEST_CASE("etcd client: a watch refused with a body that never comes times out; 
   });
   auto q = options_for(quiet.endpoint());
   q.watch_idle_timeout = 300ms;
+  q.request_timeout = 200ms;  // a stream that lived that long worked
   EtcdClient d(io, q);
   std::vector<std::string> resumed;
+  std::vector<bool> resumed_worked;
   WatchHandlers qh;
-  qh.on_reconnect = [&](const std::string& why) { resumed.push_back(why); };
+  qh.on_reconnect = [&](const std::string& why, bool worked) {
+    resumed.push_back(why);
+    resumed_worked.push_back(worked);
+  };
   qh.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
   const auto t0 = std::chrono::steady_clock::now();
   d.watch({"/k", {}, 0, true}, qh);
@@ -542,6 +582,7 @@ TEST_CASE("etcd client: a watch refused with a body that never comes times out; 
       io, [&] { return resumed.size() >= 2 && quiet.requests() >= 3; }, 5s));
   CHECK(std::chrono::steady_clock::now() - t0 >= 600ms);
   CHECK_THAT(resumed[0], Catch::Contains("no message for 300 ms"));
+  CHECK(resumed_worked[0]);  // a stream that lived the request timeout: not counted towards a give-up
   for (const std::string& line : quiet.request_lines()) CHECK(line.starts_with("POST /v3/watch "));
 }
 
@@ -573,7 +614,7 @@ TEST_CASE("etcd client: a quiet watch resumes from its last progress notificatio
   EtcdClient c(io, o);
   std::vector<std::chrono::steady_clock::time_point> broke;
   WatchHandlers h;
-  h.on_reconnect = [&](const std::string&) { broke.push_back(std::chrono::steady_clock::now()); };
+  h.on_reconnect = [&](const std::string&, bool) { broke.push_back(std::chrono::steady_clock::now()); };
   h.on_error = [&](const EtcdError& e) { FAIL("watch error: " << e.message); };
   c.watch({"/k", {}, 0, true}, h);
   REQUIRE(run_until(

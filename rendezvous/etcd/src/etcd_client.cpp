@@ -492,15 +492,15 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (w->conn) w->conn->close();
     w->conn.reset();
     w->pending.clear();
-    if (w->stream_since && std::chrono::steady_clock::now() - *w->stream_since >= options.request_timeout) {
-      w->backoff->reset();
-    }
+    const bool worked =
+        w->stream_since && std::chrono::steady_clock::now() - *w->stream_since >= options.request_timeout;
+    if (worked) w->backoff->reset();
     w->stream_since.reset();
     const std::string where = endpoint_text(w->endpoint);
     if (rotate) w->endpoint = (w->endpoint + 1) % options.endpoints.size();
     spdlog::debug("etcd: watch on {} broke ({}); resuming at revision {} on {}", where, why, w->next_revision,
                   endpoint_text(w->endpoint));
-    if (w->handlers.on_reconnect) w->handlers.on_reconnect(where + ": " + why);
+    if (w->handlers.on_reconnect) w->handlers.on_reconnect(where + ": " + why, worked);
     if (closed || w->cancelled) return;
     w->retry->expires_after(w->backoff->next_delay());
     auto self = shared_from_this();
@@ -795,7 +795,7 @@ struct PagedRange {
   RangeRequest next;   // the next page
   std::size_t max_total = 0;
   std::size_t response_cap = 0;
-  std::size_t bytes = 0;  // keys and values read so far
+  std::size_t bytes = 0;  // keys and values read so far, with each key's own size
   int restarts = 0;       // reads begun anew after a compaction
   RangeResponse out;
   EtcdCallback<RangeResponse> done;
@@ -833,13 +833,38 @@ void read_page(const std::shared_ptr<PagedRange>& p) {
       if (e.too_large) e.permanent = true;         // one key over the cap: no retry reads it
       return p->done(e, RangeResponse{});
     }
+    // A page holds at most the keys asked for, in increasing order, inside the range and after
+    // the previous page. A broken endpoint or a proxy replaying one page could otherwise have
+    // the read go on without end, or fill memory with empty keys.
+    {
+      const std::string& end = p->first.range_end;
+      const auto inside = [&](const std::string& k) {
+        if (k < p->next.key) return false;
+        if (end.empty()) return k == p->first.key;
+        return (end.size() == 1 && end[0] == '\0') || k < end;
+      };
+      bool fits = p->next.limit <= 0 || static_cast<std::int64_t>(r.kvs.size()) <= p->next.limit;
+      for (std::size_t i = 0; fits && i < r.kvs.size(); ++i) {
+        fits = inside(r.kvs[i].key) && (i == 0 || r.kvs[i - 1].key < r.kvs[i].key);
+      }
+      if (!fits) {
+        EtcdError e;
+        e.message = fmt::format(
+            "etcd {} answered a read of the keys {} with {} keys that are not a page of that range in order "
+            "(limit {}): not etcd's answer (a proxy or cache between ddprun and etcd?)",
+            p->client->endpoints_text(), range_text(p->first), r.kvs.size(), p->next.limit);
+        e.permanent = true;
+        return p->done(e, RangeResponse{});
+      }
+    }
     if (p->next.revision == 0) {
       p->out.header = r.header;
       p->next.revision = r.header.revision;
     }
     std::size_t largest = 1;
     for (const KeyValue& kv : r.kvs) {
-      p->bytes += kv.key.size() + kv.value.size();
+      // What a key costs in memory, not only its bytes: empty keys are not free.
+      p->bytes += kv.key.size() + kv.value.size() + sizeof(KeyValue);
       largest = std::max(largest, kv.key.size() + kv.value.size());
     }
     if (p->bytes > p->max_total) {

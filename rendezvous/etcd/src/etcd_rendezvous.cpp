@@ -365,6 +365,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   TimePoint watch_started{};
   std::optional<TimePoint> watch_failing_since;
   int watch_failures = 0;
+  std::optional<TimePoint> watch_breaking_since;  // watch_broke: the first break since a stream worked
+  int watch_breaks = 0;
   TimePoint started_at{};
   std::optional<TimePoint> last_ok;  // the last success of an operation that is progress
   // Operations whose last try failed, each with when it started failing: the budget is per
@@ -780,6 +782,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       watch_id.reset();
       watch_failed(e);
     };
+    h.on_reconnect = [this](const std::string& why, bool worked) {
+      if (!stopped()) watch_broke(why, worked);
+    };
     const auto [key, end] = view_range();
     watch_started = std::chrono::steady_clock::now();
     watch_id = client.watch({key, end, from, true}, std::move(h));
@@ -821,9 +826,42 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     });
   }
 
+  // The client resumes a broken watch by itself, without end. One that breaks again and again
+  // before its stream ever works (no connection, no reply in time: a proxy that buffers the
+  // stream, a member that accepts and never answers) would leave the agent waiting for events
+  // that never come, while its calls succeed: counted against the same budget as failed calls.
+  void watch_broke(const std::string& why, bool worked) {
+    if (worked) {
+      watch_breaking_since.reset();
+      return;
+    }
+    const TimePoint now = std::chrono::steady_clock::now();
+    if (!watch_breaking_since) {
+      watch_breaking_since = now;
+      watch_breaks = 0;
+    }
+    ++watch_breaks;
+    if (now - *watch_breaking_since >= options.give_up_after) {
+      auto cb = events.on_unreachable;
+      const std::string msg = fmt::format(
+          "etcd rendezvous '{}': the watch on etcd {} broke {} times in a row for {} without a stream that worked; "
+          "last: {}",
+          options.run_id, where(), watch_breaks, format_seconds(now - *watch_breaking_since), why);
+      stop();
+      if (cb) cb(msg);
+      return;
+    }
+    if (watch_breaks == 3) {
+      spdlog::warn(
+          "etcd rendezvous '{}': the watch on etcd {} keeps breaking before its stream works ({}); resuming it",
+          options.run_id, where(), why);
+    }
+  }
+
   void on_watch(const etcd::WatchMessage& m) {
     if (phase != Phase::ready || syncing) return;  // stopped, or a watch of a job that vanished
     watch_failing_since.reset();
+    watch_breaking_since.reset();
     for (const etcd::WatchEvent& e : m.events) {
       const std::string& key = e.kv.key;
       const bool put = e.type == etcd::WatchEvent::Type::put;

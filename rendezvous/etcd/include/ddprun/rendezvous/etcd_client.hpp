@@ -86,8 +86,10 @@ struct WatchHandlers {
   std::function<void(const WatchMessage&)> on_message;
   // The watch ended and will not resume (compaction, refusal, malformed stream).
   std::function<void(const EtcdError&)> on_error;
-  // The stream broke and is being resumed (informational).
-  std::function<void(const std::string& why)> on_reconnect;
+  // The stream broke and is being resumed. `worked`: the broken stream had been established for
+  // at least the request timeout (a member that answered); false for a watch that never got
+  // that far (no connection, no reply, an error), which an owner may count towards giving up.
+  std::function<void(const std::string& why, bool worked)> on_reconnect;
 };
 
 class EtcdClient {
