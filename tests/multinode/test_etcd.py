@@ -12,8 +12,10 @@ carrying the scenario's marker is left, etcd members included).
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +216,100 @@ def unreachable(c):
     check(not c.envs(), "workers started without a rendezvous")
 
 
+class WatchHoldingProxy:
+    """A proxy in front of one etcd member that passes every connection through except those whose
+    first request is a watch: it reads those and never answers (as a proxy that buffers streaming
+    replies does). Threads; closed with close()."""
+
+    def __init__(self, upstream_port):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.held = 0
+        self.socks = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def keep(self, s):
+        with self.lock:
+            self.socks.append(s)
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.keep(conn)
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        head = b""
+        while b"\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        if head.startswith(b"POST /v3/watch"):
+            with self.lock:
+                self.held += 1
+            while conn.recv(4096):  # held: read, never answered
+                pass
+            return
+        up = socket.create_connection(self.upstream)
+        self.keep(up)
+        up.sendall(head)
+        threading.Thread(target=self.pump, args=(up, conn), daemon=True).start()
+        self.pump(conn, up)
+
+    @staticmethod
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+        with self.lock:
+            for s in self.socks:
+                s.close()
+
+
+def watch_never_streams(c):
+    # etcd behind a proxy that passes the calls but never answers a watch (nginx with
+    # proxy_buffering on): the agent's calls succeed, its watch breaks each time before it works.
+    # It gives up after read_timeout naming the watch, instead of waiting for events for good.
+    port = c.start_daemon()
+    proxy = WatchHoldingProxy(port)
+    try:
+        conf = FAST_CONF.replace("read_timeout=20", "read_timeout=6")
+        t0 = time.monotonic()
+        c.start_agent(ADDRS[0], "127.0.0.1:%d" % proxy.port, nnodes="1:1", conf=conf, worker_args=["--sleep", "60"])
+        codes = c.wait_agents(60)
+        elapsed = time.monotonic() - t0
+        log = c.log(ADDRS[0])
+        check(codes[ADDRS[0]] == 1, "exit %s, want 1\n%s" % (codes, c.all_logs()))
+        check("without a stream that worked" in log and "the watch on etcd" in log,
+              "no error naming the watch:\n%s" % log)
+        check("keeps breaking before its stream works" in log, "no warning before the give-up:\n%s" % log)
+        check(proxy.held >= 3, "the proxy held %d watches" % proxy.held)
+        check(elapsed < 6 + 30, "giving up took %.1f s (read_timeout 6 s)" % elapsed)
+    finally:
+        proxy.close()
+
+
 def unresolvable_first(c):
     # The first etcd member's name does not resolve here (".invalid" never does, and without a
     # DNS query): the agent picks its address towards the next member and runs the job.
@@ -296,7 +392,7 @@ def tls(c):
 
 
 SCENARIOS = {f.__name__: f for f in [scripts, python_raise, ha_failover, minority_stall, unreachable,
-                                      unresolvable_first, bad_credentials, tls]}
+                                      unresolvable_first, bad_credentials, tls, watch_never_streams]}
 
 
 def main():
