@@ -455,6 +455,45 @@ TEST_CASE("etcd client: range_all refuses pages that are not a page of the range
   CHECK_THAT(e2->message, Catch::Contains("2 keys that are not a page of that range in order (limit 1)"));
 }
 
+TEST_CASE("etcd client: a member another client found silent moves this client's watch on at once",
+          "[etcd][client][ha]") {
+  // Endpoint 0 accepts a watch and then says nothing, and never answers a call (a stalled member
+  // that keeps its connections); endpoint 1 is etcd. The watch of client B sits on endpoint 0;
+  // client A's call there times out and moves on, and its hook tells B: B's watch resumes at
+  // once, not after its 30 s idle timeout.
+  EtcdCluster cluster(1, "hook");
+  boost::asio::io_context io;
+  const std::string created = R"({"result":{"header":{"revision":"5"},"created":true}})"
+                              "\n";
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx", created.size());
+  FakeGateway stalled(io, [&](const std::string& line, const std::string&) {
+    if (!line.starts_with("POST /v3/watch ")) return FakeGateway::Reply{""};  // never answered
+    return FakeGateway::Reply{
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(size) +
+        "\r\n" + created + "\r\n"};
+  });
+  auto o = options_for(stalled.endpoint() + "," + cluster.endpoints());
+  o.request_timeout = 500ms;
+  o.watch_idle_timeout = 30s;
+  EtcdClient a(io, o);
+  EtcdClient b(io, o);
+  a.set_endpoint_failed_hook([&](std::size_t index) { b.endpoint_failed(index); });
+  std::vector<std::string> resumed;
+  WatchHandlers wh;
+  wh.on_reconnect = [&](const std::string& why, bool) { resumed.push_back(why); };
+  b.watch({"/hook", {}, 0, false}, wh);
+  REQUIRE(run_until(
+      io, [&] { return stalled.requests() >= 1; }, 5s));  // B's watch is on the stalled member
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [e, h] = call<ResponseHeader>(io, [&](auto cb) { a.put({"/hook", "1", 0}, cb); });
+  REQUIRE_FALSE(e);  // on endpoint 1, after endpoint 0 timed out
+  REQUIRE(run_until(
+      io, [&] { return !resumed.empty(); }, 5s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK_THAT(resumed[0], Catch::Contains(stalled.endpoint()));
+}
+
 TEST_CASE("etcd client: a member answering 5xx, 404 or a malformed reply is skipped for the next", "[etcd][client]") {
   EtcdCluster cluster(1, "bad-member");
   boost::asio::io_context io;

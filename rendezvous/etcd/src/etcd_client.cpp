@@ -223,6 +223,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   std::string token;
   std::map<std::uint64_t, std::shared_ptr<Watch>> watches;
   std::uint64_t next_watch_id = 1;
+  std::function<void(std::size_t)> failed_hook;  // set_endpoint_failed_hook
 
   Impl(asio::io_context& io_, EtcdClientOptions o) : io(io_), options(std::move(o)) {
     if (options.endpoints.empty())
@@ -435,6 +436,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     current = (current + 1) % options.endpoints.size();
     call->token_retry = false;  // the next member may refuse the token as well: one refresh each
     endpoint_failed(failed);
+    if (failed_hook) failed_hook(failed);
     if (++call->tried >= options.endpoints.size()) {
       EtcdError e{fmt::format("no etcd endpoint answered {}: {}", call->path.empty() ? "authenticate" : call->path,
                               call->errors),
@@ -954,5 +956,13 @@ std::uint64_t EtcdClient::watch(WatchCreate create, WatchHandlers handlers) {
 }
 
 void EtcdClient::cancel_watch(std::uint64_t id) { impl_->cancel(id); }
+
+void EtcdClient::set_endpoint_failed_hook(std::function<void(std::size_t index)> hook) {
+  impl_->failed_hook = std::move(hook);
+}
+
+void EtcdClient::endpoint_failed(std::size_t index) {
+  if (!impl_->closed) impl_->endpoint_failed(index);
+}
 
 }  // namespace ddprun::rendezvous::etcd

@@ -414,6 +414,11 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     leader_key = job_prefix + "leader";
     my_key = node_key(options.node.id);
     new_source();
+    // The lease client calls every TTL/3: it finds a member that stopped answering (stalled,
+    // cut off without a closed connection) first. The watch on that member then resumes on the
+    // next one at once, not after its idle timeout (half the give-up budget), during which this
+    // agent would see none of the job's restarts.
+    lease_client.set_endpoint_failed_hook([this](std::size_t index) { client.endpoint_failed(index); });
   }
 
   // A watch silent for half the give-up budget is resumed anew: one on a member that stalled

@@ -120,6 +120,14 @@ class EtcdClient {
   std::uint64_t watch(WatchCreate create, WatchHandlers handlers);
   void cancel_watch(std::uint64_t id);
 
+  // Called (on the io_context's thread) each time a call of this client leaves endpoint `index`
+  // for the next because it did not answer: another client of the same cluster can act on it
+  // (endpoint_failed) rather than find out later by itself.
+  void set_endpoint_failed_hook(std::function<void(std::size_t index)> hook);
+  // Endpoint `index` failed another client's call: this client's watches on it resume on the
+  // next endpoint now (from their next revision: nothing is lost), not after their idle timeout.
+  void endpoint_failed(std::size_t index);
+
   // Closes every connection and drops every pending call and watch without calling back.
   void shutdown();
 
