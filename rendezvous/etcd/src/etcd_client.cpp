@@ -92,7 +92,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
  public:
   using Tls = beast::ssl_stream<beast::tcp_stream>;
 
-  Conn(asio::io_context& io, ssl::context* tls, Endpoint ep) : ep_(std::move(ep)), resolver_(io) {
+  Conn(asio::io_context& io, ssl::context* tls, Endpoint ep)
+      : ep_(std::move(ep)), resolver_(io), resolve_deadline_(io) {
     if (tls != nullptr) {
       tls_ = std::make_unique<Tls>(io, *tls);
     } else {
@@ -115,42 +116,72 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   void connect(Duration timeout, std::function<void(const std::string&)> done) {
     auto self = shared_from_this();
+    auto finished = std::make_shared<bool>(false);  // the first of the lookup and its deadline
+    auto once = [finished, done = std::move(done)](const std::string& why) mutable {
+      if (*finished) return;
+      *finished = true;
+      done(why);
+    };
+    // An address needs no lookup (nor the resolver's thread, where a slow lookup of another
+    // name would make it wait).
+    if (error_code ec; is_ip_literal(ep_.host)) {
+      const tcp::endpoint at(asio::ip::make_address(ep_.host, ec), ep_.port);
+      return connect_to(tcp::resolver::results_type::create(at, ep_.host, std::to_string(ep_.port)), timeout,
+                        std::move(once));
+    }
+    // A name: the lookup counts against the connect timeout too. getaddrinfo cannot be stopped
+    // (a DNS server that does not answer holds it for seconds per try): past the deadline the
+    // connection fails and its late answer is dropped.
+    resolve_deadline_.expires_after(timeout);
+    resolve_deadline_.async_wait([self, finished, once](const error_code& ec) mutable {
+      if (ec || *finished) return;
+      self->resolver_.cancel();
+      once("cannot resolve the host name: no answer within the connect timeout");
+    });
     resolver_.async_resolve(
         ep_.host, std::to_string(ep_.port),
-        [self, timeout, done = std::move(done)](const error_code& ec, tcp::resolver::results_type results) mutable {
-          if (ec) return done("cannot resolve the host name: " + ec.message());
-          self->lowest().expires_after(timeout);
-          self->lowest().async_connect(
-              results, [self, done = std::move(done)](const error_code& ec2, const tcp::endpoint&) mutable {
-                if (ec2) {
-                  return done(ec2 == beast::error::timeout ? "connect timed out" : "cannot connect: " + ec2.message());
-                }
-                error_code ignored;
-                self->lowest().socket().set_option(tcp::no_delay(true), ignored);
-                self->lowest().socket().set_option(asio::socket_base::keep_alive(true), ignored);
-                if (!self->tls_) {
-                  self->open_ = true;
-                  return done("");
-                }
-                if (!is_ip_literal(self->ep_.host) &&
-                    SSL_ctrl(self->tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
-                             const_cast<char*>(self->ep_.host.c_str())) != 1) {
-                  return done("cannot set the TLS server name");
-                }
-                self->tls_->set_verify_callback(ssl::host_name_verification(self->ep_.host));
-                self->tls_->async_handshake(ssl::stream_base::client,
-                                            [self, done = std::move(done)](const error_code& ec3) mutable {
-                                              if (ec3) return done("TLS handshake failed: " + ec3.message());
-                                              self->open_ = true;
-                                              done("");
-                                            });
-              });
+        [self, finished, timeout, once](const error_code& ec, tcp::resolver::results_type results) mutable {
+          self->resolve_deadline_.cancel();
+          if (*finished) return;
+          if (ec) return once("cannot resolve the host name: " + ec.message());
+          self->connect_to(std::move(results), timeout, std::move(once));
+        });
+  }
+
+  void connect_to(tcp::resolver::results_type results, Duration timeout, std::function<void(const std::string&)> done) {
+    auto self = shared_from_this();
+    lowest().expires_after(timeout);
+    lowest().async_connect(
+        results, [self, done = std::move(done)](const error_code& ec2, const tcp::endpoint&) mutable {
+          if (ec2) {
+            return done(ec2 == beast::error::timeout ? "connect timed out" : "cannot connect: " + ec2.message());
+          }
+          error_code ignored;
+          self->lowest().socket().set_option(tcp::no_delay(true), ignored);
+          self->lowest().socket().set_option(asio::socket_base::keep_alive(true), ignored);
+          if (!self->tls_) {
+            self->open_ = true;
+            return done("");
+          }
+          if (!is_ip_literal(self->ep_.host) &&
+              SSL_ctrl(self->tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+                       const_cast<char*>(self->ep_.host.c_str())) != 1) {
+            return done("cannot set the TLS server name");
+          }
+          self->tls_->set_verify_callback(ssl::host_name_verification(self->ep_.host));
+          self->tls_->async_handshake(ssl::stream_base::client,
+                                      [self, done = std::move(done)](const error_code& ec3) mutable {
+                                        if (ec3) return done("TLS handshake failed: " + ec3.message());
+                                        self->open_ = true;
+                                        done("");
+                                      });
         });
   }
 
   void close() {
     open_ = false;
     resolver_.cancel();
+    resolve_deadline_.cancel();
     error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     lowest().close();
@@ -159,6 +190,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
  private:
   Endpoint ep_;
   tcp::resolver resolver_;
+  asio::steady_timer resolve_deadline_;
   std::unique_ptr<beast::tcp_stream> tcp_;
   std::unique_ptr<Tls> tls_;
   beast::flat_buffer buf_{kReadBufferLimit};
