@@ -4,9 +4,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <optional>
+#include <regex>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/etcd_client.hpp"
+#include "ddprun/rendezvous/etcd_codec.hpp"
 #include "etcd_harness.hpp"
 #include "fake_gateway.hpp"
 
@@ -453,6 +455,51 @@ TEST_CASE("etcd client: range_all refuses pages that are not a page of the range
   });
   REQUIRE(e2);
   CHECK_THAT(e2->message, Catch::Contains("2 keys that are not a page of that range in order (limit 1)"));
+}
+
+TEST_CASE("etcd client: range_all asks for fewer keys when a page does not come within the request timeout",
+          "[etcd][client][paging]") {
+  // A member on a slow link: a page of more than 3 keys never comes in time (here: never), a
+  // smaller one does. Before, the read failed the same way on each try.
+  using ddprun::test::http_reply;
+  boost::asio::io_context io;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10; ++i) keys.push_back(fmt::format("/t/k{:02d}", i));
+  std::vector<std::int64_t> limits;
+  FakeGateway slow(io, [&](const std::string&, const std::string& body) {
+    std::smatch m;
+    std::int64_t limit = 0;
+    if (std::regex_search(body, m, std::regex(R"re("limit":"?(\d+))re"))) limit = std::stoll(m[1].str());
+    limits.push_back(limit);
+    if (limit == 0 || limit > 3) return FakeGateway::Reply{""};  // never in time
+    std::string from;
+    if (std::regex_search(body, m, std::regex(R"re("key":"([^"]*)")re"))) from = *base64_decode(m[1].str());
+    std::string kvs;
+    std::size_t n = 0;
+    bool more = false;
+    for (const auto& k : keys) {
+      if (k < from) continue;
+      if (n == static_cast<std::size_t>(limit)) {
+        more = true;
+        break;
+      }
+      kvs += fmt::format(R"({}{{"key":"{}","value":"{}","mod_revision":"5"}})", kvs.empty() ? "" : ",",
+                         base64_encode(k), base64_encode("v"));
+      ++n;
+    }
+    return FakeGateway::Reply{
+        http_reply(200, fmt::format(R"({{"header":{{"revision":"5"}},"kvs":[{}],"more":{}}})", kvs, more))};
+  });
+  auto o = options_for(slow.endpoint());
+  o.request_timeout = 300ms;
+  EtcdClient c(io, o);
+  auto [e, r] = call<RangeResponse>(io, [&](auto cb) {
+    c.range_all({"/t/", prefix_range_end("/t/"), 0, 0, false, false}, 64 << 20, cb);
+  });
+  REQUIRE_FALSE(e);
+  REQUIRE(r.kvs.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(r.kvs[i].key == keys[i]);
+  CHECK(std::find_if(limits.begin(), limits.end(), [](std::int64_t l) { return l > 3; }) != limits.end());
 }
 
 TEST_CASE("etcd client: a member another client found silent moves this client's watch on at once",

@@ -81,6 +81,10 @@ bool is_member_failure(unsigned status, const GatewayError& g) {
   return false;
 }
 
+// A request sent whose reply did not come within the request timeout ("no reply: " + describe of
+// beast's timeout): failover counts them.
+constexpr std::string_view kReplyTimedOut = "no reply: timed out";
+
 bool is_ip_literal(const std::string& host) {
   error_code ec;
   asio::ip::make_address(host, ec);
@@ -222,6 +226,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     std::function<std::string(std::string_view)> accept;
     std::function<void(const std::optional<EtcdError>&, std::string)> done;
     std::size_t tried = 0;
+    std::size_t timeouts = 0;  // endpoints that took the request and did not answer in time
     std::string errors;
     bool token_retry = false;
   };
@@ -462,6 +467,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
     if (closed) return;
     const std::size_t failed = current;
     call->errors += fmt::format("{}{}: {}", call->errors.empty() ? "" : "; ", endpoint_text(failed), why);
+    if (why == kReplyTimedOut) ++call->timeouts;
     spdlog::debug("etcd: {} failed ({}); trying the next endpoint", endpoint_text(failed), why);
     if (conn) conn->close();
     conn.reset();
@@ -473,6 +479,7 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
       EtcdError e{fmt::format("no etcd endpoint answered {}: {}", call->path.empty() ? "authenticate" : call->path,
                               call->errors),
                   options.endpoints[failed].to_string(), 0, false};
+      e.timed_out = call->timeouts == call->tried;
       return finish(call, e, {});
     }
     run(std::move(call));
@@ -847,7 +854,9 @@ std::string range_text(const RangeRequest& r) {
 void read_page(const std::shared_ptr<PagedRange>& p) {
   p->client->range(p->next, [p](const std::optional<EtcdError>& err, RangeResponse r) {
     if (err) {
-      if (err->too_large && p->next.limit > 1) {
+      // Too large for the response cap, or too slow to come within the request timeout on every
+      // member (a slow link to etcd): the next try asks for half the keys.
+      if ((err->too_large || err->timed_out) && p->next.limit > 1) {
         p->next.limit = std::max<std::int64_t>(1, p->next.limit / 2);
         return read_page(p);
       }

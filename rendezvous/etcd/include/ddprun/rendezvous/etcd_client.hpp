@@ -76,6 +76,9 @@ struct EtcdError {
   bool permanent = false;
   // The reply was over max_response_bytes (every member would send the same): read less at once.
   bool too_large = false;
+  // Every member tried took the request and did not answer within the request timeout: a page
+  // read may ask for fewer keys (range_all does).
+  bool timed_out = false;
 };
 
 template <class T>
@@ -104,7 +107,8 @@ class EtcdClient {
   void range(RangeRequest request, EtcdCallback<RangeResponse> done);
   // Every key of request.key .. request.range_end, read in pages at the revision of the first
   // (one consistent snapshot, like one range), each page small enough for max_response_bytes:
-  // the page size follows the sizes seen so far and is halved while a page is too large. Fails
+  // the page size follows the sizes seen so far and is halved while a page is too large, or
+  // comes from no member within the request timeout (a slow link). Fails
   // permanently, naming the range, once the keys and values read pass `max_total_bytes`. A page
   // whose revision was compacted meanwhile starts the read again (at most 3 times). The reply's
   // header is the first page's; `more` is false, `count` the number of keys.
