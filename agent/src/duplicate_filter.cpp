@@ -145,7 +145,11 @@ ChildStream duplicating_stream(Route route, const std::string& log_path, const s
     // The log file gets the bytes as they are, as without filters: a long line cut into pieces
     // by the pump's buffer stays one line.
     if (log) write_log_file(log->fd, block, console->log_failed);
-    if (to_console) {
+    if (to_console && console_prefix.empty()) {
+      // Not prefixed (inherit): the bytes as they are, as without filters (no newline of
+      // ddprun's at a cut or at a last line without one).
+      console::write(console_fd, block, /*paced=*/true);
+    } else if (to_console) {
       // As the pump's own console path: a cut piece was ended with a newline of ddprun's, so the
       // line's real newline right after the cut ends that line, not an empty one.
       std::string_view shown = block;

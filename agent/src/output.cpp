@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -278,27 +279,39 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   }
 
   void drain_now() {
-    // Take what the pipe holds right now without blocking (asio made the fd non-blocking).
+    // Take what the pipe holds right now, without blocking (asio made the fd non-blocking), and
+    // no more: a process that still holds the pipe and writes faster than this reads (a
+    // grandchild's logger) would keep the event loop here, and the console's queue growing.
     const int fd = pipe.native_handle();
-    for (;;) {
+    int held = 0;
+    if (::ioctl(fd, FIONREAD, &held) != 0 || held < 0) held = 0;
+    auto left = static_cast<std::size_t>(held);
+    bool eof = false;
+    while (left > 0) {
       if (buffer.write_space() == 0) {
         flush(false);
       }
-      const ssize_t n = ::read(fd, buffer.write_ptr(), buffer.write_space());
+      const ssize_t n = ::read(fd, buffer.write_ptr(), std::min(buffer.write_space(), left));
       if (n > 0) {
         buffer.commit(static_cast<std::size_t>(n));
+        left -= static_cast<std::size_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) {
         continue;
       }
+      eof = n == 0;
       break;
     }
     flush(true);
-    complete();
+    complete(/*keep_reading=*/!eof);
   }
 
-  void complete() {
+  // keep_reading: the owner stops waiting for the stream before its end (finish_now), but a
+  // process that still holds the pipe (a worker's background upload) may write on: what it
+  // writes is read and dropped until EOF, or until the pump goes with the attempt, so it is not
+  // ended by SIGPIPE, nor held in a full pipe.
+  void complete(bool keep_reading = false) {
     if (finished) {
       return;
     }
@@ -306,7 +319,11 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     if (room_wait != 0) console::cancel(room_wait);
     room_wait = 0;
     boost::system::error_code ignored;
-    pipe.close(ignored);
+    if (keep_reading) {
+      discard();
+    } else {
+      pipe.close(ignored);
+    }
     if (file_fd >= 0) {
       ::close(file_fd);
       file_fd = -1;
@@ -316,6 +333,16 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       on_done = nullptr;
       cb();
     }
+  }
+
+  void discard() {
+    auto self = shared_from_this();
+    pipe.async_read_some(asio::buffer(buffer.write_ptr(), buffer.write_space()),
+                         [self](const boost::system::error_code& ec, std::size_t) {
+                           if (!ec) return self->discard();
+                           boost::system::error_code ignored;
+                           self->pipe.close(ignored);
+                         });
   }
 
   asio::io_context& io;
@@ -348,13 +375,14 @@ OutputPump::OutputPump(asio::io_context& io, int read_fd, std::function<void(std
 }
 
 OutputPump::~OutputPump() {
-  if (impl_ && !impl_->finished) {
+  if (!impl_) return;
+  if (!impl_->finished) {
     impl_->finished = true;
     if (impl_->room_wait != 0) console::cancel(impl_->room_wait);
     impl_->on_done = nullptr;
-    boost::system::error_code ignored;
-    impl_->pipe.close(ignored);
   }
+  boost::system::error_code ignored;
+  impl_->pipe.close(ignored);  // also the reading of a stream finished before its end (discard)
 }
 
 void OutputPump::start() { impl_->read_more(); }

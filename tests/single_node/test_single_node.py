@@ -289,6 +289,22 @@ class SingleNode(unittest.TestCase):
         self.assertIn("rank 1 got SIGTERM", r.stdout, r.stderr)
         self.assertLess(elapsed, 15, r.stderr)
 
+    def test_output_of_a_process_the_worker_left_running(self):
+        # Rank 0 starts two background processes that keep its stdout and exits: one that writes
+        # as fast as it can (yes), one that ticks for 2 s and then leaves a file. 1 s after rank
+        # 0's exit ddprun stops waiting for its stream. Before, it read the pipe there until EOF
+        # (never, with yes: the agent hung) and then closed it, so the ticking process died of
+        # SIGPIPE at its next line. Now what they write is read and dropped until the attempt
+        # ends; rank 1 ends the job once the ticking process is done.
+        done = self.p("bg_done")
+        script = ('if [ "$LOCAL_RANK" = 0 ]; then yes & '
+                  '( i=0; while [ $i -lt 40 ]; do echo tick $i; i=$((i+1)); sleep 0.05; done; touch "$1" ) & '
+                  'exit 0; fi; '
+                  'i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do i=$((i+1)); sleep 0.05; done; [ -e "$1" ]')
+        r = run(["--nproc-per-node", "2", "--tee", "3", "--no-python", "sh", "-c", script, "sh", done], timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertTrue(os.path.exists(done), "the ticking process did not finish: ended by SIGPIPE?")
+
     def test_kill9_leaves_no_orphans(self):
         proc = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", "--no-python", WORKER,
                                  "--ready-file", "-", "--sleep-ms", "60000", "--ignore-sigterm"],

@@ -370,6 +370,18 @@ class DuplicateFilters(Base):
             self.assertEqual(f.read(), "[default0]:" + "a" * 65530 + "NEEDLE" + "b" * 40000 +
                              "\n[default0]:last NEEDLE\n")
 
+    def test_the_unprefixed_console_stream_is_unchanged_by_the_filters(self):
+        # Without --tee/--redirects the console gets the rank's bytes as without filters: no
+        # newline of ddprun's where the 64 KiB buffer cuts a line, nor after a last line without
+        # one (a JSON-lines file written through stdout stays one line per record).
+        text = "a" * 65530 + "NEEDLE" + "b" * 40000 + "\nplain\nlast NEEDLE"
+        script = 'import sys; sys.stdout.write("a" * 65530 + "NEEDLE" + "b" * 40000 + "\\nplain\\nlast NEEDLE")'
+        r = run(["--log-dir", self.dir, "--duplicate-stdout-filters=NEEDLE", "--no-python", "/usr/bin/python3", "-c",
+                 script])
+        self.ok(r)
+        self.assertEqual(r.stdout, text)
+
+
 class Summary(Base):
     def test_summary_names_the_script(self):
         script = self.p("train.py")
