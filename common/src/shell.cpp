@@ -33,7 +33,9 @@ void reject_nul(std::string_view word) {
 
 std::string shell_quote(std::string_view word) {
   reject_nul(word);
-  if (!word.empty() && word.find_first_not_of(kShellSafeChars) == std::string_view::npos) {
+  // A word that starts with '=' is quoted too: zsh (a login shell ssh may run) expands "=cmd"
+  // to the command's path, or stops with "cmd not found".
+  if (!word.empty() && word.front() != '=' && word.find_first_not_of(kShellSafeChars) == std::string_view::npos) {
     return std::string(word);
   }
   return single_quoted(word);

@@ -618,6 +618,18 @@ class Fanout {
   // Every host reads the environment on stdin, at most agent::kDefaultEnvBlockMax bytes: refuse
   // before contacting any host rather than have every agent fail to start.
   void check_env_block() const {
+    // Linux starts no process with an environment string (NAME=VALUE) of more than
+    // MAX_ARG_STRLEN bytes, its NUL included: every worker on every host would fail with E2BIG.
+    constexpr std::size_t kMaxEnvString = 128 * 1024;
+    for (const auto& [name, value] : env_) {
+      if (name.size() + 1 + value.size() + 1 > kMaxEnvString) {
+        throw UsageError(name + " (" + std::to_string(value.size()) +
+                             " bytes) is too large to carry to the hosts: Linux "
+                             "starts no process with an environment variable over " +
+                             std::to_string(kMaxEnvString) + " bytes (MAX_ARG_STRLEN), so no worker could start",
+                         "pass a path to a file with the value instead");
+      }
+    }
     if (env_block_.size() <= agent::kDefaultEnvBlockMax) return;
     std::string largest;
     std::size_t largest_size = 0;

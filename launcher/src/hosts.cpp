@@ -30,6 +30,8 @@ constexpr std::string_view kFilterForms =
 constexpr int kMaxSlots = 65536;
 // A hostfile is a few lines per host: anything this large is not one (/dev/zero, a wrong file).
 constexpr std::uintmax_t kMaxHostfileBytes = 64ULL << 20;
+// "user@host:slots" at most: a 253-character DNS name, a user name, a slot count.
+constexpr std::size_t kMaxHostWord = 512;
 
 bool is_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -62,6 +64,13 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
   auto fail = [&](const std::string& why) -> HostEntry {
     throw UsageError(where + ": '" + std::string(word) + "': " + why, "accepted forms: " + std::string(forms));
   };
+  // A DNS name has at most 253 characters; a word far longer is not a host, and would be
+  // echoed whole into every message that names it.
+  if (word.size() > kMaxHostWord) {
+    throw UsageError(where + ": '" + std::string(word.substr(0, 64)) + "...' (" + std::to_string(word.size()) +
+                         " characters): too long for a host (at most " + std::to_string(kMaxHostWord) + ")",
+                     "accepted forms: " + std::string(forms));
+  }
   HostEntry e;
   std::string_view rest = word;
   if (const auto at = rest.find('@'); at != std::string_view::npos) {
@@ -77,7 +86,7 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
     if (close == std::string_view::npos) fail("'[' without ']'");
     const std::string_view inner = rest.substr(1, close - 1);
     const std::string_view after = rest.substr(close + 1);
-    if (!is_ipv6_literal(inner)) fail("'" + std::string(inner) + "' is not an IPv6 address");
+    if (!is_ipv6_literal(inner) || !is_ipv6_address(inner)) fail("'" + std::string(inner) + "' is not an IPv6 address");
     e.host = std::string(inner);
     if (!after.empty()) {
       if (after.front() != ':') fail("unexpected text after ']'");
@@ -87,7 +96,7 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
   } else {
     const auto colons = std::count(rest.begin(), rest.end(), ':');
     if (colons >= 2) {
-      if (!is_ipv6_literal(rest)) fail("not a host name or IPv6 address");
+      if (!is_ipv6_literal(rest) || !is_ipv6_address(rest)) fail("not a host name or IPv6 address");
       e.host = std::string(rest);
     } else {
       const auto colon = rest.find(':');

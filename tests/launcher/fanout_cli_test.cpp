@@ -188,6 +188,14 @@ TEST_CASE("what every host would refuse is refused before any ssh runs") {
       CHECK_THAT(e.hint(), Contains("--env-file"));
     }
   }
+  SECTION("one variable over the 128 KiB Linux allows an environment string") {
+    // Under the 1 MiB of the block, but no worker could start with it (E2BIG) on any host.
+    Sandbox::write(sb.dir() / "job.env", "CFG=" + std::string(200'000, 'c') + "\nSMALL=1\n", false);
+    const auto o = sb.parse({"--hosts", "h0,h1", "--launcher-addr", "127.0.0.1", "--env-file", "job.env", "train.py"});
+    REQUIRE(o.fanout);
+    CHECK_THROWS_WITH(run_fanout(*o.fanout),
+                      Contains("CFG (200000 bytes) is too large to carry to the hosts") && Contains("MAX_ARG_STRLEN"));
+  }
   SECTION("a remote command longer than one exec argument") {
     // Each word fits in one argument of ddprun's own command line; together they do not.
     const std::string half(kMaxRemoteCommand / 2, 'a');

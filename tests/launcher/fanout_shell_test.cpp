@@ -51,6 +51,9 @@ TEST_CASE("shell_quote: safe words stay bare, others are single-quoted") {
   CHECK(shell_quote("$HOME") == "'$HOME'");
   CHECK(shell_quote("~") == "'~'");
   CHECK(shell_quote("[host:${rank}]:") == "'[host:${rank}]:'");
+  // zsh expands a word that starts with '=' (=python3: the command's path, or "not found").
+  CHECK(shell_quote("=python3") == "'=python3'");
+  CHECK(shell_quote("a=b") == "a=b");
   CHECK_THROWS_WITH(shell_quote(std::string("a\0b", 3)), Contains("NUL"));
 }
 

@@ -237,7 +237,7 @@ TEST_CASE("a subtree plan larger than a host reads on stdin is refused before an
     p.hosts.push_back(h);
   }
   // Under 1 MiB on its own (a leaf's block would fit), over it with 1,999 hosts of plan added.
-  p.env = {{"BIG", std::string(1'000'000, 'x')}};
+  for (int i = 0; i < 10; ++i) p.env.emplace_back("BIG" + std::to_string(i), std::string(100'000, 'x'));
   CHECK_THROWS_WITH(run_fanout(p), Contains("hosts below it") && Contains("over the 1048576"));
 }
 

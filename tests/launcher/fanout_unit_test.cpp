@@ -95,6 +95,16 @@ TEST_CASE("hostfile: errors name file:line") {
   CHECK_THROWS_WITH(parse_hostfile_text("[fe80::1\n", "hf"), Contains("without ']'"));
   CHECK_THROWS_WITH(parse_hostfile_text("[host]\n", "hf"), Contains("not an IPv6 address"));
   CHECK_THROWS_WITH(parse_hostfile_text("[fe80::1]x\n", "hf"), Contains("after ']'"));
+  // Colons that make no IPv6 address ("host:8:" is a typo of host:8) are a parse error here,
+  // not an unresolvable name later.
+  CHECK_THROWS_WITH(parse_hostfile_text("node1:8:\n", "hf"), Contains("hf:1") && Contains("not a host name or IPv6"));
+  CHECK_THROWS_WITH(parse_hostfile_text("[fe80:::1]\n", "hf"), Contains("not an IPv6 address"));
+  CHECK(parse_hostfile_text("fe80::1%eth0\n[fd00::5]:2\n", "hf").size() == 2);
+  // A word far longer than any host name is named by its start and length, not echoed whole.
+  const std::string huge(100000, 'h');
+  CHECK_THROWS_WITH(parse_hostfile_text(huge + "\n", "hf"), Contains("hf:1") &&
+                                                                Contains("(100000 characters): too long for a host") &&
+                                                                !Contains(std::string(1000, 'h')));
   CHECK_THROWS_WITH(parse_hostfile_text(std::string("a\0b\n", 4), "hf"), Contains("NUL"));
   // Every error carries the accepted forms as its hint.
   try {

@@ -3,8 +3,9 @@
 // ssh on the remote host. Pure functions; thread safe.
 //
 // shell_quote(word) yields text that the shell reads back as exactly `word`, one field, with no
-// expansion of any kind: words made only of [A-Za-z0-9_@%+=:,./-] (and not empty) are left as
-// they are, everything else is put in single quotes with each ' written as '\'' . Any byte but
+// expansion of any kind: words made only of [A-Za-z0-9_@%+=:,./-] (and not empty, and not
+// starting with '=', which zsh expands) are left as they are, everything else is put in single
+// quotes with each ' written as '\'' . Any byte but
 // NUL survives (newlines, UTF-8, control bytes); a NUL cannot be passed through argv at all, so
 // a word containing one throws ddprun::UsageError.
 #include <string>
