@@ -53,6 +53,9 @@ constexpr std::chrono::milliseconds kDrainTimeout{2000};
 constexpr std::chrono::milliseconds kKillMargin{5000};
 // How many of a host's own lines (not a worker's, not the agent's log) are kept for messages.
 constexpr std::size_t kTailLines = 6;
+// After one host's setup failure, how long hosts still connecting may take to fail by themselves
+// (and be named) before they are cut: ssh's default ConnectTimeout (the plan's).
+constexpr std::chrono::seconds kSetupGrace{10};
 
 std::string destination(const FanoutHost& h) { return h.user.empty() ? h.host : h.user + "@" + h.host; }
 
@@ -195,6 +198,7 @@ struct HostRun {
   std::deque<std::string> tail;  // the host's own lines (ssh's messages, shell errors)
   bool holds_slot = false;       // counted in inflight_: started, neither ready nor done yet
   bool reported = false;         // its own setup failure was printed (then no list at the end)
+  bool cut_off = false;          // its ssh was ended by the launcher before it was ready
   std::chrono::steady_clock::time_point started_at;
   std::chrono::steady_clock::time_point ended_at;
   // Armed at the start for plan.ready_timeout: the agent must say it is ready by then.
@@ -254,7 +258,8 @@ class Fanout {
         env_(std::move(env)),
         control_fd_(control_fd),
         signals_(io_),
-        kill_timer_(io_) {
+        kill_timer_(io_),
+        setup_grace_timer_(io_) {
     if (node_ != nullptr) {
       path_ = node_->path;
       hosts_.emplace_back();
@@ -439,10 +444,14 @@ class Fanout {
                  plan_.hosts.size());
     parent_gone_ = true;
     begin_stop(SIGTERM);
+    setup_grace_timer_.cancel();
     for (auto& h : hosts_) {
       if (!h.started || h.child->exited()) continue;
-      h.child->close_stdin();
-      if (!h.ready) h.child->signal_group(SIGTERM);
+      if (h.ready) {
+        h.child->close_stdin();
+      } else {
+        cut(h);
+      }
     }
     count_unstarted_done();
   }
@@ -810,7 +819,9 @@ class Fanout {
       return;
     }
     if (!h.ready) {
-      if (stopping_) return;  // stopped before it connected: expected
+      // Stopped before it connected: expected, unless it failed by itself while the others
+      // were given time after a host's setup failure (another unreachable host: named too).
+      if (stopping_ && (!setup_failed_ || h.cut_off)) return;
       const std::string dest = destination(h.spec);
       std::string why;
       for (const auto& line : h.tail) why += (why.empty() ? "" : "; ") + line;
@@ -853,8 +864,7 @@ class Fanout {
       h.reported = true;
       write_error(text, hint);
       set_failure(1);
-      spdlog::warn("stopping the other hosts");
-      stop_all(SIGTERM);
+      if (!stopping_) stop_after_setup_failure();
       return;
     }
     if (!stopping_) {
@@ -886,16 +896,51 @@ class Fanout {
   // yet never start. After the agents' grace plus a margin, whatever is left is killed.
   void stop_all(int sig) {
     begin_stop(sig);
+    setup_grace_timer_.cancel();
     for (auto& h : hosts_) {
       if (!h.started || h.child->exited()) continue;
       if (h.ready) {
         send_signal(h, sig);
       } else {
-        h.child->close_stdin();
-        h.child->signal_group(SIGTERM);
+        cut(h);
       }
     }
     count_unstarted_done();
+  }
+
+  void cut(HostRun& h) {
+    h.cut_off = true;
+    h.child->close_stdin();
+    h.child->signal_group(SIGTERM);
+  }
+
+  // A host could not be set up (unreachable, no ddprun there): the job cannot run. The connected
+  // agents stop now, hosts not started never start, and those still connecting get kSetupGrace
+  // (ssh's default ConnectTimeout) to connect, then stop, or fail by themselves and be named
+  // too: five unreachable hosts are five errors of one launch, not one per launch. A signal
+  // meanwhile cuts them at once (stop_all).
+  void stop_after_setup_failure() {
+    spdlog::warn("stopping the other hosts");
+    setup_failed_ = true;
+    begin_stop(SIGTERM);
+    bool connecting = false;
+    for (auto& h : hosts_) {
+      if (!h.started || h.child->exited()) continue;
+      if (h.ready) {
+        send_signal(h, SIGTERM);
+      } else {
+        connecting = true;
+      }
+    }
+    count_unstarted_done();
+    if (!connecting || finished_) return;
+    setup_grace_timer_.expires_after(kSetupGrace);
+    setup_grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || finished_) return;
+      for (auto& h : hosts_) {
+        if (h.started && !h.ready && !h.child->exited()) cut(h);
+      }
+    });
   }
 
   // The first stop arms the kill timer: after the agents' grace and kill wait plus a margin, what
@@ -935,6 +980,7 @@ class Fanout {
     finished_ = true;
     if (stopping_) report_never_ready();
     kill_timer_.cancel();
+    setup_grace_timer_.cancel();
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     if (server_) server_->stop();
@@ -954,6 +1000,10 @@ class Fanout {
   asio::io_context io_{1};
   asio::signal_set signals_;
   asio::steady_timer kill_timer_;
+  // After a host's setup failure, the hosts still connecting may fail too: they are given
+  // kSetupGrace to say so (each is named) before they are cut.
+  asio::steady_timer setup_grace_timer_;
+  bool setup_failed_ = false;
   std::unique_ptr<rendezvous::RendezvousServer> server_;  // after io_, so destroyed before it
   std::unique_ptr<asio::posix::stream_descriptor> control_;
   std::array<char, 256> control_buf_{};

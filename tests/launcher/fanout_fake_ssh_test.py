@@ -10,7 +10,8 @@ a deadline well below the ctest TIMEOUT.
 The fake ssh takes the options the launcher passes (-T, -F, -p, -o), logs the destination to
 $FAKE_SSH_LOG, and acts per destination: listed in $FAKE_SSH_EXIT0 it ends the session with 0
 without running anything (a ForceCommand, a login script that exits), in $FAKE_SSH_REFUSE it
-fails as an unreachable host does (ssh's message, exit 255), in $FAKE_SSH_HANG the session is up
+fails as an unreachable host does (ssh's message, exit 255), in $FAKE_SSH_TIMEOUT the same after
+a second (a ConnectTimeout), in $FAKE_SSH_HANG the session is up
 but nothing it runs ever starts ddprun (a login script that hangs, a stalled NFS mount): it waits
 until the launcher ends it. `ssh -G HOST` prints the host's configuration as ssh would. With
 $FAKE_SSH_ENV_I set, the remote command gets none of the launcher's environment but PATH.
@@ -44,6 +45,9 @@ echo "$dest" >> "$FAKE_SSH_LOG"
 case " $FAKE_SSH_EXIT0 " in *" $dest "*) exit 0 ;; esac
 case " $FAKE_SSH_REFUSE " in
   *" $dest "*) echo "ssh: connect to host $dest port 22: Connection refused" >&2; exit 255 ;;
+esac
+case " $FAKE_SSH_TIMEOUT " in
+  *" $dest "*) sleep 1; echo "ssh: connect to host $dest port 22: Connection timed out" >&2; exit 255 ;;
 esac
 case " $FAKE_SSH_HANG " in *" $dest "*) echo "fake ssh: $dest holds the session" >&2; exec sleep 300 ;; esac
 # As a real remote login: nothing of the launcher's environment but PATH (which has this script).
@@ -159,6 +163,19 @@ class UnreachableHost(FakeSshCase):
         ssh = os.path.join(self.bindir, "ssh")
         self.assertIn("%s -T -F '%s' -p 2222 -o ConnectTimeout=3 -o BatchMode=yes" % (ssh, cfg), hint[0])
         self.assertTrue(hint[0].endswith(" u@h1 true"), hint[0])
+
+
+    def test_every_unreachable_host_is_named(self):
+        # h1 fails at once, h2 and h3 a second later (their ConnectTimeout). Before, the first
+        # failure cut the others' ssh: only h1 was named, and a launch found one bad host per run.
+        r = self.ddprun(["--hosts", "h0,h1,h2,h3", "worker.py", "10"],
+                        env_extra={"FAKE_SSH_REFUSE": "h1", "FAKE_SSH_TIMEOUT": "h2 h3"})
+        err = r.stderr.decode(errors="replace")
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn("cannot reach host h1 over ssh: ssh: connect to host h1 port 22: Connection refused", err)
+        for h in ("h2", "h3"):
+            self.assertIn("cannot reach host %s over ssh: ssh: connect to host %s port 22: Connection timed out" %
+                          (h, h), err)
 
 
 class UnresolvableHost(FakeSshCase):
