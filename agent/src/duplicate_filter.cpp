@@ -109,24 +109,6 @@ class FilteredCopy {
 
 }  // namespace
 
-std::vector<std::string_view> filter_lines(std::string_view block, const std::vector<std::string>& filters) {
-  std::vector<std::string_view> out;
-  std::size_t start = 0;
-  while (start < block.size()) {
-    const auto nl = block.find('\n', start);
-    const std::size_t end = nl == std::string_view::npos ? block.size() : nl;
-    const std::string_view line = block.substr(start, end - start);
-    for (const auto& f : filters) {
-      if (!f.empty() && line.find(f) != std::string_view::npos) {
-        out.push_back(line);
-        break;
-      }
-    }
-    start = end + 1;
-  }
-  return out;
-}
-
 ChildStream duplicating_stream(Route route, const std::string& log_path, const std::string& filtered_path,
                                int console_fd, std::string prefix, std::vector<std::string> filters) {
   auto filtered = std::make_shared<FilteredCopy>(filtered_path, prefix, std::move(filters));

@@ -767,6 +767,13 @@ class Fanout {
 
   static void remember(HostRun& h, std::string line) {
     if (trim(line).empty()) return;
+    // Kept for one error line: a host that prints 64 KiB lines (a banner, a chatty login script)
+    // would make it megabytes, times every host that fails.
+    constexpr std::size_t kTailLineBytes = 512;
+    if (line.size() > kTailLineBytes) {
+      line.resize(kTailLineBytes);
+      line += "...";
+    }
     h.tail.push_back(std::move(line));
     if (h.tail.size() > kTailLines) h.tail.pop_front();
   }

@@ -5,8 +5,7 @@
 // filtered_stderr.log, shared by the local ranks, one write per line so ranks never interleave
 // mid-line). The stream itself still goes where its route says (console, log file, both).
 //
-// duplicating_stream() builds the piped ChildStream that does both; filter_lines() is the pure
-// selection.
+// duplicating_stream() builds the piped ChildStream that does both.
 #include <memory>
 #include <string>
 #include <string_view>
@@ -16,10 +15,6 @@
 #include "ddprun/agent/output.hpp"
 
 namespace ddprun::agent {
-
-// The lines of `block` (whole lines, or a last partial line when !complete) that contain a
-// filter, each ended with '\n'.
-std::vector<std::string_view> filter_lines(std::string_view block, const std::vector<std::string>& filters);
 
 // A sink stream for `route` (inherit/file/tee/prefixed: the same destinations as without
 // filters) that also copies matching lines to `filtered_path`. Files are opened here (append);
