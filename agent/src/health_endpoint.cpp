@@ -30,12 +30,12 @@ tcp::acceptor listen_on(asio::io_context& io, std::uint16_t port) {
   boost::system::error_code ec;
   const tcp::endpoint ep(tcp::v6(), port);
   acceptor.open(ep.protocol(), ec);
-  if (!ec) {
-    acceptor.set_option(asio::ip::v6_only(false), ec);
-    acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    acceptor.bind(ep, ec);
-  }
-  if (ec) {  // no IPv6: IPv4 only
+  // Each step checked: a socket left IPv6-only (dual stack refused) would not answer the IPv4
+  // probes of a kubelet; it falls back to IPv4 as where there is no IPv6.
+  if (!ec) acceptor.set_option(asio::ip::v6_only(false), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(ep, ec);
+  if (ec) {  // no IPv6 (or no dual stack): IPv4 only
     boost::system::error_code ignored;
     acceptor.close(ignored);
     ec.clear();
