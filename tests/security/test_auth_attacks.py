@@ -231,6 +231,11 @@ def main():
             expect_refused(s, "other job, " + what, "authenticated for rendezvous 'other-job'")
     # 4. TCPStore ops on a token daemon: closed.
     torch_store_get(port, expect_ok=False)
+    # ... at their first byte: a SET announcing a 64 MiB value is not buffered until its end
+    # (many such connections held the daemon's whole buffer budget without the token).
+    with connect(port) as s:
+        s.sendall(b"\x00" + struct.pack("<Q", 1) + b"k" + struct.pack("<Q", 64 << 20) + b"x" * 4096)
+        assert harness.closed_by_peer(s, 5), "a store request before the handshake was read on"
     for i, s in honest.items():
         expect_quiet(s, "after the attacks")
     job = status(port)

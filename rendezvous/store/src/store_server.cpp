@@ -714,6 +714,19 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     // A connection marked for closing (shed, or pushed past its cap) runs nothing more.
     while (!c->closed && c->overflow.empty() && c->end - c->begin >= c->need && backlog(*c) < pause_above) {
       const std::string_view view(c->in.data() + c->begin, c->end - c->begin);
+      // A connection that still owes the extension its handshake may send only the extension's
+      // frames (0x40 and up): a store request is refused at its first byte, before its body is
+      // read (a 64 MiB SET or a WAIT on 128 Ki keys would be buffered whole first, and many such
+      // connections could hold the whole buffer budget without the token).
+      if (c->awaiting_in != nullptr && options.extension &&
+          static_cast<unsigned char>(view[0]) < extension_opcode_base) {
+        if (std::string why = options.extension->store_op_refusal(c->id); !why.empty()) {
+          close(c,
+                fmt::format("a store request (opcode 0x{:02x}) refused: {}", static_cast<unsigned char>(view[0]), why),
+                RefusedReason::unauthenticated);
+          break;
+        }
+      }
       DecodeResult r = decode_request(view, c->decoder, options.limits, request);
       if (r.status == DecodeStatus::extension) {
         if (!options.extension) {
