@@ -205,6 +205,16 @@ class ClientBackend final : public RendezvousBackend {
       transport_->join();
       return;
     }
+    if (deferred_job_failed_) {
+      // The job failed while this node's workers were still stopping for a restart (its verdict
+      // waited for them): no round follows. Joining would go to a client the failure stopped,
+      // and nothing would ever end the agent.
+      asio::post(io_, [this, f = std::move(*deferred_job_failed_)] {
+        if (!stopped_) job_failed(f);
+      });
+      deferred_job_failed_.reset();
+      return;
+    }
     store_->reset();  // a fresh key space for the next round's workers
     local_first_.reset();
     printed_diagnosis_.clear();
