@@ -168,9 +168,8 @@ void write_log_file(int fd, std::string_view data, bool& reported) {
   const ssize_t n = ::readlink(link, path, sizeof path - 1);
   const std::string name = n > 0 ? std::string(path, static_cast<std::size_t>(n)) : "fd " + std::to_string(fd);
   spdlog::warn(
-      "cannot write the log file {}: {}; output is missing from it from here on until writes work again (free space on "
-      "its file system, "
-      "or give --log-dir a directory on another one)",
+      "cannot write the log file {}: {}; output is missing from it from here on until writes work again "
+      "(free space on its file system, or give --log-dir a directory on another one)",
       name, std::strerror(err));
 }
 

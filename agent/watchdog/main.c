@@ -151,10 +151,11 @@ static int file_of(int dirfd, const char* path, struct file_id* out) {
 }
 
 /* A pidfd of the agent, where the agent could not pass its own: -1 before Linux 5.3 or where it
- * is refused, or when the agent is already gone (then its pid may be somebody else's). Readable once the agent's last
- * thread has exited, which is after every one of its threads dropped its descriptors and ran the deferred closes (the
- * kernel's do_exit: exit_files, then exit_task_work, then exit_notify). A reference held outside the agent (a
- * /proc/PID/fd reader) can delay the last close past that: the FIFO is then kept, the safe way round. */
+ * is refused, or when the agent is already gone (then its pid may be somebody else's).
+ * Readable once the agent's last thread has exited, which is after every one of its threads
+ * dropped its descriptors and ran the deferred closes (the kernel's do_exit: exit_files, then
+ * exit_task_work, then exit_notify). A reference held outside the agent (a /proc/PID/fd reader)
+ * can delay the last close past that: the FIFO is then kept, the safe way round. */
 static int open_agent_end(int agent) {
   const int fd = (int)SYS(__NR_pidfd_open, agent, 0, 0);
   if (fd < 0) return -1;
