@@ -174,10 +174,10 @@ void write_log_file(int fd, std::string_view data, bool& reported) {
 }
 
 struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
-  Impl(asio::io_context& io, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
+  Impl(asio::io_context& ctx, int read_fd, int file, int console, std::string pfx, std::function<void()> done,
        std::size_t capacity)
-      : io(io),
-        pipe(io, read_fd),
+      : io(ctx),
+        pipe(ctx, read_fd),
         file_fd(file),
         console_fd(console),
         prefix(std::move(pfx)),
