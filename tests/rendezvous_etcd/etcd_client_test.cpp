@@ -502,6 +502,26 @@ TEST_CASE("etcd client: range_all asks for fewer keys when a page does not come 
   CHECK(std::find_if(limits.begin(), limits.end(), [](std::int64_t l) { return l > 3; }) != limits.end());
 }
 
+TEST_CASE("etcd client: a connection the member closed while idle is replaced, not taken for a failed member",
+          "[etcd][client]") {
+  // The only member closes every connection after its reply without saying so (an idle limit of
+  // its own or of a load balancer in front of it): the next call finds the kept connection
+  // closed. Before, that call failed ("no etcd endpoint answered"); now it goes again on a new
+  // connection to the same member.
+  using ddprun::test::http_reply;
+  boost::asio::io_context io;
+  FakeGateway closing(io, [&](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(200, R"({"header":{"revision":"7"}})"), /*close=*/true};
+  });
+  EtcdClient c(io, options_for(closing.endpoint()));
+  for (int i = 0; i < 3; ++i) {
+    auto [e, h] = call<ResponseHeader>(io, [&](auto cb) { c.put({"/idle", "1", 0}, cb); });
+    REQUIRE_FALSE(e);
+    CHECK(h.revision == 7);
+  }
+  CHECK(closing.requests() == 3);
+}
+
 TEST_CASE("etcd client: a member another client found silent moves this client's watch on at once",
           "[etcd][client][ha]") {
   // Endpoint 0 accepts a watch and then says nothing, and never answers a call (a stalled member

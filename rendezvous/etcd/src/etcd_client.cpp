@@ -117,6 +117,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
   beast::flat_buffer& buffer() { return buf_; }
   bool open() const { return open_; }
+  // Replies read on this connection so far.
+  std::size_t served() const { return served_; }
+  void count_served() { ++served_; }
 
   void connect(Duration timeout, std::function<void(const std::string&)> done) {
     auto self = shared_from_this();
@@ -199,6 +202,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::unique_ptr<Tls> tls_;
   beast::flat_buffer buf_{kReadBufferLimit};
   bool open_ = false;
+  std::size_t served_ = 0;
 };
 
 http::request<http::string_body> make_request(const Endpoint& ep, const std::string& target, std::string body,
@@ -435,31 +439,69 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
   // One request/response on the unary connection. `done(transport_error, status, body)`.
   void exchange(const std::string& path, std::string body, const std::string& tok, std::size_t limit,
                 std::function<void(const std::string&, unsigned, std::string, bool)> done) {
-    struct Ex {
-      http::request<http::string_body> req;
-      http::response_parser<http::string_body> parser;
-    };
-    auto ex = std::make_shared<Ex>();
+    auto ex = std::make_shared<Exchange>();
     ex->req = make_request(conn->endpoint(), path, std::move(body), tok);
-    ex->parser.body_limit(limit);
-    ex->parser.header_limit(kHeaderLimit);
-    auto c = conn;
+    ex->limit = limit;
+    ex->done = std::move(done);
+    exchange_on(conn, ex, /*may_retry=*/true);
+  }
+
+  struct Exchange {
+    http::request<http::string_body> req;
+    std::optional<http::response_parser<http::string_body>> parser;
+    std::size_t limit = 0;
+    std::function<void(const std::string&, unsigned, std::string, bool)> done;
+  };
+
+  // The member closed a connection that sat idle between calls (its own idle limit, or a proxy's
+  // or load balancer's): the request found it closed, or was read as the connection's end. Not
+  // a failure of the member: the request goes again once, on a new connection to it.
+  static bool closed_while_idle(const error_code& ec) {
+    return ec == asio::error::eof || ec == http::error::end_of_stream || ec == asio::error::connection_reset ||
+           ec == asio::error::broken_pipe || ec == ssl::error::stream_truncated;
+  }
+
+  void exchange_on(const std::shared_ptr<Conn>& c, const std::shared_ptr<Exchange>& ex, bool may_retry) {
+    ex->parser.emplace();
+    ex->parser->body_limit(ex->limit);
+    ex->parser->header_limit(kHeaderLimit);
     auto self = shared_from_this();
+    // Only a connection that has served a call before can have been closed while idle.
+    const bool reused = may_retry && c->served() > 0;
     c->lowest().expires_after(options.request_timeout);
     c->with_stream([&](auto& s) {
-      http::async_write(s, ex->req, [self, c, ex, done](const error_code& ec, std::size_t) {
+      http::async_write(s, ex->req, [self, c, ex, reused](const error_code& ec, std::size_t) {
         if (self->closed || c != self->conn) return;
-        if (ec) return done("cannot send the request: " + describe(ec), 0, {}, false);
+        if (ec && reused && closed_while_idle(ec)) return self->exchange_again(ex);
+        if (ec) return ex->done("cannot send the request: " + describe(ec), 0, {}, false);
         c->with_stream([&](auto& s2) {
-          http::async_read(s2, c->buffer(), ex->parser, [self, c, ex, done](const error_code& ec2, std::size_t) {
+          http::async_read(s2, c->buffer(), *ex->parser, [self, c, ex, reused](const error_code& ec2, std::size_t) {
             if (self->closed || c != self->conn) return;
-            if (ec2) return done("no reply: " + describe(ec2), 0, {}, ec2 == http::error::body_limit);
-            auto& res = ex->parser.get();
+            if (ec2 && reused && closed_while_idle(ec2) && !ex->parser->got_some()) {
+              return self->exchange_again(ex);
+            }
+            if (ec2) return ex->done("no reply: " + describe(ec2), 0, {}, ec2 == http::error::body_limit);
+            auto& res = ex->parser->get();
+            c->count_served();
             if (!res.keep_alive()) c->close();
-            done("", res.result_int(), std::move(res.body()), false);
+            ex->done("", res.result_int(), std::move(res.body()), false);
           });
         });
       });
+    });
+  }
+
+  void exchange_again(const std::shared_ptr<Exchange>& ex) {
+    spdlog::debug("etcd: {} closed the idle connection; sending the request again on a new one",
+                  endpoint_text(current));
+    conn->close();
+    conn = std::make_shared<Conn>(io, tls.get(), options.endpoints[current]);
+    auto self = shared_from_this();
+    auto c = conn;
+    c->connect(options.connect_timeout, [self, c, ex](const std::string& err) {
+      if (self->closed || c != self->conn) return;
+      if (!err.empty()) return ex->done(err, 0, {}, false);
+      self->exchange_on(c, ex, /*may_retry=*/false);
     });
   }
 
