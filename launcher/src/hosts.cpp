@@ -202,33 +202,40 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
   return out;
 }
 
-std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::string>* notes) {
+std::string read_flag_file(std::string_view flag, const std::string& path, std::uintmax_t max_bytes,
+                           std::string_view kind, std::string_view hint) {
   // A regular file, or a pipe (--hostfile <(scontrol show hostnames)); not a directory or a
-  // device, which would read as "no host" or without end.
+  // device, which would read as nothing or without end (/dev/zero).
+  const std::string what = std::string(flag) + " " + path;
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (!ec && st.type() != std::filesystem::file_type::regular && st.type() != std::filesystem::file_type::fifo) {
-    const std::string kind =
+    const std::string type =
         st.type() == std::filesystem::file_type::directory ? "a directory"
         : st.type() == std::filesystem::file_type::character || st.type() == std::filesystem::file_type::block
             ? "a device"
-            : "not a regular file";
-    throw UsageError("--hostfile " + path + ": is " + kind + ", not a host list",
-                     "give a text file listing one host per line");
+            : "a special file";
+    throw UsageError(what + ": is " + type + ", not " + std::string(kind), std::string(hint));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("--hostfile " + path + ": cannot be read", "check the path and its permissions");
+  if (!in) throw UsageError(what + ": cannot be read", "check the path and its permissions");
   std::string text;
   std::array<char, 65536> buf{};
   while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
     text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxHostfileBytes) {
-      throw UsageError("--hostfile " + path + ": is larger than " + std::to_string(kMaxHostfileBytes >> 20) +
-                           " MiB, more than any host list",
-                       "check the path: a hostfile lists one host per line");
+    if (text.size() > max_bytes) {
+      throw UsageError(what + ": is larger than " + std::to_string(max_bytes >> 20) + " MiB, more than " +
+                           std::string(kind) + " holds",
+                       "check the path: " + std::string(hint));
     }
   }
-  if (in.bad()) throw UsageError("--hostfile " + path + ": read error", "check the file");
+  if (in.bad()) throw UsageError(what + ": read error", "check the file");
+  return text;
+}
+
+std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::string>* notes) {
+  const std::string text = read_flag_file("--hostfile", path, kMaxHostfileBytes, "a host list",
+                                          "give a text file listing one host per line");
   auto hosts = parse_hostfile_text(text, path, notes);
   if (hosts.empty()) {
     throw UsageError("--hostfile " + path + ": lists no host", "accepted forms: " + std::string(kHostfileForms));

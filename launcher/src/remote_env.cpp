@@ -1,14 +1,12 @@
 #include "ddprun/launcher/remote_env.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
+#include "ddprun/launcher/hosts.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -96,28 +94,10 @@ EnvEntries parse_env_file_text(std::string_view text, std::string_view file_name
 }
 
 EnvEntries load_env_file(const std::string& path) {
-  // A regular file or a pipe (--env-file <(...)), of a size an environment can have: not a
-  // directory, nor a device that reads without end (/dev/zero).
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (!ec && st.type() != std::filesystem::file_type::regular && st.type() != std::filesystem::file_type::fifo) {
-    throw UsageError("--env-file " + path + ": is not a regular file", "give a text file of NAME=VALUE lines");
-  }
-  constexpr std::size_t kMaxEnvFileBytes = 16U << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("--env-file " + path + ": cannot be read", "check the path and its permissions");
-  std::string text;
-  std::array<char, 65536> buf{};
-  while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
-    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxEnvFileBytes) {
-      throw UsageError("--env-file " + path + ": is larger than " + std::to_string(kMaxEnvFileBytes >> 20) +
-                           " MiB, more than an environment carried to the hosts can hold (1 MiB)",
-                       "check the path: an env file lists NAME=VALUE lines");
-    }
-  }
-  if (in.bad()) throw UsageError("--env-file " + path + ": read error", "check the file");
-  return parse_env_file_text(text, path);
+  constexpr std::uintmax_t kMaxEnvFileBytes = 16U << 20;  // the block a host reads is 1 MiB
+  return parse_env_file_text(
+      read_flag_file("--env-file", path, kMaxEnvFileBytes, "an env file", "give a text file of NAME=VALUE lines"),
+      path);
 }
 
 EnvFlag parse_env_flag(std::string_view text) {

@@ -129,8 +129,8 @@ TEST_CASE("load_env_file") {
   ::unlink(path.c_str());
   CHECK_THROWS_WITH(load_env_file(path), Contains("--env-file " + path + ": cannot be read"));
   // Not a file of NAME=VALUE lines: a device that reads without end, a directory.
-  CHECK_THROWS_WITH(load_env_file("/dev/zero"), Contains("--env-file /dev/zero: is not a regular file"));
-  CHECK_THROWS_WITH(load_env_file(dir_template), Contains("is not a regular file"));
+  CHECK_THROWS_WITH(load_env_file("/dev/zero"), Contains("--env-file /dev/zero: is a device, not an env file"));
+  CHECK_THROWS_WITH(load_env_file(dir_template), Contains("is a directory, not an env file"));
   ::rmdir(dir_template);
 }
 

@@ -30,6 +30,7 @@
 // count, and a selection that leaves no host.
 // A name listed twice in one S is merged (union of slots; a bare name means the whole host);
 // DeepSpeed keeps only the last spec for --include.
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,6 +60,12 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
 
 // Reads and parses `path`; throws when it cannot be read or lists no host.
 std::vector<HostEntry> load_hostfile(const std::string& path, std::vector<std::string>* notes = nullptr);
+
+// The text of the file a flag names ("--hostfile", "--env-file"): a regular file or a pipe of at
+// most `max_bytes`, not a directory or a device that reads without end. `kind` says what it
+// should be ("a host list"), `hint` how to give one; errors name the flag and the path.
+std::string read_flag_file(std::string_view flag, const std::string& path, std::uintmax_t max_bytes,
+                           std::string_view kind, std::string_view hint);
 
 // --hosts "h1,h2:4,user@h3" (items trimmed; empty items, duplicates and "slots=" are errors).
 std::vector<HostEntry> parse_hosts_list(std::string_view text, std::string_view what);
