@@ -57,6 +57,10 @@ constexpr FlagSpec kFlags[] = {
    .help = "Close a relay link whose other end has read none of the bytes waiting for it this long (0 = never): the "
            "daemon then ends the connections the relay carried, a relay links again.",
    .default_text = "60000"},
+  {.dash = "reply-stall-timeout-ms", .metavar = "MS",
+   .help = "Close a client connection that has read none of the replies waiting for it this long, with the kernel's "
+           "buffers full (0 = never); one that reads slowly is never closed.",
+   .default_text = "60000"},
   {.dash = "token", .metavar = "TOKEN", .help = "Refused: use --token-file or DDPRUN_RDZV_TOKEN.", .hidden = true},
   {.dash = "token-file", .metavar = "FILE",
    .help = "Shared secret every client must prove in the handshake, read from this file (one trailing newline is "

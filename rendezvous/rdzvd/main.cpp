@@ -321,6 +321,13 @@ int main(int argc, char** argv) {
          "daemon then ends the connections the relay carried, a relay links again")
       ->check(CLI::NonNegativeNumber)
       ->default_str(std::to_string(options.limits.link_stall_timeout.count()));
+  app.add_option_function<std::int64_t>(
+         "--reply-stall-timeout-ms",
+         [&](const std::int64_t& ms) { options.limits.reply_stall_timeout = std::chrono::milliseconds(ms); },
+         "Close a client connection that has read none of the replies waiting for it this long, with the kernel's "
+         "buffers full (0 = never); one that reads slowly is never closed")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(std::to_string(options.limits.reply_stall_timeout.count()));
   // --- end of store bounds ---
   // Accepted only to refuse it with a hint: a token on the command line is readable by every
   // local user in /proc/*/cmdline.
@@ -502,6 +509,7 @@ int main(int argc, char** argv) {
         "--metrics-port", "--metrics-host", "--metrics-port-file", "--max-key-bytes", "--max-value-bytes",
         "--max-keys-per-request", "--max-total-bytes", "--max-keys", "--max-waits", "--max-connections-per-peer",
         "--max-relayed-connections", "--frame-timeout-ms", "--idle-timeout-ms", "--handshake-timeout-ms",
+        "--reply-stall-timeout-ms",
         "--allow-unauthenticated-store", "--previous-token-file", "--previous-token-window",
         "--max-rdzv-payload-bytes", "--job-expiry", "--max-jobs", "--max-members",
         "--max-member-bytes"};

@@ -132,6 +132,49 @@ TEST_CASE("backpressure: buffered requests wait for the client to drain its repl
   CHECK(server.stats().connections_rejected == 0);
 }
 
+TEST_CASE("a client that reads none of its replies is closed after the reply stall timeout; a slow one is not",
+          "[server][bounds]") {
+  StoreServerOptions opts;
+  opts.limits.max_queued_reply_bytes = 1 << 20;  // pause threshold 512 KiB
+  opts.reply_stall_timeout = std::chrono::milliseconds(300);
+  ServerThread server(opts);
+  RawClient setter(server.port());
+  hello(setter);
+  const std::string value(256 * 1024, 'v');
+  setter.send(hex("01") + test::str("/big") + test::str(value));
+  REQUIRE(pings(setter));
+  // 96 GETs: 24 MiB of replies, more than the kernel's buffers on both ends hold.
+  constexpr std::size_t n = 96;
+  std::string batch;
+  for (std::size_t i = 0; i < n; ++i) batch += hex("03") + test::str("/big");
+  RawClient slow(server.port());
+  hello(slow);
+  slow.send(batch);
+  // The slow client reads a reply every 50 ms (about 5 s for all against a 300 ms timeout): its
+  // replies keep moving, if slowly, and it gets every one.
+  const std::string expected = test::str(value);
+  std::size_t good = 0;
+  std::thread reader([&] {
+    try {
+      for (std::size_t i = 0; i < n; ++i) {
+        good += slow.recv(expected.size()) == expected ? 1u : 0u;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the slowness under test, not a wait
+      }
+    } catch (const std::exception&) {
+    }
+  });
+  RawClient stopped(server.port());
+  hello(stopped);
+  stopped.send(batch);
+  CHECK(stopped.hung_up_within(std::chrono::seconds(10)));
+  reader.join();
+  CHECK(good == n);
+  const StoreStats stats = server.stats();
+  CHECK(stats.refused[static_cast<std::size_t>(RefusedReason::timeout)] == 1);
+  CHECK(stats.connections == 2);  // the setter and the slow reader
+  CHECK(pings(setter));
+}
+
 TEST_CASE("frame timeout closes a half-sent request; idle timeout spares waiters and watchers", "[server][bounds]") {
   StoreServerOptions opts;
   opts.frame_timeout = std::chrono::milliseconds(100);
@@ -188,8 +231,7 @@ TEST_CASE("--max-connections is clamped below the open-files limit", "[server][b
   CHECK(server2.stats().max_connections == 5);
 }
 
-TEST_CASE("idle connections that once read a large value do not get others closed for the budget",
-          "[server][bounds]") {
+TEST_CASE("idle connections that once read a large value do not get others closed for the budget", "[server][bounds]") {
   // Each connection keeps up to 1 MiB per buffer for its next reply. Before, 8 idle readers of
   // a 512 KiB value held 8 MiB of a 4 MiB --max-buffered-bytes, and the next client with a
   // reply in flight was closed as "the largest unread backlog" (its 4-byte PING reply). Over

@@ -121,6 +121,22 @@ class RawClient {
     return r <= 0;
   }
 
+  // True when the peer closes (FIN or reset) within `timeout`, whatever is still unread: the
+  // bytes already received stay in the socket, so a test of a client that reads nothing can wait
+  // for the server's close without reading.
+  bool hung_up_within(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() < 0) return false;
+      pollfd p{fd_, POLLRDHUP, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r > 0) return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+      if (r == 0) return false;
+    }
+  }
+
   // True when at least one byte is readable within `timeout`.
   bool readable_within(std::chrono::milliseconds timeout) {
     return wait_readable(std::chrono::steady_clock::now() + timeout);

@@ -304,7 +304,7 @@ def root_flags_refused(token_file):
     """Every flag of the root's store, registry or metrics is refused on a relay (exit 2, naming
     it) before it connects anywhere, rather than accepted and ignored."""
     for flag, value in (("--max-member-bytes", "1000000"), ("--max-members", "10"), ("--job-expiry", "60"),
-                        ("--max-keys", "10"), ("--metrics-port", "0")):
+                        ("--max-keys", "10"), ("--metrics-port", "0"), ("--reply-stall-timeout-ms", "5000")):
         r = subprocess.run([RDZVD, "--relay-to", "127.0.0.1:9", "--token-file", token_file, "--host", "127.0.0.1",
                             "--port", "0", flag, value], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (flag, r.returncode, r.stderr)

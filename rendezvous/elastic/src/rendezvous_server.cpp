@@ -62,6 +62,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   store_options.idle_timeout = options_.limits.idle_timeout;
   store_options.handshake_timeout = options_.limits.handshake_timeout;
   store_options.link_stall_timeout = options_.limits.link_stall_timeout;
+  store_options.reply_stall_timeout = options_.limits.reply_stall_timeout;
   store_options.extension = service_;
   try {
     store_ = std::make_unique<StoreServer>(io, std::move(store_options));

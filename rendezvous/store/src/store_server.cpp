@@ -1159,7 +1159,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       c->socket.non_blocking(true, ec);
       if (!ec) c->socket.write_some(asio::buffer(c->pending), ec);
     }
-    c->socket.shutdown(tcp::socket::shutdown_both, ec);
+    if (refused && c->write_in_flight) {
+      // Closed with a write the peer has not taken (it does not read, or reads too slowly for a
+      // cap): a graceful close would leave the kernel holding the unsent bytes, a send buffer's
+      // worth, behind a FIN the peer never sees while its window stays shut. A reset frees them
+      // and tells the peer at once.
+      c->socket.set_option(tcp::socket::linger(true, 0), ec);
+    } else {
+      c->socket.shutdown(tcp::socket::shutdown_both, ec);
+    }
     c->socket.close(ec);
     buffered -= c->accounted;
     c->accounted = 0;
@@ -1205,7 +1213,8 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     using std::chrono::milliseconds;
     milliseconds shortest{0};
     const milliseconds handshake = options.extension ? options.handshake_timeout : milliseconds(0);
-    for (milliseconds t : {options.frame_timeout, options.idle_timeout, handshake, options.link_stall_timeout}) {
+    for (milliseconds t : {options.frame_timeout, options.idle_timeout, handshake, options.link_stall_timeout,
+                           options.reply_stall_timeout}) {
       if (t.count() > 0 && (shortest.count() == 0 || t < shortest)) shortest = t;
     }
     return shortest;
@@ -1266,7 +1275,15 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
                  now - c->last_active > options.idle_timeout && !state.waiting(id)) {
         expired.emplace_back(c,
                              fmt::format("idle for more than {} ms (--idle-timeout-ms)", options.idle_timeout.count()));
-      } else if (const Clock::duration quiet = link_quiet(*c, now); quiet > options.link_stall_timeout) {
+      } else if (const Clock::duration quiet = write_quiet(*c, now);
+                 !c->is_link && quiet > options.reply_stall_timeout) {
+        expired.emplace_back(
+            c, fmt::format("the client reads none of its replies: none of the {} bytes queued for it moved in {} ms "
+                           "(--reply-stall-timeout-ms {})",
+                           c->queued() - c->stall.written(),
+                           std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count(),
+                           options.reply_stall_timeout.count()));
+      } else if (c->is_link && quiet > options.link_stall_timeout) {
         // The relay never stops reading its link on purpose (it closes its own clients that do
         // not read instead): a link that takes nothing is a relay that is stopped or wedged.
         // Closed, its connections end and their agents reconnect, through another relay or this
@@ -1282,11 +1299,14 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     if (!expired.empty()) flush();
   }
 
-  // How long a relay link's write in flight has not moved (zero for other connections, and with
-  // the timeout off). Asked at every sweep, so that a sweep that came late restarts its clock.
-  Clock::duration link_quiet(Connection& c, Clock::time_point now) {
-    if (options.link_stall_timeout.count() <= 0 || !c.is_link) return Clock::duration::zero();
-    return c.stall.quiet(c.socket.native_handle(), c.write_in_flight, now, options.link_stall_timeout);
+  // How long the write in flight of a relay link (link_stall_timeout) or of a client connection
+  // on its own socket (reply_stall_timeout) has not moved; zero for a connection a relay carries
+  // (the relay closes its clients that do not read) and with the connection's timeout off. Asked
+  // at every sweep, so that a sweep that came late restarts the clock.
+  Clock::duration write_quiet(Connection& c, Clock::time_point now) {
+    const std::chrono::milliseconds timeout = c.is_link ? options.link_stall_timeout : options.reply_stall_timeout;
+    if (timeout.count() <= 0 || c.relayed_conn()) return Clock::duration::zero();
+    return c.stall.quiet(c.socket.native_handle(), c.write_in_flight, now, timeout);
   }
 
   void notify_drained() {

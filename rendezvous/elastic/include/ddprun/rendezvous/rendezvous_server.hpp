@@ -48,6 +48,8 @@ struct RendezvousLimits {
   std::chrono::milliseconds idle_timeout = StoreServerOptions{}.idle_timeout;
   std::chrono::milliseconds handshake_timeout = StoreServerOptions{}.handshake_timeout;
   std::chrono::milliseconds link_stall_timeout = StoreServerOptions{}.link_stall_timeout;
+  // On for the daemon (a shared service): a client that stops reading gives its slot back.
+  std::chrono::milliseconds reply_stall_timeout{std::chrono::seconds(60)};
 };
 
 struct RendezvousServerOptions {

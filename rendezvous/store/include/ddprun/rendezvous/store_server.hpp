@@ -25,7 +25,7 @@
 // connection after idle_timeout (off by default: torch keeps its store connection idle for a
 // whole job). A connection waiting in WAIT/BARRIER or watching a key is never idle. A relay link
 // whose relay takes none of its queued bytes for link_stall_timeout is closed, with every
-// connection it carries.
+// connection it carries; a client that reads none of its for reply_stall_timeout, too.
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -72,8 +72,15 @@ struct StoreServerOptions {
   // Close a relay link (ddprun-rdzvd --relay-to) that has taken none of the bytes queued for it
   // for this long: its relay is stopped or wedged, and every connection it carries would wait on
   // it. Measured from the last byte the socket took, so a link that drains slowly is never
-  // closed. Zero disables. Client connections that do not read are bounded by the reply caps.
+  // closed. Zero disables.
   std::chrono::milliseconds link_stall_timeout{std::chrono::seconds(60)};
+  // Close a client connection (not a link, not one a relay carries) whose replies have filled
+  // the kernel's buffers and none of whose queued bytes moved for this long: a client that stopped
+  // reading (a stopped process, a hostile one) would otherwise hold its connection slot and up to
+  // the reply cap of memory for good. Measured like link_stall_timeout, so a client that reads
+  // slowly is never closed. Zero (the default here; the daemon turns it on) disables: an agent's
+  // workers may sit stopped in a debugger with a reply pending.
+  std::chrono::milliseconds reply_stall_timeout{0};
 };
 
 // Why a connection was refused at accept or closed by the server (StoreStats::refused):
@@ -81,8 +88,8 @@ struct StoreServerOptions {
 // authenticated closed to admit a new one); peer_limit: --max-connections-per-peer reached;
 // out_of_descriptors: accepted with the spare descriptor and closed; protocol_error: a
 // malformed frame or a failed request; buffer_limit: a reply backlog or read buffer over its
-// cap; timeout: --frame-timeout-ms, --idle-timeout-ms, --handshake-timeout-ms or
-// --link-stall-timeout-ms; unauthenticated:
+// cap; timeout: --frame-timeout-ms, --idle-timeout-ms, --handshake-timeout-ms,
+// --link-stall-timeout-ms or --reply-stall-timeout-ms; unauthenticated:
 // a TCPStore op on a connection the extension (the daemon's token) has not authenticated;
 // wait_limit: it held the most wait registrations when another client's WAIT needed room
 // (StoreState, "Fairness").
