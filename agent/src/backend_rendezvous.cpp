@@ -215,11 +215,7 @@ class ClientBackend final : public RendezvousBackend {
       deferred_job_failed_.reset();
       return;
     }
-    store_->reset();  // a fresh key space for the next round's workers
-    local_first_.reset();
-    printed_diagnosis_.clear();
-    local_others_.clear();
-    group_done_ = false;
+    reset_round();
     deferred_job_failed_.reset();
     transport_->join();
   }
@@ -372,7 +368,28 @@ class ClientBackend final : public RendezvousBackend {
     transport_->connect(std::move(p));
   }
 
+  // What a round leaves behind that the next one must not see: the worker store's keys and this
+  // node's failures of the round.
+  void reset_round() {
+    store_->reset();  // a fresh key space for the next round's workers
+    local_first_.reset();
+    printed_diagnosis_.clear();
+    local_others_.clear();
+    group_done_ = false;
+    assigned_ = false;
+  }
+
   void on_assignment(const rendezvous::Assignment& a) {
+    if (assigned_) {
+      // A second round without next_round() between: the client rejoined by itself (its
+      // connection dropped during the restart's stop, and the daemon, restarted, closed a round)
+      // or the node missed a restart. The reset next_round() does before it joins is done now,
+      // as early as this node can: the old round's workers may still be stopping, but the new
+      // round's are not started before they are gone, and other nodes' may already connect.
+      spdlog::info("round {} assigned before this node asked for it: resetting the worker store for it", a.round);
+      reset_round();
+    }
+    assigned_ = true;
     if (static_) {
       // torchrun's static backend: the group rank is --node-rank and every node runs nproc workers.
       const int expected = config_.max_nodes * config_.nproc_per_node;
@@ -422,6 +439,7 @@ class ClientBackend final : public RendezvousBackend {
   std::string printed_diagnosis_;            // this node's block as printed at its first failure, amended since
   std::map<int, int> rounds_at_count_;       // rounds started at each restart count (their directories)
   bool group_done_ = false;                  // this round's local workers have all exited (await_verdict)
+  bool assigned_ = false;                    // an assignment came since the last next_round()
   std::optional<rendezvous::SendJobFailed> deferred_job_failed_;
   bool stopped_ = false;
   bool leaving_ = false;  // leave() after a signal: this node is on its way out

@@ -3,11 +3,15 @@
 
     mn_worker.py MARKER --out DIR [--fail-rank R --fail-attempt A --exit N]
                  [--second-fail-rank R2 --second-exit N2]
+                 [--fail-when PATH] [--term-ignore-attempt A]
                  [--exit-when-world W] [--wait-file PATH] [--sleep S] [--slow-rank R --slow-sleep S]
 
 At start it writes DIR/env_<RANK>_a<RESTART_COUNT>_w<WORLD_SIZE>_<pid>.json with the
 distributed variables and its agent's pid (its parent). Then, in this order:
-  * RANK == R and TORCHELASTIC_RESTART_COUNT == A: (with R2: once DIR/armed_R2 exists) write
+  * TORCHELASTIC_RESTART_COUNT == --term-ignore-attempt: SIGTERM is ignored from here on (the
+    agent's stop then waits for its grace, --shutdown-timeout, and SIGKILLs);
+  * RANK == R and TORCHELASTIC_RESTART_COUNT == A: (with R2: once DIR/armed_R2 exists; with
+    --fail-when: once PATH exists) write
     $TORCHELASTIC_ERROR_FILE and DIR/failed_R, exit N;
   * RANK == R2 in attempt A: ignore SIGTERM, write DIR/armed_R2, wait for DIR/failed_R and for
     its stacks.txt (beside its error file) to be written, exit N2 by itself (a second failure of
@@ -46,6 +50,8 @@ def main():
     p.add_argument("--exit", type=int, default=1)
     p.add_argument("--raise", dest="raise_", action="store_true",
                    help="the failing rank raises (exit 1) and writes no error file")
+    p.add_argument("--fail-when")
+    p.add_argument("--term-ignore-attempt", type=int, default=-1)
     p.add_argument("--second-fail-rank", type=int, default=-1)
     p.add_argument("--second-exit", type=int, default=5)
     p.add_argument("--exit-when-world", type=int, default=-1)
@@ -67,7 +73,11 @@ def main():
     with open(tmp, "w") as f:
         json.dump(env, f)
     os.rename(tmp, os.path.join(a.out, name))
+    if attempt == a.term_ignore_attempt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if rank == a.fail_rank and attempt == a.fail_attempt:
+        if a.fail_when:
+            wait_for(a.fail_when, 60.0)
         if a.second_fail_rank >= 0:  # fail only once the second rank ignores SIGTERM
             wait_for(os.path.join(a.out, "armed_%d" % a.second_fail_rank))
         if a.raise_:

@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -948,13 +949,78 @@ def embedded_failure_restart(c):
     check(not [e for e in c.envs() if e["TORCHELASTIC_RESTART_COUNT"] == "2"], "a second restart happened")
 
 
+STORE_VALIDATE = bytes.fromhex("00cef7853c")
+
+
+def store_request(addr, port, payload, reply_len):
+    """One TCPStore exchange with the store at addr:port, as torch's client speaks it."""
+    with socket.create_connection((addr, port), timeout=10) as s:
+        s.sendall(STORE_VALIDATE + payload)
+        reply = b""
+        while len(reply) < reply_len:
+            chunk = s.recv(reply_len - len(reply))
+            check(chunk, "the store at %s:%d closed the connection" % (addr, port))
+            reply += chunk
+        return reply
+
+
+def store_has(addr, port, key):
+    """CHECK (opcode 5) of one key: 0 = READY."""
+    k = key.encode()
+    return store_request(addr, port, bytes([5]) + struct.pack("<QQ", 1, len(k)) + k, 1) == b"\x00"
+
+
+def store_set(addr, port, key, value):
+    k, v = key.encode(), value.encode()
+    ping = bytes([13]) + struct.pack("<I", 7)  # PING: the SET was served when its answer comes
+    store_request(addr, port, bytes([1]) + struct.pack("<Q", len(k)) + k + struct.pack("<Q", len(v)) + v + ping, 4)
+
+
+def rejoined_while_stopping(c):
+    # The round after a restart assigned while the workers are still stopping: the daemon restarts
+    # during the stop, the agent's client reconnects and rejoins by itself (without waiting for the
+    # stop), and the new round's assignment arrives before the old workers are gone. The new
+    # round's workers must get a fresh key space in the agent's store, as after an ordinary
+    # restart: a key the first round set must be gone. Before, the round started on the old keys.
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    go = os.path.join(c.dir, "go")
+    fail_now = os.path.join(c.dir, "fail_now")
+    # A fresh daemon closes the round a rejoin without an assignment opens after its rebuild grace
+    # (10 s): within the stop's grace of 14 s (the last --shutdown-timeout wins).
+    c.start_agent(ADDRS[0], ep, nnodes="1:1", max_restarts=1, extra=["--shutdown-timeout", "14"],
+                  worker_args=["--fail-rank", "1", "--fail-attempt", "0", "--fail-when", fail_now,
+                               "--term-ignore-attempt", "0", "--wait-file", go, "--sleep", "40"])
+    first = c.wait_envs(lambda e: True, 2, 30, "the first round's 2 workers")
+    master = (first[0]["MASTER_ADDR"], int(first[0]["MASTER_PORT"]))
+    store_set(*master, "stale", "from the first round")
+    check(store_has(*master, "stale"), "the key set in the first round is not there")
+    open(fail_now, "w").close()
+    # The restart is pushed; rank 0 ignores SIGTERM, so the stop takes the whole grace.
+    deadline = time.monotonic() + 20
+    while "all nodes restart together" not in c.log(ADDRS[0]):
+        check(time.monotonic() < deadline, "no restart:\n%s" % c.all_logs())
+        time.sleep(0.02)
+    c.daemon.kill()
+    c.daemon.wait(10)
+    c.start_daemon(port=port)
+    later = c.wait_envs(lambda e: e["pid"] not in {f["pid"] for f in first}, 2, 40, "the next round's 2 workers")
+    master = (later[0]["MASTER_ADDR"], int(later[0]["MASTER_PORT"]))
+    log = c.log(ADDRS[0])
+    check(not store_has(*master, "stale"), "the next round's workers see the first round's key:\n%s" % log)
+    check("assigned before this node asked for it: resetting the worker store" in log, "no reset line:\n%s" % log)
+    open(go, "w").close()
+    codes = c.wait_agents(30)
+    check(set(codes.values()) == {0}, "exit codes %s\n%s" % (codes, c.all_logs()))
+
+
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
                                       summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
                                       agent_kill, agent_stop, grow, spare, daemon_restart, daemon_restart_spare, token, token_rotation,
                                       daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
                                       static_backend,
-                                      exit_barrier, nccl_ids]}
+                                      exit_barrier, nccl_ids, rejoined_while_stopping]}
 
 
 def main():

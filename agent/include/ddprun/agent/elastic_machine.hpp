@@ -17,6 +17,7 @@
 //   ---------  --------------------------  ---------  -------------------------------------------
 //   idle       assignment                  running    start_workers
 //   running    assignment (missed restart) stopping   stop_workers; next = start the new one
+//   stopping   assignment (rejoined alone) stopping   next = start the new one (unless exiting)
 //   running    first local failure         running    report_failure (once per round)
 //   running    group done, ok              idle       report_success (the exit barrier)
 //   running    group done, failed          idle       - (the rendezvous decides: restart or fail)
@@ -30,7 +31,14 @@
 //   running    signal s (first)            stopping   forward_signal(s); next = exit(128+s), leave
 //   stopping   signal s                    stopping   forward_signal(s) (escalates to SIGKILL)
 //   idle       signal s                    done       leave, exit(128+s)
+//   idle       give up                     done       leave, exit(1)
+//   running    give up                     stopping   stop_workers; next = exit(1), leave
+//   stopping   give up                     stopping   next = exit(1), leave (unless an exit is pending)
 //   done       anything                    done       -
+//
+// An assignment that comes without a rejoin before it (the two assignment rows) is a round the
+// backend resets for itself when it arrives (worker store, the round's failures), as next_round()
+// does before it joins.
 #include <cstdint>
 #include <vector>
 
