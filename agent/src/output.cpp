@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdio>
 #include <cerrno>
 #include <climits>
@@ -122,18 +123,25 @@ void LineBuffer::release(const std::function<void(std::string_view, bool)>& sink
   const auto last_nl = view.rfind('\n');
   std::size_t used = 0;
   if (last_nl != std::string_view::npos) {
-    used = last_nl + 1;
-    sink(view.substr(0, used), true);
+    used = last_nl + 1;  // past shown_: no newline among the shown bytes
+    sink(view.substr(shown_, used - shown_), true);
   }
   if (used < size_ && (eof || (used == 0 && size_ == data_.size()))) {
     // A partial line: the stream ended, or a single line filled the whole buffer.
-    sink(view.substr(used), false);
+    sink(view.substr(std::max(used, shown_)), false);
     used = size_;
   }
   if (used > 0) {
     std::memmove(data_.data(), data_.data() + used, size_ - used);
     size_ -= used;
+    shown_ = 0;
   }
+}
+
+std::string_view LineBuffer::take_open() {
+  const std::string_view open(data_.data() + shown_, size_ - shown_);
+  shown_ = size_;
+  return open;
 }
 
 bool write_all(int fd, std::string_view data) {
@@ -178,6 +186,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
        std::size_t capacity)
       : io(ctx),
         pipe(ctx, read_fd),
+        open_timer(ctx),
         file_fd(file),
         console_fd(console),
         prefix(std::move(pfx)),
@@ -218,6 +227,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       complete();
       return;
     }
+    if (console_fd >= 0 && !sink && buffer.unshown() > 0) arm_open_timer();
     {
       // A sink paces on the console stream it relays to (pace_fd; -1: none).
       const int fd = sink ? pace_fd : console_fd;
@@ -239,24 +249,45 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
   void flush(bool eof) {
     buffer.release(
-        [this](std::string_view block, bool whole) {
+        [this, eof](std::string_view block, bool whole) {
           if (sink) {
             sink(block, whole);
             return;
           }
-          if (file_fd >= 0) {
+          if (file_fd >= 0 && !block.empty()) {
             write_log_file(file_fd, block, file_failed);
           }
           if (console_fd >= 0) {
             std::string_view shown = block;
             // The console got the last piece of a line cut where the buffer filled with a newline
             // of its own: the line's real newline, right after the cut, ends that line, not another.
-            if (console_cut && shown.front() == '\n') shown.remove_prefix(1);
-            console_cut = !whole;
-            console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true);
+            if (console_cut && !shown.empty() && shown.front() == '\n') shown.remove_prefix(1);
+            // A line shown open that then filled the buffer stays open: nothing else cuts it.
+            const bool stays_open = console_open && !whole && !eof;
+            console_cut = !whole && !stays_open;
+            console_open = stays_open;
+            console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true, this, stays_open);
           }
         },
         eof);
+  }
+
+  // A partial line that waits kOpenLineDelay for more is shown then, left open.
+  void arm_open_timer() {
+    open_timer.expires_after(kOpenLineDelay);  // a wait already armed is cancelled: restarted
+    open_timer.async_wait([weak = std::weak_ptr<Impl>(shared_from_this())](const boost::system::error_code& ec) {
+      if (auto self = weak.lock(); self && !ec) self->show_open();
+    });
+  }
+
+  void show_open() {
+    if (finished || finish_requested) return;
+    const std::string_view open = buffer.take_open();  // moves nothing: a read may be in flight
+    if (open.empty()) return;
+    if (file_fd >= 0) write_log_file(file_fd, open, file_failed);
+    console_cut = false;  // no newline in a partial line
+    console_open = true;
+    console::write_prefixed(console_fd, prefix, open, /*complete=*/false, /*paced=*/true, this, /*leave_open=*/true);
   }
 
   void finish_now() {
@@ -318,6 +349,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     finished = true;
     if (room_wait != 0) console::cancel(room_wait);
     room_wait = 0;
+    open_timer.cancel();
     boost::system::error_code ignored;
     if (keep_reading) {
       discard();
@@ -347,12 +379,14 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
   asio::io_context& io;
   asio::posix::stream_descriptor pipe;
+  asio::steady_timer open_timer;  // kOpenLineDelay after a read that left a partial line
   int file_fd;
   bool file_failed = false;  // a write to file_fd failed (reported once)
   int console_fd;
   int pace_fd = -1;             // a sink's console stream: it stops reading while that is full
   std::uint64_t room_wait = 0;  // console::when_room's id while paused for the console
   bool console_cut = false;     // the last block written to the console was a line cut short
+  bool console_open = false;    // the last block written to the console was left open (show_open)
   bool finished = false;
   bool reading = false;           // an async read owns the buffer's free space
   bool finish_requested = false;  // finish_now() waits for that read's handler
@@ -379,6 +413,7 @@ OutputPump::~OutputPump() {
   if (!impl_->finished) {
     impl_->finished = true;
     if (impl_->room_wait != 0) console::cancel(impl_->room_wait);
+    impl_->open_timer.cancel();
     impl_->on_done = nullptr;
   }
   boost::system::error_code ignored;

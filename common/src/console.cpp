@@ -43,7 +43,10 @@ struct Lane {
   bool direct = false;
   std::condition_variable work;
   std::deque<std::pair<int, std::string>> pieces;
-  std::size_t queued = 0;   // bytes in `pieces` and in the writer's hands
+  std::size_t queued = 0;  // bytes in `pieces` and in the writer's hands
+  // The writer whose last line is open (write_prefixed's leave_open), or null: what is queued
+  // next, unless the same writer's, begins with a newline.
+  const void* open_owner = nullptr;
   std::size_t dropped = 0;  // bytes not queued past kConsoleHardCap, not yet told
 };
 
@@ -227,24 +230,43 @@ void push_locked(State& st, Lane& lane, int fd, std::string&& data, bool paced) 
   lane.work.notify_one();
 }
 
-void enqueue(int fd, std::string&& data, bool paced) {
+// `build(text, open_owner)` makes the piece under the lock, seeing which writer's line is open
+// on the destination (null: none; only tracked where a lane is), and returns the writer whose
+// line the piece leaves open.
+template <class Build>
+void enqueue_built(int fd, bool paced, Build build) {
   State& st = state();
   std::unique_lock lock(st.m);
   if (st.closed) return;
+  std::string text;
   if (!st.direct) {
     Lane& lane = lane_for(st, fd);
-    if (!lane.direct) return push_locked(st, lane, fd, std::move(data), paced);
+    lane.open_owner = build(text, lane.open_owner);
+    if (text.empty()) return;
+    if (!lane.direct) return push_locked(st, lane, fd, std::move(text), paced);
+  } else {
+    (void)build(text, nullptr);
   }
   lock.unlock();
-  (void)write_fully(fd, data);
+  if (!text.empty()) (void)write_fully(fd, text);
 }
 
-void append_prefixed(std::string& out, std::string_view prefix, std::string_view block, bool complete) {
+void enqueue(int fd, std::string&& data, bool paced) {
+  enqueue_built(fd, paced, [&data](std::string& text, const void* open) -> const void* {
+    if (open != nullptr) data.insert(data.begin(), '\n');  // ends another writer's open line
+    text = std::move(data);
+    return nullptr;
+  });
+}
+
+// `continuing`: the block goes on on a line already started (no prefix before its first line).
+void append_prefixed(std::string& out, std::string_view prefix, std::string_view block, bool complete,
+                     bool continuing = false) {
   std::size_t pos = 0;
   while (pos < block.size()) {
     const auto nl = block.find('\n', pos);
     const std::size_t end = nl == std::string_view::npos ? block.size() : nl + 1;
-    out += prefix;
+    if (pos > 0 || !continuing) out += prefix;
     out += block.substr(pos, end - pos);
     pos = end;
   }
@@ -271,13 +293,26 @@ void write(int fd, std::string_view data, bool paced) noexcept {
   }
 }
 
-void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced) noexcept {
-  if (block.empty()) return;
+void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced,
+                    const void* owner, bool leave_open) noexcept {
   try {
-    std::string text;
-    text.reserve(block.size() + prefix.size() * 8 + 1);
-    append_prefixed(text, prefix, block, complete);
-    enqueue(fd, std::move(text), paced);
+    if (block.empty()) {
+      // Nothing but the end of the owner's open line (a stream that ended right after it).
+      if (complete || leave_open || owner == nullptr) return;
+      enqueue_built(fd, paced, [owner](std::string& text, const void* open) -> const void* {
+        if (open != owner) return open;
+        text += '\n';
+        return nullptr;
+      });
+      return;
+    }
+    enqueue_built(fd, paced, [&](std::string& text, const void* open) -> const void* {
+      const bool continuing = owner != nullptr && open == owner;
+      text.reserve(block.size() + prefix.size() * 8 + 2);
+      if (open != nullptr && !continuing) text += '\n';
+      append_prefixed(text, prefix, block, complete || leave_open, continuing);
+      return leave_open ? owner : nullptr;
+    });
   } catch (...) {  // out of memory: this piece is lost, as a failed write's is
   }
 }

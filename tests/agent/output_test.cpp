@@ -1,5 +1,6 @@
 // Output routes, prefix templates, whole-line buffering and prefixed writes (pure parts).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -7,6 +8,7 @@
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <string>
 
@@ -161,6 +163,85 @@ TEST_CASE("OutputPump: a line cut where the buffer filled goes on under its pref
   ::close(console[1]);
   CHECK(read_all(console[0]) == "[r0]:01234567\n[r0]:abcdefgh\n[r0]:ij\n[r0]:\n[r0]:x\n");
   ::close(console[0]);
+}
+
+TEST_CASE("LineBuffer: take_open gives a held partial line once; release goes on after it") {
+  LineBuffer b(64);
+  auto put = [&b](std::string_view text) {
+    std::copy_n(text.data(), text.size(), b.write_ptr());
+    b.commit(text.size());
+  };
+  std::vector<Chunk> out;
+  const auto sink = [&out](std::string_view s, bool c) { out.push_back({std::string(s), c}); };
+  put("(Pdb) ");
+  b.release(sink, false);
+  CHECK(out.empty());
+  CHECK(b.take_open() == "(Pdb) ");
+  CHECK(b.take_open().empty());
+  CHECK(b.unshown() == 0);
+  put("n\nnext");
+  b.release(sink, false);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].bytes == "n\n");  // not the shown "(Pdb) " again
+  CHECK(out[0].complete);
+  CHECK(b.take_open() == "next");
+  out.clear();
+  b.release(sink, true);  // the end of the stream: the shown line ends with nothing new
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].bytes.empty());
+  CHECK_FALSE(out[0].complete);
+  CHECK(b.pending() == 0);
+}
+
+TEST_CASE("OutputPump: a partial line (a prompt) is shown open after a pause; lines never share a console line") {
+  int in[2];
+  int console[2];
+  REQUIRE(::pipe(in) == 0);
+  REQUIRE(::pipe(console) == 0);
+  REQUIRE(::fcntl(console[0], F_SETFL, O_NONBLOCK) == 0);
+  const int file = ::memfd_create("tee", MFD_CLOEXEC);
+  REQUIRE(file >= 0);
+  const int file_copy = ::dup(file);  // the pump closes its own
+  boost::asio::io_context io;
+  bool done = false;
+  OutputPump pump(io, in[0], file, console[1], "[r0]:", [&] { done = true; });
+  pump.start();
+  std::string seen;
+  // Runs the pump until the console shows `want` (the open line appears only after
+  // kOpenLineDelay with nothing more: the wait is for it, bounded).
+  auto until_seen = [&](const std::string& want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (seen != want && std::chrono::steady_clock::now() < deadline) {
+      io.run_for(std::chrono::milliseconds(10));
+      ddprun::console::drain();
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(console[0], buf, sizeof buf)) > 0) seen.append(buf, static_cast<std::size_t>(n));
+    }
+    return seen;
+  };
+  auto put = [&](std::string_view text) {
+    REQUIRE(::write(in[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  };
+  put("(Pdb) ");
+  CHECK(until_seen("[r0]:(Pdb) ") == "[r0]:(Pdb) ");
+  put("c\nx");  // the rest of the line goes on on it; the next partial is shown open too
+  CHECK(until_seen("[r0]:(Pdb) c\n[r0]:x") == "[r0]:(Pdb) c\n[r0]:x");
+  ddprun::console::write(console[1], "another writer\n");  // ends the open line first
+  put("y\n");                                              // its rest starts a line of its own, with the prefix
+  const std::string want = "[r0]:(Pdb) c\n[r0]:x\nanother writer\n[r0]:y\n";
+  CHECK(until_seen(want) == want);
+  put("z");
+  ::close(in[1]);  // a partial line at the end still ends with a newline
+  CHECK(until_seen(want + "[r0]:z\n") == want + "[r0]:z\n");
+  CHECK(done);
+  // The log file has the worker's bytes as written, each once.
+  char buf[256];
+  const ssize_t n = ::pread(file_copy, buf, sizeof buf, 0);
+  CHECK(std::string(buf, static_cast<std::size_t>(std::max<ssize_t>(n, 0))) == "(Pdb) c\nxy\nz");
+  ::close(file_copy);
+  ::close(console[0]);
+  ::close(console[1]);
 }
 
 TEST_CASE("write_all reports a closed pipe instead of dying") {

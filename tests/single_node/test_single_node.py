@@ -333,6 +333,44 @@ class SingleNode(unittest.TestCase):
         with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "1", "stdout.log")) as f:
             self.assertEqual(f.read(), "rank 1 line 0 stdout\nrank 1 line 1 stdout\n")
 
+    def test_prompt_without_newline_is_shown_under_tee(self):
+        # A worker's prompt ("(Pdb) ", input()'s) has no newline: under --tee the console got it
+        # only with the line's end, after the user had answered a prompt they never saw. Now it
+        # is shown once the worker pauses, and its line goes on after it.
+        gate = self.p("answered")
+        prog = ("import os, sys, time\n"
+                "sys.stdout.write('(Pdb) '); sys.stdout.flush()\n"
+                "deadline = time.monotonic() + 30\n"
+                "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline: time.sleep(0.01)\n"
+                "print('continue')\n")
+        e = dict(os.environ, PET_MASTER_PORT="0")
+        proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "1", "--tee", "3", "--log-dir", self.p("logs"),
+                                 "--no-python", PYTHON, "-c", prog, gate],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
+        try:
+            import select
+            out = b""
+            deadline = time.monotonic() + 20
+            while b"[default0]:(Pdb) " not in out:
+                left = deadline - time.monotonic()
+                self.assertGreater(left, 0, "the prompt never reached the console: %r" % out)
+                r, _, _ = select.select([proc.stdout], [], [], left)
+                if r:
+                    chunk = os.read(proc.stdout.fileno(), 4096)
+                    self.assertTrue(chunk, "ddprun closed stdout before the prompt: %r" % out)
+                    out += chunk
+            open(gate, "w").close()
+            rest, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(out + rest, b"[default0]:(Pdb) continue\n")
+        jobs = os.listdir(self.p("logs"))
+        with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "0", "stdout.log")) as f:
+            self.assertEqual(f.read(), "(Pdb) continue\n")
+
     def test_uninterruptible_state_timeout_as_current_torchrun(self):
         # Rank 1 waits in the kernel (state D) for 60 s: past the timeout the group is unhealthy,
         # the workers stop and ddprun exits 1 without using its restarts.

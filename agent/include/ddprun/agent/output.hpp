@@ -19,9 +19,13 @@
 // on in the next console line, under the same prefix), so lines of different ranks never
 // interleave mid-line on the console. OutputPump (shell) drives one
 // LineBuffer from a pipe on the io_context; it is done only at EOF ("exited" is not "drained").
+// A partial line the worker leaves for kOpenLineDelay (a "(Pdb) " prompt, input()'s, a progress
+// bar's "\r" update) is shown then, left open on the console (console.hpp, "Open lines") and
+// written to the log file; the rest of the line follows on it unless another rank wrote between.
 // Single-threaded: everything runs on the agent's io_context thread; console writes are queued
 // for the console's writer threads (ddprun/common/console.hpp), which the pump follows: it stops
 // reading its pipe while its console queue is over kConsoleHighWater.
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -70,14 +74,23 @@ class LineBuffer {
 
   // Calls sink(block, complete) with the releasable bytes: complete == true for a run of whole
   // lines (ends with '\n'); complete == false for a partial line released because the buffer is
-  // full or `eof` is set. What is left (a partial line) moves to the front.
+  // full or `eof` is set. What is left (a partial line) moves to the front. Bytes take_open()
+  // gave out already are not given again.
   void release(const std::function<void(std::string_view, bool)>& sink, bool eof);
 
+  // The partial line held, or what of it came since the last take_open(), shown now although no
+  // newline ended it (a prompt); empty when there is none. It stays held (release() ends it),
+  // and nothing moves: safe while a read fills write_ptr().
+  std::string_view take_open();
+
   std::size_t pending() const { return size_; }
+  // Bytes held that take_open() did not give out.
+  std::size_t unshown() const { return size_ - shown_; }
 
  private:
   std::vector<char> data_;
   std::size_t size_ = 0;
+  std::size_t shown_ = 0;  // the front bytes take_open() gave out (no newline among them)
 };
 
 // Writes all of `data` to fd (retrying on EINTR, short writes, and EAGAIN via poll). Returns
@@ -88,6 +101,9 @@ bool write_all(int fd, std::string_view data);
 // failure of a file (a full disk, a quota) is logged once, naming the file and what to do
 // (`reported` remembers it); the stream goes on (to the console where it goes there too).
 void write_log_file(int fd, std::string_view data, bool& reported);
+
+// How long a partial line waits for more bytes before an OutputPump with a console shows it.
+inline constexpr std::chrono::milliseconds kOpenLineDelay{100};
 
 class OutputPump {
  public:

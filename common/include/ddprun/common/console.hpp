@@ -49,8 +49,16 @@ void write(int fd, std::string_view data, bool paced = false) noexcept;
 // added), with `prefix` before each line: queued as one piece. `paced` (here and in write):
 // the caller stops at over() (a pump), so the piece is not held to kConsoleHardCap (dropping it
 // would lose output that back-pressure already bounds), except after limit_exit_wait.
-void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete,
-                    bool paced = false) noexcept;
+//
+// Open lines: a writer may leave its last line open (`leave_open`, with `owner` naming the
+// writer: a pump), so that a prompt without a newline ("(Pdb) ") is seen at once. Its next
+// piece then goes on on that line, without the prefix, as long as nothing else was written to
+// the destination since (the same queue: stdout and stderr on one terminal count as one); any
+// other piece first ends the open line with a newline, so lines of different writers never
+// share a line, and the owner's next piece starts a line of its own, with the prefix. An empty
+// block that is not complete ends the owner's line, if it is still open.
+void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced = false,
+                    const void* owner = nullptr, bool leave_open = false) noexcept;
 // fd's queue holds kConsoleHighWater bytes or more (fd -1: any queue does): a pump that
 // writes there should stop reading.
 bool over(int fd);
