@@ -41,6 +41,7 @@ struct ChildProcess::State {
 
   void watch_exit(const std::weak_ptr<State>& self);
   void on_exit(const std::weak_ptr<State>& self, const ExitStatus& st);
+  void report_exit(const std::weak_ptr<State>& self);
   void on_pump_done();
   void pump_stdin(const std::weak_ptr<State>& self);
   void report_done();
@@ -69,11 +70,29 @@ void ChildProcess::State::watch_exit(const std::weak_ptr<State>& self) {
 }
 
 void ChildProcess::State::on_exit(const std::weak_ptr<State>& self, const ExitStatus& st) {
-  exited = true;
   status = st;
+  // What it wrote before it ended (a traceback) reaches the console before its exit is reported.
+  // One count more than the pumps: a sync that completes at once must not report (which may
+  // destroy the pumps) while this loop still walks them.
+  auto left = std::make_shared<std::size_t>(1);
+  const auto synced = [self, left] {
+    if (--*left > 0) return;
+    if (const auto s = self.lock(); s && !s->detached) s->report_exit(self);
+  };
+  for (auto& p : pumps) {
+    if (p->done()) continue;
+    ++*left;
+    p->sync(synced);
+  }
+  synced();
+}
+
+void ChildProcess::State::report_exit(const std::weak_ptr<State>& self) {
+  if (exited) return;
+  exited = true;
   if (callbacks.on_exit) {
     const auto cb = callbacks.on_exit;
-    cb(st);
+    cb(status);
   }
   if (detached || done) return;  // the callback may have destroyed the ChildProcess
   if (pumps_open == 0) {

@@ -221,8 +221,17 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       drain_now();
       return;
     }
-    const bool eof = static_cast<bool>(ec);
+    // A read cancelled by sync() is no end of the stream.
+    bool eof = ec && ec != asio::error::operation_aborted;
+    if (sync_requested) {
+      sync_requested = false;
+      if (!eof) eof = read_held();
+    }
     flush(eof);
+    if (!synced.empty()) {
+      run_synced();
+      if (finished) return;  // the owner went
+    }
     if (eof) {
       complete();
       return;
@@ -309,15 +318,15 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     drain_now();
   }
 
-  void drain_now() {
-    // Take what the pipe holds right now, without blocking (asio made the fd non-blocking), and
-    // no more: a process that still holds the pipe and writes faster than this reads (a
-    // grandchild's logger) would keep the event loop here, and the console's queue growing.
+  // Reads what the pipe holds right now into the buffer, without blocking (asio made the fd
+  // non-blocking), flushing whole lines when the buffer fills, and no more: a process that still
+  // holds the pipe and writes faster than this reads (a grandchild's logger) would keep the event
+  // loop here, and the console's queue growing. Only with no read in flight. True at EOF.
+  bool read_held() {
     const int fd = pipe.native_handle();
     int held = 0;
     if (::ioctl(fd, FIONREAD, &held) != 0 || held < 0) held = 0;
     auto left = static_cast<std::size_t>(held);
-    bool eof = false;
     while (left > 0) {
       if (buffer.write_space() == 0) {
         flush(false);
@@ -331,11 +340,48 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       if (n < 0 && errno == EINTR) {
         continue;
       }
-      eof = n == 0;
-      break;
+      return n == 0;
     }
+    return false;
+  }
+
+  void drain_now() {
+    const bool eof = read_held();
     flush(true);
     complete(/*keep_reading=*/!eof);
+  }
+
+  // The writer exited: what it wrote is in the pipe. Its whole lines go out before `done` runs
+  // (the caller's report of the exit then follows them on the console), and reading goes on.
+  void sync(std::function<void()> done) {
+    synced.push_back(std::move(done));
+    if (finished) {
+      run_synced();
+    } else if (reading) {
+      // The read in flight owns the buffer's free space: its handler (cancelled, or already due
+      // with bytes) commits them, then reads the rest (on_read).
+      if (!sync_requested && !finish_requested) {
+        sync_requested = true;
+        boost::system::error_code ignored;
+        pipe.cancel(ignored);
+      }
+    } else {
+      // Paused for the console: what the pipe holds is read now all the same (bounded by it).
+      if (read_held()) {
+        flush(true);
+        run_synced();
+        complete();
+        return;
+      }
+      flush(false);
+      run_synced();
+    }
+  }
+
+  void run_synced() {
+    auto callbacks = std::move(synced);
+    synced.clear();
+    for (auto& cb : callbacks) cb();
   }
 
   // keep_reading: the owner stops waiting for the stream before its end (finish_now), but a
@@ -350,6 +396,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     if (room_wait != 0) console::cancel(room_wait);
     room_wait = 0;
     open_timer.cancel();
+    run_synced();  // a sync() that finish_now() overtook: everything was read
     boost::system::error_code ignored;
     if (keep_reading) {
       discard();
@@ -388,8 +435,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   bool console_cut = false;     // the last block written to the console was a line cut short
   bool console_open = false;    // the last block written to the console was left open (show_open)
   bool finished = false;
-  bool reading = false;           // an async read owns the buffer's free space
-  bool finish_requested = false;  // finish_now() waits for that read's handler
+  bool reading = false;                       // an async read owns the buffer's free space
+  bool finish_requested = false;              // finish_now() waits for that read's handler
+  bool sync_requested = false;                // sync() waits for it
+  std::vector<std::function<void()>> synced;  // sync()'s callers, run once the pipe's bytes are out
   std::string prefix;
   std::function<void(std::string_view, bool)> sink;  // set: replaces the file and console writes
   std::function<void()> on_done;
@@ -422,6 +471,7 @@ OutputPump::~OutputPump() {
 
 void OutputPump::start() { impl_->read_more(); }
 void OutputPump::finish_now() { impl_->finish_now(); }
+void OutputPump::sync(std::function<void()> done) { impl_->sync(std::move(done)); }
 bool OutputPump::done() const { return impl_->finished; }
 
 }  // namespace ddprun::agent

@@ -244,6 +244,46 @@ TEST_CASE("OutputPump: a partial line (a prompt) is shown open after a pause; li
   ::close(console[1]);
 }
 
+TEST_CASE("OutputPump::sync writes what the pipe holds before it calls back, and reading goes on") {
+  int in[2];
+  int console[2];
+  REQUIRE(::pipe(in) == 0);
+  REQUIRE(::pipe(console) == 0);
+  REQUIRE(::fcntl(console[0], F_SETFL, O_NONBLOCK) == 0);
+  boost::asio::io_context io;
+  bool done = false;
+  OutputPump pump(io, in[0], -1, console[1], "[r0]:", [&] { done = true; });
+  pump.start();  // a read in flight from here on: sync() has it hand its bytes over first
+  const std::string last = "Traceback (most recent call last):\nRuntimeError: boom\n";
+  REQUIRE(::write(in[1], last.data(), last.size()) == static_cast<ssize_t>(last.size()));
+  auto console_now = [&] {
+    ddprun::console::drain();
+    std::string seen;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(console[0], buf, sizeof buf)) > 0) seen.append(buf, static_cast<std::size_t>(n));
+    return seen;
+  };
+  std::string at_sync;
+  bool synced = false;
+  pump.sync([&] {
+    synced = true;
+    at_sync = console_now();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!synced && std::chrono::steady_clock::now() < deadline) io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(synced);
+  CHECK(at_sync == "[r0]:Traceback (most recent call last):\n[r0]:RuntimeError: boom\n");
+  CHECK_FALSE(done);  // the stream goes on: a cancelled read is no EOF
+  REQUIRE(::write(in[1], "after\n", 6) == 6);
+  ::close(in[1]);
+  io.run();
+  CHECK(done);
+  CHECK(console_now() == "[r0]:after\n");
+  ::close(console[0]);
+  ::close(console[1]);
+}
+
 TEST_CASE("write_all reports a closed pipe instead of dying") {
   int p[2];
   REQUIRE(::pipe(p) == 0);

@@ -371,6 +371,71 @@ class SingleNode(unittest.TestCase):
         with open(os.path.join(self.p("logs"), jobs[0], "attempt_0", "0", "stdout.log")) as f:
             self.assertEqual(f.read(), "(Pdb) continue\n")
 
+    def test_a_failed_workers_last_lines_come_before_its_exit_is_reported(self):
+        # The console stalls (nobody reads ddprun's stderr), so the agent stops reading the
+        # worker's pipe; the worker fills it and exits 1. What it wrote last was still in the pipe
+        # when its exit was reported: "ended with exit code 1" and the diagnosis came before the
+        # worker's last lines (its traceback). Now the pipe is read first.
+        prog = ("import fcntl, os, select, sys\n"
+                "fcntl.fcntl(2, fcntl.F_SETFL, fcntl.fcntl(2, fcntl.F_GETFL) | os.O_NONBLOCK)\n"
+                "n = written = 0\n"
+                "while True:\n"
+                "    line = ('line %d ' % n).encode() + b'x' * 1000 + b'\\n'\n"
+                "    try:\n"
+                "        os.write(2, line)\n"
+                "    except BlockingIOError:\n"
+                "        # Full: the agent stopped reading (its console queue is full) once nothing\n"
+                "        # moves for a while after more than its queue holds.\n"
+                "        if written > (1 << 20) and not select.select([], [2], [], 0.5)[1]:\n"
+                "            break\n"
+                "        select.select([], [2], [], 1.0)\n"
+                "        continue\n"
+                "    written += len(line)\n"
+                "    n += 1\n"
+                "print('stalled %d' % (n - 1), flush=True)\n"
+                "sys.exit(1)\n")
+        e = dict(os.environ, PET_MASTER_PORT="0")
+        events = self.p("events.jsonl")
+        proc = subprocess.Popen([DDPRUN, "--nproc-per-node", "1", "--tee", "3", "--log-dir", self.p("logs"),
+                                 "--event-log-handler", "file:" + events, "--no-python", PYTHON, "-c", prog],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
+        try:
+            import select
+            out = b""
+            deadline = time.monotonic() + 60
+            while b"\n" not in out:  # the worker is done writing; nobody read its stderr yet
+                left = deadline - time.monotonic()
+                self.assertGreater(left, 0, "the worker never finished writing: %r" % out)
+                r, _, _ = select.select([proc.stdout], [], [], left)
+                if r:
+                    chunk = os.read(proc.stdout.fileno(), 4096)
+                    self.assertTrue(chunk, "ddprun closed stdout first")
+                    out += chunk
+
+            def failed_event():
+                try:
+                    with open(events) as f:
+                        return "torchelastic.worker.status.FAILED" in f.read()
+                except FileNotFoundError:
+                    return False
+            # The agent has handled the exit (its event follows the "ended with" line) before
+            # anyone reads its stderr, so the console cannot drain the pipe first.
+            while not failed_event():
+                self.assertLess(time.monotonic(), deadline, "no FAILED event")
+                time.sleep(0.02)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 1)
+        self.assertTrue(out.startswith(b"[default0]:stalled "), out)
+        last = "[default0]:line %s x" % out.split()[1].decode()
+        text = err.decode(errors="replace")
+        self.assertIn(last, text)
+        self.assertIn("ended with exit code 1", text)
+        self.assertLess(text.index(last), text.index("ended with exit code 1"))
+
     def test_uninterruptible_state_timeout_as_current_torchrun(self):
         # Rank 1 waits in the kernel (state D) for 60 s: past the timeout the group is unhealthy,
         # the workers stop and ddprun exits 1 without using its restarts.

@@ -126,6 +126,11 @@ class OutputPump {
   // Stops waiting for EOF (a grandchild may hold the pipe open): reads what is buffered in the
   // pipe now, writes it, and completes.
   void finish_now();
+  // The process writing the pipe exited, so what it wrote is in the pipe: reads what the pipe
+  // holds now and writes its whole lines, then calls `done` (at once, or from the io_context
+  // once the read in flight has handed its bytes over), before reading on to EOF as ever. Its
+  // owner reports the exit from `done`, after the process's last lines (a traceback).
+  void sync(std::function<void()> done);
   bool done() const;
 
   struct Impl;
