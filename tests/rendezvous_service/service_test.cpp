@@ -24,11 +24,12 @@ namespace {
 
 struct Daemon {
   Daemon(boost::asio::io_context& io, std::uint16_t port, std::string token = {},
-         rdzv::Timers& timers = rdzv::Timers::steady()) {
+         rdzv::Timers& timers = rdzv::Timers::steady(), std::size_t max_reply_bytes = 0) {
     rdzv::RendezvousServerOptions options;
     options.host = "127.0.0.1";
     options.port = port;
     options.token = std::move(token);
+    if (max_reply_bytes > 0) options.limits.store.max_queued_reply_bytes = max_reply_bytes;
     server = std::make_unique<rdzv::RendezvousServer>(io, options, timers);
     server->start();
   }
@@ -411,6 +412,68 @@ TEST_CASE("query_status reports jobs, rounds and members", "[service]") {
   const std::uint16_t port = d.port();
   d.stop();
   CHECK_THROWS_AS(rdzv::query_status(ddprun::Endpoint{"127.0.0.1", port}, "", 2000ms), ddprun::NetworkError);
+}
+
+TEST_CASE("a STATUS of every job is one snapshot a second while only heartbeats come; over the reply limit, refused",
+          "[service]") {
+  rdzv::ManualTimers timers;  // outlives io
+  boost::asio::io_context io(1);
+  Daemon d(io, 0, std::string{}, timers, 4096);
+  rdzv::JobConfig config = test_config(2, 2);
+  config.heartbeat_interval = 10s;  // no heartbeat in the time this test moves: leases only run down
+  auto agents = start_job(io, d.port(), 2, config, timers);
+  REQUIRE(run_until(io, [&] { return all(agents, [](const Agent& a) { return !a.assignments.empty(); }); }));
+  auto ask = [&](const std::string& run_id) {
+    auto f = std::async(std::launch::async, [&] {
+      return rdzv::query_status(ddprun::Endpoint{"127.0.0.1", d.port()}, run_id, 5000ms);
+    });
+    REQUIRE(run_until(io, [&] { return f.wait_for(0s) == std::future_status::ready; }));
+    return f.get();
+  };
+  const auto leases = [](const rdzv::RegistryStatus& st) {
+    std::vector<ddprun::Duration> out;
+    for (const auto& j : st.jobs) {
+      for (const auto& m : j.members) out.push_back(m.lease_left);
+    }
+    return out;
+  };
+  const rdzv::RegistryStatus first = ask("");
+  REQUIRE(first.jobs.size() == 1);
+  timers.advance(300ms);  // within the second: the same snapshot, leases as they were
+  const rdzv::RegistryStatus again = ask("");
+  CHECK(leases(again) == leases(first));
+  // A join changes what STATUS shows: a fresh snapshot at once.
+  auto other = make_agent(io, d.port(), 5, test_config(2, 3), {}, 10s, "job2", timers);
+  other->client->join();
+  REQUIRE(run_until(io, [&] { return !other->progress.empty(); }));
+  CHECK(ask("").jobs.size() == 2);
+  timers.advance(1s);  // a second later, fresh again though only time passed
+  const rdzv::RegistryStatus later = ask("");
+  REQUIRE(later.jobs.size() == 2);
+  CHECK(later.jobs[0].members[0].lease_left < first.jobs[0].members[0].lease_left);
+
+  // Jobs enough that every job's status outgrows the 4 KiB reply limit: refused with the way out;
+  // one job's status still answers.
+  Agents more;
+  for (int i = 0; i < 12; ++i) {
+    more.push_back(make_agent(io, d.port(), 10 + i, test_config(2, 3), {}, 10s,
+                              "job-" + std::to_string(i) + std::string(100, 'x'), timers));
+    more.back()->client->join();
+  }
+  REQUIRE(run_until(io, [&] { return all(more, [](const Agent& a) { return !a.progress.empty(); }); }));
+  auto refused = std::async(std::launch::async, [&] {
+    try {
+      rdzv::query_status(ddprun::Endpoint{"127.0.0.1", d.port()}, "", 5000ms);
+    } catch (const ddprun::NetworkError& e) {
+      return std::string(e.what());
+    }
+    return std::string("answered");
+  });
+  REQUIRE(run_until(io, [&] { return refused.wait_for(0s) == std::future_status::ready; }));
+  const std::string why = refused.get();
+  CHECK_THAT(why, Catch::Contains("over this daemon's reply limit of 4096 bytes (--max-queued-reply-bytes)"));
+  CHECK_THAT(why, Catch::Contains("ask for one job with --rdzv-id ID"));
+  CHECK(ask("job2").jobs.size() == 1);
 }
 
 TEST_CASE("torch 1.13's TCPStore client works on the same port while rendezvous traffic flows", "[service][torch]") {

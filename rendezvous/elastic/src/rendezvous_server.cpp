@@ -52,6 +52,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, RendezvousServer
   service_options.max_jobs = options_.max_jobs;
   service_options.max_members = options_.max_members;
   service_options.max_member_bytes = options_.max_member_bytes;
+  service_options.max_reply_bytes = options_.limits.store.max_queued_reply_bytes;
   service_ = std::make_shared<RendezvousService>(io, std::move(service_options), timers);
 
   StoreServerOptions store_options;

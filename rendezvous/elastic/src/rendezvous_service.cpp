@@ -305,7 +305,36 @@ RendezvousService::Refusal RendezvousService::check_rejoin(ConnectionId conn, co
   return {};
 }
 
+void RendezvousService::changed() {
+  if (!status_all_at_) return;
+  std::string().swap(status_all_);
+  status_all_at_.reset();
+}
+
+RendezvousService::Refusal RendezvousService::status_all(ConnectionId conn, TimePoint now) {
+  if (!status_all_at_ || now - *status_all_at_ >= kStatusAllReuse || now < *status_all_at_) {
+    changed();
+    encode_server(status_all_, registry_.status(now));
+    status_all_at_ = now;
+  }
+  if (status_all_.size() > options_.max_reply_bytes) {
+    return {RefuseCode::other,
+            fmt::format("the status of every job ({} jobs) is {} bytes, over this daemon's reply limit of {} bytes "
+                        "(--max-queued-reply-bytes): ask for one job with --rdzv-id ID",
+                        registry_.job_count(), status_all_.size(), options_.max_reply_bytes)};
+  }
+  emit(conn, status_all_);
+  return {};
+}
+
 RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMessage& message) {
+  // A frame about a job's nodes (not a heartbeat, the handshake, a relay or STATUS itself) may
+  // change what STATUS shows (status_all_).
+  if (!std::holds_alternative<HeartbeatMessage>(message) && !std::holds_alternative<StatusMessage>(message) &&
+      !std::holds_alternative<HelloMessage>(message) && !std::holds_alternative<AuthMessage>(message) &&
+      !std::holds_alternative<RelayMessage>(message)) {
+    changed();
+  }
   if (std::holds_alternative<HelloMessage>(message) || std::holds_alternative<AuthMessage>(message)) {
     return handshake(conn, message);
   }
@@ -326,12 +355,9 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
           if (Refusal why = check_run(conn, run_id.empty() ? std::string(auth::any_run) : run_id); why.refused())
             return why;
           // One job: a lookup, not a snapshot of every job (STATUS must not cost O(jobs)).
+          if (run_id.empty()) return status_all(conn, now);
           RegistryStatus status;
-          if (run_id.empty()) {
-            status = registry_.status(now);
-          } else if (auto job = registry_.status_of(run_id, now)) {
-            status.jobs.push_back(std::move(*job));
-          }
+          if (auto job = registry_.status_of(run_id, now)) status.jobs.push_back(std::move(*job));
           scratch_.clear();
           encode_server(scratch_, status);
           emit(conn, scratch_);
@@ -481,6 +507,7 @@ void RendezvousService::on_disconnect(ConnectionId conn) {
   sessions_.erase(conn);
   auto it = node_of_.find(conn);
   if (it == node_of_.end()) return;
+  changed();  // a node's connection: its member shows as disconnected
   NodeKey key = std::move(it->second);
   node_of_.erase(it);
   auto c = conn_of_.find(key);
@@ -613,11 +640,13 @@ void RendezvousService::rearm() {
 }
 
 void RendezvousService::abort_all(const std::string& reason, int exit_code) {
+  changed();
   apply(registry_.abort_all(reason, exit_code, clock_.now()));
   rearm();
 }
 
 void RendezvousService::on_timer() {
+  changed();
   std::vector<std::string> dropped;
   apply(registry_.on_tick(clock_.now(), &dropped));
   if (!dropped.empty()) {

@@ -80,6 +80,9 @@ struct RendezvousServiceOptions {
   std::size_t max_members = default_max_members;            // over all jobs; 0 = no cap
   std::size_t max_member_bytes = default_max_member_bytes;  // member_footprint() over all jobs; 0 = no cap
   bool embedded = false;  // hosted inside an agent, not a ddprun-rdzvd: said in CHALLENGE
+  // The store's --max-queued-reply-bytes: a STATUS of every job whose reply is larger is refused
+  // (with a hint to ask for one job) instead of queued and its connection closed for it.
+  std::size_t max_reply_bytes = StoreLimits{}.max_queued_reply_bytes;
 };
 
 struct RendezvousServiceStats {
@@ -214,6 +217,16 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   std::unordered_map<ConnectionId, NodeKey> node_of_;
   std::unordered_map<std::string, TimePoint> last_broadcast_;  // per run id: Progress to everyone
   std::string scratch_;
+  // The last STATUS reply of every job, encoded, and when: reused for kStatusAllReuse while no
+  // frame but heartbeats and STATUS came, nothing disconnected and no timer ran (changed()
+  // drops it, and its memory), so that clients asking again and again (several `ddprun status
+  // --watch`) cost one snapshot of every member per second, not one each. Only lease and
+  // heartbeat ages are that stale.
+  static constexpr Duration kStatusAllReuse = std::chrono::seconds(1);
+  Refusal status_all(ConnectionId conn, TimePoint now);
+  void changed();
+  std::string status_all_;
+  std::optional<TimePoint> status_all_at_;
   ClientMessage message_;
   RendezvousServiceStats counters_;
   // Metrics bookkeeping per run id, pruned like last_broadcast_.
