@@ -384,8 +384,11 @@ class ClientBackend final : public RendezvousBackend {
       // A second round without next_round() between: the client rejoined by itself (its
       // connection dropped during the restart's stop, and the daemon, restarted, closed a round)
       // or the node missed a restart. The reset next_round() does before it joins is done now,
-      // as early as this node can: the old round's workers may still be stopping, but the new
-      // round's are not started before they are gone, and other nodes' may already connect.
+      // as early as this node can: other nodes' workers of the new round may connect to this
+      // store from now on, and a reset after the old workers are gone would drop their keys.
+      // The old workers, still stopping, lose their store connections instead. No round-number
+      // check: a restarted daemon numbers rounds from 0 again, and no daemon sends the running
+      // round's assignment twice (a rebuild answers with progress).
       spdlog::info("round {} assigned before this node asked for it: resetting the worker store for it", a.round);
       reset_round();
     }

@@ -31,9 +31,10 @@ struct ChildProcess::State {
   int pumps_open = 0;
   std::unique_ptr<asio::steady_timer> drain_timer;
   std::unique_ptr<asio::posix::stream_descriptor> stdin_pipe;
-  std::string stdin_queue;    // not yet handed to a write
-  std::string stdin_writing;  // the bytes of the write in flight (kept alive until it completes)
-  bool exited = false;
+  std::string stdin_queue;     // not yet handed to a write
+  std::string stdin_writing;   // the bytes of the write in flight (kept alive until it completes)
+  bool exited = false;         // the process ended (its pidfd said so): not to be signalled
+  bool exit_reported = false;  // ...and callbacks.on_exit ran (after its pumps' sync)
   bool done = false;
   bool detached = false;  // the ChildProcess is gone (possibly from inside a callback)
   bool reaped = false;
@@ -70,6 +71,7 @@ void ChildProcess::State::watch_exit(const std::weak_ptr<State>& self) {
 }
 
 void ChildProcess::State::on_exit(const std::weak_ptr<State>& self, const ExitStatus& st) {
+  exited = true;
   status = st;
   // What it wrote before it ended (a traceback) reaches the console before its exit is reported.
   // One count more than the pumps: a sync that completes at once must not report (which may
@@ -88,8 +90,8 @@ void ChildProcess::State::on_exit(const std::weak_ptr<State>& self, const ExitSt
 }
 
 void ChildProcess::State::report_exit(const std::weak_ptr<State>& self) {
-  if (exited) return;
-  exited = true;
+  if (exit_reported) return;
+  exit_reported = true;
   if (callbacks.on_exit) {
     const auto cb = callbacks.on_exit;
     cb(status);
@@ -111,7 +113,7 @@ void ChildProcess::State::report_exit(const std::weak_ptr<State>& self) {
 void ChildProcess::State::on_pump_done() {
   if (detached) return;
   --pumps_open;
-  if (pumps_open == 0 && exited && !done) {
+  if (pumps_open == 0 && exit_reported && !done) {
     if (drain_timer) drain_timer->cancel();
     report_done();
   }

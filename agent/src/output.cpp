@@ -229,6 +229,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
     }
     flush(eof);
     if (!synced.empty()) {
+      if (!eof) show_open();  // its last line, without a newline, goes before the exit's report too
       run_synced();
       if (finished) return;  // the owner went
     }
@@ -236,7 +237,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
       complete();
       return;
     }
-    if (console_fd >= 0 && !sink && buffer.unshown() > 0) arm_open_timer();
+    note_partial();
     {
       // A sink paces on the console stream it relays to (pace_fd; -1: none).
       const int fd = sink ? pace_fd : console_fd;
@@ -275,28 +276,56 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
             const bool stays_open = console_open && !whole && !eof;
             console_cut = !whole && !stays_open;
             console_open = stays_open;
-            console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true, this, stays_open);
+            console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true, owner, stays_open);
           }
+          if (whole) partial_since.reset();  // what is held now is a line begun since
         },
         eof);
+    if (eof) end_open_line();  // the stream ended right after a line shown open (nothing left to release)
   }
 
-  // A partial line that waits kOpenLineDelay for more is shown then, left open.
-  void arm_open_timer() {
-    open_timer.expires_after(kOpenLineDelay);  // a wait already armed is cancelled: restarted
+  void end_open_line() {
+    if (!console_open || console_fd < 0) return;
+    console_open = false;
+    console::write_prefixed(console_fd, prefix, {}, /*complete=*/false, /*paced=*/true, owner);
+  }
+
+  // After a read: a partial line held (or its rest since it was shown) is shown once it is
+  // kOpenLineDelay old, however often bytes come meanwhile (a progress bar redrawn 20 times a
+  // second), while a line a read happened to split and the next completes never is.
+  void note_partial() {
+    if (console_fd < 0 || sink) return;
+    if (buffer.unshown() == 0) {
+      partial_since.reset();
+      return;
+    }
+    if (!partial_since) partial_since = std::chrono::steady_clock::now();
+    if (open_timer_armed) return;
+    open_timer_armed = true;
+    open_timer.expires_at(*partial_since + kOpenLineDelay);
     open_timer.async_wait([weak = std::weak_ptr<Impl>(shared_from_this())](const boost::system::error_code& ec) {
-      if (auto self = weak.lock(); self && !ec) self->show_open();
+      auto self = weak.lock();
+      if (!self) return;
+      self->open_timer_armed = false;
+      if (ec || self->finished || !self->partial_since) return;
+      if (std::chrono::steady_clock::now() >= *self->partial_since + kOpenLineDelay) {
+        self->show_open();
+      } else {
+        self->note_partial();  // the line it was armed for ended; a younger one is held
+      }
     });
   }
 
+  // Shows the partial line held, open (its rest follows on it).
   void show_open() {
-    if (finished || finish_requested) return;
+    if (finished || finish_requested || console_fd < 0 || sink) return;
+    partial_since.reset();
     const std::string_view open = buffer.take_open();  // moves nothing: a read may be in flight
     if (open.empty()) return;
     if (file_fd >= 0) write_log_file(file_fd, open, file_failed);
     console_cut = false;  // no newline in a partial line
     console_open = true;
-    console::write_prefixed(console_fd, prefix, open, /*complete=*/false, /*paced=*/true, this, /*leave_open=*/true);
+    console::write_prefixed(console_fd, prefix, open, /*complete=*/false, /*paced=*/true, owner, /*leave_open=*/true);
   }
 
   void finish_now() {
@@ -374,6 +403,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
         return;
       }
       flush(false);
+      show_open();
       run_synced();
     }
   }
@@ -426,7 +456,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
   asio::io_context& io;
   asio::posix::stream_descriptor pipe;
-  asio::steady_timer open_timer;  // kOpenLineDelay after a read that left a partial line
+  asio::steady_timer open_timer;  // note_partial()
+  bool open_timer_armed = false;
+  std::optional<std::chrono::steady_clock::time_point> partial_since;  // the held partial line's first byte
+  const std::uint64_t owner = console::new_owner();                    // this pump's open lines
   int file_fd;
   bool file_failed = false;  // a write to file_fd failed (reported once)
   int console_fd;
@@ -465,6 +498,7 @@ OutputPump::~OutputPump() {
     impl_->open_timer.cancel();
     impl_->on_done = nullptr;
   }
+  impl_->end_open_line();  // no line of a pump that is gone stays open
   boost::system::error_code ignored;
   impl_->pipe.close(ignored);  // also the reading of a stream finished before its end (discard)
 }

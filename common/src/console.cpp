@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
@@ -46,7 +47,7 @@ struct Lane {
   std::size_t queued = 0;  // bytes in `pieces` and in the writer's hands
   // The writer whose last line is open (write_prefixed's leave_open), or null: what is queued
   // next, unless the same writer's, begins with a newline.
-  const void* open_owner = nullptr;
+  std::uint64_t open_owner = 0;
   std::size_t dropped = 0;  // bytes not queued past kConsoleHardCap, not yet told
 };
 
@@ -231,8 +232,8 @@ void push_locked(State& st, Lane& lane, int fd, std::string&& data, bool paced) 
 }
 
 // `build(text, open_owner)` makes the piece under the lock, seeing which writer's line is open
-// on the destination (null: none; only tracked where a lane is), and returns the writer whose
-// line the piece leaves open.
+// on the destination (0: none; only tracked where a lane is), and returns the writer whose line
+// the piece leaves open.
 template <class Build>
 void enqueue_built(int fd, bool paced, Build build) {
   State& st = state();
@@ -245,17 +246,17 @@ void enqueue_built(int fd, bool paced, Build build) {
     if (text.empty()) return;
     if (!lane.direct) return push_locked(st, lane, fd, std::move(text), paced);
   } else {
-    (void)build(text, nullptr);
+    (void)build(text, 0);
   }
   lock.unlock();
   if (!text.empty()) (void)write_fully(fd, text);
 }
 
 void enqueue(int fd, std::string&& data, bool paced) {
-  enqueue_built(fd, paced, [&data](std::string& text, const void* open) -> const void* {
-    if (open != nullptr) data.insert(data.begin(), '\n');  // ends another writer's open line
+  enqueue_built(fd, paced, [&data](std::string& text, std::uint64_t open) -> std::uint64_t {
+    if (open != 0) data.insert(data.begin(), '\n');  // ends another writer's open line
     text = std::move(data);
-    return nullptr;
+    return 0;
   });
 }
 
@@ -294,27 +295,32 @@ void write(int fd, std::string_view data, bool paced) noexcept {
 }
 
 void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced,
-                    const void* owner, bool leave_open) noexcept {
+                    std::uint64_t owner, bool leave_open) noexcept {
   try {
     if (block.empty()) {
       // Nothing but the end of the owner's open line (a stream that ended right after it).
-      if (complete || leave_open || owner == nullptr) return;
-      enqueue_built(fd, paced, [owner](std::string& text, const void* open) -> const void* {
+      if (complete || leave_open || owner == 0) return;
+      enqueue_built(fd, paced, [owner](std::string& text, std::uint64_t open) -> std::uint64_t {
         if (open != owner) return open;
         text += '\n';
-        return nullptr;
+        return 0;
       });
       return;
     }
-    enqueue_built(fd, paced, [&](std::string& text, const void* open) -> const void* {
-      const bool continuing = owner != nullptr && open == owner;
+    enqueue_built(fd, paced, [&](std::string& text, std::uint64_t open) -> std::uint64_t {
+      const bool continuing = owner != 0 && open == owner;
       text.reserve(block.size() + prefix.size() * 8 + 2);
-      if (open != nullptr && !continuing) text += '\n';
+      if (open != 0 && !continuing) text += '\n';
       append_prefixed(text, prefix, block, complete || leave_open, continuing);
-      return leave_open ? owner : nullptr;
+      return leave_open ? owner : 0;
     });
   } catch (...) {  // out of memory: this piece is lost, as a failed write's is
   }
+}
+
+std::uint64_t new_owner() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool over(int fd) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <memory>
 #include <string>
 
 #include "ddprun/common/console.hpp"
@@ -282,6 +283,108 @@ TEST_CASE("OutputPump::sync writes what the pipe holds before it calls back, and
   CHECK(console_now() == "[r0]:after\n");
   ::close(console[0]);
   ::close(console[1]);
+}
+
+namespace {
+
+// A pump from a pipe to a console pipe, run by hand: the test writes the worker's side and reads
+// what the console got so far.
+struct PumpBench {
+  explicit PumpBench(std::size_t capacity = 64 * 1024) {
+    REQUIRE(::pipe(in) == 0);
+    REQUIRE(::pipe(console) == 0);
+    REQUIRE(::fcntl(console[0], F_SETFL, O_NONBLOCK) == 0);
+    pump = std::make_unique<OutputPump>(
+        io, in[0], -1, console[1], "[r0]:", [this] { done = true; }, capacity);
+    pump->start();
+  }
+  ~PumpBench() {
+    pump.reset();
+    if (in[1] >= 0) ::close(in[1]);
+    ::close(console[0]);
+    ::close(console[1]);
+  }
+  void put(std::string_view text) {
+    REQUIRE(::write(in[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  }
+  void end() {
+    ::close(in[1]);
+    in[1] = -1;
+  }
+  // What the console got since the last call.
+  std::string take() {
+    ddprun::console::drain();
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(console[0], buf, sizeof buf)) > 0) got.append(buf, static_cast<std::size_t>(n));
+    return got;
+  }
+  // Runs the pump until the console has shown `want` in all (bounded).
+  std::string until(const std::string& want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (seen != want && std::chrono::steady_clock::now() < deadline) {
+      io.run_for(std::chrono::milliseconds(10));
+      seen += take();
+    }
+    return seen;
+  }
+  int in[2]{-1, -1};
+  int console[2]{-1, -1};
+  boost::asio::io_context io;
+  std::unique_ptr<OutputPump> pump;
+  bool done = false;
+  std::string seen;
+};
+
+}  // namespace
+
+TEST_CASE("OutputPump: a line shown open that then filled the buffer is ended at EOF") {
+  PumpBench b(8);
+  b.put("ab");
+  CHECK(b.until("[r0]:ab") == "[r0]:ab");
+  b.put("cdefgh");  // fills the 8 bytes: goes on on the open line, nothing held after it
+  b.end();
+  CHECK(b.until("[r0]:abcdefgh\n") == "[r0]:abcdefgh\n");
+  CHECK(b.done);
+}
+
+TEST_CASE("OutputPump: a partial line redrawn faster than the delay is still shown") {
+  PumpBench b;
+  // A progress bar: a byte every 20 ms, never a newline; it must show while it goes on.
+  std::string drawn;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (b.seen.empty() && std::chrono::steady_clock::now() < deadline) {
+    b.put("#");
+    drawn += "#";
+    const auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    while (std::chrono::steady_clock::now() < next) b.io.run_for(std::chrono::milliseconds(5));
+    b.seen += b.take();
+  }
+  REQUIRE_FALSE(b.seen.empty());
+  CHECK(b.seen.rfind("[r0]:#", 0) == 0);
+  CHECK(b.seen.find('\n') == std::string::npos);
+  b.put("\n");
+  b.end();
+  CHECK(b.until("[r0]:" + drawn + "\n") == "[r0]:" + drawn + "\n");
+}
+
+TEST_CASE("OutputPump::sync shows a last line without a newline before it calls back") {
+  PumpBench b;
+  b.put("done\nlast words");
+  std::string at_sync;
+  bool synced = false;
+  b.pump->sync([&] {
+    synced = true;
+    at_sync = b.take();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!synced && std::chrono::steady_clock::now() < deadline) b.io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(synced);
+  CHECK(at_sync == "[r0]:done\n[r0]:last words");
+  b.end();
+  b.seen = at_sync;
+  CHECK(b.until("[r0]:done\n[r0]:last words\n") == "[r0]:done\n[r0]:last words\n");
 }
 
 TEST_CASE("write_all reports a closed pipe instead of dying") {

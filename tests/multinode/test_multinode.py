@@ -987,8 +987,9 @@ def rejoined_while_stopping(c):
     go = os.path.join(c.dir, "go")
     fail_now = os.path.join(c.dir, "fail_now")
     # A fresh daemon closes the round a rejoin without an assignment opens after its rebuild grace
-    # (10 s): within the stop's grace of 14 s (the last --shutdown-timeout wins).
-    c.start_agent(ADDRS[0], ep, nnodes="1:1", max_restarts=1, extra=["--shutdown-timeout", "14"],
+    # (10 s), well within the stop's grace of 25 s (the last --shutdown-timeout wins), reconnect
+    # backoff and all.
+    c.start_agent(ADDRS[0], ep, nnodes="1:1", max_restarts=1, extra=["--shutdown-timeout", "25"],
                   worker_args=["--fail-rank", "1", "--fail-attempt", "0", "--fail-when", fail_now,
                                "--term-ignore-attempt", "0", "--wait-file", go, "--sleep", "40"])
     first = c.wait_envs(lambda e: True, 2, 30, "the first round's 2 workers")

@@ -2,7 +2,8 @@
 // ChildProcess: one child on the io_context, used for the agent's workers and the fan-out
 // launcher's ssh clients alike. It spawns (process.hpp: own process group, pidfd), pumps the
 // child's piped output (output.hpp: OutputPump), watches the pidfd, and reports two moments:
-// on_exit (the process exited; it stays a zombie, so its process group id cannot be reused)
+// on_exit (the process exited, and what it wrote before is out of its pipes, OutputPump::sync;
+// it stays a zombie, so its process group id cannot be reused)
 // and on_done (exited AND every piped stream reached EOF, or was cut `drain_timeout` after the
 // exit because a grandchild holds it open). It reaps on kill_and_reap() or destruction.
 //
@@ -77,6 +78,8 @@ class ChildProcess {
   void abandon();
 
   pid_t pid() const;
+  // The process ended (status() says how); Callbacks::on_exit may still be coming: it runs once
+  // the output the process wrote before its end is out (OutputPump::sync).
   bool exited() const;
   bool done() const;
   const ExitStatus& status() const;

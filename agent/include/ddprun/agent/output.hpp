@@ -19,9 +19,10 @@
 // on in the next console line, under the same prefix), so lines of different ranks never
 // interleave mid-line on the console. OutputPump (shell) drives one
 // LineBuffer from a pipe on the io_context; it is done only at EOF ("exited" is not "drained").
-// A partial line the worker leaves for kOpenLineDelay (a "(Pdb) " prompt, input()'s, a progress
-// bar's "\r" update) is shown then, left open on the console (console.hpp, "Open lines") and
-// written to the log file; the rest of the line follows on it unless another rank wrote between.
+// A partial line held for kOpenLineDelay (a "(Pdb) " prompt, input()'s, a progress bar redrawn
+// with "\r" however often) is shown then, left open on the console (console.hpp, "Open lines")
+// and written to the log file; the rest of the line follows on it unless another writer wrote
+// between. A line a read split and the next read completes within the delay is never split.
 // Single-threaded: everything runs on the agent's io_context thread; console writes are queued
 // for the console's writer threads (ddprun/common/console.hpp), which the pump follows: it stops
 // reading its pipe while its console queue is over kConsoleHighWater.

@@ -51,14 +51,15 @@ void write(int fd, std::string_view data, bool paced = false) noexcept;
 // would lose output that back-pressure already bounds), except after limit_exit_wait.
 //
 // Open lines: a writer may leave its last line open (`leave_open`, with `owner` naming the
-// writer: a pump), so that a prompt without a newline ("(Pdb) ") is seen at once. Its next
-// piece then goes on on that line, without the prefix, as long as nothing else was written to
-// the destination since (the same queue: stdout and stderr on one terminal count as one); any
-// other piece first ends the open line with a newline, so lines of different writers never
-// share a line, and the owner's next piece starts a line of its own, with the prefix. An empty
-// block that is not complete ends the owner's line, if it is still open.
+// writer: a pump's number from new_owner(), never reused), so that a prompt without a newline ("(Pdb) ") is seen at
+// once. Its next piece then goes on on that line, without the prefix, as long as nothing else was written to the
+// destination since (the same queue: stdout and stderr on one terminal count as one); any other piece first ends the
+// open line with a newline, so lines of different writers never share a line, and the owner's next piece starts a line
+// of its own, with the prefix. An empty block that is not complete ends the owner's line, if it is still open.
 void write_prefixed(int fd, std::string_view prefix, std::string_view block, bool complete, bool paced = false,
-                    const void* owner = nullptr, bool leave_open = false) noexcept;
+                    std::uint64_t owner = 0, bool leave_open = false) noexcept;
+// A number for write_prefixed's `owner` no other writer of this process has.
+std::uint64_t new_owner() noexcept;
 // fd's queue holds kConsoleHighWater bytes or more (fd -1: any queue does): a pump that
 // writes there should stop reading.
 bool over(int fd);
