@@ -217,6 +217,7 @@ SpawnResult ChildProcess::start(SpawnRequest request, ChildStream out, ChildStre
     ++s.pumps_open;
     if (st.kind == ChildStream::Kind::sink) {
       s.pumps.push_back(std::make_unique<OutputPump>(s.io, pump_fds[i], std::move(st.sink), st.console_fd, done));
+      if (st.open_sink) s.pumps.back()->set_open_sink(std::move(st.open_sink));
     } else {
       s.pumps.push_back(
           std::make_unique<OutputPump>(s.io, pump_fds[i], st.file_fd, st.console_fd, std::move(st.prefix), done));

@@ -293,8 +293,10 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   // After a read: a partial line held (or its rest since it was shown) is shown once it is
   // kOpenLineDelay old, however often bytes come meanwhile (a progress bar redrawn 20 times a
   // second), while a line a read happened to split and the next completes never is.
+  bool shows_open() const { return sink ? static_cast<bool>(open_sink) : console_fd >= 0; }
+
   void note_partial() {
-    if (console_fd < 0 || sink) return;
+    if (!shows_open()) return;
     if (buffer.unshown() == 0) {
       partial_since.reset();
       return;
@@ -318,10 +320,14 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
 
   // Shows the partial line held, open (its rest follows on it).
   void show_open() {
-    if (finished || finish_requested || console_fd < 0 || sink) return;
+    if (finished || finish_requested || !shows_open()) return;
     partial_since.reset();
     const std::string_view open = buffer.take_open();  // moves nothing: a read may be in flight
     if (open.empty()) return;
+    if (sink) {
+      open_sink(open);
+      return;
+    }
     if (file_fd >= 0) write_log_file(file_fd, open, file_failed);
     console_cut = false;  // no newline in a partial line
     console_open = true;
@@ -474,6 +480,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   std::vector<std::function<void()>> synced;  // sync()'s callers, run once the pipe's bytes are out
   std::string prefix;
   std::function<void(std::string_view, bool)> sink;  // set: replaces the file and console writes
+  std::function<void(std::string_view)> open_sink;   // a sink's partial lines shown open (or none)
   std::function<void()> on_done;
   LineBuffer buffer;
 };
@@ -503,6 +510,9 @@ OutputPump::~OutputPump() {
   impl_->pipe.close(ignored);  // also the reading of a stream finished before its end (discard)
 }
 
+void OutputPump::set_open_sink(std::function<void(std::string_view)> open_sink) {
+  impl_->open_sink = std::move(open_sink);
+}
 void OutputPump::start() { impl_->read_more(); }
 void OutputPump::finish_now() { impl_->finish_now(); }
 void OutputPump::sync(std::function<void()> done) { impl_->sync(std::move(done)); }

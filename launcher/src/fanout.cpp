@@ -207,6 +207,10 @@ struct HostRun {
   // rest of it goes out under this prefix, the one that named the line's source. nullopt at the
   // start of a line.
   std::array<std::optional<std::string>, 2> cut;
+  // Per stream: a partial line shown open on the console (on_open; console.hpp, "Open lines"),
+  // with the prefix its rest gets when another writer took the console since. nullopt: none.
+  std::array<std::optional<std::string>, 2> open;
+  std::array<std::uint64_t, 2> owner{console::new_owner(), console::new_owner()};
 };
 
 // Ignores SIGPIPE for its lifetime (EPIPE is handled where we write), restores it after.
@@ -491,6 +495,7 @@ class Fanout {
       st.sink = [this, index, is_stdout](std::string_view block, bool whole) {
         on_lines(hosts_[index], is_stdout, block, whole);
       };
+      st.open_sink = [this, index, is_stdout](std::string_view piece) { on_open(hosts_[index], is_stdout, piece); };
       return st;
     };
     agent::ChildProcess::Callbacks cb;
@@ -724,6 +729,16 @@ class Fanout {
   void on_lines(HostRun& h, bool is_stdout, std::string_view block, bool complete) {
     const std::string& label = h.spec.label();
     std::optional<std::string>& cut = h.cut[is_stdout ? 1 : 0];
+    const int fd = is_stdout ? STDOUT_FILENO : STDERR_FILENO;
+    if (auto& open = h.open[is_stdout ? 1 : 0]; open && !block.empty()) {
+      // The rest of a line shown open: on it, or under its prefix when the console was taken.
+      const auto nl = block.find('\n');
+      const std::string_view rest = block.substr(0, nl == std::string_view::npos ? block.size() : nl + 1);
+      block.remove_prefix(rest.size());
+      const bool ends = nl != std::string_view::npos;
+      console::write_prefixed(fd, *open, rest, ends, /*paced=*/true, h.owner[is_stdout ? 1 : 0], !ends);
+      if (ends) open.reset();
+    }
     std::string out;
     out.reserve(block.size() + 64);
     while (!block.empty()) {
@@ -763,6 +778,37 @@ class Fanout {
     }
     // Paced: the host's pump stops reading while this stream's queue is full (OutputPump).
     if (!out.empty()) console::write(is_stdout ? STDOUT_FILENO : STDERR_FILENO, out, /*paced=*/true);
+  }
+
+  // A partial line of a host's stream held for agent::kOpenLineDelay (a prompt, a progress bar):
+  // shown now, left open; its rest follows on it (on_lines) unless another writer took the
+  // console, which ends it first.
+  void on_open(HostRun& h, bool is_stdout, std::string_view piece) {
+    if (is_stdout && !h.ready) return;  // the remote login's text before the agent: whole lines
+    const int s = is_stdout ? 1 : 0;
+    const int fd = is_stdout ? STDOUT_FILENO : STDERR_FILENO;
+    if (!h.open[s]) {
+      if (h.cut[s]) {
+        h.open[s] = std::move(*h.cut[s]);  // the rest of a cut line, under the cut's prefix
+        h.cut[s].reset();
+      } else if (const std::size_t named = source_prefix(h, piece); named > 0) {
+        h.open[s] = std::string(piece.substr(0, named));
+        console::write_prefixed(fd, {}, piece, false, /*paced=*/true, h.owner[s], /*leave_open=*/true);
+        return;
+      } else {
+        h.open[s] = "[" + h.spec.label() + "] ";
+      }
+    }
+    console::write_prefixed(fd, *h.open[s], piece, false, /*paced=*/true, h.owner[s], /*leave_open=*/true);
+  }
+
+  // A host's streams ended: a line of theirs still open on the console is ended.
+  static void end_open_lines(HostRun& h) {
+    for (int s = 0; s < 2; ++s) {
+      if (!h.open[s]) continue;
+      h.open[s].reset();
+      console::write_prefixed(s == 1 ? STDOUT_FILENO : STDERR_FILENO, {}, {}, false, /*paced=*/true, h.owner[s]);
+    }
   }
 
   static void remember(HostRun& h, std::string line) {
@@ -807,6 +853,7 @@ class Fanout {
   void maybe_done(HostRun& h) {
     if (h.done || !h.child->done()) return;
     h.done = true;
+    end_open_lines(h);
     h.ended_at = std::chrono::steady_clock::now();
     h.child->kill_and_reap();  // it exited: this only reaps
     release_slot(h);

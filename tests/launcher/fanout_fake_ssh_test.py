@@ -319,6 +319,63 @@ class LongLines(FakeSshCase):
         self.check(TREE, ["h%d" % i for i in range(7)])
 
 
+class PromptWithoutNewline(FakeSshCase):
+    """A worker's line without a newline (a prompt, a progress bar) reaches the launcher's console
+    once it has waited 100 ms on its host and again on the launcher, through a launch tree too;
+    before, the relay held it until the line ended."""
+
+    PROG = ("import os, sys, time\n"
+            "rank = int(os.environ['RANK'])\n"
+            "sys.stdout.write('(Pdb) '); sys.stdout.flush()\n"
+            "deadline = time.monotonic() + 120\n"
+            "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline: time.sleep(0.01)\n"
+            "print('continue %d' % rank)\n")
+
+    def check(self, args, hosts):
+        gate = os.path.join(self.dir, "answered")
+        with open(os.path.join(self.dir, "prompt.py"), "w") as f:
+            f.write(self.PROG)
+        env = dict(os.environ)
+        env.update({"PATH": self.bindir + ":" + env.get("PATH", "/usr/bin:/bin"), "PYTHON_EXEC": PYTHON,
+                    "FAKE_SSH_LOG": self.log, "FAKE_SSH_EXIT0": "", "FAKE_SSH_REFUSE": "", "FAKE_SSH_HANG": "",
+                    "FAKE_SSH_ENV_I": ""})
+        proc = subprocess.Popen([BIN, "--launcher-addr", "127.0.0.1", "--shutdown-timeout", "5", "--hosts",
+                                 ",".join(hosts)] + args + ["prompt.py", gate],
+                                cwd=self.dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out = b""
+            want = [b"[%s:%d]:(Pdb) " % (h.encode(), r) for r, h in enumerate(hosts)]
+            deadline = time.monotonic() + 30  # the workers wait 120 s for the gate
+            while not all(w in out for w in want):
+                left = deadline - time.monotonic()
+                self.assertGreater(left, 0, "the prompts never reached the console: %r" % out)
+                r, _, _ = select.select([proc.stdout], [], [], left)
+                if r:
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                    self.assertTrue(chunk, "the launcher closed stdout before the prompts: %r" % out)
+                    out += chunk
+            open(gate, "w").close()
+            rest, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0, err.decode(errors="replace")[-3000:])
+        text = (out + rest).decode()
+        # Each host's line ends whole: on its prompt's line, or under its prefix where another
+        # host's prompt took the console between.
+        for r, h in enumerate(hosts):
+            self.assertRegex(text, r"(\[%s:%d\]:\(Pdb\) |\[%s:%d\]:)continue %d\n" % (h, r, h, r, r))
+        for line in text.split("\n")[:-1]:
+            self.assertRegex(line, r"^\[h\d+:\d+\]:")
+
+    def test_flat(self):
+        self.check(["--nproc-per-node", "1"], ["h0", "h1"])
+
+    def test_tree(self):
+        self.check(TREE + ["--nproc-per-node", "1"], ["h0", "h1", "h2"])
+
+
 class AgentSettingsReachTheHosts(FakeSshCase):
     """torch's agent settings (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT here) reach each host's
     agent, which reads them: from the launcher's environment by default, and by --env, on hosts

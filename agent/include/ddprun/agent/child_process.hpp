@@ -41,6 +41,9 @@ struct ChildStream {
   int console_fd = -1;
   std::string prefix;
   std::function<void(std::string_view, bool)> sink;
+  // With `sink`: where a partial line held for kOpenLineDelay goes (OutputPump::set_open_sink);
+  // unset, it waits for its newline.
+  std::function<void(std::string_view)> open_sink;
 };
 
 class ChildProcess {

@@ -123,6 +123,9 @@ class OutputPump {
   OutputPump(const OutputPump&) = delete;
   OutputPump& operator=(const OutputPump&) = delete;
 
+  // A sink pump's partial line held for kOpenLineDelay goes to `open_sink` (the bytes not given
+  // before; the rest of the line follows in the sink's next block). Before start().
+  void set_open_sink(std::function<void(std::string_view)> open_sink);
   void start();
   // Stops waiting for EOF (a grandchild may hold the pipe open): reads what is buffered in the
   // pipe now, writes it, and completes.
