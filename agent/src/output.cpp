@@ -260,6 +260,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   void flush(bool eof) {
     buffer.release(
         [this, eof](std::string_view block, bool whole) {
+          if (whole) partial_since.reset();  // what is held now is a line begun since
           if (sink) {
             sink(block, whole);
             return;
@@ -278,7 +279,6 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
             console_open = stays_open;
             console::write_prefixed(console_fd, prefix, shown, whole, /*paced=*/true, owner, stays_open);
           }
-          if (whole) partial_since.reset();  // what is held now is a line begun since
         },
         eof);
     if (eof) end_open_line();  // the stream ended right after a line shown open (nothing left to release)
@@ -322,12 +322,13 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   void show_open() {
     if (finished || finish_requested || !shows_open()) return;
     partial_since.reset();
-    const std::string_view open = buffer.take_open();  // moves nothing: a read may be in flight
-    if (open.empty()) return;
     if (sink) {
-      open_sink(open);
+      // Given out only when the sink takes it (a relay holds a host's text before its agent).
+      if (const std::string_view open = buffer.peek_open(); !open.empty() && open_sink(open)) (void)buffer.take_open();
       return;
     }
+    const std::string_view open = buffer.take_open();  // moves nothing: a read may be in flight
+    if (open.empty()) return;
     if (file_fd >= 0) write_log_file(file_fd, open, file_failed);
     console_cut = false;  // no newline in a partial line
     console_open = true;
@@ -480,7 +481,7 @@ struct OutputPump::Impl : std::enable_shared_from_this<OutputPump::Impl> {
   std::vector<std::function<void()>> synced;  // sync()'s callers, run once the pipe's bytes are out
   std::string prefix;
   std::function<void(std::string_view, bool)> sink;  // set: replaces the file and console writes
-  std::function<void(std::string_view)> open_sink;   // a sink's partial lines shown open (or none)
+  std::function<bool(std::string_view)> open_sink;   // a sink's partial lines shown open (or none)
   std::function<void()> on_done;
   LineBuffer buffer;
 };
@@ -510,7 +511,7 @@ OutputPump::~OutputPump() {
   impl_->pipe.close(ignored);  // also the reading of a stream finished before its end (discard)
 }
 
-void OutputPump::set_open_sink(std::function<void(std::string_view)> open_sink) {
+void OutputPump::set_open_sink(std::function<bool(std::string_view)> open_sink) {
   impl_->open_sink = std::move(open_sink);
 }
 void OutputPump::start() { impl_->read_more(); }

@@ -211,7 +211,13 @@ struct HostRun {
   // with the prefix its rest gets when another writer took the console since. nullopt: none.
   std::array<std::optional<std::string>, 2> open;
   std::array<std::uint64_t, 2> owner{console::new_owner(), console::new_owner()};
+  // The text of an open line without a source prefix (ssh's own), for remember() once it ends.
+  std::array<std::optional<std::string>, 2> open_text;
 };
+
+// A host's line kept for an error message is cut here: a host that prints 64 KiB lines (a banner,
+// a chatty login script) would make it megabytes, times every host that fails.
+constexpr std::size_t kTailLineBytes = 512;
 
 // Ignores SIGPIPE for its lifetime (EPIPE is handled where we write), restores it after.
 class SigpipeIgnored {
@@ -495,7 +501,9 @@ class Fanout {
       st.sink = [this, index, is_stdout](std::string_view block, bool whole) {
         on_lines(hosts_[index], is_stdout, block, whole);
       };
-      st.open_sink = [this, index, is_stdout](std::string_view piece) { on_open(hosts_[index], is_stdout, piece); };
+      st.open_sink = [this, index, is_stdout](std::string_view piece) {
+        return on_open(hosts_[index], is_stdout, piece);
+      };
       return st;
     };
     agent::ChildProcess::Callbacks cb;
@@ -737,7 +745,13 @@ class Fanout {
       block.remove_prefix(rest.size());
       const bool ends = nl != std::string_view::npos;
       console::write_prefixed(fd, *open, rest, ends, /*paced=*/true, h.owner[is_stdout ? 1 : 0], !ends);
-      if (ends) open.reset();
+      auto& text = h.open_text[is_stdout ? 1 : 0];
+      if (text && text->size() < kTailLineBytes) text->append(rest.substr(0, ends ? rest.size() - 1 : rest.size()));
+      if (ends) {
+        open.reset();
+        if (text) remember(h, std::move(*text));
+        text.reset();
+      }
     }
     std::string out;
     out.reserve(block.size() + 64);
@@ -783,8 +797,11 @@ class Fanout {
   // A partial line of a host's stream held for agent::kOpenLineDelay (a prompt, a progress bar):
   // shown now, left open; its rest follows on it (on_lines) unless another writer took the
   // console, which ends it first.
-  void on_open(HostRun& h, bool is_stdout, std::string_view piece) {
-    if (is_stdout && !h.ready) return;  // the remote login's text before the agent: whole lines
+  // False: not taken (the pump keeps it for on_lines).
+  bool on_open(HostRun& h, bool is_stdout, std::string_view piece) {
+    // Before the agent's ready line, stdout is the remote login's (or that line itself): whole
+    // lines, read for the token and remembered for errors.
+    if (is_stdout && !h.ready) return false;
     const int s = is_stdout ? 1 : 0;
     const int fd = is_stdout ? STDOUT_FILENO : STDERR_FILENO;
     if (!h.open[s]) {
@@ -794,12 +811,15 @@ class Fanout {
       } else if (const std::size_t named = source_prefix(h, piece); named > 0) {
         h.open[s] = std::string(piece.substr(0, named));
         console::write_prefixed(fd, {}, piece, false, /*paced=*/true, h.owner[s], /*leave_open=*/true);
-        return;
+        return true;
       } else {
         h.open[s] = "[" + h.spec.label() + "] ";
+        h.open_text[s].emplace();  // ssh's or the shell's own words: remembered when the line ends
       }
     }
+    if (h.open_text[s] && h.open_text[s]->size() < kTailLineBytes) h.open_text[s]->append(piece);
     console::write_prefixed(fd, *h.open[s], piece, false, /*paced=*/true, h.owner[s], /*leave_open=*/true);
+    return true;
   }
 
   // A host's streams ended: a line of theirs still open on the console is ended.
@@ -807,15 +827,14 @@ class Fanout {
     for (int s = 0; s < 2; ++s) {
       if (!h.open[s]) continue;
       h.open[s].reset();
+      if (h.open_text[s]) remember(h, std::move(*h.open_text[s]));
+      h.open_text[s].reset();
       console::write_prefixed(s == 1 ? STDOUT_FILENO : STDERR_FILENO, {}, {}, false, /*paced=*/true, h.owner[s]);
     }
   }
 
   static void remember(HostRun& h, std::string line) {
     if (trim(line).empty()) return;
-    // Kept for one error line: a host that prints 64 KiB lines (a banner, a chatty login script)
-    // would make it megabytes, times every host that fails.
-    constexpr std::size_t kTailLineBytes = 512;
     if (line.size() > kTailLineBytes) {
       line.resize(kTailLineBytes);
       line += "...";

@@ -387,6 +387,75 @@ TEST_CASE("OutputPump::sync shows a last line without a newline before it calls 
   CHECK(b.until("[r0]:done\n[r0]:last words\n") == "[r0]:done\n[r0]:last words\n");
 }
 
+namespace {
+
+// A sink pump (a relay's) fed by hand: what its sink and its open sink got.
+struct SinkBench {
+  explicit SinkBench(bool take_open) {
+    REQUIRE(::pipe(in) == 0);
+    pump = std::make_unique<OutputPump>(
+        io, in[0], [this](std::string_view b, bool) { lines += b; }, -1, [this] { done = true; });
+    pump->set_open_sink([this, take_open](std::string_view piece) {
+      offered += piece;
+      if (take_open) opened += piece;
+      return take_open;
+    });
+    pump->start();
+  }
+  ~SinkBench() {
+    pump.reset();
+    if (in[1] >= 0) ::close(in[1]);
+  }
+  void put(std::string_view text) {
+    REQUIRE(::write(in[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  }
+  // Runs the io_context for `d` of steady time.
+  void run_for(std::chrono::milliseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) io.run_for(std::chrono::milliseconds(5));
+  }
+  void finish() {
+    ::close(in[1]);
+    in[1] = -1;
+    io.run_for(std::chrono::seconds(10));
+  }
+  int in[2]{-1, -1};
+  boost::asio::io_context io;
+  std::unique_ptr<OutputPump> pump;
+  std::string lines, offered, opened;
+  bool done = false;
+};
+
+}  // namespace
+
+TEST_CASE("OutputPump (sink): lines that reads split and the next read completes are never shown open") {
+  SinkBench b(true);
+  std::string all;
+  // Every 20 ms a read ends mid-line and the next completes it, for 400 ms: no partial line is
+  // ever 100 ms old.
+  for (int i = 0; i < 20; ++i) {
+    const std::string piece = "end" + std::to_string(i) + "\nstart" + std::to_string(i);
+    b.put(piece);
+    all += piece;
+    b.run_for(std::chrono::milliseconds(20));
+  }
+  b.put("\n");
+  b.finish();
+  CHECK(b.done);
+  CHECK(b.offered.empty());
+  CHECK(b.lines == all + "\n");
+}
+
+TEST_CASE("OutputPump (sink): a partial line the open sink does not take comes in the sink's next block") {
+  SinkBench b(false);
+  b.put("login: ");
+  b.run_for(std::chrono::milliseconds(300));
+  CHECK(b.offered.rfind("login: ", 0) == 0);  // offered (at least once), not taken
+  b.put("ok\n");
+  b.finish();
+  CHECK(b.lines == "login: ok\n");
+}
+
 TEST_CASE("write_all reports a closed pipe instead of dying") {
   int p[2];
   REQUIRE(::pipe(p) == 0);

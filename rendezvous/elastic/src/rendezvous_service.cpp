@@ -309,6 +309,7 @@ void RendezvousService::changed() {
   if (!status_all_at_) return;
   std::string().swap(status_all_);
   status_all_at_.reset();
+  status_all_bytes_ = 0;
 }
 
 RendezvousService::Refusal RendezvousService::status_all(ConnectionId conn, TimePoint now) {
@@ -316,12 +317,15 @@ RendezvousService::Refusal RendezvousService::status_all(ConnectionId conn, Time
     changed();
     encode_server(status_all_, registry_.status(now));
     status_all_at_ = now;
+    status_all_bytes_ = status_all_.size();
+    // Too big to send: only its size is kept (the refusal's), not the snapshot.
+    if (status_all_bytes_ > options_.max_reply_bytes) std::string().swap(status_all_);
   }
-  if (status_all_.size() > options_.max_reply_bytes) {
+  if (status_all_bytes_ > options_.max_reply_bytes) {
     return {RefuseCode::other,
             fmt::format("the status of every job ({} jobs) is {} bytes, over this daemon's reply limit of {} bytes "
                         "(--max-queued-reply-bytes): ask for one job with --rdzv-id ID",
-                        registry_.job_count(), status_all_.size(), options_.max_reply_bytes)};
+                        registry_.job_count(), status_all_bytes_, options_.max_reply_bytes)};
   }
   emit(conn, status_all_);
   return {};

@@ -43,7 +43,7 @@ struct ChildStream {
   std::function<void(std::string_view, bool)> sink;
   // With `sink`: where a partial line held for kOpenLineDelay goes (OutputPump::set_open_sink);
   // unset, it waits for its newline.
-  std::function<void(std::string_view)> open_sink;
+  std::function<bool(std::string_view)> open_sink;
 };
 
 class ChildProcess {

@@ -83,6 +83,8 @@ class LineBuffer {
   // newline ended it (a prompt); empty when there is none. It stays held (release() ends it),
   // and nothing moves: safe while a read fills write_ptr().
   std::string_view take_open();
+  // What take_open() would give, without giving it.
+  std::string_view peek_open() const { return {data_.data() + shown_, size_ - shown_}; }
 
   std::size_t pending() const { return size_; }
   // Bytes held that take_open() did not give out.
@@ -124,8 +126,9 @@ class OutputPump {
   OutputPump& operator=(const OutputPump&) = delete;
 
   // A sink pump's partial line held for kOpenLineDelay goes to `open_sink` (the bytes not given
-  // before; the rest of the line follows in the sink's next block). Before start().
-  void set_open_sink(std::function<void(std::string_view)> open_sink);
+  // before; the rest of the line follows in the sink's next block), which returns whether it
+  // took them (if not, they stay held for the sink's next block). Before start().
+  void set_open_sink(std::function<bool(std::string_view)> open_sink);
   void start();
   // Stops waiting for EOF (a grandchild may hold the pipe open): reads what is buffered in the
   // pipe now, writes it, and completes.

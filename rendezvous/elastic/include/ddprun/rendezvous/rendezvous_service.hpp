@@ -227,6 +227,7 @@ class RendezvousService final : public StoreExtension, public std::enable_shared
   void changed();
   std::string status_all_;
   std::optional<TimePoint> status_all_at_;
+  std::size_t status_all_bytes_ = 0;  // its size (kept alone for one over max_reply_bytes)
   ClientMessage message_;
   RendezvousServiceStats counters_;
   // Metrics bookkeeping per run id, pruned like last_broadcast_.
