@@ -319,6 +319,9 @@ class ClientBackend final : public RendezvousBackend {
     p.node.store_port = store_->port();
     p.node.nccl_ids = offer_;
     p.node.order = config_.node_order;
+    // static: the store host (MASTER_ADDR) is the round's first node, which must be node rank 0,
+    // where RANK 0 runs (GROUP_RANK is --node-rank), whichever node's join came first.
+    if (static_ && !p.node.order) p.node.order = config_.node_rank;
     p.node.nccl_any_rank = true;  // decide_round_nccl keeps the holder whenever its offer is chosen
     p.config = job_config(config_);
     // static: the other nodes may start long before node rank 0 serves (torchrun waits as long).

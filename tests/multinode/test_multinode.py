@@ -836,6 +836,10 @@ def static_backend(c):
     for e in envs:
         node = [a for a, (p, _) in c.agents.items() if p.pid == e["agent_pid"]][0]
         check(e["GROUP_RANK"] == str(ADDRS.index(node)), "GROUP_RANK %s on node %s" % (e["GROUP_RANK"], node))
+    # MASTER_ADDR is the node running RANK 0 (node rank 0), in every round, whichever node joined
+    # first (torchrun: "the host that is running worker with rank 0").
+    for e in c.envs():
+        check(e["MASTER_ADDR"] == ADDRS[0], "MASTER_ADDR %s for RANK %s" % (e["MASTER_ADDR"], e["RANK"]))
 
 
 def exit_barrier(c):
