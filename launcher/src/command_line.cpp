@@ -36,8 +36,8 @@ ParseContext ParseContext::from_process() {
 
 int ParseContext::cpus() const {
   if (online_cpus > 0) return online_cpus;
-  // As current torchrun (torch._utils.cpu_count): the CPUs this process may run on, so that
-  // taskset, a cpuset or a Slurm allocation count, not all the machine's.
+  // The CPUs this process may run on, so that taskset, a cpuset or a Slurm allocation count, not
+  // all the machine's (torch 2.6's os.cpu_count() counts all: docs/cli.md says so).
   for (int n = 1024; n <= (1 << 16); n *= 4) {
     cpu_set_t* set = CPU_ALLOC(static_cast<unsigned>(n));
     if (set == nullptr) break;
