@@ -465,6 +465,11 @@ bool send_line(int fd, const std::string& line) {
 
 bool make_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST; }
 
+// A job's own cgroup is made by this job or not used: one that exists already is another job's
+// (an agent of the same pid in another PID namespace) or a leftover with its state (frozen,
+// killed, controllers enabled); EEXIST says so.
+bool make_job_cgroup(const std::string& dir) { return ::mkdir(dir.c_str(), 0755) == 0; }
+
 std::string rank_dir(const std::string& job, int r) { return job + "/rank" + std::to_string(r); }
 
 // What a sweep (and the hang detector: `cpu`) needs of /proc/PID/stat.
@@ -859,20 +864,23 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   c->arrivals_at_start_ = signal_arrivals();
   c->nproc_ = nproc;
   c->oom_base_.assign(static_cast<std::size_t>(nproc), 0);
-  // 64 random bits (getrandom: std::random_device probes the CPU for RDRAND first, and CPUID
-  // is a slow trap under a hypervisor).
-  std::uint64_t bits = 0;
+  // 2 x 64 random bits (getrandom: std::random_device probes the CPU for RDRAND first, and
+  // CPUID is a slow trap under a hypervisor): the token's, and the job cgroup's name's (readable
+  // by anyone in /proc/PID/cgroup, so not the token's).
+  std::uint64_t bits[2] = {0, 0};
   for (std::size_t got = 0; got < sizeof bits;) {
-    const ssize_t n = ::getrandom(reinterpret_cast<char*>(&bits) + got, sizeof bits - got, 0);
+    const ssize_t n = ::getrandom(reinterpret_cast<char*>(bits) + got, sizeof bits - got, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw std::system_error(errno, std::generic_category(), "containment: getrandom");
     }
     got += static_cast<std::size_t>(n);
   }
-  c->token_ = std::to_string(::getpid()) + "-" + std::to_string(bits);
+  c->token_ = std::to_string(::getpid()) + "-" + std::to_string(bits[0]);
   const ProcCgroupTexts texts;
-  const std::string leaf = "ddprun-" + std::to_string(::getpid());
+  // The pid and random bits: agents of one pid in different PID namespaces (a container,
+  // `unshare -p`, ddprun as its namespace's pid 1) share the cgroup tree.
+  const std::string leaf = "ddprun-" + std::to_string(::getpid()) + "-" + std::to_string(bits[1]);
   std::string why;  // why a cgroup mode was not used
   // Where the workers' OOM kills are counted without a rank memory cgroup (rank_memory).
   auto set_oom_scope = [&c, &texts] {
@@ -891,7 +899,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       return false;
     }
     const std::string job = m->dir + m->path + "/" + leaf;
-    if (!make_cgroup(job)) {
+    if (!make_job_cgroup(job)) {
       why = "cannot create " + job + ": " + std::strerror(errno);
       return false;
     }
@@ -947,7 +955,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
       return false;
     }
     const std::string job = m->dir + m->path + "/" + leaf;
-    if (!make_cgroup(job)) {
+    if (!make_job_cgroup(job)) {
       why += "; cannot create " + job + ": " + std::strerror(errno);
       return false;
     }
@@ -996,7 +1004,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
   if (rank_memory && !c->memory_v2_) {
     if (const auto mm = find_mount("memory", texts)) {
       const std::string job = mm->dir + mm->path + "/" + leaf;
-      if (make_cgroup(job)) {
+      if (make_job_cgroup(job)) {
         c->memory_dir_ = job;
         c->memory_mount_ = mm->dir;
         for (int r = 0; r < nproc; ++r) {

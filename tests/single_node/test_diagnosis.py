@@ -13,6 +13,7 @@
 Every wait is bounded and driven by output or files (readiness lines, pidfds), never a sleep.
 """
 import ctypes
+import glob
 import os
 import re
 import select
@@ -412,6 +413,11 @@ def cgroup_roots():
     return roots
 
 
+def job_cgroups(root, pid):
+    """The job cgroups of the ddprun of `pid` under `root` (ddprun-PID-RANDOM)."""
+    return glob.glob(os.path.join(root, "ddprun-%d-*" % pid))
+
+
 def cgroup2_mount():
     """Where cgroup2 is mounted: /sys/fs/cgroup/unified on a hybrid host, /sys/fs/cgroup on a
     cgroup v2 one; None without cgroup2."""
@@ -583,7 +589,7 @@ class Diagnosis(unittest.TestCase):
             # The watchdog ends once the job is swept, and the job's cgroups are gone with it.
             self.assertTrue(wait_gone(watchdogs[0], 10), "the watchdog did not end")
             for root in cgroup_roots():
-                self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{mode}/{how}: {root}/ddprun-{proc.pid} left")
+                self.assertEqual(job_cgroups(root, proc.pid), [], f"{mode}/{how}: job cgroups left")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -676,7 +682,9 @@ class Diagnosis(unittest.TestCase):
                             proc.send_signal(signal.SIGKILL)
                         proc.wait(timeout=30)
                         self.assertTrue(wait_gone(pid, 10), f"the process in {cgroup} outlived ddprun ({mode}, {how})")
-                        job = cgroup[:cgroup.index("/ddprun-%d" % proc.pid) + len("/ddprun-%d" % proc.pid)]
+                        start = cgroup.index("/ddprun-%d-" % proc.pid)
+                        end = cgroup.find("/", start + 1)
+                        job = cgroup if end < 0 else cgroup[:end]
                         deadline = time.monotonic() + 10  # the watchdog removes them after ddprun's exit
                         while os.path.exists(job) and time.monotonic() < deadline:
                             time.sleep(0.02)
@@ -824,7 +832,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         err += proc.communicate(timeout=60)[1]
         self.assertEqual(proc.returncode, 0, err.decode())
         for root in cgroup_roots():
-            self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+            self.assertEqual(job_cgroups(root, proc.pid), [], "job cgroups left")
 
     def test_a_watchdog_killed_while_the_job_runs_is_reported_then(self):
         # Its end is an event (a pidfd): reported while the job runs, however late it comes; ddprun
@@ -949,7 +957,8 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
 
                 proc, err = self.adopted_watchdogs_end(start)
                 self.assertEqual(proc.returncode, 0, err.decode())
-                job = f"{root}/ddprun-{proc.pid}"
+                jobs = job_cgroups(root, proc.pid)
+                job = jobs[0] if jobs else f"{root}/ddprun-{proc.pid}-none"
                 left = os.listdir(job) if os.path.isdir(job) else None
                 if left is not None:
                     for name in left:
@@ -1024,7 +1033,7 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
                 self.assertEqual(os.listdir(tmp), [], "the run directory outlived the watchdog")
                 self.assertEqual(os.listdir(keep), ["precious"], "the removal followed a symbolic link")
                 for root in cgroup_roots():
-                    self.assertFalse(os.path.exists(f"{root}/ddprun-{proc.pid}"), f"{root}/ddprun-{proc.pid} left")
+                    self.assertEqual(job_cgroups(root, proc.pid), [], "job cgroups left")
 
     def adopted_watchdogs_end(self, start):
         """Runs `start()` (which starts ddprun and waits for its end) as a child subreaper, then

@@ -267,7 +267,7 @@ c_containment() {  # that machine's cgroups (v2 only there): sweeps in every mod
   FAILED=0
   echo "own cgroup: $(cat /proc/self/cgroup | tr '\n' ' ')"
   echo "root cgroup.subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control 2>&1)"
-  expect "a worker runs in the job's cgroup (rank0 below it where memory is delegated)" 0 "^0::/.*ddprun-[0-9]+(/rank0)?$" \
+  expect "a worker runs in the job's cgroup (rank0 below it where memory is delegated)" 0 "^0::/.*ddprun-[0-9]+-[0-9]+(/rank0)?$" \
     ddprun --standalone --nproc-per-node 1 --nccl-id off --no-python cat /proc/self/cgroup
   env DDPRUN_BIN_DIR="$prefix/bin" PYTHON_EXEC="$PY" "$HARNESS" "$src/tests/single_node/test_diagnosis.py" -v 2>&1 || FAILED=1
   return $FAILED
