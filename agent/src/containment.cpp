@@ -477,19 +477,21 @@ struct ProcStat {
   char state = '?';
   long pgrp = 0;
   long sid = 0;
-  std::uint64_t cpu_ticks = 0;  // utime + stime, read only with `cpu`
+  std::uint64_t cpu_ticks = 0;    // utime + stime, read only with `cpu`
+  std::uint64_t start_ticks = 0;  // starttime (22), read only with `start`
 };
-std::optional<ProcStat> proc_stat(const std::string& path, bool cpu = false) {
+std::optional<ProcStat> proc_stat(const std::string& path, bool cpu = false, bool start = false) {
   const auto st = read_text(path);
   if (!st) return std::nullopt;
   const auto close = st->rfind(')');  // the command name may hold anything, ')' included
   if (close == std::string::npos || close + 2 >= st->size()) return std::nullopt;
-  // Fields from the third (1-based, proc(5)): state, ppid, pgrp, session, ..., utime (14), stime (15).
+  // Fields from the third (1-based, proc(5)): state, ppid, pgrp, session, ..., utime (14), stime
+  // (15), ..., starttime (22).
   ProcStat out;
   out.state = (*st)[close + 2];
   std::string_view rest(*st);
   rest.remove_prefix(close + 3);
-  for (int field = 4; field <= (cpu ? 15 : 6); ++field) {
+  for (int field = 4; field <= (start ? 22 : cpu ? 15 : 6); ++field) {
     if (rest.empty() || rest.front() != ' ') return std::nullopt;
     rest.remove_prefix(1);
     const auto end = std::min(rest.find(' '), rest.size());
@@ -499,7 +501,8 @@ std::optional<ProcStat> proc_stat(const std::string& path, bool cpu = false) {
       return std::from_chars(value.data(), value.data() + value.size(), to).ec == std::errc{};
     };
     std::uint64_t ticks = 0;
-    if ((field == 5 && !parse(out.pgrp)) || (field == 6 && !parse(out.sid)) || (field >= 14 && !parse(ticks))) {
+    if ((field == 5 && !parse(out.pgrp)) || (field == 6 && !parse(out.sid)) ||
+        ((field == 14 || field == 15) && !parse(ticks)) || (field == 22 && !parse(out.start_ticks))) {
       return std::nullopt;
     }
     out.cpu_ticks += ticks;
@@ -530,9 +533,13 @@ unsigned long long forks_so_far() {
 // interrupts). A group is signalled only outside `agent_sid`, ddprun's own session (its process
 // group may hold a pipeline's other commands; negative: unknown, no group is signalled): every
 // worker starts a session of its own, so every session a job process is in was made by the job,
-// and so is everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped.
-std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const std::vector<pid_t>& stuck,
-                              std::vector<pid_t>& skipped) {
+// and so is everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped,
+// and so is every process started before the agent (`not_before`, its starttime in clock ticks;
+// 0: none): no job process is that old, and its environment is not read (reading one waits on
+// the process's memory-map lock: a process stuck on a dead NFS or FUSE mount would stop the
+// sweep, and the agent's event loop with it).
+std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, std::uint64_t not_before,
+                              const std::vector<pid_t>& stuck, std::vector<pid_t>& skipped) {
   skipped.clear();
   std::vector<pid_t> out;
   std::vector<pid_t> groups;
@@ -554,15 +561,15 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, const 
   const pid_t own_group = ::getpgid(0);
   for (const pid_t p : listed) {
     const std::string dir = "/proc/" + std::to_string(p);
+    const auto first = proc_stat(dir + "/stat", false, not_before > 0);
+    if (!first) continue;  // gone
+    if (first->start_ticks < not_before) continue;
     // Once a worker was given up on, processes in uninterruptible sleep are not read either (its
     // children may be stuck with it; those in its process group had the stop's SIGKILL), only
     // listed in `skipped`, to be looked at again.
-    if (!stuck.empty()) {
-      const auto st = proc_stat(dir + "/stat");
-      if (st && st->state == 'D') {
-        skipped.push_back(p);
-        continue;
-      }
+    if (!stuck.empty() && first->state == 'D') {
+      skipped.push_back(p);
+      continue;
     }
     const auto env = read_text(dir + "/environ");
     if (!env) continue;
@@ -998,6 +1005,7 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     c->mode_ = ContainmentMode::proc;
     c->mechanism_ = "job token in /proc/PID/environ";
     c->agent_sid_ = ::getsid(0);
+    if (const auto self = proc_stat("/proc/self/stat", false, true)) c->start_ticks_ = self->start_ticks;
     if (mode == ContainmentMode::automatic)
       spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
   }
@@ -1321,7 +1329,7 @@ int Containment::sweep(bool last) {
   for (;;) {
     if (mode_ == ContainmentMode::proc) {
       const auto forks_before = last ? forks_so_far() : 0;
-      alive = token_scan(token_env(), agent_sid_, stuck_, skipped);  // SIGKILLed as found
+      alive = token_scan(token_env(), agent_sid_, start_ticks_, stuck_, skipped);  // SIGKILLed as found
       // A process skipped in uninterruptible sleep is looked at again until it was so on two
       // scans in a row (stuck), not one passing through the state for a page-in.
       std::sort(skipped.begin(), skipped.end());

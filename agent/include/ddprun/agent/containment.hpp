@@ -147,8 +147,9 @@ class Containment {
   std::string mechanism_;
   ContainmentMode mode_ = ContainmentMode::off;
   std::string token_;
-  pid_t agent_sid_ = -1;      // the agent's session: proc sweeps signal no process group in it
-  std::vector<pid_t> stuck_;  // give_up_on
+  pid_t agent_sid_ = -1;           // the agent's session: proc sweeps signal no process group in it
+  std::uint64_t start_ticks_ = 0;  // the agent's starttime: proc sweeps read no older process
+  std::vector<pid_t> stuck_;       // give_up_on
   bool given_up(pid_t pid) const { return std::find(stuck_.begin(), stuck_.end(), pid) != stuck_.end(); }
   std::string job_dir_;     // the containment cgroup (v2 or v1 freezer); empty = proc/off
   bool rank_dirs_ = false;  // job_dir_ has a cgroup per rank (v2 with memory, v1 freezer)
