@@ -45,8 +45,8 @@ struct Lane {
   std::condition_variable work;
   std::deque<std::pair<int, std::string>> pieces;
   std::size_t queued = 0;  // bytes in `pieces` and in the writer's hands
-  // The writer whose last line is open (write_prefixed's leave_open), or null: what is queued
-  // next, unless the same writer's, begins with a newline.
+  // The writer whose last line is open (write_prefixed's leave_open), or 0: what is queued next,
+  // unless the same writer's, begins with a newline.
   std::uint64_t open_owner = 0;
   std::size_t dropped = 0;  // bytes not queued past kConsoleHardCap, not yet told
 };
