@@ -1006,8 +1006,10 @@ std::unique_ptr<Containment> Containment::create(ContainmentMode mode, int nproc
     c->mechanism_ = "job token in /proc/PID/environ";
     c->agent_sid_ = ::getsid(0);
     if (const auto self = proc_stat("/proc/self/stat", false, true)) c->start_ticks_ = self->start_ticks;
+    // Said at info: the job token misses what a cgroup holds (a process that makes a new session
+    // and clears its environment, one whose environment cannot be read: docs/containment.md).
     if (mode == ContainmentMode::automatic)
-      spdlog::debug("containment: no usable cgroup ({}); using the job token", why);
+      spdlog::info("containment: no usable cgroup ({}); using the job token in the processes' environment", why);
   }
   if (rank_memory && !c->memory_v2_) {
     if (const auto mm = find_mount("memory", texts)) {
