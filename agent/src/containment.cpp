@@ -1072,9 +1072,13 @@ Containment::~Containment() {
     const int err = errno;
     ::close(watchdog_fd_);
     watchdog_fd_ = -1;
-    if (told) return;
-    spdlog::warn("containment: the watchdog (pid {}) ended before the job ({}); removing the job's cgroups here",
-                 watchdog_, std::strerror(err));
+    // Not as a container's init: when it exits, the kernel ends everything else in its PID
+    // namespace, the watchdog too, before it could remove anything (as remove_when_gone).
+    if (told && ::getpid() != 1) return;
+    if (!told) {
+      spdlog::warn("containment: the watchdog (pid {}) ended before the job ({}); removing the job's cgroups here",
+                   watchdog_, std::strerror(err));
+    }
   }
   // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
   // with this pid: containers reuse pids), cgroups a job process made, and processes still

@@ -834,6 +834,22 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         for root in cgroup_roots():
             self.assertEqual(job_cgroups(root, proc.pid), [], "job cgroups left")
 
+    def test_as_a_containers_init_it_leaves_no_job_cgroup(self):
+        # ddprun as its PID namespace's pid 1 (a container's command): when it exits the kernel
+        # ends its watchdog with everything else there, so the agent removes the job's cgroups
+        # itself. Before, each run left its job cgroup behind.
+        unshare = shutil.which("unshare")
+        if os.geteuid() != 0 or unshare is None:
+            self.skipTest("needs root and unshare for a PID namespace")
+        env = dict(os.environ, PET_MASTER_PORT="0")
+        for _ in range(2):
+            r = subprocess.run([unshare, "-fp", "--mount-proc", DDPRUN, "--nproc-per-node", "1", "--no-python",
+                                "/bin/cat", "/proc/self/cgroup"], capture_output=True, text=True, timeout=60, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("/ddprun-1-", r.stdout)  # it ran in a job cgroup of its own
+        for root in cgroup_roots():
+            self.assertEqual(job_cgroups(root, 1), [], "job cgroups left by pid 1")
+
     def test_a_watchdog_killed_while_the_job_runs_is_reported_then(self):
         # Its end is an event (a pidfd): reported while the job runs, however late it comes; ddprun
         # then removes the job's cgroups itself.
