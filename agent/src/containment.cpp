@@ -1080,9 +1080,8 @@ Containment::~Containment() {
                    watchdog_, std::strerror(err));
     }
   }
-  // Rank cgroups (a cgroup per rank, or left in a job cgroup of the same name by an earlier agent
-  // with this pid: containers reuse pids), cgroups a job process made, and processes still
-  // leaving make the job's rmdir fail with EBUSY; only then is the tree below looked at.
+  // Rank cgroups, cgroups a job process made, and processes still leaving make the job's rmdir
+  // fail with EBUSY; only then is the tree below looked at.
   if (!job_dir_.empty()) remove_cgroup_tree(job_dir_, 0);
   if (!memory_dir_.empty() && memory_dir_ != job_dir_) remove_cgroup_tree(memory_dir_, 0);
 }
