@@ -125,16 +125,8 @@ class RawClient {
   // bytes already received stay in the socket, so a test of a client that reads nothing can wait
   // for the server's close without reading.
   bool hung_up_within(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() < 0) return false;
-      pollfd p{fd_, POLLRDHUP, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
-      if (r > 0) return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-      if (r == 0) return false;
-    }
+    const short got = poll_for(POLLRDHUP, std::chrono::steady_clock::now() + timeout);
+    return (got & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   }
 
   // True when at least one byte is readable within `timeout`.
@@ -145,15 +137,18 @@ class RawClient {
   int fd() const { return fd_; }
 
  private:
-  bool wait_readable(std::chrono::steady_clock::time_point deadline) {
+  bool wait_readable(std::chrono::steady_clock::time_point deadline) { return poll_for(POLLIN, deadline) != 0; }
+
+  // poll(2) for `events` until the deadline: the events that came (0: none by then).
+  short poll_for(short events, std::chrono::steady_clock::time_point deadline) {
     for (;;) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() < 0) return false;
-      pollfd p{fd_, POLLIN, 0};
+      if (left.count() < 0) return 0;
+      pollfd p{fd_, events, 0};
       const int r = ::poll(&p, 1, static_cast<int>(left.count()));
-      if (r > 0) return true;
-      if (r == 0) return false;
+      if (r > 0) return p.revents;
+      if (r == 0) return 0;
     }
   }
   int fd_ = -1;
