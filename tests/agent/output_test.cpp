@@ -432,17 +432,29 @@ TEST_CASE("OutputPump (sink): lines that reads split and the next read completes
   SinkBench b(true);
   std::string all;
   // Every 20 ms a read ends mid-line and the next completes it, for 400 ms: no partial line is
-  // ever 100 ms old.
+  // ever 100 ms old. Unless this thread was held up between two writes for most of the delay
+  // (a loaded machine): then the partial line was old enough to show, and nothing is checked.
+  auto last = std::chrono::steady_clock::now();
+  auto longest = std::chrono::steady_clock::duration::zero();
   for (int i = 0; i < 20; ++i) {
     const std::string piece = "end" + std::to_string(i) + "\nstart" + std::to_string(i);
     b.put(piece);
+    const auto now = std::chrono::steady_clock::now();
+    longest = std::max(longest, now - last);
+    last = now;
     all += piece;
     b.run_for(std::chrono::milliseconds(20));
   }
   b.put("\n");
+  longest = std::max(longest, std::chrono::steady_clock::now() - last);
   b.finish();
   CHECK(b.done);
-  CHECK(b.offered.empty());
+  if (longest < kOpenLineDelay * 3 / 4) {
+    CHECK(b.offered.empty());
+  } else {
+    WARN("a write came " << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
+                         << " ms after the one before: whether a partial line showed is not checked");
+  }
   CHECK(b.lines == all + "\n");
 }
 

@@ -135,8 +135,8 @@ TEST_CASE("backpressure: buffered requests wait for the client to drain its repl
 TEST_CASE("a client that reads none of its replies is closed after the reply stall timeout; a slow one is not",
           "[server][bounds]") {
   StoreServerOptions opts;
-  opts.limits.max_queued_reply_bytes = 1 << 20;  // pause threshold 512 KiB
-  opts.reply_stall_timeout = std::chrono::milliseconds(300);
+  opts.limits.max_queued_reply_bytes = 1 << 20;                // pause threshold 512 KiB
+  opts.reply_stall_timeout = std::chrono::milliseconds(1000);  // 20 times the slow reader's pace
   ServerThread server(opts);
   RawClient setter(server.port());
   hello(setter);
@@ -150,7 +150,7 @@ TEST_CASE("a client that reads none of its replies is closed after the reply sta
   RawClient slow(server.port());
   hello(slow);
   slow.send(batch);
-  // The slow client reads a reply every 50 ms (about 5 s for all against a 300 ms timeout): its
+  // The slow client reads a reply every 50 ms (about 5 s for all against a 1 s timeout): its
   // replies keep moving, if slowly, and it gets every one.
   const std::string expected = test::str(value);
   std::size_t good = 0;
