@@ -66,6 +66,25 @@ def read_ready(proc, count, timeout, by_rank=False):
     return pids if by_rank else list(pids.values())
 
 
+def read_stdout_until(proc, done, timeout, what):
+    """What `proc` wrote on stdout until done(bytes so far) holds (select-bounded, no sleeps);
+    raises AssertionError naming `what` at the deadline or at EOF."""
+    import select
+    out = b""
+    deadline = time.monotonic() + timeout
+    while not done(out):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{what} did not come within {timeout} s: {out!r}")
+        r, _, _ = select.select([proc.stdout], [], [], left)
+        if r:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise AssertionError(f"ddprun closed stdout before {what}: {out!r}")
+            out += chunk
+    return out
+
+
 def gone(pid, timeout):
     """True once `pid` no longer exists (pidfd when available)."""
     try:
@@ -348,17 +367,7 @@ class SingleNode(unittest.TestCase):
                                  "--no-python", PYTHON, "-c", prog, gate],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
         try:
-            import select
-            out = b""
-            deadline = time.monotonic() + 20
-            while b"[default0]:(Pdb) " not in out:
-                left = deadline - time.monotonic()
-                self.assertGreater(left, 0, "the prompt never reached the console: %r" % out)
-                r, _, _ = select.select([proc.stdout], [], [], left)
-                if r:
-                    chunk = os.read(proc.stdout.fileno(), 4096)
-                    self.assertTrue(chunk, "ddprun closed stdout before the prompt: %r" % out)
-                    out += chunk
+            out = read_stdout_until(proc, lambda o: b"[default0]:(Pdb) " in o, 20, "the prompt")
             open(gate, "w").close()
             rest, err = proc.communicate(timeout=30)
         finally:
@@ -400,17 +409,9 @@ class SingleNode(unittest.TestCase):
                                  "--event-log-handler", "file:" + events, "--no-python", PYTHON, "-c", prog],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
         try:
-            import select
-            out = b""
+            # The worker is done writing; nobody read its stderr yet.
+            out = read_stdout_until(proc, lambda o: b"\n" in o, 60, "the worker's stalled line")
             deadline = time.monotonic() + 60
-            while b"\n" not in out:  # the worker is done writing; nobody read its stderr yet
-                left = deadline - time.monotonic()
-                self.assertGreater(left, 0, "the worker never finished writing: %r" % out)
-                r, _, _ = select.select([proc.stdout], [], [], left)
-                if r:
-                    chunk = os.read(proc.stdout.fileno(), 4096)
-                    self.assertTrue(chunk, "ddprun closed stdout first")
-                    out += chunk
 
             def failed_event():
                 try:
