@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string_view>
 #include <system_error>
@@ -43,6 +44,8 @@ constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN";
 // Empty token scans in a row, 2 ms apart, that end the job's last proc sweep where processes
 // were created on the machine during each (ddprun-watchdog's PROC_EMPTY_SCANS).
 constexpr int kProcEmptyScans = 3;
+// At most how many pids given while a proc sweep listed /proc are read besides (token_scan).
+constexpr long kNewPidsProbed = 1024;
 // The first argument of ddprun-watchdog (agent/watchdog/main.c): a watchdog of another build
 // refuses to run (exit 2) rather than misread the lines; the agent finds it gone only when it
 // next writes to it (docs/errors.md). 2: the "t" line carries the agent's session. 3: the job
@@ -523,17 +526,33 @@ unsigned long long forks_so_far() {
   return n;
 }
 
+// The pid this PID namespace gave last (/proc/loadavg's last field): pids up to it were given
+// since the pid counter last wrapped, newest highest; nullopt when unknown.
+std::optional<long> last_pid() {
+  const auto text = read_text("/proc/loadavg");
+  if (!text) return std::nullopt;
+  const auto end = text->find_last_not_of(" \n");
+  if (end == std::string::npos) return std::nullopt;
+  const auto start = text->find_last_of(' ', end) + 1;  // npos + 1 = 0
+  long last = 0;
+  const auto r = std::from_chars(text->data() + start, text->data() + end + 1, last);
+  if (r.ec != std::errc{} || r.ptr != text->data() + end + 1 || last <= 0) return std::nullopt;
+  return last;
+}
+
 // SIGKILLs the processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this
 // process, with their process groups, and returns the living ones it found. `/proc` is listed
-// first, then read newest first (highest pid first; pids grow until they wrap): a process that
-// forks and exits over and over is listed with its newest pid, which is then read first, while
-// it is still alive (read in listing order it was gone by its turn, and its child unlisted, scan
-// after scan). Its process group outlives each step, and a SIGKILL of the whole group also
-// reaches a child being forked at that moment (the kernel restarts a fork that a group signal
-// interrupts). A group is signalled only outside `agent_sid`, ddprun's own session (its process
-// group may hold a pipeline's other commands; negative: unknown, no group is signalled): every
-// worker starts a session of its own, so every session a job process is in was made by the job,
-// and so is everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped,
+// first, then read newest first: down from the last pid given (those given while the listing
+// ran included), then down from the top (given before the pid counter wrapped). A process that
+// forks and exits over and over is then read first with its newest pid, while it is still alive.
+// Read in listing order it was gone by its turn, and its child unlisted, scan after scan; read
+// from the highest pid down, the same once its pids had wrapped below older processes'. Its
+// process group outlives each step, and a SIGKILL of the whole group also reaches a child being
+// forked at that moment (the kernel restarts a fork that a group signal interrupts). A group is
+// signalled only outside `agent_sid`, ddprun's own session (its process group may hold a
+// pipeline's other commands; negative: unknown, no group is signalled): every worker starts a
+// session of its own, so every session a job process is in was made by the job, and so is
+// everything in it. The pids in `stuck` (given up on, SIGKILLed already) are skipped,
 // and so is every process started before the agent (`not_before`, its starttime in clock ticks;
 // 0: none): no job process is that old, and its environment is not read (reading one waits on
 // the process's memory-map lock: a process stuck on a dead NFS or FUSE mount would stop the
@@ -547,17 +566,36 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, std::u
   DIR* d = ::opendir("/proc");
   if (d == nullptr) return out;
   const pid_t self = ::getpid();
+  // A process given up on is not read again: reading its environ may wait on the very lock it
+  // is stuck holding.
+  const auto readable = [&](long p) {
+    return p != self && std::find(stuck.begin(), stuck.end(), static_cast<pid_t>(p)) == stuck.end();
+  };
   while (const dirent* e = ::readdir(d)) {
     char* end = nullptr;
     const long p = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || p <= 0 || p == self) continue;
-    // A process given up on is not read again: reading its environ may wait on the very lock it
-    // is stuck holding.
-    if (std::find(stuck.begin(), stuck.end(), static_cast<pid_t>(p)) != stuck.end()) continue;
+    if (end == e->d_name || *end != '\0' || p <= 0 || !readable(p)) continue;
     listed.push_back(static_cast<pid_t>(p));
   }
   ::closedir(d);
-  std::sort(listed.begin(), listed.end(), std::greater<>());
+  const auto last = last_pid();
+  if (last) {
+    // The pids given while /proc was listed, past the highest listed up to the last (a bounded
+    // number): the listing passed their place before they were given once they wrapped below
+    // older pids, and they are the newest.
+    pid_t top = 0;
+    for (const pid_t p : listed) {
+      if (p <= *last) top = std::max(top, p);
+    }
+    for (long p = *last; p > top && p > *last - kNewPidsProbed; --p) {
+      if (readable(p)) listed.push_back(static_cast<pid_t>(p));
+    }
+  }
+  const long since = last.value_or(std::numeric_limits<long>::max());
+  std::sort(listed.begin(), listed.end(), [since](pid_t a, pid_t b) {
+    const bool a_since = a <= since;  // given since the counter last wrapped
+    return a_since != (b <= since) ? a_since : a > b;
+  });
   const pid_t own_group = ::getpgid(0);
   for (const pid_t p : listed) {
     const std::string dir = "/proc/" + std::to_string(p);

@@ -515,16 +515,62 @@ static int skipped_twice(void) {
   return all;
 }
 
+#define NEW_PIDS_PROBED 1024 /* the agent's kNewPidsProbed */
+/* The pid this PID namespace gave last (/proc/loadavg's last field), or a number above every
+ * pid when it cannot be read: pids up to it were given since the counter last wrapped. */
+static long last_pid(void) {
+  char text[128];
+  const long n = read_file("/proc/loadavg", text, (long)sizeof text - 1);
+  if (n <= 0) return 0x7fffffffL;
+  long at = n;
+  while (at > 0 && (text[at - 1] == '\n' || text[at - 1] == ' ')) --at;
+  while (at > 0 && text[at - 1] != ' ') --at;
+  const char* s = text + at;
+  const long last = parse_num(&s);
+  return last > 0 ? last : 0x7fffffffL;
+}
+
+static int listed[MAX_PIDS];
+/* One pid of add_token_pids: SIGKILLed, with its process group, when it holds the token. */
+static void add_if_holder(long self, int pid) {
+  char name[24];
+  *put_num(name, pid) = '\0';
+  char state = '?';
+  long pgrp = 0, sid = 0;
+  /* Once a worker was given up on, processes in uninterruptible sleep are not read either
+   * (its children may be stuck with it), only looked at again. */
+  if (nstuck > 0 && stat_of(name, &state, &pgrp, &sid) && state == 'D') {
+    if (nskipped_now < MAX_SKIPPED) {
+      skipped_now[nskipped_now++] = pid;
+    } else {
+      nskipped_before = 0; /* more than can be told apart: not "twice" */
+    }
+    return;
+  }
+  if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) return;
+  if (pgrp > 1 && pgrp != self && agent_sid >= 0 && sid != agent_sid) {
+    long g = 0;
+    while (g < ngroups && groups[g] != pgrp) ++g;
+    if (g == ngroups) {
+      sys_kill(-(int)pgrp, 9); /* also stops a fork under way */
+      if (ngroups < MAX_GROUPS) groups[ngroups++] = (int)pgrp;
+    }
+  }
+  sys_kill(pid, 9);
+  if (npids < MAX_PIDS) pids[npids++] = pid;
+}
+
 /* SIGKILLs the job token's holders, newest first, with their process groups (not in the
  * agent's session; none when that is unknown), as found; adds them to `pids`. As the agent's
  * token_scan (agent/src/containment.cpp), which says why in that order and why a group may be
- * signalled. /proc lists pids in increasing order; past MAX_PIDS the newest are kept. */
-static int listed[MAX_PIDS];
+ * signalled. /proc lists pids in increasing order; newest first is down from the last pid given,
+ * then down from the top (those were given before the counter wrapped). Past MAX_PIDS the
+ * highest are kept. */
 static void add_token_pids(void) {
   const int fd = sys_open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   const long self = sys_getpid();
-  long nlisted = 0; /* how many were listed: the newest MAX_PIDS of them are kept, in a ring */
+  long nlisted = 0; /* how many were listed: the last MAX_PIDS of them are kept, in a ring */
   static char dents[32768] __attribute__((aligned(8)));
   for (;;) {
     const long n = sys_getdents(fd, dents, (long)sizeof dents);
@@ -542,33 +588,26 @@ static void add_token_pids(void) {
   sys_close(fd);
   ngroups = 0;
   nskipped_now = 0;
-  for (long i = nlisted - 1; i >= 0 && i >= nlisted - MAX_PIDS; --i) {
+  const long last = last_pid();
+  const long first = nlisted > MAX_PIDS ? nlisted - MAX_PIDS : 0;
+  /* The pids given while /proc was listed, past the highest listed up to the last (at most
+   * NEW_PIDS_PROBED), first: the listing passed their place before they were given once they
+   * wrapped below older pids. */
+  if (last != 0x7fffffffL) {
+    long top = 0;
+    for (long i = first; i < nlisted; ++i) {
+      const long pid = listed[i % MAX_PIDS];
+      if (pid <= last && pid > top) top = pid;
+    }
+    for (long pid = last; pid > top && pid > last - NEW_PIDS_PROBED; --pid) {
+      if (pid != self && !is_stuck(pid)) add_if_holder(self, (int)pid);
+    }
+  }
+  /* Then down the list twice: the pids up to `last`, then those above it. */
+  for (long k = 2 * (nlisted - first) - 1; k >= 0; --k) {
+    const long i = first + k % (nlisted - first);
     const int pid = listed[i % MAX_PIDS];
-    char name[24];
-    *put_num(name, pid) = '\0';
-    char state = '?';
-    long pgrp = 0, sid = 0;
-    /* Once a worker was given up on, processes in uninterruptible sleep are not read either
-     * (its children may be stuck with it), only looked at again. */
-    if (nstuck > 0 && stat_of(name, &state, &pgrp, &sid) && state == 'D') {
-      if (nskipped_now < MAX_SKIPPED) {
-        skipped_now[nskipped_now++] = pid;
-      } else {
-        nskipped_before = 0; /* more than can be told apart: not "twice" */
-      }
-      continue;
-    }
-    if (!has_token(name) || !stat_of(name, &state, &pgrp, &sid)) continue;
-    if (pgrp > 1 && pgrp != self && agent_sid >= 0 && sid != agent_sid) {
-      long g = 0;
-      while (g < ngroups && groups[g] != pgrp) ++g;
-      if (g == ngroups) {
-        sys_kill(-(int)pgrp, 9); /* also stops a fork under way */
-        if (ngroups < MAX_GROUPS) groups[ngroups++] = (int)pgrp;
-      }
-    }
-    sys_kill(pid, 9);
-    if (npids < MAX_PIDS) pids[npids++] = pid;
+    if ((pid <= last) == (k >= nlisted - first)) add_if_holder(self, pid);
   }
 }
 

@@ -98,6 +98,63 @@ int main(int argc, char** argv) {
 }
 '''
 
+# wrapped.py DDPRUN LOOP COUNTER HOW, as pid 1 of a PID namespace of its own: processes at pids
+# 20001-20400 first, then the namespace's last pid set back to 300, so the fork loop's pids are
+# below older processes' (as once the machine's pid counter wraps). ddprun then ends `how`;
+# prints the loop's count once its helpers are gone and 0.5 s later.
+WRAPPED = r'''import os, select, signal, subprocess, sys, time
+ddprun, loop, counter, how = sys.argv[1:5]
+def set_last_pid(n):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(n))
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+def count():
+    with open(counter, "rb") as f:
+        return int.from_bytes(f.read(8), "little", signed=True)
+set_last_pid(20000)
+for _ in range(400):
+    if os.fork() == 0:
+        signal.pause()
+        os._exit(0)
+set_last_pid(300)
+proc = subprocess.Popen([ddprun, "--master-port", "0", "--containment", "proc", "--nproc-per-node", "1",
+                         "--no-python", loop, counter, "60"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+buf = b""
+deadline = time.monotonic() + 30
+while b"ready\n" not in buf:
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+        sys.exit(f"no ready line: {buf!r}")
+    chunk = os.read(proc.stdout.fileno(), 4096)
+    if not chunk:
+        sys.exit(f"stdout closed before ready: {buf!r}")
+    buf += chunk
+helpers = []
+for name in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{name}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                helpers.append(int(name))
+    except (OSError, ValueError):
+        pass
+proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+proc.wait(timeout=30)
+deadline = time.monotonic() + 10
+while not all(gone(p) for p in helpers):  # orphans are this process's: zombies until reaped
+    if time.monotonic() > deadline:
+        sys.exit(f"helpers {helpers} did not end")
+    time.sleep(0.01)
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # an escaped loop's steps are reparented here
+before = count()
+time.sleep(0.5)
+print(before, count())
+'''
+
 # Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
 # teardown's SIGTERM and then fail on their own (exit code 1); rank 3 waits, and its SIGTERM
 # handler exits 1 on the teardown's SIGTERM.
@@ -525,6 +582,17 @@ class Diagnosis(unittest.TestCase):
         _, err = proc.communicate(timeout=60)
         return proc.returncode, err.decode(errors="replace")
 
+    def fork_loop(self):
+        """FORK_LOOP_C built (skips the test without a C compiler)."""
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self.skipTest("no C compiler to build the fork loop")
+        loop = os.path.join(self.dir, "fork_loop")
+        if not os.path.exists(loop):
+            src = self.script("fork_loop.c", FORK_LOOP_C)
+            subprocess.run([cc, "-O2", "-o", loop, src], check=True, timeout=120)
+        return loop
+
     def lone_ddprun(self):
         """A copy of ddprun without ddprun-watchdog beside it: the agent forks its watchdog."""
         d = os.path.join(self.dir, "lone")
@@ -605,12 +673,7 @@ class Diagnosis(unittest.TestCase):
         # No pid of the loop lives long: a proc scan lists one that is gone by its turn. Every
         # mode, ddprun stopped (its own sweep) and killed (the watchdog's: the program's and the
         # agent's fork where the program is missing).
-        cc = shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            self.skipTest("no C compiler to build the fork loop")
-        src = self.script("fork_loop.c", FORK_LOOP_C)
-        loop = os.path.join(self.dir, "fork_loop")
-        subprocess.run([cc, "-O2", "-o", loop, src], check=True, timeout=120)
+        loop = self.fork_loop()
         lone = self.lone_ddprun()
         cases = [(m, h, DDPRUN) for m in modes() for h in ("sigterm", "sigkill")]
         cases += [(m, "sigkill", lone) for m in modes()]
@@ -655,6 +718,27 @@ class Diagnosis(unittest.TestCase):
                             os.killpg(group, signal.SIGKILL)
                         except ProcessLookupError:
                             pass
+
+    def test_a_fork_loop_whose_pids_wrapped_below_older_processes_ends_with_the_job(self):
+        # Once the pid counter wraps (at 32768 by default), the loop's newest pid is below older
+        # processes'. A proc sweep that read the highest pids first read those first, found the
+        # loop's listed pid gone by its turn, scan after scan, and ended with the loop alive. Here
+        # in a PID namespace whose last pid the test sets; the agent's sweep and both watchdogs'.
+        unshare = shutil.which("unshare")
+        if os.geteuid() != 0 or unshare is None or not os.path.exists("/proc/sys/kernel/ns_last_pid"):
+            self.skipTest("needs root, unshare and ns_last_pid for a PID namespace whose pids it sets")
+        loop = self.fork_loop()
+        helper = self.script("wrapped.py", WRAPPED)
+        lone = self.lone_ddprun()
+        for how, binary in (("sigterm", DDPRUN), ("sigkill", DDPRUN), ("sigkill", lone)):
+            with self.subTest(how=how, watchdog="forked" if binary == lone else "program"):
+                counter = os.path.join(self.dir, f"wrapped-{how}-{binary == lone}")
+                # Everything in the namespace ends with its pid 1, an escaped loop included.
+                r = subprocess.run([unshare, "-fp", "--mount-proc", PYTHON, helper, binary, loop, counter, how],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                before, after = map(int, r.stdout.split()[-2:])
+                self.assertEqual(after, before, f"the fork loop outlived ddprun: {r.stderr}")
 
     def test_a_process_in_a_cgroup_made_inside_the_job_ends_with_it(self):
         # A worker's child makes a cgroup of its own inside its rank's (v1) or the job's (v2)
