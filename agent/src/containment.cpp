@@ -216,6 +216,15 @@ std::vector<pid_t> subtree_pids(const std::string& dir) {
   return out;
 }
 
+// Writes THAWED to the v1 freezer.state of the cgroup `dir` and of every cgroup below it (16
+// levels): a job process may freeze a cgroup it made inside its rank's, and a cgroup frozen on
+// its own stays frozen when its parent thaws, its SIGKILLed processes with it.
+void thaw_subtree(const std::string& dir, int depth) {
+  write_text(dir + "/freezer.state", "THAWED");
+  if (depth >= 16) return;
+  for (const auto& s : subdirs_of(dir)) thaw_subtree(dir + "/" + s, depth + 1);
+}
+
 // rmdir of the cgroup `dir` and, when it says EBUSY (children, or members still leaving), of
 // every cgroup below it first, deepest first; each rmdir retried for up to 2 s (a process
 // SIGKILLed a moment ago may not have left its cgroup yet). 16 levels at most.
@@ -1407,10 +1416,7 @@ int Containment::sweep(bool last) {
           pids.empty() ||
           (!stuck_.empty() && std::all_of(pids.begin(), pids.end(), [this](pid_t p) { return given_up(p); })))
         break;
-      const auto set = [&](const char* state) {
-        for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", state);
-      };
-      set("FROZEN");
+      for (int r = 0; r < nproc_; ++r) write_text(rank_dir(job_dir_, r) + "/freezer.state", "FROZEN");
       // FREEZING until every task has stopped; bounded by the sweep's deadline.
       for (int r = 0; r < nproc_ && std::chrono::steady_clock::now() < deadline;) {
         const auto state = read_text(rank_dir(job_dir_, r) + "/freezer.state");
@@ -1422,7 +1428,7 @@ int Containment::sweep(bool last) {
       }
       alive = living(*job_pids());
       for (pid_t p : alive) ::kill(p, SIGKILL);  // takes effect on thaw
-      set("THAWED");
+      thaw_subtree(job_dir_, 0);                 // the ranks, and what a job process froze itself
       if (alive.empty()) break;
     }
     if (!stuck_.empty() && only_stuck(alive)) break;  // (not counted as ended below: they did not end)

@@ -645,6 +645,28 @@ static void freeze_ranks(const char* state) {
     write_file(path_of(job_dir, rank_dirs ? r : -1, "freezer.state"), state);
 }
 
+/* Writes THAWED to freezer.state in the cgroup open as `dirfd` and in every cgroup below it (16
+ * levels): a job process may freeze a cgroup it made inside its rank's, and a cgroup frozen on
+ * its own stays frozen when its parent thaws, its SIGKILLed processes with it (the agent's
+ * thaw_subtree). Never through a symbolic link. */
+static int thaw_entry(int fd, const char* name, unsigned char type, void* ctx);
+static void thaw_tree(int dirfd, int depth) {
+  const int f = sys_openat(dirfd, "freezer.state", O_WRONLY | O_CLOEXEC);
+  if (f >= 0) {
+    sys_write(f, "THAWED", 6);
+    sys_close(f);
+  }
+  if (depth < 16) each_entry(dirfd, thaw_entry, &depth);
+}
+static int thaw_entry(int fd, const char* name, unsigned char type, void* ctx) {
+  if (type != DT_DIRECTORY) return 0;
+  const int sub = sys_openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sub < 0) return 0;
+  thaw_tree(sub, *(const int*)ctx + 1);
+  sys_close(sub);
+  return 0;
+}
+
 #define PROC_EMPTY_SCANS 3
 /* SIGKILLs every process of the job still alive, for up to 3 s (the agent's Containment::sweep). */
 static void sweep(void) {
@@ -692,9 +714,9 @@ static void sweep(void) {
       }
       npids = 0;
       add_cgroup_tree_pids(job_fd, 0);
-      sys_close(job_fd);
       for (long i = 0; i < npids; ++i) sys_kill(pids[i], 9); /* takes effect on thaw */
-      freeze_ranks("THAWED");
+      thaw_tree(job_fd, 0);                                  /* the ranks, and what a job process froze itself */
+      sys_close(job_fd);
       if (npids == 0) return;
     } else {
       if (token[0] == '\0') return;

@@ -155,11 +155,9 @@ time.sleep(0.5)
 print(before, count())
 '''
 
-# Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
-# teardown's SIGTERM and then fail on their own (exit code 1); rank 3 waits, and its SIGTERM
-# handler exits 1 on the teardown's SIGTERM.
 NEST_SH = r'''
-# nest.sh OUT MODE HOW: a child of this worker moves into a cgroup made inside the job's own.
+# nest.sh OUT MODE HOW FREEZE: a child of this worker moves into a cgroup made inside the job's
+# own, which it then freezes with FREEZE=frozen.
 out=$1
 if [ "$2" = cgroup1 ]; then
     root=$(awk '$3 == "cgroup" && $4 ~ /(^|,)freezer(,|$)/ {print $2; exit}' /proc/mounts)
@@ -171,12 +169,18 @@ fi
 mkdir "$cg/inner" || exit 9
 setsid sleep 60 </dev/null >/dev/null 2>&1 &
 echo $! > "$cg/inner/cgroup.procs" || exit 8
+if [ "$4" = frozen ]; then
+    if [ "$2" = cgroup1 ]; then echo FROZEN > "$cg/inner/freezer.state"; else echo 1 > "$cg/inner/cgroup.freeze"; fi || exit 7
+fi
 echo "$! $cg/inner" > "$out"
 echo ready
 [ "$3" = sigkill ] && exec sleep 60
 exit 0
 '''
 
+# Rank 0 fails; ranks 1 and 2 are alive when their stacks are taken (rank 0's exit), ignore the
+# teardown's SIGTERM and then fail on their own (exit code 1); rank 3 waits, and its SIGTERM
+# handler exits 1 on the teardown's SIGTERM.
 ALL_FAIL = r'''
 import glob, os, signal, sys, time
 marker = os.path.join(sys.argv[1], "rank0-failing")
@@ -744,19 +748,23 @@ class Diagnosis(unittest.TestCase):
         # A worker's child makes a cgroup of its own inside its rank's (v1) or the job's (v2)
         # cgroup and moves there (nested runtimes, CRIU and Ray do). Before: with cgroup1 it
         # outlived ddprun (a v1 cgroup.procs lists only its own members), with cgroup2 the
-        # nested cgroup and the job's were left behind.
+        # nested cgroup and the job's were left behind. Frozen by the job itself: a v1 cgroup
+        # frozen on its own stayed frozen when the sweep thawed the ranks', and its SIGKILLed
+        # process with it, for good.
         script = self.script("nest.sh", NEST_SH)
         lone = self.lone_ddprun()  # its watchdog is the agent's fork, which sweeps with the agent's code
         for mode in [m for m in modes() if m != "proc"]:
-            for how, binary in (("normal", DDPRUN), ("sigkill", DDPRUN), ("sigkill", lone)):
-                with self.subTest(mode=mode, how=how, watchdog="forked" if binary == lone else "program"):
-                    out = os.path.join(self.dir, f"nested-{mode}-{how}-{binary == lone}")
+            for how, binary, freeze in [(h, b, f) for f in ("", "frozen")
+                                        for h, b in (("normal", DDPRUN), ("sigkill", DDPRUN), ("sigkill", lone))]:
+                with self.subTest(mode=mode, how=how, watchdog="forked" if binary == lone else "program", freeze=freeze):
+                    out = os.path.join(self.dir, f"nested-{mode}-{how}-{binary == lone}-{freeze}")
                     proc = subprocess.Popen([binary, "--master-port", "0", "--containment", mode,
                                              "--nproc-per-node", "1", "--no-python", "/bin/sh", script, out, mode,
-                                             how],
+                                             how, freeze],
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=subprocess.DEVNULL)
                     pid = 0
+                    cgroup = ""
                     try:
                         read_until(proc, "ready", 30)
                         with open(out) as f:
@@ -778,6 +786,13 @@ class Diagnosis(unittest.TestCase):
                             proc.kill()
                             proc.wait()
                         proc.stdout.close()
+                        if cgroup:  # a process left frozen would not take the SIGKILL below
+                            try:
+                                with open(os.path.join(cgroup, "freezer.state" if mode == "cgroup1"
+                                                       else "cgroup.freeze"), "w") as f:
+                                    f.write("THAWED" if mode == "cgroup1" else "0")
+                            except OSError:
+                                pass
                         if pid:
                             try:
                                 os.kill(pid, signal.SIGKILL)
