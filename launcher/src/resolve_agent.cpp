@@ -540,6 +540,7 @@ void resolve_agent(const ParsedFlags& p, const std::vector<std::string>& remaini
                                         : worker_env::GpuMode::shared;
       req.nproc = cfg.nproc_per_node;
       req.allow_sharing = sharing;
+      req.bus_order_used = p.given("numa-binding").has_value();
       const worker_env::GpuPlan plan = worker_env::plan_gpus(req);
       if (!plan.selected.empty()) {
         for (int r = 0; r < cfg.nproc_per_node; ++r) {  // local rank r uses selected[r % n] (--numa-binding)

@@ -2,7 +2,7 @@
  * FAKE_NVML_COUNT   number of devices (default 4)
  * FAKE_NVML_FAIL    "init" -> nvmlInit_v2 fails (NVML_ERROR_DRIVER_NOT_LOADED = 9)
  * Device i: UUID GPU-dead000<i>-0000-4000-8000-00000000000<i>, PCI bus id 00000000:<1A+16i>:00.0,
- * name "Fake GPU <i>". Only the symbols ddprun uses. */
+ * name "Fake GPU" (one model, as on a cluster node). Only the symbols ddprun uses. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +39,8 @@ int nvmlDeviceGetUUID(void* h, char* buf, unsigned int len) {
   return 0;
 }
 int nvmlDeviceGetName(void* h, char* buf, unsigned int len) {
-  snprintf(buf, len, "Fake GPU %u", (unsigned int)(size_t)h - 1);
+  (void)h;
+  snprintf(buf, len, "Fake GPU");
   return 0;
 }
 int nvmlDeviceGetPciInfo_v3(void* h, fake_pci_info* p) {

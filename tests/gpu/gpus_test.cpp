@@ -72,7 +72,7 @@ TEST_CASE("the fake NVML is loaded through DDPRUN_NVML_LIBRARY", "[gpus][nvml]")
   CHECK(inv.devices[2].index == 2);
   CHECK(inv.devices[2].uuid == "GPU-dead0002-0000-4000-8000-000000000002");
   CHECK(inv.devices[2].pci_bus_id == "0000:3a:00.0");
-  CHECK(inv.devices[2].name == "Fake GPU 2");
+  CHECK(inv.devices[2].name == "Fake GPU");
   CHECK(fake_inventory(2).devices.size() == 2);
 
   SECTION("counting: CVD wins, NVML otherwise") {
@@ -120,14 +120,27 @@ TEST_CASE("plan_gpus: shared mode is torchrun's default", "[gpus][plan]") {
   const auto plan = plan_gpus(r);
   REQUIRE(plan.per_rank_env.size() == 4);
   CHECK(tokens(plan.selected) == std::vector<std::string>{"0", "1", "2", "3"});
-  // CVD inherited unchanged, device order pinned, worker uses LOCAL_RANK.
+  // CVD and the device order as the user left them (CUDA's own numbering, as under torchrun),
+  // worker uses LOCAL_RANK.
   CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "<unset>");
-  CHECK(env_of(plan.per_rank_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_DEVICE_ORDER") == "<unset>");
   CHECK(env_of(plan.per_rank_env[3], "DDPRUN_CUDA_DEVICE") == "3");
   CHECK_THAT(plan.per_rank_device[2], Catch::Contains("cuda:2 = GPU 2") && Catch::Contains("0000:3a:00.0"));
+  CHECK_THAT(plan.summary, !Catch::Contains("mixed"));
+  // Mixed models: CUDA's default numbering is not the list's, and the summary says so.
+  auto mixed = r;
+  mixed.inventory.devices[3].name = "NVIDIA GeForce RTX 3060";
+  CHECK_THAT(plan_gpus(mixed).summary, Catch::Contains("mixed GPU models and CUDA_DEVICE_ORDER unset"));
+  CHECK(env_of(plan_gpus(mixed).per_rank_env[0], "CUDA_DEVICE_ORDER") == "<unset>");
+  // Pinned to the bus order where CPUs are bound near each rank's device (--numa-binding).
+  mixed.bus_order_used = true;
+  CHECK(env_of(plan_gpus(mixed).per_rank_env[0], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+  CHECK_THAT(plan_gpus(mixed).summary, !Catch::Contains("mixed"));
 
   r.parent_device_order = "FASTEST_FIRST";  // the user's choice is kept
+  r.bus_order_used = true;
   CHECK(env_of(plan_gpus(r).per_rank_env[0], "CUDA_DEVICE_ORDER") == "<unset>");
+  r.bus_order_used = false;
   // torchrun allows more workers than GPUs when nothing was selected.
   r.nproc = 6;
   CHECK(env_of(plan_gpus(r).per_rank_env[5], "DDPRUN_CUDA_DEVICE") == "1");
@@ -142,6 +155,7 @@ TEST_CASE("plan_gpus: --gpus selects among the visible devices", "[gpus][plan]")
   CHECK(env_of(plan.per_rank_env[0], "CUDA_VISIBLE_DEVICES") == "1,3");
   CHECK(env_of(plan.per_rank_env[1], "CUDA_VISIBLE_DEVICES") == "1,3");
   CHECK(env_of(plan.per_rank_env[1], "DDPRUN_CUDA_DEVICE") == "1");
+  CHECK(env_of(plan.per_rank_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");  // ddprun names the devices
 
   // Ordinals are relative to the parent's CUDA_VISIBLE_DEVICES (cuda:N as the user sees it).
   r.parent_cvd = "3,2,1";

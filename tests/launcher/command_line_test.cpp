@@ -480,11 +480,15 @@ TEST_CASE("nproc-per-node gpu/auto count the injected GPU inventory, probing onl
   CHECK(probes == 0);
   CHECK(cpu.config.gpu_env.empty());
   CHECK(cpu.config.gpu_devices.empty());
-  // The GPU count from gpu/auto brings the plan (CUDA_DEVICE_ORDER, DDPRUN_CUDA_DEVICE).
+  // The GPU count from gpu/auto brings the plan (DDPRUN_CUDA_DEVICE; CUDA's own device order,
+  // unless CPUs are bound near each rank's device).
   const auto gpu = parse_gpus(sb, 2, {"--nproc-per-node", "gpu", "train.py"});
   REQUIRE(gpu.config.gpu_env.size() == 2);
-  CHECK(env_value(gpu.config.gpu_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+  CHECK(env_value(gpu.config.gpu_env[1], "CUDA_DEVICE_ORDER") == "<unset>");
   CHECK(env_value(gpu.config.gpu_env[1], "DDPRUN_CUDA_DEVICE") == "1");
+  const auto bound = parse_gpus(sb, 2, {"--nproc-per-node", "gpu", "--numa-binding", "node", "train.py"});
+  REQUIRE(bound.config.gpu_env.size() == 2);
+  CHECK(env_value(bound.config.gpu_env[1], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
 }
 
 TEST_CASE("--gpus, --gpu-isolation, --gpu-sharing: both spellings, PET_ forms, the plan per rank") {

@@ -283,10 +283,19 @@ GpuPlan plan_gpus(const GpuRequest& r) {
   }
 
   const std::string selected_cvd = join_tokens(plan.selected);
+  // The bus order is pinned where ddprun names devices to a worker (its own list, isolation) or
+  // binds CPUs near them: its numbers are nvidia-smi's. Otherwise the workers' numbering is what
+  // CUDA gives the user's own environment, as under torchrun: with CUDA_DEVICE_ORDER unset CUDA
+  // numbers the fastest model first, which on a machine with mixed models is not the bus order.
+  const bool pin_order = (per_worker || restricted || r.bus_order_used) && !r.parent_device_order;
+  bool mixed = false;
+  for (const auto& v : plan.selected) {
+    mixed = mixed || (v.device && plan.selected.front().device && v.device->name != plan.selected.front().device->name);
+  }
   for (std::size_t lr = 0; lr < nproc; ++lr) {
     auto& env = plan.per_rank_env[lr];
     const auto& dev = plan.selected[lr % n];
-    if (!r.parent_device_order) env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    if (pin_order) env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     if (per_worker) {
       env.emplace_back("CUDA_VISIBLE_DEVICES", dev.token);
       env.emplace_back("DDPRUN_CUDA_DEVICE", "0");
@@ -304,6 +313,11 @@ GpuPlan plan_gpus(const GpuRequest& r) {
                  (r.mode == GpuMode::shared    ? "shared"
                   : r.mode == GpuMode::isolate ? "isolate"
                                                : "virtual");
+  if (mixed && !pin_order && !r.parent_device_order) {
+    plan.summary +=
+        "; mixed GPU models and CUDA_DEVICE_ORDER unset: CUDA numbers the fastest first, so a "
+        "worker's cuda:N may not be the device listed here (in bus order)";
+  }
   return plan;
 }
 

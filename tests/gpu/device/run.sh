@@ -156,9 +156,10 @@ c_gpus() {
   echo "GPU $bus: numa_node file says $(cat /sys/bus/pci/devices/$bus/numa_node 2>&1), node $node cpus $cpus"
   expect "--numa-binding node shows the GPU's NUMA CPUs" 0 "cpus: $cpus \(--numa-binding node\)" env -u CUDA_VISIBLE_DEVICES ddprun --nproc-per-node gpu --numa-binding node --dry-run /bin/true
   expect "--numa-binding node binds the running worker" 0 "^Cpus_allowed_list:[[:space:]]+$cpus\$" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --numa-binding node --no-python grep Cpus_allowed_list /proc/self/status
-  # A real run: the worker sees the device order and ordinal, and the holder (auto) found NCCL
-  # without DDPRUN_NCCL_LIBRARY (pip's wheel beside torch, through PATH's python3).
-  expect "auto exports an NCCL ID on a GPU node" 0 "order=PCI_BUS_ID dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
+  # A real run: the worker sees its ordinal and the device order it was given (none in shared
+  # mode, as torchrun), and the holder (auto) found NCCL without DDPRUN_NCCL_LIBRARY (pip's wheel
+  # beside torch, through PATH's python3).
+  expect "auto exports an NCCL ID on a GPU node" 0 "order= dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "the holder alone prints an ID" 0 "^[0-9a-f]{256}$" sh -c 'ddprun-nccl-id </dev/null'
   expect "NCCL_DEBUG=INFO: NCCL's lines stay off the IDs (auto on a GPU node)" 0 "id=[0-9a-f]{256}$" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "NCCL_DEBUG=INFO: the holder's NCCL lines reach ddprun's stderr" 0 "NCCL INFO" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python /bin/true

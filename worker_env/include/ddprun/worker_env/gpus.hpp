@@ -130,15 +130,17 @@ struct GpuRequest {
   GpuInventory inventory;                          // from probe_gpus (may be empty)
   std::optional<std::string> gpus;                 // --gpus LIST: ordinals of visible devices or UUID (prefixes)
   GpuMode mode = GpuMode::shared;
-  int nproc = 1;               // workers on this node
-  bool allow_sharing = false;  // isolate/virtual/--gpus: allow more workers than devices (round robin)
+  int nproc = 1;                // workers on this node
+  bool allow_sharing = false;   // isolate/virtual/--gpus: allow more workers than devices (round robin)
+  bool bus_order_used = false;  // the caller places work by the devices' bus ids (--numa-binding)
 };
 
 struct GpuPlan {
   std::vector<VisibleDevice> selected;  // the devices the job uses, in order
   // Per local rank: variables to add on top of build_worker_env's (they win: append them after
   // it before merge_env). Contains CUDA_VISIBLE_DEVICES when it changes, CUDA_DEVICE_ORDER=
-  // PCI_BUS_ID when unset and GPUs are in use, LOCAL_RANK=0 in virtual mode, and
+  // PCI_BUS_ID when unset and ddprun names devices (--gpus, isolation) or bus_order_used,
+  // LOCAL_RANK=0 in virtual mode, and
   // DDPRUN_CUDA_DEVICE (the ordinal the worker should use: LOCAL_RANK % n shared, 0 isolated).
   std::vector<EnvList> per_rank_env;
   std::vector<std::string> per_rank_device;  // --dry-run column: "cuda:1 = GPU 3 (GPU-8f2a…, 0000:3b:00.0)"
