@@ -536,8 +536,12 @@ unsigned long long forks_so_far() {
 }
 
 // The pid this PID namespace gave last (/proc/loadavg's last field): pids up to it were given
-// since the pid counter last wrapped, newest highest; nullopt when unknown.
+// since the pid counter last wrapped, newest highest; nullopt when unknown, or when /proc is
+// another PID namespace's (loadavg speaks of the reader's own).
 std::optional<long> last_pid() {
+  char self[32];
+  const ssize_t n = ::readlink("/proc/self", self, sizeof(self) - 1);
+  if (n <= 0 || std::string_view(self, static_cast<std::size_t>(n)) != std::to_string(::getpid())) return std::nullopt;
   const auto text = read_text("/proc/loadavg");
   if (!text) return std::nullopt;
   const auto end = text->find_last_not_of(" \n");
@@ -547,6 +551,19 @@ std::optional<long> last_pid() {
   const auto r = std::from_chars(text->data() + start, text->data() + end + 1, last);
   if (r.ec != std::errc{} || r.ptr != text->data() + end + 1 || last <= 0) return std::nullopt;
   return last;
+}
+
+// Whether `p` is a process (its thread group's leader), from the Tgid line of its status:
+// /proc/TID opens for any thread too, though a listing of /proc shows only processes.
+bool is_process(long p) {
+  const auto text = read_text("/proc/" + std::to_string(p) + "/status");
+  if (!text) return false;
+  auto at = text->find("\nTgid:");
+  if (at == std::string::npos) return false;
+  at = text->find_first_not_of(" \t", at + 6);
+  long tgid = 0;
+  return at != std::string::npos &&
+         std::from_chars(text->data() + at, text->data() + text->size(), tgid).ec == std::errc{} && tgid == p;
 }
 
 // SIGKILLs the processes whose environment holds `needle` ("DDPRUN_JOB_TOKEN=..."), never this
@@ -591,13 +608,14 @@ std::vector<pid_t> token_scan(const std::string& needle, pid_t agent_sid, std::u
   if (last) {
     // The pids given while /proc was listed, past the highest listed up to the last (a bounded
     // number): the listing passed their place before they were given once they wrapped below
-    // older pids, and they are the newest.
+    // older pids, and they are the newest. Threads' ids among them are not read (a thread of a
+    // worker given up on would be read as its process).
     pid_t top = 0;
     for (const pid_t p : listed) {
       if (p <= *last) top = std::max(top, p);
     }
     for (long p = *last; p > top && p > *last - kNewPidsProbed; --p) {
-      if (readable(p)) listed.push_back(static_cast<pid_t>(p));
+      if (readable(p) && is_process(p)) listed.push_back(static_cast<pid_t>(p));
     }
   }
   const long since = last.value_or(std::numeric_limits<long>::max());

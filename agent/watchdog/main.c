@@ -118,6 +118,7 @@ static long sys_kill(int pid, int sig) { return SYS(__NR_kill, pid, sig, 0); }
 static int sys_getpid(void) { return (int)SYS(__NR_getpid, 0, 0, 0); }
 static int sys_getppid(void) { return (int)SYS(__NR_getppid, 0, 0, 0); }
 static long sys_getdents(int fd, void* buf, long n) { return SYS(__NR_getdents64, fd, buf, n); }
+static long sys_readlink(const char* path, char* buf, long n) { return SYS4(__NR_readlinkat, AT_FD_CWD, path, buf, n); }
 static void sys_exit(int code) {
   for (;;) SYS(__NR_exit_group, code, 0, 0);
 }
@@ -517,17 +518,48 @@ static int skipped_twice(void) {
 
 #define NEW_PIDS_PROBED 1024 /* the agent's kNewPidsProbed */
 /* The pid this PID namespace gave last (/proc/loadavg's last field), or a number above every
- * pid when it cannot be read: pids up to it were given since the counter last wrapped. */
-static long last_pid(void) {
+ * pid when it cannot be read or /proc is another PID namespace's (loadavg speaks of the
+ * reader's own): pids up to it were given since the counter last wrapped. */
+static long last_pid(long self) {
+  char link[32];
+  const long k = sys_readlink("/proc/self", link, (long)sizeof link - 1);
+  if (k <= 0) return 0x7fffffffL;
+  link[k] = '\0';
+  const char* l = link;
+  if (parse_num(&l) != self || *l != '\0') return 0x7fffffffL;
   char text[128];
   const long n = read_file("/proc/loadavg", text, (long)sizeof text - 1);
   if (n <= 0) return 0x7fffffffL;
+  text[n] = '\0';
   long at = n;
   while (at > 0 && (text[at - 1] == '\n' || text[at - 1] == ' ')) --at;
   while (at > 0 && text[at - 1] != ' ') --at;
   const char* s = text + at;
   const long last = parse_num(&s);
   return last > 0 ? last : 0x7fffffffL;
+}
+
+/* Whether `pid` is a process (its thread group's leader), from the Tgid line of its status:
+ * /proc/TID opens for any thread too, though a listing of /proc shows only processes. */
+static int is_process(long pid) {
+  char path[40] = "/proc/";
+  char* end = put_num(path + 6, pid);
+  const char* rest = "/status";
+  while (*rest) *end++ = *rest++;
+  *end = '\0';
+  static char text[1024];
+  const long n = read_file(path, text, (long)sizeof text - 1);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  for (long i = 0; i + 6 < n; ++i) {
+    if (text[i] == '\n' && text[i + 1] == 'T' && text[i + 2] == 'g' && text[i + 3] == 'i' && text[i + 4] == 'd' &&
+        text[i + 5] == ':') {
+      const char* s = text + i + 6;
+      while (*s == ' ' || *s == '\t') ++s;
+      return parse_num(&s) == pid;
+    }
+  }
+  return 0;
 }
 
 static int listed[MAX_PIDS];
@@ -588,11 +620,11 @@ static void add_token_pids(void) {
   sys_close(fd);
   ngroups = 0;
   nskipped_now = 0;
-  const long last = last_pid();
+  const long last = last_pid(self);
   const long first = nlisted > MAX_PIDS ? nlisted - MAX_PIDS : 0;
   /* The pids given while /proc was listed, past the highest listed up to the last (at most
    * NEW_PIDS_PROBED), first: the listing passed their place before they were given once they
-   * wrapped below older pids. */
+   * wrapped below older pids. Threads' ids among them are not read. */
   if (last != 0x7fffffffL) {
     long top = 0;
     for (long i = first; i < nlisted; ++i) {
@@ -600,7 +632,7 @@ static void add_token_pids(void) {
       if (pid <= last && pid > top) top = pid;
     }
     for (long pid = last; pid > top && pid > last - NEW_PIDS_PROBED; --pid) {
-      if (pid != self && !is_stuck(pid)) add_if_holder(self, (int)pid);
+      if (pid != self && !is_stuck(pid) && is_process(pid)) add_if_holder(self, (int)pid);
     }
   }
   /* Then down the list twice: the pids up to `last`, then those above it. */

@@ -132,10 +132,25 @@ TEST_CASE("plan_gpus: shared mode is torchrun's default", "[gpus][plan]") {
   mixed.inventory.devices[3].name = "NVIDIA GeForce RTX 3060";
   CHECK_THAT(plan_gpus(mixed).summary, Catch::Contains("mixed GPU models and CUDA_DEVICE_ORDER unset"));
   CHECK(env_of(plan_gpus(mixed).per_rank_env[0], "CUDA_DEVICE_ORDER") == "<unset>");
-  // Pinned to the bus order where CPUs are bound near each rank's device (--numa-binding).
+  // Mixed anywhere on the machine counts (ordinals are read across all of it); a device without
+  // a name does not make it mixed.
+  auto selecting = mixed;
+  selecting.parent_cvd = "0,1";
+  CHECK_THAT(plan_gpus(selecting).summary, Catch::Contains("mixed GPU models"));
+  auto unnamed = r;
+  unnamed.inventory.devices[0].name.clear();
+  CHECK_THAT(plan_gpus(unnamed).summary, !Catch::Contains("mixed"));
+  // The user's own order: told when it is not the bus order.
+  selecting.parent_device_order = "FASTEST_FIRST";
+  CHECK_THAT(plan_gpus(selecting).summary, Catch::Contains("CUDA_DEVICE_ORDER 'FASTEST_FIRST'"));
+  selecting.parent_device_order = "PCI_BUS_ID";
+  CHECK_THAT(plan_gpus(selecting).summary, !Catch::Contains("mixed"));
+  // Pinned to the bus order where CPUs are bound near each rank's device (--numa-binding); the
+  // summary says ordinals are then read in bus order.
   mixed.bus_order_used = true;
   CHECK(env_of(plan_gpus(mixed).per_rank_env[0], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
-  CHECK_THAT(plan_gpus(mixed).summary, !Catch::Contains("mixed"));
+  CHECK_THAT(plan_gpus(mixed).summary,
+             Catch::Contains("ordinals (CUDA_VISIBLE_DEVICES, --gpus) are read in bus order"));
 
   r.parent_device_order = "FASTEST_FIRST";  // the user's choice is kept
   r.bus_order_used = true;

@@ -542,6 +542,16 @@ def limited_memory_cgroup(limit, kind):
     return kind, cg
 
 
+def pid_namespace_maker():
+    """unshare's path where this process may make a PID namespace (root, and not refused by a
+    container), else None."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        return None
+    r = subprocess.run([unshare, "-fp", "--mount-proc", "--kill-child", "true"], capture_output=True, timeout=30)
+    return unshare if r.returncode == 0 else None
+
+
 def modes():
     """Containment mechanisms this box offers (auto picks the first)."""
     out = ["proc"]
@@ -728,8 +738,8 @@ class Diagnosis(unittest.TestCase):
         # processes'. A proc sweep that read the highest pids first read those first, found the
         # loop's listed pid gone by its turn, scan after scan, and ended with the loop alive. Here
         # in a PID namespace whose last pid the test sets; the agent's sweep and both watchdogs'.
-        unshare = shutil.which("unshare")
-        if os.geteuid() != 0 or unshare is None or not os.path.exists("/proc/sys/kernel/ns_last_pid"):
+        unshare = pid_namespace_maker()
+        if unshare is None or not os.path.exists("/proc/sys/kernel/ns_last_pid"):
             self.skipTest("needs root, unshare and ns_last_pid for a PID namespace whose pids it sets")
         loop = self.fork_loop()
         helper = self.script("wrapped.py", WRAPPED)
@@ -738,7 +748,8 @@ class Diagnosis(unittest.TestCase):
             with self.subTest(how=how, watchdog="forked" if binary == lone else "program"):
                 counter = os.path.join(self.dir, f"wrapped-{how}-{binary == lone}")
                 # Everything in the namespace ends with its pid 1, an escaped loop included.
-                r = subprocess.run([unshare, "-fp", "--mount-proc", PYTHON, helper, binary, loop, counter, how],
+                r = subprocess.run([unshare, "-fp", "--mount-proc", "--kill-child", PYTHON, helper, binary, loop, counter,
+                                    how],
                                    capture_output=True, text=True, timeout=120)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 before, after = map(int, r.stdout.split()[-2:])
@@ -937,12 +948,12 @@ echo "attempt $TORCHELASTIC_RESTART_COUNT of rank $RANK ran"
         # ddprun as its PID namespace's pid 1 (a container's command): when it exits the kernel
         # ends its watchdog with everything else there, so the agent removes the job's cgroups
         # itself. Before, each run left its job cgroup behind.
-        unshare = shutil.which("unshare")
-        if os.geteuid() != 0 or unshare is None:
+        unshare = pid_namespace_maker()
+        if unshare is None:
             self.skipTest("needs root and unshare for a PID namespace")
         env = dict(os.environ, PET_MASTER_PORT="0")
         for _ in range(2):
-            r = subprocess.run([unshare, "-fp", "--mount-proc", DDPRUN, "--nproc-per-node", "1", "--no-python",
+            r = subprocess.run([unshare, "-fp", "--mount-proc", "--kill-child", DDPRUN, "--nproc-per-node", "1", "--no-python",
                                 "/bin/cat", "/proc/self/cgroup"], capture_output=True, text=True, timeout=60, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("/ddprun-1-", r.stdout)  # it ran in a job cgroup of its own

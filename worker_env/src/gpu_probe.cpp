@@ -191,7 +191,8 @@ bool probe_cuda(const std::string& path, GpuInventory& inv, std::string& why) {
     devs.push_back(std::move(d));
   }
   // The driver enumerates FASTEST_FIRST unless told otherwise; NVML/PCI order is what
-  // CUDA_DEVICE_ORDER=PCI_BUS_ID (exported to workers) uses, so renumber by bus id.
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID (exported to workers that ddprun names devices to) uses, so
+  // renumber by bus id.
   std::stable_sort(devs.begin(), devs.end(),
                    [](const GpuDevice& a, const GpuDevice& b) { return a.pci_bus_id < b.pci_bus_id; });
   for (std::size_t i = 0; i < devs.size(); ++i) devs[i].index = static_cast<int>(i);

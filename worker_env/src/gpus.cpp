@@ -288,9 +288,14 @@ GpuPlan plan_gpus(const GpuRequest& r) {
   // CUDA gives the user's own environment, as under torchrun: with CUDA_DEVICE_ORDER unset CUDA
   // numbers the fastest model first, which on a machine with mixed models is not the bus order.
   const bool pin_order = (per_worker || restricted || r.bus_order_used) && !r.parent_device_order;
+  // Mixed models anywhere on the machine: CUDA's default order then differs from the bus order
+  // for the ordinals of CUDA_VISIBLE_DEVICES too, whichever devices they select.
   bool mixed = false;
-  for (const auto& v : plan.selected) {
-    mixed = mixed || (v.device && plan.selected.front().device && v.device->name != plan.selected.front().device->name);
+  const std::string* model = nullptr;
+  for (const auto& d : r.inventory.devices) {
+    if (d.name.empty()) continue;
+    if (model == nullptr) model = &d.name;
+    mixed = mixed || d.name != *model;
   }
   for (std::size_t lr = 0; lr < nproc; ++lr) {
     auto& env = plan.per_rank_env[lr];
@@ -313,10 +318,15 @@ GpuPlan plan_gpus(const GpuRequest& r) {
                  (r.mode == GpuMode::shared    ? "shared"
                   : r.mode == GpuMode::isolate ? "isolate"
                                                : "virtual");
-  if (mixed && !pin_order && !r.parent_device_order) {
+  if (mixed && pin_order) {
     plan.summary +=
-        "; mixed GPU models and CUDA_DEVICE_ORDER unset: CUDA numbers the fastest first, so a "
-        "worker's cuda:N may not be the device listed here (in bus order)";
+        "; mixed GPU models: ordinals (CUDA_VISIBLE_DEVICES, --gpus) are read in bus order "
+        "(CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi's), not CUDA's default, fastest first";
+  } else if (mixed && r.parent_device_order.value_or("") != "PCI_BUS_ID") {
+    plan.summary += "; mixed GPU models and CUDA_DEVICE_ORDER " +
+                    (r.parent_device_order ? "'" + *r.parent_device_order + "'" : std::string("unset")) +
+                    ": CUDA numbers the fastest first, so a worker's cuda:N may not be the device listed here "
+                    "(in bus order)";
   }
   return plan;
 }

@@ -159,7 +159,7 @@ c_gpus() {
   # A real run: the worker sees its ordinal and the device order it was given (none in shared
   # mode, as torchrun), and the holder (auto) found NCCL without DDPRUN_NCCL_LIBRARY (pip's wheel
   # beside torch, through PATH's python3).
-  expect "auto exports an NCCL ID on a GPU node" 0 "order= dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
+  expect "auto exports an NCCL ID on a GPU node" 0 "order= dev=0 id=[0-9a-f]{256}" env -u CUDA_VISIBLE_DEVICES -u CUDA_DEVICE_ORDER ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "order=$CUDA_DEVICE_ORDER dev=$DDPRUN_CUDA_DEVICE id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "the holder alone prints an ID" 0 "^[0-9a-f]{256}$" sh -c 'ddprun-nccl-id </dev/null'
   expect "NCCL_DEBUG=INFO: NCCL's lines stay off the IDs (auto on a GPU node)" 0 "id=[0-9a-f]{256}$" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python sh -c 'echo "id=$DDPRUN_NCCL_UNIQUE_ID"'
   expect "NCCL_DEBUG=INFO: the holder's NCCL lines reach ddprun's stderr" 0 "NCCL INFO" env -u CUDA_VISIBLE_DEVICES NCCL_DEBUG=INFO ddprun --standalone --nproc-per-node gpu --no-python /bin/true
