@@ -151,6 +151,8 @@ while not all(gone(p) for p in helpers):  # orphans are this process's: zombies 
     time.sleep(0.01)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # an escaped loop's steps are reparented here
 before = count()
+if before > 19000:  # a pid a step at least: its pids no longer below the older processes'
+    sys.exit(f"the loop took {before} steps before ddprun ended: the wrap was not what was tested")
 time.sleep(0.5)
 print(before, count())
 '''
