@@ -1253,7 +1253,8 @@ void Containment::await_watchdog() {
   // "+" (usually there already: one system call), or EOF: a watchdog that ended already (one of
   // another build refuses the protocol) is reported by check_watchdog, from its pidfd.
   char byte = 0;
-  if (::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT) >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return;
+  // (EWOULDBLOCK is EAGAIN on Linux.)
+  if (::recv(watchdog_fd_, &byte, 1, MSG_DONTWAIT) >= 0 || errno != EAGAIN) return;
   // Bounded: a watchdog that never gets to run (stopped) must not stop the job from starting. And
   // a signal the agent handles (a Ctrl-C) ends the wait: the workers start and get it at once,
   // rather than after the whole wait. The handled signals are blocked from the check to the wait,

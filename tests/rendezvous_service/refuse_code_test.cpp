@@ -281,3 +281,120 @@ TEST_CASE(
   // An ordinary HELLO is answered.
   CHECK(h.send(2, rdzv::HelloMessage{1, std::string(64, 'a')}) == ok);
 }
+
+TEST_CASE("a REJOIN's assignment is bounded: its master address and NCCL IDs", "[refuse]") {
+  // Before: the master address was read at any length (up to the 1 MiB frame) and kept, several
+  // times per job and uncounted by --max-member-bytes; nor were the round's NCCL IDs checked.
+  Harness h;
+  auto assignment = [] {
+    rdzv::Assignment a;
+    a.group_rank = 0;
+    a.group_world_size = 2;
+    a.local_world_size = 1;
+    a.world_size = 2;
+    a.master_addr = "10.0.0.1";
+    return a;
+  };
+  auto rejoin = [&](rdzv::ConnectionId conn, const std::string& run_id, const rdzv::Assignment& a) {
+    return h.send(conn, rdzv::RejoinMessage{run_id, rdzv::RejoinRequest{node(1), config_of(1, 2), "", a}});
+  };
+  rdzv::Assignment a = assignment();
+  a.master_addr = std::string(rdzv::max_node_text_bytes + 1, 'm');
+  CHECK(rejoin(1, "long-addr", a) == refused);
+  CHECK(h.count(RefuseCode::inconsistent_rejoin) == 1);
+  CHECK(h.service->registry().find("long-addr") == nullptr);
+  a = assignment();
+  a.nccl_id = std::vector<std::uint8_t>(129, 1);  // not a whole number of IDs
+  CHECK(rejoin(2, "odd-ids", a) == refused);
+  // More IDs than --nccl-roots allows do not fit in a frame (the decoder refuses it).
+  a.nccl_id = std::vector<std::uint8_t>((rdzv::max_nccl_ids + 1) * 128, 1);
+  CHECK(rejoin(3, "many-ids", a) == refused);
+  CHECK(h.service->registry().find("many-ids") == nullptr);
+  CHECK(h.count(RefuseCode::inconsistent_rejoin) == 2);
+  CHECK(h.total() == 2);
+  // At the bounds it is taken.
+  a = assignment();
+  a.master_addr = std::string(rdzv::max_node_text_bytes, 'm');
+  a.nccl_id = std::vector<std::uint8_t>(2 * 128, 1);
+  CHECK(rejoin(4, "ok", a) == ok);
+
+  // The rebuilt round's IDs are charged against --max-member-bytes before the job is made.
+  rdzv::RendezvousServiceOptions options;
+  options.max_member_bytes = 64 * 1024;
+  Harness small(options);
+  a = assignment();
+  a.nccl_id = std::vector<std::uint8_t>(256 * 128, 1);  // 32 KiB, held as bytes and as hex: 96 KiB
+  CHECK(small.send(1, rdzv::RejoinMessage{"big", rdzv::RejoinRequest{node(1), config_of(1, 2), "", a}}) == refused);
+  CHECK(small.count(RefuseCode::other) == 1);
+  CHECK(small.service->registry().find("big") == nullptr);
+  a.nccl_id = std::vector<std::uint8_t>(8 * 128, 1);
+  CHECK(small.send(2, rdzv::RejoinMessage{"big", rdzv::RejoinRequest{node(1), config_of(1, 2), "", a}}) == ok);
+}
+
+TEST_CASE("a closed job that emptied and gets an absent rank back has no deadline in the past", "[refuse]") {
+  // A round rebuilt after a daemon restart: rank 0 re-registers, succeeds, closes the job and
+  // leaves; the job is closed and empty (collected after close_timeout). Rank 1 then
+  // re-registers. Before: the collection's deadline stayed, in the past, while the job was no
+  // longer collectable: the daemon's timer fired again at once, for ever (a busy loop).
+  Harness h;
+  rdzv::JobConfig config = config_of(1, 2);
+  config.close_timeout = 1ms;
+  rdzv::Assignment a;
+  a.group_world_size = 2;
+  a.local_world_size = 1;
+  a.world_size = 2;
+  a.master_addr = "10.0.0.1";
+  a.group_rank = 0;
+  a.rank_offset = 0;
+  REQUIRE(h.send(1, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(1), config, "", a}}) == ok);
+  REQUIRE(h.send(1, rdzv::SucceededMessage{"j", node(1).id, 0}) == ok);
+  REQUIRE(h.send(1, rdzv::CloseMessage{"j"}) == ok);
+  REQUIRE(h.send(1, rdzv::LeaveMessage{"j", node(1).id}) == ok);
+  REQUIRE(h.service->registry().find("j") != nullptr);
+  REQUIRE(h.service->registry().find("j")->member_count() == 0);
+  h.timers.advance(5ms);  // past the collection's deadline, before the daemon's tick ran
+  a.group_rank = 1;
+  a.rank_offset = 1;
+  REQUIRE(h.send(2, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(2), config, "", a}}) == ok);
+  const rdzv::RendezvousJob* job = h.service->registry().find("j");
+  REQUIRE(job != nullptr);
+  REQUIRE(job->member_count() == 1);
+  const auto next = job->next_deadline();
+  REQUIRE(next.has_value());
+  CHECK(*next > h.timers.now());
+  // The daemon's tick keeps the job (it has a member), and finds nothing due again.
+  if (h.io.stopped()) h.io.restart();
+  h.io.poll();
+  REQUIRE(h.service->registry().find("j") != nullptr);
+  CHECK(*h.service->registry().find("j")->next_deadline() > h.timers.now());
+  // Rank 1 leaves: the closed job is empty again and is collected after close_timeout.
+  REQUIRE(h.send(2, rdzv::LeaveMessage{"j", node(2).id}) == ok);
+  h.timers.advance(5ms);
+  if (h.io.stopped()) h.io.restart();
+  h.io.poll();
+  CHECK(h.service->registry().find("j") == nullptr);
+}
+
+TEST_CASE("a member whose connection is refused a second JOIN is told disconnected", "[refuse]") {
+  // The refused frame closes the connection. Before: its binding was dropped before the close,
+  // so the close found no member to tell: the member kept its whole lease (heartbeat interval
+  // times missed heartbeats, up to years) as a connected node, holding a place under --max-members.
+  Harness h;
+  rdzv::JobConfig config = config_of(2, 3);
+  config.heartbeat_interval = 60s;
+  config.missed_heartbeats = 100;
+  REQUIRE(h.join(1, "j", 1, config) == ok);
+  rdzv::NodeInfo bad = node(1);
+  bad.local_world_size = 0;
+  CHECK(h.send(1, rdzv::JoinMessage{"j", rdzv::JoinRequest{bad, config}}) == refused);
+  h.service->on_disconnect(1);  // the server closes the refused connection
+  const auto status = h.service->registry().find("j")->status(h.timers.now());
+  REQUIRE(status.members.size() == 1);
+  CHECK(status.members[0].disconnected);
+  // One heartbeat interval later the member is gone (its lease was 100 intervals).
+  h.timers.advance(61s);
+  if (h.io.stopped()) h.io.restart();
+  h.io.poll();
+  const rdzv::RendezvousJob* job = h.service->registry().find("j");
+  CHECK((job == nullptr || job->member_count() == 0));
+}

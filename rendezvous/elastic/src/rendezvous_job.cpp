@@ -88,6 +88,9 @@ RendezvousJob::Member& RendezvousJob::add_member(const NodeInfo& info, MemberRol
   // Leases are mostly granted in time order: the end is the right hint (amortized O(1)).
   m.lease_it = leases_.emplace_hint(leases_.end(), m.lease_deadline, &it->first);
   place_offer(it);
+  // A closed job that had emptied (collected at gc_deadline_) has a member again: an absent rank of
+  // a rebuilt round re-registering. It lives on; it is collected once empty again (or finished).
+  if (!finished()) gc_deadline_.reset();
   return m;
 }
 

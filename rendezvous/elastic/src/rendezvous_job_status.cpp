@@ -133,7 +133,9 @@ std::optional<TimePoint> RendezvousJob::next_deadline() const {
   auto consider = [&best](std::optional<TimePoint> t) {
     if (t && (!best || *t < *best)) best = t;
   };
-  consider(gc_deadline_);
+  // Only when it can be acted on (collectable()): a deadline in the past that is not would make
+  // the server's timer fire again at once, for ever.
+  if (finished() || members_.empty()) consider(gc_deadline_);
   if (finished()) return best;
   if (!leases_.empty()) consider(leases_.begin()->first);
   if (state_ == JobState::waiting && hold_until_) {

@@ -139,14 +139,29 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
       a.group_rank >= a.group_world_size || a.restart_count < 0 || a.restart_count > max_restarts_limit ||
       a.local_world_size != request.node.local_world_size || a.rank_offset < 0 || a.world_size < 1 ||
       a.rank_offset > a.world_size - a.local_world_size ||
-      static_cast<std::int64_t>(a.world_size) > static_cast<std::int64_t>(a.group_world_size) * max_local_world_size) {
+      static_cast<std::int64_t>(a.world_size) > static_cast<std::int64_t>(a.group_world_size) * max_local_world_size ||
+      a.master_addr.size() > max_node_text_bytes || a.nccl_id.size() > max_nccl_ids * 128 ||
+      a.nccl_id.size() % 128 != 0) {
     return {Refuse{run_id, request.node.id,
                    fmt::format("rejoin for rendezvous '{}' carries an inconsistent assignment "
                                "(group rank {} of {} with max_nodes {}, restart count {}, local world size {} "
-                               "at rank offset {} of world size {})",
+                               "at rank offset {} of world size {}, a master address of {} bytes (at most {}), "
+                               "{} bytes of NCCL unique IDs (128 each, at most {}))",
                                run_id, a.group_rank, a.group_world_size, request.config.max_nodes, a.restart_count,
-                               a.local_world_size, a.rank_offset, a.world_size),
+                               a.local_world_size, a.rank_offset, a.world_size, a.master_addr.size(),
+                               max_node_text_bytes, a.nccl_id.size(), max_nccl_ids),
                    RefuseCode::inconsistent_rejoin}};
+  }
+  // The rebuilt round's NCCL IDs (kept as bytes and as hex) are charged as members' bytes are.
+  const std::size_t round_bytes = 3 * a.nccl_id.size();
+  if (max_member_bytes_ != 0 && member_bytes_ + member_footprint(request.node) + round_bytes > max_member_bytes_) {
+    return {Refuse{run_id, request.node.id,
+                   fmt::format("cannot rebuild rendezvous '{}' from node {}: the daemon's jobs hold {} bytes of "
+                               "members together and its round needs {} more, past its limit of {} "
+                               "(--max-member-bytes); retry later or ask the admin to raise the limit",
+                               run_id, request.node.id.to_string(), member_bytes_,
+                               member_footprint(request.node) + round_bytes, max_member_bytes_),
+                   RefuseCode::other}};
   }
   Decisions out;
   if (!rebuild_over) {

@@ -407,8 +407,18 @@ RendezvousService::Refusal RendezvousService::handle(ConnectionId conn, ClientMe
             // registry decided concerns other nodes.
             apply(decisions, &node);
             settle_round_open();
+            // The connection closes: where it spoke for a member (its earlier JOIN, or a REJOIN
+            // that moved the node here), the member is told disconnected now, as on_disconnect
+            // would (which finds no binding after this): its lease is cut to one heartbeat
+            // interval, rather than lasting its whole length.
+            const auto owner = conn_of_.find(NodeKey{m.run_id, node});
+            const bool owned = owner != conn_of_.end() && owner->second == conn;
             unbind(conn);
             if (!known) secret_of_.erase(NodeKey{m.run_id, node});
+            if (const auto* job = registry_.find(m.run_id); owned && job != nullptr && job->role_of(node)) {
+              changed();
+              apply(registry_.disconnected(m.run_id, node, now));
+            }
             return {refusal->code, std::move(refusal->reason)};
           }
           scratch_.clear();
