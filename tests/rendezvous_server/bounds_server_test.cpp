@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "helpers.hpp"
@@ -259,4 +261,37 @@ TEST_CASE("idle connections that once read a large value do not get others close
   for (auto& c : idle) CHECK(pings(*c));
   CHECK(server.stats().connections_rejected == 0);
   CHECK(server.stats().buffered_bytes <= opts.limits.max_buffered_bytes);
+}
+
+TEST_CASE("the keys of a many-key request being received count against --max-buffered-bytes", "[server][bounds]") {
+  // A WAIT of 65,536 keys, 65,535 of them empty, sent but for the last key's 100 bytes: 512 KiB
+  // of request, and the decoder keeps a 16-byte span for each key read so far (so that the rest
+  // is read once, not again), 1 MiB more. Before, only the request's bytes counted: ~500 such
+  // connections held 2-3 times --max-buffered-bytes.
+  ServerThread server;
+  RawClient a(server.port());
+  hello(a);
+  constexpr std::uint64_t n = 65536;
+  std::string request = hex("06") + test::u64(n);
+  request.reserve(request.size() + n * 8);
+  for (std::uint64_t i = 0; i + 1 < n; ++i) request += test::u64(0);
+  request += test::u64(100);
+  a.send(request);
+  constexpr std::size_t spans = (n - 1) * 16;
+  const std::size_t expected = (n - 1) * 8 + spans;
+  // The server reads the request in pieces; wait (bounded) until it has read all of it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::size_t held = 0;
+  while ((held = server.stats().buffered_bytes) < expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  CHECK(held >= expected);
+  // The last key's bytes complete it: a WAIT on keys that are not there, answered once they are.
+  const std::string last(100, 'k');
+  a.send(last);
+  RawClient b(server.port());
+  hello(b);
+  b.send(hex("01") + test::str("") + test::str("v"));  // SET "" = "v"
+  b.send(hex("01") + test::str(last) + test::str("v"));
+  CHECK(a.recv(1) == test::u8(0));  // STOP_WAITING
 }

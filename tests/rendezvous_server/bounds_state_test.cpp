@@ -81,6 +81,15 @@ TEST_CASE("max_waits caps WAIT, BARRIER and WATCH_KEY registrations, freed on wa
   const ApplyResult refused = state.apply(3, barrier, box);
   CHECK_FALSE(refused.ok);
   CHECK_THAT(refused.reason, Catch::Contains("--max-waits"));
+  // The refused participant's arrival is not counted (its connection closes; a retry would count
+  // it twice and release the barrier one arrival early). Before: "bar" was 1 here.
+  CHECK_FALSE(state.value("bar"));
+  Request last = barrier;
+  last.number = 1;  // an arrival that releases the barrier needs no registration
+  REQUIRE(state.apply(5, last, box).ok);
+  REQUIRE(state.value("bar"));
+  CHECK(*state.value("bar") == "1");
+  CHECK(box.out[5] == test::u8(0));  // STOP_WAITING
   REQUIRE(state.apply(4, req(Op::set, "a", "1"), box).ok);
   REQUIRE(state.apply(4, req(Op::set, "b", "1"), box).ok);  // wakes connection 1
   CHECK(box.out[1] == test::u8(0));

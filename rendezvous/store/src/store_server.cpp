@@ -313,9 +313,17 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
     return allowed;
   }
 
-  // Brings `c`'s share of `buffered` up to date with its buffers.
+  // What `c` holds besides its read buffer: replies, and the spans of a many-key request being
+  // received (16 bytes a key, as much as its 8-byte lengths of empty keys).
+  static std::size_t held_besides_input(const Connection& c) {
+    return c.pending.capacity() + c.writing.capacity() + c.decoder.spans.capacity() * sizeof(DecoderState::Span);
+  }
+
+  // Brings `c`'s share of `buffered` up to date with its buffers. A closed connection holds none
+  // (close() took its share back).
   void account(Connection& c) {
-    const std::size_t now = c.in.size() + c.pending.capacity() + c.writing.capacity();
+    if (c.closed) return;
+    const std::size_t now = c.in.size() + held_besides_input(c);
     buffered = buffered - c.accounted + now;
     c.accounted = now;
   }
@@ -628,10 +636,12 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
   // (make_buffer_room); false when even then it does not fit: `c` is closed.
   bool size_read_buffer(const ConnectionPtr& c, std::size_t size) {
     const auto over = [&] {
-      return buffered - c->accounted + size + c->pending.capacity() + c->writing.capacity() >
-             options.limits.max_buffered_bytes;
+      return buffered - c->accounted + size + held_besides_input(*c) > options.limits.max_buffered_bytes;
     };
     if (over()) make_buffer_room(c, size, over);
+    // The room was made by closing others, whose notices were flushed: that may have closed `c`
+    // too (shed as the largest holder).
+    if (c->closed) return false;
     if (over()) {
       close(c,
             fmt::format("its read buffer of {} bytes (for a request of at least {} bytes) does not fit: the server's "
@@ -763,6 +773,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
         if (c->is_link) break;  // RELAY was accepted: the rest are relay frames
       } else if (r.status == DecodeStatus::need_more) {
         c->need = std::max<std::size_t>(r.min_total, (c->end - c->begin) + 1);
+        account(*c);  // the spans of a many-key request grew
         break;
       } else {
         close(c, r.reason, RefusedReason::protocol_error);
@@ -914,7 +925,7 @@ struct Core : Outbox, std::enable_shared_from_this<Core> {
       }
       if (c->in.size() - c->end < data.size()) {
         const std::size_t grown = std::max({c->in.size() * 2, c->end + data.size(), initial_buffer});
-        if (buffered - c->accounted + grown + c->pending.capacity() > options.limits.max_buffered_bytes) {
+        if (buffered - c->accounted + grown + held_besides_input(*c) > options.limits.max_buffered_bytes) {
           close(c,
                 fmt::format("{} more bytes do not fit: the server's buffers hold {} bytes, the limit is {} "
                             "(--max-buffered-bytes)",

@@ -530,6 +530,14 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       break;
     }
     case Op::barrier: {
+      // A participant that will wait needs a registration: made room for before its arrival is
+      // counted, so that one refused (the connection closes) leaves the count as it was, and its
+      // retry is not counted twice. (A value that is no counter is refused by add() below.)
+      if (auto it = kv_.find(req.key); it == kv_.end() || parse_counter(it->second)) {
+        const std::int64_t old = it == kv_.end() ? 0 : *parse_counter(it->second);
+        const auto next = static_cast<std::int64_t>(static_cast<std::uint64_t>(old) + 1);
+        if (next < req.number && !make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
+      }
       std::int64_t count = 0;
       res = add(conn, req.key, 1, count, outbox, false);
       if (!res.ok) break;
@@ -537,7 +545,6 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
         reply::wait(outbox.buffer(conn), WaitResponse::stop_waiting);
         wake_all(req.key, outbox);
       } else {
-        if (!make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
         awaited_[conn].missing = 1;
         register_wait(conn, req.key);
       }
