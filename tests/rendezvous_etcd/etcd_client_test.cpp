@@ -332,7 +332,16 @@ TEST_CASE("etcd client: a member failing the authentication (5xx, a proxy's 404)
   FakeGateway g404(io, [](const std::string&, const std::string&) {
     return FakeGateway::Reply{http_reply(404, "404 page not found\n")};
   });
-  auto o = options_for(g503.endpoint() + "," + g404.endpoint() + "," + cluster.endpoints());
+  // A load balancer's pages: a redirect, and a rate limit without etcd's body (before, any status
+  // but 5xx/404/400/401/403 was taken for a refusal of the credentials, and the agent ended).
+  FakeGateway g302(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(302, "<html>moved</html>")};
+  });
+  FakeGateway g429(io, [](const std::string&, const std::string&) {
+    return FakeGateway::Reply{http_reply(429, "<html>slow down</html>")};
+  });
+  auto o = options_for(g503.endpoint() + "," + g404.endpoint() + "," + g302.endpoint() + "," + g429.endpoint() + "," +
+                       cluster.endpoints());
   o.username = "root";
   o.password = "rootpw";
   EtcdClient c(io, o);
@@ -341,6 +350,8 @@ TEST_CASE("etcd client: a member failing the authentication (5xx, a proxy's 404)
   REQUIRE_FALSE(e1);
   CHECK(g503.requests() == 1);
   CHECK(g404.requests() == 1);
+  CHECK(g302.requests() == 1);
+  CHECK(g429.requests() == 1);
 
   // Only failing members: an error naming each, not a refusal of the credentials.
   auto od = options_for(g503.endpoint() + "," + g404.endpoint());

@@ -161,8 +161,20 @@ TEST_CASE("hostile responses are errors naming the field, never exceptions", "[e
              Catch::Contains("RENAME"));
   LeaseGrantResponse g;
   CHECK_THAT(decode_lease_grant(R"({"TTL":"5"})", g), Catch::Contains("no ID"));
+  // Revisions the watch would add one to: the int64 limit (and below zero) are refused.
+  CHECK_THAT(decode_range(R"({"header":{"revision":"9223372036854775807"}})", r), Catch::Contains("'revision'"));
+  CHECK_THAT(decode_range(R"({"header":{"revision":"-1"}})", r), Catch::Contains("'revision'"));
+  CHECK_THAT(decode_range(R"({"kvs":[{"key":"YQ==","mod_revision":"9223372036854775807"}]})", r),
+             Catch::Contains("'mod_revision'"));
+  CHECK(decode_range(R"({"header":{"revision":"9223372036854775806"}})", r).empty());
   std::string token;
   CHECK_THAT(decode_authenticate("{}", token), Catch::Contains("no token"));
+  // A token goes into a header line: CR, LF, spaces and other bytes are refused.
+  CHECK_THAT(decode_authenticate(R"({"token":"x\r\nContent-Length: 0\r\n\r\nPOST /v3/kv/deleterange"})", token),
+             Catch::Contains("printable"));
+  CHECK_THAT(decode_authenticate(R"({"token":"a b"})", token), Catch::Contains("printable"));
+  CHECK(decode_authenticate(R"({"token":"gZtEfZuYmQlHUlEs.12"})", token).empty());
+  CHECK(token == "gZtEfZuYmQlHUlEs.12");
   const GatewayError e = decode_error("<html>bad gateway</html>");
   CHECK(e.code == 2);
   CHECK_THAT(e.message, Catch::Contains("<html>"));

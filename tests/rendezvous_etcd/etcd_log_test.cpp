@@ -66,6 +66,11 @@ TEST_CASE("log events round-trip and hostile values are rejected", "[etcd][log]"
   CHECK_THAT(decode_event(good.substr(0, good.size() - 3), WireLimits{}, back), Catch::Contains("truncated"));
   CHECK_THAT(decode_event(good + "x", WireLimits{}, back), Catch::Contains("after its frame"));
   CHECK_THAT(decode_event("ddprun-etcd-event 1 -5 tick x\n", WireLimits{}, back), Catch::Contains("time"));
+  // Times near the int64 limit would overflow the deadlines computed from them.
+  CHECK_THAT(decode_event("ddprun-etcd-event 1 9223372036854775807 tick x\n", WireLimits{}, back),
+             Catch::Contains("time"));
+  CHECK_THAT(decode_event("ddprun-etcd-event 1 253402300800000 tick x\n", WireLimits{}, back), Catch::Contains("time"));
+  CHECK(decode_event("ddprun-etcd-event 1 253402300799999 tick x\n", WireLimits{}, back).empty());
   CHECK_THAT(decode_event("ddprun-etcd-event 1 5 nuke x\n", WireLimits{}, back), Catch::Contains("nuke"));
   LogEvent bad_expired{5, EventKind::expired, "x", JoinMessage{"job", {}}};
   CHECK_THAT(decode_event(encode_event(bad_expired), WireLimits{}, back), Catch::Contains("name a node"));

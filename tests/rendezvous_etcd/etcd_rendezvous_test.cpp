@@ -370,6 +370,15 @@ class DroppingProxy {
   }
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
   bool dropped() const { return dropped_; }
+  // The first line of every request relayed (of its first read).
+  std::vector<std::string> request_lines;
+  // From now on, drop the answer to the first request that matches `match`; with `refuse`, that
+  // request is not passed on and its answer is an HTTP 503 (a member that cannot serve it).
+  void set_match(std::vector<std::string> match, bool refuse = false) {
+    match_ = std::move(match);
+    dropped_ = false;
+    refuse_ = refuse;
+  }
 
  private:
   using tcp = boost::asio::ip::tcp;
@@ -406,11 +415,26 @@ class DroppingProxy {
     p->client.async_read_some(
         boost::asio::buffer(p->up), [this, p](const boost::system::error_code& ec, std::size_t n) {
           if (ec) return p->close();
+          if (p->request.empty()) {
+            const std::string_view first(p->up.data(), n);
+            request_lines.emplace_back(first.substr(0, first.find('\r')));
+          }
           p->request.append(p->up.data(), n);
           if (!dropped_ && std::all_of(match_.begin(), match_.end(),
                                        [&](const std::string& m) { return p->request.find(m) != std::string::npos; })) {
             dropped_ = true;
             p->drop_answer = true;
+            if (refuse_) {
+              boost::system::error_code ignored;
+              p->server.close(ignored);
+              static const std::string body = R"({"error":"overloaded","code":14,"message":"overloaded"})";
+              auto reply = std::make_shared<std::string>(
+                  "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
+                  std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+              boost::asio::async_write(p->client, boost::asio::buffer(*reply),
+                                       [p, reply](const boost::system::error_code&, std::size_t) { p->close(); });
+              return;
+            }
           }
           boost::asio::async_write(p->server, boost::asio::buffer(p->up.data(), n),
                                    [this, p](const boost::system::error_code& wec, std::size_t) {
@@ -438,6 +462,7 @@ class DroppingProxy {
   std::uint16_t upstream_;
   std::vector<std::string> match_;
   bool dropped_ = false;
+  bool refuse_ = false;
 };
 
 // The last 256 lines the default logger writes while it lives.
@@ -869,4 +894,36 @@ TEST_CASE("etcd rendezvous: a node lease re-grant that fails is retried", "[etcd
   CHECK(refused_grants == 1);
   CHECK_FALSE(a.unreachable);
   CHECK_FALSE(a.refused);
+}
+
+TEST_CASE("etcd rendezvous: a leave whose put fails once is retried and the lease revoked", "[etcd][rendezvous]") {
+  // The only endpoint is a proxy that swallows the answer to the leave's inbox put (the call
+  // fails on every endpoint: retried after a backoff). The retry of a failed call and the leave's
+  // wait for its event shared one timer, each cancelling the other: the leave's put was retried,
+  // but nothing waited for its event any more, so the lease was never revoked (the agent stopped
+  // after two request timeouts) and the others learnt of the leave only when the lease expired.
+  const std::string run_id = "leaveretry";  // the inbox prefix is 30 bytes: whole base64 groups
+  EtcdCluster cluster(1, run_id);
+  const std::string direct = cluster.endpoints();
+  const auto upstream = static_cast<std::uint16_t>(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  boost::asio::io_context io;
+  DroppingProxy proxy(io, upstream, {"no request holds this"});
+  const std::string endpoint = "127.0.0.1:" + std::to_string(proxy.port());
+  Agent a(io, 0, endpoint, run_id, test_config(1, 1, 0));
+  a.rejoin();
+  REQUIRE(run_until(
+      io, [&] { return !a.assignments.empty() || a.unreachable || a.refused || a.failed; }, 20s));
+  REQUIRE(a.assignments.size() == 1);
+  const std::string inbox = "/ddprun-test/" + run_id + "/inbox/";
+  REQUIRE(inbox.size() % 3 == 0);
+  proxy.set_match({"POST /v3/kv/txn", etcd::base64_encode(inbox)}, true);
+  a.rdzv->leave();
+  const auto revoked = [&] {
+    return std::any_of(proxy.request_lines.begin(), proxy.request_lines.end(),
+                       [](const std::string& l) { return l.starts_with("POST /v3/lease/revoke "); });
+  };
+  run_until(io, revoked, 20s);
+  CHECK(proxy.dropped());
+  for (const auto& l : proxy.request_lines) UNSCOPED_INFO(l);
+  CHECK(revoked());
 }

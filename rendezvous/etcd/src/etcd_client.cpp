@@ -365,8 +365,8 @@ struct EtcdClient::Impl : std::enable_shared_from_this<EtcdClient::Impl> {
                if (status != 200) {
                  GatewayError g = decode_error(body);
                  // Only etcd's own refusal is about the credentials; a failing member or a
-                 // proxy's page is not.
-                 if (is_member_failure(status, g)) {
+                 // proxy's page (a redirect, 405, 429 without etcd's body, ...) is not.
+                 if (!is_etcd_refusal(status, g)) {
                    return self->failover(call, fmt::format("authenticate: HTTP {}: {}", status,
                                                            g.message.empty() ? std::string("no message") : g.message));
                  }

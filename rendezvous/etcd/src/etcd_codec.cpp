@@ -133,12 +133,21 @@ const json::array* get_array(const json::object& o, std::string_view name) {
   return &v->get_array();
 }
 
+// A revision: etcd's are positive and far below the int64 limit; the clients add one to them (the
+// next revision to watch from), which must not overflow on a value a proxy made up.
+std::int64_t get_revision(const json::object& o, std::string_view name) {
+  const std::int64_t r = get_i64(o, name);
+  if (r < 0 || r == std::numeric_limits<std::int64_t>::max())
+    throw Bad{fmt::format("field '{}' is not a revision (0 to 2^63-2): {}", name, r)};
+  return r;
+}
+
 ResponseHeader header_of(const json::object& o) {
   ResponseHeader h;
   const json::value* v = member(o, "header");
   if (v == nullptr) return h;
   const json::object& ho = as_object(*v, "header");
-  h.revision = get_i64(ho, "revision");
+  h.revision = get_revision(ho, "revision");
   h.member_id = get_u64(ho, "member_id");
   h.raft_term = get_u64(ho, "raft_term");
   return h;
@@ -149,8 +158,8 @@ KeyValue kv_of(const json::value& v) {
   KeyValue kv;
   kv.key = get_bytes(o, "key");
   kv.value = get_bytes(o, "value");
-  kv.create_revision = get_i64(o, "create_revision");
-  kv.mod_revision = get_i64(o, "mod_revision");
+  kv.create_revision = get_revision(o, "create_revision");
+  kv.mod_revision = get_revision(o, "mod_revision");
   kv.version = get_i64(o, "version");
   kv.lease = get_i64(o, "lease");
   return kv;
@@ -520,7 +529,7 @@ std::string decode_watch_message(std::string_view body, WatchMessage& out, std::
     m.watch_id = get_i64(*o, "watch_id");
     m.created = get_bool(*o, "created");
     m.canceled = get_bool(*o, "canceled");
-    m.compact_revision = get_i64(*o, "compact_revision");
+    m.compact_revision = get_revision(*o, "compact_revision");
     m.cancel_reason = get_string(*o, "cancel_reason");
     if (const json::array* a = get_array(*o, "events")) {
       for (const json::value& ev : *a) {
@@ -550,6 +559,11 @@ std::string decode_authenticate(std::string_view body, std::string& token) {
     token = get_string(v.get_object(), "token");
     if (token.empty()) throw Bad{"authenticate reply carries no token"};
     if (token.size() > 4096) throw Bad{"authenticate reply carries a token over 4 KiB"};
+    // It goes into every request's Authorization header: a CR or LF would end the header (and
+    // smuggle what follows in as a request of its own). etcd's tokens are printable ASCII.
+    for (const char c : token) {
+      if (c < 0x21 || c > 0x7e) throw Bad{"authenticate reply carries a token with a byte that is not printable ASCII"};
+    }
   });
 }
 

@@ -48,6 +48,8 @@ bool valid_id(std::string_view id) {
 
 std::int64_t ceil_seconds(Duration d) { return std::chrono::ceil<std::chrono::seconds>(d).count(); }
 
+constexpr std::int64_t kMaxEventTimeMs = 253402300799999;  // 9999-12-31T23:59:59.999Z
+
 }  // namespace
 
 std::string encode_event(const LogEvent& e) {
@@ -69,8 +71,10 @@ std::string decode_event(std::string_view value, const WireLimits& limits, LogEv
   const std::string_view t = head.substr(0, s1), kind = head.substr(s1 + 1, s2 - s1 - 1), id = head.substr(s2 + 1);
   LogEvent e;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), e.time_ms);
-  if (ec != std::errc{} || p != t.data() + t.size() || e.time_ms < 0)
-    return fmt::format("event time '{}' is not a non-negative integer", t);
+  // Milliseconds since 1970, before the year 10000 (far from the int64 limit: deadlines are
+  // computed from them).
+  if (ec != std::errc{} || p != t.data() + t.size() || e.time_ms < 0 || e.time_ms > kMaxEventTimeMs)
+    return fmt::format("event time '{}' is not a time in milliseconds since 1970 before the year 10000", t);
   if (!valid_id(id)) return "event id is empty or has invalid characters";
   e.id = std::string(id);
   if (kind == "tick") {
@@ -182,7 +186,11 @@ JobConfig replica_config(const JobConfig& user, std::int64_t node_ttl_seconds) {
 JobLog::JobLog(std::string run_id) : run_id_(std::move(run_id)) {}
 
 TimePoint JobLog::at(std::int64_t ms) const {
-  return TimePoint{} + std::chrono::hours(1) + std::chrono::milliseconds(ms - t0_ms_);
+  // Event times come from agents' clocks (and from etcd, so anyone who can write the job's keys):
+  // held within 100 years of the first, so that the nanoseconds of a TimePoint cannot overflow.
+  constexpr std::int64_t kSpan = std::int64_t{100} * 366 * 24 * 3600 * 1000;
+  const std::int64_t d = ms >= t0_ms_ ? std::min(ms - t0_ms_, kSpan) : -std::min(t0_ms_ - ms, kSpan);
+  return TimePoint{} + std::chrono::hours(1) + std::chrono::milliseconds(d);
 }
 
 bool JobLog::seen(std::string_view id) const {
@@ -357,7 +365,9 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
   std::uint64_t op_counter = 0;
   std::uint64_t seq_counter = 0;  // ticks and expiries this agent appends as the sequencer
   std::optional<std::uint64_t> watch_id;
-  asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer, watch_retry_timer;
+  // leave_poll_timer is the leave's own: sharing retry_timer, a retry and the poll cancelled each
+  // other (a failed call's retry never ran, or the poll ended and the lease was never revoked).
+  asio::steady_timer keepalive_timer, deadline_timer, retry_timer, leave_timer, leave_poll_timer, watch_retry_timer;
   Backoff backoff{Backoff::Options{std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0, 0.3}};
   // Watches that ended one after the other (each soon after it started), since when, and the
   // delay before the next re-read.
@@ -405,6 +415,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
         deadline_timer(io_),
         retry_timer(io_),
         leave_timer(io_),
+        leave_poll_timer(io_),
         watch_retry_timer(io_) {
     job_prefix = options.prefix + options.run_id + "/";
     log_prefix = job_prefix + "log/";
@@ -464,6 +475,7 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     deadline_timer.cancel();
     retry_timer.cancel();
     leave_timer.cancel();
+    leave_poll_timer.cancel();
     watch_retry_timer.cancel();
     client.shutdown();
     lease_client.shutdown();
@@ -1079,10 +1091,17 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
       deadline_timer.cancel();
       return;
     }
-    const std::int64_t wait = std::max<std::int64_t>(0, *due - wall_ms());
+    // At most a day at a time (re-armed when it fires early): a deadline far away must not
+    // overflow the timer's nanoseconds.
+    const std::int64_t wait = std::clamp<std::int64_t>(*due - wall_ms(), 0, std::int64_t{24} * 3600 * 1000);
     deadline_timer.expires_after(std::chrono::milliseconds(wait));
     deadline_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->stopped()) return;
+      // Not due by the wall clock (it went back meanwhile: a step of the time service, a
+      // restored VM): wait again, or no tick would ever be appended for it.
+      if (const auto d = self->leader ? self->log.next_deadline_ms() : std::nullopt; d && *d > wall_ms()) {
+        return self->arm_deadline();
+      }
       self->fold();
     });
   }
@@ -1383,8 +1402,8 @@ struct EtcdRendezvous::Impl : std::enable_shared_from_this<EtcdRendezvous::Impl>
     if (stopped()) return;
     const bool pending = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.is_leave; });
     if (pending) {
-      retry_timer.expires_after(10ms);
-      retry_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      leave_poll_timer.expires_after(10ms);
+      leave_poll_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
         if (ec || self->stopped()) return;
         self->pump();
         self->wait_leave_done();
