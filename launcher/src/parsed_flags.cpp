@@ -126,6 +126,33 @@ std::string_view torchrun_abbreviation(std::string_view prefix) {
   return {};
 }
 
+// argparse's reading of the word after a flag that takes a value: a word that starts with '-' is
+// an option (but '-' alone, or a negative number: -5, -.5, -1.5), so the flag has no value
+// ("expected one argument"). Taken as the value, an empty shell variable (--rdzv-id $JOB) would
+// make the next flag the value and drop it: --rdzv-backend=c10d read as the run id.
+void require_value_word(const std::vector<std::string>& words, std::size_t at, const std::string& flag) {
+  if (at >= words.size()) return;  // no word at all: the parser says the value is missing
+  const std::string& w = words[at];
+  if (w.size() < 2 || w.front() != '-') return;
+  std::size_t digits = 0, dots = 0, at_dot = 0;
+  for (std::size_t k = 1; k < w.size(); ++k) {
+    if (w[k] >= '0' && w[k] <= '9') {
+      ++digits;
+    } else if (w[k] == '.') {
+      ++dots;
+      at_dot = k;
+    } else {
+      digits = 0;
+      dots = 2;  // not a number
+      break;
+    }
+  }
+  const bool negative_number = digits > 0 && (dots == 0 || (dots == 1 && at_dot + 1 < w.size()));
+  if (negative_number) return;
+  throw UsageError(flag + " expects a value, got the option " + w + " (an empty shell variable before it?)",
+                   "give " + flag + " its value, or write " + flag + "=VALUE for a value that starts with '-'");
+}
+
 }  // namespace
 
 ParsedFlags::ParsedFlags(const ParseContext& context) : context_(context) {}
@@ -311,6 +338,7 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
         }
       }
       if (spec != nullptr && arg.size() == 2) {
+        require_value_word(out, i + 1, arg);
         ++i;
       } else if (spec != nullptr && arg[2] == '=') {
         const std::string value = arg.substr(3);
@@ -382,6 +410,7 @@ std::vector<std::string> expand_abbreviations(const std::vector<std::string>& ar
       out.insert(out.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
       ++i;
     } else if (match != nullptr && match->kind != FlagKind::boolean && eq == std::string::npos) {
+      require_value_word(out, i + 1, "--" + std::string(match->dash));
       ++i;  // skip its value
     }
   }

@@ -884,6 +884,27 @@ TEST_CASE("ParseContext::from_process reads the real environment") {
   CHECK(ctx.env.contains("PATH"));
 }
 
+TEST_CASE("a flag's value is not the next option: an empty shell variable is an error, as with argparse") {
+  Sandbox sb;
+  // --rdzv-id $JOB with JOB empty: before, --rdzv-backend=c10d became the run id and the backend
+  // stayed static.
+  CHECK_THROWS_WITH(sb.parse({"--nnodes", "2", "--rdzv-id", "--rdzv-backend=c10d", "--rdzv-endpoint", "h1:29400",
+                              "train.py"}),
+                    Contains("--rdzv-id expects a value, got the option --rdzv-backend=c10d"));
+  CHECK_THROWS_WITH(sb.parse({"--log-dir", "--no-python", "/bin/true"}),
+                    Contains("--log-dir expects a value, got the option --no-python"));
+  CHECK_THROWS_WITH(sb.parse({"--max-re", "--standalone", "train.py"}),
+                    Contains("--max-restarts expects a value, got the option --standalone"));
+  CHECK_THROWS_WITH(sb.parse({"-r", "-t", "0:1", "train.py"}), Contains("-r expects a value, got the option -t"));
+  // '-' alone and negative numbers are values (argparse's rule); so is anything after '='.
+  CHECK(sb.parse({"--role", "-", "train.py"}).config.role == "-");
+  CHECK_THROWS_WITH(sb.parse({"--max-restarts", "-1", "train.py"}), Contains("--max-restarts=-1: out of range"));
+  CHECK_THROWS_WITH(sb.parse({"--monitor-interval", "-0.5", "train.py"}), !Contains("expects a value"));
+  CHECK(sb.parse({"--role=-x", "train.py"}).config.role == "-x");
+  // The program's own arguments are not flags of ddprun.
+  CHECK(sb.parse({"train.py", "--lr", "--x"}).config.worker_argv.back() == "--x");
+}
+
 TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   Sandbox sb;
   const auto o =
@@ -893,8 +914,11 @@ TEST_CASE("unambiguous abbreviations of long options work, as with argparse") {
   CHECK(o.config.standalone);
   CHECK(has_note(o, "--standalone: ignoring --master-addr=10.0.0.1"));  // read, and ignored as torchrun
   CHECK(o.config.worker_argv == Strings{sb.path("bin/python3"), "-u", "train.py", "--nproc", "9"});
-  // A value that looks like an abbreviation is left alone.
-  CHECK(sb.parse({"--role", "--nproc", "train.py"}).config.role == "--nproc");
+  // A value that looks like an abbreviation is left alone; as the next word it is an option, and
+  // the flag before has no value (argparse: "expected one argument").
+  CHECK(sb.parse({"--role=--nproc", "train.py"}).config.role == "--nproc");
+  CHECK_THROWS_WITH(sb.parse({"--role", "--nproc", "train.py"}),
+                    Contains("--role expects a value, got the option --nproc") && Contains("--role=VALUE"));
   CHECK_THROWS_WITH(sb.parse({"--n", "2", "train.py"}),
                     Contains("ambiguous option --n") && Contains("--nnodes") && Contains("--nproc-per-node"));
   CHECK_THROWS_WITH(sb.parse({"--master", "h", "train.py"}), Contains("--master-addr") && Contains("--master-port"));
