@@ -54,7 +54,22 @@ std::optional<SlurmSettings> slurm_to_apply(const ParsedFlags& p, const ParseCon
 void apply_slurm(const ParsedFlags& p, const ParseContext& ctx, LaunchOptions& out) {
   agent::AgentConfig& cfg = out.config;
   const auto slurm = slurm_to_apply(p, ctx);
-  if (!slurm) return;
+  if (!slurm) {
+    // A batch script or salloc shell of an allocation of several nodes: a plain job on this node,
+    // which may not be what was meant.
+    const bool overridden = std::any_of(launcher_flags().begin(), launcher_flags().end(),
+                                        [&](const auto& spec) { return spec.overrides_slurm && p.present(spec); });
+    if (overridden || !p.env("SLURM_JOB_ID") || slurm_step(ctx.env)) return;
+    auto nodes = p.env("SLURM_NNODES");
+    if (!nodes) nodes = p.env("SLURM_JOB_NUM_NODES");
+    const std::int64_t n = nodes ? parse_int(trim(*nodes)).value_or(0) : 0;
+    if (n > 1) {
+      out.notes.push_back("in a Slurm allocation of " + std::to_string(n) +
+                          " nodes but outside srun (a batch script or salloc shell): a job on this node only; "
+                          "to use every node, run it as `srun --ntasks-per-node=1 ddprun ...`");
+    }
+    return;
+  }
   // One ddprun per node: several tasks of one step on a node would all try to host or join as
   // that node.
   for (const char* tasks_var : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {

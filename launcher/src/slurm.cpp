@@ -161,15 +161,28 @@ std::vector<std::string> expand_hostlist(std::string_view text, std::string_view
   return HostlistParser(text, what, limits).run();
 }
 
+bool slurm_step(const std::map<std::string, std::string>& env) {
+  return find(env, "SLURM_STEP_ID") != nullptr || find(env, "SLURM_STEP_NODELIST") != nullptr ||
+         find(env, "SLURM_STEP_NUM_NODES") != nullptr;
+}
+
 std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::string>& env,
                                             const HostlistLimits& limits) {
   const std::string* job_id = find(env, "SLURM_JOB_ID");
   if (job_id == nullptr) return std::nullopt;
-  std::string nnodes_var = "SLURM_NNODES";
-  const std::string* nnodes = find(env, nnodes_var);
-  if (nnodes == nullptr) {
-    nnodes_var = "SLURM_JOB_NUM_NODES";
-    nnodes = find(env, nnodes_var);
+  // Only an srun step runs one task per node: srun sets the SLURM_STEP_* variables. A batch
+  // script (sbatch) runs on the first node only, with SLURM_NODEID=0 and the whole allocation's
+  // SLURM_NNODES: taken for a step, its ddprun waited for nodes that never came.
+  if (!slurm_step(env)) return std::nullopt;
+  // The step's node count first (an interactive step, or srun -N, uses fewer than the job).
+  std::string nnodes_var;
+  const std::string* nnodes = nullptr;
+  for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}) {
+    nnodes = find(env, name);
+    if (nnodes != nullptr) {
+      nnodes_var = name;
+      break;
+    }
   }
   if (nnodes == nullptr) return std::nullopt;
 
@@ -180,10 +193,7 @@ std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::str
   }
   s.nnodes = env_int(nnodes_var, *nnodes, 1);
   const std::string* node_id = find(env, "SLURM_NODEID");
-  if (node_id == nullptr) {
-    // An salloc / sbatch shell, not an srun step: no node of its own, so no Slurm settings.
-    return std::nullopt;
-  }
+  if (node_id == nullptr) return std::nullopt;  // not a step's task: no node of its own
   s.node_id = env_int("SLURM_NODEID", *node_id, 0);
   if (s.node_id >= s.nnodes) {
     throw UsageError("SLURM_NODEID=" + *node_id + " is not below " + nnodes_var + "=" + *nnodes,

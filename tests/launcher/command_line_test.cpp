@@ -888,9 +888,9 @@ TEST_CASE("a flag's value is not the next option: an empty shell variable is an 
   Sandbox sb;
   // --rdzv-id $JOB with JOB empty: before, --rdzv-backend=c10d became the run id and the backend
   // stayed static.
-  CHECK_THROWS_WITH(sb.parse({"--nnodes", "2", "--rdzv-id", "--rdzv-backend=c10d", "--rdzv-endpoint", "h1:29400",
-                              "train.py"}),
-                    Contains("--rdzv-id expects a value, got the option --rdzv-backend=c10d"));
+  CHECK_THROWS_WITH(
+      sb.parse({"--nnodes", "2", "--rdzv-id", "--rdzv-backend=c10d", "--rdzv-endpoint", "h1:29400", "train.py"}),
+      Contains("--rdzv-id expects a value, got the option --rdzv-backend=c10d"));
   CHECK_THROWS_WITH(sb.parse({"--log-dir", "--no-python", "/bin/true"}),
                     Contains("--log-dir expects a value, got the option --no-python"));
   CHECK_THROWS_WITH(sb.parse({"--max-re", "--standalone", "train.py"}),

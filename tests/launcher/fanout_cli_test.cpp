@@ -447,8 +447,11 @@ TEST_CASE("--ranks-filter takes ranks and ranges") {
 
 TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come from Slurm") {
   Sandbox sb;
-  const Env slurm = {
-      {"SLURM_JOB_ID", "77"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}};
+  const Env slurm = {{"SLURM_JOB_ID", "77"},
+                     {"SLURM_NNODES", "2"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                     {"SLURM_STEP_NODELIST", "gpu[07-08]"}};
   auto o = sb.parse({"--nproc-per-node", "4", "train.py"}, slurm);
   CHECK(o.config.rdzv_backend == "c10d");
   CHECK(o.config.min_nodes == 2);
@@ -482,6 +485,17 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   shell.erase("SLURM_NODEID");
   CHECK(sb.parse({"train.py"}, shell).config.standalone);
   CHECK(sb.parse({"--master-port", "29500", "train.py"}, shell).config.rdzv_backend == "static");
+  // A batch script (SLURM_NODEID=0, no srun step): a plain job on this node, and a note saying so.
+  Env batch = slurm;
+  batch.erase("SLURM_STEP_NODELIST");
+  batch["SLURM_NODEID"] = "0";
+  o = sb.parse({"train.py"}, batch);
+  CHECK(o.config.standalone);
+  CHECK(o.config.max_nodes == 1);
+  CHECK(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+    return n.find("outside srun (a batch script or salloc shell): a job on this node only") != std::string::npos;
+  }));
+  CHECK(sb.parse({"--nnodes", "1", "train.py"}, batch).notes.empty());
 
   // Explicit rendezvous flags win; a one-node allocation is a plain single-node job.
   o = sb.parse({"--nnodes", "1", "train.py"}, slurm);
@@ -498,6 +512,7 @@ TEST_CASE("inside a Slurm allocation the node count, node rank and endpoint come
   one["SLURM_NNODES"] = "1";
   one["SLURM_NODEID"] = "0";
   one["SLURM_JOB_NODELIST"] = "gpu07";
+  one["SLURM_STEP_NODELIST"] = "gpu07";
   o = sb.parse({"train.py"}, one);
   CHECK(o.config.standalone);
   CHECK(o.config.max_nodes == 1);

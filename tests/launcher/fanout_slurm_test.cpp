@@ -71,12 +71,30 @@ TEST_CASE("slurm_from_env: not a Slurm step") {
   CHECK_FALSE(slurm_from_env({}).has_value());
   CHECK_FALSE(slurm_from_env({{"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}}).has_value());
   // A job id without a node count (e.g. an odd wrapper): not used.
-  CHECK_FALSE(slurm_from_env({{"SLURM_JOB_ID", "7"}}).has_value());
+  CHECK_FALSE(slurm_from_env({{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}}).has_value());
+  // A batch script of a 4-node allocation (what sbatch sets there: SLURM_NODEID=0, no
+  // SLURM_STEP_*): before, it was taken for node 0 of a 4-node step and waited for the others.
+  const std::map<std::string, std::string> batch = {
+      {"SLURM_JOB_ID", "42"}, {"SLURM_NNODES", "4"}, {"SLURM_JOB_NUM_NODES", "4"},
+      {"SLURM_NODEID", "0"},  {"SLURM_PROCID", "0"}, {"SLURM_JOB_NODELIST", "gnode[10,20,25,37]"}};
+  CHECK_FALSE(slurm_step(batch));
+  CHECK_FALSE(slurm_from_env(batch).has_value());
+  auto step = batch;
+  step["SLURM_STEP_NODELIST"] = "gnode[10,20,25,37]";
+  CHECK(slurm_step(step));
+  CHECK(slurm_from_env(step) == SlurmSettings{4, 0, "gnode10", "slurm-42"});
+  // An interactive step (salloc's shell on the first node): one node of the job's four.
+  auto interactive = batch;
+  interactive["SLURM_STEP_ID"] = "4294967290";
+  interactive["SLURM_STEP_NUM_NODES"] = "1";
+  interactive["SLURM_STEP_NODELIST"] = "gnode10";
+  CHECK(slurm_from_env(interactive) == SlurmSettings{1, 0, "gnode10", "slurm-42.4294967290"});
 }
 
 TEST_CASE("slurm_from_env: settings from a step's environment") {
   std::map<std::string, std::string> env = {{"SLURM_JOB_ID", "4242"},
                                             {"SLURM_NNODES", "4"},
+                                            {"SLURM_STEP_NUM_NODES", "4"},
                                             {"SLURM_NODEID", "2"},
                                             {"SLURM_JOB_NODELIST", "gpu[07-08],cpu-[1-2]"}};
   CHECK(slurm_from_env(env) == SlurmSettings{4, 2, "gpu07", "slurm-4242"});
@@ -86,9 +104,12 @@ TEST_CASE("slurm_from_env: settings from a step's environment") {
   REQUIRE(stepped.has_value());
   CHECK(stepped->run_id == std::string("slurm-4242.3"));
   // SLURM_JOB_NUM_NODES when SLURM_NNODES is missing; SLURM_NODELIST when the job list is.
-  std::map<std::string, std::string> env2 = {
-      {"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "x,y"}};
-  CHECK(slurm_from_env(env2) == SlurmSettings{2, 0, "x", "slurm-9"});
+  std::map<std::string, std::string> env2 = {{"SLURM_JOB_ID", "9"},
+                                             {"SLURM_STEP_ID", "0"},
+                                             {"SLURM_JOB_NUM_NODES", "2"},
+                                             {"SLURM_NODEID", "0"},
+                                             {"SLURM_NODELIST", "x,y"}};
+  CHECK(slurm_from_env(env2) == SlurmSettings{2, 0, "x", "slurm-9.0"});
   // Inside srun the step's node list wins over the job's (a step may use fewer nodes).
   std::map<std::string, std::string> env3 = {{"SLURM_JOB_ID", "9"},
                                              {"SLURM_NNODES", "2"},
@@ -99,8 +120,11 @@ TEST_CASE("slurm_from_env: settings from a step's environment") {
 }
 
 TEST_CASE("slurm_from_env: inconsistent values name the variables") {
-  const std::map<std::string, std::string> base = {
-      {"SLURM_JOB_ID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NODELIST", "a,b"}};
+  const std::map<std::string, std::string> base = {{"SLURM_JOB_ID", "1"},
+                                                   {"SLURM_STEP_ID", "0"},
+                                                   {"SLURM_NNODES", "2"},
+                                                   {"SLURM_NODEID", "0"},
+                                                   {"SLURM_JOB_NODELIST", "a,b"}};
   REQUIRE(slurm_from_env(base).has_value());
   auto with = [&](const std::string& k, const std::string& v) {
     auto e = base;

@@ -44,9 +44,14 @@ struct SlurmSettings {
   bool operator==(const SlurmSettings&) const = default;
 };
 
-// nullopt unless SLURM_JOB_ID, a node count (SLURM_NNODES, else SLURM_JOB_NUM_NODES) and
-// SLURM_NODEID are set: only then is this a task of an srun step ddprun can use (an salloc or
-// sbatch shell has no SLURM_NODEID and runs a plain job).
+// True when `env` is a task of an srun step: srun sets SLURM_STEP_ID, SLURM_STEP_NODELIST and
+// SLURM_STEP_NUM_NODES; a batch script (sbatch, on the first node only) and an salloc shell have
+// none of them (a batch script does have SLURM_NODEID=0).
+bool slurm_step(const std::map<std::string, std::string>& env);
+
+// nullopt unless SLURM_JOB_ID, a step (slurm_step), a node count (SLURM_STEP_NUM_NODES, else
+// SLURM_NNODES, else SLURM_JOB_NUM_NODES) and SLURM_NODEID are set: only then is this a task of
+// an srun step ddprun can use (an salloc or sbatch shell runs a plain job).
 // Node list: SLURM_STEP_NODELIST (inside srun: the step's nodes), else SLURM_JOB_NODELIST, else
 // SLURM_NODELIST. Errors: a count or id that is not a number, SLURM_NODEID outside
 // 0..nnodes-1, no node list, a node list whose size differs from the node count.
