@@ -1,5 +1,7 @@
 #include "ddprun/common/endpoint.hpp"
 
+#include <arpa/inet.h>
+
 #include <string>
 
 #include "ddprun/common/error.hpp"
@@ -27,6 +29,22 @@ std::optional<std::uint16_t> parse_port(std::string_view text) {
   return static_cast<std::uint16_t>(*v);
 }
 
+namespace {
+
+// An IPv6 address, with a zone (fe80::1%eth0) allowed.
+bool is_ipv6(std::string_view text) {
+  const auto pct = text.find('%');
+  const std::string addr(text.substr(0, pct));
+  if (addr.empty() || addr.size() > 45) return false;
+  if (pct != std::string_view::npos && (pct + 1 == text.size() || text.find(':', pct) != std::string_view::npos)) {
+    return false;  // an empty zone, or one with a colon
+  }
+  in6_addr a{};
+  return ::inet_pton(AF_INET6, addr.c_str(), &a) == 1;
+}
+
+}  // namespace
+
 Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::string_view what) {
   const std::string forms = "accepted forms: HOST, HOST:PORT, [IPV6], [IPV6]:PORT with PORT in 0..65535";
   auto fail = [&](const std::string& why) -> Endpoint {
@@ -51,8 +69,25 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
     const auto first = t.find(':');
     const auto last = t.rfind(':');
     if (first != last) {
-      // Bare IPv6 literal without port.
-      ep.host = std::string(t);
+      // Several colons: an IPv6 address, without brackets. torchrun reads the text after the last
+      // colon as a port (::1:29400 is [::1]:29400); an address whose last group is a number reads
+      // both ways, and anything else is neither.
+      const std::string_view before = t.substr(0, last);
+      const auto port = parse_port(t.substr(last + 1));
+      const bool whole = is_ipv6(t);
+      const bool with_port = port && is_ipv6(before);
+      if (whole && with_port) {
+        return fail("an IPv6 address whose last group may be a port: write [" + terminal_safe(before) +
+                    "]:" + std::to_string(*port) + " or [" + terminal_safe(t) + "]");
+      }
+      if (whole) {
+        ep.host = std::string(t);
+      } else if (with_port) {
+        ep.host = std::string(before);
+        ep.port = *port;
+      } else {
+        return fail("not a host or HOST:PORT (a host has no ':' and an IPv6 address goes in brackets)");
+      }
     } else if (first != std::string_view::npos) {
       ep.host = std::string(t.substr(0, first));
       auto p = parse_port(t.substr(first + 1));

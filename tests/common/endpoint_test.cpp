@@ -16,6 +16,24 @@ TEST_CASE("endpoint forms") {
   CHECK(ddprun::Endpoint{"h", 5}.to_string() == "h:5");
 }
 
+TEST_CASE("an IPv6 address without brackets: a port after it as torchrun reads it, or an error") {
+  // torchrun reads the text after the last colon as the port: ::1:29400 is [::1]:29400. Before,
+  // every text with two colons was taken whole as a host: [::1:29400]:29400, and also
+  // http://node1:29400, node1::29400, node1:29400: (failing only when the agent connected).
+  CHECK(parse_endpoint("::1:29400", 7, "--x") == ddprun::Endpoint{"::1", 29400});
+  CHECK(parse_endpoint("fe80::1%eth0:29400", 7, "--x") == ddprun::Endpoint{"fe80::1%eth0", 29400});
+  CHECK(parse_endpoint("fe80::1%eth0", 7, "--x") == ddprun::Endpoint{"fe80::1%eth0", 7});
+  CHECK(parse_endpoint("2001:db8::1", 7, "--x") == ddprun::Endpoint{"2001:db8::1", 7});
+  CHECK(parse_endpoint("::1", 7, "--x") == ddprun::Endpoint{"::1", 7});
+  for (const char* bad : {"http://node1:29400", "node1::29400", "node1:29400:", "a:b:c", "::1:99999", "fe80::1%:5"}) {
+    CHECK_THROWS_WITH(parse_endpoint(bad, 1, "--rdzv-endpoint"),
+                      Catch::Contains("--rdzv-endpoint") && Catch::Contains("not a host or HOST:PORT"));
+  }
+  // Both readings are addresses (the last group is a number a port can be): brackets needed.
+  CHECK_THROWS_WITH(parse_endpoint("::1:2940", 1, "--rdzv-endpoint"),
+                    Catch::Contains("[::1]:2940") && Catch::Contains("[::1:2940]"));
+}
+
 TEST_CASE("bad endpoints name the flag and the forms") {
   for (const char* bad : {"", "head:", "head:99999", "head:-1", "[::1", "[::1]x", ":80", "h:8a"}) {
     try {
