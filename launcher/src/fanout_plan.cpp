@@ -131,7 +131,8 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
   std::optional<int> num_nodes;
   std::optional<int> num_gpus;
   if (auto g = p.given("num-nodes")) num_nodes = parse_int_value(g->text, g->what, 1, 1'000'000);
-  if (auto g = p.given("num-gpus")) num_gpus = parse_int_value(g->text, g->what, 1, 1'000'000);
+  // As a host's slots (hosts.cpp): at most 65,536 devices a host.
+  if (auto g = p.given("num-gpus")) num_gpus = parse_int_value(g->text, g->what, 1, 65536);
   const auto include = p.given("include");
   const auto exclude = p.given("exclude");
   const auto selected = select_hosts(entries, include ? include->text : "", exclude ? exclude->text : "", num_nodes,
@@ -148,7 +149,9 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     FanoutHost h;
     h.user = selected[i].user;
     h.host = selected[i].host;
-    const bool counted_here = selected[i].slot_indices || nproc_number || selected[i].slots > 0;
+    // gpu/cpu/auto given is counted on each host, also one with slots (an explicit
+    // --nproc-per-node wins over them, docs/multinode.md); chosen slot indices are a number.
+    const bool counted_here = selected[i].slot_indices || nproc_number || (selected[i].slots > 0 && nproc_word.empty());
     h.nproc = (!counted_here && !nproc_word.empty()) ? nproc_word : std::to_string(counts[i]);
     if (selected[i].slot_indices) {
       std::string list;

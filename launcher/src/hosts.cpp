@@ -96,6 +96,16 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
   } else {
     const auto colons = std::count(rest.begin(), rest.end(), ':');
     if (colons >= 2) {
+      // As --include: an address whose last group could be a slot count of the address before it
+      // (fd00::5:4) is ambiguous; brackets say which.
+      const auto last = rest.rfind(':');
+      const std::string_view before = rest.substr(0, last);
+      const std::string_view after = rest.substr(last + 1);
+      if (!after.empty() && is_digits(after) && is_ipv6_literal(before) && is_ipv6_address(before)) {
+        fail("'" + std::string(rest) + "' is ambiguous: write an IPv6 address in brackets, [" + std::string(before) +
+             "]:" + std::string(after) + " for " + std::string(after) + " slots on " + std::string(before) +
+             (is_ipv6_address(rest) ? ", [" + std::string(rest) + "] for the whole address" : std::string()));
+      }
       if (!is_ipv6_literal(rest) || !is_ipv6_address(rest)) fail("not a host name or IPv6 address");
       e.host = std::string(rest);
     } else {

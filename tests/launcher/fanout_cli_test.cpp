@@ -113,6 +113,18 @@ TEST_CASE("--nproc-per-node gpu|auto is counted on each host") {
   REQUIRE(o.fanout);
   CHECK(o.fanout->hosts[0].nproc == "gpu");
   CHECK(o.fanout->hosts[1].nproc == "gpu");
+  // Also on hosts with slots: the explicit flag wins over them (before, the slots did, silently).
+  const auto s = sb.parse({"--hosts", "h0:2,h1:4", "--nproc-per-node", "cpu", "train.py"});
+  REQUIRE(s.fanout);
+  CHECK(s.fanout->hosts[0].nproc == "cpu");
+  CHECK(s.fanout->hosts[1].nproc == "cpu");
+  // Slots chosen by --include are devices: their count, whatever the word.
+  const auto i = sb.parse({"--hosts", "h0:4,h1:4", "--include", "h0:0,1@h1", "--nproc-per-node", "gpu", "train.py"});
+  REQUIRE(i.fanout);
+  CHECK(i.fanout->hosts[0].nproc == "2");
+  CHECK(i.fanout->hosts[1].nproc == "gpu");
+  // --num-gpus is bounded as a host's slots are.
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0,h1", "--num-gpus", "1000000", "train.py"}), Contains("1..65536"));
 }
 
 TEST_CASE("flags that place nodes cannot be mixed with a host list") {

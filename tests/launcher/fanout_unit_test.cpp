@@ -100,6 +100,11 @@ TEST_CASE("hostfile: errors name file:line") {
   CHECK_THROWS_WITH(parse_hostfile_text("node1:8:\n", "hf"), Contains("hf:1") && Contains("not a host name or IPv6"));
   CHECK_THROWS_WITH(parse_hostfile_text("[fe80:::1]\n", "hf"), Contains("not an IPv6 address"));
   CHECK(parse_hostfile_text("fe80::1%eth0\n[fd00::5]:2\n", "hf").size() == 2);
+  // An address whose last group could be a slot count (host:N) is ambiguous, as in --include;
+  // before, fd00::5:4 was read as the whole address with one slot.
+  CHECK_THROWS_WITH(parse_hostfile_text("fd00::5:4\n", "hf"),
+                    Contains("hf:1") && Contains("ambiguous") && Contains("[fd00::5]:4") && Contains("[fd00::5:4]"));
+  CHECK(parse_hostfile_text("[fd00::5:4]\nfd00::5\n", "hf").size() == 2);
   // A word far longer than any host name is named by its start and length, not echoed whole.
   const std::string huge(100000, 'h');
   CHECK_THROWS_WITH(parse_hostfile_text(huge + "\n", "hf"), Contains("hf:1") &&
