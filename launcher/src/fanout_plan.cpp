@@ -197,9 +197,11 @@ void resolve_fanout(const ParsedFlags& p, const std::vector<std::string>& remain
     plan.ssh_command.insert(plan.ssh_command.end(), {"-p", std::to_string(parse_port_value(g->text, g->what, 1))});
   }
   for (const auto& opt : p.all("ssh-option")) {
-    if (trim(opt).empty() || opt.find('=') == std::string::npos) {
+    // ssh -o takes KEY=VALUE; "-oKEY=VALUE" (ssh's own spelling) would become -o -oKEY=VALUE, which
+    // ssh refuses on every host.
+    if (trim(opt).empty() || opt.find('=') == std::string::npos || opt.front() == '-') {
       throw UsageError("--ssh-option " + opt + ": not an ssh option",
-                       "accepted form: KEY=VALUE, e.g. IdentityFile=~/.ssh/id");
+                       "accepted form: KEY=VALUE without -o, e.g. --ssh-option IdentityFile=~/.ssh/id");
     }
     plan.ssh_command.insert(plan.ssh_command.end(), {"-o", opt});
   }

@@ -60,7 +60,10 @@ bool is_ipv6_address(std::string_view s) {
 }
 
 // Parses one "[user@]host[:N]" word. `where` prefixes messages ("hosts.txt:3" or "--hosts").
-HostEntry parse_host_word(std::string_view word, const std::string& where, std::string_view forms) {
+// `slots_follow`: a hostfile line gives slots=N after the word, so a word that is an IPv6 address
+// whole is that address (its last group cannot be a slot count given twice).
+HostEntry parse_host_word(std::string_view word, const std::string& where, std::string_view forms,
+                          bool slots_follow = false) {
   auto fail = [&](const std::string& why) -> HostEntry {
     throw UsageError(where + ": '" + std::string(word) + "': " + why, "accepted forms: " + std::string(forms));
   };
@@ -101,7 +104,10 @@ HostEntry parse_host_word(std::string_view word, const std::string& where, std::
       const auto last = rest.rfind(':');
       const std::string_view before = rest.substr(0, last);
       const std::string_view after = rest.substr(last + 1);
-      if (!after.empty() && is_digits(after) && is_ipv6_literal(before) && is_ipv6_address(before)) {
+      const auto count = parse_int(after);
+      const bool slot_count = !after.empty() && is_digits(after) && count && *count >= 1 && *count <= kMaxSlots;
+      if (slot_count && !(slots_follow && is_ipv6_address(rest)) && is_ipv6_literal(before) &&
+          is_ipv6_address(before)) {
         fail("'" + std::string(rest) + "' is ambiguous: write an IPv6 address in brackets, [" + std::string(before) +
              "]:" + std::string(after) + " for " + std::string(after) + " slots on " + std::string(before) +
              (is_ipv6_address(rest) ? ", [" + std::string(rest) + "] for the whole address" : std::string()));
@@ -175,7 +181,9 @@ std::vector<HostEntry> parse_hostfile_text(std::string_view text, std::string_vi
       throw UsageError(where + ": contains a NUL byte", "is this a text file? " + std::string(kHostfileForms));
     }
     const auto words = split_whitespace(line);
-    HostEntry e = parse_host_word(words[0], where, kHostfileForms);
+    const bool slots_follow =
+        std::any_of(words.begin() + 1, words.end(), [](const std::string& w) { return w.rfind("slots=", 0) == 0; });
+    HostEntry e = parse_host_word(words[0], where, kHostfileForms, slots_follow);
     for (std::size_t i = 1; i < words.size(); ++i) {
       const std::string& w = words[i];
       const auto eq = w.find('=');

@@ -127,28 +127,17 @@ std::string_view torchrun_abbreviation(std::string_view prefix) {
 }
 
 // argparse's reading of the word after a flag that takes a value: a word that starts with '-' is
-// an option (but '-' alone, or a negative number: -5, -.5, -1.5), so the flag has no value
-// ("expected one argument"). Taken as the value, an empty shell variable (--rdzv-id $JOB) would
-// make the next flag the value and drop it: --rdzv-backend=c10d read as the run id.
+// an option, so the flag has no value ("expected one argument"), except '-' alone, a word that
+// looks like a negative number (-5, -.5, -1e-3: current argparse's test, a digit or '.' and a
+// digit after the '-') and a word with a space. Taken as the value, an empty shell variable
+// (--rdzv-id $JOB) would make the next flag the value and drop it: --rdzv-backend=c10d read as the
+// run id.
 void require_value_word(const std::vector<std::string>& words, std::size_t at, const std::string& flag) {
   if (at >= words.size()) return;  // no word at all: the parser says the value is missing
   const std::string& w = words[at];
-  if (w.size() < 2 || w.front() != '-') return;
-  std::size_t digits = 0, dots = 0, at_dot = 0;
-  for (std::size_t k = 1; k < w.size(); ++k) {
-    if (w[k] >= '0' && w[k] <= '9') {
-      ++digits;
-    } else if (w[k] == '.') {
-      ++dots;
-      at_dot = k;
-    } else {
-      digits = 0;
-      dots = 2;  // not a number
-      break;
-    }
-  }
-  const bool negative_number = digits > 0 && (dots == 0 || (dots == 1 && at_dot + 1 < w.size()));
-  if (negative_number) return;
+  if (w.size() < 2 || w.front() != '-' || w.find(' ') != std::string::npos) return;
+  const auto digit = [&](std::size_t k) { return k < w.size() && w[k] >= '0' && w[k] <= '9'; };
+  if (digit(1) || (w[1] == '.' && digit(2))) return;
   throw UsageError(flag + " expects a value, got the option " + w + " (an empty shell variable before it?)",
                    "give " + flag + " its value, or write " + flag + "=VALUE for a value that starts with '-'");
 }

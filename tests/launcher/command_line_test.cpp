@@ -900,6 +900,9 @@ TEST_CASE("a flag's value is not the next option: an empty shell variable is an 
   CHECK(sb.parse({"--role", "-", "train.py"}).config.role == "-");
   CHECK_THROWS_WITH(sb.parse({"--max-restarts", "-1", "train.py"}), Contains("--max-restarts=-1: out of range"));
   CHECK_THROWS_WITH(sb.parse({"--monitor-interval", "-0.5", "train.py"}), !Contains("expects a value"));
+  CHECK_THROWS_WITH(sb.parse({"--monitor-interval", "-1e-3", "train.py"}), !Contains("expects a value"));
+  CHECK(sb.parse({"--log-line-prefix-template", "-[${rank}] ", "train.py"}).config.log_line_prefix_template ==
+        "-[${rank}] ");
   CHECK(sb.parse({"--role=-x", "train.py"}).config.role == "-x");
   // The program's own arguments are not flags of ddprun.
   CHECK(sb.parse({"train.py", "--lr", "--x"}).config.worker_argv.back() == "--x");

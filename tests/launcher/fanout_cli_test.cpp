@@ -69,6 +69,9 @@ TEST_CASE("--hosts makes a fan-out plan: hosts, workers per host, the program as
   REQUIRE(user != cmd.end());
   REQUIRE(dflt != cmd.end());
   CHECK(user < dflt);
+  // ssh's own spelling (-oKEY=VALUE) would be passed as -o -oKEY=VALUE, which ssh refuses.
+  CHECK_THROWS_WITH(sb.parse({"--hosts", "h0", "--ssh-option=-oStrictHostKeyChecking=no", "train.py"}),
+                    Contains("not an ssh option") && Contains("without -o"));
   CHECK(has(p.agent_args, "--rdzv-conf=is_host=false"));
 }
 

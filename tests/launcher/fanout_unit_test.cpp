@@ -105,6 +105,13 @@ TEST_CASE("hostfile: errors name file:line") {
   CHECK_THROWS_WITH(parse_hostfile_text("fd00::5:4\n", "hf"),
                     Contains("hf:1") && Contains("ambiguous") && Contains("[fd00::5]:4") && Contains("[fd00::5:4]"));
   CHECK(parse_hostfile_text("[fd00::5:4]\nfd00::5\n", "hf").size() == 2);
+  // With slots=N after it the word is the whole address (a count given twice is no reading).
+  const auto whole = parse_hostfile_text("fd00::5:4 slots=8\n", "hf");
+  REQUIRE(whole.size() == 1);
+  CHECK(whole[0].host == "fd00::5:4");
+  CHECK(whole[0].slots == 8);
+  // A last group that is no slot count (0) leaves one reading: the whole address.
+  CHECK(parse_hostfile_text("fd00::5:0\n", "hf").front().host == "fd00::5:0");
   // A word far longer than any host name is named by its start and length, not echoed whole.
   const std::string huge(100000, 'h');
   CHECK_THROWS_WITH(parse_hostfile_text(huge + "\n", "hf"), Contains("hf:1") &&

@@ -133,6 +133,26 @@ TEST_CASE("a full wait table sheds the connection holding the most, never one ho
   CHECK(box.shed_reasons.size() == 1);
 }
 
+TEST_CASE("a BARRIER arrival the key limits refuse sheds no one for its registration", "[state][bounds]") {
+  StoreLimits limits;
+  limits.max_waits = 6;
+  limits.max_keys = 1;
+  StoreState state(limits);
+  RecordingOutbox box;
+  REQUIRE(state.apply(1, keys_req(Op::wait, {"h1", "h2", "h3", "h4", "h5"}), box).ok);
+  REQUIRE(state.apply(2, req(Op::set, "full", "1"), box).ok);  // --max-keys reached
+  REQUIRE(state.apply(2, keys_req(Op::wait, {"w"}), box).ok);
+  Request barrier = req(Op::barrier, "bar");
+  barrier.number = 2;
+  const ApplyResult refused = state.apply(3, barrier, box);
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.reason, Catch::Contains("--max-keys"));
+  // Connection 1 (5 registrations) was not closed for an arrival that could not be counted.
+  CHECK(box.shed_reasons.empty());
+  CHECK(state.waiting(1));
+  CHECK(state.registrations() == 6);
+}
+
 TEST_CASE("wait registrations' key bytes count against max_total_bytes", "[state][bounds]") {
   // Each registration holds its key twice (per key and per connection): a 60-byte key costs
   // 120 bytes; two of them pass 200.

@@ -152,15 +152,18 @@ Decisions RendezvousRegistry::rejoin(const std::string& run_id, const RejoinRequ
                                max_node_text_bytes, a.nccl_id.size(), max_nccl_ids),
                    RefuseCode::inconsistent_rejoin}};
   }
-  // The rebuilt round's NCCL IDs (kept as bytes and as hex) are charged as members' bytes are.
+  // The rebuilt round's NCCL IDs (kept as bytes and as hex) are charged as members' bytes are,
+  // with what the node adds (its own offer is spent at once; a member is charged its growth).
   const std::size_t round_bytes = 3 * a.nccl_id.size();
-  if (max_member_bytes_ != 0 && member_bytes_ + member_footprint(request.node) + round_bytes > max_member_bytes_) {
+  const std::size_t node_bytes = member_footprint(request.node) - request.node.nccl_ids.size();
+  const std::size_t held = it != jobs_.end() ? it->second.job.footprint_of(request.node.id) : 0;
+  const std::size_t wants = (node_bytes > held ? node_bytes - held : 0) + round_bytes;
+  if (max_member_bytes_ != 0 && member_bytes_ + wants > max_member_bytes_) {
     return {Refuse{run_id, request.node.id,
                    fmt::format("cannot rebuild rendezvous '{}' from node {}: the daemon's jobs hold {} bytes of "
                                "members together and its round needs {} more, past its limit of {} "
                                "(--max-member-bytes); retry later or ask the admin to raise the limit",
-                               run_id, request.node.id.to_string(), member_bytes_,
-                               member_footprint(request.node) + round_bytes, max_member_bytes_),
+                               run_id, request.node.id.to_string(), member_bytes_, wants, max_member_bytes_),
                    RefuseCode::other}};
   }
   Decisions out;

@@ -533,10 +533,16 @@ ApplyResult StoreState::apply(ConnectionId conn, const Request& req, Outbox& out
       // A participant that will wait needs a registration: made room for before its arrival is
       // counted, so that one refused (the connection closes) leaves the count as it was, and its
       // retry is not counted twice. (A value that is no counter is refused by add() below.)
+      // Nor is anyone shed for an arrival add() then refuses (--max-keys, --max-total-bytes).
       if (auto it = kv_.find(req.key); it == kv_.end() || parse_counter(it->second)) {
         const std::int64_t old = it == kv_.end() ? 0 : *parse_counter(it->second);
         const auto next = static_cast<std::int64_t>(static_cast<std::uint64_t>(old) + 1);
-        if (next < req.number && !make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
+        char buf[24];
+        const std::size_t len = static_cast<std::size_t>(std::to_chars(buf, buf + sizeof buf, next).ptr - buf);
+        const bool add_fits =
+            it != kv_.end() ? len <= it->second.size() || bytes_ - it->second.size() + len <= limits_.max_total_bytes
+                            : bytes_ + req.key.size() + len <= limits_.max_total_bytes && entries() < limits_.max_keys;
+        if (next < req.number && add_fits && !make_room(res, conn, req.op, 1, req.key.size(), outbox)) break;
       }
       std::int64_t count = 0;
       res = add(conn, req.key, 1, count, outbox, false);
