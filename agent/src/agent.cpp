@@ -175,9 +175,12 @@ class Agent {
     }
     // Console writes to a closed pipe (ddprun ... | head) must not kill the agent: EPIPE is
     // handled where we write. Workers get SIGPIPE back to default in the child.
+    // Unless SIGPIPE is one of the signals handled (--signals-to-handle): then it is forwarded.
+    const auto handled = handled_signals(config_);
+    sigpipe_ignored_ = std::find(handled.begin(), handled.end(), SIGPIPE) == handled.end();
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;  // NOLINT
-    ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
+    if (sigpipe_ignored_) ::sigaction(SIGPIPE, &ign, &old_sigpipe_);
 
     backend_->start();
     nccl_->set_comm_id_host(backend_->comm_id_host());
@@ -185,7 +188,7 @@ class Agent {
     if (!finished_) {
       io_.run();
     }
-    ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
+    if (sigpipe_ignored_) ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
     // After a successful job the watchdog removes the (empty) run directory once the agent has
     // exited: on a disk file system that takes ~0.3 ms, which the launch need not wait for.
     std::function<bool(const std::string&)> later;
@@ -198,8 +201,10 @@ class Agent {
       // cause (a scheduler that set it reads it back).
       if (const auto it = parent_env_.find("TORCHELASTIC_ERROR_FILE"); it != parent_env_.end()) {
         const auto root = backend_->local_root_cause();
-        write_launcher_error_file(it->second, root ? &*root : nullptr,
-                                  fatal_error_.empty() ? backend_->job_failure_reason() : fatal_error_);
+        std::string message = fatal_error_.empty() ? backend_->job_failure_reason() : fatal_error_;
+        // Stopped by a signal and nothing else: torchrun's @record writes its SignalException.
+        if (message.empty() && !root) message = signal_message_;
+        write_launcher_error_file(it->second, root ? &*root : nullptr, message);
       }
     }
     return exit_code_;
@@ -218,6 +223,10 @@ class Agent {
              {"global_rank", std::int64_t{failure.rank}},
              {"raw_error", describe(failure.status)}});
       apply(machine_.on_local_failure());
+    };
+    h.on_diagnosis = [this](const std::string& block) {
+      if (finished_) return;
+      backend_->print_diagnosis(block);
     };
     h.on_done = [this](bool ok, int code) {
       if (finished_) return;
@@ -309,6 +318,7 @@ class Agent {
   void deliver_signal(int sig) {
     // The run ends for it: its exit does not wait long on a console that does not read.
     console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
+    if (signal_message_.empty()) signal_message_ = fmt::format("Process {} got signal: {}", ::getpid(), sig);
     signalled_ = true;
     apply(machine_.on_signal(sig));
   }
@@ -460,7 +470,12 @@ class Agent {
     run_.kill_and_reap_all();
     boost::system::error_code ignored;
     signals_.cancel(ignored);
-    signals_.clear(ignored);
+    // Still handled while the backend stops (a node hosting the rendezvous lingers up to 3 s for
+    // the others): a signal ends that wait, and ddprun still cleans up and exits with the job's
+    // code, rather than being ended by it.
+    signals_.async_wait([this](const boost::system::error_code& ec, int) {
+      if (!ec) io_.stop();
+    });
     backend_->stop([this] { io_.stop(); });
   }
 
@@ -508,8 +523,9 @@ class Agent {
   bool any_files_ = false;
   bool finished_ = false;
   int exit_code_ = 1;
-  std::string fatal_error_;  // ddprun's own reason to fail (exit_with_error), for the launcher's error file
-  bool signalled_ = false;   // a handled signal was delivered
+  std::string signal_message_;  // the first signal delivered, as torch's SignalException says it
+  std::string fatal_error_;     // ddprun's own reason to fail (exit_with_error), for the launcher's error file
+  bool signalled_ = false;      // a handled signal was delivered
   std::string leave_reason_ = "after a signal";  // completes "workers stopped ..." when this node leaves
   // remote-agent mode: the launcher's control channel
   std::unique_ptr<asio::posix::stream_descriptor> control_;
@@ -518,6 +534,7 @@ class Agent {
   std::unique_ptr<AgentMetrics> metrics_;  // after run_: reads it at scrape time
   bool control_error_reported_ = false;
   struct sigaction old_sigpipe_ {};
+  bool sigpipe_ignored_ = false;
 };
 
 }  // namespace

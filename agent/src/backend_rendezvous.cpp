@@ -243,6 +243,12 @@ class ClientBackend final : public RendezvousBackend {
   std::optional<FailureReport> local_root_cause() const override { return root_cause_; }
   std::string job_failure_reason() const override { return failure_reason_; }
 
+  void print_diagnosis(const std::string& block) override {
+    if (block.empty() || !printed_diagnosis_.empty()) return;
+    console::write(STDERR_FILENO, block);
+    printed_diagnosis_ = block;
+  }
+
   void update_diagnosis(const std::string& block) override {
     // Printed at the first failure, before the other local ranks ended: what they did since
     // (failed on their own, ended after the teardown signal they handle) follows it.

@@ -135,14 +135,19 @@ ElasticActions ElasticMachine::on_signal(int sig) {
       state_ = ElasticState::done;
       return {{K::leave}, {K::exit, 128 + sig}};
     case ElasticState::running:
-    case ElasticState::stopping:
+    case ElasticState::stopping: {
+      // The first verdict wins, as a signal's wins over a later result: a job the rendezvous
+      // failed (on_result) keeps its code when a signal comes while the workers stop (srun
+      // sending SIGTERM to the other tasks once one failed), as the fan-out launcher keeps it.
+      const bool verdict = state_ == ElasticState::stopping && next_ == Next::exit;
       state_ = ElasticState::stopping;
-      if (first) {
+      if (first && !verdict) {
         next_ = Next::exit;
         exit_code_ = 128 + sig;
         leave_on_exit_ = true;
       }
       return {{K::forward_signal, sig}};
+    }
     case ElasticState::done:
       return {};
   }

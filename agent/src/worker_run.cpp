@@ -259,9 +259,23 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
                 "local rank {} (rank {}, pid {}) ended with {}{}", local_rank, w.spec.rank, w.child.pid(),
                 describe(status), w.cause.empty() ? "" : ": " + w.cause);
   }
+  if (was_healthy && !status.ok() && hooks_.on_first_failure) {
+    // Reported before the stacks are taken (up to seconds): a rank on another node that fails
+    // because this one did (a connection reset) must not reach the rendezvous first and be named
+    // the root cause.
+    FailureReport r = report_of(w);
+    // Without an error file the other nodes learnt only its exit code: what it raised goes with it.
+    const std::string dir = attempt_dir_ + "/" + std::to_string(local_rank);
+    if (auto rec = recorded_exception(dir, FailureReport{}); rec && rec->what != "an exception") {
+      r.raised = rec->what;  // terminal-safe already
+    }
+    hooks_.on_first_failure(r);
+    if (ended_) return;
+  }
   if (was_healthy && !status.ok() && !hang_fired_) {
     // Before the group is signalled: the survivors' stacks show where each one was.
     diagnosis_ = diagnose(&w, "rank " + std::to_string(w.spec.rank) + " failed first (" + describe(status) + ")");
+    if (hooks_.on_diagnosis && !diagnosis_.empty()) hooks_.on_diagnosis(diagnosis_);
   } else if (!was_healthy && w.killed_by.empty() && !by_teardown(status) && !diagnosis_.empty()) {
     // Its stack was taken while it was on its way out (raising too, say): it was not stuck.
     auto& d = diagnosis_parts_;
@@ -285,15 +299,6 @@ void WorkerRun::on_exit(int local_rank, const ExitStatus& status) {
     }
   }
   apply(machine_.on_exited(local_rank, status));
-  if (was_healthy && !status.ok() && !ended_ && hooks_.on_first_failure) {
-    FailureReport r = report_of(w);
-    // Without an error file the other nodes learnt only its exit code: what it raised goes with it.
-    const std::string dir = attempt_dir_ + "/" + std::to_string(local_rank);
-    if (auto rec = recorded_exception(dir, FailureReport{}); rec && rec->what != "an exception") {
-      r.raised = rec->what;  // terminal-safe already
-    }
-    hooks_.on_first_failure(r);
-  }
 }
 
 void WorkerRun::on_done(int local_rank) {

@@ -1,6 +1,7 @@
 // ddprun: parse the command line into an AgentConfig, then run the per-node agent. Everything
 // of substance lives in ddprun::launcher (parsing) and ddprun::agent (running).
 #include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -157,6 +158,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // An ignored SIGCHLD (SIG_IGN, or SA_NOCLDWAIT) survives exec: inherited from a parent that set
+  // it, the kernel would reap ddprun's workers itself, and their exit statuses would be lost.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;  // NOLINT
+  ::sigaction(SIGCHLD, &dfl, nullptr);
   try {
     return run(argc, argv);
   } catch (const ddprun::UsageError& e) {

@@ -95,6 +95,15 @@ TEST_CASE("elastic: a signal forwards, leaves and exits 128+s once the workers a
   CHECK(m.on_group_done(false) == A{{K::leave}, {K::exit, 128 + SIGTERM}});
 }
 
+TEST_CASE("elastic: a signal after the job's failure keeps the failure's exit code") {
+  // Before, the signal's 128+s replaced it: under srun, the SIGTERM sent to the other tasks once
+  // one had failed turned every node's exit code into 143 after the failure summary.
+  ElasticMachine m = running();
+  CHECK(m.on_result(7) == A{{K::stop_workers}});
+  CHECK(m.on_signal(SIGTERM) == A{{K::forward_signal, SIGTERM}});
+  CHECK(m.on_group_done(false) == A{{K::exit, 7}});
+}
+
 TEST_CASE("elastic: a signal while stopping for a restart turns the rejoin into an exit") {
   ElasticMachine m = running();
   CHECK(m.on_restart() == A{{K::stop_workers}});

@@ -230,6 +230,58 @@ class SingleNode(unittest.TestCase):
             proc.communicate()
             proc.stdout.close()
 
+    def test_an_inherited_ignored_sigchld_loses_no_exit_status(self):
+        # SIGCHLD ignored by the parent survives exec: the kernel would then reap the workers itself
+        # and ddprun (waitid: ECHILD) failed with "waitid failed" at the first worker's exit.
+        code = ("import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+        base = [PYTHON, "-c", code, DDPRUN, "--nproc-per-node", "2", "--master-port", "0", "--no-python", WORKER]
+        env = dict(os.environ, PET_MASTER_PORT="0")
+        r = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = subprocess.run(base + ["--only-rank", "1", "--exit", "7"], capture_output=True, text=True, timeout=60,
+                           env=env)
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn("rank       : 1 (local_rank: 1)", r.stderr)
+
+    def test_sigpipe_to_handle_is_forwarded(self):
+        # With SIGPIPE in --signals-to-handle it is forwarded like the others (before, ddprun's own
+        # SIG_IGN for console writes replaced the handler: the signal went nowhere).
+        proc = subprocess.Popen([DDPRUN, "--standalone", "--signals-to-handle", "SIGTERM,SIGPIPE", "--no-python",
+                                 WORKER, "--ready-file", "-", "--sleep-ms", "60000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            pids = read_ready(proc, 1, 20)
+            proc.send_signal(signal.SIGPIPE)
+            proc.wait(timeout=20)
+            self.assertEqual(proc.returncode, 128 + signal.SIGPIPE)
+            for pid in pids:
+                self.assertTrue(gone(pid, 5), pid)
+        finally:
+            proc.kill()
+            out, err = proc.communicate()
+            proc.stdout.close()
+            proc.stderr.close()
+
+    def test_a_signal_is_written_to_the_launchers_error_file(self):
+        # torchrun's @record main writes its SignalException ("Process PID got signal: N").
+        error_file = self.p("launcher-error.json")
+        env = dict(os.environ, TORCHELASTIC_ERROR_FILE=error_file)
+        proc = subprocess.Popen([DDPRUN, "--standalone", "--no-python", WORKER, "--ready-file", "-", "--sleep-ms",
+                                 "60000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        try:
+            read_ready(proc, 1, 20)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+            self.assertEqual(proc.returncode, 143)
+            with open(error_file) as f:
+                message = json.load(f)["message"]["message"]
+            self.assertEqual(message, f"Process {proc.pid} got signal: {int(signal.SIGTERM)}")
+        finally:
+            proc.kill()
+            proc.communicate()
+            proc.stdout.close()
+
     def test_worker_reads_the_terminal(self):
         # A worker reading ddprun's terminal (pdb, breakpoint(), input()) gets the typed line: it
         # runs in a session of its own, as torch 2.6 starts workers. A process group of ddprun's

@@ -70,8 +70,12 @@ class RendezvousBackend {
   virtual void set_nccl_offer(std::vector<std::uint8_t> offer) = 0;
   // Asks for the next round (the first one, or the one after a restart): on_assignment follows.
   virtual void next_round() = 0;
-  // The round's first local failure.
+  // The round's first local failure, as soon as it is seen: its diagnosis follows
+  // (print_diagnosis) once the survivors' stacks are taken.
   virtual void report_failure(std::uint64_t round, const FailureReport& failure) = 0;
+  // The diagnosis of the failure just reported (stacks, culprit): shown now, or kept for the
+  // summary.
+  virtual void print_diagnosis(const std::string& block) { update_diagnosis(block); }
   // All local workers of `round` exited 0 (the exit barrier): on_job_completed (or a restart) follows.
   virtual void report_success(std::uint64_t round) = 0;
   // The local workers stopped after that failure and no verdict came yet: on_restart or

@@ -37,8 +37,12 @@ namespace ddprun::agent {
 class WorkerRun {
  public:
   struct Hooks {
-    // A worker failed while the group was healthy: the attempt's first failure, once.
+    // A worker failed while the group was healthy: the attempt's first failure, once. Called
+    // before the survivors' stacks are taken (the report's diagnosis is empty then, unless a hang
+    // made one): the other nodes hear of it first, not of their ranks that fail because of it.
     std::function<void(const FailureReport&)> on_first_failure;
+    // The diagnosis of that failure (the survivors' stacks, the culprit), once taken.
+    std::function<void(const std::string& block)> on_diagnosis;
     // Every worker exited and its output drained: ok, and the group's exit code.
     std::function<void(bool ok, int code)> on_done;
     // A worker of the current attempt exited (its pid, before it is reaped).
