@@ -188,6 +188,10 @@ class Agent {
     if (!finished_) {
       io_.run();
     }
+    {
+      boost::system::error_code ignored;  // from here on a signal ends ddprun as it would any program
+      signals_.clear(ignored);
+    }
     if (sigpipe_ignored_) ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
     // After a successful job the watchdog removes the (empty) run directory once the agent has
     // exited: on a disk file system that takes ~0.3 ms, which the launch need not wait for.
@@ -202,8 +206,11 @@ class Agent {
       if (const auto it = parent_env_.find("TORCHELASTIC_ERROR_FILE"); it != parent_env_.end()) {
         const auto root = backend_->local_root_cause();
         std::string message = fatal_error_.empty() ? backend_->job_failure_reason() : fatal_error_;
-        // Stopped by a signal and nothing else: torchrun's @record writes its SignalException.
-        if (message.empty() && !root) message = signal_message_;
+        // Stopped by a signal and nothing else (its code is the exit code): torchrun's @record
+        // writes its SignalException.
+        if (message.empty() && !root && first_signal_ != 0 && exit_code_ == 128 + first_signal_) {
+          message = signal_message_;
+        }
         write_launcher_error_file(it->second, root ? &*root : nullptr, message);
       }
     }
@@ -315,10 +322,15 @@ class Agent {
     });
   }
 
-  void deliver_signal(int sig) {
+  // `why`: what the launcher's error file says when the signal sets the exit code (torch's
+  // SignalException text by default).
+  void deliver_signal(int sig, std::string why = {}) {
     // The run ends for it: its exit does not wait long on a console that does not read.
     console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
-    if (signal_message_.empty()) signal_message_ = fmt::format("Process {} got signal: {}", ::getpid(), sig);
+    if (first_signal_ == 0) {
+      first_signal_ = sig;
+      signal_message_ = why.empty() ? fmt::format("Process {} got signal: {}", ::getpid(), sig) : std::move(why);
+    }
     signalled_ = true;
     apply(machine_.on_signal(sig));
   }
@@ -369,7 +381,7 @@ class Agent {
   // stop it, so stop the workers as on SIGTERM (grace, then SIGKILL) and exit.
   void on_launcher_gone(const std::string& why) {
     spdlog::warn("the launcher is gone ({}): stopping the workers", why);
-    deliver_signal(SIGTERM);
+    deliver_signal(SIGTERM, "the launcher is gone (" + why + "): the workers were stopped");
   }
 
   // Applies the round machine's decisions (elastic_machine.hpp).
@@ -473,8 +485,11 @@ class Agent {
     // Still handled while the backend stops (a node hosting the rendezvous lingers up to 3 s for
     // the others): a signal ends that wait, and ddprun still cleans up and exits with the job's
     // code, rather than being ended by it.
-    signals_.async_wait([this](const boost::system::error_code& ec, int) {
-      if (!ec) io_.stop();
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      console::limit_exit_wait(console::kConsoleExitWaitAfterSignal);
+      spdlog::info("{}: not waiting any longer for the rendezvous to finish", signal_name(sig));
+      io_.stop();
     });
     backend_->stop([this] { io_.stop(); });
   }
@@ -523,6 +538,7 @@ class Agent {
   bool any_files_ = false;
   bool finished_ = false;
   int exit_code_ = 1;
+  int first_signal_ = 0;
   std::string signal_message_;  // the first signal delivered, as torch's SignalException says it
   std::string fatal_error_;     // ddprun's own reason to fail (exit_with_error), for the launcher's error file
   bool signalled_ = false;      // a handled signal was delivered

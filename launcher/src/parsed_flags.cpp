@@ -135,7 +135,19 @@ std::string_view torchrun_abbreviation(std::string_view prefix) {
 void require_value_word(const std::vector<std::string>& words, std::size_t at, const std::string& flag) {
   if (at >= words.size()) return;  // no word at all: the parser says the value is missing
   const std::string& w = words[at];
-  if (w.size() < 2 || w.front() != '-' || w.find(' ') != std::string::npos) return;
+  if (w.size() < 2 || w.front() != '-') return;
+  if (w.find(' ') != std::string::npos) {
+    // argparse first matches "--name=..." (or a prefix of a name) against its options; only a word
+    // that names none and holds a space is a value.
+    const auto eq = w.find('=');
+    const std::string name =
+        w.rfind("--", 0) == 0 ? w.substr(2, eq == std::string::npos ? std::string::npos : eq - 2) : std::string();
+    const bool names_a_flag = !name.empty() && name.find(' ') == std::string::npos &&
+                              std::any_of(launcher_flags().begin(), launcher_flags().end(), [&](const FlagSpec& f) {
+                                return starts_with(f.dash, name) || starts_with(underscore_spelling(f.dash), name);
+                              });
+    if (!names_a_flag) return;
+  }
   const auto digit = [&](std::size_t k) { return k < w.size() && w[k] >= '0' && w[k] <= '9'; };
   if (digit(1) || (w[1] == '.' && digit(2))) return;
   throw UsageError(flag + " expects a value, got the option " + w + " (an empty shell variable before it?)",

@@ -903,6 +903,9 @@ TEST_CASE("a flag's value is not the next option: an empty shell variable is an 
   CHECK_THROWS_WITH(sb.parse({"--monitor-interval", "-1e-3", "train.py"}), !Contains("expects a value"));
   CHECK(sb.parse({"--log-line-prefix-template", "-[${rank}] ", "train.py"}).config.log_line_prefix_template ==
         "-[${rank}] ");
+  // ... unless it names a flag before its '=' (argparse matches options first).
+  CHECK_THROWS_WITH(sb.parse({"--rdzv-id", "--rdzv-conf=join_timeout=900, read_timeout=60", "train.py"}),
+                    Contains("--rdzv-id expects a value"));
   CHECK(sb.parse({"--role=-x", "train.py"}).config.role == "-x");
   // The program's own arguments are not flags of ddprun.
   CHECK(sb.parse({"train.py", "--lr", "--x"}).config.worker_argv.back() == "--x");
