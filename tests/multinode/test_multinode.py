@@ -531,6 +531,54 @@ def remote_culprit_stacks(c):
           "rank 2's line on %s:\n%s" % (named[0], log))
 
 
+SLOW_STACKS = """import os, signal, sys, time
+rank, out = int(os.environ["RANK"]), sys.argv[1]
+def path(name):
+    return os.path.join(out, name)
+def wait_for(name):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path(name)) and time.monotonic() < deadline:
+        time.sleep(0.005)
+if rank == 1:
+    # Its stacks come late: the stacks signal stays pending, and the agent waits its whole bound.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [int(os.environ.get("DDPRUN_STACKS_SIGNAL", "61"))])
+open(path("ready_%d" % rank), "w").close()
+if rank == 0:
+    for r in (1, 2, 3):
+        wait_for("ready_%d" % r)
+    open(path("failed_0"), "w").close()
+    sys.exit(3)
+if rank == 2:
+    wait_for("failed_0")
+    time.sleep(1.0)
+    sys.exit(5)
+time.sleep(120)
+"""
+
+
+def victim_not_named(c):
+    # Rank 0 fails (exit 3); rank 2, on the other node, fails because of it a second later (exit 5,
+    # as a connection reset would). Rank 0's node takes its survivors' stacks, which rank 1 makes
+    # slow (2 s). Before, that node reported rank 0 only after the stacks: meanwhile rank 2's
+    # report could come first and name rank 2 the root cause, or (with this test's 0.6 s leases)
+    # the node's heartbeats stopped and the rendezvous dropped it as lost, starting a round 1.
+    script = os.path.join(c.dir, "slow_stacks.py")
+    with open(script, "w") as f:
+        f.write(SLOW_STACKS)
+    port = c.start_daemon()
+    ep = "127.0.0.1:%d" % port
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:2", program=[script, c.out])
+    codes = c.wait_agents(60)
+    check(set(codes.values()) == {3}, "exit codes %s (want 3 everywhere)\n%s" % (codes, c.all_logs()))
+    for a in ADDRS[:2]:
+        log = c.log(a)
+        root = log.partition("Root Cause (first observed failure):")[2]
+        check("rank       : 0 (local_rank: 0)" in root, "root cause on %s is not rank 0:\n%s" % (a, log))
+        check("round 1:" not in log and "is not a member of rendezvous" not in log,
+              "the failing round was not the last one on %s:\n%s" % (a, log))
+
+
 def summary_lists_failed_ranks(c):
     # Rank 3 fails first (exit 7); rank 2, on the same node, ignores the teardown's SIGTERM and
     # exits 5 by itself. That node's summary lists rank 2 under "Failures:" and rank 3 as the
@@ -1020,7 +1068,8 @@ def rejoined_while_stopping(c):
 
 
 SCENARIOS = {f.__name__: f for f in [env_daemon, env_embedded, ddp, store_opt_out, worker_failure_restart, budget_spent,
-                                      summary_lists_failed_ranks, raised_without_error_file, remote_culprit_stacks,
+                                      summary_lists_failed_ranks, victim_not_named, raised_without_error_file,
+                                      remote_culprit_stacks,
                                       agent_kill, agent_stop, grow, spare, daemon_restart, daemon_restart_spare, token, token_rotation,
                                       daemon_gone,
                                       below_min, agent_sigterm, embedded_failure_restart, embedded_host_lost,
