@@ -29,10 +29,7 @@ std::optional<std::uint16_t> parse_port(std::string_view text) {
   return static_cast<std::uint16_t>(*v);
 }
 
-namespace {
-
-// An IPv6 address, with a zone (fe80::1%eth0) allowed.
-bool is_ipv6(std::string_view text) {
+bool is_ipv6_address(std::string_view text) {
   const auto pct = text.find('%');
   const std::string addr(text.substr(0, pct));
   if (addr.empty() || addr.size() > 45) return false;
@@ -42,8 +39,6 @@ bool is_ipv6(std::string_view text) {
   in6_addr a{};
   return ::inet_pton(AF_INET6, addr.c_str(), &a) == 1;
 }
-
-}  // namespace
 
 Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::string_view what) {
   const std::string forms = "accepted forms: HOST, HOST:PORT, [IPV6], [IPV6]:PORT with PORT in 0..65535";
@@ -74,8 +69,8 @@ Endpoint parse_endpoint(std::string_view text, std::uint16_t default_port, std::
       // both ways, and anything else is neither.
       const std::string_view before = t.substr(0, last);
       const auto port = parse_port(t.substr(last + 1));
-      const bool whole = is_ipv6(t);
-      const bool with_port = port && is_ipv6(before);
+      const bool whole = is_ipv6_address(t);
+      const bool with_port = port && is_ipv6_address(before);
       if (whole && with_port) {
         return fail("an IPv6 address whose last group may be a port: write [" + terminal_safe(before) +
                     "]:" + std::to_string(*port) + " or [" + terminal_safe(t) + "]");

@@ -1,8 +1,5 @@
 #include "ddprun/launcher/hosts.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -11,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "ddprun/common/endpoint.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
 
@@ -50,13 +48,6 @@ bool is_ipv6_literal(std::string_view s) {
   return std::count(s.begin(), s.end(), ':') >= 2 &&
          std::all_of(s.begin(), s.end(), [](char c) { return is_name_char(c) || c == ':' || c == '%'; }) &&
          s.front() != '-';
-}
-
-// A real IPv6 address (a %zone allowed), not only its syntax.
-bool is_ipv6_address(std::string_view s) {
-  const std::string addr(s.substr(0, s.find('%')));
-  in6_addr out{};
-  return ::inet_pton(AF_INET6, addr.c_str(), &out) == 1;
 }
 
 // Parses one "[user@]host[:N]" word. `where` prefixes messages ("hosts.txt:3" or "--hosts").

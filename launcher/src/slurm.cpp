@@ -1,6 +1,7 @@
 #include "ddprun/launcher/slurm.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/strings.hpp"
@@ -145,6 +146,18 @@ const std::string* find(const std::map<std::string, std::string>& env, const std
   return it == env.end() ? nullptr : &it->second;
 }
 
+// The first of `names` that is set; its name goes to `which`.
+const std::string* first_set(const std::map<std::string, std::string>& env, std::initializer_list<const char*> names,
+                             std::string& which) {
+  for (const char* name : names) {
+    if (const std::string* v = find(env, name)) {
+      which = name;
+      return v;
+    }
+  }
+  return nullptr;
+}
+
 int env_int(const std::string& name, const std::string& value, int min) {
   const std::string_view t = trim(value);
   const auto v = parse_int(t);
@@ -176,14 +189,8 @@ std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::str
   if (!slurm_step(env)) return std::nullopt;
   // The step's node count first (an interactive step, or srun -N, uses fewer than the job).
   std::string nnodes_var;
-  const std::string* nnodes = nullptr;
-  for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}) {
-    nnodes = find(env, name);
-    if (nnodes != nullptr) {
-      nnodes_var = name;
-      break;
-    }
-  }
+  const std::string* nnodes =
+      first_set(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, nnodes_var);
   if (nnodes == nullptr) return std::nullopt;
 
   SlurmSettings s;
@@ -200,14 +207,7 @@ std::optional<SlurmSettings> slurm_from_env(const std::map<std::string, std::str
                      "the Slurm environment is inconsistent; run ddprun under srun");
   }
   std::string list_var;
-  const std::string* list = nullptr;
-  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-    list = find(env, name);
-    if (list != nullptr) {
-      list_var = name;
-      break;
-    }
-  }
+  const std::string* list = first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, list_var);
   if (list == nullptr) {
     throw UsageError("SLURM_JOB_ID is set but none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST is",
                      "run ddprun under srun, or unset SLURM_JOB_ID");

@@ -506,20 +506,25 @@ raise RuntimeError("Timed out waiting 4000ms in all_reduce")
 """
 
 
+def two_nodes_running(c, name, text):
+    # A daemon and two agents of 2 ranks each running the Python program `text` (saved as `name`
+    # in the test's directory) with the output directory as its argument; their exit codes.
+    script = os.path.join(c.dir, name)
+    with open(script, "w") as f:
+        f.write(text)
+    ep = "127.0.0.1:%d" % c.start_daemon()
+    for a in ADDRS[:2]:
+        c.start_agent(a, ep, nnodes="2:2", program=[script, c.out])
+    return c.wait_agents(60)
+
+
 def remote_culprit_stacks(c):
     # The culprit runs on the node where no rank failed: that node takes its ranks' stacks when
     # the job fails elsewhere and names rank 3 (before, no node took its stack: the failing node
     # saw only ranks inside the collective, the other one failed no rank of its own).
     with open(os.path.join(c.dir, "distributed_c10d.py"), "w") as f:
         f.write(FAKE_C10D)
-    script = os.path.join(c.dir, "never_enters.py")
-    with open(script, "w") as f:
-        f.write(NEVER_ENTERS)
-    port = c.start_daemon()
-    ep = "127.0.0.1:%d" % port
-    for a in ADDRS[:2]:
-        c.start_agent(a, ep, nnodes="2:2", program=[script, c.out])
-    codes = c.wait_agents(60)
+    codes = two_nodes_running(c, "never_enters.py", NEVER_ENTERS)
     check(set(codes.values()) == {1}, "exit codes %s (want 1 everywhere)\n%s" % (codes, c.all_logs()))
     want = "culprit    : rank 3 never entered the collective the others wait in: it was in <module> at never_enters.py:"
     named = [a for a in ADDRS[:2] if want in c.log(a)]
@@ -562,14 +567,7 @@ def victim_not_named(c):
     # slow (2 s). Before, that node reported rank 0 only after the stacks: meanwhile rank 2's
     # report could come first and name rank 2 the root cause, or (with this test's 0.6 s leases)
     # the node's heartbeats stopped and the rendezvous dropped it as lost, starting a round 1.
-    script = os.path.join(c.dir, "slow_stacks.py")
-    with open(script, "w") as f:
-        f.write(SLOW_STACKS)
-    port = c.start_daemon()
-    ep = "127.0.0.1:%d" % port
-    for a in ADDRS[:2]:
-        c.start_agent(a, ep, nnodes="2:2", program=[script, c.out])
-    codes = c.wait_agents(60)
+    codes = two_nodes_running(c, "slow_stacks.py", SLOW_STACKS)
     check(set(codes.values()) == {3}, "exit codes %s (want 3 everywhere)\n%s" % (codes, c.all_logs()))
     for a in ADDRS[:2]:
         log = c.log(a)

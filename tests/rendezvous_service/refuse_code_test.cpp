@@ -44,6 +44,18 @@ rdzv::NodeInfo node(int i) {
   return n;
 }
 
+// Group rank `rank` of `nodes` one-process nodes, rank 0 at 10.0.0.1.
+rdzv::Assignment assignment(int rank, int nodes) {
+  rdzv::Assignment a;
+  a.group_rank = rank;
+  a.group_world_size = nodes;
+  a.local_world_size = 1;
+  a.rank_offset = rank;
+  a.world_size = nodes;
+  a.master_addr = "10.0.0.1";
+  return a;
+}
+
 // One service fed frames directly; the connection id is the caller's choice.
 struct Harness {
   explicit Harness(rdzv::RendezvousServiceOptions options = {})
@@ -60,6 +72,12 @@ struct Harness {
   }
   rdzv::DecodeStatus join(rdzv::ConnectionId conn, const std::string& run_id, int n, rdzv::JobConfig config) {
     return send(conn, rdzv::JoinMessage{run_id, rdzv::JoinRequest{node(n), config}});
+  }
+  // Moves the clock by `d` and runs the daemon's tick it made due.
+  void advance(std::chrono::steady_clock::duration d) {
+    timers.advance(d);
+    if (io.stopped()) io.restart();
+    io.poll();
   }
   std::uint64_t count(RefuseCode code) const { return service->stats().refused[static_cast<std::size_t>(code)]; }
   std::uint64_t total() const {
@@ -251,9 +269,7 @@ TEST_CASE("the secrets of nodes whose lease ran out in a job that lives on do no
     if (i % 100 == 99) {
       // The keep-alive member heartbeats; the others' leases (1 s after their disconnect) run out.
       REQUIRE(h.send(1, rdzv::HeartbeatMessage{"churn", node(1).id}) == ok);
-      h.timers.advance(2s);
-      if (h.io.stopped()) h.io.restart();
-      h.io.poll();  // the tick the advance made due
+      h.advance(2s);
       REQUIRE(h.send(1, rdzv::HeartbeatMessage{"churn", node(1).id}) == ok);
     }
   }
@@ -286,24 +302,15 @@ TEST_CASE("a REJOIN's assignment is bounded: its master address and NCCL IDs", "
   // Before: the master address was read at any length (up to the 1 MiB frame) and kept, several
   // times per job and uncounted by --max-member-bytes; nor were the round's NCCL IDs checked.
   Harness h;
-  auto assignment = [] {
-    rdzv::Assignment a;
-    a.group_rank = 0;
-    a.group_world_size = 2;
-    a.local_world_size = 1;
-    a.world_size = 2;
-    a.master_addr = "10.0.0.1";
-    return a;
-  };
   auto rejoin = [&](rdzv::ConnectionId conn, const std::string& run_id, const rdzv::Assignment& a) {
     return h.send(conn, rdzv::RejoinMessage{run_id, rdzv::RejoinRequest{node(1), config_of(1, 2), "", a}});
   };
-  rdzv::Assignment a = assignment();
+  rdzv::Assignment a = assignment(0, 2);
   a.master_addr = std::string(rdzv::max_node_text_bytes + 1, 'm');
   CHECK(rejoin(1, "long-addr", a) == refused);
   CHECK(h.count(RefuseCode::inconsistent_rejoin) == 1);
   CHECK(h.service->registry().find("long-addr") == nullptr);
-  a = assignment();
+  a = assignment(0, 2);
   a.nccl_id = std::vector<std::uint8_t>(129, 1);  // not a whole number of IDs
   CHECK(rejoin(2, "odd-ids", a) == refused);
   // More IDs than --nccl-roots allows do not fit in a frame (the decoder refuses it).
@@ -313,7 +320,7 @@ TEST_CASE("a REJOIN's assignment is bounded: its master address and NCCL IDs", "
   CHECK(h.count(RefuseCode::inconsistent_rejoin) == 2);
   CHECK(h.total() == 2);
   // At the bounds it is taken.
-  a = assignment();
+  a = assignment(0, 2);
   a.master_addr = std::string(rdzv::max_node_text_bytes, 'm');
   a.nccl_id = std::vector<std::uint8_t>(2 * 128, 1);
   CHECK(rejoin(4, "ok", a) == ok);
@@ -322,7 +329,7 @@ TEST_CASE("a REJOIN's assignment is bounded: its master address and NCCL IDs", "
   rdzv::RendezvousServiceOptions options;
   options.max_member_bytes = 64 * 1024;
   Harness small(options);
-  a = assignment();
+  a = assignment(0, 2);
   a.nccl_id = std::vector<std::uint8_t>(256 * 128, 1);  // 32 KiB, held as bytes and as hex: 96 KiB
   CHECK(small.send(1, rdzv::RejoinMessage{"big", rdzv::RejoinRequest{node(1), config_of(1, 2), "", a}}) == refused);
   CHECK(small.count(RefuseCode::other) == 1);
@@ -339,13 +346,7 @@ TEST_CASE("a closed job that emptied and gets an absent rank back has no deadlin
   Harness h;
   rdzv::JobConfig config = config_of(1, 2);
   config.close_timeout = 1ms;
-  rdzv::Assignment a;
-  a.group_world_size = 2;
-  a.local_world_size = 1;
-  a.world_size = 2;
-  a.master_addr = "10.0.0.1";
-  a.group_rank = 0;
-  a.rank_offset = 0;
+  rdzv::Assignment a = assignment(0, 2);
   REQUIRE(h.send(1, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(1), config, "", a}}) == ok);
   REQUIRE(h.send(1, rdzv::SucceededMessage{"j", node(1).id, 0}) == ok);
   REQUIRE(h.send(1, rdzv::CloseMessage{"j"}) == ok);
@@ -353,8 +354,7 @@ TEST_CASE("a closed job that emptied and gets an absent rank back has no deadlin
   REQUIRE(h.service->registry().find("j") != nullptr);
   REQUIRE(h.service->registry().find("j")->member_count() == 0);
   h.timers.advance(5ms);  // past the collection's deadline, before the daemon's tick ran
-  a.group_rank = 1;
-  a.rank_offset = 1;
+  a = assignment(1, 2);
   REQUIRE(h.send(2, rdzv::RejoinMessage{"j", rdzv::RejoinRequest{node(2), config, "", a}}) == ok);
   const rdzv::RendezvousJob* job = h.service->registry().find("j");
   REQUIRE(job != nullptr);
@@ -363,15 +363,12 @@ TEST_CASE("a closed job that emptied and gets an absent rank back has no deadlin
   REQUIRE(next.has_value());
   CHECK(*next > h.timers.now());
   // The daemon's tick keeps the job (it has a member), and finds nothing due again.
-  if (h.io.stopped()) h.io.restart();
-  h.io.poll();
+  h.advance(0s);
   REQUIRE(h.service->registry().find("j") != nullptr);
   CHECK(*h.service->registry().find("j")->next_deadline() > h.timers.now());
   // Rank 1 leaves: the closed job is empty again and is collected after close_timeout.
   REQUIRE(h.send(2, rdzv::LeaveMessage{"j", node(2).id}) == ok);
-  h.timers.advance(5ms);
-  if (h.io.stopped()) h.io.restart();
-  h.io.poll();
+  h.advance(5ms);
   CHECK(h.service->registry().find("j") == nullptr);
 }
 
@@ -392,9 +389,7 @@ TEST_CASE("a member whose connection is refused a second JOIN is told disconnect
   REQUIRE(status.members.size() == 1);
   CHECK(status.members[0].disconnected);
   // One heartbeat interval later the member is gone (its lease was 100 intervals).
-  h.timers.advance(61s);
-  if (h.io.stopped()) h.io.restart();
-  h.io.poll();
+  h.advance(61s);
   const rdzv::RendezvousJob* job = h.service->registry().find("j");
   CHECK((job == nullptr || job->member_count() == 0));
 }

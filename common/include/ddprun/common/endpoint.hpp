@@ -32,6 +32,10 @@ std::string endpoint_list_text(const std::vector<Endpoint>& list);
 // Parses a decimal port 0..65535; nullopt on anything else.
 std::optional<std::uint16_t> parse_port(std::string_view text);
 
+// An IPv6 address (inet_pton), with a zone allowed (fe80::1%eth0; the zone neither empty nor
+// holding a ':').
+bool is_ipv6_address(std::string_view text);
+
 // Formats host for use in "host:port" (adds brackets to IPv6 literals).
 std::string bracket_host(std::string_view host);
 
